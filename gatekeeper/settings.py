@@ -1,0 +1,163 @@
+"""Gatekeeper settings, read from the environment (django-environ).
+
+Every setting has a working default so that `make run` starts on a laptop with nothing but
+Redis: SQLite under var/, Redis at 127.0.0.1:6379, the local-directory snapshot store.
+Production swaps in PostgreSQL, Redis Cluster and S3 by setting the variables documented in
+README.md.
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+# --- Core -----------------------------------------------------------------------------------
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+# The default key is only good for a laptop; set DJANGO_SECRET_KEY anywhere else.
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="gatekeeper-insecure-development-key-change-me")
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "django_celery_beat",
+    "segments",
+    "limits",
+    "worker",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "gatekeeper.urls"
+WSGI_APPLICATION = "gatekeeper.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'gatekeeper.sqlite3'}")
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env.str("TIME_ZONE", default="UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = env.path("STATIC_ROOT", default=str(VAR_DIR / "static"))
+MEDIA_URL = "media/"
+# Uploaded user lists live here unless USER_LIST_STORAGE points them at S3.
+MEDIA_ROOT = env.path("MEDIA_ROOT", default=str(VAR_DIR / "media"))
+
+# --- Redis ----------------------------------------------------------------------------------
+REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+# True when REDIS_URL names one node of a Redis Cluster; the client then discovers the rest.
+REDIS_CLUSTER = env.bool("REDIS_CLUSTER", default=False)
+# Short timeouts: a stuck Redis must turn into an `unavailable` decision quickly, not a hung send.
+REDIS_SOCKET_TIMEOUT = env.float("REDIS_SOCKET_TIMEOUT", default=0.5)
+REDIS_CONNECT_TIMEOUT = env.float("REDIS_CONNECT_TIMEOUT", default=0.5)
+
+# --- Celery ---------------------------------------------------------------------------------
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default="") or None
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_TASK_DEFAULT_QUEUE = "sends"
+CELERY_TASK_ROUTES = {"segments.tasks.*": {"queue": "builds"}}
+# Above the longest task, so a task still running is never handed to a second worker.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3 * 3600)
+}
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = TIME_ZONE
+
+# --- Gatekeeper -----------------------------------------------------------------------------
+# Channel slugs a cap can name; `all` is the cross-channel scope and is always there.
+GATEKEEPER_CHANNELS = env.list("GATEKEEPER_CHANNELS", default=["email", "push"])
+# Every limiter key starts with this, so several deployments can share one Redis.
+GATEKEEPER_KEY_PREFIX = env.str("GATEKEEPER_KEY_PREFIX", default="gk:")
+# False: a Redis outage refuses sends (`unavailable`). True: it lets them through uncounted.
+GATEKEEPER_FAIL_OPEN = env.bool("GATEKEEPER_FAIL_OPEN", default=False)
+# Where snapshots are published: a directory, or s3://bucket/prefix.
+GATEKEEPER_STORE_URL = env.str("GATEKEEPER_STORE_URL", default=str(VAR_DIR / "store"))
+GATEKEEPER_S3_ENDPOINT_URL = env.str("GATEKEEPER_S3_ENDPOINT_URL", default="") or None
+GATEKEEPER_S3_REGION = env.str("GATEKEEPER_S3_REGION", default="us-east-1")
+GATEKEEPER_S3_ACCESS_KEY_ID = env.str("GATEKEEPER_S3_ACCESS_KEY_ID", default="") or None
+GATEKEEPER_S3_SECRET_ACCESS_KEY = env.str("GATEKEEPER_S3_SECRET_ACCESS_KEY", default="") or None
+# The last good snapshot is kept here so a process can start while the store is unreachable.
+GATEKEEPER_SNAPSHOT_CACHE_DIR = env.path(
+    "GATEKEEPER_SNAPSHOT_CACHE_DIR", default=str(VAR_DIR / "snapshot-cache")
+)
+# How many published versions stay in the store for rollback.
+GATEKEEPER_SNAPSHOT_RETENTION = env.int("GATEKEEPER_SNAPSHOT_RETENTION", default=10)
+# 32: ids fit BitMap; 64: snowflake-style ids, BitMap64 and the portable 64-bit format.
+GATEKEEPER_ID_WIDTH = env.int("GATEKEEPER_ID_WIDTH", default=32)
+# How often a process asks the store whether a new snapshot is live (seconds).
+GATEKEEPER_SNAPSHOT_POLL_SECONDS = env.float("GATEKEEPER_SNAPSHOT_POLL_SECONDS", default=5.0)
+# How long a process may use cached caps before reading them again (seconds).
+GATEKEEPER_CAPS_TTL_SECONDS = env.float("GATEKEEPER_CAPS_TTL_SECONDS", default=2.0)
+
+# --- REST framework -------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Gatekeeper API",
+    "DESCRIPTION": "Segment-aware frequency caps for marketing email and push.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+}

@@ -1,0 +1,30 @@
+"""The channels a cap can name. `all` is the cross-channel scope."""
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+
+ALL = "all"
+
+
+def channels() -> list[str]:
+    """Delivery channels from settings, in their configured order (without `all`)."""
+    return list(settings.GATEKEEPER_CHANNELS)
+
+
+def scopes() -> list[str]:
+    """Everything a cap can apply to: each channel, then `all`."""
+    return [*channels(), ALL]
+
+
+def validate_scope(value: str) -> None:
+    if value not in scopes():
+        raise ValidationError(
+            f"Unknown channel '{value}'. Choose one of: {', '.join(scopes())}.", code="channel"
+        )
+
+
+def validate_channel(value: str) -> None:
+    if value not in channels():
+        raise ValidationError(
+            f"Unknown channel '{value}'. Choose one of: {', '.join(channels())}.", code="channel"
+        )

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SegmentsConfig(AppConfig):
+    name = "segments"
+    verbose_name = "Segments"

@@ -1,0 +1,45 @@
+"""Fixtures shared by the whole suite.
+
+Tests talk to real parts. The single-node Redis is the machine's (127.0.0.1:6379) unless
+GATEKEEPER_TEST_REDIS_URL points elsewhere; tests use their own database number and flush it,
+so they never touch the data of a running gatekeeper.
+"""
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+TEST_REDIS_URL = os.environ.get("GATEKEEPER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server", "admin_client"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Mark every test that reaches the database, so `make test` can run them again on PostgreSQL.
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("django_db") or fixtures & DB_FIXTURES:
+            item.add_marker(pytest.mark.database)
+
+
+@pytest.fixture(autouse=True)
+def _test_settings(settings, tmp_path):
+    settings.REDIS_URL = TEST_REDIS_URL
+    settings.GATEKEEPER_STORE_URL = str(tmp_path / "store")
+    settings.GATEKEEPER_SNAPSHOT_CACHE_DIR = tmp_path / "snapshot-cache"
+    settings.MEDIA_ROOT = tmp_path / "media"
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return TEST_REDIS_URL
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()

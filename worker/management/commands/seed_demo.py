@@ -1,0 +1,51 @@
+"""Seed a demo on the first start of `make run`, so a newcomer sees something real at once."""
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from limits.models import Cap
+from segments.models import Segment
+
+DEMO_SEGMENTS = [
+    # slug, name, priority, {scope: (daily, weekly)}
+    ("vip", "VIP riders", 10, {"email": (2, 5), "push": (3, 10), "all": (4, 12)}),
+    ("active", "Active riders", 20, {"email": (1, 4), "push": (2, 7), "all": (3, 9)}),
+    ("new", "New sign-ups", 30, {"email": (1, 3), "push": (1, 3), "all": (2, 5)}),
+    ("dormant", "Dormant", 40, {"email": (1, 2), "push": (0, 0), "all": (1, 2)}),
+]
+DEFAULT_CAPS = {"email": (1, 3), "push": (1, 3), "all": (2, 4)}
+DEMO_USER = "marketer"
+DEMO_PASSWORD = "gatekeeper-demo"
+
+
+class Command(BaseCommand):
+    help = (
+        "Create demo segments, caps and a marketer login, unless the database already has segments."
+    )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if Segment.objects.filter(is_default=False).exists():
+            self.stdout.write("Demo data already there; nothing seeded.")
+            return
+        with transaction.atomic():
+            for slug, name, priority, caps in DEMO_SEGMENTS:
+                segment = Segment.objects.create(slug=slug, name=name, priority=priority)
+                for scope, (daily, weekly) in caps.items():
+                    Cap.objects.create(segment=segment, channel=scope, daily=daily, weekly=weekly)
+            default = Segment.objects.get(is_default=True)
+            for scope, (daily, weekly) in DEFAULT_CAPS.items():
+                Cap.objects.update_or_create(
+                    segment=default, channel=scope, defaults={"daily": daily, "weekly": weekly}
+                )
+            User = get_user_model()
+            if not User.objects.filter(username=DEMO_USER).exists():
+                User.objects.create_superuser(DEMO_USER, "marketer@example.com", DEMO_PASSWORD)
+        self.stdout.write(
+            self.style.SUCCESS(
+                f"Demo seeded. Admin: http://127.0.0.1:8000/admin/  "
+                f"login {DEMO_USER} / {DEMO_PASSWORD}"
+            )
+        )
