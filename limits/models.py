@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.db import models
 
 from limits.channels import validate_scope
@@ -30,3 +31,26 @@ class Cap(models.Model):
 
     def __str__(self) -> str:
         return f"{self.segment.slug} / {self.channel}"
+
+
+class CapChange(models.Model):
+    """One edit of a cap: who, when, and the values before and after. Written by `cap_set`."""
+
+    cap = models.ForeignKey(Cap, on_delete=models.SET_NULL, null=True, related_name="changes")
+    segment_slug = models.CharField(max_length=64)
+    channel = models.CharField(max_length=32)
+    old_daily = models.PositiveIntegerField(null=True, blank=True)
+    old_weekly = models.PositiveIntegerField(null=True, blank=True)
+    new_daily = models.PositiveIntegerField(null=True, blank=True)
+    new_weekly = models.PositiveIntegerField(null=True, blank=True)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    via = models.CharField(max_length=16, default="admin", help_text="admin, api or command")
+    changed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-changed_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.segment_slug}/{self.channel}: {self.old_daily}/{self.old_weekly} -> {self.new_daily}/{self.new_weekly}"
