@@ -1,0 +1,29 @@
+"""gunicorn settings for the web process (`make run`, Procfile).
+
+The app is preloaded in the master so the segment snapshot is loaded once and its bitmaps
+(C memory that Python's reference counting never touches) stay shared copy-on-write by every
+worker. Threads do not survive fork, so each worker starts its own snapshot follower and opens
+its own Redis connections.
+"""
+
+import os
+
+bind = os.environ.get("GATEKEEPER_BIND", "127.0.0.1:8000")
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+threads = int(os.environ.get("WEB_THREADS", "4"))
+worker_class = "gthread"
+preload_app = True
+accesslog = "-"
+timeout = 60
+
+
+def when_ready(server):  # type: ignore[no-untyped-def]
+    from worker.startup import load_snapshot
+
+    load_snapshot(role="web")
+
+
+def post_fork(server, worker):  # type: ignore[no-untyped-def]
+    from worker.startup import after_fork
+
+    after_fork(role="web")
