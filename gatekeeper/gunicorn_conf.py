@@ -17,13 +17,13 @@ accesslog = "-"
 timeout = 60
 
 
-def when_ready(server):  # type: ignore[no-untyped-def]
+def when_ready(server):
     from worker.startup import load_snapshot
 
     load_snapshot(role="web")
 
 
-def post_fork(server, worker):  # type: ignore[no-untyped-def]
+def post_fork(server, worker):
     from worker.startup import after_fork
 
     after_fork(role="web")

@@ -37,7 +37,7 @@ def get_redis() -> RedisClient:
             if client is None:
                 client = make_redis(key[0], cluster=key[1])
                 _clients[key] = client
-    return client  # type: ignore[no-any-return]
+    return client
 
 
 def reset_redis_clients() -> None:

@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 
 LIBRARY = (Path(__file__).parent / "lua" / "limiter.lua").read_text()
 USERS_PER_CALL = 250
+# A flush may race with our reload; a few tries make that a non-event.
+LOAD_ATTEMPTS = 4
 NO_CAP = -1
 ALL = "all"
 REASONS = {1: "allowed", 2: "duplicate", 3: "daily_cap", 4: "weekly_cap", 5: "blocked"}
@@ -177,7 +179,7 @@ class Limiter:
         self._ensure_library(name, conn)
         replies: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
-        for attempt in range(2):
+        for attempt in range(LOAD_ATTEMPTS):
             pipe = conn.pipeline(transaction=False)
             for k in todo:
                 pipe.execute_command("FCALL", calls[k].function, *calls[k].args)
@@ -186,7 +188,7 @@ class Limiter:
             todo = [k for k in todo if _is_missing_function(replies[k])]
             if not todo:
                 break
-            if attempt == 0:
+            if attempt < LOAD_ATTEMPTS - 1:
                 logger.info("Limiter functions missing on %s: loading them again", name)
                 self._ensure_library(name, conn, force=True)
         return replies

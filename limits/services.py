@@ -1,6 +1,7 @@
 """Writes to caps. Admin, REST API and commands all change caps through `cap_set`."""
 
-from django.contrib.auth.base_user import AbstractBaseUser
+from typing import Any
+
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
@@ -16,7 +17,7 @@ def cap_set(
     channel: str,
     daily: int | None,
     weekly: int | None,
-    user: AbstractBaseUser | None = None,
+    user: Any = None,
     via: str = "admin",
 ) -> Cap:
     """Create or change the cap of (segment, channel) and record the change in its history.

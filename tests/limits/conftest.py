@@ -1,0 +1,46 @@
+"""Limiter fixtures: the machine's Redis and a real 3-master Redis Cluster."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from limits.limiter import Limiter
+from tests.redis_servers import RedisClusterProcesses, RedisServer
+
+PREFIX = "test:"
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
+    cluster = RedisClusterProcesses(tmp_path_factory.mktemp("cluster")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_client(redis_cluster: RedisClusterProcesses) -> Iterator[RedisCluster]:
+    client = RedisCluster.from_url(redis_cluster.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.cluster)])
+def limiter(request: pytest.FixtureRequest, redis_client: redis.Redis) -> Iterator[Limiter]:
+    """The limiter on one Redis node, then on a Redis Cluster: every behaviour test runs on both."""
+    if request.param == "single":
+        yield Limiter(redis_client, prefix=PREFIX)
+        return
+    client: RedisCluster = request.getfixturevalue("cluster_client")
+    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    yield Limiter(client, prefix=PREFIX)
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, which it may flush, stop and restart."""
+    server = RedisServer(tmp_path).start()
+    yield server
+    server.stop()
