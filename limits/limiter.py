@@ -13,10 +13,10 @@ at a time: a migration would stop such a call half-way.) A batch to a cluster is
 pipeline per node of one call per slot.
 """
 
+import contextlib
 import logging
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -24,11 +24,13 @@ from typing import Any
 
 import redis
 from django.conf import settings
+from hiredis import pack_command
 from redis.cluster import ClusterNode, RedisCluster
 
 logger = logging.getLogger(__name__)
 
 LIBRARY = (Path(__file__).parent / "lua" / "limiter.lua").read_text()
+LOAD_COMMAND = pack_command(("FUNCTION", "LOAD", "REPLACE", LIBRARY))  # type: ignore[arg-type]
 USERS_PER_CALL = 250
 # A flush may race with our reload; a few tries make that a non-event.
 LOAD_ATTEMPTS = 4
@@ -125,7 +127,6 @@ class Limiter:
         self.prefix = prefix
         self.fail_open = fail_open
         self._loaded: set[str] = set()
-        self._lock = threading.Lock()
 
     # --- routing -----------------------------------------------------------------------------
 
@@ -164,39 +165,79 @@ class Limiter:
             entry[1].append(i)
         return groups
 
-    def _ensure_library(self, name: str, conn: Any, *, force: bool = False) -> None:
-        if force or name not in self._loaded:
-            conn.function_load(LIBRARY, replace=True)
-            with self._lock:
-                self._loaded.add(name)
+    def _send_and_read(
+        self,
+        conn: Any,
+        calls: Iterable[Call],
+        on_reply: Callable[[Call, Any], None],
+        *,
+        reload: bool,
+    ) -> None:
+        """Write each call to the socket as soon as it is built, then read the replies in order.
 
-    def _run_group(self, name: str, conn: Any, calls: list[Call]) -> list[Any]:
-        """Send a node's FCALLs as one pipeline; one reply (or exception) per call.
-
-        A missing library (FUNCTION FLUSH, a restart, a failover to a node without it) makes
-        those calls run nothing, so the library is loaded again and only they are resent.
+        This is a hand-made pipeline: Redis starts on the first call while Python still builds
+        the next ones, and Python parses each reply while Redis runs the calls after it, so the
+        two overlap instead of taking turns. Error replies are handed over as exceptions; a
+        broken connection raises and is dropped from the pool.
         """
-        self._ensure_library(name, conn)
-        replies: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        for attempt in range(LOAD_ATTEMPTS):
-            pipe = conn.pipeline(transaction=False)
-            for k in todo:
-                pipe.execute_command("FCALL", calls[k].function, *calls[k].args)
-            for k, reply in zip(todo, pipe.execute(raise_on_error=False), strict=True):
-                replies[k] = reply
-            todo = [k for k in todo if _is_missing_function(replies[k])]
-            if not todo:
-                break
-            if attempt < LOAD_ATTEMPTS - 1:
-                logger.info("Limiter functions missing on %s: loading them again", name)
-                self._ensure_library(name, conn, force=True)
-        return replies
+        pool = conn.connection_pool
+        connection = pool.get_connection()
+        sent: list[Call] = []
+        try:
+            for call in calls:
+                if reload:
+                    # Right before the call, in the same write: Redis runs a client's pipelined
+                    # commands back to back, so another client's flush rarely lands in between.
+                    connection.send_packed_command([LOAD_COMMAND], check_health=False)
+                packed = pack_command(("FCALL", call.function, *call.args))
+                connection.send_packed_command([packed], check_health=False)
+                sent.append(call)
+            for call in sent:
+                if reload:
+                    with contextlib.suppress(redis.exceptions.ResponseError):
+                        connection.read_response()
+                try:
+                    reply = connection.read_response()
+                except redis.exceptions.ResponseError as exc:
+                    reply = exc
+                on_reply(call, reply)
+        except BaseException:
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
+
+    def _run_group(
+        self, conn: Any, calls: Iterable[Call], on_reply: Callable[[Call, Any], None], name: str
+    ) -> None:
+        """Run a node's calls; a missing library (FUNCTION FLUSH, a restart, a failover to a
+        node without it) makes a call run nothing, so those calls are resent with the library."""
+        missing: list[Call] = []
+
+        def sort(call: Call, reply: Any) -> None:
+            if _is_missing_function(reply):
+                missing.append(call)
+            else:
+                on_reply(call, reply)
+
+        if name not in self._loaded:
+            # Once per node and process; afterwards only a missing-function reply reloads it.
+            conn.function_load(LIBRARY, replace=True)
+            self._loaded.add(name)
+        self._send_and_read(conn, calls, sort, reload=False)
+        for _ in range(LOAD_ATTEMPTS):
+            if not missing:
+                return
+            logger.info("Limiter functions missing on %s: loading them again", name)
+            todo, missing[:] = list(missing), []
+            self._send_and_read(conn, todo, sort, reload=True)
+        for call in missing:
+            on_reply(call, redis.exceptions.ResponseError("limiter functions could not be loaded"))
 
     def _per_node(
         self,
         user_ids: Sequence[int],
-        build: Callable[[list[int]], list[Call]],
+        build: Callable[[list[int]], Iterable[Call]],
         collect: Callable[[Call, Any], None],
         fail: Callable[[list[int]], None],
     ) -> None:
@@ -218,19 +259,35 @@ class Limiter:
                 fail(pending)
                 return
             for name, (conn, local) in groups.items():
-                calls = build([pending[j] for j in local])
-                try:
-                    replies = self._run_group(name, conn, calls)
-                except REDIS_DOWN as exc:
-                    replies = [exc] * len(calls)
-                for call, reply in zip(calls, replies, strict=True):
+                answered: set[int] = set()
+
+                def on_reply(
+                    call: Call,
+                    reply: Any,
+                    name: str = name,
+                    answered: set[int] = answered,
+                    attempt: int = attempt,
+                    retry: list[int] = retry,
+                ) -> None:
+                    answered.update(call.indexes)
                     if not isinstance(reply, Exception):
                         collect(call, reply)
                     elif self.is_cluster and attempt < 2 and isinstance(reply, REROUTE):
                         retry.extend(call.indexes)
                     else:
-                        logger.warning("Redis unavailable for the limiter on %s: %s", name, reply)
+                        logger.warning("Limiter call failed on %s: %s", name, reply)
                         fail(call.indexes)
+
+                indexes = [pending[j] for j in local]
+                try:
+                    self._run_group(conn, build(indexes), on_reply, name)
+                except REDIS_DOWN as exc:
+                    unanswered = [i for i in indexes if i not in answered]
+                    if self.is_cluster and attempt < 2 and isinstance(exc, REROUTE):
+                        retry.extend(unanswered)
+                    else:
+                        logger.warning("Redis unavailable for the limiter on %s: %s", name, exc)
+                        fail(unanswered)
             if retry:
                 self._refresh()
             pending = retry
@@ -264,8 +321,7 @@ class Limiter:
         user_ids = [user_id for user_id, _ in requests]
         results: list[Decision | None] = [None] * len(requests)
 
-        def build(indexes: list[int]) -> list[Call]:
-            calls = []
+        def build(indexes: list[int]) -> Iterator[Call]:
             for chunk in self.calls_by_slot(user_ids, indexes):
                 keys: list[Any] = []
                 args: list[Any] = [now_arg, "1" if dry_run else "0", channel]
@@ -283,8 +339,7 @@ class Limiter:
                             _cap(policy.all.weekly),
                         )
                     )
-                calls.append(Call("gk_acquire", [len(keys), *keys, *args], chunk))
-            return calls
+                yield Call("gk_acquire", [len(keys), *keys, *args], chunk)
 
         def collect(call: Call, reply: list[Any]) -> None:
             for position, i in enumerate(call.indexes):
@@ -330,16 +385,14 @@ class Limiter:
 
         user_ids = [u for u, _ in requests]
 
-        def build(indexes: list[int]) -> list[Call]:
-            calls = []
+        def build(indexes: list[int]) -> Iterator[Call]:
             for chunk in self.calls_by_slot(user_ids, indexes):
                 keys: list[Any] = []
                 for i in chunk:
                     keys.append(log_key(self.prefix, requests[i][0], channel))
                     keys.append(log_key(self.prefix, requests[i][0], ALL))
                 args = [channel, *(requests[i][1] for i in chunk)]
-                calls.append(Call("gk_release", [len(keys), *keys, *args], chunk))
-            return calls
+                yield Call("gk_release", [len(keys), *keys, *args], chunk)
 
         def collect(call: Call, reply: list[Any]) -> None:
             for i, removed in zip(call.indexes, reply, strict=True):

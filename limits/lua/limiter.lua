@@ -56,18 +56,36 @@ local function clock(arg)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- When does the log have room for one more entry under `cap` in a window of `span` ms?
--- The entry that must leave is the (count - cap + 1)-th oldest one inside the window.
-local function frees_in(key, count, cap, span, now)
-  local oldest = redis.call('ZRANGEBYSCORE', key, '(' .. (now - span), '+inf',
-                            'WITHSCORES', 'LIMIT', count - cap, 1)
-  return tonumber(oldest[2]) + span - now
+-- A log's entries as two parallel arrays (members, scores), oldest first. One ZRANGE serves the
+-- duplicate check, both counts and the retry time: a log holds at most a week of entries, and
+-- one call that returns them costs Redis less than four that count them.
+local function entries(key)
+  local flat = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  local members, scores = {}, {}
+  for k = 1, #flat, 2 do
+    members[#members + 1] = flat[k]
+    scores[#scores + 1] = tonumber(flat[k + 1])
+  end
+  return members, scores
 end
 
--- Returns reason, scope, retry for one user's four caps, given the counts.
-local function judge(ck, ak, counts, caps, now)
-  local spans = {DAY, WEEK, DAY, WEEK}
-  local keys = {ck, ck, ak, ak}
+-- How many scores lie in the window (start, +inf), and the index of the first of them.
+local function window(scores, start)
+  local first = #scores + 1
+  for k = #scores, 1, -1 do
+    if scores[k] > start then first = k else break end
+  end
+  return #scores - first + 1, first
+end
+
+-- When does a window of `span` ms have room for one more entry under `cap`? The entry that must
+-- leave is the (count - cap + 1)-th oldest one inside the window.
+local function frees_in(scores, first, count, cap, span, now)
+  return scores[first + count - cap] + span - now
+end
+
+-- Returns reason, scope, retry for one user's four caps.
+local function judge(caps, logs, now)
   for j = 1, 4 do
     if caps[j] == 0 then
       return 5, (j > 2) and 1 or 0, -1
@@ -75,8 +93,9 @@ local function judge(ck, ak, counts, caps, now)
   end
   local best, best_retry = 0, -1
   for j = 1, 4 do
-    if caps[j] > 0 and counts[j] >= caps[j] then
-      local retry = frees_in(keys[j], counts[j], caps[j], spans[j], now)
+    local log = logs[j]
+    if caps[j] > 0 and log.count >= caps[j] then
+      local retry = frees_in(log.scores, log.first, log.count, caps[j], log.span, now)
       if retry > best_retry then
         best, best_retry = j, retry
       end
@@ -94,7 +113,7 @@ local function acquire(keys, args)
   local now = clock(args[1])
   local dry = args[2] == '1'
   local channel = args[3]
-  local day_start, week_start = '(' .. (now - DAY), '(' .. (now - WEEK)
+  local day_start, week_start = now - DAY, now - WEEK
   local reply = {now}
   local n = #keys / 2
   for i = 1, n do
@@ -103,25 +122,33 @@ local function acquire(keys, args)
     local mid = args[base]
     local caps = {tonumber(args[base + 1]), tonumber(args[base + 2]),
                   tonumber(args[base + 3]), tonumber(args[base + 4])}
-    if not dry then
-      -- Trim on every write, so a log never holds more than a week.
-      redis.call('ZREMRANGEBYSCORE', ck, '-inf', now - WEEK)
-      redis.call('ZREMRANGEBYSCORE', ak, '-inf', now - WEEK)
+    local cmembers, cscores = entries(ck)
+    local cd, cdf = window(cscores, day_start)
+    local cw, cwf = window(cscores, week_start)
+    local seen = false
+    for k = cwf, #cmembers do
+      if cmembers[k] == mid then seen = true break end
     end
-    local seen = redis.call('ZSCORE', ck, mid)
-    local cd = redis.call('ZCOUNT', ck, day_start, '+inf')
-    local cw = redis.call('ZCOUNT', ck, week_start, '+inf')
-    if seen and tonumber(seen) > now - WEEK then
+    if seen then
       -- Already holds a slot: the same answer again, not counted twice.
-      table.insert(reply, 2); table.insert(reply, 0)
-      table.insert(reply, cd); table.insert(reply, cw); table.insert(reply, -1)
+      reply[#reply + 1] = 2; reply[#reply + 1] = 0
+      reply[#reply + 1] = cd; reply[#reply + 1] = cw; reply[#reply + 1] = -1
     else
-      local ad = redis.call('ZCOUNT', ak, day_start, '+inf')
-      local aw = redis.call('ZCOUNT', ak, week_start, '+inf')
-      local counts = {cd, cw, ad, aw}
-      local reason, scope, retry = judge(ck, ak, counts, caps, now)
+      local _, ascores = entries(ak)
+      local ad, adf = window(ascores, day_start)
+      local aw, awf = window(ascores, week_start)
+      local logs = {
+        {scores = cscores, first = cdf, count = cd, span = DAY},
+        {scores = cscores, first = cwf, count = cw, span = WEEK},
+        {scores = ascores, first = adf, count = ad, span = DAY},
+        {scores = ascores, first = awf, count = aw, span = WEEK},
+      }
+      local reason, scope, retry = judge(caps, logs, now)
       if reason == 1 then
         if not dry then
+          -- Trim on every write, so a log never holds more than a week.
+          if cwf > 1 then redis.call('ZREMRANGEBYSCORE', ck, '-inf', week_start) end
+          if awf > 1 then redis.call('ZREMRANGEBYSCORE', ak, '-inf', week_start) end
           redis.call('ZADD', ck, now, mid)
           redis.call('ZADD', ak, now, channel .. ':' .. mid)
           redis.call('PEXPIRE', ck, TTL)
@@ -129,13 +156,13 @@ local function acquire(keys, args)
         end
         cd, cw = cd + 1, cw + 1
       end
-      table.insert(reply, reason); table.insert(reply, scope)
+      reply[#reply + 1] = reason; reply[#reply + 1] = scope
       if scope == 0 then
-        table.insert(reply, cd); table.insert(reply, cw)
+        reply[#reply + 1] = cd; reply[#reply + 1] = cw
       else
-        table.insert(reply, ad); table.insert(reply, aw)
+        reply[#reply + 1] = ad; reply[#reply + 1] = aw
       end
-      table.insert(reply, retry)
+      reply[#reply + 1] = retry
     end
   end
   return reply
@@ -157,18 +184,18 @@ local function peek(keys, args)
   local now = clock(args[1])
   local reply = {now}
   for s = 0, 1 do
-    local key = keys[s + 1]
+    local _, scores = entries(keys[s + 1])
     local daily_cap, weekly_cap = tonumber(args[2 + 2 * s]), tonumber(args[3 + 2 * s])
-    local d = redis.call('ZCOUNT', key, '(' .. (now - DAY), '+inf')
-    local w = redis.call('ZCOUNT', key, '(' .. (now - WEEK), '+inf')
+    local d, df = window(scores, now - DAY)
+    local w, wf = window(scores, now - WEEK)
     local retry = -1
     if daily_cap > 0 and d >= daily_cap then
-      retry = frees_in(key, d, daily_cap, DAY, now)
+      retry = frees_in(scores, df, d, daily_cap, DAY, now)
     end
     if weekly_cap > 0 and w >= weekly_cap then
-      retry = math.max(retry, frees_in(key, w, weekly_cap, WEEK, now))
+      retry = math.max(retry, frees_in(scores, wf, w, weekly_cap, WEEK, now))
     end
-    table.insert(reply, d); table.insert(reply, w); table.insert(reply, retry)
+    reply[#reply + 1] = d; reply[#reply + 1] = w; reply[#reply + 1] = retry
   end
   return reply
 end
