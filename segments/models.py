@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models.signals import pre_delete
@@ -51,3 +52,71 @@ def _protect_default_segment(sender: type[Segment], instance: Segment, **kwargs:
             f"The default segment '{instance.slug}' cannot be deleted: "
             "users in no list belong to it."
         )
+
+
+class UserList(models.Model):
+    """One uploaded file of user ids (one a line) that puts its users in a segment."""
+
+    segment = models.ForeignKey(Segment, on_delete=models.CASCADE, related_name="user_lists")
+    file = models.FileField(upload_to="user-lists/%Y/%m/")
+    original_name = models.CharField(max_length=255)
+    line_count = models.PositiveBigIntegerField(default=0)
+    id_count = models.PositiveBigIntegerField(default=0, help_text="Distinct user ids.")
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    uploaded_at = models.DateTimeField(auto_now_add=True)
+    uploaded_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+
+    class Meta:
+        ordering = ["segment__priority", "-uploaded_at"]
+
+    def __str__(self) -> str:
+        return f"{self.original_name} ({self.id_count:,} users)"
+
+
+class Build(models.Model):
+    """One run of the snapshot build: user lists -> bitmaps -> a published version."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    progress = models.PositiveSmallIntegerField(default=0, help_text="Percent done.")
+    stage = models.CharField(max_length=200, blank=True)
+    version = models.CharField(max_length=64, blank=True, help_text="Published snapshot version.")
+    stats = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Per segment: listed, cardinality, lost_to_higher_priority, bytes, sha256.",
+    )
+    total_users = models.PositiveBigIntegerField(default=0)
+    snapshot_bytes = models.PositiveBigIntegerField(default=0)
+    error = models.TextField(blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"Build #{self.pk} ({self.status})"
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.started_at and self.finished_at:
+            return (self.finished_at - self.started_at).total_seconds()
+        return None
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in (self.Status.QUEUED, self.Status.RUNNING)

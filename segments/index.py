@@ -1,0 +1,337 @@
+"""The segment index: one published snapshot, in memory, read-only.
+
+`resolve` answers one user; `resolve_many` answers a batch with bitmap and numpy operations
+(one intersection per segment), never a Python loop over users. Every web and worker process
+holds one through `get_index()`, which loads the live snapshot on first use, keeps the last good
+one on local disk for a start while the store is unreachable, and swaps newer versions in
+without a restart (`refresh()` is one polling step; `start_follower()` runs it in a thread).
+"""
+
+import json
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+from pyroaring import BitMap, BitMap64
+
+from segments.bitmaps import AnyFrozen, deserialize, sha256
+from segments.store import (
+    CURRENT,
+    MANIFEST,
+    SnapshotStore,
+    StoreError,
+    snapshot_key,
+    store_from_url,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class SnapshotError(Exception):
+    """A snapshot that cannot be used: missing, corrupt, or not matching its manifest."""
+
+
+@dataclass
+class SegmentIndex:
+    version: str
+    id_width: int
+    segments: list[str]
+    default_slug: str
+    bitmaps: dict[str, AnyFrozen]
+    cardinalities: dict[str, int]
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Segments with users, in priority order; they are disjoint, so order only matters for
+        # speed, and the largest first answers most single lookups with one membership test.
+        self._ordered = sorted(
+            ((slug, bm) for slug, bm in self.bitmaps.items() if len(bm)), key=lambda p: -len(p[1])
+        )
+        self._labels = np.array([*self.segments, self.default_slug], dtype=object)
+        self._position = {slug: i for i, slug in enumerate(self.segments)}
+
+    @property
+    def total_users(self) -> int:
+        return sum(self.cardinalities.values())
+
+    def resolve(self, user_id: int) -> str:
+        for slug, bitmap in self._ordered:
+            if user_id in bitmap:
+                return slug
+        return self.default_slug
+
+    def resolve_many(self, ids: Sequence[int] | np.ndarray) -> list[str]:
+        """The segment of each id, in the order given."""
+        values = np.asarray(ids, dtype=np.uint64 if self.id_width == 64 else np.uint32)
+        if values.size == 0:
+            return []
+        unique, inverse = np.unique(values, return_inverse=True)
+        query = (BitMap if self.id_width == 32 else BitMap64)(unique, optimize=False)
+        found = np.full(unique.size, len(self.segments), dtype=np.intp)
+        for slug, bitmap in self._ordered:
+            hits = query & bitmap  # type: ignore[operator]
+            if hits:
+                members = np.frombuffer(hits.to_array(), dtype=values.dtype)
+                found[np.searchsorted(unique, members)] = self._position[slug]
+        return list(self._labels[found[inverse]])
+
+
+def _verify(data: bytes, entry: dict[str, Any]) -> None:
+    if len(data) != entry["bytes"]:
+        raise SnapshotError(f"{entry['key']}: {len(data)} bytes, manifest says {entry['bytes']}")
+    if sha256(data) != entry["sha256"]:
+        raise SnapshotError(f"{entry['key']}: sha256 does not match the manifest")
+
+
+def index_from_objects(manifest: dict[str, Any], read: Any) -> SegmentIndex:
+    """Build an index from a manifest and a `read(key) -> bytes` function. Every object's size
+    and sha256 are checked before it is deserialised, and its cardinality after."""
+    width = int(manifest.get("id_width", 32))
+    bitmaps: dict[str, AnyFrozen] = {}
+    cardinalities: dict[str, int] = {}
+    default = None
+    slugs = []
+    for entry in manifest["segments"]:
+        if entry.get("is_default"):
+            default = entry["slug"]
+            continue
+        slugs.append(entry["slug"])
+        data = read(entry["key"])
+        _verify(data, entry)
+        try:
+            bitmap = deserialize(data, width=width)
+        except Exception as exc:  # pyroaring raises ValueError or others on garbage
+            raise SnapshotError(f"{entry['key']}: not a Roaring bitmap ({exc})") from exc
+        if len(bitmap) != entry["cardinality"]:
+            raise SnapshotError(
+                f"{entry['key']}: {len(bitmap)} users, manifest says {entry['cardinality']}"
+            )
+        bitmaps[entry["slug"]] = bitmap
+        cardinalities[entry["slug"]] = entry["cardinality"]
+    if default is None:
+        raise SnapshotError("the manifest names no default segment")
+    return SegmentIndex(
+        version=manifest["version"],
+        id_width=width,
+        segments=slugs,
+        default_slug=default,
+        bitmaps=bitmaps,
+        cardinalities=cardinalities,
+        manifest=manifest,
+    )
+
+
+def load_version(store: SnapshotStore, version: str) -> tuple[SegmentIndex, dict[str, bytes]]:
+    """An index of one version from the store, and its raw objects (for the local cache)."""
+    try:
+        manifest_bytes = store.get(snapshot_key(version, MANIFEST))
+        manifest = json.loads(manifest_bytes)
+    except ValueError as exc:
+        raise SnapshotError(f"manifest of {version} is not valid JSON") from exc
+    objects = {snapshot_key(version, MANIFEST): manifest_bytes}
+
+    def read(key: str) -> bytes:
+        objects[key] = store.get(key)
+        return objects[key]
+
+    return index_from_objects(manifest, read), objects
+
+
+class IndexHolder:
+    """The index of one process for one store, with its disk cache and follower."""
+
+    def __init__(self, store: SnapshotStore, cache_dir: Path) -> None:
+        self.store = store
+        self.cache_dir = Path(cache_dir)
+        self.index: SegmentIndex | None = None
+        self.source = ""
+        self.loaded_at: datetime | None = None
+        self.error = ""
+        self._etag: str | None = None
+        self._lock = threading.Lock()
+        self._follower: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._tried = False
+
+    # --- loading ---------------------------------------------------------------------------
+
+    def get(self) -> SegmentIndex | None:
+        if self.index is None and not self._tried:
+            with self._lock:
+                if self.index is None and not self._tried:
+                    self._load_initial()
+                    self._tried = True
+        return self.index
+
+    def _load_initial(self) -> None:
+        try:
+            self._refresh_locked()
+            if self.index is not None:
+                return
+        except (StoreError, SnapshotError) as exc:
+            logger.warning("Segment snapshot could not be loaded from %s: %s", self.store.url, exc)
+            self.error = f"store {self.store.url}: {exc}"
+        cached = self._load_cache()
+        if cached is not None:
+            self._install(cached, source="cache")
+            logger.warning(
+                "Started from the cached snapshot %s (the store is unreachable)", cached.version
+            )
+        elif not self.error:
+            self.error = f"no snapshot has been published to {self.store.url} yet"
+
+    def refresh(self) -> bool:
+        """One polling step: swap in the live version if it changed. True if it swapped."""
+        with self._lock:
+            self._tried = True
+            try:
+                return self._refresh_locked()
+            except (StoreError, SnapshotError) as exc:
+                self.error = str(exc)
+                logger.warning("Keeping snapshot %s: %s", self.version or "none", exc)
+                return False
+
+    def _refresh_locked(self) -> bool:
+        try:
+            changed = self.store.get_if_changed(CURRENT, self._etag)
+        except StoreError as exc:
+            if "does not exist" in str(exc):
+                self.error = f"no snapshot has been published to {self.store.url} yet"
+                return False
+            raise
+        if changed is None:
+            return False
+        data, etag = changed
+        version = data.decode().strip()
+        if self.index is not None and version == self.index.version:
+            self._etag = etag
+            return False
+        index, objects = load_version(self.store, version)
+        self._save_cache(version, objects)
+        self._install(index, source="store")
+        self._etag = etag
+        logger.info("Segment snapshot %s loaded (%d users in lists)", version, index.total_users)
+        return True
+
+    def _install(self, index: SegmentIndex, *, source: str) -> None:
+        self.index = index
+        self.source = source
+        self.loaded_at = datetime.now(UTC)
+        self.error = ""
+
+    # --- the disk cache ----------------------------------------------------------------------
+
+    def _save_cache(self, version: str, objects: dict[str, bytes]) -> None:
+        try:
+            target = self.cache_dir / version
+            staging = self.cache_dir / f".{version}.{os.getpid()}"
+            shutil.rmtree(staging, ignore_errors=True)
+            for key, data in objects.items():
+                path = staging / Path(key).name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(staging, target)
+            current = self.cache_dir / f".CURRENT.{os.getpid()}"
+            current.write_text(version)
+            os.replace(current, self.cache_dir / CURRENT)
+            for old in self.cache_dir.iterdir():
+                if old.is_dir() and old.name != version and not old.name.startswith("."):
+                    shutil.rmtree(old, ignore_errors=True)
+        except OSError as exc:
+            logger.warning("Could not keep snapshot %s in %s: %s", version, self.cache_dir, exc)
+
+    def _load_cache(self) -> SegmentIndex | None:
+        try:
+            version = (self.cache_dir / CURRENT).read_text().strip()
+            directory = self.cache_dir / version
+            manifest = json.loads((directory / MANIFEST).read_bytes())
+            return index_from_objects(
+                manifest, lambda key: (directory / Path(key).name).read_bytes()
+            )
+        except (OSError, ValueError, SnapshotError) as exc:
+            if not isinstance(exc, FileNotFoundError):
+                logger.warning("The cached snapshot in %s is not usable: %s", self.cache_dir, exc)
+            return None
+
+    # --- following -------------------------------------------------------------------------
+
+    @property
+    def version(self) -> str | None:
+        return self.index.version if self.index else None
+
+    def start_follower(self, interval: float) -> None:
+        if self._follower is not None and self._follower.is_alive():
+            return
+        self._stop.clear()
+
+        def follow() -> None:
+            while not self._stop.wait(interval):
+                self.refresh()
+
+        self._follower = threading.Thread(target=follow, name="snapshot-follower", daemon=True)
+        self._follower.start()
+
+    def stop_follower(self) -> None:
+        self._stop.set()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "loaded": self.index is not None,
+            "version": self.version,
+            "source": self.source or None,
+            "loaded_at": self.loaded_at.isoformat() if self.loaded_at else None,
+            "store": self.store.url,
+            "error": self.error or None,
+        }
+
+
+_holders: dict[tuple[str, str], IndexHolder] = {}
+_holders_lock = threading.Lock()
+
+
+def get_holder() -> IndexHolder:
+    key = (settings.GATEKEEPER_STORE_URL, str(settings.GATEKEEPER_SNAPSHOT_CACHE_DIR))
+    holder = _holders.get(key)
+    if holder is None:
+        with _holders_lock:
+            holder = _holders.get(key)
+            if holder is None:
+                holder = IndexHolder(store_from_url(key[0]), Path(key[1]))
+                _holders[key] = holder
+    return holder
+
+
+def get_index() -> SegmentIndex | None:
+    """This process's index of the live snapshot; None when none could be loaded (not ready)."""
+    return get_holder().get()
+
+
+def refresh() -> bool:
+    return get_holder().refresh()
+
+
+def index_status() -> dict[str, Any]:
+    return get_holder().status()
+
+
+def start_follower() -> None:
+    holder = get_holder()
+    holder.get()
+    holder.start_follower(settings.GATEKEEPER_SNAPSHOT_POLL_SECONDS)
+
+
+def reset_index() -> None:
+    """Forget every holder (tests; after fork the holder is kept but its thread is not)."""
+    with _holders_lock:
+        for holder in _holders.values():
+            holder.stop_follower()
+        _holders.clear()

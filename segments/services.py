@@ -1,0 +1,336 @@
+"""Writes of the segments app: user-list imports, snapshot builds, rollback.
+
+Admin actions, REST views, management commands and the Celery task all call these.
+"""
+
+import json
+import logging
+import tempfile
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import IO, Any
+
+from django.conf import settings
+from django.core.files import File
+from django.db import transaction
+from django.utils import timezone
+
+from segments.bitmaps import (
+    add_ids,
+    bitmap_from_chunks,
+    empty_bitmap,
+    resolve_overlaps,
+    serialize,
+    sha256,
+)
+from segments.models import Build, Segment, UserList
+from segments.parsing import ListSummary, UserListError, iter_ids
+from segments.store import (
+    CURRENT,
+    MANIFEST,
+    NotFound,
+    SnapshotStore,
+    bitmap_name,
+    snapshot_key,
+    store_from_settings,
+)
+
+logger = logging.getLogger(__name__)
+
+# A build whose worker has not reported for this long is taken for dead (killed, lost).
+BUILD_LEASE = timedelta(minutes=10)
+LOCK_NAME = "segments:build-lock"
+
+
+class BuildInProgress(Exception):
+    def __init__(self, build: Build) -> None:
+        super().__init__(
+            f"Build #{build.pk} is {build.status} ({build.progress}% done): "
+            "wait for it to finish before starting another."
+        )
+        self.build = build
+
+
+class BuildBusy(Exception):
+    """Another process holds the publish lock; the task tries again shortly."""
+
+
+# --- user lists -------------------------------------------------------------------------------
+
+
+def user_list_import(
+    *,
+    segment: Segment,
+    fileobj: Any,
+    name: str,
+    replace: bool = False,
+    user: Any = None,
+) -> UserList:
+    """Validate a whole user-list file, then store it as one of the segment's lists.
+
+    The file is streamed once: parsed chunk by chunk while a copy goes to a temporary file, so
+    a 1 GB list never sits in memory. A bad line raises UserListError (with its line number)
+    and nothing is stored. `replace=True` makes it the segment's only list, atomically.
+    """
+    if segment.is_default:
+        raise UserListError(
+            "The default segment has no lists: it holds every user who is in no other list."
+        )
+    summary = ListSummary()
+    with tempfile.NamedTemporaryFile(prefix="user-list-", suffix=".upload") as copy:
+        tee = _Tee(fileobj, copy)
+        bitmap = bitmap_from_chunks(
+            iter_ids(tee, width=settings.GATEKEEPER_ID_WIDTH, summary=summary),
+            width=settings.GATEKEEPER_ID_WIDTH,
+        )
+        copy.flush()
+        copy.seek(0)
+        with transaction.atomic():
+            old = list(segment.user_lists.all()) if replace else []
+            user_list = UserList(
+                segment=segment,
+                original_name=name[:255],
+                line_count=summary.lines,
+                id_count=len(bitmap),
+                size_bytes=tee.size,
+                uploaded_by=user if user is not None and user.is_authenticated else None,
+            )
+            user_list.file.save(_storage_name(name), File(copy), save=False)
+            user_list.save()
+            for previous in old:
+                previous.delete()
+                transaction.on_commit(_file_remover(previous.file))
+    return user_list
+
+
+def _file_remover(field_file: Any) -> Callable[[], None]:
+    # After commit: a rolled-back replace must not lose the file of a list that stays.
+    return lambda: field_file.delete(save=False)
+
+
+class _Tee:
+    """A readable stream that copies what is read into `sink` (the stored copy)."""
+
+    def __init__(self, source: IO[bytes], sink: IO[bytes]) -> None:
+        self.source, self.sink, self.size = source, sink, 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.source.read(n)
+        self.sink.write(data)
+        self.size += len(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+
+def _storage_name(name: str) -> str:
+    base = "".join(c if c.isalnum() or c in "._-" else "_" for c in name.rsplit("/", 1)[-1])
+    return base or "user-list.txt"
+
+
+# --- builds -----------------------------------------------------------------------------------
+
+
+def build_start(*, user: Any = None, queue: bool = True) -> Build:
+    """Queue a build. Refused (BuildInProgress) while another build is queued or running.
+
+    `queue=False` only creates the row, for a caller that runs `build_run` itself."""
+    from segments.tasks import build_snapshot
+
+    with transaction.atomic():
+        active = Build.objects.select_for_update().filter(
+            status__in=[Build.Status.QUEUED, Build.Status.RUNNING]
+        )
+        for build in active:
+            last_sign = build.heartbeat_at or build.created_at
+            if timezone.now() - last_sign < BUILD_LEASE:
+                raise BuildInProgress(build)
+            _fail(build, "The worker running this build stopped reporting; it was given up.")
+        build = Build.objects.create(
+            requested_by=user if user is not None and user.is_authenticated else None
+        )
+        if queue:
+            transaction.on_commit(lambda: build_snapshot.delay(build.pk))
+    return build
+
+
+def _fail(build: Build, error: str) -> None:
+    build.status = Build.Status.FAILED
+    build.error = error
+    build.finished_at = timezone.now()
+    build.save(update_fields=["status", "error", "finished_at"])
+
+
+def build_run(
+    *,
+    build_id: int,
+    store: SnapshotStore | None = None,
+    on_progress: Callable[[Build], None] | None = None,
+) -> Build:
+    """Build and publish a snapshot. Safe to run again for the same build (a redelivered task):
+    each attempt starts over and publishes a new version; the live one is untouched until the
+    last step. Raises BuildBusy if another process holds the publish lock."""
+    from gatekeeper.redis_client import get_redis
+
+    store = store or store_from_settings()
+    lock = get_redis().lock(LOCK_NAME, timeout=int(BUILD_LEASE.total_seconds()), blocking=False)
+    if not lock.acquire():
+        raise BuildBusy("another build is publishing")
+    build = Build.objects.get(pk=build_id)
+    try:
+        if build.status == Build.Status.SUCCEEDED:
+            return build
+        build.status = Build.Status.RUNNING
+        build.attempts += 1
+        build.started_at = timezone.now()
+        build.error = ""
+        build.progress = 0
+        build.save()
+
+        def progress(percent: float, stage: str) -> None:
+            build.progress = min(int(percent), 99)
+            build.stage = stage
+            build.heartbeat_at = timezone.now()
+            build.save(update_fields=["progress", "stage", "heartbeat_at"])
+            lock.reacquire()
+            if on_progress:
+                on_progress(build)
+
+        _build_and_publish(build, store, progress)
+        build.status = Build.Status.SUCCEEDED
+        build.progress = 100
+        build.stage = "published"
+        build.finished_at = timezone.now()
+        build.save()
+        if on_progress:
+            on_progress(build)
+        return build
+    except BuildBusy:
+        raise
+    except Exception as exc:
+        logger.exception("Build #%s failed", build_id)
+        build.stage = "failed"
+        build.save(update_fields=["stage"])
+        _fail(build, f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        try:
+            lock.release()
+        except Exception:
+            logger.warning("Build lock had already expired")
+
+
+def _build_and_publish(
+    build: Build, store: SnapshotStore, progress: Callable[[float, str], None]
+) -> None:
+    width = settings.GATEKEEPER_ID_WIDTH
+    segments = list(Segment.objects.order_by("priority"))
+    lists = list(UserList.objects.filter(segment__in=segments).order_by("pk"))
+    total_bytes = sum(max(user_list.size_bytes, 1) for user_list in lists) or 1
+    done = 0
+    listed = []
+    for segment in segments:
+        if segment.is_default:
+            continue
+        own = [user_list for user_list in lists if user_list.segment_id == segment.pk]
+        bitmap = empty_bitmap(width)
+        for user_list in own:
+            stage = f"reading {segment.slug}: {user_list.original_name}"
+            summary = ListSummary()
+            with user_list.file.open("rb") as handle:
+                for ids in iter_ids(handle, width=width, summary=summary):
+                    add_ids(bitmap, ids)
+                    # Bytes read are decompressed bytes for a .gz list: clamp to its share.
+                    share = min(summary.bytes, user_list.size_bytes)
+                    progress(80 * (done + share) / total_bytes, stage)
+            done += max(user_list.size_bytes, 1)
+        listed.append((segment.slug, bitmap))
+    progress(82, "resolving overlaps by priority")
+    resolved = {r.slug: r for r in resolve_overlaps(listed, width=width)}
+
+    version = f"{datetime.now(UTC):%Y%m%dT%H%M%S}Z-b{build.pk}-{build.attempts}"
+    entries = []
+    stats: dict[str, dict[str, Any]] = {}
+    for i, segment in enumerate(segments):
+        entry: dict[str, Any] = {
+            "slug": segment.slug,
+            "priority": segment.priority,
+            "is_default": segment.is_default,
+        }
+        if segment.is_default:
+            # Not stored: the default segment is everyone the other bitmaps do not hold.
+            entry.update(cardinality=None, bytes=0, sha256=None, key=None)
+            stats[segment.slug] = {
+                "listed": 0,
+                "cardinality": None,
+                "lost_to_higher_priority": 0,
+                "bytes": 0,
+            }
+        else:
+            r = resolved[segment.slug]
+            data = serialize(r.bitmap)
+            key = snapshot_key(version, bitmap_name(segment.slug))
+            progress(85 + 10 * i / len(segments), f"uploading {segment.slug}")
+            store.put(key, data)
+            entry.update(cardinality=len(r.bitmap), bytes=len(data), sha256=sha256(data), key=key)
+            stats[segment.slug] = {
+                "listed": r.listed,
+                "cardinality": len(r.bitmap),
+                "lost_to_higher_priority": r.lost_to_higher_priority,
+                "bytes": len(data),
+            }
+        entries.append(entry)
+    manifest = {
+        "version": version,
+        "id_width": width,
+        "build_id": build.pk,
+        "created_at": datetime.now(UTC).isoformat(),
+        "segments": entries,
+    }
+    progress(96, "writing the manifest")
+    store.put(snapshot_key(version, MANIFEST), json.dumps(manifest, indent=2).encode())
+    # Last: until CURRENT names it, no reader sees the new version.
+    store.put(CURRENT, version.encode())
+    build.version = version
+    build.stats = stats
+    build.total_users = sum(e["cardinality"] or 0 for e in entries)
+    build.snapshot_bytes = sum(e["bytes"] for e in entries)
+    progress(98, "removing old versions")
+    snapshot_prune(store=store, keep=settings.GATEKEEPER_SNAPSHOT_RETENTION)
+
+
+def snapshot_prune(*, store: SnapshotStore, keep: int) -> list[str]:
+    """Delete all but the newest `keep` complete versions (never the live one) and any
+    incomplete leftovers of failed builds. Only called while holding the build lock."""
+    live = _live_version(store)
+    complete, incomplete = [], []
+    for version in store.list_versions():
+        try:
+            store.get(snapshot_key(version, MANIFEST))
+            complete.append(version)
+        except NotFound:
+            incomplete.append(version)
+    doomed = [v for v in complete[: max(len(complete) - keep, 0)] if v != live] + incomplete
+    for version in doomed:
+        store.delete_version(version)
+    return doomed
+
+
+def _live_version(store: SnapshotStore) -> str | None:
+    try:
+        return store.get(CURRENT).decode().strip()
+    except NotFound:
+        return None
+
+
+def snapshot_rollback(*, version: str, store: SnapshotStore | None = None) -> None:
+    """Make an earlier version live again, after checking every object of it."""
+    from segments.index import SnapshotError, load_version
+
+    store = store or store_from_settings()
+    if version not in store.list_versions():
+        raise SnapshotError(f"There is no snapshot version '{version}'.")
+    load_version(store, version)  # raises SnapshotError if anything is missing or corrupt
+    store.put(CURRENT, version.encode())
+    logger.info("Snapshot %s is live again (rollback)", version)
