@@ -249,7 +249,8 @@ def _build_and_publish(
     progress(82, "resolving overlaps by priority")
     resolved = {r.slug: r for r in resolve_overlaps(listed, width=width)}
 
-    version = f"{datetime.now(UTC):%Y%m%dT%H%M%S}Z-b{build.pk}-{build.attempts}"
+    # Sortable by time, then build and attempt: a redelivered build never reuses a version.
+    version = f"{datetime.now(UTC):%Y%m%dT%H%M%S}Z-b{build.pk:07d}-{build.attempts}"
     entries = []
     stats: dict[str, dict[str, Any]] = {}
     for i, segment in enumerate(segments):

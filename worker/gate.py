@@ -103,7 +103,9 @@ class Gate:
         if channel not in channels():
             raise GateError(f"Unknown channel '{channel}'. Choose one of: {', '.join(channels())}.")
         if category not in CATEGORIES:
-            raise GateError(f"Unknown category '{category}'. Choose one of: {', '.join(CATEGORIES)}.")
+            raise GateError(
+                f"Unknown category '{category}'. Choose one of: {', '.join(CATEGORIES)}."
+            )
         if not requests:
             return []
         index = self.index()
@@ -122,7 +124,9 @@ class Gate:
         elif index is None:
             _log_no_snapshot()
             decisions = [
-                GateDecision(user_id=u, message_id=m, segment=None, allowed=False, reason=UNAVAILABLE)
+                GateDecision(
+                    user_id=u, message_id=m, segment=None, allowed=False, reason=UNAVAILABLE
+                )
                 for u, m in requests
             ]
         else:

@@ -42,7 +42,9 @@ class StatsRecorder:
         self._pending: Counter[tuple[dt.date, Key]] = Counter()
         self._last_flush = time.monotonic()
 
-    def record(self, *, channel: str, decisions: Iterable[_HasReason], day: dt.date | None = None) -> None:
+    def record(
+        self, *, channel: str, decisions: Iterable[_HasReason], day: dt.date | None = None
+    ) -> None:
         day = day or dt.datetime.now(dt.UTC).date()
         batch: Counter[tuple[dt.date, Key]] = Counter(
             (day, (d.segment or "unknown", channel, d.reason)) for d in decisions
@@ -68,7 +70,7 @@ class StatsRecorder:
             for day in days:
                 pipe.expire(stats_key(day), KEEP_DAYS * 86400)
             pipe.execute()
-        except Exception:  # noqa: BLE001 - any Redis failure: log and carry on sending
+        except Exception:
             logger.warning("Could not write %d decision counters to Redis", sum(pending.values()))
 
 
