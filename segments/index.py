@@ -7,6 +7,7 @@ one on local disk for a start while the store is unreachable, and swaps newer ve
 without a restart (`refresh()` is one polling step; `start_follower()` runs it in a thread).
 """
 
+import array
 import json
 import logging
 import os
@@ -69,19 +70,45 @@ class SegmentIndex:
         return self.default_slug
 
     def resolve_many(self, ids: Sequence[int] | np.ndarray) -> list[str]:
-        """The segment of each id, in the order given."""
-        values = np.asarray(ids, dtype=np.uint64 if self.id_width == 64 else np.uint32)
+        """The segment of each id, in the order given: one bitmap intersection per segment,
+        then each hit is placed back by a binary search in the sorted query."""
+        wide = self.id_width == 64
+        values = np.asarray(ids, dtype=np.uint64 if wide else np.uint32)
         if values.size == 0:
             return []
-        unique, inverse = np.unique(values, return_inverse=True)
-        query = (BitMap if self.id_width == 32 else BitMap64)(unique, optimize=False)
-        found = np.full(unique.size, len(self.segments), dtype=np.intp)
+        if wide:
+            order = np.argsort(values, kind="stable")
+            ordered = values[order]
+        else:
+            # Sorting (id << 32 | position) is twice as fast as argsort and gives both the
+            # sorted ids and where each came from.
+            keyed = np.sort(
+                (values.astype(np.uint64) << np.uint64(32))
+                | np.arange(values.size, dtype=np.uint64)
+            )
+            ordered = (keyed >> np.uint64(32)).astype(np.uint32)
+            order = (keyed & np.uint64(0xFFFFFFFF)).astype(np.intp)
+        # pyroaring builds fastest from a sorted array.array (a buffer it copies in one go).
+        query = (BitMap64 if wide else BitMap)(
+            array.array("Q" if wide else "I", ordered.tobytes()), optimize=False
+        )
+        found = np.full(values.size, len(self.segments), dtype=np.intp)
+        repeated = bool((ordered[1:] == ordered[:-1]).any())
         for slug, bitmap in self._ordered:
-            hits = query & bitmap  # type: ignore[operator]
-            if hits:
-                members = np.frombuffer(hits.to_array(), dtype=values.dtype)
-                found[np.searchsorted(unique, members)] = self._position[slug]
-        return list(self._labels[found[inverse]])
+            hits = bitmap & query  # type: ignore[operator]
+            if not hits:
+                continue
+            members = np.frombuffer(hits.to_array(), dtype=ordered.dtype)
+            start = np.searchsorted(ordered, members, side="left")
+            if not repeated:
+                found[start] = self._position[slug]
+            else:  # an id asked for more than once: mark every copy
+                counts = np.searchsorted(ordered, members, side="right") - start
+                offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+                found[np.repeat(start, counts) + offsets] = self._position[slug]
+        labels = np.empty_like(found)
+        labels[order] = found
+        return self._labels[labels].tolist()
 
 
 def _verify(data: bytes, entry: dict[str, Any]) -> None:
