@@ -102,3 +102,9 @@ def stats_for_days(*, days: int, today: dt.date | None = None) -> dict[dt.date, 
         today - dt.timedelta(days=i): stats_for_day(today - dt.timedelta(days=i))
         for i in range(days - 1, -1, -1)
     }
+
+
+def discard_pending() -> None:
+    """Forget counts not yet written (tests, which point each test at a fresh Redis DB)."""
+    global _recorder
+    _recorder = StatsRecorder()

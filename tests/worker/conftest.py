@@ -1,0 +1,35 @@
+import io
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from limits.models import Cap
+from segments.index import reset_index
+from segments.models import Segment
+from segments.services import build_run, build_start, user_list_import
+
+
+@pytest.fixture(autouse=True)
+def _fresh_index() -> Iterator[None]:
+    from worker import stats
+
+    reset_index()
+    stats.discard_pending()
+    yield
+    reset_index()
+
+
+@pytest.fixture
+def published(db, redis_client) -> Callable[..., str]:  # type: ignore[no-untyped-def]
+    """Publish a real snapshot: published(vip=(10, [1, 2], {"email": (1, 2)})) -> version."""
+
+    def publish(**spec: tuple[int, list[int], dict[str, tuple[int | None, int | None]]]) -> str:
+        for slug, (priority, ids, caps) in spec.items():
+            segment = Segment.objects.create(slug=slug, name=slug.title(), priority=priority)
+            body = "".join(f"{i}\n" for i in ids).encode()
+            user_list_import(segment=segment, fileobj=io.BytesIO(body), name=f"{slug}.txt")
+            for scope, (daily, weekly) in caps.items():
+                Cap.objects.create(segment=segment, channel=scope, daily=daily, weekly=weekly)
+        return build_run(build_id=build_start(queue=False).pk).version
+
+    return publish

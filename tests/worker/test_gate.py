@@ -1,0 +1,110 @@
+"""The gate end to end in one process: real snapshot, real caps, real Redis."""
+
+import datetime as dt
+import logging
+
+import pytest
+
+from limits.models import Cap
+from limits.selectors import CapsCache
+from limits.services import cap_set
+from segments.models import Segment
+from worker import stats
+from worker.gate import Gate, GateError, gate_check, gate_release
+
+NOW = 1_763_800_000.0
+
+
+@pytest.fixture
+def snapshot(published):
+    return published(
+        vip=(10, [1, 2], {"email": (2, 5), "all": (3, None)}),
+        dormant=(20, [3], {"email": (0, 0)}),
+    )
+
+
+def reasons(decisions):
+    return [(d.user_id, d.segment, d.reason) for d in decisions]
+
+
+def test_each_user_is_gated_by_their_segments_caps_in_request_order(snapshot):
+    Cap.objects.create(segment=Segment.objects.get(is_default=True), channel="email", daily=1)
+    requests = [(3, "a"), (1, "b"), (9, "c"), (1, "d"), (1, "e"), (9, "f")]
+    decisions = gate_check(channel="email", requests=requests, now=NOW)
+    assert reasons(decisions) == [
+        (3, "dormant", "blocked"),
+        (1, "vip", "allowed"),
+        (9, "default", "allowed"),
+        (1, "vip", "allowed"),
+        (1, "vip", "daily_cap"),
+        (9, "default", "daily_cap"),
+    ]
+    assert decisions[4].limits == {"daily": 2, "weekly": 5}
+    assert decisions[4].retry_after == pytest.approx(86400)
+
+
+def test_transactional_sends_are_exempt_and_not_counted(snapshot):
+    decisions = gate_check(
+        channel="email", requests=[(3, "otp1"), (3, "otp2")], category="transactional", now=NOW
+    )
+    assert [(d.allowed, d.reason, d.segment) for d in decisions] == [
+        (True, "exempt", "dormant")
+    ] * 2
+    assert gate_check(channel="email", requests=[(1, "m")], now=NOW)[0].counts == {
+        "daily": 1,
+        "weekly": 1,
+    }
+
+
+def test_a_repeated_message_id_is_a_duplicate(snapshot):
+    gate_check(channel="email", requests=[(1, "m1")], now=NOW)
+    again = gate_check(channel="email", requests=[(1, "m1")], now=NOW + 1)[0]
+    assert (again.allowed, again.reason, again.counts["daily"]) == (True, "duplicate", 1)
+
+
+def test_release_gives_the_slot_back(snapshot):
+    gate_check(channel="email", requests=[(1, "a"), (1, "b")], now=NOW)
+    assert gate_release(channel="email", requests=[(1, "a")]) == [True]
+    assert gate_check(channel="email", requests=[(1, "c")], now=NOW + 1)[0].reason == "allowed"
+
+
+def test_no_snapshot_means_unavailable_with_a_clear_log_line(db, redis_client, caplog):
+    with caplog.at_level(logging.ERROR):
+        decisions = gate_check(channel="email", requests=[(1, "a")], now=NOW)
+    assert [(d.allowed, d.reason) for d in decisions] == [(False, "unavailable")]
+    assert "No segment snapshot is loaded" in caplog.text
+
+
+def test_an_unknown_channel_or_category_is_refused(snapshot):
+    with pytest.raises(GateError, match="Unknown channel 'fax'"):
+        gate_check(channel="fax", requests=[(1, "a")])
+    with pytest.raises(GateError, match="Unknown category 'promo'"):
+        gate_check(channel="email", requests=[(1, "a")], category="promo")
+
+
+def test_a_cap_edit_governs_decisions_once_the_cache_expires(snapshot):
+    cache = CapsCache(ttl=2.0)
+    gate = Gate(caps=cache, record_stats=False)
+    vip = Segment.objects.get(slug="vip")
+    assert cache.table(now=100.0)["vip"]["email"].daily == 2
+    cap_set(segment=vip, channel="email", daily=0, weekly=5)
+    assert cache.table(now=101.0)["vip"]["email"].daily == 2  # still cached
+    assert cache.table(now=102.0)["vip"]["email"].daily == 0  # re-read after the TTL
+    assert gate.check(channel="email", requests=[(1, "a")], now=NOW)[0].reason == "blocked"
+
+
+def test_decisions_are_counted_per_day_segment_channel_and_reason(snapshot):
+    gate_check(channel="email", requests=[(1, "a"), (3, "b"), (9, "c")], now=NOW)
+    stats.flush()
+    today = dt.datetime.now(dt.UTC).date()
+    counts = stats.stats_for_day(today)
+    assert counts[("vip", "email", "allowed")] == 1
+    assert counts[("dormant", "email", "blocked")] == 1
+    assert counts[("default", "email", "allowed")] == 1
+
+
+def test_dry_run_counts_nothing(snapshot):
+    gate_check(channel="email", requests=[(1, "a")], dry_run=True, now=NOW)
+    stats.flush()
+    assert stats.stats_for_day(dt.datetime.now(dt.UTC).date()) == {}
+    assert gate_check(channel="email", requests=[(1, "b")], now=NOW)[0].counts["daily"] == 1

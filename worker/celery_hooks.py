@@ -1,0 +1,17 @@
+"""Celery worker signals: the snapshot is loaded in the parent, followed in each child."""
+
+from typing import Any
+
+from celery.signals import worker_init, worker_process_init
+
+from worker.startup import after_fork, load_snapshot
+
+
+@worker_init.connect
+def _load_in_parent(**kwargs: Any) -> None:
+    load_snapshot(role="worker")
+
+
+@worker_process_init.connect
+def _follow_in_child(**kwargs: Any) -> None:
+    after_fork(role="worker")

@@ -1,0 +1,42 @@
+"""Start-up of processes that gate sends: load the snapshot once, follow new versions.
+
+The snapshot is loaded in the parent before it forks (gunicorn's master with preload_app,
+Celery's prefork parent), so the children share the bitmaps' memory copy-on-write: pyroaring
+keeps them in C memory that Python's reference counting never writes to. Threads and
+connection pools do not survive a fork, so each child starts its own follower and opens its
+own Redis connections.
+"""
+
+import logging
+
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
+
+
+def load_snapshot(*, role: str) -> None:
+    from segments.index import get_index, index_status
+
+    if get_index() is None:
+        logger.error(
+            "%s: no segment snapshot (%s); marketing sends get 'unavailable'",
+            role,
+            index_status()["error"],
+        )
+    else:
+        status = index_status()
+        logger.info(
+            "%s: segment snapshot %s loaded from %s", role, status["version"], status["source"]
+        )
+
+
+def after_fork(*, role: str) -> None:
+    from gatekeeper.redis_client import reset_redis_clients
+    from limits.limiter import reset_limiter
+    from segments.index import get_holder
+
+    reset_redis_clients()
+    reset_limiter()
+    holder = get_holder()
+    holder.get()
+    holder.start_follower(settings.GATEKEEPER_SNAPSHOT_POLL_SECONDS)
