@@ -20,7 +20,7 @@ def _fresh_index() -> Iterator[None]:
 
 
 @pytest.fixture
-def published(db, redis_client) -> Callable[..., str]:  # type: ignore[no-untyped-def]
+def published(db, redis_client) -> Callable[..., str]:
     """Publish a real snapshot: published(vip=(10, [1, 2], {"email": (1, 2)})) -> version."""
 
     def publish(**spec: tuple[int, list[int], dict[str, tuple[int | None, int | None]]]) -> str:
