@@ -1,5 +1,44 @@
 """URLs of the REST API (v1), its OpenAPI schema and docs, and the health probes."""
 
-from django.urls import URLPattern, URLResolver
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from gatekeeper.health import healthz, readyz
+from limits.api import CapDetailView, CapListView
+from segments.api import (
+    BuildDetailView,
+    LookupView,
+    SegmentDetailView,
+    SegmentListView,
+    SegmentUsersView,
+    SnapshotActivateView,
+    SnapshotListView,
+)
+from worker.api import GateCheckView, GateReleaseView, QuotaView
+
+v1 = [
+    path("segments/", SegmentListView.as_view(), name="segments"),
+    path("segments/lookup/", LookupView.as_view(), name="segment-lookup"),
+    path("segments/<slug:slug>/", SegmentDetailView.as_view(), name="segment"),
+    path("segments/<slug:slug>/users/", SegmentUsersView.as_view(), name="segment-users"),
+    path("limits/", CapListView.as_view(), name="caps"),
+    path("limits/<slug:segment>/<slug:channel>/", CapDetailView.as_view(), name="cap"),
+    path("gate/check/", GateCheckView.as_view(), name="gate-check"),
+    path("gate/release/", GateReleaseView.as_view(), name="gate-release"),
+    path("users/<str:user_id>/quota/", QuotaView.as_view(), name="quota"),
+    path("snapshots/", SnapshotListView.as_view(), name="snapshots"),
+    path(
+        "snapshots/<str:version>/activate/",
+        SnapshotActivateView.as_view(),
+        name="snapshot-activate",
+    ),
+    path("builds/<int:build_id>/", BuildDetailView.as_view(), name="build"),
+]
+
+urlpatterns = [
+    *[path(f"api/v1/{p.pattern}", p.callback, name=p.name) for p in v1],
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("healthz", healthz, name="healthz"),
+    path("readyz", readyz, name="readyz"),
+]

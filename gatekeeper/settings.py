@@ -86,6 +86,9 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+# Static files are served by the web process (whitenoise), straight from the apps when
+# `collectstatic` has not run, so a fresh checkout needs no build step.
+WHITENOISE_USE_FINDERS = True
 STATIC_ROOT = env.path("STATIC_ROOT", default=str(VAR_DIR / "static"))
 MEDIA_URL = "media/"
 # Uploaded user lists live here unless USER_LIST_STORAGE points them at S3.

@@ -25,6 +25,7 @@ class Cap(models.Model):
 
     class Meta:
         ordering = ["segment__priority", "channel"]
+        permissions = [("use_gate", "Can call the gate and hand over send jobs")]
         constraints = [
             models.UniqueConstraint(fields=["segment", "channel"], name="limits_one_cap_per_scope"),
         ]

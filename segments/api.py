@@ -1,0 +1,318 @@
+"""REST views of segments: CRUD, lookups, user lists, snapshots and builds."""
+
+from typing import Any
+
+from django.db import transaction
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.exceptions import ValidationError
+from rest_framework.parsers import BaseParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gatekeeper import api_validation as check
+from gatekeeper.api_permissions import CanEdit, CanRead, ReadOrEdit
+from gatekeeper.api_validation import ErrorSerializer
+from segments.index import SnapshotError, get_index, index_status
+from segments.models import Build, DefaultSegmentProtected, Segment
+from segments.parsing import UserListError
+from segments.selectors import snapshot_live_version, snapshot_versions
+from segments.services import BuildInProgress, build_start, snapshot_rollback, user_list_import
+from segments.store import StoreError
+
+LOOKUP_LIMIT = 100_000
+
+
+class SegmentSerializer(serializers.ModelSerializer):
+    cardinality = serializers.SerializerMethodField()
+    live_version = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Segment
+        fields = [
+            "slug",
+            "name",
+            "priority",
+            "description",
+            "is_default",
+            "cardinality",
+            "live_version",
+        ]
+        read_only_fields = ["is_default"]
+
+    def get_cardinality(self, segment: Segment) -> int | None:
+        index = get_index()
+        return index.cardinalities.get(segment.slug) if index else None
+
+    def get_live_version(self, segment: Segment) -> str | None:
+        index = get_index()
+        return index.version if index else None
+
+
+class LookupResultSerializer(serializers.Serializer):
+    user_id = serializers.IntegerField()
+    segment = serializers.CharField()
+
+
+class LookupOneSerializer(LookupResultSerializer):
+    snapshot_version = serializers.CharField()
+
+
+class LookupManyRequestSerializer(serializers.Serializer):
+    user_ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=0), max_length=LOOKUP_LIMIT, min_length=1
+    )
+
+
+class LookupManySerializer(serializers.Serializer):
+    snapshot_version = serializers.CharField()
+    results = LookupResultSerializer(many=True)
+
+
+class BuildSerializer(serializers.ModelSerializer):
+    duration_seconds = serializers.FloatField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = Build
+        fields = [
+            "id", "status", "progress", "stage", "version", "stats", "total_users",
+            "snapshot_bytes", "error", "created_at", "started_at", "finished_at", "duration_seconds",
+        ]  # fmt: skip
+
+
+class UserListStoredSerializer(serializers.Serializer):
+    users = serializers.IntegerField(help_text="Distinct user ids stored.")
+    lines = serializers.IntegerField()
+
+
+class SnapshotVersionSerializer(serializers.Serializer):
+    version = serializers.CharField()
+    is_live = serializers.BooleanField()
+    created_at = serializers.CharField(allow_null=True)
+    build_id = serializers.IntegerField(allow_null=True)
+    users = serializers.IntegerField()
+    bytes = serializers.IntegerField()
+    segments = serializers.DictField(child=serializers.IntegerField(allow_null=True))
+
+
+class SnapshotsSerializer(serializers.Serializer):
+    live_version = serializers.CharField(allow_null=True)
+    results = SnapshotVersionSerializer(many=True)
+
+
+class LiveVersionSerializer(serializers.Serializer):
+    live_version = serializers.CharField()
+
+
+NO_SNAPSHOT = OpenApiResponse(ErrorSerializer, description="No snapshot is loaded in this process.")
+
+
+def _no_snapshot() -> Response:
+    return Response(
+        {"detail": f"No segment snapshot is loaded: {index_status()['error']}"}, status=503
+    )
+
+
+class SegmentListView(APIView):
+    permission_classes = [ReadOrEdit]
+
+    @extend_schema(
+        summary="Segments in priority order", responses={200: SegmentSerializer(many=True)}
+    )
+    def get(self, request: Request) -> Response:
+        return Response(SegmentSerializer(Segment.objects.order_by("priority"), many=True).data)
+
+    @extend_schema(
+        summary="Create a segment",
+        request=SegmentSerializer,
+        responses={201: SegmentSerializer, 400: OpenApiResponse(description="Bad field")},
+    )
+    def post(self, request: Request) -> Response:
+        serializer = SegmentSerializer(data=check.body_object(request.data))
+        serializer.is_valid(raise_exception=True)
+        segment = serializer.save()
+        return Response(SegmentSerializer(segment).data, status=201)
+
+
+class SegmentDetailView(APIView):
+    permission_classes = [ReadOrEdit]
+
+    @extend_schema(summary="One segment", responses={200: SegmentSerializer})
+    def get(self, request: Request, slug: str) -> Response:
+        return Response(SegmentSerializer(get_object_or_404(Segment, slug=slug)).data)
+
+    @extend_schema(
+        summary="Change a segment",
+        request=SegmentSerializer,
+        responses={200: SegmentSerializer, 400: OpenApiResponse(description="Bad field")},
+    )
+    def patch(self, request: Request, slug: str) -> Response:
+        segment = get_object_or_404(Segment, slug=slug)
+        serializer = SegmentSerializer(segment, data=check.body_object(request.data), partial=True)
+        serializer.is_valid(raise_exception=True)
+        serializer.save()
+        return Response(serializer.data)
+
+    @extend_schema(
+        summary="Delete a segment (not the default one)",
+        responses={204: None, 400: ErrorSerializer},
+    )
+    def delete(self, request: Request, slug: str) -> Response:
+        segment = get_object_or_404(Segment, slug=slug)
+        try:
+            with transaction.atomic():
+                segment.delete()
+        except DefaultSegmentProtected as exc:
+            return Response({"detail": exc.messages[0]}, status=400)
+        return Response(status=204)
+
+
+class RawListParser(BaseParser):
+    """Hands the request body over as a stream: a list may be large, and gzip is detected by
+    its bytes, so any content type is taken as-is."""
+
+    media_type = "*/*"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        return stream
+
+
+class SegmentUsersView(APIView):
+    permission_classes = [CanEdit]
+    parser_classes = [RawListParser]
+
+    @extend_schema(
+        summary="Replace the segment's user list (one id a line, text or gzip)",
+        request={
+            "text/plain": {"type": "string", "format": "binary"},
+            "application/gzip": {"type": "string", "format": "binary"},
+        },
+        responses={
+            200: UserListStoredSerializer,
+            400: OpenApiResponse(
+                description="The first bad line, e.g. {'file': ['line 17: ...'], 'line': 17}"
+            ),
+        },
+    )
+    def put(self, request: Request, slug: str) -> Response:
+        segment = get_object_or_404(Segment, slug=slug)
+        stream = request.data if hasattr(request.data, "read") else None
+        if stream is None:
+            raise ValidationError({"file": ["Send the list as the request body."]})
+        try:
+            user_list = user_list_import(
+                segment=segment,
+                fileobj=stream,
+                name=f"{slug}-api.txt",
+                replace=True,
+                user=request.user,
+            )
+        except UserListError as exc:
+            return Response({"file": exc.messages, "line": exc.line}, status=400)
+        return Response({"users": user_list.id_count, "lines": user_list.line_count})
+
+
+class LookupView(APIView):
+    permission_classes = [CanRead]
+
+    @extend_schema(
+        summary="The segment of one user",
+        parameters=[OpenApiParameter("user_id", int, required=True)],
+        responses={
+            200: LookupOneSerializer,
+            400: OpenApiResponse(description="Bad user_id"),
+            503: NO_SNAPSHOT,
+        },
+    )
+    def get(self, request: Request) -> Response:
+        if "user_id" not in request.query_params:
+            raise ValidationError({"user_id": ["This query parameter is required."]})
+        uid = check.user_id(request.query_params["user_id"], "user_id")
+        index = get_index()
+        if index is None:
+            return _no_snapshot()
+        return Response(
+            {"user_id": uid, "segment": index.resolve(uid), "snapshot_version": index.version}
+        )
+
+    @extend_schema(
+        summary="The segments of up to 100,000 users, in request order",
+        request=LookupManyRequestSerializer,
+        responses={
+            200: LookupManySerializer,
+            400: OpenApiResponse(description="Bad field"),
+            503: NO_SNAPSHOT,
+        },
+    )
+    def post(self, request: Request) -> Response:
+        data = check.body_object(request.data)
+        raw = check.items(data, "user_ids", limit=LOOKUP_LIMIT)
+        ids = [check.user_id(value, f"user_ids[{i}]") for i, value in enumerate(raw)]
+        index = get_index()
+        if index is None:
+            return _no_snapshot()
+        segments = index.resolve_many(ids)
+        return Response(
+            {
+                "snapshot_version": index.version,
+                "results": [
+                    {"user_id": u, "segment": s} for u, s in zip(ids, segments, strict=True)
+                ],
+            }
+        )
+
+
+class SnapshotListView(APIView):
+    permission_classes = [ReadOrEdit]
+
+    @extend_schema(
+        summary="Published snapshot versions, newest first",
+        responses={200: SnapshotsSerializer, 503: ErrorSerializer},
+    )
+    def get(self, request: Request) -> Response:
+        try:
+            return Response(
+                {"live_version": snapshot_live_version(), "results": snapshot_versions()}
+            )
+        except StoreError as exc:
+            return Response({"detail": f"The snapshot store is unreachable: {exc}"}, status=503)
+
+    @extend_schema(
+        summary="Start a build; answers 202 with the build's URL",
+        request=None,
+        responses={202: BuildSerializer, 409: ErrorSerializer},
+    )
+    def post(self, request: Request) -> Response:
+        try:
+            build = build_start(user=request.user)
+        except BuildInProgress as exc:
+            return Response({"detail": str(exc)}, status=409)
+        body = BuildSerializer(build).data
+        body["url"] = request.build_absolute_uri(f"/api/v1/builds/{build.pk}/")
+        return Response(body, status=status.HTTP_202_ACCEPTED, headers={"Location": body["url"]})
+
+
+class SnapshotActivateView(APIView):
+    permission_classes = [CanEdit]
+
+    @extend_schema(
+        summary="Make a published version live again (rollback)",
+        request=None,
+        responses={200: LiveVersionSerializer, 400: ErrorSerializer},
+    )
+    def post(self, request: Request, version: str) -> Response:
+        try:
+            snapshot_rollback(version=version)
+        except (SnapshotError, StoreError) as exc:
+            return Response({"detail": str(exc)}, status=400)
+        return Response({"live_version": version})
+
+
+class BuildDetailView(APIView):
+    permission_classes = [CanRead]
+
+    @extend_schema(summary="A build's status and progress", responses={200: BuildSerializer})
+    def get(self, request: Request, build_id: int) -> Response:
+        return Response(BuildSerializer(get_object_or_404(Build, pk=build_id)).data)

@@ -1,0 +1,81 @@
+import io
+from collections.abc import Callable, Iterator
+
+import pytest
+import requests
+from django.contrib.auth.models import Permission, User
+from rest_framework.authtoken.models import Token
+
+from limits.models import Cap
+from segments.index import reset_index
+from segments.models import Segment
+from segments.services import build_run, build_start, user_list_import
+
+
+@pytest.fixture(autouse=True)
+def _fresh_index() -> Iterator[None]:
+    from worker import stats
+
+    reset_index()
+    stats.discard_pending()
+    yield
+    reset_index()
+
+
+def _user(name: str, *perms: str) -> User:
+    user = User.objects.create_user(name, password="pw")
+    for perm in perms:
+        app, codename = perm.split(".")
+        user.user_permissions.add(
+            Permission.objects.get(content_type__app_label=app, codename=codename)
+        )
+    return user
+
+
+@pytest.fixture
+def api(live_server, transactional_db, redis_client) -> Callable[..., requests.Session]:
+    """api("viewer") -> a requests session with that user's token, against the live server."""
+    roles = {
+        "anonymous": None,
+        "nobody": (),
+        "viewer": ("segments.view_segment",),
+        "gate": ("segments.view_segment", "limits.use_gate"),
+        "marketer": (
+            "segments.view_segment",
+            "segments.change_segment",
+            "segments.add_segment",
+            "limits.change_cap",
+            "limits.use_gate",
+        ),
+    }
+
+    def session(role: str) -> requests.Session:
+        s = requests.Session()
+        s.base_url = live_server.url  # type: ignore[attr-defined]
+        perms = roles[role]
+        if perms is not None:
+            user = User.objects.filter(username=role).first() or _user(role, *perms)
+            token, _ = Token.objects.get_or_create(user=user)
+            s.headers["Authorization"] = f"Token {token.key}"
+        return s
+
+    return session
+
+
+def call(session: requests.Session, method: str, path: str, **kwargs) -> requests.Response:
+    return session.request(method, session.base_url + path, timeout=30, **kwargs)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def snapshot(transactional_db) -> str:
+    vip = Segment.objects.create(slug="vip", name="VIP", priority=10)
+    user_list_import(segment=vip, fileobj=io.BytesIO(b"1\n2\n"), name="vip.txt")
+    Cap.objects.create(segment=vip, channel="email", daily=2, weekly=3)
+    Cap.objects.create(segment=vip, channel="all", daily=3, weekly=None)
+    # Flushes between live-server tests remove the migration's default segment: make it again.
+    default, _ = Segment.objects.get_or_create(
+        is_default=True,
+        defaults={"slug": "default", "name": "Everyone else", "priority": 1_000_000},
+    )
+    Cap.objects.create(segment=default, channel="email", daily=1, weekly=1)
+    return build_run(build_id=build_start(queue=False).pk).version

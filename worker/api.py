@@ -1,0 +1,140 @@
+"""REST views of the gate: check, release and a user's quota."""
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from gatekeeper import api_validation as check
+from gatekeeper.api_permissions import CanGate, CanRead
+from limits.channels import channels
+from limits.limiter import get_limiter
+from limits.selectors import caps_cache
+from segments.index import get_index, index_status
+from worker.gate import CATEGORIES, MARKETING, GateError, gate_check, gate_release
+from worker.serializers import (
+    GATE_LIMIT,
+    ErrorSerializer,
+    GateCheckSerializer,
+    GateReleaseSerializer,
+    GateResultsSerializer,
+    QuotaSerializer,
+    ReleaseResultsSerializer,
+)
+
+BAD_INPUT = OpenApiResponse(
+    description="A field is missing or wrong; the body maps each bad field to its messages."
+)
+
+
+def _channel(data: dict[str, Any]) -> str:
+    channel = check.string(data, "channel")
+    if channel not in channels():
+        raise ValidationError(
+            {"channel": [f"Unknown channel '{channel}'. Choose one of: {', '.join(channels())}."]}
+        )
+    return channel
+
+
+class GateCheckView(APIView):
+    permission_classes = [CanGate]
+
+    @extend_schema(
+        summary="Decide a batch of sends (at most 10,000), in request order",
+        request=GateCheckSerializer,
+        responses={200: GateResultsSerializer, 400: BAD_INPUT},
+    )
+    def post(self, request: Request) -> Response:
+        data = check.body_object(request.data)
+        channel = _channel(data)
+        campaign = check.string(data, "campaign", required=False)
+        category = check.string(data, "category", required=False, default=MARKETING)
+        if category not in CATEGORIES:
+            raise ValidationError({"category": [f"Choose one of: {', '.join(CATEGORIES)}."]})
+        dry_run = check.boolean(data, "dry_run")
+        requests = check.gate_requests(data, limit=GATE_LIMIT)
+        try:
+            decisions = gate_check(
+                channel=channel,
+                requests=requests,
+                campaign=campaign,
+                category=category,
+                dry_run=dry_run,
+            )
+        except GateError as exc:
+            raise ValidationError({"channel": [str(exc)]}) from exc
+        return Response({"results": [d.as_dict() for d in decisions]})
+
+
+class GateReleaseView(APIView):
+    permission_classes = [CanGate]
+
+    @extend_schema(
+        summary="Give back the quota of sends whose dispatch failed for good",
+        request=GateReleaseSerializer,
+        responses={200: ReleaseResultsSerializer, 400: BAD_INPUT},
+    )
+    def post(self, request: Request) -> Response:
+        data = check.body_object(request.data)
+        channel = _channel(data)
+        requests = check.gate_requests(data, limit=GATE_LIMIT)
+        released = gate_release(channel=channel, requests=requests)
+        return Response(
+            {
+                "results": [
+                    {"user_id": u, "message_id": m, "released": r}
+                    for (u, m), r in zip(requests, released, strict=True)
+                ]
+            }
+        )
+
+
+class QuotaView(APIView):
+    permission_classes = [CanRead]
+
+    @extend_schema(
+        summary="A user's segment, and per channel and `all`: used, limit, remaining, next slot",
+        responses={200: QuotaSerializer, 400: BAD_INPUT, 503: ErrorSerializer},
+    )
+    def get(self, request: Request, user_id: str) -> Response:
+        uid = check.user_id(user_id, "user_id")
+        index = get_index()
+        if index is None:
+            detail = f"No segment snapshot is loaded: {index_status()['error']}"
+            return Response({"detail": detail}, status=503)
+        segment = index.resolve(uid)
+        limiter = get_limiter()
+        scopes: dict[str, Any] = {}
+        for channel in channels():
+            usage = limiter.peek(
+                channel, uid, caps_cache().policy(segment=segment, channel=channel)
+            )
+            if usage is None:
+                return Response(
+                    {"detail": "Redis is not answering; quotas cannot be read."}, status=503
+                )
+            for scope in usage:
+                scopes[scope.scope] = {
+                    "daily": {
+                        "used": scope.daily_used,
+                        "limit": scope.limits.daily,
+                        "remaining": scope.daily_remaining,
+                    },
+                    "weekly": {
+                        "used": scope.weekly_used,
+                        "limit": scope.limits.weekly,
+                        "remaining": scope.weekly_remaining,
+                    },
+                    "next_slot_in": scope.next_slot_in,
+                }
+        return Response(
+            {
+                "user_id": uid,
+                "segment": segment,
+                "snapshot_version": index.version,
+                "scopes": scopes,
+            }
+        )

@@ -1,0 +1,102 @@
+"""Shapes of the gate's REST bodies, for the OpenAPI schema.
+
+The hot views validate by hand (gatekeeper.api_validation) for speed; these classes describe
+exactly what they accept and answer.
+"""
+
+from rest_framework import serializers
+
+from gatekeeper.api_validation import ErrorSerializer
+from worker.gate import CATEGORIES
+
+__all__ = ["ErrorSerializer"]
+
+REASONS = ["allowed", "duplicate", "daily_cap", "weekly_cap", "blocked", "exempt", "unavailable"]
+GATE_LIMIT = 10_000
+
+
+class GateRequestSerializer(serializers.Serializer):
+    user_id = serializers.IntegerField(min_value=0, max_value=2**32 - 1)
+    message_id = serializers.CharField(max_length=200)
+
+
+class GateCheckSerializer(serializers.Serializer):
+    channel = serializers.CharField(help_text="A channel slug from settings, e.g. email or push.")
+    campaign = serializers.CharField(required=False, max_length=200)
+    category = serializers.ChoiceField(
+        choices=list(CATEGORIES), required=False, default="marketing"
+    )
+    dry_run = serializers.BooleanField(required=False, default=False)
+    requests = serializers.ListField(
+        child=GateRequestSerializer(), max_length=GATE_LIMIT, min_length=1
+    )
+
+
+class GateReleaseSerializer(serializers.Serializer):
+    channel = serializers.CharField()
+    requests = serializers.ListField(
+        child=GateRequestSerializer(), max_length=GATE_LIMIT, min_length=1
+    )
+
+
+class WindowCountsSerializer(serializers.Serializer):
+    daily = serializers.IntegerField()
+    weekly = serializers.IntegerField()
+
+
+class WindowLimitsSerializer(serializers.Serializer):
+    daily = serializers.IntegerField(allow_null=True, help_text="null: no cap")
+    weekly = serializers.IntegerField(allow_null=True, help_text="null: no cap")
+
+
+class DecisionSerializer(serializers.Serializer):
+    user_id = serializers.IntegerField()
+    message_id = serializers.CharField()
+    segment = serializers.CharField(allow_null=True)
+    allowed = serializers.BooleanField()
+    reason = serializers.ChoiceField(choices=REASONS)
+    counts = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="daily, weekly (empty when exempt or unavailable)",
+    )
+    limits = serializers.DictField(
+        child=serializers.IntegerField(allow_null=True), help_text="daily, weekly"
+    )
+    retry_after = serializers.FloatField(allow_null=True, help_text="Seconds until a slot frees.")
+
+
+class GateResultsSerializer(serializers.Serializer):
+    results = DecisionSerializer(many=True)
+
+
+class ReleaseResultSerializer(serializers.Serializer):
+    user_id = serializers.IntegerField()
+    message_id = serializers.CharField()
+    released = serializers.BooleanField()
+
+
+class ReleaseResultsSerializer(serializers.Serializer):
+    results = ReleaseResultSerializer(many=True)
+
+
+class WindowQuotaSerializer(serializers.Serializer):
+    used = serializers.IntegerField()
+    limit = serializers.IntegerField(allow_null=True)
+    remaining = serializers.IntegerField(allow_null=True)
+
+
+class ScopeQuotaSerializer(serializers.Serializer):
+    daily = WindowQuotaSerializer()
+    weekly = WindowQuotaSerializer()
+    next_slot_in = serializers.FloatField(
+        allow_null=True, help_text="Seconds until a slot frees, when full."
+    )
+
+
+class QuotaSerializer(serializers.Serializer):
+    user_id = serializers.IntegerField()
+    segment = serializers.CharField()
+    snapshot_version = serializers.CharField()
+    scopes = serializers.DictField(
+        child=ScopeQuotaSerializer(), help_text="Each channel, and `all`."
+    )
