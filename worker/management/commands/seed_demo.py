@@ -1,13 +1,16 @@
 """Seed a demo on the first start of `make run`, so a newcomer sees something real at once."""
 
+import io
 from typing import Any
 
+import numpy as np
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from limits.models import Cap
 from segments.models import Segment
+from segments.services import build_run, build_start, user_list_import
 
 DEMO_SEGMENTS = [
     # slug, name, priority, {scope: (daily, weekly)}
@@ -17,6 +20,7 @@ DEMO_SEGMENTS = [
     ("dormant", "Dormant", 40, {"email": (1, 2), "push": (0, 0), "all": (1, 2)}),
 ]
 DEFAULT_CAPS = {"email": (1, 3), "push": (1, 3), "all": (2, 4)}
+DEMO_USERS = 200_000
 DEMO_USER = "marketer"
 DEMO_PASSWORD = "gatekeeper-demo"
 
@@ -40,9 +44,23 @@ class Command(BaseCommand):
                 Cap.objects.update_or_create(
                     segment=default, channel=scope, defaults={"daily": daily, "weekly": weekly}
                 )
+            rng = np.random.default_rng(2026)
+            for slug, share in (("vip", 0.05), ("active", 0.35), ("new", 0.15), ("dormant", 0.25)):
+                # Overlapping random lists, so the build has overlaps to resolve by priority.
+                ids = rng.choice(DEMO_USERS, int(DEMO_USERS * share), replace=False)
+                body = ("user_id\n" + "\n".join(map(str, ids.tolist())) + "\n").encode()
+                user_list_import(
+                    segment=Segment.objects.get(slug=slug),
+                    fileobj=io.BytesIO(body),
+                    name=f"{slug}-demo.txt",
+                )
             User = get_user_model()
             if not User.objects.filter(username=DEMO_USER).exists():
                 User.objects.create_superuser(DEMO_USER, "marketer@example.com", DEMO_PASSWORD)
+        build = build_run(build_id=build_start(queue=False).pk)
+        self.stdout.write(
+            f"Published snapshot {build.version} with {build.total_users:,} users in lists."
+        )
         self.stdout.write(
             self.style.SUCCESS(
                 f"Demo seeded. Admin: http://127.0.0.1:8000/admin/  "
