@@ -13,7 +13,7 @@ workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 threads = int(os.environ.get("WEB_THREADS", "4"))
 worker_class = "gthread"
 preload_app = True
-accesslog = "-"
+accesslog = os.environ.get("GUNICORN_ACCESSLOG", "-") or None
 timeout = 60
 
 

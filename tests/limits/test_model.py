@@ -38,10 +38,6 @@ class Model:
         self, user: int, channel: str, mid: str, policy: Policy, now: int, dry: bool
     ) -> tuple:
         ch, al = self.log(user, channel), self.log(user, "all")
-        if not dry:
-            for log in (ch, al):
-                for member in [m for m, t in log.items() if t <= now - WEEK_MS]:
-                    del log[member]
         if mid in ch and ch[mid] > now - WEEK_MS:
             return (
                 "duplicate",
@@ -83,6 +79,10 @@ class Model:
                 retry,
             )
         if not dry:
+            # Logs are trimmed when written: entries a week old go when a send is recorded.
+            for log in (ch, al):
+                for member in [m for m, t in log.items() if t <= now - WEEK_MS]:
+                    del log[member]
             ch[mid] = now
             al[f"{channel}:{mid}"] = now
         d, w = len(self.in_window(ch, now, DAY_MS)), len(self.in_window(ch, now, WEEK_MS))
