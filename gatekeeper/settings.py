@@ -144,6 +144,20 @@ GATEKEEPER_SNAPSHOT_POLL_SECONDS = env.float("GATEKEEPER_SNAPSHOT_POLL_SECONDS",
 # How long a process may use cached caps before reading them again (seconds).
 GATEKEEPER_CAPS_TTL_SECONDS = env.float("GATEKEEPER_CAPS_TTL_SECONDS", default=2.0)
 
+# --- Dispatch -------------------------------------------------------------------------------
+# Email goes through Django's email backends: smtp://user:pass@host:587 (add ?tls=True),
+# consolemail:// (prints, the laptop default), dummymail:// (drops).
+vars().update(env.email_url("EMAIL_URL", default="consolemail://"))
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Gatekeeper <marketing@example.com>")
+# The push backend: a dotted path to a class in worker/dispatchers.py (or your own).
+GATEKEEPER_PUSH_BACKEND = env.str(
+    "GATEKEEPER_PUSH_BACKEND", default="worker.dispatchers.ConsolePushBackend"
+)
+# Where WebhookPushBackend posts each push (a relay to APNs/FCM, say).
+GATEKEEPER_PUSH_WEBHOOK_URL = env.str("GATEKEEPER_PUSH_WEBHOOK_URL", default="")
+# Recipients gated per gate call and per Celery task.
+GATEKEEPER_SEND_CHUNK_SIZE = env.int("GATEKEEPER_SEND_CHUNK_SIZE", default=1000)
+
 # --- REST framework -------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -1,0 +1,256 @@
+"""Send jobs chunk by chunk: a real SMTP server, a real HTTP push relay, real Redis."""
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from aiosmtpd.controller import Controller
+from django.core.exceptions import ValidationError
+from django.test import TestCase
+
+from limits.limiter import Limits, Policy, get_limiter
+from tests.redis_servers import free_port
+from worker import services
+from worker.models import SendChunk, SendJob
+from worker.services import send_chunk_run, send_job_create
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, str]] = []
+
+    async def handle_DATA(self, server, session, envelope):
+        body = envelope.content.decode("utf-8", errors="replace")
+        for rcpt in envelope.rcpt_tos:
+            self.messages.append((rcpt, body))
+        return "250 OK"
+
+    def per_recipient(self) -> Counter[str]:
+        return Counter(rcpt for rcpt, _ in self.messages)
+
+
+@pytest.fixture
+def smtp(settings) -> Iterator[Inbox]:
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", controller.port
+    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
+    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
+    yield inbox
+    controller.stop()
+
+
+class Relay:
+    """A push relay on loopback that answers with the next status in `statuses` (200 after)."""
+
+    def __init__(self) -> None:
+        self.received: list[dict] = []
+        self.keys: list[str] = []
+        self.statuses: list[int] = []
+        relay = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                status = relay.statuses.pop(0) if relay.statuses else 200
+                if status == 200:
+                    relay.received.append(body)
+                    relay.keys.append(self.headers["Idempotency-Key"])
+                self.send_response(status)
+                self.end_headers()
+
+            def log_message(self, *args) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/push"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def relay(settings) -> Iterator[Relay]:
+    relay = Relay()
+    settings.GATEKEEPER_PUSH_BACKEND = "worker.dispatchers.WebhookPushBackend"
+    settings.GATEKEEPER_PUSH_WEBHOOK_URL = relay.url
+    yield relay
+    relay.server.shutdown()
+
+
+@pytest.fixture
+def campaign(published):
+    published(
+        vip=(10, [1, 2], {"email": (1, 5), "push": (1, 5)}),
+        dormant=(20, [3], {"email": (0, 0), "push": (0, 0)}),
+    )
+
+
+def recipients(*user_ids: int, domain: str = "example.com") -> list[dict]:
+    return [
+        {"user_id": u, "address": f"u{u}@{domain}", "context": {"name": f"User {u}"}}
+        for u in user_ids
+    ]
+
+
+def run_all(job: SendJob) -> None:
+    for chunk in SendChunk.objects.filter(job=job, status=SendChunk.Status.QUEUED).order_by("pk"):
+        send_chunk_run(chunk_id=chunk.pk)
+
+
+def test_a_job_sends_the_admitted_and_counts_every_reason(campaign, smtp, settings):
+    settings.GATEKEEPER_SEND_CHUNK_SIZE = 2
+    first = send_job_create(
+        channel="email",
+        campaign="spring",
+        template="welcome",
+        recipients=recipients(1, 3, 9),
+        queue=False,
+    )
+    run_all(first)
+    second = send_job_create(
+        channel="email",
+        campaign="summer",
+        template="welcome",
+        recipients=recipients(1),
+        queue=False,
+    )
+    run_all(second)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert smtp.per_recipient() == {"u1@example.com": 1, "u9@example.com": 1}
+    assert (
+        "Hello User 1" in smtp.messages[0][1]
+        and "Subject: Welcome aboard, User 1" in smtp.messages[0][1]
+    )
+    assert (first.status, first.progress, first.sent) == ("done", 100, 2)
+    assert first.reasons == {"allowed": 2, "blocked": 1}
+    assert first.segments == {"vip": 1, "dormant": 1, "default": 1}
+    assert (second.reasons, second.sent) == ({"daily_cap": 1}, 0)
+
+
+def test_a_redelivered_chunk_sends_nothing_twice(campaign, smtp):
+    job = send_job_create(
+        channel="email",
+        campaign="spring",
+        template="welcome",
+        recipients=recipients(1, 9),
+        queue=False,
+    )
+    chunk = job.chunks.get()
+    send_chunk_run(chunk_id=chunk.pk)
+    # The worker died before the task was acknowledged: the same chunk comes back.
+    SendChunk.objects.filter(pk=chunk.pk).update(status=SendChunk.Status.QUEUED)
+    outcome = send_chunk_run(chunk_id=chunk.pk)
+    assert outcome == {"already_sent": 2}
+    assert smtp.per_recipient() == {"u1@example.com": 1, "u9@example.com": 1}
+
+
+def test_capped_sends_are_deferred_until_a_slot_frees(campaign, smtp, monkeypatch):
+    queued: list[tuple[list[int], float]] = []
+    monkeypatch.setattr(
+        services, "_queue", lambda ids, countdown=0: queued.append((ids, countdown))
+    )
+    send_job_create(
+        channel="email", campaign="a", template="welcome", recipients=recipients(1), queue=False
+    )
+    run_all(SendJob.objects.get(campaign="a"))
+    job = send_job_create(
+        channel="email",
+        campaign="b",
+        template="welcome",
+        recipients=recipients(1),
+        on_capped="defer",
+        queue=False,
+    )
+    chunk = job.chunks.get()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        send_chunk_run(chunk_id=chunk.pk)
+    deferred = SendChunk.objects.filter(job=job, status=SendChunk.Status.QUEUED).get()
+    assert deferred.recipients[0]["user_id"] == 1
+    ((ids, countdown),) = queued
+    assert ids == [deferred.pk] and 86000 < countdown <= 86400
+    job.refresh_from_db()
+    assert (job.processed, job.status) == (0, "running")
+
+
+def test_a_permanent_push_failure_gives_the_quota_back(campaign, relay):
+    relay.statuses = [400]
+    job = send_job_create(
+        channel="push", campaign="p", template="welcome", recipients=recipients(1), queue=False
+    )
+    run_all(job)
+    job.refresh_from_db()
+    assert (job.failed, job.sent, job.status) == (1, 0, "done")
+    usage = get_limiter().peek("push", 1, Policy(Limits(1, 5), Limits()))
+    assert usage is not None and usage[0].daily_used == 0
+
+
+def test_a_transient_push_failure_is_retried_with_the_same_idempotency_key(
+    campaign, relay, monkeypatch
+):
+    monkeypatch.setattr(services, "_queue", lambda ids, countdown=0: None)
+    relay.statuses = [503]
+    job = send_job_create(
+        channel="push", campaign="p", template="welcome", recipients=recipients(1), queue=False
+    )
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        run_all(job)
+    retry = SendChunk.objects.get(job=job, status=SendChunk.Status.QUEUED)
+    assert retry.attempts == 1
+    send_chunk_run(chunk_id=retry.pk)
+    job.refresh_from_db()
+    assert (job.sent, job.failed, job.status) == (1, 0, "done")
+    assert relay.keys == ["p:1"]
+    assert relay.received[0]["title"] == "Welcome aboard"
+
+
+def test_redis_down_defers_the_sends_instead_of_dropping_them(
+    campaign, smtp, settings, monkeypatch
+):
+    from gatekeeper.redis_client import reset_redis_clients
+    from limits.limiter import reset_limiter
+
+    monkeypatch.setattr(services, "_queue", lambda ids, countdown=0: None)
+    job = send_job_create(
+        channel="email", campaign="r", template="welcome", recipients=recipients(1, 9), queue=False
+    )
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    reset_redis_clients()
+    reset_limiter()
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        outcome = send_chunk_run(chunk_id=job.chunks.get().pk)
+    assert outcome == {}
+    assert smtp.messages == []
+    deferred = SendChunk.objects.get(job=job, status=SendChunk.Status.QUEUED)
+    assert [r["user_id"] for r in deferred.recipients] == [1, 9]
+    job.refresh_from_db()
+    assert job.reasons == {"unavailable": 2}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"channel": "fax"}, "channel"),
+        ({"template": "nope"}, "template"),
+        ({"on_capped": "later"}, "on_capped"),
+        ({"recipients": [{"user_id": -1, "address": "a@b"}]}, "recipients[0].user_id"),
+        ({"recipients": [{"user_id": 1}]}, "recipients[0].address"),
+        ({"recipients": []}, "recipients"),
+    ],
+)
+def test_bad_jobs_are_refused_naming_the_field(db, kwargs, field):
+    args = {
+        "channel": "email",
+        "campaign": "c",
+        "template": "welcome",
+        "recipients": recipients(1),
+        **kwargs,
+    }
+    with pytest.raises(ValidationError) as caught:
+        send_job_create(**args, queue=False)
+    assert field in caught.value.message_dict
+    assert not SendJob.objects.exists()

@@ -1,0 +1,194 @@
+"""Delivery channels: one small class per channel with one `send()`.
+
+A failed send raises DispatchError saying what a retry is worth:
+- TRANSIENT: nothing was delivered and trying again later may work (timeouts before sending,
+  5xx, connection refused): the worker retries with backoff.
+- PERMANENT: it will never work (unknown address, 4xx): the worker gives the quota back.
+- AMBIGUOUS: it may have been delivered (the connection broke after the request went out):
+  the worker keeps the quota and does not send again, because a double send is worse than a
+  lost one for marketing.
+"""
+
+import json
+import logging
+import smtplib
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from django.conf import settings
+from django.core.mail import EmailMultiAlternatives, get_connection
+from django.template import TemplateDoesNotExist
+from django.template.loader import render_to_string
+from django.utils.module_loading import import_string
+
+logger = logging.getLogger(__name__)
+
+TRANSIENT, PERMANENT, AMBIGUOUS = "transient", "permanent", "ambiguous"
+
+
+class DispatchError(Exception):
+    def __init__(self, message: str, *, kind: str = TRANSIENT) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+    @property
+    def permanent(self) -> bool:
+        return self.kind == PERMANENT
+
+
+@dataclass
+class Message:
+    """One rendered send."""
+
+    message_id: str
+    user_id: int
+    address: str
+    subject: str
+    body: str
+    html: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def template_check(*, channel: str, template: str) -> None:
+    """Raise TemplateDoesNotExist unless the channel's templates for `template` exist."""
+    names = ("subject.txt", "body.txt") if channel == "email" else ("title.txt", "body.txt")
+    for name in names:
+        render_to_string(f"{channel}/{template}/{name}", {})
+
+
+def render(*, channel: str, template: str, recipient: dict[str, Any], campaign: str) -> Message:
+    context = {
+        **recipient.get("context", {}),
+        "user_id": recipient["user_id"],
+        "campaign": campaign,
+    }
+    title = "subject.txt" if channel == "email" else "title.txt"
+    html = None
+    if channel == "email":
+        try:
+            html = render_to_string(f"email/{template}/body.html", context)
+        except TemplateDoesNotExist:
+            html = None
+    return Message(
+        message_id=recipient["message_id"],
+        user_id=recipient["user_id"],
+        address=recipient["address"],
+        subject=" ".join(render_to_string(f"{channel}/{template}/{title}", context).split()),
+        body=render_to_string(f"{channel}/{template}/body.txt", context),
+        html=html,
+        data=recipient.get("context", {}),
+    )
+
+
+class EmailDispatcher:
+    """Email through Django's configured email backend (SMTP in production)."""
+
+    def __init__(self) -> None:
+        self.connection = get_connection()
+
+    def send(self, message: Message) -> None:
+        email = EmailMultiAlternatives(
+            subject=message.subject,
+            body=message.body,
+            from_email=settings.DEFAULT_FROM_EMAIL,
+            to=[message.address],
+            headers={"X-Gatekeeper-Message-Id": message.message_id},
+            connection=self.connection,
+        )
+        if message.html:
+            email.attach_alternative(message.html, "text/html")
+        try:
+            email.send()
+        except smtplib.SMTPRecipientsRefused as exc:
+            raise DispatchError(f"{message.address} refused: {exc}", kind=PERMANENT) from exc
+        except smtplib.SMTPResponseException as exc:
+            kind = PERMANENT if 500 <= exc.smtp_code < 600 else TRANSIENT
+            raise DispatchError(f"SMTP {exc.smtp_code}: {exc.smtp_error!r}", kind=kind) from exc
+        except (TimeoutError, smtplib.SMTPServerDisconnected, ConnectionError, OSError) as exc:
+            self.connection.close()
+            raise DispatchError(f"SMTP unavailable: {exc}", kind=TRANSIENT) from exc
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class PushBackend:
+    def send(self, message: Message) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Nothing to close by default."""
+
+
+class ConsolePushBackend(PushBackend):
+    """Prints each push (development)."""
+
+    def send(self, message: Message) -> None:
+        print(
+            f"push to {message.address} (user {message.user_id}): {message.subject} | {message.body.strip()}"
+        )
+
+
+class MemoryPushBackend(PushBackend):
+    """Keeps pushes in a list (tests)."""
+
+    outbox: ClassVar[list[Message]] = []
+
+    def send(self, message: Message) -> None:
+        self.outbox.append(message)
+
+
+class NullPushBackend(PushBackend):
+    """Drops every push (benchmarks)."""
+
+    def send(self, message: Message) -> None:
+        return None
+
+
+class WebhookPushBackend(PushBackend):
+    """POSTs each push as JSON to a provider relay; the message id is the idempotency key, so
+    a relay that honours it never delivers a retried push twice."""
+
+    def __init__(self, url: str | None = None, timeout: float = 5.0) -> None:
+        self.url = url or settings.GATEKEEPER_PUSH_WEBHOOK_URL
+        if not self.url:
+            raise DispatchError("GATEKEEPER_PUSH_WEBHOOK_URL is not set", kind=TRANSIENT)
+        self.timeout = timeout
+
+    def send(self, message: Message) -> None:
+        payload = json.dumps(
+            {
+                "message_id": message.message_id,
+                "user_id": message.user_id,
+                "token": message.address,
+                "title": message.subject,
+                "body": message.body.strip(),
+                "data": message.data,
+            }
+        ).encode()
+        request = urllib.request.Request(
+            self.url,
+            data=payload,
+            method="POST",
+            headers={"Content-Type": "application/json", "Idempotency-Key": message.message_id},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                response.read()
+        except urllib.error.HTTPError as exc:
+            kind = PERMANENT if 400 <= exc.code < 500 and exc.code not in (408, 429) else TRANSIENT
+            raise DispatchError(f"push relay answered {exc.code}", kind=kind) from exc
+        except urllib.error.URLError as exc:
+            raise DispatchError(f"push relay unreachable: {exc.reason}", kind=TRANSIENT) from exc
+        except TimeoutError as exc:
+            # The request went out; the relay may have delivered it.
+            raise DispatchError("push relay timed out", kind=AMBIGUOUS) from exc
+
+
+def dispatcher_for(channel: str) -> Any:
+    if channel == "email":
+        return EmailDispatcher()
+    backend = import_string(settings.GATEKEEPER_PUSH_BACKEND)
+    return backend()

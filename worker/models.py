@@ -1,0 +1,62 @@
+from django.conf import settings
+from django.db import models
+
+
+class SendJob(models.Model):
+    """A campaign's sends handed to the worker: gated in chunks, dispatched, counted."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    class OnCapped(models.TextChoices):
+        DROP = "drop", "drop capped sends"
+        DEFER = "defer", "send them when a slot frees"
+
+    channel = models.CharField(max_length=32)
+    campaign = models.CharField(max_length=200)
+    template = models.CharField(max_length=100)
+    category = models.CharField(max_length=16, default="marketing")
+    on_capped = models.CharField(max_length=8, choices=OnCapped.choices, default=OnCapped.DROP)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    total = models.PositiveIntegerField(default=0)
+    processed = models.PositiveIntegerField(default=0, help_text="Recipients with a final outcome.")
+    sent = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    reasons = models.JSONField(default=dict, blank=True, help_text="Gate decisions by reason.")
+    segments = models.JSONField(default=dict, blank=True, help_text="Gate decisions by segment.")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.campaign} ({self.channel}, {self.total:,} recipients)"
+
+    @property
+    def progress(self) -> int:
+        return 100 if not self.total else min(100, int(100 * self.processed / self.total))
+
+
+class SendChunk(models.Model):
+    """Up to CHUNK_SIZE recipients of a job, gated in one gate call."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        DONE = "done"
+
+    job = models.ForeignKey(SendJob, on_delete=models.CASCADE, related_name="chunks")
+    recipients = models.JSONField(help_text="[{user_id, address, message_id, context}]")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    not_before = models.DateTimeField(null=True, blank=True, help_text="Deferred until then.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"chunk {self.pk} of job {self.job_id}"
