@@ -14,7 +14,13 @@ from segments.api import (
     SnapshotActivateView,
     SnapshotListView,
 )
-from worker.api import GateCheckView, GateReleaseView, QuotaView
+from worker.api import (
+    GateCheckView,
+    GateReleaseView,
+    QuotaView,
+    SendJobDetailView,
+    SendJobListView,
+)
 
 v1 = [
     path("segments/", SegmentListView.as_view(), name="segments"),
@@ -33,6 +39,8 @@ v1 = [
         name="snapshot-activate",
     ),
     path("builds/<int:build_id>/", BuildDetailView.as_view(), name="build"),
+    path("sends/", SendJobListView.as_view(), name="sends"),
+    path("sends/<int:job_id>/", SendJobDetailView.as_view(), name="send"),
 ]
 
 urlpatterns = [

@@ -2,6 +2,8 @@
 
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
@@ -15,6 +17,7 @@ from limits.limiter import get_limiter
 from limits.selectors import caps_cache
 from segments.index import get_index, index_status
 from worker.gate import CATEGORIES, MARKETING, GateError, gate_check, gate_release
+from worker.models import SendJob
 from worker.serializers import (
     GATE_LIMIT,
     ErrorSerializer,
@@ -23,7 +26,10 @@ from worker.serializers import (
     GateResultsSerializer,
     QuotaSerializer,
     ReleaseResultsSerializer,
+    SendJobCreateSerializer,
+    SendJobSerializer,
 )
+from worker.services import send_job_create
 
 BAD_INPUT = OpenApiResponse(
     description="A field is missing or wrong; the body maps each bad field to its messages."
@@ -138,3 +144,38 @@ class QuotaView(APIView):
                 "scopes": scopes,
             }
         )
+
+
+class SendJobListView(APIView):
+    permission_classes = [CanGate]
+
+    @extend_schema(
+        summary="Hand a send job to the worker (up to 100,000 recipients); 202 with its URL",
+        request=SendJobCreateSerializer,
+        responses={202: SendJobSerializer, 400: BAD_INPUT},
+    )
+    def post(self, request: Request) -> Response:
+        data = check.body_object(request.data)
+        try:
+            job = send_job_create(
+                channel=check.string(data, "channel"),
+                campaign=check.string(data, "campaign"),
+                template=check.string(data, "template", max_length=100),
+                category=check.string(data, "category", required=False, default=MARKETING),
+                on_capped=check.string(data, "on_capped", required=False, default="drop"),
+                recipients=check.items(data, "recipients", limit=100_000),
+                user=request.user,
+            )
+        except DjangoValidationError as exc:
+            raise ValidationError(exc.message_dict) from exc
+        body = SendJobSerializer(job).data
+        url = request.build_absolute_uri(f"/api/v1/sends/{job.pk}/")
+        return Response({**body, "url": url}, status=202, headers={"Location": url})
+
+
+class SendJobDetailView(APIView):
+    permission_classes = [CanRead]
+
+    @extend_schema(summary="A send job's progress and counts", responses={200: SendJobSerializer})
+    def get(self, request: Request, job_id: int) -> Response:
+        return Response(SendJobSerializer(get_object_or_404(SendJob, pk=job_id)).data)

@@ -100,3 +100,43 @@ class QuotaSerializer(serializers.Serializer):
     scopes = serializers.DictField(
         child=ScopeQuotaSerializer(), help_text="Each channel, and `all`."
     )
+
+
+class RecipientSerializer(serializers.Serializer):
+    user_id = serializers.IntegerField(min_value=0)
+    address = serializers.CharField(help_text="Email address or push token.")
+    message_id = serializers.CharField(
+        required=False, max_length=200, help_text="Default: <campaign>:<user_id>."
+    )
+    context = serializers.DictField(required=False, help_text="Template variables.")  # type: ignore[assignment]
+
+
+class SendJobCreateSerializer(serializers.Serializer):
+    channel = serializers.CharField()
+    campaign = serializers.CharField(max_length=200)
+    template = serializers.CharField(max_length=100)
+    category = serializers.ChoiceField(
+        choices=list(CATEGORIES), required=False, default="marketing"
+    )
+    on_capped = serializers.ChoiceField(choices=["drop", "defer"], required=False, default="drop")
+    recipients = serializers.ListField(
+        child=RecipientSerializer(), min_length=1, max_length=100_000
+    )
+
+
+class SendJobSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    channel = serializers.CharField()
+    campaign = serializers.CharField()
+    template = serializers.CharField()
+    category = serializers.CharField()
+    on_capped = serializers.CharField()
+    status = serializers.CharField()
+    total = serializers.IntegerField()
+    processed = serializers.IntegerField()
+    progress = serializers.IntegerField()
+    sent = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    reasons = serializers.DictField(child=serializers.IntegerField())
+    segments = serializers.DictField(child=serializers.IntegerField())
+    created_at = serializers.DateTimeField()

@@ -277,3 +277,40 @@ def test_create_api_token_prints_a_working_token(api, snapshot):
     assert call(s, "GET", "/api/v1/segments/").status_code == 200
     with pytest.raises(CommandError, match="No user 'ghost'"):
         call_command("create_api_token", "ghost")
+
+
+def test_a_campaign_system_hands_over_a_send_job_and_follows_it(api, snapshot, monkeypatch):
+    from worker import services
+
+    queued: list[int] = []
+    monkeypatch.setattr(services, "_queue", lambda ids, countdown=0: queued.extend(ids))
+    s = api("gate")
+    body = {
+        "channel": "email",
+        "campaign": "spring",
+        "template": "welcome",
+        "recipients": [
+            {"user_id": 1, "address": "a@example.com"},
+            {"user_id": 7, "address": "b@example.com"},
+        ],
+    }
+    created = call(s, "POST", "/api/v1/sends/", json=body)
+    assert created.status_code == 202
+    job = created.json()
+    assert (job["status"], job["total"], job["progress"]) == ("queued", 2, 0)
+    assert len(queued) == 1
+    from worker.services import send_chunk_run
+
+    send_chunk_run(chunk_id=queued[0])
+    followed = call(api("viewer"), "GET", f"/api/v1/sends/{job['id']}/").json()
+    assert (followed["status"], followed["progress"], followed["sent"]) == ("done", 100, 2)
+    bad = call(s, "POST", "/api/v1/sends/", json={**body, "recipients": [{"user_id": 1}]})
+    assert bad.status_code == 400 and "recipients[0].address" in bad.json()
+    assert call(api("viewer"), "POST", "/api/v1/sends/", json=body).status_code == 403
+
+
+def test_metrics_report_todays_decisions_from_redis(api, snapshot):
+    call(api("gate"), "POST", "/api/v1/gate/check/", json=check_body([(1, "a"), (7, "b")]))
+    text = call(api("anonymous"), "GET", "/metrics").text
+    assert 'gatekeeper_decisions_today{channel="email",reason="allowed",segment="vip"} 1.0' in text
+    assert f'gatekeeper_snapshot_loaded{{source="store",version="{snapshot}"}} 1.0' in text

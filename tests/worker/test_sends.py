@@ -254,3 +254,45 @@ def test_bad_jobs_are_refused_naming_the_field(db, kwargs, field):
         send_job_create(**args, queue=False)
     assert field in caught.value.message_dict
     assert not SendJob.objects.exists()
+
+
+def test_send_campaign_sends_a_csv_and_prints_the_reasons(campaign, smtp, tmp_path):
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    csv_file = tmp_path / "recipients.csv"
+    csv_file.write_text(
+        "user_id,address\n1,one@example.com\n3,three@example.com\n9,nine@example.com\n"
+    )
+    out = io.StringIO()
+    call_command(
+        "send_campaign",
+        "--channel",
+        "email",
+        "--template",
+        "offer",
+        "--recipients",
+        str(csv_file),
+        "--wait",
+        stdout=out,
+    )
+    assert smtp.per_recipient() == {"one@example.com": 1, "nine@example.com": 1}
+    assert "blocked" in out.getvalue() and "sent" in out.getvalue()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("1,one@example.com\nx,y\n")
+    with pytest.raises(CommandError, match="line 2"):
+        call_command(
+            "send_campaign", "--channel", "email", "--template", "offer", "--recipients", str(bad)
+        )
+    with pytest.raises(CommandError, match="No email template 'nope'"):
+        call_command(
+            "send_campaign",
+            "--channel",
+            "email",
+            "--template",
+            "nope",
+            "--recipients",
+            str(csv_file),
+        )
