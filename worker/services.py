@@ -158,8 +158,16 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
     dispatcher = dispatcher or dispatcher_for(job.channel)
     released: list[tuple[int, str]] = []
     for (recipient, _decision), claimed in zip(to_send, claims, strict=True):
-        if not claimed:
+        if claimed == "sent":
             outcomes["already_sent"] += 1  # a redelivery: it went out the first time
+            continue
+        if claimed == "sending":
+            # A worker died during this very send: it may have gone out. Not sending it again
+            # keeps the promise that matters more for marketing (never twice).
+            logger.warning(
+                "Send %s was cut off by a worker's death; not sent again", recipient["message_id"]
+            )
+            outcomes["ambiguous"] += 1
             continue
         try:
             dispatcher.send(
@@ -170,6 +178,7 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
                     campaign=job.campaign,
                 )
             )
+            _mark_sent(recipient["message_id"])
             outcomes["sent"] += 1
         except DispatchError as exc:
             if exc.kind == AMBIGUOUS:
@@ -205,13 +214,19 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
     return dict(outcomes)
 
 
-def _claim(message_ids: list[str]) -> list[bool]:
+def _claim(message_ids: list[str]) -> list[bool | str]:
+    """Claim each message for sending: True if claimed now, else what the claim says
+    ("sent", or "sending" when a worker died in the middle of that send)."""
     if not message_ids:
         return []
     pipe = get_redis().pipeline(transaction=False)
     for message_id in message_ids:
-        pipe.set(_claim_key(message_id), "1", nx=True, ex=CLAIM_TTL)
-    return [bool(r) for r in pipe.execute()]
+        pipe.set(_claim_key(message_id), "sending", nx=True, ex=CLAIM_TTL, get=True)
+    return [True if r is None else r.decode() for r in pipe.execute()]
+
+
+def _mark_sent(message_id: str) -> None:
+    get_redis().set(_claim_key(message_id), "sent", ex=CLAIM_TTL)
 
 
 def _unclaim(message_id: str) -> None:

@@ -296,3 +296,14 @@ def test_send_campaign_sends_a_csv_and_prints_the_reasons(campaign, smtp, tmp_pa
             "--recipients",
             str(csv_file),
         )
+
+
+def test_a_send_cut_off_by_a_dead_worker_is_not_sent_again(campaign, smtp, redis_client):
+    job = send_job_create(
+        channel="email", campaign="k", template="welcome", recipients=recipients(1, 9), queue=False
+    )
+    # The previous worker claimed user 9's message and died during the SMTP exchange.
+    redis_client.set(services._claim_key("k:9"), "sending")
+    outcome = send_chunk_run(chunk_id=job.chunks.get().pk)
+    assert outcome == {"sent": 1, "ambiguous": 1}
+    assert smtp.per_recipient() == {"u1@example.com": 1}
