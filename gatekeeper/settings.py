@@ -74,6 +74,10 @@ TEMPLATES = [
 DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'gatekeeper.sqlite3'}")
 }
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # A test database on disk, not in memory, so worker processes started by the end-to-end
+    # tests can share it.
+    DATABASES["default"].setdefault("TEST", {"NAME": str(VAR_DIR / "test-gatekeeper.sqlite3")})
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -112,7 +116,10 @@ CELERY_TASK_DEFAULT_QUEUE = "sends"
 CELERY_TASK_ROUTES = {"segments.tasks.*": {"queue": "builds"}}
 # Above the longest task, so a task still running is never handed to a second worker.
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3 * 3600)
+    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3 * 3600),
+    # How often a worker looks for tasks of dead workers whose visibility timeout has passed.
+    "unacked_restore_interval": env.int("CELERY_UNACKED_RESTORE_INTERVAL", default=60),
+    "unacked_restore_throttle": 1,
 }
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"

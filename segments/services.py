@@ -226,6 +226,10 @@ def _build_and_publish(
 ) -> None:
     width = settings.GATEKEEPER_ID_WIDTH
     segments = list(Segment.objects.order_by("priority"))
+    if not any(segment.is_default for segment in segments):
+        raise ValueError(
+            "There is no default segment (run `manage.py migrate`): nothing to publish."
+        )
     lists = list(UserList.objects.filter(segment__in=segments).order_by("pk"))
     total_bytes = sum(max(user_list.size_bytes, 1) for user_list in lists) or 1
     done = 0

@@ -154,10 +154,12 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
     retry: list[dict[str, Any]] = []
     deferred: list[tuple[dict[str, Any], float]] = []
     to_send = [(r, d) for r, d in zip(recipients, decisions, strict=True) if d.allowed]
-    claims = _claim([r["message_id"] for r, _ in to_send])
     dispatcher = dispatcher or dispatcher_for(job.channel)
     released: list[tuple[int, str]] = []
-    for (recipient, _decision), claimed in zip(to_send, claims, strict=True):
+    for recipient, _decision in to_send:
+        # Claimed one at a time, right before its send: a worker killed mid-chunk leaves at most
+        # the one send it was doing in the "sending" state.
+        claimed = _claim(recipient["message_id"])
         if claimed == "sent":
             outcomes["already_sent"] += 1  # a redelivery: it went out the first time
             continue
@@ -214,15 +216,13 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
     return dict(outcomes)
 
 
-def _claim(message_ids: list[str]) -> list[bool | str]:
-    """Claim each message for sending: True if claimed now, else what the claim says
-    ("sent", or "sending" when a worker died in the middle of that send)."""
-    if not message_ids:
-        return []
-    pipe = get_redis().pipeline(transaction=False)
-    for message_id in message_ids:
-        pipe.set(_claim_key(message_id), "sending", nx=True, ex=CLAIM_TTL, get=True)
-    return [True if r is None else r.decode() for r in pipe.execute()]
+def _claim(message_id: str) -> bool | str:
+    """Claim a message for sending: True if claimed now, else what the claim says ("sent", or
+    "sending" when a worker died in the middle of that send)."""
+    previous = get_redis().set(_claim_key(message_id), "sending", nx=True, ex=CLAIM_TTL, get=True)
+    if previous is None:
+        return True
+    return previous.decode() if isinstance(previous, bytes) else str(previous)
 
 
 def _mark_sent(message_id: str) -> None:
