@@ -78,6 +78,8 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # A test database on disk, not in memory, so worker processes started by the end-to-end
     # tests can share it.
     DATABASES["default"].setdefault("TEST", {"NAME": str(VAR_DIR / "test-gatekeeper.sqlite3")})
+    # SQLite creates its file but not its directory; a fresh checkout has no var/ yet.
+    VAR_DIR.mkdir(exist_ok=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

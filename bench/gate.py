@@ -1,0 +1,152 @@
+"""The gate: end-to-end throughput beside the limiter alone, and a campaign through workers.
+
+python -m bench gate [-- --recipients 100000 --seconds 4]
+"""
+
+import argparse
+import array
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import redis
+from pyroaring import FrozenBitMap
+
+from limits.limiter import Limiter, Limits, Policy
+from limits.selectors import CapsCache, _CachedCaps
+from segments.index import SegmentIndex
+from worker.gate import Gate
+
+ROOT = Path(__file__).resolve().parent.parent
+USERS = 1_000_000
+SEGMENTS = ["vip", "active", "new", "dormant", "churned"]
+
+
+def in_memory_index() -> SegmentIndex:
+    rng = np.random.default_rng(5)
+    assignment = rng.integers(0, len(SEGMENTS) + 1, USERS)  # the last value: in no list
+    bitmaps = {
+        slug: FrozenBitMap(
+            array.array("I", np.flatnonzero(assignment == i).astype(np.uint32).tobytes())
+        )
+        for i, slug in enumerate(SEGMENTS)
+    }
+    return SegmentIndex(
+        version="bench",
+        id_width=32,
+        segments=SEGMENTS,
+        default_slug="default",
+        bitmaps=bitmaps,  # type: ignore[arg-type]
+        cardinalities={slug: len(b) for slug, b in bitmaps.items()},
+    )
+
+
+def rate(step: Callable[[], int], seconds: float) -> float:
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        done += step()
+    return done / (time.perf_counter() - started)
+
+
+def gate_beside_limiter(url: str, seconds: float) -> None:
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    limiter = Limiter(client, prefix="bench:")
+    table = {
+        slug: {"email": Limits(3, 10), "all": Limits(5, 20)} for slug in [*SEGMENTS, "default"]
+    }
+    caps = CapsCache(ttl=float("inf"))
+    caps._cached = _CachedCaps(table=table, read_at=time.monotonic())
+    gate = Gate(limiter=limiter, caps=caps, index=in_memory_index(), record_stats=True)
+    policy = Policy(channel=Limits(3, 10), all=Limits(5, 20))
+    rng = random.Random(3)
+    counter = iter(range(10**9))
+
+    def batch() -> list[tuple[int, str]]:
+        n = next(counter)
+        return [(u, f"m{n}-{u}") for u in rng.sample(range(USERS), 1000)]
+
+    alone = rate(lambda: len(limiter.acquire("email", batch(), policy)), seconds)
+    client.flushdb()
+    whole = rate(lambda: len(gate.check(channel="email", requests=batch())), seconds)
+    client.flushdb()
+    print(f"limiter alone, batches of 1,000 over {USERS:,} users: {alone:,.0f} decisions/s")
+    print(f"gate (resolve + caps + limiter + counters): {whole:,.0f} decisions/s")
+    print(
+        f"gate loses {100 * (1 - whole / alone):.1f}% against the limiter alone   (target <= 15%)"
+    )
+
+
+def campaign(recipients: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {
+            **os.environ,
+            "DATABASE_URL": f"sqlite:///{tmp}/bench.sqlite3",
+            "REDIS_URL": "redis://127.0.0.1:6379/14",
+            "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13",
+            "GATEKEEPER_STORE_URL": f"{tmp}/store",
+            "GATEKEEPER_SNAPSHOT_CACHE_DIR": f"{tmp}/cache",
+            "MEDIA_ROOT": f"{tmp}/media",
+            "GATEKEEPER_PUSH_BACKEND": "worker.dispatchers.NullPushBackend",
+            "LOG_LEVEL": "WARNING",
+        }
+        for url in (env["REDIS_URL"], env["CELERY_BROKER_URL"]):
+            redis.Redis.from_url(url).flushdb()
+        python = sys.executable
+        subprocess.run([python, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+        subprocess.run(
+            [python, "manage.py", "seed_demo"], cwd=ROOT, env=env, check=True, capture_output=True
+        )
+        csv = Path(tmp) / "recipients.csv"
+        csv.write_text("".join(f"{i % 200_000},token-{i},bench-{i}\n" for i in range(recipients)))
+        worker = subprocess.Popen(
+            [str(Path(python).parent / "celery"), "-A", "gatekeeper", "worker", "-Q", "sends", "-c", "2",
+             "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
+            cwd=ROOT, env=env, start_new_session=True,
+        )  # fmt: skip
+        try:
+            started = time.perf_counter()
+            subprocess.run(
+                [python, "manage.py", "send_campaign", "--channel", "push", "--template", "offer", "--recipients", str(csv)],
+                cwd=ROOT, env=env, check=True, capture_output=True,
+            )  # fmt: skip
+            script = (
+                "import time;from worker.models import SendJob\n"
+                "while SendJob.objects.get().status != 'done': time.sleep(0.2)\n"
+                "job=SendJob.objects.get();print(job.sent, job.reasons)"
+            )
+            out = subprocess.run(
+                [python, "manage.py", "shell", "-c", script],
+                cwd=ROOT,
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            wall = time.perf_counter() - started
+        finally:
+            os.killpg(worker.pid, 15)
+            worker.wait(timeout=30)
+        print(
+            f"campaign of {recipients:,} push recipients through 2 worker processes (null dispatcher): {wall:.1f} s, {recipients / wall:,.0f} recipients/s"
+        )
+        print(f"  sent and gate reasons: {out.strip()}")
+        print(
+            f"  at this rate 1M recipients take {1_000_000 / (recipients / wall):.0f} s   (target < 60 s)"
+        )
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="bench gate")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--recipients", type=int, default=100_000)
+    args = parser.parse_args(argv)
+    gate_beside_limiter(args.redis_url, args.seconds)
+    campaign(args.recipients)
