@@ -122,7 +122,7 @@ def campaign(recipients: int) -> None:
                 "job=SendJob.objects.get();print(job.sent, job.reasons)"
             )
             out = subprocess.run(
-                [python, "manage.py", "shell", "-c", script],
+                [python, "manage.py", "shell", "-v", "0", "-c", script],
                 cwd=ROOT,
                 env=env,
                 check=True,
