@@ -1,0 +1,58 @@
+"""Admin for caps: plain-language readings, validation and history through cap_set."""
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from limits.models import Cap, CapChange
+from limits.services import cap_describe, cap_set, cap_warnings
+
+
+@admin.register(Cap)
+class CapAdmin(admin.ModelAdmin):
+    list_display = ["segment", "channel", "daily", "weekly", "reading", "warning"]
+    list_filter = ["segment", "channel"]
+    ordering = ["segment__priority", "channel"]
+
+    @admin.display(description="in plain words")
+    def reading(self, cap: Cap) -> str:
+        return cap_describe(channel=cap.channel, daily=cap.daily, weekly=cap.weekly)
+
+    @admin.display(description="check")
+    def warning(self, cap: Cap) -> str:
+        return " ".join(cap_warnings(daily=cap.daily, weekly=cap.weekly))
+
+    def save_model(self, request: HttpRequest, obj: Cap, form: Any, change: bool) -> None:
+        # Through the service, so every change is recorded with who made it.
+        saved = cap_set(
+            segment=obj.segment,
+            channel=obj.channel,
+            daily=obj.daily,
+            weekly=obj.weekly,
+            user=request.user,
+            via="admin",
+        )
+        obj.pk = saved.pk
+
+
+@admin.register(CapChange)
+class CapChangeAdmin(admin.ModelAdmin):
+    list_display = [
+        "changed_at",
+        "segment_slug",
+        "channel",
+        "old_daily",
+        "old_weekly",
+        "new_daily",
+        "new_weekly",
+        "changed_by",
+        "via",
+    ]
+    list_filter = ["segment_slug", "channel", "via"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -1,0 +1,128 @@
+"""Admin for segments, their user lists and builds."""
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from segments.index import get_index
+from segments.models import Build, Segment, UserList
+from segments.parsing import UserListError
+from segments.services import BuildInProgress, build_start, user_list_import
+
+
+class UserListForm(forms.ModelForm):
+    upload = forms.FileField(
+        required=False, help_text="One user id a line, text or .gz; an optional header line."
+    )
+
+    class Meta:
+        model = UserList
+        fields: list[str] = []
+
+
+class UserListInline(admin.TabularInline):
+    model = UserList
+    form = UserListForm
+    extra = 1
+    fields = ["upload", "original_name", "id_count", "line_count", "uploaded_at", "uploaded_by"]
+    readonly_fields = ["original_name", "id_count", "line_count", "uploaded_at", "uploaded_by"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False if obj is None else super().has_change_permission(request, obj)
+
+
+@admin.register(Segment)
+class SegmentAdmin(admin.ModelAdmin):
+    list_display = ["name", "slug", "priority", "users_in_snapshot", "share", "is_default"]
+    list_editable = ["priority"]
+    ordering = ["priority"]
+    prepopulated_fields = {"slug": ("name",)}
+    inlines = [UserListInline]
+
+    @admin.display(description="users in the live snapshot")
+    def users_in_snapshot(self, segment: Segment) -> str:
+        index = get_index()
+        if index is None:
+            return "no snapshot"
+        if segment.is_default:
+            return "everyone else"
+        return f"{index.cardinalities.get(segment.slug, 0):,}"
+
+    @admin.display(description="share of listed users")
+    def share(self, segment: Segment) -> str:
+        index = get_index()
+        if index is None or segment.is_default or not index.total_users:
+            return "-"
+        return f"{100 * index.cardinalities.get(segment.slug, 0) / index.total_users:.1f}%"
+
+    def has_delete_permission(self, request: HttpRequest, obj: Segment | None = None) -> bool:
+        if obj is not None and obj.is_default:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        # Uploads go through the same validation as everywhere; a bad line is shown on the form.
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+        for inline_form in formset.forms:
+            upload = (
+                inline_form.cleaned_data.get("upload")
+                if hasattr(inline_form, "cleaned_data")
+                else None
+            )
+            if upload:
+                try:
+                    user_list_import(
+                        segment=form.instance, fileobj=upload, name=upload.name, user=request.user
+                    )
+                    messages.success(
+                        request, f"{upload.name}: stored. Build and publish to make it live."
+                    )
+                except UserListError as exc:
+                    messages.error(
+                        request, f"{upload.name}: {exc.messages[0]}. Nothing was stored."
+                    )
+        for deleted in formset.deleted_forms:
+            if deleted.instance.pk:
+                deleted.instance.delete()
+
+
+@admin.register(Build)
+class BuildAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "status",
+        "progress",
+        "stage",
+        "version",
+        "total_users",
+        "snapshot_bytes",
+        "created_at",
+        "duration_seconds",
+    ]
+    readonly_fields = [f.name for f in Build._meta.fields]
+    actions = ["build_and_publish"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        # "Build and publish" needs no selected builds: let it run on an empty selection.
+        if request.method == "POST" and request.POST.get("action") == "build_and_publish":
+            post = request.POST.copy()
+            post["select_across"] = "1"
+            post.setlist(ACTION_CHECKBOX_NAME, post.getlist(ACTION_CHECKBOX_NAME) or ["0"])
+            request.POST = post  # type: ignore[assignment]
+        return super().changelist_view(request, extra_context)
+
+    @admin.action(description="Build and publish a new snapshot")
+    def build_and_publish(self, request: HttpRequest, queryset: QuerySet[Build]) -> None:
+        try:
+            build = build_start(user=request.user)
+        except BuildInProgress as exc:
+            self.message_user(request, str(exc), messages.WARNING)
+            return
+        self.message_user(request, f"Build #{build.pk} queued; reload to follow its progress.")
