@@ -1,5 +1,6 @@
 """Celery worker signals: the snapshot is loaded in the parent, followed in each child."""
 
+import os
 from typing import Any
 
 from celery.signals import worker_init, worker_process_init
@@ -9,7 +10,9 @@ from worker.startup import after_fork, load_snapshot
 
 @worker_init.connect
 def _load_in_parent(**kwargs: Any) -> None:
-    load_snapshot(role="worker")
+    # GATEKEEPER_LOAD_SNAPSHOT_IN_PARENT=0 only exists to measure the alternative (bench memory).
+    if os.environ.get("GATEKEEPER_LOAD_SNAPSHOT_IN_PARENT", "1") != "0":
+        load_snapshot(role="worker")
 
 
 @worker_process_init.connect
