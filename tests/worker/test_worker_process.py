@@ -25,7 +25,7 @@ from worker.services import send_job_create
 from worker.tasks import send_chunk
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-TEST_BROKER_URL = os.environ.get("GATEKEEPER_TEST_BROKER_URL", "redis://127.0.0.1:6379/11")
+TEST_BROKER_URL = os.environ.get("GATEKEEPER_TEST_BROKER_URL", "redis://127.0.0.1:6379/9")
 ROOT = Path(__file__).resolve().parents[2]
 
 
