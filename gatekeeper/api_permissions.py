@@ -8,8 +8,11 @@ Three rights, each an ordinary Django permission so admins grant them with group
 Superusers have all of them. Anonymous requests get 401, missing rights 403.
 """
 
-from typing import Any
+import copy
+import time
+from typing import Any, ClassVar
 
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
@@ -49,3 +52,36 @@ class ReadOrEdit(BasePermission):
         needed = CanRead() if request.method in ("GET", "HEAD", "OPTIONS") else CanEdit()
         self.message = needed.message
         return needed.has_permission(request, view)
+
+
+class CachedTokenAuthentication(TokenAuthentication):
+    """Token authentication that remembers a token's user for a few seconds, per process.
+
+    On the hot endpoints (gate check, lookups) the token's database query was 40% of the time
+    Django spends on a one-request check. The price: a revoked token, a deactivated user or a
+    changed permission takes up to TOKEN_CACHE_SECONDS to take effect in each process.
+    """
+
+    TOKEN_CACHE_SECONDS = 10.0
+    MAX_TOKENS = 10_000
+
+    _cache: ClassVar[dict[str, tuple[Any, Any, float]]] = {}
+
+    def authenticate_credentials(self, key: str) -> tuple[Any, Any]:
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and hit[2] > now:
+            # A copy per request: the view may set attributes on request.user.
+            return copy.copy(hit[0]), hit[1]
+        user, token = super().authenticate_credentials(key)
+        # Filled now, on the instance every copy shares: no permission queries until expiry.
+        user.get_all_permissions()
+        if len(self._cache) >= self.MAX_TOKENS:
+            self._cache.clear()  # rare: many distinct tokens; simpler than an LRU
+        self._cache[key] = (user, token, now + self.TOKEN_CACHE_SECONDS)
+        return user, token
+
+
+# Every API view's (through JsonAPIView). Token first: its WWW-Authenticate header is what
+# makes an anonymous request a 401, not a 403.
+API_AUTHENTICATION = [CachedTokenAuthentication, SessionAuthentication]

@@ -1,6 +1,8 @@
 """URLs of the REST API (v1), its OpenAPI schema and docs, and the health probes."""
 
-from django.urls import path
+from django.http import HttpRequest, JsonResponse
+from django.urls import path, re_path
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from gatekeeper.health import healthz, readyz
@@ -28,7 +30,7 @@ v1 = [
     path("segments/<slug:slug>/", SegmentDetailView.as_view(), name="segment"),
     path("segments/<slug:slug>/users/", SegmentUsersView.as_view(), name="segment-users"),
     path("limits/", CapListView.as_view(), name="caps"),
-    path("limits/<slug:segment>/<slug:channel>/", CapDetailView.as_view(), name="cap"),
+    path("limits/<str:segment>/<str:channel>/", CapDetailView.as_view(), name="cap"),
     path("gate/check/", GateCheckView.as_view(), name="gate-check"),
     path("gate/release/", GateReleaseView.as_view(), name="gate-release"),
     path("users/<str:user_id>/quota/", QuotaView.as_view(), name="quota"),
@@ -43,10 +45,18 @@ v1 = [
     path("sends/<int:job_id>/", SendJobDetailView.as_view(), name="send"),
 ]
 
+
+@csrf_exempt  # so that a PUT to a wrong path gets its 404, not a CSRF page
+def api_not_found(request: HttpRequest) -> JsonResponse:
+    # Clients of the API read JSON, also for a path that matches nothing (`builds/-1/`).
+    return JsonResponse({"detail": "Not found."}, status=404)
+
+
 urlpatterns = [
     *[path(f"api/v1/{p.pattern}", p.callback, name=p.name) for p in v1],
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("healthz", healthz, name="healthz"),
     path("readyz", readyz, name="readyz"),
+    re_path(r"^api/", api_not_found),
 ]

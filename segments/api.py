@@ -4,109 +4,35 @@ from typing import Any
 
 from django.db import transaction
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import serializers, status
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from gatekeeper import api_validation as check
 from gatekeeper.api_permissions import CanEdit, CanRead, ReadOrEdit
-from gatekeeper.api_validation import ErrorSerializer
+from gatekeeper.api_validation import JsonAPIView, errors
 from segments.index import SnapshotError, get_index, index_status
 from segments.models import Build, DefaultSegmentProtected, Segment
 from segments.parsing import UserListError
 from segments.selectors import snapshot_live_version, snapshot_versions
+from segments.serializers import (
+    LOOKUP_LIMIT,
+    BuildSerializer,
+    BuildStartedSerializer,
+    LiveVersionSerializer,
+    LookupManyRequestSerializer,
+    LookupManySerializer,
+    LookupOneSerializer,
+    SegmentSerializer,
+    SnapshotsSerializer,
+    UserListErrorSerializer,
+    UserListStoredSerializer,
+)
 from segments.services import BuildInProgress, build_start, snapshot_rollback, user_list_import
 from segments.store import StoreError
-
-LOOKUP_LIMIT = 100_000
-
-
-class SegmentSerializer(serializers.ModelSerializer):
-    cardinality = serializers.SerializerMethodField()
-    live_version = serializers.SerializerMethodField()
-
-    class Meta:
-        model = Segment
-        fields = [
-            "slug",
-            "name",
-            "priority",
-            "description",
-            "is_default",
-            "cardinality",
-            "live_version",
-        ]
-        read_only_fields = ["is_default"]
-
-    def get_cardinality(self, segment: Segment) -> int | None:
-        index = get_index()
-        return index.cardinalities.get(segment.slug) if index else None
-
-    def get_live_version(self, segment: Segment) -> str | None:
-        index = get_index()
-        return index.version if index else None
-
-
-class LookupResultSerializer(serializers.Serializer):
-    user_id = serializers.IntegerField()
-    segment = serializers.CharField()
-
-
-class LookupOneSerializer(LookupResultSerializer):
-    snapshot_version = serializers.CharField()
-
-
-class LookupManyRequestSerializer(serializers.Serializer):
-    user_ids = serializers.ListField(
-        child=serializers.IntegerField(min_value=0), max_length=LOOKUP_LIMIT, min_length=1
-    )
-
-
-class LookupManySerializer(serializers.Serializer):
-    snapshot_version = serializers.CharField()
-    results = LookupResultSerializer(many=True)
-
-
-class BuildSerializer(serializers.ModelSerializer):
-    duration_seconds = serializers.FloatField(read_only=True, allow_null=True)
-
-    class Meta:
-        model = Build
-        fields = [
-            "id", "status", "progress", "stage", "version", "stats", "total_users",
-            "snapshot_bytes", "error", "created_at", "started_at", "finished_at", "duration_seconds",
-        ]  # fmt: skip
-
-
-class UserListStoredSerializer(serializers.Serializer):
-    users = serializers.IntegerField(help_text="Distinct user ids stored.")
-    lines = serializers.IntegerField()
-
-
-class SnapshotVersionSerializer(serializers.Serializer):
-    version = serializers.CharField()
-    is_live = serializers.BooleanField()
-    created_at = serializers.CharField(allow_null=True)
-    build_id = serializers.IntegerField(allow_null=True)
-    users = serializers.IntegerField()
-    bytes = serializers.IntegerField()
-    segments = serializers.DictField(child=serializers.IntegerField(allow_null=True))
-
-
-class SnapshotsSerializer(serializers.Serializer):
-    live_version = serializers.CharField(allow_null=True)
-    results = SnapshotVersionSerializer(many=True)
-
-
-class LiveVersionSerializer(serializers.Serializer):
-    live_version = serializers.CharField()
-
-
-NO_SNAPSHOT = OpenApiResponse(ErrorSerializer, description="No snapshot is loaded in this process.")
 
 
 def _no_snapshot() -> Response:
@@ -115,11 +41,12 @@ def _no_snapshot() -> Response:
     )
 
 
-class SegmentListView(APIView):
+class SegmentListView(JsonAPIView):
     permission_classes = [ReadOrEdit]
 
     @extend_schema(
-        summary="Segments in priority order", responses={200: SegmentSerializer(many=True)}
+        summary="Segments in priority order, with live cardinality and version",
+        responses={200: SegmentSerializer(many=True), **errors()},
     )
     def get(self, request: Request) -> Response:
         return Response(SegmentSerializer(Segment.objects.order_by("priority"), many=True).data)
@@ -127,7 +54,7 @@ class SegmentListView(APIView):
     @extend_schema(
         summary="Create a segment",
         request=SegmentSerializer,
-        responses={201: SegmentSerializer, 400: OpenApiResponse(description="Bad field")},
+        responses={201: SegmentSerializer, **errors(400)},
     )
     def post(self, request: Request) -> Response:
         serializer = SegmentSerializer(data=check.body_object(request.data))
@@ -136,17 +63,17 @@ class SegmentListView(APIView):
         return Response(SegmentSerializer(segment).data, status=201)
 
 
-class SegmentDetailView(APIView):
+class SegmentDetailView(JsonAPIView):
     permission_classes = [ReadOrEdit]
 
-    @extend_schema(summary="One segment", responses={200: SegmentSerializer})
+    @extend_schema(summary="One segment", responses={200: SegmentSerializer, **errors(404)})
     def get(self, request: Request, slug: str) -> Response:
         return Response(SegmentSerializer(get_object_or_404(Segment, slug=slug)).data)
 
     @extend_schema(
         summary="Change a segment",
         request=SegmentSerializer,
-        responses={200: SegmentSerializer, 400: OpenApiResponse(description="Bad field")},
+        responses={200: SegmentSerializer, **errors(400, 404)},
     )
     def patch(self, request: Request, slug: str) -> Response:
         segment = get_object_or_404(Segment, slug=slug)
@@ -156,8 +83,8 @@ class SegmentDetailView(APIView):
         return Response(serializer.data)
 
     @extend_schema(
-        summary="Delete a segment (not the default one)",
-        responses={204: None, 400: ErrorSerializer},
+        summary="Delete a segment (not the default one: 400)",
+        responses={204: None, **errors(400, 404)},
     )
     def delete(self, request: Request, slug: str) -> Response:
         segment = get_object_or_404(Segment, slug=slug)
@@ -179,28 +106,27 @@ class RawListParser(BaseParser):
         return stream
 
 
-class SegmentUsersView(APIView):
+class SegmentUsersView(JsonAPIView):
     permission_classes = [CanEdit]
     parser_classes = [RawListParser]
 
     @extend_schema(
         summary="Replace the segment's user list (one id a line, text or gzip)",
+        description=(
+            "Validated exactly like an upload in the admin; the first bad line refuses the whole "
+            "file and nothing is stored. The next build publishes it."
+        ),
         request={
             "text/plain": {"type": "string", "format": "binary"},
             "application/gzip": {"type": "string", "format": "binary"},
         },
-        responses={
-            200: UserListStoredSerializer,
-            400: OpenApiResponse(
-                description="The first bad line, e.g. {'file': ['line 17: ...'], 'line': 17}"
-            ),
-        },
+        responses={200: UserListStoredSerializer, 400: UserListErrorSerializer, **errors(404)},
     )
     def put(self, request: Request, slug: str) -> Response:
         segment = get_object_or_404(Segment, slug=slug)
         stream = request.data if hasattr(request.data, "read") else None
         if stream is None:
-            raise ValidationError({"file": ["Send the list as the request body."]})
+            return Response({"file": ["Send the list as the request body."], "line": None}, 400)
         try:
             user_list = user_list_import(
                 segment=segment,
@@ -214,17 +140,13 @@ class SegmentUsersView(APIView):
         return Response({"users": user_list.id_count, "lines": user_list.line_count})
 
 
-class LookupView(APIView):
+class LookupView(JsonAPIView):
     permission_classes = [CanRead]
 
     @extend_schema(
         summary="The segment of one user",
-        parameters=[OpenApiParameter("user_id", int, required=True)],
-        responses={
-            200: LookupOneSerializer,
-            400: OpenApiResponse(description="Bad user_id"),
-            503: NO_SNAPSHOT,
-        },
+        parameters=[check.user_id_parameter(OpenApiParameter.QUERY)],
+        responses={200: LookupOneSerializer, **errors(400, 503)},
     )
     def get(self, request: Request) -> Response:
         if "user_id" not in request.query_params:
@@ -238,18 +160,14 @@ class LookupView(APIView):
         )
 
     @extend_schema(
-        summary="The segments of up to 100,000 users, in request order",
+        summary=f"The segments of up to {LOOKUP_LIMIT:,} users, in request order",
         request=LookupManyRequestSerializer,
-        responses={
-            200: LookupManySerializer,
-            400: OpenApiResponse(description="Bad field"),
-            503: NO_SNAPSHOT,
-        },
+        responses={200: LookupManySerializer, **errors(400, 503)},
     )
     def post(self, request: Request) -> Response:
         data = check.body_object(request.data)
         raw = check.items(data, "user_ids", limit=LOOKUP_LIMIT)
-        ids = [check.user_id(value, f"user_ids[{i}]") for i, value in enumerate(raw)]
+        ids = check.user_ids(raw, "user_ids")
         index = get_index()
         if index is None:
             return _no_snapshot()
@@ -264,12 +182,12 @@ class LookupView(APIView):
         )
 
 
-class SnapshotListView(APIView):
+class SnapshotListView(JsonAPIView):
     permission_classes = [ReadOrEdit]
 
     @extend_schema(
         summary="Published snapshot versions, newest first",
-        responses={200: SnapshotsSerializer, 503: ErrorSerializer},
+        responses={200: SnapshotsSerializer, **errors(503)},
     )
     def get(self, request: Request) -> Response:
         try:
@@ -282,7 +200,7 @@ class SnapshotListView(APIView):
     @extend_schema(
         summary="Start a build; answers 202 with the build's URL",
         request=None,
-        responses={202: BuildSerializer, 409: ErrorSerializer},
+        responses={202: BuildStartedSerializer, **errors(409)},
     )
     def post(self, request: Request) -> Response:
         try:
@@ -294,13 +212,13 @@ class SnapshotListView(APIView):
         return Response(body, status=status.HTTP_202_ACCEPTED, headers={"Location": body["url"]})
 
 
-class SnapshotActivateView(APIView):
+class SnapshotActivateView(JsonAPIView):
     permission_classes = [CanEdit]
 
     @extend_schema(
         summary="Make a published version live again (rollback)",
         request=None,
-        responses={200: LiveVersionSerializer, 400: ErrorSerializer},
+        responses={200: LiveVersionSerializer, **errors(400, 404)},
     )
     def post(self, request: Request, version: str) -> Response:
         try:
@@ -310,9 +228,11 @@ class SnapshotActivateView(APIView):
         return Response({"live_version": version})
 
 
-class BuildDetailView(APIView):
+class BuildDetailView(JsonAPIView):
     permission_classes = [CanRead]
 
-    @extend_schema(summary="A build's status and progress", responses={200: BuildSerializer})
+    @extend_schema(
+        summary="A build's status and progress", responses={200: BuildSerializer, **errors(404)}
+    )
     def get(self, request: Request, build_id: int) -> Response:
         return Response(BuildSerializer(get_object_or_404(Build, pk=build_id)).data)

@@ -4,36 +4,33 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from gatekeeper import api_validation as check
 from gatekeeper.api_permissions import CanGate, CanRead
+from gatekeeper.api_validation import JsonAPIView, errors
 from limits.channels import channels
 from limits.limiter import get_limiter
 from limits.selectors import caps_cache
 from segments.index import get_index, index_status
-from worker.gate import CATEGORIES, MARKETING, GateError, gate_check, gate_release
+from worker.gate import CATEGORIES, MARKETING, GateDecision, GateError, gate_check, gate_release
 from worker.models import SendJob
 from worker.serializers import (
     GATE_LIMIT,
-    ErrorSerializer,
+    SEND_LIMIT,
     GateCheckSerializer,
     GateReleaseSerializer,
     GateResultsSerializer,
     QuotaSerializer,
     ReleaseResultsSerializer,
+    SendJobCreatedSerializer,
     SendJobCreateSerializer,
     SendJobSerializer,
 )
 from worker.services import send_job_create
-
-BAD_INPUT = OpenApiResponse(
-    description="A field is missing or wrong; the body maps each bad field to its messages."
-)
 
 
 def _channel(data: dict[str, Any]) -> str:
@@ -45,13 +42,31 @@ def _channel(data: dict[str, Any]) -> str:
     return channel
 
 
-class GateCheckView(APIView):
+def _decision(d: GateDecision) -> dict[str, Any]:
+    # By hand rather than dataclasses.asdict, which deep-copies: 10,000 of these per request.
+    return {
+        "user_id": d.user_id,
+        "message_id": d.message_id,
+        "segment": d.segment,
+        "allowed": d.allowed,
+        "reason": d.reason,
+        "counts": d.counts,
+        "limits": d.limits,
+        "retry_after": d.retry_after,
+    }
+
+
+class GateCheckView(JsonAPIView):
     permission_classes = [CanGate]
 
     @extend_schema(
-        summary="Decide a batch of sends (at most 10,000), in request order",
+        summary=f"Decide a batch of sends (at most {GATE_LIMIT:,}), in request order",
+        description=(
+            "Admitted marketing sends are recorded (unless dry_run). Redis down or no snapshot: "
+            "every decision is `unavailable`, still a 200."
+        ),
         request=GateCheckSerializer,
-        responses={200: GateResultsSerializer, 400: BAD_INPUT},
+        responses={200: GateResultsSerializer, **errors(400)},
     )
     def post(self, request: Request) -> Response:
         data = check.body_object(request.data)
@@ -72,16 +87,16 @@ class GateCheckView(APIView):
             )
         except GateError as exc:
             raise ValidationError({"channel": [str(exc)]}) from exc
-        return Response({"results": [d.as_dict() for d in decisions]})
+        return Response({"results": [_decision(d) for d in decisions]})
 
 
-class GateReleaseView(APIView):
+class GateReleaseView(JsonAPIView):
     permission_classes = [CanGate]
 
     @extend_schema(
         summary="Give back the quota of sends whose dispatch failed for good",
         request=GateReleaseSerializer,
-        responses={200: ReleaseResultsSerializer, 400: BAD_INPUT},
+        responses={200: ReleaseResultsSerializer, **errors(400)},
     )
     def post(self, request: Request) -> Response:
         data = check.body_object(request.data)
@@ -98,12 +113,14 @@ class GateReleaseView(APIView):
         )
 
 
-class QuotaView(APIView):
+class QuotaView(JsonAPIView):
     permission_classes = [CanRead]
 
     @extend_schema(
         summary="A user's segment, and per channel and `all`: used, limit, remaining, next slot",
-        responses={200: QuotaSerializer, 400: BAD_INPUT, 503: ErrorSerializer},
+        description="Reads only: nothing is recorded. 503 when Redis or the snapshot is missing.",
+        parameters=[check.user_id_parameter(OpenApiParameter.PATH)],
+        responses={200: QuotaSerializer, **errors(400, 404, 503)},
     )
     def get(self, request: Request, user_id: str) -> Response:
         uid = check.user_id(user_id, "user_id")
@@ -146,13 +163,13 @@ class QuotaView(APIView):
         )
 
 
-class SendJobListView(APIView):
+class SendJobListView(JsonAPIView):
     permission_classes = [CanGate]
 
     @extend_schema(
-        summary="Hand a send job to the worker (up to 100,000 recipients); 202 with its URL",
+        summary=f"Hand a send job to the worker (up to {SEND_LIMIT:,} recipients); 202, its URL",
         request=SendJobCreateSerializer,
-        responses={202: SendJobSerializer, 400: BAD_INPUT},
+        responses={202: SendJobCreatedSerializer, **errors(400)},
     )
     def post(self, request: Request) -> Response:
         data = check.body_object(request.data)
@@ -160,10 +177,10 @@ class SendJobListView(APIView):
             job = send_job_create(
                 channel=check.string(data, "channel"),
                 campaign=check.string(data, "campaign"),
-                template=check.string(data, "template", max_length=100),
+                template=check.name(data, "template"),
                 category=check.string(data, "category", required=False, default=MARKETING),
                 on_capped=check.string(data, "on_capped", required=False, default="drop"),
-                recipients=check.items(data, "recipients", limit=100_000),
+                recipients=check.items(data, "recipients", limit=SEND_LIMIT),
                 user=request.user,
             )
         except DjangoValidationError as exc:
@@ -173,9 +190,12 @@ class SendJobListView(APIView):
         return Response({**body, "url": url}, status=202, headers={"Location": url})
 
 
-class SendJobDetailView(APIView):
+class SendJobDetailView(JsonAPIView):
     permission_classes = [CanRead]
 
-    @extend_schema(summary="A send job's progress and counts", responses={200: SendJobSerializer})
+    @extend_schema(
+        summary="A send job's progress and counts",
+        responses={200: SendJobSerializer, **errors(404)},
+    )
     def get(self, request: Request, job_id: int) -> Response:
         return Response(SendJobSerializer(get_object_or_404(SendJob, pk=job_id)).data)

@@ -4,25 +4,42 @@ The hot views validate by hand (gatekeeper.api_validation) for speed; these clas
 exactly what they accept and answer.
 """
 
+from django.conf import settings
 from rest_framework import serializers
 
 from gatekeeper.api_validation import ErrorSerializer
+from limits.channels import channels
 from worker.gate import CATEGORIES
 
 __all__ = ["ErrorSerializer"]
 
 REASONS = ["allowed", "duplicate", "daily_cap", "weekly_cap", "blocked", "exempt", "unavailable"]
 GATE_LIMIT = 10_000
+SEND_LIMIT = 100_000
+
+
+def _user_id_field(help_text: str = "") -> serializers.IntegerField:
+    return serializers.IntegerField(
+        min_value=0, max_value=2**settings.GATEKEEPER_ID_WIDTH - 1, help_text=help_text or None
+    )
+
+
+def _channel_field() -> serializers.ChoiceField:
+    return serializers.ChoiceField(
+        choices=channels(), help_text="A channel from settings (GATEKEEPER_CHANNELS)."
+    )
 
 
 class GateRequestSerializer(serializers.Serializer):
-    user_id = serializers.IntegerField(min_value=0, max_value=2**32 - 1)
-    message_id = serializers.CharField(max_length=200)
+    user_id = _user_id_field("Also taken as a decimal string (64-bit ids from JavaScript).")
+    message_id = serializers.CharField(
+        max_length=200, help_text="The same id again is not counted twice (`duplicate`)."
+    )
 
 
 class GateCheckSerializer(serializers.Serializer):
-    channel = serializers.CharField(help_text="A channel slug from settings, e.g. email or push.")
-    campaign = serializers.CharField(required=False, max_length=200)
+    channel = _channel_field()
+    campaign = serializers.CharField(required=False, max_length=200, allow_blank=True)
     category = serializers.ChoiceField(
         choices=list(CATEGORIES), required=False, default="marketing"
     )
@@ -33,7 +50,7 @@ class GateCheckSerializer(serializers.Serializer):
 
 
 class GateReleaseSerializer(serializers.Serializer):
-    channel = serializers.CharField()
+    channel = _channel_field()
     requests = serializers.ListField(
         child=GateRequestSerializer(), max_length=GATE_LIMIT, min_length=1
     )
@@ -103,7 +120,7 @@ class QuotaSerializer(serializers.Serializer):
 
 
 class RecipientSerializer(serializers.Serializer):
-    user_id = serializers.IntegerField(min_value=0)
+    user_id = _user_id_field()
     address = serializers.CharField(help_text="Email address or push token.")
     message_id = serializers.CharField(
         required=False, max_length=200, help_text="Default: <campaign>:<user_id>."
@@ -112,15 +129,19 @@ class RecipientSerializer(serializers.Serializer):
 
 
 class SendJobCreateSerializer(serializers.Serializer):
-    channel = serializers.CharField()
+    channel = _channel_field()
     campaign = serializers.CharField(max_length=200)
-    template = serializers.CharField(max_length=100)
+    template = serializers.RegexField(
+        r"^[A-Za-z0-9_-]+$",
+        max_length=100,
+        help_text="Templates under templates/<channel>/<template>/, e.g. welcome.",
+    )
     category = serializers.ChoiceField(
         choices=list(CATEGORIES), required=False, default="marketing"
     )
     on_capped = serializers.ChoiceField(choices=["drop", "defer"], required=False, default="drop")
     recipients = serializers.ListField(
-        child=RecipientSerializer(), min_length=1, max_length=100_000
+        child=RecipientSerializer(), min_length=1, max_length=SEND_LIMIT
     )
 
 
@@ -140,3 +161,7 @@ class SendJobSerializer(serializers.Serializer):
     reasons = serializers.DictField(child=serializers.IntegerField())
     segments = serializers.DictField(child=serializers.IntegerField())
     created_at = serializers.DateTimeField()
+
+
+class SendJobCreatedSerializer(SendJobSerializer):
+    url = serializers.URLField(help_text="Where to follow the job (also the Location header).")

@@ -1,0 +1,114 @@
+"""Shapes of the segments app's REST bodies (see segments/api.py).
+
+The lookups validate by hand for speed (gatekeeper.api_validation); their serializers here only
+describe the bodies for the OpenAPI schema.
+"""
+
+from django.conf import settings
+from rest_framework import serializers
+
+from segments.index import get_index
+from segments.models import Build, Segment
+
+LOOKUP_LIMIT = 100_000
+
+
+class SegmentSerializer(serializers.ModelSerializer):
+    cardinality = serializers.SerializerMethodField(
+        help_text="Users in the segment in the live snapshot; null when none is loaded."
+    )
+    live_version = serializers.SerializerMethodField(
+        help_text="The snapshot version this process serves; null when none is loaded."
+    )
+
+    class Meta:
+        model = Segment
+        fields = [
+            "slug",
+            "name",
+            "priority",
+            "description",
+            "is_default",
+            "cardinality",
+            "live_version",
+        ]
+        read_only_fields = ["is_default"]
+
+    def get_cardinality(self, segment: Segment) -> int | None:
+        index = get_index()
+        return index.cardinalities.get(segment.slug) if index else None
+
+    def get_live_version(self, segment: Segment) -> str | None:
+        index = get_index()
+        return index.version if index else None
+
+
+def _user_id_field() -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=0, max_value=2**settings.GATEKEEPER_ID_WIDTH - 1)
+
+
+class LookupResultSerializer(serializers.Serializer):
+    user_id = _user_id_field()
+    segment = serializers.CharField()
+
+
+class LookupOneSerializer(LookupResultSerializer):
+    snapshot_version = serializers.CharField()
+
+
+class LookupManyRequestSerializer(serializers.Serializer):
+    user_ids = serializers.ListField(child=_user_id_field(), min_length=1, max_length=LOOKUP_LIMIT)
+
+
+class LookupManySerializer(serializers.Serializer):
+    snapshot_version = serializers.CharField()
+    results = LookupResultSerializer(many=True, help_text="In request order.")
+
+
+class BuildSerializer(serializers.ModelSerializer):
+    duration_seconds = serializers.FloatField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = Build
+        fields = [
+            "id", "status", "progress", "stage", "version", "stats", "total_users",
+            "snapshot_bytes", "error", "created_at", "started_at", "finished_at", "duration_seconds",
+        ]  # fmt: skip
+
+
+class BuildStartedSerializer(BuildSerializer):
+    url = serializers.URLField(help_text="Where to follow the build (also the Location header).")
+
+    class Meta(BuildSerializer.Meta):
+        fields = [*BuildSerializer.Meta.fields, "url"]
+
+
+class UserListStoredSerializer(serializers.Serializer):
+    users = serializers.IntegerField(help_text="Distinct user ids stored.")
+    lines = serializers.IntegerField(help_text="Lines read, header and blank lines included.")
+
+
+class UserListErrorSerializer(serializers.Serializer):
+    file = serializers.ListField(child=serializers.CharField(), help_text="What is wrong.")
+    line = serializers.IntegerField(
+        allow_null=True, help_text="The first bad line; null when the file cannot be read at all."
+    )
+
+
+class SnapshotVersionSerializer(serializers.Serializer):
+    version = serializers.CharField()
+    is_live = serializers.BooleanField()
+    created_at = serializers.CharField(allow_null=True)
+    build_id = serializers.IntegerField(allow_null=True)
+    users = serializers.IntegerField()
+    bytes = serializers.IntegerField()
+    segments = serializers.DictField(child=serializers.IntegerField(allow_null=True))
+
+
+class SnapshotsSerializer(serializers.Serializer):
+    live_version = serializers.CharField(allow_null=True)
+    results = SnapshotVersionSerializer(many=True, help_text="Newest first.")
+
+
+class LiveVersionSerializer(serializers.Serializer):
+    live_version = serializers.CharField()
