@@ -80,6 +80,16 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"].setdefault("TEST", {"NAME": str(VAR_DIR / "test-gatekeeper.sqlite3")})
     # SQLite creates its file but not its directory; a fresh checkout has no var/ yet.
     VAR_DIR.mkdir(exist_ok=True)
+    # Web, worker and beat write to one file: WAL lets readers run beside a writer, and
+    # IMMEDIATE transactions take the write lock up front (waiting up to `timeout` seconds)
+    # instead of failing with "database is locked" when two read-then-write transactions meet.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

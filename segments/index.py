@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,6 +64,8 @@ class SegmentIndex:
         return sum(self.cardinalities.values())
 
     def resolve(self, user_id: int) -> str:
+        if self.id_width == 32 and not 0 <= user_id <= _MAX_32:
+            return self.default_slug  # no list of a 32-bit snapshot can hold it
         for slug, bitmap in self._ordered:
             if user_id in bitmap:
                 return slug
@@ -73,7 +75,10 @@ class SegmentIndex:
         """The segment of each id, in the order given: one bitmap intersection per segment,
         then each hit is placed back by a binary search in the sorted query."""
         wide = self.id_width == 64
-        values = np.asarray(ids, dtype=np.uint64 if wide else np.uint32)
+        try:
+            values = np.asarray(ids, dtype=np.uint64 if wide else np.uint32)
+        except OverflowError:
+            return self._resolve_beyond_width(ids)
         if values.size == 0:
             return []
         if wide:
@@ -109,6 +114,17 @@ class SegmentIndex:
         labels = np.empty_like(found)
         labels[order] = found
         return self._labels[labels].tolist()
+
+    def _resolve_beyond_width(self, ids: Sequence[int] | np.ndarray) -> list[str]:
+        """Ids a 32-bit snapshot cannot hold (wider, or negative) are in no list: default."""
+        wide = np.asarray([int(i) if 0 <= int(i) <= _MAX_32 else -1 for i in ids], dtype=np.int64)
+        inside = wide >= 0
+        labels = np.full(wide.size, self.default_slug, dtype=object)
+        labels[inside] = self.resolve_many(wide[inside].astype(np.uint32))
+        return labels.tolist()
+
+
+_MAX_32 = 2**32 - 1
 
 
 def _verify(data: bytes, entry: dict[str, Any]) -> None:
@@ -295,7 +311,11 @@ class IndexHolder:
     def version(self) -> str | None:
         return self.index.version if self.index else None
 
-    def start_follower(self, interval: float) -> None:
+    def start_follower(
+        self, interval: float, on_poll: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
+        """Poll for new versions every `interval` seconds in a daemon thread; `on_poll` gets
+        the status after each poll (processes report their version with it)."""
         if self._follower is not None and self._follower.is_alive():
             return
         self._stop.clear()
@@ -303,6 +323,8 @@ class IndexHolder:
         def follow() -> None:
             while not self._stop.wait(interval):
                 self.refresh()
+                if on_poll is not None:
+                    on_poll(self.status())
 
         self._follower = threading.Thread(target=follow, name="snapshot-follower", daemon=True)
         self._follower.start()

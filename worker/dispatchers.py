@@ -7,6 +7,11 @@ A failed send raises DispatchError saying what a retry is worth:
 - AMBIGUOUS: it may have been delivered (the connection broke after the request went out):
   the worker keeps the quota and does not send again, because a double send is worse than a
   lost one for marketing.
+
+`batch_size` says how many sends the worker claims at once before handing them over. A
+dispatcher that makes one provider call per message keeps 1, so a worker killed mid-chunk leaves
+at most one send unknown. One whose sends have no outside effect (null, memory) or that hands a
+whole batch to its provider in one call (`send_many`) claims that many in one Redis round trip.
 """
 
 import json
@@ -20,7 +25,7 @@ from typing import Any, ClassVar
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, get_connection
 from django.template import TemplateDoesNotExist
-from django.template.loader import render_to_string
+from django.template.loader import get_template, render_to_string
 from django.utils.module_loading import import_string
 
 logger = logging.getLogger(__name__)
@@ -58,28 +63,54 @@ def template_check(*, channel: str, template: str) -> None:
         render_to_string(f"{channel}/{template}/{name}", {})
 
 
+class Renderer:
+    """A job's templates, loaded and compiled once, rendered per recipient."""
+
+    def __init__(self, *, channel: str, template: str, campaign: str) -> None:
+        self.channel, self.campaign = channel, campaign
+        title = "subject.txt" if channel == "email" else "title.txt"
+        self.title = get_template(f"{channel}/{template}/{title}")
+        self.body = get_template(f"{channel}/{template}/body.txt")
+        self.html = None
+        if channel == "email":
+            try:
+                self.html = get_template(f"email/{template}/body.html")
+            except TemplateDoesNotExist:
+                self.html = None
+
+    def __call__(self, recipient: dict[str, Any]) -> Message:
+        data = recipient.get("context") or {}
+        context = {**data, "user_id": recipient["user_id"], "campaign": self.campaign}
+        return Message(
+            message_id=recipient["message_id"],
+            user_id=recipient["user_id"],
+            address=recipient["address"],
+            subject=" ".join(self.title.render(context).split()),
+            body=self.body.render(context),
+            html=self.html.render(context) if self.html is not None else None,
+            data=data,
+        )
+
+
 def render(*, channel: str, template: str, recipient: dict[str, Any], campaign: str) -> Message:
-    context = {
-        **recipient.get("context", {}),
-        "user_id": recipient["user_id"],
-        "campaign": campaign,
-    }
-    title = "subject.txt" if channel == "email" else "title.txt"
-    html = None
-    if channel == "email":
+    """Render one send (for previews and tests; the worker keeps one Renderer per chunk)."""
+    return Renderer(channel=channel, template=template, campaign=campaign)(recipient)
+
+
+def send_many(dispatcher: Any, messages: list[Message]) -> list[DispatchError | None]:
+    """Send a batch through `dispatcher`: its own `send_many` when it has one, else one `send`
+    per message. One outcome per message, in order: None (sent) or the DispatchError."""
+    own = getattr(dispatcher, "send_many", None)
+    if own is not None:
+        return list(own(messages))
+    outcomes: list[DispatchError | None] = []
+    for message in messages:
         try:
-            html = render_to_string(f"email/{template}/body.html", context)
-        except TemplateDoesNotExist:
-            html = None
-    return Message(
-        message_id=recipient["message_id"],
-        user_id=recipient["user_id"],
-        address=recipient["address"],
-        subject=" ".join(render_to_string(f"{channel}/{template}/{title}", context).split()),
-        body=render_to_string(f"{channel}/{template}/body.txt", context),
-        html=html,
-        data=recipient.get("context", {}),
-    )
+            dispatcher.send(message)
+            outcomes.append(None)
+        except DispatchError as exc:
+            outcomes.append(exc)
+    return outcomes
 
 
 class EmailDispatcher:
@@ -115,6 +146,8 @@ class EmailDispatcher:
 
 
 class PushBackend:
+    batch_size: ClassVar[int] = 1
+
     def send(self, message: Message) -> None:
         raise NotImplementedError
 
@@ -135,6 +168,7 @@ class MemoryPushBackend(PushBackend):
     """Keeps pushes in a list (tests)."""
 
     outbox: ClassVar[list[Message]] = []
+    batch_size: ClassVar[int] = 1000
 
     def send(self, message: Message) -> None:
         self.outbox.append(message)
@@ -143,8 +177,13 @@ class MemoryPushBackend(PushBackend):
 class NullPushBackend(PushBackend):
     """Drops every push (benchmarks)."""
 
+    batch_size: ClassVar[int] = 1000
+
     def send(self, message: Message) -> None:
         return None
+
+    def send_many(self, messages: list[Message]) -> list[DispatchError | None]:
+        return [None] * len(messages)
 
 
 class WebhookPushBackend(PushBackend):

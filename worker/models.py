@@ -50,12 +50,14 @@ class SendChunk(models.Model):
     class Status(models.TextChoices):
         QUEUED = "queued"
         DONE = "done"
+        FAILED = "failed"
 
     job = models.ForeignKey(SendJob, on_delete=models.CASCADE, related_name="chunks")
     recipients = models.JSONField(help_text="[{user_id, address, message_id, context}]")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     attempts = models.PositiveSmallIntegerField(default=0)
     not_before = models.DateTimeField(null=True, blank=True, help_text="Deferred until then.")
+    error = models.TextField(blank=True, help_text="Why the chunk was given up.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

@@ -8,6 +8,7 @@ for those (their slot is held), so the quota is not charged twice either.
 """
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
@@ -25,9 +26,9 @@ from limits.channels import channels
 from worker.dispatchers import (
     AMBIGUOUS,
     PERMANENT,
-    DispatchError,
+    Renderer,
     dispatcher_for,
-    render,
+    send_many,
     template_check,
 )
 from worker.gate import CATEGORIES, MARKETING, gate_check, gate_release
@@ -35,6 +36,7 @@ from worker.models import SendChunk, SendJob
 
 logger = logging.getLogger(__name__)
 
+TEMPLATE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,99}")
 CLAIM_TTL = 8 * 86400  # longer than the weekly window the limiter remembers a message for
 MAX_ATTEMPTS = 5  # transient failures and Redis outages: then the recipient fails visibly
 REDIS_DOWN_DELAY = 30  # seconds before a chunk that met an unavailable Redis is tried again
@@ -69,6 +71,12 @@ def send_job_create(
         raise ValidationError({"on_capped": "Choose drop or defer."})
     if not campaign:
         raise ValidationError({"campaign": "Name the campaign."})
+    if not isinstance(template, str) or not TEMPLATE_NAME.fullmatch(template):
+        raise ValidationError(
+            {
+                "template": "A template name is lower-case letters, digits, - and _ (templates/<channel>/<name>/)."
+            }
+        )
     try:
         template_check(channel=channel, template=template)
     except TemplateDoesNotExist as exc:
@@ -116,17 +124,32 @@ def _recipient(i: int, row: Mapping[str, Any], campaign: str) -> dict[str, Any]:
     ):
         raise ValidationError({f"recipients[{i}].user_id": f"Not a user id: {user_id!r}."})
     address = row.get("address")
-    if not isinstance(address, str) or not address:
+    if not isinstance(address, str) or not address or "\x00" in address:
         raise ValidationError(
             {f"recipients[{i}].address": "An email address or push token is required."}
         )
     message_id = row.get("message_id") or f"{campaign}:{user_id}"
-    if not isinstance(message_id, str) or len(message_id) > 200:
-        raise ValidationError({f"recipients[{i}].message_id": "At most 200 characters."})
+    if not isinstance(message_id, str) or len(message_id) > 200 or "\x00" in message_id:
+        raise ValidationError(
+            {f"recipients[{i}].message_id": "At most 200 characters, without NUL."}
+        )
     context = row.get("context") or {}
     if not isinstance(context, dict):
         raise ValidationError({f"recipients[{i}].context": "Must be an object."})
+    if _holds_nul(context):
+        # PostgreSQL's JSON columns cannot store U+0000, and no template needs it.
+        raise ValidationError({f"recipients[{i}].context": "Must not contain the NUL character."})
     return {"user_id": user_id, "address": address, "message_id": message_id, "context": context}
+
+
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(v) for v in value)
+    return False
 
 
 def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
@@ -136,7 +159,7 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
     and an interrupted one sends only what it had not claimed yet.
     """
     chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
-    if chunk.status == SendChunk.Status.DONE:
+    if chunk.status != SendChunk.Status.QUEUED:
         return {}
     job = chunk.job
     if job.status == SendJob.Status.QUEUED:
@@ -155,46 +178,50 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
     deferred: list[tuple[dict[str, Any], float]] = []
     to_send = [(r, d) for r, d in zip(recipients, decisions, strict=True) if d.allowed]
     dispatcher = dispatcher or dispatcher_for(job.channel)
+    renderer = Renderer(channel=job.channel, template=job.template, campaign=job.campaign)
     released: list[tuple[int, str]] = []
-    for recipient, _decision in to_send:
-        # Claimed one at a time, right before its send: a worker killed mid-chunk leaves at most
-        # the one send it was doing in the "sending" state.
-        claimed = _claim(recipient["message_id"])
-        if claimed == "sent":
-            outcomes["already_sent"] += 1  # a redelivery: it went out the first time
-            continue
-        if claimed == "sending":
-            # A worker died during this very send: it may have gone out. Not sending it again
-            # keeps the promise that matters more for marketing (never twice).
-            logger.warning(
-                "Send %s was cut off by a worker's death; not sent again", recipient["message_id"]
-            )
-            outcomes["ambiguous"] += 1
-            continue
-        try:
-            dispatcher.send(
-                render(
-                    channel=job.channel,
-                    template=job.template,
-                    recipient=recipient,
-                    campaign=job.campaign,
-                )
-            )
-            _mark_sent(recipient["message_id"])
-            outcomes["sent"] += 1
-        except DispatchError as exc:
-            if exc.kind == AMBIGUOUS:
+    # Claims are taken one dispatcher batch at a time, right before its send: a dispatcher that
+    # sends one message per provider call has batches of one, so a worker killed mid-chunk
+    # leaves at most the one send it was doing in the "sending" state. Marking what went out
+    # (and unclaiming what failed) rides on the next batch's claim: one Redis round trip each.
+    size = max(1, int(getattr(dispatcher, "batch_size", 1)))
+    settle: list[tuple[str, str]] = []
+    for start in range(0, len(to_send), size):
+        batch = [recipient for recipient, _ in to_send[start : start + size]]
+        previous = _claim_batch(settle, [r["message_id"] for r in batch])
+        settle = []
+        claimed = []
+        for recipient, before in zip(batch, previous, strict=True):
+            if before is None:
+                claimed.append(recipient)
+            elif before == "sent":
+                outcomes["already_sent"] += 1  # a redelivery: it went out the first time
+            else:
+                # A worker died during this very send: it may have gone out. Not sending it
+                # again keeps the promise that matters more for marketing (never twice).
                 logger.warning(
-                    "Send %s may or may not have gone out: %s", recipient["message_id"], exc
+                    "Send %s was cut off by a worker's death; not sent again",
+                    recipient["message_id"],
                 )
                 outcomes["ambiguous"] += 1
-                continue
-            _unclaim(recipient["message_id"])
-            if exc.kind == PERMANENT or chunk.attempts + 1 >= MAX_ATTEMPTS:
-                released.append((recipient["user_id"], recipient["message_id"]))
-                outcomes["failed"] += 1
+        results = send_many(dispatcher, [renderer(r) for r in claimed])
+        for recipient, error in zip(claimed, results, strict=True):
+            message_id = recipient["message_id"]
+            if error is None:
+                settle.append(("sent", message_id))
+                outcomes["sent"] += 1
+            elif error.kind == AMBIGUOUS:
+                logger.warning("Send %s may or may not have gone out: %s", message_id, error)
+                outcomes["ambiguous"] += 1
             else:
-                retry.append(recipient)
+                settle.append(("unclaim", message_id))
+                if error.kind == PERMANENT or chunk.attempts + 1 >= MAX_ATTEMPTS:
+                    released.append((recipient["user_id"], message_id))
+                    outcomes["failed"] += 1
+                else:
+                    retry.append(recipient)
+    if settle:
+        _claim_batch(settle, [])
     if released and job.category == MARKETING:
         gate_release(channel=job.channel, requests=released)
     for recipient, decision in zip(recipients, decisions, strict=True):
@@ -216,21 +243,20 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
     return dict(outcomes)
 
 
-def _claim(message_id: str) -> bool | str:
-    """Claim a message for sending: True if claimed now, else what the claim says ("sent", or
-    "sending" when a worker died in the middle of that send)."""
-    previous = get_redis().set(_claim_key(message_id), "sending", nx=True, ex=CLAIM_TTL, get=True)
-    if previous is None:
-        return True
-    return previous.decode() if isinstance(previous, bytes) else str(previous)
-
-
-def _mark_sent(message_id: str) -> None:
-    get_redis().set(_claim_key(message_id), "sent", ex=CLAIM_TTL)
-
-
-def _unclaim(message_id: str) -> None:
-    get_redis().delete(_claim_key(message_id))
+def _claim_batch(settle: list[tuple[str, str]], claim: list[str]) -> list[str | None]:
+    """In one round trip: mark sends as `sent` or drop failed claims (`settle`), then claim
+    `claim` for sending. Returns, per claimed id, None if claimed now, else what the claim
+    already said ("sent", or "sending" when a worker died in the middle of that send)."""
+    pipe = get_redis().pipeline(transaction=False)
+    for action, message_id in settle:
+        if action == "sent":
+            pipe.set(_claim_key(message_id), "sent", ex=CLAIM_TTL)
+        else:
+            pipe.delete(_claim_key(message_id))
+    for message_id in claim:
+        pipe.set(_claim_key(message_id), "sending", nx=True, ex=CLAIM_TTL, get=True)
+    replies = pipe.execute()[len(settle) :]
+    return [r.decode() if isinstance(r, bytes) else r for r in replies]
 
 
 def _settle(
@@ -245,6 +271,9 @@ def _settle(
     later: list[tuple[int, float]] = []
     with transaction.atomic():
         job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
+        if SendChunk.objects.filter(pk=chunk.pk, status=SendChunk.Status.DONE).exists():
+            # Another delivery of this chunk's task finished first and counted it.
+            return
         reasons = Counter(job.reasons)
         reasons.update(d.reason for d in decisions)
         segments = Counter(job.segments)
@@ -278,3 +307,22 @@ def _settle(
         job.save()
         for chunk_id, countdown in later:
             transaction.on_commit(partial(_queue, [chunk_id], countdown=countdown))
+
+
+def send_chunk_fail(*, chunk_id: int, error: str) -> None:
+    """Give a chunk up after its task failed for good: the recipients it had not settled count
+    as failed on the job (with the error on the chunk), so the job still finishes."""
+    with transaction.atomic():
+        chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
+        job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
+        if SendChunk.objects.filter(pk=chunk_id).exclude(status=SendChunk.Status.QUEUED).exists():
+            return
+        unsent = len(chunk.recipients)
+        job.failed += unsent
+        job.processed += unsent
+        if job.processed >= job.total:
+            job.status = SendJob.Status.DONE
+        job.save()
+        SendChunk.objects.filter(pk=chunk_id).update(
+            status=SendChunk.Status.FAILED, error=error[:2000]
+        )

@@ -37,6 +37,12 @@ def after_fork(*, role: str) -> None:
 
     reset_redis_clients()
     reset_limiter()
+    from worker.processes import process_report
+
     holder = get_holder()
     holder.get()
-    holder.start_follower(settings.GATEKEEPER_SNAPSHOT_POLL_SECONDS)
+    process_report(role=role, status=holder.status())
+    holder.start_follower(
+        settings.GATEKEEPER_SNAPSHOT_POLL_SECONDS,
+        on_poll=lambda status: process_report(role=role, status=status),
+    )

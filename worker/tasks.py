@@ -1,12 +1,35 @@
 """Celery tasks of the worker (queue `sends`): thin wrappers around the services."""
 
+import logging
+from typing import Any
+
 from celery import shared_task
 
-from worker.services import send_chunk_run
+from worker.services import send_chunk_fail, send_chunk_run
+
+logger = logging.getLogger(__name__)
+
+MAX_RETRIES = 8  # with the backoff below: about 25 minutes of trying before giving up
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
-def send_chunk(chunk_id: int) -> dict[str, int]:
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_RETRIES)
+def send_chunk(self: Any, chunk_id: int) -> dict[str, int]:
     """Gate and dispatch one chunk of a send job. Redelivered after a worker dies; the message
-    ids make the rerun send only what had not gone out."""
-    return send_chunk_run(chunk_id=chunk_id)
+    ids make the rerun send only what had not gone out.
+
+    An error (database or Redis gone mid-chunk) retries the chunk with backoff instead of
+    dropping it; after the last retry its recipients are counted as failed on the job, so a
+    campaign never stalls with sends that silently went nowhere."""
+    try:
+        return send_chunk_run(chunk_id=chunk_id)
+    except Exception as exc:
+        if self.request.retries >= MAX_RETRIES:
+            logger.exception(
+                "Chunk %s failed %d times; its unsent recipients count as failed",
+                chunk_id,
+                MAX_RETRIES + 1,
+            )
+            send_chunk_fail(chunk_id=chunk_id, error=f"{type(exc).__name__}: {exc}")
+            raise
+        logger.warning("Chunk %s met %s: %s; trying again", chunk_id, type(exc).__name__, exc)
+        raise self.retry(exc=exc, countdown=min(600, 5 * 2**self.request.retries)) from exc

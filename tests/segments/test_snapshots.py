@@ -58,6 +58,10 @@ def test_a_build_publishes_exclusive_segments_and_the_index_resolves_them(store,
         "vip",
         "default",
     ]
+    # A 32-bit snapshot holds no id wider than 32 bits: those are in the default segment.
+    assert index.id_width == 32
+    assert index.resolve(2**40) == "default"
+    assert index.resolve_many([2**32, 1, 2**40 + 4, 6]) == ["default", "vip", "default", "new"]
     assert index_status()["source"] == "store"
 
 

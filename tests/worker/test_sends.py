@@ -240,6 +240,13 @@ def test_redis_down_defers_the_sends_instead_of_dropping_them(
         ({"recipients": [{"user_id": -1, "address": "a@b"}]}, "recipients[0].user_id"),
         ({"recipients": [{"user_id": 1}]}, "recipients[0].address"),
         ({"recipients": []}, "recipients"),
+        ({"template": "../../admin/base"}, "template"),
+        ({"template": "Welcome Back"}, "template"),
+        ({"recipients": [{"user_id": 1, "address": "a@b\x00"}]}, "recipients[0].address"),
+        (
+            {"recipients": [{"user_id": 1, "address": "a@b", "context": {"n": ["x\x00"]}}]},
+            "recipients[0].context",
+        ),
     ],
 )
 def test_bad_jobs_are_refused_naming_the_field(db, kwargs, field):
@@ -307,3 +314,65 @@ def test_a_send_cut_off_by_a_dead_worker_is_not_sent_again(campaign, smtp, redis
     outcome = send_chunk_run(chunk_id=job.chunks.get().pk)
     assert outcome == {"sent": 1, "ambiguous": 1}
     assert smtp.per_recipient() == {"u1@example.com": 1}
+
+
+def test_a_failed_send_between_two_good_ones_is_unclaimed_and_released(
+    campaign, relay, redis_client
+):
+    # The webhook sends one push per call, so each claim covers one send; the outcome of each
+    # send is written to Redis with the next claim.
+    relay.statuses = [200, 400, 200]
+    job = send_job_create(
+        channel="push",
+        campaign="m",
+        template="welcome",
+        recipients=recipients(1, 2, 9),
+        queue=False,
+    )
+    assert send_chunk_run(chunk_id=job.chunks.get().pk) == {"sent": 2, "failed": 1}
+    claims = [redis_client.get(services._claim_key(f"m:{u}")) for u in (1, 2, 9)]
+    assert claims == [b"sent", None, b"sent"]
+    usage = get_limiter().peek("push", 2, Policy(Limits(1, 5), Limits()))
+    assert usage is not None and usage[0].daily_used == 0
+    assert [body["user_id"] for body in relay.received] == [1, 9]
+
+
+def test_a_batch_dispatcher_claims_its_batch_in_one_go(campaign, settings, redis_client):
+    from worker.dispatchers import MemoryPushBackend
+
+    settings.GATEKEEPER_PUSH_BACKEND = "worker.dispatchers.MemoryPushBackend"
+    MemoryPushBackend.outbox.clear()
+    job = send_job_create(
+        channel="push",
+        campaign="b",
+        template="welcome",
+        recipients=recipients(1, 2, 9),
+        queue=False,
+    )
+    redis_client.set(services._claim_key("b:2"), "sent")  # a redelivery: it went out before
+    redis_client.set(services._claim_key("b:9"), "sending")  # cut off by a dead worker
+    outcome = send_chunk_run(chunk_id=job.chunks.get().pk)
+    assert outcome == {"sent": 1, "already_sent": 1, "ambiguous": 1}
+    assert [m.user_id for m in MemoryPushBackend.outbox] == [1]
+    assert redis_client.get(services._claim_key("b:1")) == b"sent"
+
+
+def test_a_chunk_that_keeps_failing_is_counted_failed_not_lost(campaign, smtp):
+    from worker.tasks import MAX_RETRIES, send_chunk
+
+    job = send_job_create(
+        channel="email", campaign="t", template="welcome", recipients=recipients(1, 9), queue=False
+    )
+    chunk = job.chunks.get()
+    SendJob.objects.filter(pk=job.pk).update(template="removed-since")  # every run now raises
+    # Run eagerly, the task's retries follow one another at once: the last one gives up.
+    last = send_chunk.apply(args=(chunk.pk,))
+    assert last.state == "FAILURE"
+    # A late redelivery of the given-up chunk does nothing.
+    assert send_chunk.apply(args=(chunk.pk,), retries=MAX_RETRIES).state == "SUCCESS"
+    chunk.refresh_from_db()
+    job.refresh_from_db()
+    assert chunk.status == SendChunk.Status.FAILED
+    assert "removed-since" in chunk.error
+    assert (job.failed, job.processed, job.status) == (2, 2, "done")
+    assert smtp.messages == []

@@ -21,6 +21,7 @@ from tests.conftest import TEST_REDIS_URL
 from tests.redis_servers import free_port
 from worker import services
 from worker.models import SendJob
+from worker.processes import processes_list
 from worker.services import send_job_create
 from worker.tasks import send_chunk
 
@@ -117,8 +118,8 @@ def test_a_cap_edit_governs_a_running_worker_within_five_seconds(
     published, start_worker, inbox, monkeypatch
 ):
     monkeypatch.setattr(services, "_queue", queue_on_test_broker)
-    published(vip=(10, [1], {"email": (5, 10)}))
-    start_worker()
+    version = published(vip=(10, [1], {"email": (5, 10)}))
+    worker = start_worker()
     first = send_job_create(
         channel="email",
         campaign="c0",
@@ -127,6 +128,10 @@ def test_a_cap_edit_governs_a_running_worker_within_five_seconds(
     )
     wait_for(lambda: job_done(first), seconds=60, what="the first job")
     assert first.reasons == {"allowed": 1} and inbox[0].recipients == ["nine@example.com"]
+    # The worker's child reported itself and the snapshot it gates with (for the dashboard).
+    reported = [p for p in processes_list() if p["role"] == "worker"]
+    assert [p["version"] for p in reported] == [version]
+    assert reported[0]["pid"] != worker.pid  # the prefork child, not the parent
 
     edited = time.monotonic()
     cap_set(segment=Segment.objects.get(is_default=True), channel="email", daily=0, weekly=0)

@@ -1,0 +1,79 @@
+"""Which processes gate with which snapshot version, for the dashboard.
+
+Every process that gates (each gunicorn worker, each Celery child) writes one field of the Redis
+hash `<prefix>processes`, `<host>:<pid>`, holding its role, snapshot version and when it last
+reported: once at start-up and after every snapshot poll. A process that has not reported for
+three poll intervals (at least 30 s) is taken for gone; listing drops it from the hash.
+"""
+
+import json
+import logging
+import os
+import socket
+import time
+from typing import Any
+
+import redis
+from django.conf import settings
+
+from gatekeeper.redis_client import get_redis
+
+logger = logging.getLogger(__name__)
+
+_started_at: dict[int, float] = {}  # per pid: a forked child starts its own clock
+
+
+def _key() -> str:
+    return f"{settings.GATEKEEPER_KEY_PREFIX}processes"
+
+
+def stale_after() -> float:
+    return max(30.0, 3 * float(settings.GATEKEEPER_SNAPSHOT_POLL_SECONDS))
+
+
+def process_report(*, role: str, status: dict[str, Any], now: float | None = None) -> None:
+    """Record this process and the snapshot it holds. Never raises: a Redis outage only leaves
+    the dashboard a little behind."""
+    host, pid = socket.gethostname(), os.getpid()
+    now = time.time() if now is None else now
+    entry = {
+        "role": role,
+        "host": host,
+        "pid": pid,
+        "version": status.get("version"),
+        "source": status.get("source"),
+        "error": status.get("error"),
+        "started_at": _started_at.setdefault(pid, now),
+        "seen_at": now,
+    }
+    try:
+        get_redis().hset(_key(), f"{host}:{pid}", json.dumps(entry))
+    except redis.RedisError as exc:
+        logger.debug("Could not report this process to Redis: %s", exc)
+
+
+def processes_list(now: float | None = None) -> list[dict[str, Any]]:
+    """Processes seen recently, newest version first; forgets those gone quiet."""
+    now = time.time() if now is None else now
+    client = get_redis()
+    alive, gone = [], []
+    for field, raw in client.hgetall(_key()).items():
+        try:
+            entry = json.loads(raw)
+            fresh = now - float(entry["seen_at"]) <= stale_after()
+        except (ValueError, KeyError, TypeError):
+            fresh = False
+        if fresh:
+            alive.append(entry)
+        else:
+            gone.append(field)
+    if gone:
+        client.hdel(_key(), *gone)
+    return sorted(alive, key=lambda e: (e.get("version") or "", e["role"], e["host"], e["pid"]))
+
+
+def processes_by_version(now: float | None = None) -> dict[str | None, list[dict[str, Any]]]:
+    grouped: dict[str | None, list[dict[str, Any]]] = {}
+    for entry in processes_list(now):
+        grouped.setdefault(entry.get("version"), []).append(entry)
+    return grouped
