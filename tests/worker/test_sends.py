@@ -376,3 +376,24 @@ def test_a_chunk_that_keeps_failing_is_counted_failed_not_lost(campaign, smtp):
     assert "removed-since" in chunk.error
     assert (job.failed, job.processed, job.status) == (2, 2, "done")
     assert smtp.messages == []
+
+
+def test_a_worker_started_while_the_store_is_unreachable_gates_with_its_cached_snapshot(
+    campaign, smtp, settings, tmp_path
+):
+    from segments.index import get_index, index_status, reset_index
+    from worker.startup import load_snapshot
+
+    assert get_index() is not None  # a previous start left the snapshot in the local cache
+    reset_index()
+    settings.GATEKEEPER_STORE_URL = str(tmp_path / "store-that-is-not-there")
+    load_snapshot(role="worker")
+    assert index_status()["source"] == "cache"
+    job = send_job_create(
+        channel="email", campaign="s", template="welcome", recipients=recipients(1, 3), queue=False
+    )
+    run_all(job)
+    job.refresh_from_db()
+    assert job.segments == {"vip": 1, "dormant": 1}
+    assert job.reasons == {"allowed": 1, "blocked": 1}
+    assert smtp.per_recipient() == {"u1@example.com": 1}
