@@ -5,7 +5,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from limits.models import Cap, CapChange
+from limits.models import Cap, CapChange, QuotaReset
 from limits.services import cap_describe, cap_set, cap_warnings
 
 
@@ -55,4 +55,22 @@ class CapChangeAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(QuotaReset)
+class QuotaResetAdmin(admin.ModelAdmin):
+    """The audit log of quota resets (made from "Look up a user")."""
+
+    list_display = ["reset_at", "user_id", "segment_slug", "usage", "reason", "reset_by"]
+    list_filter = ["segment_slug"]
+    search_fields = ["=user_id", "reason"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

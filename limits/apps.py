@@ -4,3 +4,11 @@ from django.apps import AppConfig
 class LimitsConfig(AppConfig):
     name = "limits"
     verbose_name = "Frequency caps"
+
+    def ready(self) -> None:
+        from django.db.models.signals import post_migrate
+
+        from gatekeeper.groups import groups_sync_after_migrate
+
+        # Once per migrate run (sent for each app; this one is enough).
+        post_migrate.connect(groups_sync_after_migrate, sender=self)

@@ -25,7 +25,10 @@ class Cap(models.Model):
 
     class Meta:
         ordering = ["segment__priority", "channel"]
-        permissions = [("use_gate", "Can call the gate and hand over send jobs")]
+        permissions = [
+            ("use_gate", "Can call the gate and hand over send jobs"),
+            ("reset_quota", "Can reset a user's quota"),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["segment", "channel"], name="limits_one_cap_per_scope"),
         ]
@@ -55,3 +58,22 @@ class CapChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.segment_slug}/{self.channel}: {self.old_daily}/{self.old_weekly} -> {self.new_daily}/{self.new_weekly}"
+
+
+class QuotaReset(models.Model):
+    """Audit record of an admin resetting one user's quota: who, when, why, and what was used."""
+
+    user_id = models.PositiveBigIntegerField(help_text="The end user whose logs were forgotten.")
+    segment_slug = models.CharField(max_length=64)
+    usage = models.JSONField(default=dict, help_text="Per scope: daily and weekly used before.")
+    reason = models.CharField(max_length=300)
+    reset_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    reset_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-reset_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"quota of user {self.user_id} reset at {self.reset_at:%Y-%m-%d %H:%M}"

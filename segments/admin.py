@@ -6,7 +6,9 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
+from django.urls import reverse
+from django.utils.html import format_html
 
 from segments.index import get_index
 from segments.models import Build, Segment, UserList
@@ -37,11 +39,21 @@ class UserListInline(admin.TabularInline):
 
 @admin.register(Segment)
 class SegmentAdmin(admin.ModelAdmin):
-    list_display = ["name", "slug", "priority", "users_in_snapshot", "share", "is_default"]
+    list_display = [
+        "name",
+        "slug",
+        "priority",
+        "users_in_snapshot",
+        "share",
+        "caps_link",
+        "last_list",
+        "is_default",
+    ]
     list_editable = ["priority"]
     ordering = ["priority"]
     prepopulated_fields = {"slug": ("name",)}
     inlines = [UserListInline]
+    change_form_template = "admin/gatekeeper/segment_change_form.html"
 
     @admin.display(description="users in the live snapshot")
     def users_in_snapshot(self, segment: Segment) -> str:
@@ -51,6 +63,28 @@ class SegmentAdmin(admin.ModelAdmin):
         if segment.is_default:
             return "everyone else"
         return f"{index.cardinalities.get(segment.slug, 0):,}"
+
+    @admin.display(description="caps")
+    def caps_link(self, segment: Segment) -> str:
+        url = reverse("admin:cap_grid", args=[segment.pk])
+        return format_html('<a href="{}">caps of {}</a>', url, segment.name)
+
+    @admin.display(description="latest list")
+    def last_list(self, segment: Segment) -> str:
+        latest = segment.user_lists.order_by("-uploaded_at").first()
+        if latest is None:
+            return "-" if not segment.is_default else "everyone not listed"
+        return (
+            f"{latest.original_name}: {latest.id_count:,} ids, {latest.uploaded_at:%Y-%m-%d %H:%M}"
+        )
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        context = {**(extra_context or {})}
+        if object_id and object_id.isdigit():
+            context["caps_url"] = reverse("admin:cap_grid", args=[int(object_id)])
+        return super().change_view(request, object_id, form_url, context)
 
     @admin.display(description="share of listed users")
     def share(self, segment: Segment) -> str:
@@ -105,6 +139,25 @@ class BuildAdmin(admin.ModelAdmin):
     ]
     readonly_fields = [f.name for f in Build._meta.fields]
     actions = ["build_and_publish"]
+    change_form_template = "admin/gatekeeper/build_change_form.html"
+
+    def has_publish_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("segments.publish_snapshot")
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        build = Build.objects.filter(pk=object_id).first() if object_id.isdigit() else None
+        context = {**(extra_context or {})}
+        if build is not None:
+            context["build"] = build
+            context["progress_url"] = reverse("admin:build_progress", args=[build.pk])
+            context["segment_stats"] = [
+                {"slug": slug, **values}
+                for slug, values in (build.stats or {}).items()
+                if isinstance(values, dict)
+            ]
+        return super().change_view(request, object_id, form_url, context)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -118,11 +171,14 @@ class BuildAdmin(admin.ModelAdmin):
             request.POST = post  # type: ignore[assignment]
         return super().changelist_view(request, extra_context)
 
-    @admin.action(description="Build and publish a new snapshot")
-    def build_and_publish(self, request: HttpRequest, queryset: QuerySet[Build]) -> None:
+    @admin.action(description="Build and publish a new snapshot", permissions=["publish"])
+    def build_and_publish(
+        self, request: HttpRequest, queryset: QuerySet[Build]
+    ) -> HttpResponseRedirect | None:
         try:
             build = build_start(user=request.user)
         except BuildInProgress as exc:
             self.message_user(request, str(exc), messages.WARNING)
-            return
-        self.message_user(request, f"Build #{build.pk} queued; reload to follow its progress.")
+            return None
+        self.message_user(request, f"Build #{build.pk} started.")
+        return HttpResponseRedirect(reverse("admin:segments_build_change", args=[build.pk]))

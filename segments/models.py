@@ -107,6 +107,7 @@ class Build(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        permissions = [("publish_snapshot", "Can build, publish and roll back snapshots")]
 
     def __str__(self) -> str:
         return f"Build #{self.pk} ({self.status})"

@@ -13,11 +13,9 @@ from gatekeeper import api_validation as check
 from gatekeeper.api_permissions import CanGate, CanRead
 from gatekeeper.api_validation import JsonAPIView, errors
 from limits.channels import channels
-from limits.limiter import get_limiter
-from limits.selectors import caps_cache
-from segments.index import get_index, index_status
 from worker.gate import CATEGORIES, MARKETING, GateDecision, GateError, gate_check, gate_release
 from worker.models import SendJob
+from worker.selectors import Unavailable, user_quota
 from worker.serializers import (
     GATE_LIMIT,
     SEND_LIMIT,
@@ -124,43 +122,10 @@ class QuotaView(JsonAPIView):
     )
     def get(self, request: Request, user_id: str) -> Response:
         uid = check.user_id(user_id, "user_id")
-        index = get_index()
-        if index is None:
-            detail = f"No segment snapshot is loaded: {index_status()['error']}"
-            return Response({"detail": detail}, status=503)
-        segment = index.resolve(uid)
-        limiter = get_limiter()
-        scopes: dict[str, Any] = {}
-        for channel in channels():
-            usage = limiter.peek(
-                channel, uid, caps_cache().policy(segment=segment, channel=channel)
-            )
-            if usage is None:
-                return Response(
-                    {"detail": "Redis is not answering; quotas cannot be read."}, status=503
-                )
-            for scope in usage:
-                scopes[scope.scope] = {
-                    "daily": {
-                        "used": scope.daily_used,
-                        "limit": scope.limits.daily,
-                        "remaining": scope.daily_remaining,
-                    },
-                    "weekly": {
-                        "used": scope.weekly_used,
-                        "limit": scope.limits.weekly,
-                        "remaining": scope.weekly_remaining,
-                    },
-                    "next_slot_in": scope.next_slot_in,
-                }
-        return Response(
-            {
-                "user_id": uid,
-                "segment": segment,
-                "snapshot_version": index.version,
-                "scopes": scopes,
-            }
-        )
+        try:
+            return Response(user_quota(uid))
+        except Unavailable as exc:
+            return Response({"detail": str(exc)}, status=503)
 
 
 class SendJobListView(JsonAPIView):

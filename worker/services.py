@@ -326,3 +326,32 @@ def send_chunk_fail(*, chunk_id: int, error: str) -> None:
         SendChunk.objects.filter(pk=chunk_id).update(
             status=SendChunk.Status.FAILED, error=error[:2000]
         )
+
+
+def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
+    """Forget a user's send logs in every channel and `all` (an audited admin action): records
+    who, when, why and what was used, in the same transaction as the reset, so a failed reset
+    leaves no record and a record always means the reset happened. Raises Unavailable."""
+    from limits.channels import ALL
+    from limits.limiter import get_limiter
+    from limits.models import QuotaReset
+    from worker.selectors import user_quota
+
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationError({"reason": "Say why the quota is reset (kept in the audit log)."})
+    quota = user_quota(user_id)
+    usage = {
+        scope: {"daily": values["daily"]["used"], "weekly": values["weekly"]["used"]}
+        for scope, values in quota["scopes"].items()
+    }
+    with transaction.atomic():
+        record = QuotaReset.objects.create(
+            user_id=user_id,
+            segment_slug=quota["segment"],
+            usage=usage,
+            reason=reason[:300],
+            reset_by=user if user is not None and user.is_authenticated else None,
+        )
+        get_limiter().reset(user_id, [*channels(), ALL])
+    return record

@@ -5,9 +5,11 @@ from typing import Any
 
 import numpy as np
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from gatekeeper.groups import MARKETER, VIEWER
 from limits.models import Cap
 from segments.models import Segment
 from segments.services import build_run, build_start, user_list_import
@@ -22,6 +24,7 @@ DEMO_SEGMENTS = [
 DEFAULT_CAPS = {"email": (1, 3), "push": (1, 3), "all": (2, 4)}
 DEMO_USERS = 200_000
 DEMO_USER = "marketer"
+DEMO_VIEWER = "viewer"
 DEMO_PASSWORD = "gatekeeper-demo"
 
 
@@ -55,15 +58,43 @@ class Command(BaseCommand):
                     name=f"{slug}-demo.txt",
                 )
             User = get_user_model()
-            if not User.objects.filter(username=DEMO_USER).exists():
-                User.objects.create_superuser(DEMO_USER, "marketer@example.com", DEMO_PASSWORD)
+            for username, group in ((DEMO_USER, MARKETER), (DEMO_VIEWER, VIEWER)):
+                if not User.objects.filter(username=username).exists():
+                    # Staff in a group, not superusers: the demo shows what a marketer sees.
+                    user = User.objects.create_user(
+                        username, f"{username}@example.com", DEMO_PASSWORD, is_staff=True
+                    )
+                    user.groups.add(Group.objects.get(name=group))
         build = build_run(build_id=build_start(queue=False).pk)
         self.stdout.write(
             f"Published snapshot {build.version} with {build.total_users:,} users in lists."
         )
+        self._first_sends()
         self.stdout.write(
             self.style.SUCCESS(
                 f"Demo seeded. Admin: http://127.0.0.1:8000/admin/  "
-                f"login {DEMO_USER} / {DEMO_PASSWORD}"
+                f"login {DEMO_USER} / {DEMO_PASSWORD} (Marketer; {DEMO_VIEWER} / "
+                f"{DEMO_PASSWORD} is read-only)"
             )
         )
+
+    def _first_sends(self) -> None:
+        """Gate a first campaign per channel so the dashboard has something to show."""
+        from segments.index import refresh
+        from worker.gate import gate_check
+        from worker.stats import flush
+
+        refresh()
+        rng = np.random.default_rng(7)
+        for channel in ("email", "push"):
+            users = rng.choice(DEMO_USERS + 50_000, 20_000, replace=False).tolist()
+            for round_ in range(2):
+                requests = [(u, f"demo-{channel}-{round_}:{u}") for u in users]
+                for start in range(0, len(requests), 1000):
+                    gate_check(
+                        channel=channel,
+                        requests=requests[start : start + 1000],
+                        campaign=f"demo-{channel}-{round_}",
+                    )
+        flush()
+        self.stdout.write("Gated two demo campaigns per channel (see the dashboard).")

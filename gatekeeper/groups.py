@@ -1,0 +1,66 @@
+"""The two admin groups marketers are put in, and what each may do.
+
+- Marketer: edit segments, user lists and caps; build, publish and roll back snapshots; reset a
+  user's quota; read everything else the admin shows.
+- Viewer: read-only.
+
+`groups_sync` creates the groups and gives them exactly these permissions. A migration runs it
+(`limits/migrations/0005_groups.py`), and so does every later `migrate` (post_migrate), so a
+permission added later joins its group without a new migration. Staff in neither group (and
+without permissions of their own) see an empty admin.
+"""
+
+from typing import Any
+
+MARKETER, VIEWER = "Marketer", "Viewer"
+
+_READ = [
+    "segments.view_segment",
+    "segments.view_userlist",
+    "segments.view_build",
+    "limits.view_cap",
+    "limits.view_capchange",
+    "limits.view_quotareset",
+    "worker.view_sendjob",
+]
+GROUP_PERMISSIONS: dict[str, list[str]] = {
+    VIEWER: _READ,
+    MARKETER: [
+        *_READ,
+        "segments.add_segment",
+        "segments.change_segment",
+        "segments.delete_segment",
+        "segments.add_userlist",
+        "segments.change_userlist",
+        "segments.delete_userlist",
+        "segments.publish_snapshot",
+        "limits.add_cap",
+        "limits.change_cap",
+        "limits.reset_quota",
+    ],
+}
+
+
+def groups_sync(apps: Any = None) -> None:
+    """Create Marketer and Viewer with exactly their permissions (those that exist yet)."""
+    if apps is None:
+        from django.apps import apps as global_apps
+
+        apps = global_apps
+    group_model = apps.get_model("auth", "Group")
+    permission_model = apps.get_model("auth", "Permission")
+    for name, codes in GROUP_PERMISSIONS.items():
+        group, _ = group_model.objects.get_or_create(name=name)
+        wanted = []
+        for code in codes:
+            app_label, codename = code.split(".")
+            wanted.extend(
+                permission_model.objects.filter(
+                    content_type__app_label=app_label, codename=codename
+                )
+            )
+        group.permissions.set(wanted)
+
+
+def groups_sync_after_migrate(sender: Any, **kwargs: Any) -> None:
+    groups_sync()

@@ -1,0 +1,253 @@
+"""The marketer's pages (dashboard, cap grid, snapshots, user lookup, what-if) and the groups,
+through Django's test client against real Redis and a real published snapshot."""
+
+import io
+import json
+import re
+
+import pytest
+from django.contrib.auth.models import Group
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+
+from limits.models import Cap, CapChange, QuotaReset
+from segments.models import Build, Segment
+from segments.selectors import snapshot_live_version
+from segments.services import build_run, build_start, user_list_import
+from worker.gate import gate_check
+from worker.processes import process_report
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def demo(published, redis_client):
+    return published(
+        vip=(10, [1, 2, 3], {"email": (2, 5), "all": (3, 9)}),
+        dormant=(20, [4, 5], {"email": (0, 0)}),
+    )
+
+
+def text(response) -> str:
+    return re.sub(r"\s+", " ", response.content.decode())
+
+
+def test_the_groups_hold_exactly_their_rights(db):
+    marketer = {p.codename for p in Group.objects.get(name="Marketer").permissions.all()}
+    viewer = {p.codename for p in Group.objects.get(name="Viewer").permissions.all()}
+    assert {"change_cap", "publish_snapshot", "reset_quota", "add_userlist"} <= marketer
+    assert all(code.startswith("view_") for code in viewer) and viewer < marketer
+
+
+def test_staff_without_a_group_see_nothing_they_cannot_use(client, staff):
+    staff("sam")
+    client.login(username="sam", password="a-long-test-password")
+    index = text(client.get(reverse("admin:index")))
+    assert "Marketing console" not in index and "Segments" not in index
+    for name in ("dashboard", "user_lookup", "what_if", "snapshots"):
+        assert client.get(reverse(f"admin:{name}")).status_code == 403
+
+
+def test_a_viewer_reads_but_cannot_change(viewer_client, demo):
+    vip = Segment.objects.get(slug="vip")
+    grid = viewer_client.get(reverse("admin:cap_grid", args=[vip.pk]))
+    assert grid.status_code == 200 and "disabled" in text(grid)
+    posted = viewer_client.post(reverse("admin:cap_grid", args=[vip.pk]), {"email-daily": "9"})
+    assert posted.status_code == 403 and Cap.objects.get(segment=vip, channel="email").daily == 2
+    assert viewer_client.post(reverse("admin:snapshot_build")).status_code == 403
+    assert viewer_client.get(reverse("admin:quota_reset", args=[1])).status_code == 403
+    index = text(viewer_client.get(reverse("admin:index")))
+    assert "Dashboard" in index and "What if" in index
+
+
+def test_the_cap_grid_reads_saves_and_records_every_change(marketer_client, demo):
+    vip = Segment.objects.get(slug="vip")
+    url = reverse("admin:cap_grid", args=[vip.pk])
+    page = text(marketer_client.get(url))
+    assert "At most 2 emails in any 24 hours and 5 in any 7 days" in page
+    assert "No cap on push messages" in page
+    response = marketer_client.post(
+        url,
+        {"email-daily": "3", "email-weekly": "2", "push-daily": "0", "push-weekly": "", "all-daily": "3", "all-weekly": "9"},
+        follow=True,
+    )  # fmt: skip
+    page = text(response)
+    assert "Saved caps of Vip" in page
+    assert "The weekly cap (2) is below the daily cap (3)" in page
+    assert "No marketing push messages" in page
+    email = Cap.objects.get(segment=vip, channel="email")
+    assert (email.daily, email.weekly) == (3, 2)
+    changes = {
+        (c.channel, c.old_daily, c.new_daily, c.changed_by.username)
+        for c in CapChange.objects.all()
+    }
+    assert changes == {("email", 2, 3, "mia"), ("push", None, 0, "mia")}
+    assert "mia" in text(marketer_client.get(url))  # the history under the grid
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("email-daily", "-1", "email daily: &#x27;-1&#x27; is not a whole number"),
+        ("push-weekly", "lots", "push weekly: &#x27;lots&#x27; is not a whole number"),
+        ("all-daily", "99999999999", "all daily: at most 2,147,483,647"),
+        ("email-weekly", "٣", "email weekly: &#x27;٣&#x27; is not a whole number"),
+    ],
+)
+def test_a_bad_cap_value_saves_nothing_and_says_which(marketer_client, demo, field, value, message):
+    vip = Segment.objects.get(slug="vip")
+    data = {
+        "email-daily": "7",
+        "email-weekly": "8",
+        "all-daily": "3",
+        "all-weekly": "9",
+        field: value,
+    }
+    response = marketer_client.post(reverse("admin:cap_grid", args=[vip.pk]), data)
+    assert response.status_code == 200
+    page = text(response)
+    assert message in page and "Nothing was saved" in page
+    assert Cap.objects.get(segment=vip, channel="email").daily == 2
+    assert not CapChange.objects.exists()
+
+
+def test_snapshots_list_versions_and_a_confirmed_make_live_rolls_back(marketer_client, demo):
+    first = demo
+    second = build_run(build_id=build_start(queue=False).pk).version
+    page = text(marketer_client.get(reverse("admin:snapshots")))
+    assert first in page and second in page and "live" in page
+    confirm = marketer_client.get(reverse("admin:snapshot_make_live", args=[first]))
+    assert "Make <code>" + first + "</code> the live snapshot?" in text(confirm)
+    assert snapshot_live_version() == second  # asking changes nothing
+    done = marketer_client.post(reverse("admin:snapshot_make_live", args=[first]), follow=True)
+    assert f"{first} is live" in text(done)
+    assert snapshot_live_version() == first
+    missing = marketer_client.post(reverse("admin:snapshot_make_live", args=["nope"]), follow=True)
+    assert "There is no snapshot version" in text(missing) and snapshot_live_version() == first
+
+
+def test_build_and_publish_goes_to_the_build_page_whose_progress_is_json(
+    marketer_client, demo, monkeypatch, django_capture_on_commit_callbacks
+):
+    from segments import tasks
+
+    queued: list[int] = []
+    monkeypatch.setattr(tasks.build_snapshot, "delay", queued.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = marketer_client.post(reverse("admin:snapshot_build"))
+    build = Build.objects.get(pk=queued[0])
+    assert response["Location"] == reverse("admin:segments_build_change", args=[build.pk])
+    page = text(marketer_client.get(response["Location"]))
+    assert 'role="progressbar"' in page
+    progress = marketer_client.get(reverse("admin:build_progress", args=[build.pk])).json()
+    assert progress == {**progress, "status": "queued", "progress": 0, "done": False}
+    again = marketer_client.post(reverse("admin:snapshot_build"), follow=True)
+    assert "wait for it to finish before starting another" in text(again)
+    build_run(build_id=build.pk)
+    progress = marketer_client.get(reverse("admin:build_progress", args=[build.pk])).json()
+    assert (progress["status"], progress["progress"], progress["done"]) == ("succeeded", 100, True)
+    page = text(marketer_client.get(reverse("admin:segments_build_change", args=[build.pk])))
+    assert "Lost to higher priorities" in page
+
+
+def test_a_user_lookup_shows_segment_quota_and_recent_sends(marketer_client, demo):
+    gate_check(channel="email", requests=[(1, "spring:1")], campaign="spring")
+    page = text(marketer_client.get(reverse("admin:user_lookup"), {"user_id": "1"}))
+    assert 'segment <span id="user-segment">vip</span>' in page
+    assert "1 / 2" in page  # email: one of two in 24 hours
+    assert "spring:1" in page
+    bad = text(marketer_client.get(reverse("admin:user_lookup"), {"user_id": "-4"}))
+    assert "greater than or equal to 0" in bad
+
+
+def test_a_quota_reset_asks_first_needs_a_reason_and_is_audited(marketer_client, demo):
+    gate_check(channel="email", requests=[(1, "a:1"), (1, "b:1")], campaign="x")
+    url = reverse("admin:quota_reset", args=[1])
+    assert "Yes, reset the quota" in text(marketer_client.get(url))
+    refused = marketer_client.post(url, {"reason": "  "})
+    assert refused.status_code == 200 and "This field is required" in text(refused)
+    assert gate_check(channel="email", requests=[(1, "c:1")], dry_run=True)[0].reason == "daily_cap"
+    done = marketer_client.post(
+        url, {"reason": "complaint #12: sent twice by mistake"}, follow=True
+    )
+    assert "quota is reset" in text(done)
+    assert gate_check(channel="email", requests=[(1, "c:1")], dry_run=True)[0].allowed
+    (record,) = QuotaReset.objects.all()
+    assert (record.user_id, record.segment_slug, record.reset_by.username) == (1, "vip", "mia")
+    assert record.usage["email"] == {"daily": 2, "weekly": 2}
+
+
+def test_what_if_counts_refusals_under_a_draft_without_writing(marketer_client, demo, redis_client):
+    gate_check(channel="email", requests=[(1, "a:1")], campaign="x")
+    keys_before = sorted(redis_client.keys())
+    response = marketer_client.post(
+        reverse("admin:what_if"),
+        {"segment": Segment.objects.get(slug="vip").pk, "channel": "email", "vip|email|daily": "1"},
+    )
+    page = text(response)
+    rows = re.findall(
+        r"<tr><td>(\w+)</td><td>(\w+)</td><td class=\"num\">(\d+)</td> <td class=\"num\">(\d+)</td><td class=\"num\">(\d+)</td>",
+        page,
+    )
+    assert rows == [("Vip", "email", "3", "0", "1")]  # user 1 has had one email today
+    assert sorted(redis_client.keys()) == keys_before
+    upload = SimpleUploadedFile("audience.txt", b"1\n4\n99\n")
+    response = marketer_client.post(
+        reverse("admin:what_if"),
+        {"user_list": upload, "dormant|email|daily": "", "dormant|email|weekly": ""},
+    )
+    rows = re.findall(
+        r"<tr><td>([\w ]+)</td><td>(\w+)</td><td class=\"num\">(\d+)</td> <td class=\"num\">(\d+)</td><td class=\"num\">(\d+)</td>",
+        text(response),
+    )
+    assert ("Dormant", "email", "1", "1", "0") in rows  # lifting dormant's 0 lets user 4 through
+    assert ("Everyone else", "email", "1", "0", "0") in rows
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({}, "Choose a segment or upload a list"),
+        ({"user_list": SimpleUploadedFile("a.txt", b"1\nxyz\n")}, "line 2"),
+        (
+            {"user_list": SimpleUploadedFile("a.txt", b"1\n"), "vip|email|daily": "-3"},
+            "Vip email daily",
+        ),
+    ],
+)
+def test_what_if_refuses_bad_input_naming_it(marketer_client, demo, data, message):
+    page = text(marketer_client.post(reverse("admin:what_if"), data))
+    assert message in page and "what-if-result" not in page
+
+
+def test_the_dashboard_shows_versions_processes_decisions_and_sizes(marketer_client, demo):
+    from worker.stats import flush
+
+    gate_check(channel="email", requests=[(1, "a:1"), (4, "a:4"), (50, "a:50")], campaign="a")
+    flush()
+    process_report(role="worker", status={"version": "an-old-version"})
+    page = text(marketer_client.get(reverse("admin:dashboard")))
+    assert demo in page
+    assert "an-old-version" in page and "not the live one yet" in page
+    data = json.loads(
+        re.search(r'id="dashboard-data" type="application/json">(.*?)</script>', page).group(1)
+    )
+    assert data["today"]["segments"] == ["default", "dormant", "vip"]
+    assert data["today"]["datasets"]["blocked"] == [0, 1, 0]
+    assert data["history"]["admitted"][-1] == 2 and len(data["history"]["days"]) == 14
+    assert data["sizes"]["values"] == [3, 2]
+    assert "chart.umd.min.js" in page
+
+
+def test_segment_pages_link_to_their_caps(marketer_client, demo):
+    vip = Segment.objects.get(slug="vip")
+    listing = text(marketer_client.get(reverse("admin:segments_segment_changelist")))
+    assert reverse("admin:cap_grid", args=[vip.pk]) in listing and "vip.txt: 3 ids" in listing
+    change = text(marketer_client.get(reverse("admin:segments_segment_change", args=[vip.pk])))
+    assert "Caps of this segment" in change
+
+
+def test_a_marketer_uploads_a_list(marketer_client, demo):
+    vip = Segment.objects.get(slug="vip")
+    user_list_import(segment=vip, fileobj=io.BytesIO(b"7\n"), name="more.txt")
+    assert vip.user_lists.count() == 2

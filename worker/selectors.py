@@ -1,0 +1,192 @@
+"""Reads that join the segment index, the caps and the limiter: a user's quota, their recent
+sends, and the what-if of a draft change of caps. None of them writes anything."""
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from limits.channels import ALL, channels
+from limits.limiter import Limits, Policy, get_limiter
+from limits.selectors import CapsTable, caps_cache, caps_table_read
+from segments.index import SegmentIndex, get_index, index_status
+
+WHAT_IF_LIMIT = 1_000_000  # audience members evaluated; beyond that the figures are a sample
+
+
+class Unavailable(Exception):
+    """The snapshot or Redis is missing: the read cannot be answered (the message says why)."""
+
+
+def _index() -> SegmentIndex:
+    index = get_index()
+    if index is None:
+        raise Unavailable(f"No segment snapshot is loaded: {index_status()['error']}")
+    return index
+
+
+def user_quota(user_id: int, *, now: float | None = None) -> dict[str, Any]:
+    """The user's segment and, per channel and `all`: used, limit, remaining, next slot."""
+    index = _index()
+    segment = index.resolve(user_id)
+    limiter = get_limiter()
+    scopes: dict[str, Any] = {}
+    for channel in channels():
+        usage = limiter.peek(
+            channel, user_id, caps_cache().policy(segment=segment, channel=channel), now=now
+        )
+        if usage is None:
+            raise Unavailable("Redis is not answering; quotas cannot be read.")
+        for scope in usage:
+            scopes[scope.scope] = {
+                "daily": {
+                    "used": scope.daily_used,
+                    "limit": scope.limits.daily,
+                    "remaining": scope.daily_remaining,
+                },
+                "weekly": {
+                    "used": scope.weekly_used,
+                    "limit": scope.limits.weekly,
+                    "remaining": scope.weekly_remaining,
+                },
+                "next_slot_in": scope.next_slot_in,
+            }
+    return {
+        "user_id": user_id,
+        "segment": segment,
+        "snapshot_version": index.version,
+        "scopes": scopes,
+    }
+
+
+def user_recent_sends(
+    user_id: int, *, now: float | None = None, limit: int = 50
+) -> list[dict[str, Any]]:
+    """Admitted message ids of the last 7 days, newest first, per channel."""
+    limiter = get_limiter()
+    sends: list[dict[str, Any]] = [
+        {"channel": channel, "message_id": member, "at": at}
+        for channel in channels()
+        for member, at in limiter.history(user_id, channel, now=now)
+    ]
+    return sorted(sends, key=lambda s: -s["at"])[:limit]
+
+
+def _policies(table: CapsTable, segments: Iterable[str], channel: str) -> dict[str, Policy]:
+    return {
+        slug: Policy(
+            channel=table.get(slug, {}).get(channel, Limits()),
+            all=table.get(slug, {}).get(ALL, Limits()),
+        )
+        for slug in segments
+    }
+
+
+def what_if(
+    *,
+    ids: np.ndarray,
+    draft: CapsTable,
+    only_channels: list[str] | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """How many of `ids` one more send would be refused now and under `draft` (the whole caps
+    table with the draft applied), per segment and channel, against today's Redis state.
+
+    Dry runs only: nothing is recorded. Ids are de-duplicated; past WHAT_IF_LIMIT the first
+    WHAT_IF_LIMIT (in id order) are evaluated and `sampled` says so."""
+    index = _index()
+    unique = np.unique(np.asarray(ids, dtype=np.uint64))
+    total = int(unique.size)
+    sampled = total > WHAT_IF_LIMIT
+    unique = unique[:WHAT_IF_LIMIT]
+    user_ids = [int(u) for u in unique]
+    segments = index.resolve_many(user_ids)
+    sizes = Counter(segments)
+    current = caps_table_read()
+    limiter = get_limiter()
+    rows: list[dict[str, Any]] = []
+    for channel in only_channels or channels():
+        requests = [(u, f"what-if:{u}") for u in user_ids]
+        refused: dict[str, Counter[str]] = {}
+        for name, table in (("now", current), ("draft", draft)):
+            policies = _policies(table, sizes, channel)
+            decisions = limiter.acquire(
+                channel, requests, [policies[s] for s in segments], dry_run=True, now=now
+            )
+            if any(d.reason == "unavailable" for d in decisions):
+                raise Unavailable("Redis is not answering; the what-if cannot be run.")
+            refused[name] = Counter(
+                s for s, d in zip(segments, decisions, strict=True) if not d.allowed
+            )
+        for slug in sorted(sizes, key=lambda s: _priority(index, s)):
+            rows.append(
+                {
+                    "segment": slug,
+                    "channel": channel,
+                    "audience": sizes[slug],
+                    "refused_now": refused["now"][slug],
+                    "refused_draft": refused["draft"][slug],
+                }
+            )
+    return {"audience": total, "evaluated": len(user_ids), "sampled": sampled, "rows": rows}
+
+
+def _priority(index: SegmentIndex, slug: str) -> int:
+    order = index.segments
+    return order.index(slug) if slug in order else len(order)
+
+
+def draft_table(changes: Mapping[tuple[str, str], Limits]) -> CapsTable:
+    """The live caps table with `changes` ((segment, scope) -> Limits) applied."""
+    table = {slug: dict(scopes) for slug, scopes in caps_table_read().items()}
+    for (slug, scope), limits in changes.items():
+        table.setdefault(slug, {})[scope] = limits
+    return table
+
+
+ADMITTED = ("allowed", "duplicate", "exempt")
+REFUSED = ("daily_cap", "weekly_cap", "blocked", "unavailable")
+
+
+def dashboard_stats(*, days: int = 14, today: Any = None) -> dict[str, Any]:
+    """Decisions from the per-day Redis counters, shaped for the dashboard's tables and charts:
+    today by segment x channel x reason, and admitted / refused per day for `days` days."""
+    from worker.stats import stats_for_days
+
+    per_day = stats_for_days(days=days, today=today)
+    last_day = max(per_day)
+    today_counts = per_day[last_day]
+    by_segment: dict[str, Counter[str]] = {}
+    rows: dict[tuple[str, str], Counter[str]] = {}
+    for (segment, channel, reason), count in today_counts.items():
+        by_segment.setdefault(segment, Counter())[reason] += count
+        rows.setdefault((segment, channel), Counter())[reason] += count
+    reasons = [r for r in (*ADMITTED, *REFUSED) if any(c[r] for c in by_segment.values())]
+    table = [
+        {
+            "segment": segment,
+            "channel": channel,
+            "admitted": sum(c[r] for r in ADMITTED),
+            "refused": sum(c[r] for r in REFUSED),
+            "reasons": {r: c[r] for r in reasons},
+        }
+        for (segment, channel), c in sorted(rows.items())
+    ]
+    history = {
+        "days": [day.isoformat() for day in per_day],
+        "admitted": [sum(n for k, n in c.items() if k[2] in ADMITTED) for c in per_day.values()],
+        "refused": [sum(n for k, n in c.items() if k[2] in REFUSED) for c in per_day.values()],
+    }
+    return {
+        "day": last_day.isoformat(),
+        "reasons": reasons,
+        "table": table,
+        "today_by_segment": {
+            "segments": sorted(by_segment),
+            "datasets": {r: [by_segment[s][r] for s in sorted(by_segment)] for r in reasons},
+        },
+        "history": history,
+        "admitted_today": sum(row["admitted"] for row in table),
+        "refused_today": sum(row["refused"] for row in table),
+    }

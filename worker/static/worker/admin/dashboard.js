@@ -1,0 +1,49 @@
+// The dashboard's charts, drawn by Chart.js from the data the page embeds.
+(function () {
+  "use strict";
+  const source = document.getElementById("dashboard-data");
+  if (!source || typeof Chart === "undefined") return;
+  const data = JSON.parse(source.textContent);
+  const style = getComputedStyle(document.documentElement);
+  Chart.defaults.color = style.getPropertyValue("--body-fg").trim() || "#333";
+  Chart.defaults.borderColor = style.getPropertyValue("--hairline-color").trim() || "#ddd";
+  const palette = {
+    allowed: "#3a9b5c", duplicate: "#8fc9a1", exempt: "#5b8bd0",
+    daily_cap: "#e0a030", weekly_cap: "#d0662b", blocked: "#b23b3b", unavailable: "#777777",
+  };
+  const colours = ["#5b8bd0", "#3a9b5c", "#e0a030", "#b23b3b", "#8a63c9", "#2aa5a5", "#d0662b", "#777777"];
+
+  if (data.today && document.getElementById("chart-today")) {
+    new Chart(document.getElementById("chart-today"), {
+      type: "bar",
+      data: {
+        labels: data.today.segments,
+        datasets: Object.entries(data.today.datasets).map(([reason, values]) => ({
+          label: reason, data: values, backgroundColor: palette[reason] || "#999",
+        })),
+      },
+      options: { maintainAspectRatio: false, animation: false, scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true } } },
+    });
+  }
+  if (data.history && document.getElementById("chart-history")) {
+    new Chart(document.getElementById("chart-history"), {
+      type: "bar",
+      data: {
+        labels: data.history.days.map((d) => d.slice(5)),
+        datasets: [
+          { label: "admitted", data: data.history.admitted, backgroundColor: palette.allowed },
+          { label: "refused", data: data.history.refused, backgroundColor: palette.blocked },
+        ],
+      },
+      options: { maintainAspectRatio: false, animation: false, scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true } } },
+    });
+  }
+  if (data.sizes && data.sizes.values.length && document.getElementById("chart-sizes")) {
+    new Chart(document.getElementById("chart-sizes"), {
+      type: "doughnut",
+      data: { labels: data.sizes.labels, datasets: [{ data: data.sizes.values, backgroundColor: colours }] },
+      options: { maintainAspectRatio: false, animation: false, plugins: { legend: { position: "right" } } },
+    });
+  }
+  document.documentElement.dataset.chartsDrawn = "1";
+})();
