@@ -74,6 +74,23 @@ def _ago(seconds: float) -> str:
     return f"{seconds // 86400} days {seconds % 86400 // 3600} h"
 
 
+def _segments_text(entry: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{slug}: {count:,}" for slug, count in entry["segments"].items() if count is not None
+    )
+
+
+def _next_slot(usage: dict[str, Any], now: float) -> str:
+    """When this scope lets one more send through, in words."""
+    if 0 in (usage["daily"]["limit"], usage["weekly"]["limit"]):
+        return "never: the cap is 0"
+    wait = usage["next_slot_in"]
+    if wait is None or wait <= 0:
+        return "a slot is free now"
+    at = dt.datetime.fromtimestamp(now + wait, dt.UTC)
+    return f"in {_ago(wait)} ({at:%Y-%m-%d %H:%M} UTC)"
+
+
 class UserLookupForm(forms.Form):
     user_id = forms.IntegerField(min_value=0, max_value=2**64 - 1, label="User id")
 
@@ -325,6 +342,7 @@ class GatekeeperAdminSite(admin.AdminSite):
         builds = {b.version: b for b in Build.objects.exclude(version="")}
         for entry in versions:
             entry["build"] = builds.get(entry["version"])
+            entry["segments_text"] = _segments_text(entry)
         return self._render(
             request,
             "snapshots.html",
@@ -362,6 +380,7 @@ class GatekeeperAdminSite(admin.AdminSite):
             messages.error(request, f"There is no snapshot version '{version}'.")
             return HttpResponseRedirect(reverse("admin:snapshots"))
         live = next((v for v in versions.values() if v["is_live"]), None)
+        entry["segments_text"] = _segments_text(entry)
         if request.method == "POST":
             try:
                 snapshot_rollback(version=version)

@@ -25,6 +25,12 @@ class UserListForm(forms.ModelForm):
         model = UserList
         fields: list[str] = []
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            # A stored list is replaced by uploading a new one, not edited in place.
+            self.fields["upload"].disabled = True
+
 
 class UserListInline(admin.TabularInline):
     model = UserList
@@ -137,7 +143,9 @@ class BuildAdmin(admin.ModelAdmin):
         "created_at",
         "duration_seconds",
     ]
-    readonly_fields = [f.name for f in Build._meta.fields]
+    # The per-segment figures are shown as a table above the fields (build_change_form.html).
+    exclude = ["stats"]
+    readonly_fields = [f.name for f in Build._meta.fields if f.name != "stats"]
     actions = ["build_and_publish"]
     change_form_template = "admin/gatekeeper/build_change_form.html"
 

@@ -25,7 +25,7 @@
     text("build-stage", build.stage);
     if (build.version) {
       document.getElementById("build-version").innerHTML = "";
-      document.getElementById("build-version").append(" · published ", Object.assign(document.createElement("code"), { textContent: build.version }));
+      document.getElementById("build-version").append(" · version ", Object.assign(document.createElement("code"), { textContent: build.version }));
     }
     if (build.error) {
       const error = document.getElementById("build-error");

@@ -22,7 +22,7 @@
           label: reason, data: values, backgroundColor: palette[reason] || "#999",
         })),
       },
-      options: { maintainAspectRatio: false, animation: false, scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true } } },
+      options: { maintainAspectRatio: false, animation: false, scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true, ticks: { precision: 0 } } } },
     });
   }
   if (data.history && document.getElementById("chart-history")) {
@@ -35,7 +35,7 @@
           { label: "refused", data: data.history.refused, backgroundColor: palette.blocked },
         ],
       },
-      options: { maintainAspectRatio: false, animation: false, scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true } } },
+      options: { maintainAspectRatio: false, animation: false, scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true, ticks: { precision: 0 } } } },
     });
   }
   if (data.sizes && data.sizes.values.length && document.getElementById("chart-sizes")) {

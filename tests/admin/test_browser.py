@@ -1,0 +1,246 @@
+"""A marketer's afternoon in headless Chromium against a live server, a real Celery worker for
+the build, real Redis and a real published snapshot. Each step saves a screenshot under
+test-output/screenshots/ (look at them: the pages must read well, not only pass)."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from kombu import Connection
+
+from gatekeeper.groups import MARKETER
+from segments.models import Segment
+from segments.selectors import snapshot_live_version
+from tests.conftest import TEST_REDIS_URL
+from tests.worker.test_worker_process import database_url
+from worker.gate import gate_check
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "test-output" / "screenshots"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+BROKER_URL = os.environ.get("GATEKEEPER_TEST_BUILD_BROKER_URL", "redis://127.0.0.1:6379/8")
+PASSWORD = "a-long-test-password"
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.skip("headless Chromium is not installed (scripts/system_deps.py installs it)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+        "--no-first-run", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--window-size=1400,1000", "--lang=en-US",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.implicitly_wait(0)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def build_worker(settings, monkeypatch) -> Iterator[None]:
+    """A real Celery worker on the `builds` queue of a broker database of its own."""
+    from segments import tasks
+
+    redis.Redis.from_url(BROKER_URL).flushdb()
+
+    def queue(build_id: int) -> None:
+        with Connection(BROKER_URL) as conn:
+            tasks.build_snapshot.apply_async((build_id,), connection=conn)  # type: ignore[call-arg]
+
+    monkeypatch.setattr(tasks.build_snapshot, "delay", queue)
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": TEST_REDIS_URL,
+        "CELERY_BROKER_URL": BROKER_URL,
+        "GATEKEEPER_STORE_URL": settings.GATEKEEPER_STORE_URL,
+        "GATEKEEPER_SNAPSHOT_CACHE_DIR": str(settings.GATEKEEPER_SNAPSHOT_CACHE_DIR) + "-worker",
+        "MEDIA_ROOT": str(settings.MEDIA_ROOT),
+    }
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "celery"), "-A", "gatekeeper", "worker", "-Q", "builds",
+         "-c", "1", "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
+        cwd=ROOT, env=env, start_new_session=True,
+    )  # fmt: skip
+    yield
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=30)
+
+
+class Page:
+    """The few things a test does with the browser, named after what a user does."""
+
+    def __init__(self, driver, base_url: str) -> None:
+        from selenium.webdriver.common.by import By
+
+        self.driver, self.base, self.by = driver, base_url, By
+        self.shots = 0
+
+    def open(self, path: str) -> None:
+        self.driver.get(self.base + path)
+
+    def find(self, css: str):
+        return self.driver.find_element(self.by.CSS_SELECTOR, css)
+
+    def text(self) -> str:
+        from selenium.common.exceptions import (
+            NoSuchElementException,
+            StaleElementReferenceException,
+        )
+
+        try:
+            return self.find("body").text
+        except (StaleElementReferenceException, NoSuchElementException):
+            return ""  # the page is being replaced: ask again
+
+    def type(self, css: str, value: str) -> None:
+        element = self.find(css)
+        element.clear()
+        element.send_keys(value)
+
+    def click(self, css: str) -> None:
+        self.find(css).click()
+
+    def wait_for(self, condition, what: str, seconds: float = 60) -> None:
+        deadline = time.monotonic() + seconds
+        while not condition():
+            if time.monotonic() > deadline:
+                self.shot(f"timeout-{what.replace(' ', '-')}")
+                raise AssertionError(f"timed out waiting for {what}")
+            time.sleep(0.1)
+
+    def shot(self, name: str) -> None:
+        self.shots += 1
+        # Full page: make the window as tall as the page (twice: charts re-lay out on resize).
+        for _ in range(2):
+            height = self.driver.execute_script("return document.documentElement.scrollHeight")
+            self.driver.set_window_size(1400, max(1000, min(int(height) + 140, 4000)))
+        self.driver.save_screenshot(str(SHOTS / f"{self.shots:02d}-{name}.png"))
+        self.driver.set_window_size(1400, 1000)
+
+
+def test_a_marketer_uploads_builds_edits_caps_rolls_back_looks_up_and_runs_a_what_if(
+    browser, live_server, published, staff, build_worker, tmp_path
+):
+    first = published(
+        vip=(10, [1, 2, 3], {"email": (2, 5), "all": (3, 9)}),
+        dormant=(20, [4, 5], {"email": (0, 0)}),
+    )
+    staff("mia", MARKETER)
+    gate_check(
+        channel="email",
+        requests=[(1, "spring:1"), (4, "spring:4"), (9, "spring:9")],
+        campaign="spring",
+    )
+    page = Page(browser, live_server.url)
+
+    # Log in as a marketer (staff in the Marketer group, not a superuser).
+    page.open("/admin/login/?next=/admin/")
+    page.type("#id_username", "mia")
+    page.type("#id_password", PASSWORD)
+    page.shot("login")
+    page.click("input[type=submit]")
+    page.wait_for(lambda: "Marketing console" in page.text(), "the admin index")
+    page.shot("index")
+
+    # The dashboard, charts drawn by Chart.js.
+    page.click(".gk-cards a[href$='/dashboard/']")
+    page.wait_for(
+        lambda: (
+            browser.execute_script("return document.documentElement.dataset.chartsDrawn") == "1"
+        ),
+        "the charts",
+    )
+    assert first in page.text()
+    page.shot("dashboard")
+
+    # Upload a list to the VIP segment.
+    vip = Segment.objects.get(slug="vip")
+    upload = tmp_path / "vip-more.txt"
+    upload.write_text("user_id\n1\n2\n3\n42\n")
+    page.open(f"/admin/segments/segment/{vip.pk}/change/")
+    page.find("input[type=file][name^='user_lists-']:not([disabled])").send_keys(str(upload))
+    page.click("input[name='_continue']")
+    page.wait_for(lambda: "vip-more.txt: stored" in page.text().lower(), "the upload message")
+    page.shot("segment-upload")
+
+    # Build and publish, and watch the progress bar reach 100%.
+    page.open("/admin/snapshots/")
+    page.shot("snapshots-before-build")
+    page.click("#build-and-publish")
+    page.wait_for(lambda: "100% · succeeded" in page.text(), "the build to finish")
+    assert page.find("#build-status").text == "succeeded"
+    second = snapshot_live_version()
+    assert second != first and second in page.find("#build-version").text
+    page.driver.refresh()
+    assert "lost to higher priorities" in page.text().lower()
+    page.shot("build-done")
+
+    # Edit a cap in the grid and see it govern the next gate call.
+    page.open(f"/admin/segments/segment/{vip.pk}/caps/")
+    page.type("#id_email-daily", "0")
+    page.type("#id_email-weekly", "0")
+    page.click("input[name=save]")
+    page.wait_for(lambda: "Saved caps of Vip" in page.text(), "the saved message")
+    assert "No marketing emails" in page.text()
+    page.shot("cap-grid-saved")
+    decision = gate_check(channel="email", requests=[(2, "summer:2")], campaign="summer")[0]
+    assert (decision.allowed, decision.reason) == (False, "blocked")
+
+    # Roll back to the first version, confirming first.
+    page.open("/admin/snapshots/")
+    page.click(f"a[href$='/snapshots/{first}/make-live/']")
+    page.wait_for(
+        lambda: "Make " in page.text() and "the live snapshot?" in page.text(), "the confirmation"
+    )
+    page.shot("make-live-confirm")
+    assert snapshot_live_version() == second
+    page.click("#confirm-make-live")
+    page.wait_for(lambda: f"{first} is live" in page.text(), "the rollback message")
+    assert snapshot_live_version() == first
+    page.shot("snapshots-after-rollback")
+
+    # Look a user up, then reset their quota.
+    page.open("/admin/users/")
+    page.type("#id_user_id", "1")
+    page.click("#lookup input[type=submit]")
+    page.wait_for(lambda: "User 1: segment vip" in page.text(), "the lookup")
+    assert "spring:1" in page.text()
+    page.shot("user-lookup")
+    page.click("#reset-quota")
+    page.type("#id_reason", "asked by support, ticket 7")
+    page.shot("quota-reset-confirm")
+    page.click("#confirm-reset")
+    page.wait_for(lambda: "quota is reset" in page.text(), "the reset message")
+    page.shot("user-after-reset")
+
+    # What if VIP could get one email a day again?
+    page.open("/admin/what-if/")
+    from selenium.webdriver.support.ui import Select
+
+    Select(page.find("#id_segment")).select_by_visible_text(vip.name)
+    page.type("input[name='vip|email|daily']", "1")
+    page.type("input[name='vip|email|weekly']", "5")
+    page.click("#run-what-if")
+    page.wait_for(lambda: "refused under the draft" in page.text().lower(), "the what-if result")
+    rows = [r.text for r in browser.find_elements(page.by.CSS_SELECTOR, "#what-if-result tbody tr")]
+    assert rows and rows[0].startswith("Vip email 3 3 0 -3"), rows
+    page.shot("what-if")
