@@ -251,3 +251,35 @@ def test_a_marketer_uploads_a_list(marketer_client, demo):
     vip = Segment.objects.get(slug="vip")
     user_list_import(segment=vip, fileobj=io.BytesIO(b"7\n"), name="more.txt")
     assert vip.user_lists.count() == 2
+
+
+def test_the_demo_seeds_group_logins_a_service_account_and_a_live_dashboard(
+    client, redis_client, settings
+):
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    from gatekeeper.groups import groups_sync
+
+    groups_sync()
+    out = io.StringIO()
+    call_command("seed_demo", stdout=out)
+    assert "login marketer / gatekeeper-demo" in out.getvalue()
+    users = get_user_model().objects
+    marketer, viewer, service = (users.get(username=n) for n in ("marketer", "viewer", "campaigns"))
+    assert marketer.is_staff and not marketer.is_superuser
+    assert [g.name for g in marketer.groups.all()] == ["Marketer"]
+    assert [g.name for g in viewer.groups.all()] == ["Viewer"]
+    assert service.has_perm("limits.use_gate") and not service.is_staff
+    assert not service.has_usable_password()
+    client.login(username="marketer", password="gatekeeper-demo")
+    data = json.loads(
+        re.search(
+            r'id="dashboard-data" type="application/json">(.*?)</script>',
+            text(client.get(reverse("admin:dashboard"))),
+        ).group(1)
+    )
+    assert sum(data["history"]["admitted"]) > 0 and sum(data["history"]["refused"]) > 0
+    assert len(data["sizes"]["values"]) == 4
+    call_command("seed_demo", stdout=out)  # a second start seeds nothing
+    assert "already there" in out.getvalue()

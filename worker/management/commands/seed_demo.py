@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
+from django.contrib.auth.models import Group, Permission
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
@@ -25,6 +25,7 @@ DEFAULT_CAPS = {"email": (1, 3), "push": (1, 3), "all": (2, 4)}
 DEMO_USERS = 200_000
 DEMO_USER = "marketer"
 DEMO_VIEWER = "viewer"
+DEMO_SERVICE = "campaigns"
 DEMO_PASSWORD = "gatekeeper-demo"
 
 
@@ -65,6 +66,17 @@ class Command(BaseCommand):
                         username, f"{username}@example.com", DEMO_PASSWORD, is_staff=True
                     )
                     user.groups.add(Group.objects.get(name=group))
+            if not User.objects.filter(username=DEMO_SERVICE).exists():
+                # The campaign system's account: calls the gate over REST, no admin login.
+                service = User.objects.create_user(DEMO_SERVICE)
+                service.set_unusable_password()
+                service.save()
+                service.user_permissions.add(
+                    Permission.objects.get(content_type__app_label="limits", codename="use_gate"),
+                    Permission.objects.get(
+                        content_type__app_label="segments", codename="view_segment"
+                    ),
+                )
         build = build_run(build_id=build_start(queue=False).pk)
         self.stdout.write(
             f"Published snapshot {build.version} with {build.total_users:,} users in lists."
