@@ -53,6 +53,7 @@ class SegmentAdmin(admin.ModelAdmin):
         "share",
         "caps_link",
         "last_list",
+        "last_build",
         "is_default",
     ]
     list_editable = ["priority"]
@@ -74,6 +75,17 @@ class SegmentAdmin(admin.ModelAdmin):
     def caps_link(self, segment: Segment) -> str:
         url = reverse("admin:cap_grid", args=[segment.pk])
         return format_html('<a href="{}">caps of {}</a>', url, segment.name)
+
+    @admin.display(description="last build")
+    def last_build(self, segment: Segment) -> str:
+        build = (
+            Build.objects.filter(status=Build.Status.SUCCEEDED, stats__has_key=segment.slug)
+            .order_by("-finished_at")
+            .first()
+        )
+        if build is None or build.finished_at is None:
+            return "not built yet"
+        return f"#{build.pk}, {build.finished_at:%Y-%m-%d %H:%M}"
 
     @admin.display(description="latest list")
     def last_list(self, segment: Segment) -> str:
@@ -142,12 +154,17 @@ class BuildAdmin(admin.ModelAdmin):
         "snapshot_bytes",
         "created_at",
         "duration_seconds",
+        "error_summary",
     ]
     # The per-segment figures are shown as a table above the fields (build_change_form.html).
     exclude = ["stats"]
     readonly_fields = [f.name for f in Build._meta.fields if f.name != "stats"]
     actions = ["build_and_publish"]
     change_form_template = "admin/gatekeeper/build_change_form.html"
+
+    @admin.display(description="error")
+    def error_summary(self, build: Build) -> str:
+        return build.error[:120] + ("…" if len(build.error) > 120 else "")
 
     def has_publish_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("segments.publish_snapshot")

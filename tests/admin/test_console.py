@@ -5,6 +5,7 @@ import io
 import json
 import re
 
+import numpy as np
 import pytest
 from django.contrib.auth.models import Group
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -243,6 +244,7 @@ def test_segment_pages_link_to_their_caps(marketer_client, demo):
     vip = Segment.objects.get(slug="vip")
     listing = text(marketer_client.get(reverse("admin:segments_segment_changelist")))
     assert reverse("admin:cap_grid", args=[vip.pk]) in listing and "vip.txt: 3 ids" in listing
+    assert re.search(r"#\d+, \d{4}-\d\d-\d\d \d\d:\d\d", listing)  # the last build
     change = text(marketer_client.get(reverse("admin:segments_segment_change", args=[vip.pk])))
     assert "Caps of this segment" in change
 
@@ -283,3 +285,17 @@ def test_the_demo_seeds_group_logins_a_service_account_and_a_live_dashboard(
     assert len(data["sizes"]["values"]) == 4
     call_command("seed_demo", stdout=out)  # a second start seeds nothing
     assert "already there" in out.getvalue()
+
+
+def test_a_large_audience_is_estimated_from_a_sample(marketer_client, demo, monkeypatch):
+    from worker import selectors
+
+    monkeypatch.setattr(selectors, "WHAT_IF_LIMIT", 2)
+    result = selectors.what_if(
+        ids=np.array([1, 2, 3, 1]),
+        draft=selectors.draft_table({}),
+        only_channels=["email"],
+    )
+    assert (result["audience"], result["evaluated"], result["sampled"]) == (3, 2, True)
+    (row,) = result["rows"]
+    assert (row["segment"], row["audience"]) == ("vip", 3)  # 2 sampled, scaled by 3/2
