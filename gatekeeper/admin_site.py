@@ -19,10 +19,12 @@ from typing import Any
 
 import numpy as np
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.validators import MaxValueValidator
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -35,10 +37,12 @@ from segments.index import get_index, index_status
 from segments.models import Build, Segment
 from segments.parsing import UserListError, iter_ids
 from segments.selectors import snapshot_live_version, snapshot_versions
-from segments.services import BuildInProgress, build_start, snapshot_rollback
+from segments.services import BuildBusy, BuildInProgress, build_start, snapshot_rollback
 from segments.store import StoreError
 
 MAX_CAP = 2**31 - 1
+WHAT_IF_MAX_BYTES = 100 * 2**20  # an uploaded what-if audience, compressed or not
+WHAT_IF_MAX_IDS = 5_000_000
 
 
 def _require(request: HttpRequest, *perms: str) -> None:
@@ -56,7 +60,9 @@ def parse_limit(raw: str | None, label: str) -> int | None:
     if not text:
         return None
     if not text.isascii() or not text.isdigit():
-        raise ValidationError(f"{label}: '{text}' is not a whole number >= 0 (empty: no cap).")
+        raise ValidationError(f"{label}: '{text[:20]}' is not a whole number >= 0 (empty: no cap).")
+    if len(text) > 10:
+        raise ValidationError(f"{label}: at most {MAX_CAP:,}.")
     value = int(text)
     if value > MAX_CAP:
         raise ValidationError(f"{label}: at most {MAX_CAP:,}.")
@@ -91,8 +97,19 @@ def _next_slot(usage: dict[str, Any], now: float) -> str:
     return f"in {_ago(wait)} ({at:%Y-%m-%d %H:%M} UTC)"
 
 
+def max_user_id() -> int:
+    # The widest id the snapshot and the audit table (a signed 64-bit column) can hold.
+    return min(2**settings.GATEKEEPER_ID_WIDTH, 2**63) - 1
+
+
 class UserLookupForm(forms.Form):
-    user_id = forms.IntegerField(min_value=0, max_value=2**64 - 1, label="User id")
+    user_id = forms.IntegerField(min_value=0, label="User id")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["user_id"]
+        field.max_value = max_user_id()  # type: ignore[attr-defined]
+        field.validators.append(MaxValueValidator(max_user_id()))
 
 
 class QuotaResetForm(forms.Form):
@@ -185,6 +202,7 @@ class GatekeeperAdminSite(admin.AdminSite):
 
     def dashboard(self, request: HttpRequest) -> HttpResponse:
         _require(request, "segments.view_segment")
+        from worker import stats as decision_stats
         from worker.processes import processes_list
         from worker.selectors import dashboard_stats
 
@@ -195,6 +213,7 @@ class GatekeeperAdminSite(admin.AdminSite):
         except StoreError as exc:
             live, problems = None, [*problems, f"The snapshot store is not answering: {exc}"]
         try:
+            decision_stats.flush()  # this process's own counts, written at most 1 s late
             stats = dashboard_stats(days=14)
             processes = processes_list()
         except Exception as exc:  # Redis down: show the page with what is known
@@ -253,28 +272,56 @@ class GatekeeperAdminSite(admin.AdminSite):
             for scope in scopes()
         }  # fmt: skip
         errors: dict[str, list[str]] = {}
+        # The values the form is based on: kept in hidden fields, so a save can tell which
+        # cells this user changed. After a failed save they stay what the user first saw.
+        shown = {scope: dict(v) for scope, v in values.items()}
         if request.method == "POST":
             if not can_edit:
                 raise PermissionDenied
+            for scope in scopes():
+                for field in ("daily", "weekly"):
+                    if f"{scope}-{field}-was" in request.POST:
+                        shown[scope][field] = request.POST[f"{scope}-{field}-was"].strip()
+            stored = {scope: dict(v) for scope, v in values.items()}
             parsed: dict[str, tuple[int | None, int | None]] = {}
             for scope in scopes():
+                if f"{scope}-daily" not in request.POST and f"{scope}-weekly" not in request.POST:
+                    continue  # not on the form that was sent (a channel added since): unchanged
                 raw_daily = request.POST.get(f"{scope}-daily", "")
                 raw_weekly = request.POST.get(f"{scope}-weekly", "")
                 values[scope] = {"daily": raw_daily.strip(), "weekly": raw_weekly.strip()}
+                # What the form showed when it was loaded; a cell the user left alone is not
+                # written, and one changed meanwhile by someone else is a conflict.
+                seen = {
+                    "daily": request.POST.get(f"{scope}-daily-was", stored[scope]["daily"]).strip(),
+                    "weekly": request.POST.get(f"{scope}-weekly-was", stored[scope]["weekly"]).strip(),
+                }  # fmt: skip
                 try:
                     daily = parse_limit(raw_daily, f"{scope} daily")
                     weekly = parse_limit(raw_weekly, f"{scope} weekly")
-                    parsed[scope] = (daily, weekly)
                 except ValidationError as exc:
                     errors.setdefault(scope, []).extend(exc.messages)
+                    continue
+                if values[scope] == seen:
+                    continue
+                if stored[scope] != seen:
+                    now_reads = cap_describe(
+                        channel=scope,
+                        daily=parse_limit(stored[scope]["daily"], scope),
+                        weekly=parse_limit(stored[scope]["weekly"], scope),
+                    )
+                    errors.setdefault(scope, []).append(
+                        f"{scope} was changed by someone else while you edited: it is now "
+                        f"'{now_reads}'. Check it and save again."
+                    )
+                    values[scope] = dict(stored[scope])
+                    shown[scope] = dict(stored[scope])  # the next save starts from it
+                    continue
+                parsed[scope] = (daily, weekly)
             if not errors:
                 changed = []
                 with transaction.atomic():
                     for scope, (daily, weekly) in parsed.items():
-                        cap = current.get(scope)
-                        before = (cap.daily, cap.weekly) if cap else (None, None)
-                        if before == (daily, weekly):
-                            continue
                         cap_set(
                             segment=segment,
                             channel=scope,
@@ -311,6 +358,8 @@ class GatekeeperAdminSite(admin.AdminSite):
                     "label": "all channels together" if scope == ALL else scope,
                     "daily": values[scope]["daily"],
                     "weekly": values[scope]["weekly"],
+                    "daily_was": shown[scope]["daily"],
+                    "weekly_was": shown[scope]["weekly"],
                     "reading": reading,
                     "warnings": warnings,
                     "errors": errors.get(scope, []),
@@ -384,6 +433,8 @@ class GatekeeperAdminSite(admin.AdminSite):
         if request.method == "POST":
             try:
                 snapshot_rollback(version=version)
+            except (BuildInProgress, BuildBusy) as exc:
+                messages.warning(request, f"{version} was not made live: {exc}")
             except Exception as exc:
                 messages.error(request, f"{version} was not made live: {exc}")
             else:
@@ -393,8 +444,16 @@ class GatekeeperAdminSite(admin.AdminSite):
                     "(within seconds); the dashboard shows which have.",
                 )
             return HttpResponseRedirect(reverse("admin:snapshots"))
+        running = Build.objects.filter(
+            status__in=[Build.Status.QUEUED, Build.Status.RUNNING]
+        ).first()
         return self._render(
-            request, "snapshot_confirm.html", "Make a snapshot live", entry=entry, live=live
+            request,
+            "snapshot_confirm.html",
+            "Make a snapshot live",
+            entry=entry,
+            live=live,
+            running=running,
         )
 
     def build_progress(self, request: HttpRequest, build_id: int) -> JsonResponse:
@@ -431,11 +490,7 @@ class GatekeeperAdminSite(admin.AdminSite):
                 now = time.time()
                 for scope, usage in quota["scopes"].items():
                     usage["label"] = "all channels together" if scope == ALL else scope
-                    wait = usage["next_slot_in"]
-                    usage["next_slot"] = (
-                        None if wait is None else dt.datetime.fromtimestamp(now + wait, dt.UTC)
-                    )
-                    usage["next_slot_wait"] = None if wait is None else _ago(wait)
+                    usage["next_slot_text"] = _next_slot(usage, now)
                 for send in sends:
                     send["when"] = dt.datetime.fromtimestamp(send["at"], dt.UTC)
                     send["ago"] = _ago(now - send["at"])
@@ -455,6 +510,8 @@ class GatekeeperAdminSite(admin.AdminSite):
         from worker.selectors import Unavailable, user_quota
         from worker.services import quota_reset
 
+        if user_id > max_user_id():
+            raise Http404(f"No user id above {max_user_id():,}.")
         lookup = f"{reverse('admin:user_lookup')}?user_id={user_id}"
         form = QuotaResetForm(request.POST if request.method == "POST" else None)
         if request.method == "POST" and form.is_valid():
@@ -531,7 +588,7 @@ class GatekeeperAdminSite(admin.AdminSite):
             grid.append({"segment": segment, "cells": cells})
         result, problem = None, ""
         if request.method == "POST" and form.is_valid() and not errors:
-            ids, problem = self._audience(form.cleaned_data)
+            ids, size, problem = self._audience(form.cleaned_data)
             if ids is not None:
                 channel = form.cleaned_data.get("channel") or None
                 try:
@@ -539,6 +596,7 @@ class GatekeeperAdminSite(admin.AdminSite):
                         ids=ids,
                         draft=draft_table(draft),
                         only_channels=[channel] if channel else None,
+                        audience_size=size or None,
                     )
                 except Unavailable as exc:
                     problem = str(exc)
@@ -561,20 +619,51 @@ class GatekeeperAdminSite(admin.AdminSite):
             limit=WHAT_IF_LIMIT,
         )
 
-    def _audience(self, data: dict[str, Any]) -> tuple[Any, str]:
+    def _audience(self, data: dict[str, Any]) -> tuple[Any, int, str]:
+        """(ids to evaluate, audience size, problem). A segment larger than WHAT_IF_LIMIT is
+        sampled by position in its bitmap, so a huge segment is never copied out whole."""
+        from worker.selectors import WHAT_IF_LIMIT
+
         if data.get("segment"):
             index = get_index()
             if index is None:
-                return None, "No segment snapshot is loaded, so no segment can be listed."
+                return None, 0, "No segment snapshot is loaded, so no segment can be listed."
             bitmap = index.bitmaps.get(data["segment"].slug)
             if bitmap is None:
-                return None, f"{data['segment'].name} is not in the live snapshot (build first)."
-            return np.asarray(bitmap.to_array(), dtype=np.uint64), ""
+                return None, 0, f"{data['segment'].name} is not in the live snapshot (build first)."
+            size = len(bitmap)
+            if size <= WHAT_IF_LIMIT:
+                return np.asarray(bitmap.to_array(), dtype=np.uint64), size, ""
+            positions = np.sort(np.random.default_rng().choice(size, WHAT_IF_LIMIT, replace=False))
+            return np.array([bitmap[int(i)] for i in positions], dtype=np.uint64), size, ""
+        upload = data["user_list"]
+        if upload.size > WHAT_IF_MAX_BYTES:
+            return (
+                None,
+                0,
+                (
+                    f"{upload.name}: {upload.size:,} bytes; a what-if list is at most "
+                    f"{WHAT_IF_MAX_BYTES:,} bytes. Choose a segment for a larger audience."
+                ),
+            )
+        parts, count = [], 0
         try:
             width = index.id_width if (index := get_index()) else 32
-            parts = list(iter_ids(data["user_list"], width=width))
+            for part in iter_ids(upload, width=width):
+                count += int(part.size)
+                if count > WHAT_IF_MAX_IDS:
+                    return (
+                        None,
+                        0,
+                        (
+                            f"{upload.name}: more than {WHAT_IF_MAX_IDS:,} ids; choose a segment "
+                            "for a larger audience."
+                        ),
+                    )
+                parts.append(part)
         except UserListError as exc:
-            return None, f"{data['user_list'].name}: {exc.messages[0]}"
+            return None, 0, f"{upload.name}: {exc.messages[0]}"
         if not parts:
-            return None, f"{data['user_list'].name} holds no user ids."
-        return np.concatenate(parts), ""
+            return None, 0, f"{upload.name} holds no user ids."
+        ids = np.concatenate(parts)
+        return ids, 0, ""

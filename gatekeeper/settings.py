@@ -136,6 +136,11 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 }
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULE = {
+    # Deferred and retried chunks wait in the database, not in the broker (a countdown longer
+    # than the visibility timeout would be delivered again and again); this queues them when due.
+    "send-chunks-due": {"task": "worker.tasks.send_chunks_due", "schedule": 10.0},
+}
 CELERY_TIMEZONE = TIME_ZONE
 
 # --- Gatekeeper -----------------------------------------------------------------------------
@@ -177,6 +182,10 @@ GATEKEEPER_PUSH_BACKEND = env.str(
 GATEKEEPER_PUSH_WEBHOOK_URL = env.str("GATEKEEPER_PUSH_WEBHOOK_URL", default="")
 # Recipients gated per gate call and per Celery task.
 GATEKEEPER_SEND_CHUNK_SIZE = env.int("GATEKEEPER_SEND_CHUNK_SIZE", default=1000)
+# A run holds its chunk this long, renewed as it goes; a killed worker's chunk is free after it.
+GATEKEEPER_CHUNK_LEASE_SECONDS = env.float("GATEKEEPER_CHUNK_LEASE_SECONDS", default=60.0)
+# A chunk handed to the broker this long ago and still not run is queued again (a lost task).
+GATEKEEPER_CHUNK_REQUEUE_SECONDS = env.float("GATEKEEPER_CHUNK_REQUEUE_SECONDS", default=1800.0)
 
 # --- REST framework -------------------------------------------------------------------------
 REST_FRAMEWORK = {

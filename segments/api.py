@@ -31,7 +31,13 @@ from segments.serializers import (
     UserListErrorSerializer,
     UserListStoredSerializer,
 )
-from segments.services import BuildInProgress, build_start, snapshot_rollback, user_list_import
+from segments.services import (
+    BuildBusy,
+    BuildInProgress,
+    build_start,
+    snapshot_rollback,
+    user_list_import,
+)
 from segments.store import StoreError
 
 
@@ -218,13 +224,15 @@ class SnapshotActivateView(JsonAPIView):
     @extend_schema(
         summary="Make a published version live again (rollback)",
         request=None,
-        responses={200: LiveVersionSerializer, **errors(400, 404)},
+        responses={200: LiveVersionSerializer, **errors(400, 404, 409)},
     )
     def post(self, request: Request, version: str) -> Response:
         try:
             snapshot_rollback(version=version)
         except (SnapshotError, StoreError) as exc:
             return Response({"detail": str(exc)}, status=400)
+        except (BuildInProgress, BuildBusy) as exc:
+            return Response({"detail": str(exc)}, status=409)
         return Response({"live_version": version})
 
 

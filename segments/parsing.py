@@ -12,6 +12,7 @@ is never a Python object.
 
 import gzip
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +125,12 @@ def _parse_block(data: bytes, first_line: int, width: int) -> np.ndarray:
     return ids.astype(np.uint32) if width == 32 else ids
 
 
+NEWLINE = b"\n"
+MAX_LINE_BYTES = (
+    1 << 20
+)  # a user id is at most 20 digits; a megabyte without a newline is not a list
+
+
 def iter_ids(
     fileobj: Any, *, width: int = 32, summary: ListSummary | None = None
 ) -> Iterator[np.ndarray]:
@@ -142,7 +149,7 @@ def iter_ids(
     while True:
         try:
             chunk = stream.read(CHUNK_BYTES)
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, zlib.error) as exc:
             raise UserListError(f"The file could not be read: {exc}") from exc
         summary.bytes += len(chunk)
         if not chunk:
@@ -153,6 +160,12 @@ def iter_ids(
             buffer = carry + chunk
             cut = buffer.rfind(b"\n") + 1
             data, carry = buffer[:cut], buffer[cut:]
+            if len(carry) > MAX_LINE_BYTES:
+                long_line = line_no + data.count(NEWLINE)
+                raise UserListError(
+                    f"line {long_line}: longer than {MAX_LINE_BYTES:,} bytes without a line "
+                    "break; one user id a line"
+                )
         if first and data:
             first = False
             header_end = data.find(b"\n")

@@ -331,11 +331,34 @@ def _live_version(store: SnapshotStore) -> str | None:
 
 def snapshot_rollback(*, version: str, store: SnapshotStore | None = None) -> None:
     """Make an earlier version live again, after checking every object of it."""
+    from gatekeeper.redis_client import get_redis
     from segments.index import SnapshotError, load_version
 
     store = store or store_from_settings()
     if version not in store.list_versions():
         raise SnapshotError(f"There is no snapshot version '{version}'.")
-    load_version(store, version)  # raises SnapshotError if anything is missing or corrupt
-    store.put(CURRENT, version.encode())
+    # A running build would publish over the rollback and could prune the version made live:
+    # refuse while one is queued or running, and hold the publish lock while switching.
+    active = _active_build()
+    if active is not None:
+        raise BuildInProgress(active)
+    lock = get_redis().lock(LOCK_NAME, timeout=int(BUILD_LEASE.total_seconds()), blocking=False)
+    if not lock.acquire():
+        raise BuildBusy("a build is publishing; try again when it has finished")
+    try:
+        load_version(store, version)  # raises SnapshotError if anything is missing or corrupt
+        store.put(CURRENT, version.encode())
+    finally:
+        try:
+            lock.release()
+        except Exception:
+            logger.warning("Publish lock had already expired")
     logger.info("Snapshot %s is live again (rollback)", version)
+
+
+def _active_build() -> Build | None:
+    """A build queued or running within its lease (a dead worker's build does not count)."""
+    for build in Build.objects.filter(status__in=[Build.Status.QUEUED, Build.Status.RUNNING]):
+        if timezone.now() - (build.heartbeat_at or build.created_at) < BUILD_LEASE:
+            return build
+    return None

@@ -3,7 +3,7 @@
 import os
 from typing import Any
 
-from celery.signals import worker_init, worker_process_init
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 
 from worker.startup import after_fork, load_snapshot
 
@@ -18,3 +18,10 @@ def _load_in_parent(**kwargs: Any) -> None:
 @worker_process_init.connect
 def _follow_in_child(**kwargs: Any) -> None:
     after_fork(role="worker")
+
+
+@worker_process_shutdown.connect
+def _write_counts(**kwargs: Any) -> None:
+    from worker import stats
+
+    stats.flush()

@@ -110,6 +110,10 @@ def send_many(dispatcher: Any, messages: list[Message]) -> list[DispatchError | 
             outcomes.append(None)
         except DispatchError as exc:
             outcomes.append(exc)
+        except Exception as exc:
+            # A dispatcher bug or an error it did not classify: the send may have gone out.
+            logger.exception("Send %s failed unexpectedly", message.message_id)
+            outcomes.append(DispatchError(f"{type(exc).__name__}: {exc}", kind=AMBIGUOUS))
     return outcomes
 
 

@@ -58,6 +58,12 @@ class SendChunk(models.Model):
     attempts = models.PositiveSmallIntegerField(default=0)
     not_before = models.DateTimeField(null=True, blank=True, help_text="Deferred until then.")
     error = models.TextField(blank=True, help_text="Why the chunk was given up.")
+    queued_at = models.DateTimeField(
+        null=True, blank=True, help_text="Last handed to the broker (empty: not yet)."
+    )
+    lease_until = models.DateTimeField(
+        null=True, blank=True, help_text="A run holds the chunk until then (renewed as it runs)."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
+import redis
 
 from limits.channels import ALL, channels
 from limits.limiter import Limits, Policy, get_limiter
@@ -28,8 +29,19 @@ def _index() -> SegmentIndex:
     return index
 
 
+def _redis_down(exc: Exception) -> Unavailable:
+    return Unavailable(f"Redis is not answering ({type(exc).__name__}: {exc}).")
+
+
 def user_quota(user_id: int, *, now: float | None = None) -> dict[str, Any]:
     """The user's segment and, per channel and `all`: used, limit, remaining, next slot."""
+    try:
+        return _user_quota(user_id, now=now)
+    except redis.RedisError as exc:
+        raise _redis_down(exc) from exc
+
+
+def _user_quota(user_id: int, *, now: float | None) -> dict[str, Any]:
     index = _index()
     segment = index.resolve(user_id)
     limiter = get_limiter()
@@ -67,11 +79,14 @@ def user_recent_sends(
 ) -> list[dict[str, Any]]:
     """Admitted message ids of the last 7 days, newest first, per channel."""
     limiter = get_limiter()
-    sends: list[dict[str, Any]] = [
-        {"channel": channel, "message_id": member, "at": at}
-        for channel in channels()
-        for member, at in limiter.history(user_id, channel, now=now)
-    ]
+    try:
+        sends: list[dict[str, Any]] = [
+            {"channel": channel, "message_id": member, "at": at}
+            for channel in channels()
+            for member, at in limiter.history(user_id, channel, now=now)
+        ]
+    except redis.RedisError as exc:
+        raise _redis_down(exc) from exc
     return sorted(sends, key=lambda s: -s["at"])[:limit]
 
 
@@ -91,18 +106,20 @@ def what_if(
     draft: CapsTable,
     only_channels: list[str] | None = None,
     now: float | None = None,
+    audience_size: int | None = None,
 ) -> dict[str, Any]:
     """How many of `ids` one more send would be refused now and under `draft` (the whole caps
     table with the draft applied), per segment and channel, against today's Redis state.
 
     Dry runs only: nothing is recorded. Ids are de-duplicated; an audience above WHAT_IF_LIMIT
-    is estimated from a uniform random sample of that many, scaled up (`sampled` says so)."""
+    is estimated from a uniform random sample of that many, scaled up (`sampled` says so).
+    `audience_size`: the caller already sampled `ids` from an audience of that many."""
     index = _index()
     unique = np.unique(np.asarray(ids, dtype=np.uint64))
-    total = int(unique.size)
-    sampled = total > WHAT_IF_LIMIT
-    if sampled:
+    total = max(int(unique.size), audience_size or 0)
+    if unique.size > WHAT_IF_LIMIT:
         unique = np.sort(np.random.default_rng().choice(unique, WHAT_IF_LIMIT, replace=False))
+    sampled = total > int(unique.size)
     scale = total / max(1, int(unique.size))
     user_ids = [int(u) for u in unique]
     segments = index.resolve_many(user_ids)

@@ -9,15 +9,17 @@ for those (their slot is held), so the quota is not charged twice either.
 
 import logging
 import re
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from functools import partial
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.template import TemplateDoesNotExist
 from django.utils import timezone
 
@@ -100,9 +102,14 @@ def send_job_create(
         chunks = SendChunk.objects.bulk_create(
             SendChunk(job=job, recipients=rows[i : i + size]) for i in range(0, len(rows), size)
         )
+        ids = [chunk.pk for chunk in chunks]
+        # Handed over now (to the broker, or to the caller that runs them with queue=False):
+        # send_chunks_due leaves them alone unless they are still waiting much later.
+        SendChunk.objects.filter(pk__in=ids).update(queued_at=timezone.now())
         if queue:
-            ids = [chunk.pk for chunk in chunks]
-            transaction.on_commit(lambda: _queue(ids))
+            # robust: a broker outage here leaves the chunks for send_chunks_due, not an error
+            # after the job was stored.
+            transaction.on_commit(lambda: _queue(ids), robust=True)
     return job
 
 
@@ -124,9 +131,11 @@ def _recipient(i: int, row: Mapping[str, Any], campaign: str) -> dict[str, Any]:
     ):
         raise ValidationError({f"recipients[{i}].user_id": f"Not a user id: {user_id!r}."})
     address = row.get("address")
-    if not isinstance(address, str) or not address or "\x00" in address:
+    if not isinstance(address, str) or not address or any(c in address for c in "\x00\r\n"):
         raise ValidationError(
-            {f"recipients[{i}].address": "An email address or push token is required."}
+            {
+                f"recipients[{i}].address": "An email address or push token is required (one line, no NUL)."
+            }
         )
     message_id = row.get("message_id") or f"{campaign}:{user_id}"
     if not isinstance(message_id, str) or len(message_id) > 200 or "\x00" in message_id:
@@ -152,20 +161,68 @@ def _holds_nul(value: Any) -> bool:
     return False
 
 
-def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
+class ChunkBusy(Exception):
+    """Another delivery of this chunk's task holds its lease: try again after `retry_in` s."""
+
+    def __init__(self, retry_in: float) -> None:
+        super().__init__(f"chunk leased by another run for {retry_in:.0f} s more")
+        self.retry_in = retry_in
+
+
+def _lease_seconds() -> float:
+    return float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS)
+
+
+def _lease(chunk_id: int, now: Any) -> bool:
+    """Take the chunk's lease (one atomic UPDATE): it must be queued, due, and not leased by a
+    live run. Two deliveries of one task (a broker redelivery, the sweeper) never run at once."""
+    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    due = Q(not_before__isnull=True) | Q(not_before__lte=now)
+    return bool(
+        SendChunk.objects.filter(free, due, pk=chunk_id, status=SendChunk.Status.QUEUED).update(
+            lease_until=now + timedelta(seconds=_lease_seconds())
+        )
+    )
+
+
+def send_chunk_run(*, chunk_id: int, dispatcher: Any = None, now: Any = None) -> dict[str, int]:
     """Gate one chunk, dispatch the admitted sends, and settle the rest. Returns outcome counts.
 
-    Safe to run again for the same chunk (a redelivered task): a finished chunk does nothing,
-    and an interrupted one sends only what it had not claimed yet.
+    Safe to run again for the same chunk (a redelivered task): a finished chunk does nothing, a
+    chunk not due yet does nothing (`send_chunks_due` queues it when it is), one leased by a run
+    still alive raises ChunkBusy, and an interrupted one sends only what it had not claimed.
+    `now` (tests) is the time the chunk's lease and due date are judged at.
     """
+    now = now or timezone.now()
+    if not _lease(chunk_id, now):
+        chunk = SendChunk.objects.filter(pk=chunk_id).first()
+        if chunk is None or chunk.status != SendChunk.Status.QUEUED:
+            return {}
+        if chunk.not_before is not None and chunk.not_before > now:
+            return {}
+        until = chunk.lease_until or now
+        raise ChunkBusy(max(1.0, (until - now).total_seconds() + 1))
+    try:
+        return _run_leased(chunk_id, dispatcher)
+    except BaseException:
+        # Give the lease back so the task's retry can take the chunk at once.
+        SendChunk.objects.filter(pk=chunk_id, status=SendChunk.Status.QUEUED).update(
+            lease_until=None
+        )
+        raise
+
+
+def _run_leased(chunk_id: int, dispatcher: Any) -> dict[str, int]:
     chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
-    if chunk.status != SendChunk.Status.QUEUED:
-        return {}
     job = chunk.job
     if job.status == SendJob.Status.QUEUED:
         SendJob.objects.filter(pk=job.pk, status=SendJob.Status.QUEUED).update(
             status=SendJob.Status.RUNNING
         )
+    # Before gating: a missing template or a dispatcher that cannot start fails the chunk
+    # without charging anybody's quota.
+    renderer = Renderer(channel=job.channel, template=job.template, campaign=job.campaign)
+    dispatcher = dispatcher or dispatcher_for(job.channel)
     recipients = chunk.recipients
     decisions = gate_check(
         channel=job.channel,
@@ -175,10 +232,7 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
     )
     outcomes: Counter[str] = Counter()
     retry: list[dict[str, Any]] = []
-    deferred: list[tuple[dict[str, Any], float]] = []
-    to_send = [(r, d) for r, d in zip(recipients, decisions, strict=True) if d.allowed]
-    dispatcher = dispatcher or dispatcher_for(job.channel)
-    renderer = Renderer(channel=job.channel, template=job.template, campaign=job.campaign)
+    to_send = [r for r, d in zip(recipients, decisions, strict=True) if d.allowed]
     released: list[tuple[int, str]] = []
     # Claims are taken one dispatcher batch at a time, right before its send: a dispatcher that
     # sends one message per provider call has batches of one, so a worker killed mid-chunk
@@ -186,14 +240,30 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
     # (and unclaiming what failed) rides on the next batch's claim: one Redis round trip each.
     size = max(1, int(getattr(dispatcher, "batch_size", 1)))
     settle: list[tuple[str, str]] = []
+    renew_every, renewed = _lease_seconds() / 3, time.monotonic()
     for start in range(0, len(to_send), size):
-        batch = [recipient for recipient, _ in to_send[start : start + size]]
+        if time.monotonic() - renewed > renew_every:
+            SendChunk.objects.filter(pk=chunk_id).update(
+                lease_until=timezone.now() + timedelta(seconds=_lease_seconds())
+            )
+            renewed = time.monotonic()
+        # Rendered before claiming: a message that cannot be rendered never went out.
+        batch, messages = [], []
+        for recipient in to_send[start : start + size]:
+            try:
+                messages.append(renderer(recipient))
+                batch.append(recipient)
+            except Exception as exc:
+                logger.warning("Send %s cannot be rendered: %s", recipient["message_id"], exc)
+                released.append((recipient["user_id"], recipient["message_id"]))
+                outcomes["failed"] += 1
         previous = _claim_batch(settle, [r["message_id"] for r in batch])
         settle = []
-        claimed = []
-        for recipient, before in zip(batch, previous, strict=True):
+        claimed, claimed_messages = [], []
+        for recipient, message, before in zip(batch, messages, previous, strict=True):
             if before is None:
                 claimed.append(recipient)
+                claimed_messages.append(message)
             elif before == "sent":
                 outcomes["already_sent"] += 1  # a redelivery: it went out the first time
             else:
@@ -204,7 +274,7 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
                     recipient["message_id"],
                 )
                 outcomes["ambiguous"] += 1
-        results = send_many(dispatcher, [renderer(r) for r in claimed])
+        results = send_many(dispatcher, claimed_messages)
         for recipient, error in zip(claimed, results, strict=True):
             message_id = recipient["message_id"]
             if error is None:
@@ -224,6 +294,8 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
         _claim_batch(settle, [])
     if released and job.category == MARKETING:
         gate_release(channel=job.channel, requests=released)
+    capped: list[tuple[dict[str, Any], float]] = []
+    unavailable: list[dict[str, Any]] = []
     for recipient, decision in zip(recipients, decisions, strict=True):
         if decision.allowed:
             continue
@@ -231,15 +303,22 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None) -> dict[str, int]:
             decision.reason in ("daily_cap", "weekly_cap")
             and job.on_capped == SendJob.OnCapped.DEFER
         ):
-            deferred.append((recipient, decision.retry_after or 60.0))
+            capped.append((recipient, decision.retry_after or 60.0))
         elif decision.reason == "unavailable" and chunk.attempts + 1 < MAX_ATTEMPTS:
             # Redis or the snapshot is missing: try again soon instead of dropping the send.
-            deferred.append((recipient, float(REDIS_DOWN_DELAY)))
+            unavailable.append(recipient)
         elif decision.reason == "unavailable":
             outcomes["failed"] += 1
         else:
             outcomes["dropped"] += 1
-    _settle(chunk, decisions, outcomes, retry, deferred)
+    follow_ups: list[tuple[list[dict[str, Any]], float, int]] = []
+    if retry:  # transient failures: backoff, and an attempt spent
+        follow_ups.append((retry, 5 * 2**chunk.attempts, chunk.attempts + 1))
+    if unavailable:  # Redis or the snapshot missing: soon, and an attempt spent
+        follow_ups.append((unavailable, float(REDIS_DOWN_DELAY), chunk.attempts + 1))
+    if capped:  # waiting for a slot is not a failure: no attempt spent
+        follow_ups.append(([r for r, _ in capped], max(d for _, d in capped), chunk.attempts))
+    _settle(chunk, decisions, outcomes, follow_ups)
     return dict(outcomes)
 
 
@@ -263,12 +342,12 @@ def _settle(
     chunk: SendChunk,
     decisions: list[Any],
     outcomes: Counter[str],
-    retry: list[dict[str, Any]],
-    deferred: list[tuple[dict[str, Any], float]],
+    follow_ups: list[tuple[list[dict[str, Any]], float, int]],
 ) -> None:
-    """Record the chunk's results on the job and queue what goes on, in one transaction."""
+    """Record the chunk's results on the job and store its follow-up chunks (recipients, delay,
+    attempts), in one transaction. Follow-ups wait in the database, not in the broker:
+    `send_chunks_due` queues each when its `not_before` comes."""
     now = timezone.now()
-    later: list[tuple[int, float]] = []
     with transaction.atomic():
         job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
         if SendChunk.objects.filter(pk=chunk.pk, status=SendChunk.Status.DONE).exists():
@@ -282,49 +361,90 @@ def _settle(
         job.sent += outcomes["sent"]
         job.failed += outcomes["failed"]
         job.processed += sum(outcomes.values())
-        if retry:
-            backoff = 5 * 2**chunk.attempts
-            follow = SendChunk.objects.create(
+        for recipients, delay, attempts in follow_ups:
+            SendChunk.objects.create(
                 job=job,
-                recipients=retry,
-                attempts=chunk.attempts + 1,
-                not_before=now + timedelta(seconds=backoff),
+                recipients=recipients,
+                attempts=attempts,
+                not_before=now + timedelta(seconds=delay),
             )
-            later.append((follow.pk, backoff))
-        if deferred:
-            wait = max(delay for _, delay in deferred)
-            follow = SendChunk.objects.create(
-                job=job,
-                recipients=[r for r, _ in deferred],
-                attempts=chunk.attempts + 1,
-                not_before=now + timedelta(seconds=wait),
-            )
-            later.append((follow.pk, wait))
         chunk.status = SendChunk.Status.DONE
-        chunk.save(update_fields=["status"])
+        chunk.lease_until = None
+        chunk.save(update_fields=["status", "lease_until"])
         if job.processed >= job.total:
             job.status = SendJob.Status.DONE
         job.save()
-        for chunk_id, countdown in later:
-            transaction.on_commit(partial(_queue, [chunk_id], countdown=countdown))
+
+
+def send_chunks_due(*, now: Any = None) -> int:
+    """Queue the chunks that should run now (run by beat every few seconds): follow-ups whose
+    `not_before` has come, and chunks queued long ago whose task was lost (a broker or database
+    failure at the wrong moment). A chunk run twice is harmless: the lease lets one run, and a
+    finished chunk does nothing. Returns how many were queued."""
+    now = now or timezone.now()
+    stale = now - timedelta(seconds=settings.GATEKEEPER_CHUNK_REQUEUE_SECONDS)
+    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    due = Q(not_before__isnull=True) | Q(not_before__lte=now)
+    waiting = Q(queued_at__isnull=True) | Q(queued_at__lt=stale)
+    ids = list(
+        SendChunk.objects.filter(free, due, waiting, status=SendChunk.Status.QUEUED)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:1000]
+    )
+    if not ids:
+        return 0
+    SendChunk.objects.filter(pk__in=ids).update(queued_at=now)
+    _queue(ids)
+    return len(ids)
 
 
 def send_chunk_fail(*, chunk_id: int, error: str) -> None:
-    """Give a chunk up after its task failed for good: the recipients it had not settled count
-    as failed on the job (with the error on the chunk), so the job still finishes."""
+    """Give a chunk up after its task failed for good, so the job still finishes. What the
+    claims say decides each recipient: `sent` counts as sent, `sending` as ambiguous (kept),
+    and an unclaimed one as failed with its quota given back (the gate may have charged it).
+    With Redis unreachable too, every recipient counts as failed and nothing is released."""
+    chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
+    if chunk.status != SendChunk.Status.QUEUED:
+        return
+    recipients = chunk.recipients
+    outcomes: Counter[str] = Counter()
+    unclaimed: list[tuple[int, str]] = []
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        for r in recipients:
+            pipe.get(_claim_key(r["message_id"]))
+        claims = pipe.execute()
+    except redis.RedisError:
+        claims = None
+    if claims is None:
+        outcomes["failed"] = len(recipients)
+    else:
+        for r, claim in zip(recipients, claims, strict=True):
+            state = claim.decode() if isinstance(claim, bytes) else claim
+            if state == "sent":
+                outcomes["sent"] += 1
+            elif state == "sending":
+                outcomes["ambiguous"] += 1
+            else:
+                outcomes["failed"] += 1
+                unclaimed.append((r["user_id"], r["message_id"]))
+        if unclaimed and chunk.job.category == MARKETING:
+            try:
+                gate_release(channel=chunk.job.channel, requests=unclaimed)
+            except Exception:
+                logger.warning("Could not give back the quota of %d sends", len(unclaimed))
     with transaction.atomic():
-        chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
         job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
         if SendChunk.objects.filter(pk=chunk_id).exclude(status=SendChunk.Status.QUEUED).exists():
             return
-        unsent = len(chunk.recipients)
-        job.failed += unsent
-        job.processed += unsent
+        job.sent += outcomes["sent"]
+        job.failed += outcomes["failed"]
+        job.processed += sum(outcomes.values())
         if job.processed >= job.total:
             job.status = SendJob.Status.DONE
         job.save()
         SendChunk.objects.filter(pk=chunk_id).update(
-            status=SendChunk.Status.FAILED, error=error[:2000]
+            status=SendChunk.Status.FAILED, error=error[:2000], lease_until=None
         )
 
 
@@ -335,7 +455,7 @@ def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
     from limits.channels import ALL
     from limits.limiter import get_limiter
     from limits.models import QuotaReset
-    from worker.selectors import user_quota
+    from worker.selectors import Unavailable, user_quota
 
     reason = (reason or "").strip()
     if not reason:
@@ -353,5 +473,8 @@ def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
             reason=reason[:300],
             reset_by=user if user is not None and user.is_authenticated else None,
         )
-        get_limiter().reset(user_id, [*channels(), ALL])
+        try:
+            get_limiter().reset(user_id, [*channels(), ALL])
+        except redis.RedisError as exc:  # the audit row is rolled back with the transaction
+            raise Unavailable(f"Redis is not answering ({exc}); nothing was reset.") from exc
     return record

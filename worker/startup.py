@@ -44,5 +44,15 @@ def after_fork(*, role: str) -> None:
     process_report(role=role, status=holder.status())
     holder.start_follower(
         settings.GATEKEEPER_SNAPSHOT_POLL_SECONDS,
-        on_poll=lambda status: process_report(role=role, status=status),
+        on_poll=lambda status: _on_poll(role, status),
     )
+
+
+def _on_poll(role: str, status: dict[str, object]) -> None:
+    """After each snapshot poll: report this process's version, and write the decision counts
+    it still holds (record() writes at most once a second, and only when called again)."""
+    from worker import stats
+    from worker.processes import process_report
+
+    process_report(role=role, status=status)
+    stats.flush()

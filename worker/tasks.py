@@ -5,7 +5,8 @@ from typing import Any
 
 from celery import shared_task
 
-from worker.services import send_chunk_fail, send_chunk_run
+from worker import services
+from worker.services import ChunkBusy, send_chunk_fail, send_chunk_run
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +23,11 @@ def send_chunk(self: Any, chunk_id: int) -> dict[str, int]:
     campaign never stalls with sends that silently went nowhere."""
     try:
         return send_chunk_run(chunk_id=chunk_id)
+    except ChunkBusy as busy:
+        # Another delivery runs it (or ran it and died): look again when its lease ends. A new
+        # message, not a retry, so it spends none of the retries.
+        send_chunk.apply_async((chunk_id,), countdown=busy.retry_in)
+        return {}
     except Exception as exc:
         if self.request.retries >= MAX_RETRIES:
             logger.exception(
@@ -33,3 +39,9 @@ def send_chunk(self: Any, chunk_id: int) -> dict[str, int]:
             raise
         logger.warning("Chunk %s met %s: %s; trying again", chunk_id, type(exc).__name__, exc)
         raise self.retry(exc=exc, countdown=min(600, 5 * 2**self.request.retries)) from exc
+
+
+@shared_task
+def send_chunks_due() -> int:
+    """Beat, every 10 s: queue deferred and retried chunks whose time has come, and lost ones."""
+    return services.send_chunks_due()

@@ -93,6 +93,7 @@ def test_the_cap_grid_reads_saves_and_records_every_change(marketer_client, demo
         ("push-weekly", "lots", "push weekly: &#x27;lots&#x27; is not a whole number"),
         ("all-daily", "99999999999", "all daily: at most 2,147,483,647"),
         ("email-weekly", "٣", "email weekly: &#x27;٣&#x27; is not a whole number"),
+        ("push-daily", "9" * 5000, "push daily: at most 2,147,483,647"),
     ],
 )
 def test_a_bad_cap_value_saves_nothing_and_says_which(marketer_client, demo, field, value, message):
@@ -299,3 +300,70 @@ def test_a_large_audience_is_estimated_from_a_sample(marketer_client, demo, monk
     assert (result["audience"], result["evaluated"], result["sampled"]) == (3, 2, True)
     (row,) = result["rows"]
     assert (row["segment"], row["audience"]) == ("vip", 3)  # 2 sampled, scaled by 3/2
+
+
+def test_make_live_is_refused_while_a_build_runs(marketer_client, demo):
+    second = build_run(build_id=build_start(queue=False).pk).version
+    running = build_start(queue=False)
+    confirm = text(marketer_client.get(reverse("admin:snapshot_make_live", args=[demo])))
+    assert f"#{running.pk}</a> is queued" in confirm
+    done = text(marketer_client.post(reverse("admin:snapshot_make_live", args=[demo]), follow=True))
+    assert "was not made live" in done and "wait for it to finish" in done
+    assert snapshot_live_version() == second
+
+
+def test_a_quota_reset_of_an_id_no_snapshot_can_hold_is_not_found(marketer_client, demo):
+    assert marketer_client.get(reverse("admin:quota_reset", args=[2**64])).status_code == 404
+    page = text(marketer_client.get(reverse("admin:user_lookup"), {"user_id": str(2**64)}))
+    assert "less than or equal to" in page
+
+
+def test_a_stale_cap_grid_neither_reverts_nor_overwrites_a_colleagues_change(marketer_client, demo):
+    from limits.services import cap_set
+
+    vip = Segment.objects.get(slug="vip")
+    url = reverse("admin:cap_grid", args=[vip.pk])
+    page = text(marketer_client.get(url))
+    assert 'name="email-daily-was" value="2"' in page
+    form = {
+        "email-daily": "2", "email-weekly": "5", "email-daily-was": "2", "email-weekly-was": "5",
+        "push-daily": "", "push-weekly": "", "push-daily-was": "", "push-weekly-was": "",
+        "all-daily": "3", "all-weekly": "9", "all-daily-was": "3", "all-weekly-was": "9",
+    }  # fmt: skip
+    cap_set(segment=vip, channel="email", daily=4, weekly=10)  # a colleague, meanwhile
+    # Changing only push leaves the colleague's email caps alone.
+    marketer_client.post(url, {**form, "push-daily": "1"})
+    email = Cap.objects.get(segment=vip, channel="email")
+    assert (email.daily, email.weekly) == (4, 10)
+    assert Cap.objects.get(segment=vip, channel="push").daily == 1
+    # Changing email from what the stale form showed is a conflict: nothing is saved.
+    response = marketer_client.post(url, {**form, "email-daily": "3", "push-daily": "7"})
+    page = text(response)
+    assert "email was changed by someone else while you edited" in page
+    assert "At most 4 emails in any 24 hours and 10 in any 7 days" in page
+    assert (
+        Cap.objects.get(segment=vip, channel="email").daily,
+        Cap.objects.get(segment=vip, channel="push").daily,
+    ) == (4, 1)
+    # A form without some channel's fields leaves that channel as it is.
+    marketer_client.post(
+        url, {"all-daily": "5", "all-weekly": "9", "all-daily-was": "3", "all-weekly-was": "9"}
+    )
+    assert Cap.objects.get(segment=vip, channel="all").daily == 5
+    assert Cap.objects.get(segment=vip, channel="email").daily == 4
+
+
+def test_what_if_samples_a_large_segment_and_bounds_an_upload(marketer_client, demo, monkeypatch):
+    from gatekeeper import admin_site
+    from worker import selectors
+
+    monkeypatch.setattr(selectors, "WHAT_IF_LIMIT", 2)
+    vip = Segment.objects.get(slug="vip")
+    page = text(
+        marketer_client.post(reverse("admin:what_if"), {"segment": vip.pk, "channel": "email"})
+    )
+    assert "3 distinct users in the audience; estimated from a random sample of 2" in page
+    monkeypatch.setattr(admin_site, "WHAT_IF_MAX_IDS", 2)
+    upload = SimpleUploadedFile("big.txt", b"1\n2\n3\n")
+    page = text(marketer_client.post(reverse("admin:what_if"), {"user_list": upload}))
+    assert "big.txt: more than 2 ids; choose a segment" in page and "what-if-result" not in page

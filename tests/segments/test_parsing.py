@@ -80,3 +80,18 @@ def test_a_large_list_parses_in_chunks_without_losing_ids(monkeypatch):
     chunks = list(iter_ids(io.BytesIO(body)))
     assert len(chunks) > 1
     assert np.array_equal(np.concatenate(chunks), ids.astype(np.uint32))
+
+
+def test_a_corrupt_gzip_file_is_a_clear_error():
+    data = bytearray(gzip.compress(b"1\n2\n3\n" * 1000))
+    data[20:40] = b"\xff" * 20  # damage the deflate stream
+    assert error_of(bytes(data)).startswith("The file could not be read")
+
+
+def test_a_line_without_end_is_refused_before_it_fills_memory(monkeypatch):
+    from segments import parsing
+
+    monkeypatch.setattr(parsing, "MAX_LINE_BYTES", 10)
+    assert error_of(b"1\n2\n" + b"3" * 50) == (
+        "line 3: longer than 10 bytes without a line break; one user id a line"
+    )

@@ -4,12 +4,14 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from aiosmtpd.controller import Controller
 from django.core.exceptions import ValidationError
 from django.test import TestCase
+from django.utils import timezone
 
 from limits.limiter import Limits, Policy, get_limiter
 from tests.redis_servers import free_port
@@ -150,10 +152,8 @@ def test_a_redelivered_chunk_sends_nothing_twice(campaign, smtp):
 
 
 def test_capped_sends_are_deferred_until_a_slot_frees(campaign, smtp, monkeypatch):
-    queued: list[tuple[list[int], float]] = []
-    monkeypatch.setattr(
-        services, "_queue", lambda ids, countdown=0: queued.append((ids, countdown))
-    )
+    queued: list[list[int]] = []
+    monkeypatch.setattr(services, "_queue", lambda ids, countdown=0: queued.append(ids))
     send_job_create(
         channel="email", campaign="a", template="welcome", recipients=recipients(1), queue=False
     )
@@ -167,12 +167,20 @@ def test_capped_sends_are_deferred_until_a_slot_frees(campaign, smtp, monkeypatc
         queue=False,
     )
     chunk = job.chunks.get()
-    with TestCase.captureOnCommitCallbacks(execute=True):
-        send_chunk_run(chunk_id=chunk.pk)
+    send_chunk_run(chunk_id=chunk.pk)
     deferred = SendChunk.objects.filter(job=job, status=SendChunk.Status.QUEUED).get()
     assert deferred.recipients[0]["user_id"] == 1
-    ((ids, countdown),) = queued
-    assert ids == [deferred.pk] and 86000 < countdown <= 86400
+    assert deferred.attempts == 0  # waiting for a slot spends no attempt
+    assert deferred.not_before is not None
+    wait = (deferred.not_before - timezone.now()).total_seconds()
+    assert 86000 < wait <= 86400
+    # It waits in the database, not in the broker: queued by send_chunks_due when due.
+    assert queued == []
+    assert services.send_chunks_due(now=deferred.not_before - timedelta(seconds=1)) == 0
+    assert send_chunk_run(chunk_id=deferred.pk) == {}  # an early delivery does nothing
+    assert services.send_chunks_due(now=deferred.not_before) == 1
+    assert queued == [[deferred.pk]]
+    assert services.send_chunks_due(now=deferred.not_before) == 0  # queued once
     job.refresh_from_db()
     assert (job.processed, job.status) == (0, "running")
 
@@ -197,11 +205,11 @@ def test_a_transient_push_failure_is_retried_with_the_same_idempotency_key(
     job = send_job_create(
         channel="push", campaign="p", template="welcome", recipients=recipients(1), queue=False
     )
-    with TestCase.captureOnCommitCallbacks(execute=True):
-        run_all(job)
+    run_all(job)
     retry = SendChunk.objects.get(job=job, status=SendChunk.Status.QUEUED)
-    assert retry.attempts == 1
-    send_chunk_run(chunk_id=retry.pk)
+    assert retry.attempts == 1 and retry.not_before is not None
+    assert 4 < (retry.not_before - timezone.now()).total_seconds() <= 5  # backoff
+    send_chunk_run(chunk_id=retry.pk, now=retry.not_before)
     job.refresh_from_db()
     assert (job.sent, job.failed, job.status) == (1, 0, "done")
     assert relay.keys == ["p:1"]
@@ -243,6 +251,7 @@ def test_redis_down_defers_the_sends_instead_of_dropping_them(
         ({"template": "../../admin/base"}, "template"),
         ({"template": "Welcome Back"}, "template"),
         ({"recipients": [{"user_id": 1, "address": "a@b\x00"}]}, "recipients[0].address"),
+        ({"recipients": [{"user_id": 1, "address": "a@b\nBcc: x@y"}]}, "recipients[0].address"),
         (
             {"recipients": [{"user_id": 1, "address": "a@b", "context": {"n": ["x\x00"]}}]},
             "recipients[0].context",
@@ -397,3 +406,72 @@ def test_a_worker_started_while_the_store_is_unreachable_gates_with_its_cached_s
     assert job.segments == {"vip": 1, "dormant": 1}
     assert job.reasons == {"allowed": 1, "blocked": 1}
     assert smtp.per_recipient() == {"u1@example.com": 1}
+
+
+def test_two_deliveries_of_one_chunk_never_run_at_once(campaign, smtp):
+    job = send_job_create(
+        channel="email", campaign="l", template="welcome", recipients=recipients(1, 9), queue=False
+    )
+    chunk = job.chunks.get()
+    now = timezone.now()
+    assert services._lease(chunk.pk, now)  # a first delivery is running it
+    with pytest.raises(services.ChunkBusy) as busy:
+        send_chunk_run(chunk_id=chunk.pk, now=now)
+    assert 60 <= busy.value.retry_in <= 62
+    assert smtp.messages == []
+    # That run died without finishing: once its lease has run out, the chunk is taken over.
+    later = now + timedelta(seconds=61)
+    assert services.send_chunks_due(now=later) == 0  # queued recently: not lost yet
+    assert send_chunk_run(chunk_id=chunk.pk, now=later) == {"sent": 2}
+
+
+def test_a_lost_chunk_is_queued_again(campaign, monkeypatch, settings):
+    queued: list[list[int]] = []
+    monkeypatch.setattr(services, "_queue", lambda ids, countdown=0: queued.append(ids))
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        job = send_job_create(
+            channel="email", campaign="q", template="welcome", recipients=recipients(1)
+        )
+    chunk = job.chunks.get()
+    assert queued == [[chunk.pk]] and chunk.queued_at is not None
+    # Its task never ran (lost by the broker): after GATEKEEPER_CHUNK_REQUEUE_SECONDS it is sent again.
+    later = chunk.queued_at + timedelta(seconds=settings.GATEKEEPER_CHUNK_REQUEUE_SECONDS + 1)
+    assert services.send_chunks_due(now=later - timedelta(seconds=2)) == 0
+    assert services.send_chunks_due(now=later) == 1
+    assert queued[-1] == [chunk.pk]
+
+
+def test_a_chunk_given_up_counts_each_recipient_by_its_claim_and_gives_quota_back(
+    campaign, redis_client
+):
+    job = send_job_create(
+        channel="email",
+        campaign="g",
+        template="welcome",
+        recipients=recipients(1, 2, 9),
+        queue=False,
+    )
+    gate_check = services.gate_check
+    gate_check(channel="email", requests=[(1, "g:1"), (2, "g:2"), (9, "g:9")], campaign="g")
+    redis_client.set(services._claim_key("g:1"), "sent")
+    redis_client.set(services._claim_key("g:2"), "sending")
+    services.send_chunk_fail(chunk_id=job.chunks.get().pk, error="RuntimeError: boom")
+    job.refresh_from_db()
+    assert (job.sent, job.failed, job.processed, job.status) == (1, 1, 3, "done")
+    peeked = {u: get_limiter().peek("email", u, Policy(Limits(1, 5), Limits())) for u in (1, 2, 9)}
+    usage = {u: p[0].daily_used for u, p in peeked.items() if p is not None}
+    assert usage == {1: 1, 2: 1, 9: 0}  # only the unclaimed send's slot is given back
+
+
+def test_an_unexpected_dispatcher_error_is_ambiguous_not_repeated(campaign, redis_client):
+    class Broken:
+        batch_size = 1
+
+        def send(self, message):
+            raise RuntimeError("the provider's library fell over")
+
+    job = send_job_create(
+        channel="push", campaign="u", template="welcome", recipients=recipients(1), queue=False
+    )
+    assert send_chunk_run(chunk_id=job.chunks.get().pk, dispatcher=Broken()) == {"ambiguous": 1}
+    assert redis_client.get(services._claim_key("u:1")) == b"sending"

@@ -77,6 +77,8 @@ def start_worker(inbox, redis_client, settings) -> Iterator[Callable[[], subproc
         "GATEKEEPER_CAPS_TTL_SECONDS": "2",
         "CELERY_VISIBILITY_TIMEOUT": "5",
         "CELERY_UNACKED_RESTORE_INTERVAL": "2",
+        # A killed worker's chunk is taken over this soon after its last lease renewal.
+        "GATEKEEPER_CHUNK_LEASE_SECONDS": "3",
     }
 
     def start() -> subprocess.Popen[bytes]:

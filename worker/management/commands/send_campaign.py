@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
 from worker.models import SendChunk, SendJob
-from worker.services import send_chunk_run, send_job_create
+from worker.services import ChunkBusy, send_chunk_run, send_job_create
 
 
 class Command(BaseCommand):
@@ -52,7 +52,10 @@ class Command(BaseCommand):
             return
         with tqdm(total=job.total, unit="recipient", desc="sending", disable=None) as bar:
             for chunk in SendChunk.objects.filter(job=job).order_by("pk"):
-                outcome = send_chunk_run(chunk_id=chunk.pk)
+                try:
+                    outcome = send_chunk_run(chunk_id=chunk.pk)
+                except ChunkBusy:
+                    continue  # a worker is running this one
                 bar.update(sum(outcome.values()))
         job.refresh_from_db()
         self._summary(job)

@@ -10,6 +10,10 @@
     let build;
     try {
       const response = await fetch(box.dataset.url, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+      if (response.status >= 400 && response.status < 500) {
+        text("build-stage", `progress unavailable (HTTP ${response.status}): reload the page`);
+        return;
+      }
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
       build = await response.json();
     } catch (err) {
