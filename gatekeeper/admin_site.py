@@ -29,7 +29,7 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from limits.channels import ALL, channels
+from limits.channels import ALL, channels, scopes
 from limits.limiter import Limits
 from limits.models import Cap, CapChange
 from limits.services import cap_describe, cap_set, cap_warnings
@@ -48,10 +48,6 @@ WHAT_IF_MAX_IDS = 5_000_000
 def _require(request: HttpRequest, *perms: str) -> None:
     if not request.user.has_perms(perms):
         raise PermissionDenied
-
-
-def scopes() -> list[str]:
-    return [*channels(), ALL]
 
 
 def parse_limit(raw: str | None, label: str) -> int | None:
@@ -78,6 +74,19 @@ def _ago(seconds: float) -> str:
     if seconds < 2 * 86400:
         return f"{seconds // 3600} h {seconds % 3600 // 60} min"
     return f"{seconds // 86400} days {seconds % 86400 // 3600} h"
+
+
+def _cap_fields(cap: Cap | None) -> tuple[str, str]:
+    """A cap's daily and weekly limits as form values ("" for no cap)."""
+    if cap is None:
+        return "", ""
+    return ("" if cap.daily is None else str(cap.daily)), (
+        "" if cap.weekly is None else str(cap.weekly)
+    )
+
+
+def _scope_label(scope: str) -> str:
+    return "all channels together" if scope == ALL else scope
 
 
 def _segments_text(entry: dict[str, Any]) -> str:
@@ -265,12 +274,9 @@ class GatekeeperAdminSite(admin.AdminSite):
             "limits.add_cap"
         )
         values: dict[str, dict[str, str]] = {
-            scope: {
-                "daily": "" if scope not in current or current[scope].daily is None else str(current[scope].daily),
-                "weekly": "" if scope not in current or current[scope].weekly is None else str(current[scope].weekly),
-            }
+            scope: dict(zip(("daily", "weekly"), _cap_fields(current.get(scope)), strict=True))
             for scope in scopes()
-        }  # fmt: skip
+        }
         errors: dict[str, list[str]] = {}
         # The values the form is based on: kept in hidden fields, so a save can tell which
         # cells this user changed. After a failed save they stay what the user first saw.
@@ -355,7 +361,7 @@ class GatekeeperAdminSite(admin.AdminSite):
             rows.append(
                 {
                     "scope": scope,
-                    "label": "all channels together" if scope == ALL else scope,
+                    "label": _scope_label(scope),
                     "daily": values[scope]["daily"],
                     "weekly": values[scope]["weekly"],
                     "daily_was": shown[scope]["daily"],
@@ -489,7 +495,7 @@ class GatekeeperAdminSite(admin.AdminSite):
             else:
                 now = time.time()
                 for scope, usage in quota["scopes"].items():
-                    usage["label"] = "all channels together" if scope == ALL else scope
+                    usage["label"] = _scope_label(scope)
                     usage["next_slot_text"] = _next_slot(usage, now)
                 for send in sends:
                     send["when"] = dt.datetime.fromtimestamp(send["at"], dt.UTC)
@@ -559,10 +565,7 @@ class GatekeeperAdminSite(admin.AdminSite):
             for scope in scopes():
                 cap = current.get((segment.pk, scope))
                 names = (f"{segment.slug}|{scope}|daily", f"{segment.slug}|{scope}|weekly")
-                now_values = (
-                    "" if cap is None or cap.daily is None else str(cap.daily),
-                    "" if cap is None or cap.weekly is None else str(cap.weekly),
-                )
+                now_values = _cap_fields(cap)
                 shown = (
                     tuple(request.POST.get(n, v).strip() for n, v in zip(names, now_values, strict=True))
                     if request.method == "POST"

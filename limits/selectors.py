@@ -24,6 +24,13 @@ def caps_table_read() -> CapsTable:
     return table
 
 
+def policy_from(table: CapsTable, *, segment: str | None, channel: str) -> Policy:
+    """The caps a send on `channel` to a user of `segment` must fit: the channel's and `all`'s
+    (missing caps: no limit)."""
+    caps = table.get(segment or "", {})
+    return Policy(channel=caps.get(channel, Limits()), all=caps.get(ALL, Limits()))
+
+
 @dataclass
 class _CachedCaps:
     table: CapsTable
@@ -59,8 +66,7 @@ class CapsCache:
         self._cached = None
 
     def policy(self, *, segment: str, channel: str) -> Policy:
-        caps = self.table().get(segment, {})
-        return Policy(channel=caps.get(channel, Limits()), all=caps.get(ALL, Limits()))
+        return policy_from(self.table(), segment=segment, channel=channel)
 
 
 _caps_cache: CapsCache | None = None

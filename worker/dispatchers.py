@@ -92,11 +92,6 @@ class Renderer:
         )
 
 
-def render(*, channel: str, template: str, recipient: dict[str, Any], campaign: str) -> Message:
-    """Render one send (for previews and tests; the worker keeps one Renderer per chunk)."""
-    return Renderer(channel=channel, template=template, campaign=campaign)(recipient)
-
-
 def send_many(dispatcher: Any, messages: list[Message]) -> list[DispatchError | None]:
     """Send a batch through `dispatcher`: its own `send_many` when it has one, else one `send`
     per message. One outcome per message, in order: None (sent) or the DispatchError."""

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from limits.channels import channels
-from limits.limiter import Decision, Limiter, Limits, Policy, get_limiter
-from limits.selectors import CapsCache, caps_cache
+from limits.limiter import Decision, Limiter, Policy, get_limiter
+from limits.selectors import CapsCache, caps_cache, policy_from
 from segments.index import get_index
 from worker import stats
 
@@ -150,9 +150,7 @@ class Gate:
         for segment in segments:
             policy = policies.get(segment)
             if policy is None:
-                caps = table.get(segment or "", {})
-                policy = Policy(channel=caps.get(channel, Limits()), all=caps.get("all", Limits()))
-                policies[segment] = policy
+                policy = policies[segment] = policy_from(table, segment=segment, channel=channel)
             per_request.append(policy)
         verdicts = self.limiter.acquire(channel, requests, per_request, now=now, dry_run=dry_run)
         return [_from_limiter(v, s) for v, s in zip(verdicts, segments, strict=True)]

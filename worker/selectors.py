@@ -2,15 +2,15 @@
 sends, and the what-if of a draft change of caps. None of them writes anything."""
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import redis
 
-from limits.channels import ALL, channels
-from limits.limiter import Limits, Policy, get_limiter
-from limits.selectors import CapsTable, caps_cache, caps_table_read
+from limits.channels import channels
+from limits.limiter import Limits, get_limiter
+from limits.selectors import CapsTable, caps_cache, caps_table_read, policy_from
 from segments.index import SegmentIndex, get_index, index_status
 
 # Audience members evaluated per what-if: 4 dry runs of 100,000 take a few seconds (two
@@ -90,16 +90,6 @@ def user_recent_sends(
     return sorted(sends, key=lambda s: -s["at"])[:limit]
 
 
-def _policies(table: CapsTable, segments: Iterable[str], channel: str) -> dict[str, Policy]:
-    return {
-        slug: Policy(
-            channel=table.get(slug, {}).get(channel, Limits()),
-            all=table.get(slug, {}).get(ALL, Limits()),
-        )
-        for slug in segments
-    }
-
-
 def what_if(
     *,
     ids: np.ndarray,
@@ -131,7 +121,7 @@ def what_if(
         requests = [(u, f"what-if:{u}") for u in user_ids]
         refused: dict[str, Counter[str]] = {}
         for name, table in (("now", current), ("draft", draft)):
-            policies = _policies(table, sizes, channel)
+            policies = {s: policy_from(table, segment=s, channel=channel) for s in sizes}
             decisions = limiter.acquire(
                 channel, requests, [policies[s] for s in segments], dry_run=True, now=now
             )

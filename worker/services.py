@@ -113,11 +113,11 @@ def send_job_create(
     return job
 
 
-def _queue(chunk_ids: list[int], countdown: float = 0) -> None:
+def _queue(chunk_ids: list[int]) -> None:
     from worker.tasks import send_chunk
 
     for chunk_id in chunk_ids:
-        send_chunk.apply_async((chunk_id,), countdown=countdown)
+        send_chunk.delay(chunk_id)
 
 
 def _recipient(i: int, row: Mapping[str, Any], campaign: str) -> dict[str, Any]:
@@ -169,20 +169,22 @@ class ChunkBusy(Exception):
         self.retry_in = retry_in
 
 
-def _lease_seconds() -> float:
-    return float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS)
+def _lease_end(now: Any) -> Any:
+    return now + timedelta(seconds=float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS))
+
+
+def _runnable(now: Any) -> Q:
+    """Chunks that may run at `now`: queued, due, and not leased by a live run."""
+    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    due = Q(not_before__isnull=True) | Q(not_before__lte=now)
+    return free & due & Q(status=SendChunk.Status.QUEUED)
 
 
 def _lease(chunk_id: int, now: Any) -> bool:
-    """Take the chunk's lease (one atomic UPDATE): it must be queued, due, and not leased by a
-    live run. Two deliveries of one task (a broker redelivery, the sweeper) never run at once."""
-    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-    due = Q(not_before__isnull=True) | Q(not_before__lte=now)
-    return bool(
-        SendChunk.objects.filter(free, due, pk=chunk_id, status=SendChunk.Status.QUEUED).update(
-            lease_until=now + timedelta(seconds=_lease_seconds())
-        )
-    )
+    """Take the chunk's lease (one atomic UPDATE). Two deliveries of one task (a broker
+    redelivery, the sweeper) never run at once."""
+    runnable = SendChunk.objects.filter(_runnable(now), pk=chunk_id)
+    return bool(runnable.update(lease_until=_lease_end(now)))
 
 
 def send_chunk_run(*, chunk_id: int, dispatcher: Any = None, now: Any = None) -> dict[str, int]:
@@ -240,12 +242,11 @@ def _run_leased(chunk_id: int, dispatcher: Any) -> dict[str, int]:
     # (and unclaiming what failed) rides on the next batch's claim: one Redis round trip each.
     size = max(1, int(getattr(dispatcher, "batch_size", 1)))
     settle: list[tuple[str, str]] = []
-    renew_every, renewed = _lease_seconds() / 3, time.monotonic()
+    renew_every = float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS) / 3
+    renewed = time.monotonic()
     for start in range(0, len(to_send), size):
         if time.monotonic() - renewed > renew_every:
-            SendChunk.objects.filter(pk=chunk_id).update(
-                lease_until=timezone.now() + timedelta(seconds=_lease_seconds())
-            )
+            SendChunk.objects.filter(pk=chunk_id).update(lease_until=_lease_end(timezone.now()))
             renewed = time.monotonic()
         # Rendered before claiming: a message that cannot be rendered never went out.
         batch, messages = [], []
@@ -334,8 +335,27 @@ def _claim_batch(settle: list[tuple[str, str]], claim: list[str]) -> list[str | 
             pipe.delete(_claim_key(message_id))
     for message_id in claim:
         pipe.set(_claim_key(message_id), "sending", nx=True, ex=CLAIM_TTL, get=True)
-    replies = pipe.execute()[len(settle) :]
+    return _claim_states(pipe.execute()[len(settle) :])
+
+
+def _claim_states(replies: list[Any]) -> list[str | None]:
+    """Claim values as text: None (no claim), "sending" or "sent"."""
     return [r.decode() if isinstance(r, bytes) else r for r in replies]
+
+
+def _still_queued(chunk_id: int) -> bool:
+    """Inside the job's lock: False when another delivery already settled or gave up the chunk."""
+    return SendChunk.objects.filter(pk=chunk_id, status=SendChunk.Status.QUEUED).exists()
+
+
+def _count_on_job(job: SendJob, outcomes: Counter[str]) -> None:
+    """Add a chunk's outcomes to its (locked) job; the job is done once all have one."""
+    job.sent += outcomes["sent"]
+    job.failed += outcomes["failed"]
+    job.processed += sum(outcomes.values())
+    if job.processed >= job.total:
+        job.status = SendJob.Status.DONE
+    job.save()
 
 
 def _settle(
@@ -350,17 +370,13 @@ def _settle(
     now = timezone.now()
     with transaction.atomic():
         job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
-        if SendChunk.objects.filter(pk=chunk.pk, status=SendChunk.Status.DONE).exists():
-            # Another delivery of this chunk's task finished first and counted it.
-            return
+        if not _still_queued(chunk.pk):
+            return  # another delivery of this chunk's task finished first and counted it
         reasons = Counter(job.reasons)
         reasons.update(d.reason for d in decisions)
         segments = Counter(job.segments)
         segments.update(d.segment or "unknown" for d in decisions)
         job.reasons, job.segments = dict(reasons), dict(segments)
-        job.sent += outcomes["sent"]
-        job.failed += outcomes["failed"]
-        job.processed += sum(outcomes.values())
         for recipients, delay, attempts in follow_ups:
             SendChunk.objects.create(
                 job=job,
@@ -371,9 +387,7 @@ def _settle(
         chunk.status = SendChunk.Status.DONE
         chunk.lease_until = None
         chunk.save(update_fields=["status", "lease_until"])
-        if job.processed >= job.total:
-            job.status = SendJob.Status.DONE
-        job.save()
+        _count_on_job(job, outcomes)
 
 
 def send_chunks_due(*, now: Any = None) -> int:
@@ -383,11 +397,9 @@ def send_chunks_due(*, now: Any = None) -> int:
     finished chunk does nothing. Returns how many were queued."""
     now = now or timezone.now()
     stale = now - timedelta(seconds=settings.GATEKEEPER_CHUNK_REQUEUE_SECONDS)
-    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-    due = Q(not_before__isnull=True) | Q(not_before__lte=now)
     waiting = Q(queued_at__isnull=True) | Q(queued_at__lt=stale)
     ids = list(
-        SendChunk.objects.filter(free, due, waiting, status=SendChunk.Status.QUEUED)
+        SendChunk.objects.filter(_runnable(now), waiting)
         .order_by("pk")
         .values_list("pk", flat=True)[:1000]
     )
@@ -413,14 +425,13 @@ def send_chunk_fail(*, chunk_id: int, error: str) -> None:
         pipe = get_redis().pipeline(transaction=False)
         for r in recipients:
             pipe.get(_claim_key(r["message_id"]))
-        claims = pipe.execute()
+        claims: list[str | None] | None = _claim_states(pipe.execute())
     except redis.RedisError:
         claims = None
     if claims is None:
         outcomes["failed"] = len(recipients)
     else:
-        for r, claim in zip(recipients, claims, strict=True):
-            state = claim.decode() if isinstance(claim, bytes) else claim
+        for r, state in zip(recipients, claims, strict=True):
             if state == "sent":
                 outcomes["sent"] += 1
             elif state == "sending":
@@ -435,14 +446,9 @@ def send_chunk_fail(*, chunk_id: int, error: str) -> None:
                 logger.warning("Could not give back the quota of %d sends", len(unclaimed))
     with transaction.atomic():
         job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
-        if SendChunk.objects.filter(pk=chunk_id).exclude(status=SendChunk.Status.QUEUED).exists():
+        if not _still_queued(chunk_id):
             return
-        job.sent += outcomes["sent"]
-        job.failed += outcomes["failed"]
-        job.processed += sum(outcomes.values())
-        if job.processed >= job.total:
-            job.status = SendJob.Status.DONE
-        job.save()
+        _count_on_job(job, outcomes)
         SendChunk.objects.filter(pk=chunk_id).update(
             status=SendChunk.Status.FAILED, error=error[:2000], lease_until=None
         )
@@ -452,7 +458,7 @@ def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
     """Forget a user's send logs in every channel and `all` (an audited admin action): records
     who, when, why and what was used, in the same transaction as the reset, so a failed reset
     leaves no record and a record always means the reset happened. Raises Unavailable."""
-    from limits.channels import ALL
+    from limits.channels import scopes
     from limits.limiter import get_limiter
     from limits.models import QuotaReset
     from worker.selectors import Unavailable, user_quota
@@ -474,7 +480,7 @@ def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
             reset_by=user if user is not None and user.is_authenticated else None,
         )
         try:
-            get_limiter().reset(user_id, [*channels(), ALL])
+            get_limiter().reset(user_id, scopes())
         except redis.RedisError as exc:  # the audit row is rolled back with the transaction
             raise Unavailable(f"Redis is not answering ({exc}); nothing was reset.") from exc
     return record

@@ -4,9 +4,6 @@ test-output/screenshots/ (look at them: the pages must read well, not only pass)
 
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +15,7 @@ from kombu import Connection
 from gatekeeper.groups import MARKETER
 from segments.models import Segment
 from segments.selectors import snapshot_live_version
-from tests.conftest import TEST_REDIS_URL
-from tests.worker.test_worker_process import database_url
+from tests.celery_workers import start_celery_worker, stop_celery_worker, worker_env
 from worker.gate import gate_check
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -66,23 +62,9 @@ def build_worker(settings, monkeypatch) -> Iterator[None]:
             tasks.build_snapshot.apply_async((build_id,), connection=conn)  # type: ignore[call-arg]
 
     monkeypatch.setattr(tasks.build_snapshot, "delay", queue)
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "REDIS_URL": TEST_REDIS_URL,
-        "CELERY_BROKER_URL": BROKER_URL,
-        "GATEKEEPER_STORE_URL": settings.GATEKEEPER_STORE_URL,
-        "GATEKEEPER_SNAPSHOT_CACHE_DIR": str(settings.GATEKEEPER_SNAPSHOT_CACHE_DIR) + "-worker",
-        "MEDIA_ROOT": str(settings.MEDIA_ROOT),
-    }
-    process = subprocess.Popen(
-        [str(Path(sys.executable).parent / "celery"), "-A", "gatekeeper", "worker", "-Q", "builds",
-         "-c", "1", "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
-        cwd=ROOT, env=env, start_new_session=True,
-    )  # fmt: skip
+    process = start_celery_worker("builds", worker_env(BROKER_URL))
     yield
-    os.killpg(process.pid, signal.SIGTERM)
-    process.wait(timeout=30)
+    stop_celery_worker(process)
 
 
 class Page:

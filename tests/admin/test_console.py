@@ -14,7 +14,7 @@ from django.urls import reverse
 from limits.models import Cap, CapChange, QuotaReset
 from segments.models import Build, Segment
 from segments.selectors import snapshot_live_version
-from segments.services import build_run, build_start, user_list_import
+from segments.services import build_run, build_start
 from worker.gate import gate_check
 from worker.processes import process_report
 
@@ -252,7 +252,18 @@ def test_segment_pages_link_to_their_caps(marketer_client, demo):
 
 def test_a_marketer_uploads_a_list(marketer_client, demo):
     vip = Segment.objects.get(slug="vip")
-    user_list_import(segment=vip, fileobj=io.BytesIO(b"7\n"), name="more.txt")
+    (stored,) = vip.user_lists.all()
+    data = {
+        "name": vip.name, "slug": vip.slug, "priority": vip.priority, "description": "",
+        "user_lists-TOTAL_FORMS": "2", "user_lists-INITIAL_FORMS": "1",
+        "user_lists-MIN_NUM_FORMS": "0", "user_lists-MAX_NUM_FORMS": "1000",
+        "user_lists-0-id": str(stored.pk), "user_lists-0-segment": str(vip.pk),
+        "user_lists-1-upload": SimpleUploadedFile("more.txt", b"7\n"),
+    }  # fmt: skip
+    response = marketer_client.post(
+        reverse("admin:segments_segment_change", args=[vip.pk]), data, follow=True
+    )
+    assert "More.txt: stored" in text(response)  # the admin capitalises messages
     assert vip.user_lists.count() == 2
 
 

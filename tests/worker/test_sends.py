@@ -153,7 +153,7 @@ def test_a_redelivered_chunk_sends_nothing_twice(campaign, smtp):
 
 def test_capped_sends_are_deferred_until_a_slot_frees(campaign, smtp, monkeypatch):
     queued: list[list[int]] = []
-    monkeypatch.setattr(services, "_queue", lambda ids, countdown=0: queued.append(ids))
+    monkeypatch.setattr(services, "_queue", lambda ids: queued.append(ids))
     send_job_create(
         channel="email", campaign="a", template="welcome", recipients=recipients(1), queue=False
     )
@@ -200,7 +200,7 @@ def test_a_permanent_push_failure_gives_the_quota_back(campaign, relay):
 def test_a_transient_push_failure_is_retried_with_the_same_idempotency_key(
     campaign, relay, monkeypatch
 ):
-    monkeypatch.setattr(services, "_queue", lambda ids, countdown=0: None)
+    monkeypatch.setattr(services, "_queue", lambda ids: None)
     relay.statuses = [503]
     job = send_job_create(
         channel="push", campaign="p", template="welcome", recipients=recipients(1), queue=False
@@ -222,7 +222,7 @@ def test_redis_down_defers_the_sends_instead_of_dropping_them(
     from gatekeeper.redis_client import reset_redis_clients
     from limits.limiter import reset_limiter
 
-    monkeypatch.setattr(services, "_queue", lambda ids, countdown=0: None)
+    monkeypatch.setattr(services, "_queue", lambda ids: None)
     job = send_job_create(
         channel="email", campaign="r", template="welcome", recipients=recipients(1, 9), queue=False
     )
@@ -427,7 +427,7 @@ def test_two_deliveries_of_one_chunk_never_run_at_once(campaign, smtp):
 
 def test_a_lost_chunk_is_queued_again(campaign, monkeypatch, settings):
     queued: list[list[int]] = []
-    monkeypatch.setattr(services, "_queue", lambda ids, countdown=0: queued.append(ids))
+    monkeypatch.setattr(services, "_queue", lambda ids: queued.append(ids))
     with TestCase.captureOnCommitCallbacks(execute=True):
         job = send_job_create(
             channel="email", campaign="q", template="welcome", recipients=recipients(1)

@@ -4,20 +4,17 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from aiosmtpd.controller import Controller
-from django.db import connection
 from kombu import Connection
 
 from limits.services import cap_set
 from segments.models import Segment
-from tests.conftest import TEST_REDIS_URL
+from tests.celery_workers import start_celery_worker, stop_celery_worker, worker_env
 from tests.redis_servers import free_port
 from worker import services
 from worker.models import SendJob
@@ -27,7 +24,6 @@ from worker.tasks import send_chunk
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 TEST_BROKER_URL = os.environ.get("GATEKEEPER_TEST_BROKER_URL", "redis://127.0.0.1:6379/9")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class SlowInbox:
@@ -51,56 +47,36 @@ def inbox() -> Iterator[tuple[SlowInbox, int]]:
     controller.stop()
 
 
-def database_url() -> str:
-    params = connection.settings_dict
-    if params["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{params['NAME']}"
-    user = params.get("USER") or "postgres"
-    return f"postgres://{user}@{params.get('HOST') or '127.0.0.1'}:{params.get('PORT') or 5432}/{params['NAME']}"
-
-
 @pytest.fixture
 def start_worker(inbox, redis_client, settings) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
     import redis
 
     redis.Redis.from_url(TEST_BROKER_URL).flushdb()
     started: list[subprocess.Popen[bytes]] = []
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "REDIS_URL": TEST_REDIS_URL,
-        "CELERY_BROKER_URL": TEST_BROKER_URL,
-        "GATEKEEPER_STORE_URL": settings.GATEKEEPER_STORE_URL,
-        "GATEKEEPER_SNAPSHOT_CACHE_DIR": str(settings.GATEKEEPER_SNAPSHOT_CACHE_DIR) + "-worker",
-        "MEDIA_ROOT": str(settings.MEDIA_ROOT),
-        "EMAIL_URL": f"smtp://127.0.0.1:{inbox[1]}",
-        "GATEKEEPER_CAPS_TTL_SECONDS": "2",
-        "CELERY_VISIBILITY_TIMEOUT": "5",
-        "CELERY_UNACKED_RESTORE_INTERVAL": "2",
+    env = worker_env(
+        TEST_BROKER_URL,
+        EMAIL_URL=f"smtp://127.0.0.1:{inbox[1]}",
+        GATEKEEPER_CAPS_TTL_SECONDS="2",
+        CELERY_VISIBILITY_TIMEOUT="5",
+        CELERY_UNACKED_RESTORE_INTERVAL="2",
         # A killed worker's chunk is taken over this soon after its last lease renewal.
-        "GATEKEEPER_CHUNK_LEASE_SECONDS": "3",
-    }
+        GATEKEEPER_CHUNK_LEASE_SECONDS="3",
+    )
 
     def start() -> subprocess.Popen[bytes]:
-        process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "celery"), "-A", "gatekeeper", "worker", "-Q", "sends,builds",
-             "-c", "1", "-P", "prefork", "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
-            cwd=ROOT, env=env, start_new_session=True,
-        )  # fmt: skip
+        process = start_celery_worker("sends,builds", env)
         started.append(process)
         return process
 
     yield start
     for process in started:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=30)
+        stop_celery_worker(process)
 
 
-def queue_on_test_broker(ids: list[int], countdown: float = 0) -> None:
+def queue_on_test_broker(ids: list[int]) -> None:
     with Connection(TEST_BROKER_URL) as conn:
         for chunk_id in ids:
-            send_chunk.apply_async((chunk_id,), countdown=countdown, connection=conn)  # type: ignore[call-arg]
+            send_chunk.apply_async((chunk_id,), connection=conn)  # type: ignore[call-arg]
 
 
 def wait_for(condition: Callable[[], bool], *, seconds: float, what: str) -> None:
