@@ -63,4 +63,10 @@ def groups_sync(apps: Any = None) -> None:
 
 
 def groups_sync_after_migrate(sender: Any, **kwargs: Any) -> None:
-    groups_sync()
+    """post_migrate handler. The signal is sent once per app, and each app's permissions are
+    created by its own signal: only the last app's comes after every permission exists."""
+    from django.apps import apps
+
+    with_models = [config for config in apps.get_app_configs() if config.models_module]
+    if with_models and sender.label == with_models[-1].label:
+        groups_sync()

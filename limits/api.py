@@ -6,18 +6,19 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gatekeeper import api_validation as check
-from gatekeeper.api_permissions import CanEdit, CanRead
-from gatekeeper.api_validation import JsonAPIView, errors
-from limits.channels import scopes
+from gatekeeper.lib.api import JsonAPIView, errors
+from gatekeeper.lib.bodies import decode, request_schema
+from gatekeeper.lib.permissions import SET_CAPS, VIEW_CAPS
+from limits.bodies import CapBody
+from limits.channels import validate_scope
 from limits.models import Cap
-from limits.serializers import CapChangeSerializer, CapSerializer
+from limits.serializers import CapSerializer
 from limits.services import cap_set
 from segments.models import Segment
 
 
 class CapListView(JsonAPIView):
-    permission_classes = [CanRead]
+    rights = {"GET": VIEW_CAPS}
 
     @extend_schema(summary="Every cap", responses={200: CapSerializer(many=True), **errors()})
     def get(self, request: Request) -> Response:
@@ -26,31 +27,30 @@ class CapListView(JsonAPIView):
 
 
 class CapDetailView(JsonAPIView):
-    permission_classes = [CanEdit]
+    rights = {"PUT": SET_CAPS}
 
     @extend_schema(
         summary="Set the daily and weekly caps of a segment on a channel (or `all`)",
         description="Both fields are required; null means no cap for that window, 0 no marketing.",
-        request=CapChangeSerializer,
-        responses={200: CapSerializer, **errors(400)},
+        request=request_schema(CapBody),
+        responses={200: CapSerializer, **errors(400, 413)},
     )
     def put(self, request: Request, segment: str, channel: str) -> Response:
         # Both path parts are fields of the cap being set: a bad one is a 400 naming it.
         target = Segment.objects.filter(slug=segment).first()
         if target is None:
             raise ValidationError({"segment": [f"Unknown segment '{segment}'."]})
-        if channel not in scopes():
-            raise ValidationError(
-                {"channel": [f"Unknown channel '{channel}'. Choose one of: {', '.join(scopes())}."]}
-            )
-        serializer = CapChangeSerializer(data=check.body_object(request.data))
-        serializer.is_valid(raise_exception=True)
+        try:
+            validate_scope(channel)
+        except DjangoValidationError as exc:
+            raise ValidationError({"channel": exc.messages}) from None
+        body = decode(request.data, CapBody)
         try:
             cap = cap_set(
                 segment=target,
                 channel=channel,
-                daily=serializer.validated_data["daily"],
-                weekly=serializer.validated_data["weekly"],
+                daily=body.daily,
+                weekly=body.weekly,
                 user=request.user,
                 via="api",
             )

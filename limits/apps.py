@@ -10,5 +10,5 @@ class LimitsConfig(AppConfig):
 
         from gatekeeper.groups import groups_sync_after_migrate
 
-        # Once per migrate run (sent for each app; this one is enough).
-        post_migrate.connect(groups_sync_after_migrate, sender=self)
+        # Sent for every app; the handler acts on the last one's.
+        post_migrate.connect(groups_sync_after_migrate)

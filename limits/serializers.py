@@ -2,7 +2,6 @@
 
 from rest_framework import serializers
 
-from gatekeeper.api_validation import MAX_CAP
 from limits.models import Cap
 from limits.services import cap_describe, cap_warnings
 
@@ -23,13 +22,3 @@ class CapSerializer(serializers.ModelSerializer):
 
     def get_warnings(self, cap: Cap) -> list[str]:
         return cap_warnings(daily=cap.daily, weekly=cap.weekly)
-
-
-class CapChangeSerializer(serializers.Serializer):
-    # Both required: null is an explicit "no cap", so a forgotten field never lifts one.
-    daily = serializers.IntegerField(
-        min_value=0, max_value=MAX_CAP, allow_null=True, help_text="null: no daily cap"
-    )
-    weekly = serializers.IntegerField(
-        min_value=0, max_value=MAX_CAP, allow_null=True, help_text="null: no weekly cap"
-    )

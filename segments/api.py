@@ -2,6 +2,8 @@
 
 from typing import Any
 
+import msgspec
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -11,19 +13,39 @@ from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gatekeeper import api_validation as check
-from gatekeeper.api_permissions import CanEdit, CanRead, ReadOrEdit
-from gatekeeper.api_validation import JsonAPIView, errors
-from segments.index import SnapshotError, get_index, index_status
+from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
+from gatekeeper.lib.bodies import decode, request_schema
+from gatekeeper.lib.ids import user_id_from_text, user_ids_checked
+from gatekeeper.lib.permissions import (
+    ADD_SEGMENTS,
+    CHANGE_SEGMENTS,
+    DELETE_SEGMENTS,
+    PUBLISH,
+    REPLACE_USER_LISTS,
+    VIEW_BUILDS,
+    VIEW_SEGMENTS,
+)
+from segments.bodies import (
+    LOOKUP_BODY_BYTES,
+    LOOKUP_LIMIT,
+    LookupBody,
+    SegmentChangeBody,
+    SegmentCreateBody,
+)
+from segments.index import (
+    SnapshotError,
+    SnapshotNotFound,
+    get_index,
+    index_status,
+    max_answerable_user_id,
+)
 from segments.models import Build, DefaultSegmentProtected, Segment
 from segments.parsing import UserListError
 from segments.selectors import snapshot_live_version, snapshot_versions
 from segments.serializers import (
-    LOOKUP_LIMIT,
     BuildSerializer,
     BuildStartedSerializer,
     LiveVersionSerializer,
-    LookupManyRequestSerializer,
     LookupManySerializer,
     LookupOneSerializer,
     SegmentSerializer,
@@ -35,6 +57,8 @@ from segments.services import (
     BuildBusy,
     BuildInProgress,
     build_start,
+    segment_change,
+    segment_create,
     snapshot_rollback,
     user_list_import,
 )
@@ -47,8 +71,12 @@ def _no_snapshot() -> Response:
     )
 
 
+def _field_errors(exc: DjangoValidationError) -> ValidationError:
+    return ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
+
+
 class SegmentListView(JsonAPIView):
-    permission_classes = [ReadOrEdit]
+    rights = {"GET": VIEW_SEGMENTS, "POST": ADD_SEGMENTS}
 
     @extend_schema(
         summary="Segments in priority order, with live cardinality and version",
@@ -59,34 +87,43 @@ class SegmentListView(JsonAPIView):
 
     @extend_schema(
         summary="Create a segment",
-        request=SegmentSerializer,
-        responses={201: SegmentSerializer, **errors(400)},
+        request=request_schema(SegmentCreateBody),
+        responses={201: SegmentSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
-        serializer = SegmentSerializer(data=check.body_object(request.data))
-        serializer.is_valid(raise_exception=True)
-        segment = serializer.save()
+        body = decode(request.data, SegmentCreateBody)
+        try:
+            segment = segment_create(**msgspec.structs.asdict(body))
+        except DjangoValidationError as exc:
+            raise _field_errors(exc) from None
         return Response(SegmentSerializer(segment).data, status=201)
 
 
 class SegmentDetailView(JsonAPIView):
-    permission_classes = [ReadOrEdit]
+    rights = {"GET": VIEW_SEGMENTS, "PATCH": CHANGE_SEGMENTS, "DELETE": DELETE_SEGMENTS}
 
     @extend_schema(summary="One segment", responses={200: SegmentSerializer, **errors(404)})
     def get(self, request: Request, slug: str) -> Response:
         return Response(SegmentSerializer(get_object_or_404(Segment, slug=slug)).data)
 
     @extend_schema(
-        summary="Change a segment",
-        request=SegmentSerializer,
-        responses={200: SegmentSerializer, **errors(400, 404)},
+        summary="Change a segment's name, priority or description (its slug never changes)",
+        request=request_schema(SegmentChangeBody),
+        responses={200: SegmentSerializer, **errors(400, 404, 413)},
     )
     def patch(self, request: Request, slug: str) -> Response:
         segment = get_object_or_404(Segment, slug=slug)
-        serializer = SegmentSerializer(segment, data=check.body_object(request.data), partial=True)
-        serializer.is_valid(raise_exception=True)
-        serializer.save()
-        return Response(serializer.data)
+        body = decode(request.data, SegmentChangeBody)
+        changes = {
+            name: value
+            for name, value in msgspec.structs.asdict(body).items()
+            if value is not msgspec.UNSET
+        }
+        try:
+            segment_change(segment=segment, **changes)
+        except DjangoValidationError as exc:
+            raise _field_errors(exc) from None
+        return Response(SegmentSerializer(segment).data)
 
     @extend_schema(
         summary="Delete a segment (not the default one: 400)",
@@ -113,7 +150,7 @@ class RawListParser(BaseParser):
 
 
 class SegmentUsersView(JsonAPIView):
-    permission_classes = [CanEdit]
+    rights = {"PUT": REPLACE_USER_LISTS}
     parser_classes = [RawListParser]
 
     @extend_schema(
@@ -147,17 +184,21 @@ class SegmentUsersView(JsonAPIView):
 
 
 class LookupView(JsonAPIView):
-    permission_classes = [CanRead]
+    rights = {"GET": VIEW_SEGMENTS, "POST": VIEW_SEGMENTS}
+    max_body_bytes = LOOKUP_BODY_BYTES
+    body_limit_reason = f"{LOOKUP_LIMIT:,} user ids"
 
     @extend_schema(
         summary="The segment of one user",
-        parameters=[check.user_id_parameter(OpenApiParameter.QUERY)],
+        parameters=[user_id_parameter(OpenApiParameter.QUERY)],
         responses={200: LookupOneSerializer, **errors(400, 503)},
     )
     def get(self, request: Request) -> Response:
         if "user_id" not in request.query_params:
             raise ValidationError({"user_id": ["This query parameter is required."]})
-        uid = check.user_id(request.query_params["user_id"], "user_id")
+        uid = user_id_from_text(
+            request.query_params["user_id"], field="user_id", maximum=max_answerable_user_id()
+        )
         index = get_index()
         if index is None:
             return _no_snapshot()
@@ -167,13 +208,12 @@ class LookupView(JsonAPIView):
 
     @extend_schema(
         summary=f"The segments of up to {LOOKUP_LIMIT:,} users, in request order",
-        request=LookupManyRequestSerializer,
-        responses={200: LookupManySerializer, **errors(400, 503)},
+        request=request_schema(LookupBody),
+        responses={200: LookupManySerializer, **errors(400, 413, 503)},
     )
     def post(self, request: Request) -> Response:
-        data = check.body_object(request.data)
-        raw = check.items(data, "user_ids", limit=LOOKUP_LIMIT)
-        ids = check.user_ids(raw, "user_ids")
+        body = decode(request.data, LookupBody)
+        ids = user_ids_checked(body.user_ids, field="user_ids", maximum=max_answerable_user_id())
         index = get_index()
         if index is None:
             return _no_snapshot()
@@ -189,7 +229,7 @@ class LookupView(JsonAPIView):
 
 
 class SnapshotListView(JsonAPIView):
-    permission_classes = [ReadOrEdit]
+    rights = {"GET": VIEW_BUILDS, "POST": PUBLISH}
 
     @extend_schema(
         summary="Published snapshot versions, newest first",
@@ -219,7 +259,7 @@ class SnapshotListView(JsonAPIView):
 
 
 class SnapshotActivateView(JsonAPIView):
-    permission_classes = [CanEdit]
+    rights = {"POST": PUBLISH}
 
     @extend_schema(
         summary="Make a published version live again (rollback)",
@@ -229,6 +269,8 @@ class SnapshotActivateView(JsonAPIView):
     def post(self, request: Request, version: str) -> Response:
         try:
             snapshot_rollback(version=version)
+        except SnapshotNotFound as exc:
+            return Response({"detail": str(exc)}, status=404)
         except (SnapshotError, StoreError) as exc:
             return Response({"detail": str(exc)}, status=400)
         except (BuildInProgress, BuildBusy) as exc:
@@ -237,7 +279,7 @@ class SnapshotActivateView(JsonAPIView):
 
 
 class BuildDetailView(JsonAPIView):
-    permission_classes = [CanRead]
+    rights = {"GET": VIEW_BUILDS}
 
     @extend_schema(
         summary="A build's status and progress", responses={200: BuildSerializer, **errors(404)}

@@ -23,6 +23,7 @@ import numpy as np
 from django.conf import settings
 from pyroaring import BitMap, BitMap64
 
+from gatekeeper.lib.ids import max_user_id
 from segments.bitmaps import AnyFrozen, deserialize, sha256
 from segments.store import (
     CURRENT,
@@ -38,6 +39,10 @@ logger = logging.getLogger(__name__)
 
 class SnapshotError(Exception):
     """A snapshot that cannot be used: missing, corrupt, or not matching its manifest."""
+
+
+class SnapshotNotFound(SnapshotError):
+    """No version of that name was ever published (or it was pruned)."""
 
 
 @dataclass
@@ -362,6 +367,14 @@ def get_holder() -> IndexHolder:
 def get_index() -> SegmentIndex | None:
     """This process's index of the live snapshot; None when none could be loaded (not ready)."""
     return get_holder().get()
+
+
+def max_answerable_user_id() -> int:
+    """The largest user id a request may name: the configured width, narrowed to the loaded
+    snapshot's, since a 32-bit snapshot cannot answer for a 64-bit id."""
+    index = get_index()
+    width = int(settings.GATEKEEPER_ID_WIDTH)
+    return max_user_id(width if index is None else min(width, index.id_width))
 
 
 def refresh() -> bool:

@@ -1,16 +1,10 @@
-"""Shapes of the segments app's REST bodies (see segments/api.py).
+"""Shapes of the segments app's REST answers, for the OpenAPI schema (see segments/api.py).
+Request bodies are msgspec structs (segments/bodies.py)."""
 
-The lookups validate by hand for speed (gatekeeper.api_validation); their serializers here only
-describe the bodies for the OpenAPI schema.
-"""
-
-from django.conf import settings
 from rest_framework import serializers
 
 from segments.index import get_index
 from segments.models import Build, Segment
-
-LOOKUP_LIMIT = 100_000
 
 
 class SegmentSerializer(serializers.ModelSerializer):
@@ -32,7 +26,7 @@ class SegmentSerializer(serializers.ModelSerializer):
             "cardinality",
             "live_version",
         ]
-        read_only_fields = ["is_default"]
+        read_only_fields = fields
 
     def get_cardinality(self, segment: Segment) -> int | None:
         index = get_index()
@@ -43,21 +37,13 @@ class SegmentSerializer(serializers.ModelSerializer):
         return index.version if index else None
 
 
-def _user_id_field() -> serializers.IntegerField:
-    return serializers.IntegerField(min_value=0, max_value=2**settings.GATEKEEPER_ID_WIDTH - 1)
-
-
 class LookupResultSerializer(serializers.Serializer):
-    user_id = _user_id_field()
+    user_id = serializers.IntegerField(min_value=0)
     segment = serializers.CharField()
 
 
 class LookupOneSerializer(LookupResultSerializer):
     snapshot_version = serializers.CharField()
-
-
-class LookupManyRequestSerializer(serializers.Serializer):
-    user_ids = serializers.ListField(child=_user_id_field(), min_length=1, max_length=LOOKUP_LIMIT)
 
 
 class LookupManySerializer(serializers.Serializer):

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import IO, Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.files import File
 from django.db import transaction
 from django.utils import timezone
@@ -53,6 +54,40 @@ class BuildInProgress(Exception):
 
 class BuildBusy(Exception):
     """Another process holds the publish lock; the task tries again shortly."""
+
+
+# --- segments ---------------------------------------------------------------------------------
+
+
+def segment_create(*, slug: str, name: str, priority: int, description: str = "") -> Segment:
+    """A new segment. Raises ValidationError naming the field (a slug or priority in use)."""
+    segment = Segment(slug=slug, name=name, priority=priority, description=description)
+    segment.full_clean()
+    segment.save()
+    return segment
+
+
+def segment_change(*, segment: Segment, **changes: Any) -> Segment:
+    """Change a segment's name, priority or description. Its slug never changes: it names the
+    segment in published snapshots, and caps are matched to users by it, so a renamed segment
+    would lose its caps until the next build."""
+    if changes.pop("slug", segment.slug) != segment.slug:
+        raise ValidationError(
+            {
+                "slug": "A segment's slug cannot change: snapshots and caps know the segment by "
+                "it. Create a new segment instead."
+            }
+        )
+    unknown = set(changes) - {"name", "priority", "description"}
+    if unknown:
+        raise ValueError(f"cannot change {', '.join(sorted(unknown))}")
+    if not changes:
+        return segment
+    for field, value in changes.items():
+        setattr(segment, field, value)
+    segment.full_clean()
+    segment.save(update_fields=[*changes, "updated_at"])
+    return segment
 
 
 # --- user lists -------------------------------------------------------------------------------
@@ -332,11 +367,11 @@ def _live_version(store: SnapshotStore) -> str | None:
 def snapshot_rollback(*, version: str, store: SnapshotStore | None = None) -> None:
     """Make an earlier version live again, after checking every object of it."""
     from gatekeeper.redis_client import get_redis
-    from segments.index import SnapshotError, load_version
+    from segments.index import SnapshotNotFound, load_version
 
     store = store or store_from_settings()
     if version not in store.list_versions():
-        raise SnapshotError(f"There is no snapshot version '{version}'.")
+        raise SnapshotNotFound(f"There is no snapshot version '{version}'.")
     # A running build would publish over the rollback and could prune the version made live:
     # refuse while one is queued or running, and hold the publish lock while switching.
     active = _active_build()

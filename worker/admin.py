@@ -19,10 +19,19 @@ class SendJobAdmin(admin.ModelAdmin):
         "total",
         "sent",
         "failed",
+        "capped",
+        "ambiguous",
+        "duplicate",
+        "invalid",
+        "pending",
         "created_at",
     ]
     list_filter = ["status", "channel"]
-    readonly_fields = [f.name for f in SendJob._meta.fields]
+    readonly_fields = [*(f.name for f in SendJob._meta.fields), "pending"]
+
+    @admin.display(description="pending")
+    def pending(self, job: SendJob) -> int:
+        return job.pending
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -1,7 +1,8 @@
-"""REST views of the gate: check, release and a user's quota."""
+"""REST views of the gate: check, release, a user's quota, and send jobs."""
 
 from typing import Any
 
+import msgspec
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -9,35 +10,55 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gatekeeper import api_validation as check
-from gatekeeper.api_permissions import CanGate, CanRead
-from gatekeeper.api_validation import JsonAPIView, errors
-from limits.channels import channels
-from worker.gate import CATEGORIES, MARKETING, GateDecision, GateError, gate_check, gate_release
+from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
+from gatekeeper.lib.bodies import decode, request_schema
+from gatekeeper.lib.ids import user_id_from_text, user_ids_checked
+from gatekeeper.lib.permissions import GATE, VIEW_CAPS, VIEW_SEND_JOBS
+from limits.channels import channels, validate_channel
+from segments.index import max_answerable_user_id
+from worker.bodies import (
+    GATE_BODY_BYTES,
+    GATE_LIMIT,
+    SEND_BODY_BYTES,
+    SEND_LIMIT,
+    GateCheckBody,
+    GateReleaseBody,
+    GateRequest,
+    SendJobBody,
+)
+from worker.gate import GateDecision, GateError, gate_check, gate_release
 from worker.models import SendJob
 from worker.selectors import Unavailable, user_quota
 from worker.serializers import (
-    GATE_LIMIT,
-    SEND_LIMIT,
-    GateCheckSerializer,
-    GateReleaseSerializer,
     GateResultsSerializer,
     QuotaSerializer,
     ReleaseResultsSerializer,
     SendJobCreatedSerializer,
-    SendJobCreateSerializer,
     SendJobSerializer,
 )
 from worker.services import send_job_create
 
 
-def _channel(data: dict[str, Any]) -> str:
-    channel = check.string(data, "channel")
-    if channel not in channels():
-        raise ValidationError(
-            {"channel": [f"Unknown channel '{channel}'. Choose one of: {', '.join(channels())}."]}
-        )
-    return channel
+def _channel(value: str) -> str:
+    try:
+        validate_channel(value)
+    except DjangoValidationError as exc:
+        raise ValidationError({"channel": exc.messages}) from None
+    return value
+
+
+def _requests(requests: list[GateRequest]) -> list[tuple[int, str]]:
+    ids = user_ids_checked(
+        [r.user_id for r in requests],
+        field="requests",
+        item="user_id",
+        maximum=max_answerable_user_id(),
+    )
+    return list(zip(ids, [r.message_id for r in requests], strict=True))
+
+
+def _channel_schema() -> dict[str, Any]:
+    return {"enum": channels(), "description": "A channel from settings (GATEKEEPER_CHANNELS)."}
 
 
 def _decision(d: GateDecision) -> dict[str, Any]:
@@ -55,7 +76,9 @@ def _decision(d: GateDecision) -> dict[str, Any]:
 
 
 class GateCheckView(JsonAPIView):
-    permission_classes = [CanGate]
+    rights = {"POST": GATE}
+    max_body_bytes = GATE_BODY_BYTES
+    body_limit_reason = f"{GATE_LIMIT:,} requests"
 
     @extend_schema(
         summary=f"Decide a batch of sends (at most {GATE_LIMIT:,}), in request order",
@@ -63,25 +86,20 @@ class GateCheckView(JsonAPIView):
             "Admitted marketing sends are recorded (unless dry_run). Redis down or no snapshot: "
             "every decision is `unavailable`, still a 200."
         ),
-        request=GateCheckSerializer,
-        responses={200: GateResultsSerializer, **errors(400)},
+        request=request_schema(GateCheckBody, channel=_channel_schema()),
+        responses={200: GateResultsSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
-        data = check.body_object(request.data)
-        channel = _channel(data)
-        campaign = check.string(data, "campaign", required=False)
-        category = check.string(data, "category", required=False, default=MARKETING)
-        if category not in CATEGORIES:
-            raise ValidationError({"category": [f"Choose one of: {', '.join(CATEGORIES)}."]})
-        dry_run = check.boolean(data, "dry_run")
-        requests = check.gate_requests(data, limit=GATE_LIMIT)
+        body = decode(request.data, GateCheckBody)
+        channel = _channel(body.channel)
+        requests = _requests(body.requests)
         try:
             decisions = gate_check(
                 channel=channel,
                 requests=requests,
-                campaign=campaign,
-                category=category,
-                dry_run=dry_run,
+                campaign=body.campaign,
+                category=body.category,
+                dry_run=body.dry_run,
             )
         except GateError as exc:
             raise ValidationError({"channel": [str(exc)]}) from exc
@@ -89,17 +107,19 @@ class GateCheckView(JsonAPIView):
 
 
 class GateReleaseView(JsonAPIView):
-    permission_classes = [CanGate]
+    rights = {"POST": GATE}
+    max_body_bytes = GATE_BODY_BYTES
+    body_limit_reason = f"{GATE_LIMIT:,} requests"
 
     @extend_schema(
         summary="Give back the quota of sends whose dispatch failed for good",
-        request=GateReleaseSerializer,
-        responses={200: ReleaseResultsSerializer, **errors(400)},
+        request=request_schema(GateReleaseBody, channel=_channel_schema()),
+        responses={200: ReleaseResultsSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
-        data = check.body_object(request.data)
-        channel = _channel(data)
-        requests = check.gate_requests(data, limit=GATE_LIMIT)
+        body = decode(request.data, GateReleaseBody)
+        channel = _channel(body.channel)
+        requests = _requests(body.requests)
         released = gate_release(channel=channel, requests=requests)
         return Response(
             {
@@ -112,16 +132,16 @@ class GateReleaseView(JsonAPIView):
 
 
 class QuotaView(JsonAPIView):
-    permission_classes = [CanRead]
+    rights = {"GET": VIEW_CAPS}
 
     @extend_schema(
         summary="A user's segment, and per channel and `all`: used, limit, remaining, next slot",
         description="Reads only: nothing is recorded. 503 when Redis or the snapshot is missing.",
-        parameters=[check.user_id_parameter(OpenApiParameter.PATH)],
+        parameters=[user_id_parameter(OpenApiParameter.PATH)],
         responses={200: QuotaSerializer, **errors(400, 404, 503)},
     )
     def get(self, request: Request, user_id: str) -> Response:
-        uid = check.user_id(user_id, "user_id")
+        uid = user_id_from_text(user_id, field="user_id", maximum=max_answerable_user_id())
         try:
             return Response(user_quota(uid))
         except Unavailable as exc:
@@ -129,34 +149,37 @@ class QuotaView(JsonAPIView):
 
 
 class SendJobListView(JsonAPIView):
-    permission_classes = [CanGate]
+    rights = {"POST": GATE}
+    max_body_bytes = SEND_BODY_BYTES
+    body_limit_reason = f"{SEND_LIMIT:,} recipients"
 
     @extend_schema(
         summary=f"Hand a send job to the worker (up to {SEND_LIMIT:,} recipients); 202, its URL",
-        request=SendJobCreateSerializer,
-        responses={202: SendJobCreatedSerializer, **errors(400)},
+        request=request_schema(SendJobBody, channel=_channel_schema()),
+        responses={202: SendJobCreatedSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
-        data = check.body_object(request.data)
+        body = decode(request.data, SendJobBody)
         try:
             job = send_job_create(
-                channel=check.string(data, "channel"),
-                campaign=check.string(data, "campaign"),
-                template=check.name(data, "template"),
-                category=check.string(data, "category", required=False, default=MARKETING),
-                on_capped=check.string(data, "on_capped", required=False, default="drop"),
-                recipients=check.items(data, "recipients", limit=SEND_LIMIT),
+                channel=_channel(body.channel),
+                campaign=body.campaign,
+                template=body.template,
+                category=body.category,
+                on_capped=body.on_capped,
+                on_invalid=body.on_invalid,
+                recipients=msgspec.to_builtins(body.recipients),
                 user=request.user,
             )
         except DjangoValidationError as exc:
             raise ValidationError(exc.message_dict) from exc
-        body = SendJobSerializer(job).data
+        answer = SendJobSerializer(job).data
         url = request.build_absolute_uri(f"/api/v1/sends/{job.pk}/")
-        return Response({**body, "url": url}, status=202, headers={"Location": url})
+        return Response({**answer, "url": url}, status=202, headers={"Location": url})
 
 
 class SendJobDetailView(JsonAPIView):
-    permission_classes = [CanRead]
+    rights = {"GET": VIEW_SEND_JOBS}
 
     @extend_schema(
         summary="A send job's progress and counts",

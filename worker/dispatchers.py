@@ -12,6 +12,12 @@ A failed send raises DispatchError saying what a retry is worth:
 dispatcher that makes one provider call per message keeps 1, so a worker killed mid-chunk leaves
 at most one send unknown. One whose sends have no outside effect (null, memory) or that hands a
 whole batch to its provider in one call (`send_many`) claims that many in one Redis round trip.
+
+`idempotent` says the provider deduplicates by the message id (an idempotency key): a send whose
+outcome is unknown is then sent again with the same key instead of being counted as ambiguous.
+
+`address_problem(address)` (a class method) says why an address or token cannot be sent to, or
+None; send jobs check every recipient with it when they are created.
 """
 
 import json
@@ -23,10 +29,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.mail import EmailMultiAlternatives, get_connection
+from django.core.validators import validate_email
 from django.template import TemplateDoesNotExist
 from django.template.loader import get_template, render_to_string
 from django.utils.module_loading import import_string
+
+from gatekeeper.lib.bodies import words_for_pattern
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +64,13 @@ class Message:
     body: str
     html: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
+
+
+TEMPLATE_NAME_WORDS = (
+    "A template name is 1 to 100 lower-case letters, digits, - and _, starting with a letter or "
+    "digit (templates/<channel>/<name>/)."
+)
+TEMPLATE_NAME = words_for_pattern("^[a-z0-9][a-z0-9_-]{0,99}$", TEMPLATE_NAME_WORDS)
 
 
 def template_check(*, channel: str, template: str) -> None:
@@ -113,7 +130,21 @@ def send_many(dispatcher: Any, messages: list[Message]) -> list[DispatchError | 
 
 
 class EmailDispatcher:
-    """Email through Django's configured email backend (SMTP in production)."""
+    """Email through Django's configured email backend (SMTP in production). SMTP has no
+    idempotency key: a send cut off by a worker's death is ambiguous and not repeated."""
+
+    batch_size: ClassVar[int] = 1
+    idempotent: ClassVar[bool] = False
+
+    @classmethod
+    def address_problem(cls, address: str) -> str | None:
+        if len(address) > 254:
+            return "An email address is at most 254 characters."
+        try:
+            validate_email(address)
+        except ValidationError:
+            return f"'{_shown(address)}' is not an email address."
+        return None
 
     def __init__(self) -> None:
         self.connection = get_connection()
@@ -144,8 +175,23 @@ class EmailDispatcher:
         self.connection.close()
 
 
+def _shown(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 class PushBackend:
     batch_size: ClassVar[int] = 1
+    idempotent: ClassVar[bool] = False
+
+    @classmethod
+    def address_problem(cls, address: str) -> str | None:
+        """A push token: 1 to 4,096 visible ASCII characters, no spaces (FCM registration
+        tokens, APNs device tokens and relay ids all fit). A backend may be stricter."""
+        if not address or len(address) > 4096:
+            return "A push token is 1 to 4,096 characters."
+        if not all("!" <= c <= "~" for c in address):
+            return f"'{_shown(address)}' is not a push token (visible ASCII characters, no spaces)."
+        return None
 
     def send(self, message: Message) -> None:
         raise NotImplementedError
@@ -187,7 +233,10 @@ class NullPushBackend(PushBackend):
 
 class WebhookPushBackend(PushBackend):
     """POSTs each push as JSON to a provider relay; the message id is the idempotency key, so
-    a relay that honours it never delivers a retried push twice."""
+    a relay that honours it never delivers a retried push twice, and a push whose outcome is
+    unknown (a worker died during it, the relay timed out) is sent again with the same key."""
+
+    idempotent: ClassVar[bool] = True
 
     def __init__(self, url: str | None = None, timeout: float = 5.0) -> None:
         self.url = url or settings.GATEKEEPER_PUSH_WEBHOOK_URL
@@ -225,8 +274,11 @@ class WebhookPushBackend(PushBackend):
             raise DispatchError("push relay timed out", kind=AMBIGUOUS) from exc
 
 
-def dispatcher_for(channel: str) -> Any:
+def dispatcher_class(channel: str) -> Any:
     if channel == "email":
-        return EmailDispatcher()
-    backend = import_string(settings.GATEKEEPER_PUSH_BACKEND)
-    return backend()
+        return EmailDispatcher
+    return import_string(settings.GATEKEEPER_PUSH_BACKEND)
+
+
+def dispatcher_for(channel: str) -> Any:
+    return dispatcher_class(channel)()

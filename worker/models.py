@@ -3,7 +3,20 @@ from django.db import models
 
 
 class SendJob(models.Model):
-    """A campaign's sends handed to the worker: gated in chunks, dispatched, counted."""
+    """A campaign's sends handed to the worker: gated in chunks, dispatched, counted.
+
+    Every recipient ends in exactly one outcome, so at every moment
+    sent + failed + capped + ambiguous + duplicate + invalid + pending == total, also after a
+    worker was killed (a chunk's outcomes are added in the transaction that closes it, once):
+    - sent: went out (counted by the claim, so a send a killed run made still counts);
+    - failed: did not go out and will not (its quota is given back);
+    - capped: refused by the gate (caps, blocked) and not deferred;
+    - ambiguous: may or may not have gone out (a worker died during the send, or the provider
+      timed out after taking it) on a transport that cannot deduplicate: kept, not repeated;
+    - duplicate: its message id had already gone out, by another job;
+    - invalid: refused when the job was created (`on_invalid: skip`), with the reason kept;
+    - pending: not settled yet (queued, or deferred until a slot frees).
+    """
 
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -15,16 +28,31 @@ class SendJob(models.Model):
         DROP = "drop", "drop capped sends"
         DEFER = "defer", "send them when a slot frees"
 
+    class OnInvalid(models.TextChoices):
+        REJECT = "reject", "refuse the whole job"
+        SKIP = "skip", "count bad rows as invalid and send the rest"
+
+    OUTCOMES = ("sent", "failed", "capped", "ambiguous", "duplicate", "invalid")
+
     channel = models.CharField(max_length=32)
     campaign = models.CharField(max_length=200)
     template = models.CharField(max_length=100)
     category = models.CharField(max_length=16, default="marketing")
     on_capped = models.CharField(max_length=8, choices=OnCapped.choices, default=OnCapped.DROP)
+    on_invalid = models.CharField(max_length=8, choices=OnInvalid.choices, default=OnInvalid.REJECT)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     total = models.PositiveIntegerField(default=0)
-    processed = models.PositiveIntegerField(default=0, help_text="Recipients with a final outcome.")
     sent = models.PositiveIntegerField(default=0)
     failed = models.PositiveIntegerField(default=0)
+    capped = models.PositiveIntegerField(default=0)
+    ambiguous = models.PositiveIntegerField(default=0, help_text="May or may not have gone out.")
+    duplicate = models.PositiveIntegerField(
+        default=0, help_text="Already sent under the same message id by another job."
+    )
+    invalid = models.PositiveIntegerField(default=0, help_text="Rows refused at creation.")
+    invalid_rows = models.JSONField(
+        default=list, blank=True, help_text="The first 100 invalid rows: row, field, message."
+    )
     reasons = models.JSONField(default=dict, blank=True, help_text="Gate decisions by reason.")
     segments = models.JSONField(default=dict, blank=True, help_text="Gate decisions by segment.")
     created_by = models.ForeignKey(
@@ -38,6 +66,15 @@ class SendJob(models.Model):
 
     def __str__(self) -> str:
         return f"{self.campaign} ({self.channel}, {self.total:,} recipients)"
+
+    @property
+    def processed(self) -> int:
+        """Recipients with a final outcome."""
+        return sum(getattr(self, outcome) for outcome in self.OUTCOMES)
+
+    @property
+    def pending(self) -> int:
+        return self.total - self.processed
 
     @property
     def progress(self) -> int:

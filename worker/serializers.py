@@ -1,59 +1,9 @@
-"""Shapes of the gate's REST bodies, for the OpenAPI schema.
+"""Shapes of the gate's and send jobs' REST answers, for the OpenAPI schema. Request bodies are
+msgspec structs (worker/bodies.py); the schema of each is generated from it."""
 
-The hot views validate by hand (gatekeeper.api_validation) for speed; these classes describe
-exactly what they accept and answer.
-"""
-
-from django.conf import settings
 from rest_framework import serializers
 
-from gatekeeper.api_validation import ErrorSerializer
-from limits.channels import channels
-from worker.gate import CATEGORIES
-
-__all__ = ["ErrorSerializer"]
-
 REASONS = ["allowed", "duplicate", "daily_cap", "weekly_cap", "blocked", "exempt", "unavailable"]
-GATE_LIMIT = 10_000
-SEND_LIMIT = 100_000
-
-
-def _user_id_field(help_text: str = "") -> serializers.IntegerField:
-    return serializers.IntegerField(
-        min_value=0, max_value=2**settings.GATEKEEPER_ID_WIDTH - 1, help_text=help_text or None
-    )
-
-
-def _channel_field() -> serializers.ChoiceField:
-    return serializers.ChoiceField(
-        choices=channels(), help_text="A channel from settings (GATEKEEPER_CHANNELS)."
-    )
-
-
-class GateRequestSerializer(serializers.Serializer):
-    user_id = _user_id_field("Also taken as a decimal string (64-bit ids from JavaScript).")
-    message_id = serializers.CharField(
-        max_length=200, help_text="The same id again is not counted twice (`duplicate`)."
-    )
-
-
-class GateCheckSerializer(serializers.Serializer):
-    channel = _channel_field()
-    campaign = serializers.CharField(required=False, max_length=200, allow_blank=True)
-    category = serializers.ChoiceField(
-        choices=list(CATEGORIES), required=False, default="marketing"
-    )
-    dry_run = serializers.BooleanField(required=False, default=False)
-    requests = serializers.ListField(
-        child=GateRequestSerializer(), max_length=GATE_LIMIT, min_length=1
-    )
-
-
-class GateReleaseSerializer(serializers.Serializer):
-    channel = _channel_field()
-    requests = serializers.ListField(
-        child=GateRequestSerializer(), max_length=GATE_LIMIT, min_length=1
-    )
 
 
 class WindowCountsSerializer(serializers.Serializer):
@@ -119,30 +69,10 @@ class QuotaSerializer(serializers.Serializer):
     )
 
 
-class RecipientSerializer(serializers.Serializer):
-    user_id = _user_id_field()
-    address = serializers.CharField(help_text="Email address or push token.")
-    message_id = serializers.CharField(
-        required=False, max_length=200, help_text="Default: <campaign>:<user_id>."
-    )
-    context = serializers.DictField(required=False, help_text="Template variables.")  # type: ignore[assignment]
-
-
-class SendJobCreateSerializer(serializers.Serializer):
-    channel = _channel_field()
-    campaign = serializers.CharField(max_length=200)
-    template = serializers.RegexField(
-        r"^[A-Za-z0-9_-]+$",
-        max_length=100,
-        help_text="Templates under templates/<channel>/<template>/, e.g. welcome.",
-    )
-    category = serializers.ChoiceField(
-        choices=list(CATEGORIES), required=False, default="marketing"
-    )
-    on_capped = serializers.ChoiceField(choices=["drop", "defer"], required=False, default="drop")
-    recipients = serializers.ListField(
-        child=RecipientSerializer(), min_length=1, max_length=SEND_LIMIT
-    )
+class InvalidRowSerializer(serializers.Serializer):
+    row = serializers.IntegerField(help_text="Its position in `recipients`, from 0.")
+    field = serializers.CharField()
+    message = serializers.CharField()
 
 
 class SendJobSerializer(serializers.Serializer):
@@ -152,12 +82,26 @@ class SendJobSerializer(serializers.Serializer):
     template = serializers.CharField()
     category = serializers.CharField()
     on_capped = serializers.CharField()
+    on_invalid = serializers.CharField()
     status = serializers.CharField()
-    total = serializers.IntegerField()
-    processed = serializers.IntegerField()
-    progress = serializers.IntegerField()
+    total = serializers.IntegerField(help_text="Recipients handed over, invalid rows included.")
+    processed = serializers.IntegerField(help_text="Recipients with a final outcome.")
+    progress = serializers.IntegerField(help_text="Percent of recipients with a final outcome.")
     sent = serializers.IntegerField()
-    failed = serializers.IntegerField()
+    failed = serializers.IntegerField(help_text="Did not go out and will not; quota given back.")
+    capped = serializers.IntegerField(help_text="Refused by the gate and not deferred.")
+    ambiguous = serializers.IntegerField(
+        help_text="May or may not have gone out (a worker died during the send); not repeated."
+    )
+    duplicate = serializers.IntegerField(
+        help_text="Already sent under the same message id by another job."
+    )
+    invalid = serializers.IntegerField(help_text="Rows refused at creation (on_invalid: skip).")
+    pending = serializers.IntegerField(
+        help_text="Not settled yet; sent + failed + capped + ambiguous + duplicate + invalid + "
+        "pending = total."
+    )
+    invalid_rows = InvalidRowSerializer(many=True, help_text="The first 100 invalid rows.")
     reasons = serializers.DictField(child=serializers.IntegerField())
     segments = serializers.DictField(child=serializers.IntegerField())
     created_at = serializers.DateTimeField()

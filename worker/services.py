@@ -1,15 +1,18 @@
 """Send jobs: created from a campaign's recipients, run chunk by chunk by the worker.
 
 Celery delivers a task at least once (acks_late, so a killed worker's chunk is delivered
-again). The message id is the idempotency key that keeps that from becoming a double send:
-before dispatching, the worker claims `<prefix>sent:{<message id>}` with SET NX; a redelivered
-chunk finds the claims of what it already sent and skips them. The limiter answers `duplicate`
-for those (their slot is held), so the quota is not charged twice either.
+again). The message id is the idempotency key that keeps that from becoming a double send: the
+worker claims each send in Redis right before it goes out and marks it right after
+(worker/claims.py), so a redelivered chunk knows what a dead run already sent (counted, not sent
+again) and what it was sending when it died (ambiguous, or sent again with the same key where
+the provider deduplicates). The limiter answers `duplicate` for a message id it already
+recorded, so the quota is not charged twice either.
 """
 
 import logging
 import re
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
@@ -23,12 +26,18 @@ from django.db.models import Q
 from django.template import TemplateDoesNotExist
 from django.utils import timezone
 
-from gatekeeper.redis_client import get_redis
-from limits.channels import channels
+from gatekeeper.lib.bodies import json_value_problem
+from gatekeeper.lib.ids import max_user_id, out_of_bounds
+from gatekeeper.lib.integers import NotAWholeNumber, whole_number
+from limits.channels import validate_channel
+from worker.claims import SENT, RunClaims, claims_read
 from worker.dispatchers import (
     AMBIGUOUS,
     PERMANENT,
+    TEMPLATE_NAME,
+    TEMPLATE_NAME_WORDS,
     Renderer,
+    dispatcher_class,
     dispatcher_for,
     send_many,
     template_check,
@@ -38,14 +47,13 @@ from worker.models import SendChunk, SendJob
 
 logger = logging.getLogger(__name__)
 
-TEMPLATE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,99}")
-CLAIM_TTL = 8 * 86400  # longer than the weekly window the limiter remembers a message for
 MAX_ATTEMPTS = 5  # transient failures and Redis outages: then the recipient fails visibly
 REDIS_DOWN_DELAY = 30  # seconds before a chunk that met an unavailable Redis is tried again
-
-
-def _claim_key(message_id: str) -> str:
-    return f"{settings.GATEKEEPER_KEY_PREFIX}sent:{{{message_id}}}"
+CONTEXT_DEPTH = 16  # levels of arrays and objects a recipient's template context may nest
+INVALID_ROWS_KEPT = 100  # invalid rows kept on a job (with on_invalid: skip) to show why
+REJECTED_ROWS_SHOWN = 20  # bad rows named in a 400 (with on_invalid: reject)
+CAPPED_REASONS = ("daily_cap", "weekly_cap", "cap")  # refusals that `on_capped: defer` waits out
+TEMPLATE_NAME_RE = re.compile(TEMPLATE_NAME)
 
 
 def send_job_create(
@@ -56,38 +64,47 @@ def send_job_create(
     recipients: Iterable[Mapping[str, Any]],
     category: str = MARKETING,
     on_capped: str = SendJob.OnCapped.DROP,
+    on_invalid: str = SendJob.OnInvalid.REJECT,
     user: Any = None,
     queue: bool = True,
 ) -> SendJob:
     """Validate a campaign's recipients, store them in chunks and queue one task per chunk.
 
-    Raises ValidationError naming the field, or the recipient row (`recipients[3].user_id`).
+    Raises ValidationError naming the field, or the recipient row (`recipients[3].address`).
+    A bad row (not a user id, an address the channel cannot send to, a message id used twice,
+    a context that cannot be stored) refuses the whole job with `on_invalid="reject"`; with
+    "skip" it is counted as `invalid`, its reason kept on the job, and the rest goes out.
     """
-    if channel not in channels():
-        raise ValidationError(
-            {"channel": f"Unknown channel '{channel}'. Choose one of: {', '.join(channels())}."}
-        )
+    try:
+        validate_channel(channel)
+    except ValidationError as exc:
+        raise ValidationError({"channel": exc.messages}) from None
     if category not in CATEGORIES:
         raise ValidationError({"category": f"Choose one of: {', '.join(CATEGORIES)}."})
     if on_capped not in SendJob.OnCapped.values:
         raise ValidationError({"on_capped": "Choose drop or defer."})
-    if not campaign:
-        raise ValidationError({"campaign": "Name the campaign."})
-    if not isinstance(template, str) or not TEMPLATE_NAME.fullmatch(template):
-        raise ValidationError(
-            {
-                "template": "A template name is lower-case letters, digits, - and _ (templates/<channel>/<name>/)."
-            }
-        )
+    if on_invalid not in SendJob.OnInvalid.values:
+        raise ValidationError({"on_invalid": "Choose reject or skip."})
+    if not campaign or len(campaign) > 200:
+        raise ValidationError({"campaign": "Name the campaign (at most 200 characters)."})
+    if not isinstance(template, str) or not TEMPLATE_NAME_RE.fullmatch(template):
+        raise ValidationError({"template": TEMPLATE_NAME_WORDS})
     try:
         template_check(channel=channel, template=template)
     except TemplateDoesNotExist as exc:
         raise ValidationError(
             {"template": f"No {channel} template '{template}' (missing {exc})."}
         ) from exc
-    rows = [_recipient(i, row, campaign) for i, row in enumerate(recipients)]
-    if not rows:
+    rows, invalid = _rows(recipients, campaign=campaign, channel=channel)
+    if not rows and not invalid:
         raise ValidationError({"recipients": "There are no recipients."})
+    if invalid and on_invalid == SendJob.OnInvalid.REJECT:
+        raise ValidationError(
+            {
+                f"recipients[{bad['row']}].{bad['field']}": bad["message"]
+                for bad in invalid[:REJECTED_ROWS_SHOWN]
+            }
+        )
     size = settings.GATEKEEPER_SEND_CHUNK_SIZE
     with transaction.atomic():
         job = SendJob.objects.create(
@@ -96,7 +113,11 @@ def send_job_create(
             template=template,
             category=category,
             on_capped=on_capped,
-            total=len(rows),
+            on_invalid=on_invalid,
+            total=len(rows) + len(invalid),
+            invalid=len(invalid),
+            invalid_rows=invalid[:INVALID_ROWS_KEPT],
+            status=SendJob.Status.QUEUED if rows else SendJob.Status.DONE,
             created_by=user if user is not None and user.is_authenticated else None,
         )
         chunks = SendChunk.objects.bulk_create(
@@ -106,7 +127,7 @@ def send_job_create(
         # Handed over now (to the broker, or to the caller that runs them with queue=False):
         # send_chunks_due leaves them alone unless they are still waiting much later.
         SendChunk.objects.filter(pk__in=ids).update(queued_at=timezone.now())
-        if queue:
+        if queue and ids:
             # robust: a broker outage here leaves the chunks for send_chunks_due, not an error
             # after the job was stored.
             transaction.on_commit(lambda: _queue(ids), robust=True)
@@ -120,45 +141,69 @@ def _queue(chunk_ids: list[int]) -> None:
         send_chunk.delay(chunk_id)
 
 
-def _recipient(i: int, row: Mapping[str, Any], campaign: str) -> dict[str, Any]:
+def _rows(
+    recipients: Iterable[Mapping[str, Any]], *, campaign: str, channel: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(valid rows as stored, invalid rows as {row, field, message}), in order."""
+    address_problem = dispatcher_class(channel).address_problem
+    maximum = max_user_id()
+    first_use: dict[str, int] = {}
+    rows: list[dict[str, Any]] = []
+    invalid: list[dict[str, Any]] = []
+    for i, row in enumerate(recipients):
+        try:
+            recipient = _recipient(row, campaign, address_problem, maximum)
+            message_id = recipient["message_id"]
+            if message_id in first_use:
+                raise _RowError(
+                    "message_id",
+                    f"'{message_id}' is the message id of recipients[{first_use[message_id]}] "
+                    "too; each send needs its own (the same user twice gets one send).",
+                )
+            first_use[message_id] = i
+            rows.append(recipient)
+        except _RowError as exc:
+            invalid.append({"row": i, "field": exc.field, "message": exc.message})
+    return rows, invalid
+
+
+class _RowError(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
+def _recipient(
+    row: Mapping[str, Any], campaign: str, address_problem: Any, maximum: int
+) -> dict[str, Any]:
     if not isinstance(row, Mapping):
-        raise ValidationError({f"recipients[{i}]": "Must be an object."})
+        raise _RowError("user_id", "A recipient is an object with user_id and address.")
     user_id = row.get("user_id")
-    if (
-        isinstance(user_id, bool)
-        or not isinstance(user_id, int)
-        or not 0 <= user_id < 2**settings.GATEKEEPER_ID_WIDTH
-    ):
-        raise ValidationError({f"recipients[{i}].user_id": f"Not a user id: {user_id!r}."})
+    if isinstance(user_id, str):  # the REST API takes ids as digit strings too
+        try:
+            user_id = whole_number(user_id, maximum=maximum, what="A user id")
+        except NotAWholeNumber:
+            raise _RowError("user_id", out_of_bounds(repr(user_id), maximum)) from None
+    if isinstance(user_id, bool) or not isinstance(user_id, int) or not 0 <= user_id <= maximum:
+        raise _RowError("user_id", out_of_bounds(repr(user_id), maximum))
     address = row.get("address")
-    if not isinstance(address, str) or not address or any(c in address for c in "\x00\r\n"):
-        raise ValidationError(
-            {
-                f"recipients[{i}].address": "An email address or push token is required (one line, no NUL)."
-            }
-        )
+    if not isinstance(address, str) or not address:
+        raise _RowError("address", "An email address or push token is required.")
+    problem = address_problem(address)
+    if problem:
+        raise _RowError("address", problem)
     message_id = row.get("message_id") or f"{campaign}:{user_id}"
-    if not isinstance(message_id, str) or len(message_id) > 200 or "\x00" in message_id:
-        raise ValidationError(
-            {f"recipients[{i}].message_id": "At most 200 characters, without NUL."}
-        )
+    if not isinstance(message_id, str) or len(message_id) > 200:
+        raise _RowError("message_id", "A message id is a string of at most 200 characters.")
+    if "\x00" in message_id:
+        raise _RowError("message_id", "Must not contain the NUL character (\\u0000).")
     context = row.get("context") or {}
     if not isinstance(context, dict):
-        raise ValidationError({f"recipients[{i}].context": "Must be an object."})
-    if _holds_nul(context):
-        # PostgreSQL's JSON columns cannot store U+0000, and no template needs it.
-        raise ValidationError({f"recipients[{i}].context": "Must not contain the NUL character."})
+        raise _RowError("context", "Must be an object (the template's variables).")
+    problem = json_value_problem(context, max_depth=CONTEXT_DEPTH)
+    if problem:
+        raise _RowError("context", problem)
     return {"user_id": user_id, "address": address, "message_id": message_id, "context": context}
-
-
-def _holds_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_holds_nul(v) for v in value)
-    return False
 
 
 class ChunkBusy(Exception):
@@ -214,6 +259,83 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None, now: Any = None) ->
         raise
 
 
+class _Run:
+    """One run of one chunk: its outcomes so far, and what is left to settle after sending."""
+
+    def __init__(self, chunk: SendChunk, dispatcher: Any) -> None:
+        self.chunk, self.job = chunk, chunk.job
+        self.dispatcher = dispatcher
+        self.claims = RunClaims(job_id=self.job.pk, run=uuid.uuid4().hex[:16])
+        # A provider that deduplicates by message id gets unknown outcomes sent again.
+        self.resend_unknown = bool(getattr(dispatcher, "idempotent", False))
+        self.last_attempt = chunk.attempts + 1 >= MAX_ATTEMPTS
+        self.outcomes: Counter[str] = Counter()
+        self.released: list[tuple[int, str]] = []  # quota to give back: did not go out
+        self.retry: list[dict[str, Any]] = []  # transient failures: a later chunk
+
+    def send(self, recipients: list[dict[str, Any]], renderer: Renderer) -> None:
+        """Claim, send and settle one dispatcher batch (three round trips at most)."""
+        batch, messages = [], []
+        for recipient in recipients:
+            # Rendered before claiming: a message that cannot be rendered never went out.
+            try:
+                messages.append(renderer(recipient))
+                batch.append(recipient)
+            except Exception as exc:
+                logger.warning("Send %s cannot be rendered: %s", recipient["message_id"], exc)
+                self._fail(recipient)
+        found = self.claims.take([r["message_id"] for r in batch])
+        to_send, to_send_messages, taken_over = [], [], []
+        for recipient, message, claim in zip(batch, messages, found, strict=True):
+            if claim is None:
+                pass
+            elif claim.state == SENT:
+                # An earlier run sent it (and died before counting it), or another job did.
+                mine = claim.job in (None, self.job.pk)
+                self.outcomes["sent" if mine else "duplicate"] += 1
+                continue
+            elif self.resend_unknown:
+                taken_over.append(recipient["message_id"])
+            else:
+                # A run died (or lost its lease) during this very send: it may have gone out.
+                # Not sending it again keeps the promise that matters more for marketing.
+                logger.warning(
+                    "Send %s was cut off by the death of run %s; it may have gone out and is "
+                    "counted as ambiguous, not sent again",
+                    recipient["message_id"],
+                    claim.run or "(unknown)",
+                )
+                self.outcomes["ambiguous"] += 1
+                continue
+            to_send.append(recipient)
+            to_send_messages.append(message)
+        if taken_over:
+            self.claims.take_over(taken_over)
+        sent, unsent = [], []
+        for recipient, error in zip(
+            to_send, send_many(self.dispatcher, to_send_messages), strict=True
+        ):
+            message_id = recipient["message_id"]
+            if error is None:
+                sent.append(message_id)
+                self.outcomes["sent"] += 1
+            elif error.kind == AMBIGUOUS and (not self.resend_unknown or self.last_attempt):
+                logger.warning("Send %s may or may not have gone out: %s", message_id, error)
+                self.outcomes["ambiguous"] += 1  # its claim stays: never sent again
+            else:
+                unsent.append(message_id)
+                if error.kind == PERMANENT or self.last_attempt:
+                    self._fail(recipient)
+                else:
+                    self.retry.append(recipient)
+        # At once, not with the next batch: a worker killed now leaves these sends known.
+        self.claims.settle(sent=sent, unsent=unsent)
+
+    def _fail(self, recipient: dict[str, Any]) -> None:
+        self.released.append((recipient["user_id"], recipient["message_id"]))
+        self.outcomes["failed"] += 1
+
+
 def _run_leased(chunk_id: int, dispatcher: Any) -> dict[str, int]:
     chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
     job = chunk.job
@@ -224,7 +346,7 @@ def _run_leased(chunk_id: int, dispatcher: Any) -> dict[str, int]:
     # Before gating: a missing template or a dispatcher that cannot start fails the chunk
     # without charging anybody's quota.
     renderer = Renderer(channel=job.channel, template=job.template, campaign=job.campaign)
-    dispatcher = dispatcher or dispatcher_for(job.channel)
+    run = _Run(chunk, dispatcher or dispatcher_for(job.channel))
     recipients = chunk.recipients
     decisions = gate_check(
         channel=job.channel,
@@ -232,115 +354,41 @@ def _run_leased(chunk_id: int, dispatcher: Any) -> dict[str, int]:
         campaign=job.campaign,
         category=job.category,
     )
-    outcomes: Counter[str] = Counter()
-    retry: list[dict[str, Any]] = []
-    to_send = [r for r, d in zip(recipients, decisions, strict=True) if d.allowed]
-    released: list[tuple[int, str]] = []
-    # Claims are taken one dispatcher batch at a time, right before its send: a dispatcher that
-    # sends one message per provider call has batches of one, so a worker killed mid-chunk
-    # leaves at most the one send it was doing in the "sending" state. Marking what went out
-    # (and unclaiming what failed) rides on the next batch's claim: one Redis round trip each.
-    size = max(1, int(getattr(dispatcher, "batch_size", 1)))
-    settle: list[tuple[str, str]] = []
+    admitted = [r for r, d in zip(recipients, decisions, strict=True) if d.allowed]
+    size = max(1, int(getattr(run.dispatcher, "batch_size", 1)))
     renew_every = float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS) / 3
     renewed = time.monotonic()
-    for start in range(0, len(to_send), size):
+    for start in range(0, len(admitted), size):
         if time.monotonic() - renewed > renew_every:
             SendChunk.objects.filter(pk=chunk_id).update(lease_until=_lease_end(timezone.now()))
             renewed = time.monotonic()
-        # Rendered before claiming: a message that cannot be rendered never went out.
-        batch, messages = [], []
-        for recipient in to_send[start : start + size]:
-            try:
-                messages.append(renderer(recipient))
-                batch.append(recipient)
-            except Exception as exc:
-                logger.warning("Send %s cannot be rendered: %s", recipient["message_id"], exc)
-                released.append((recipient["user_id"], recipient["message_id"]))
-                outcomes["failed"] += 1
-        previous = _claim_batch(settle, [r["message_id"] for r in batch])
-        settle = []
-        claimed, claimed_messages = [], []
-        for recipient, message, before in zip(batch, messages, previous, strict=True):
-            if before is None:
-                claimed.append(recipient)
-                claimed_messages.append(message)
-            elif before == "sent":
-                outcomes["already_sent"] += 1  # a redelivery: it went out the first time
-            else:
-                # A worker died during this very send: it may have gone out. Not sending it
-                # again keeps the promise that matters more for marketing (never twice).
-                logger.warning(
-                    "Send %s was cut off by a worker's death; not sent again",
-                    recipient["message_id"],
-                )
-                outcomes["ambiguous"] += 1
-        results = send_many(dispatcher, claimed_messages)
-        for recipient, error in zip(claimed, results, strict=True):
-            message_id = recipient["message_id"]
-            if error is None:
-                settle.append(("sent", message_id))
-                outcomes["sent"] += 1
-            elif error.kind == AMBIGUOUS:
-                logger.warning("Send %s may or may not have gone out: %s", message_id, error)
-                outcomes["ambiguous"] += 1
-            else:
-                settle.append(("unclaim", message_id))
-                if error.kind == PERMANENT or chunk.attempts + 1 >= MAX_ATTEMPTS:
-                    released.append((recipient["user_id"], message_id))
-                    outcomes["failed"] += 1
-                else:
-                    retry.append(recipient)
-    if settle:
-        _claim_batch(settle, [])
-    if released and job.category == MARKETING:
-        gate_release(channel=job.channel, requests=released)
+        run.send(admitted[start : start + size], renderer)
+    if run.released and job.category == MARKETING:
+        gate_release(channel=job.channel, requests=run.released)
+    outcomes = run.outcomes
     capped: list[tuple[dict[str, Any], float]] = []
     unavailable: list[dict[str, Any]] = []
     for recipient, decision in zip(recipients, decisions, strict=True):
         if decision.allowed:
             continue
-        if (
-            decision.reason in ("daily_cap", "weekly_cap")
-            and job.on_capped == SendJob.OnCapped.DEFER
-        ):
+        if decision.reason in CAPPED_REASONS and job.on_capped == SendJob.OnCapped.DEFER:
             capped.append((recipient, decision.retry_after or 60.0))
-        elif decision.reason == "unavailable" and chunk.attempts + 1 < MAX_ATTEMPTS:
+        elif decision.reason == "unavailable" and not run.last_attempt:
             # Redis or the snapshot is missing: try again soon instead of dropping the send.
             unavailable.append(recipient)
         elif decision.reason == "unavailable":
             outcomes["failed"] += 1
         else:
-            outcomes["dropped"] += 1
+            outcomes["capped"] += 1
     follow_ups: list[tuple[list[dict[str, Any]], float, int]] = []
-    if retry:  # transient failures: backoff, and an attempt spent
-        follow_ups.append((retry, 5 * 2**chunk.attempts, chunk.attempts + 1))
+    if run.retry:  # transient failures: backoff, and an attempt spent
+        follow_ups.append((run.retry, 5 * 2**chunk.attempts, chunk.attempts + 1))
     if unavailable:  # Redis or the snapshot missing: soon, and an attempt spent
         follow_ups.append((unavailable, float(REDIS_DOWN_DELAY), chunk.attempts + 1))
     if capped:  # waiting for a slot is not a failure: no attempt spent
         follow_ups.append(([r for r, _ in capped], max(d for _, d in capped), chunk.attempts))
     _settle(chunk, decisions, outcomes, follow_ups)
     return dict(outcomes)
-
-
-def _claim_batch(settle: list[tuple[str, str]], claim: list[str]) -> list[str | None]:
-    """In one round trip: mark sends as `sent` or drop failed claims (`settle`), then claim
-    `claim` for sending. Returns, per claimed id, None if claimed now, else what the claim
-    already said ("sent", or "sending" when a worker died in the middle of that send)."""
-    pipe = get_redis().pipeline(transaction=False)
-    for action, message_id in settle:
-        if action == "sent":
-            pipe.set(_claim_key(message_id), "sent", ex=CLAIM_TTL)
-        else:
-            pipe.delete(_claim_key(message_id))
-    for message_id in claim:
-        pipe.set(_claim_key(message_id), "sending", nx=True, ex=CLAIM_TTL, get=True)
-    return _claim_states(pipe.execute()[len(settle) :])
-
-
-def _claim_states(replies: list[Any]) -> list[str | None]:
-    """Claim values as text: None (no claim), "sending" or "sent"."""
-    return [r.decode() if isinstance(r, bytes) else r for r in replies]
 
 
 def _still_queued(chunk_id: int) -> bool:
@@ -350,9 +398,11 @@ def _still_queued(chunk_id: int) -> bool:
 
 def _count_on_job(job: SendJob, outcomes: Counter[str]) -> None:
     """Add a chunk's outcomes to its (locked) job; the job is done once all have one."""
-    job.sent += outcomes["sent"]
-    job.failed += outcomes["failed"]
-    job.processed += sum(outcomes.values())
+    unknown = set(outcomes) - set(SendJob.OUTCOMES)
+    if unknown:
+        raise ValueError(f"not outcomes of a send job: {', '.join(sorted(unknown))}")
+    for outcome, count in outcomes.items():
+        setattr(job, outcome, getattr(job, outcome) + count)
     if job.processed >= job.total:
         job.status = SendJob.Status.DONE
     job.save()
@@ -412,9 +462,10 @@ def send_chunks_due(*, now: Any = None) -> int:
 
 def send_chunk_fail(*, chunk_id: int, error: str) -> None:
     """Give a chunk up after its task failed for good, so the job still finishes. What the
-    claims say decides each recipient: `sent` counts as sent, `sending` as ambiguous (kept),
-    and an unclaimed one as failed with its quota given back (the gate may have charged it).
-    With Redis unreachable too, every recipient counts as failed and nothing is released."""
+    claims say decides each recipient: sent (by this job) counts as sent, sent by another job
+    as a duplicate, `sending` as ambiguous (kept), and an unclaimed one as failed with its quota
+    given back (the gate may have charged it). With Redis unreachable too, every recipient
+    counts as failed and nothing is released."""
     chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
     if chunk.status != SendChunk.Status.QUEUED:
         return
@@ -422,23 +473,18 @@ def send_chunk_fail(*, chunk_id: int, error: str) -> None:
     outcomes: Counter[str] = Counter()
     unclaimed: list[tuple[int, str]] = []
     try:
-        pipe = get_redis().pipeline(transaction=False)
-        for r in recipients:
-            pipe.get(_claim_key(r["message_id"]))
-        claims: list[str | None] | None = _claim_states(pipe.execute())
+        claims = claims_read([r["message_id"] for r in recipients])
     except redis.RedisError:
-        claims = None
-    if claims is None:
         outcomes["failed"] = len(recipients)
     else:
-        for r, state in zip(recipients, claims, strict=True):
-            if state == "sent":
-                outcomes["sent"] += 1
-            elif state == "sending":
-                outcomes["ambiguous"] += 1
-            else:
+        for r, claim in zip(recipients, claims, strict=True):
+            if claim is None:
                 outcomes["failed"] += 1
                 unclaimed.append((r["user_id"], r["message_id"]))
+            elif claim.state == SENT:
+                outcomes["sent" if claim.job in (None, chunk.job_id) else "duplicate"] += 1
+            else:
+                outcomes["ambiguous"] += 1
         if unclaimed and chunk.job.category == MARKETING:
             try:
                 gate_release(channel=chunk.job.channel, requests=unclaimed)

@@ -3,9 +3,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import requests
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import Group, Permission, User
 from rest_framework.authtoken.models import Token
 
+from gatekeeper.groups import MARKETER, VIEWER
+from gatekeeper.lib.permissions import CAMPAIGN_SYSTEM
 from limits.models import Cap
 from segments.index import reset_index
 from segments.models import Segment
@@ -22,42 +24,48 @@ def _fresh_index() -> Iterator[None]:
     reset_index()
 
 
-def _user(name: str, *perms: str) -> User:
+def make_user(name: str, *perms: str, group: str | None = None) -> User:
     user = User.objects.create_user(name, password="pw")
     for perm in perms:
         app, codename = perm.split(".")
         user.user_permissions.add(
             Permission.objects.get(content_type__app_label=app, codename=codename)
         )
+    if group is not None:
+        user.groups.add(Group.objects.get(name=group))
     return user
+
+
+def token_session(base_url: str, user: User | None) -> requests.Session:
+    s = requests.Session()
+    s.base_url = base_url  # type: ignore[attr-defined]
+    if user is not None:
+        token, _ = Token.objects.get_or_create(user=user)
+        s.headers["Authorization"] = f"Token {token.key}"
+    return s
 
 
 @pytest.fixture
 def api(live_server, transactional_db, redis_client) -> Callable[..., requests.Session]:
-    """api("viewer") -> a requests session with that user's token, against the live server."""
-    roles = {
+    """api("viewer") -> a requests session with that user's token, against the live server.
+
+    Roles as deployments have them: the Viewer and Marketer groups, and a campaign system's
+    account ("gate")."""
+    roles: dict[str, tuple[tuple[str, ...], str | None] | None] = {
         "anonymous": None,
-        "nobody": (),
-        "viewer": ("segments.view_segment",),
-        "gate": ("segments.view_segment", "limits.use_gate"),
-        "marketer": (
-            "segments.view_segment",
-            "segments.change_segment",
-            "segments.add_segment",
-            "limits.change_cap",
-            "limits.use_gate",
-        ),
+        "nobody": ((), None),
+        "viewer": ((), VIEWER),
+        "gate": (CAMPAIGN_SYSTEM, None),
+        "marketer": ((), MARKETER),
     }
 
     def session(role: str) -> requests.Session:
-        s = requests.Session()
-        s.base_url = live_server.url  # type: ignore[attr-defined]
-        perms = roles[role]
-        if perms is not None:
-            user = User.objects.filter(username=role).first() or _user(role, *perms)
-            token, _ = Token.objects.get_or_create(user=user)
-            s.headers["Authorization"] = f"Token {token.key}"
-        return s
+        spec = roles[role]
+        if spec is None:
+            return token_session(live_server.url, None)
+        perms, group = spec
+        user = User.objects.filter(username=role).first() or make_user(role, *perms, group=group)
+        return token_session(live_server.url, user)
 
     return session
 

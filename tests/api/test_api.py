@@ -157,37 +157,13 @@ def test_release_gives_a_slot_back(api, snapshot):
     assert [r["released"] for r in released["results"]] == [True, False]
 
 
-@pytest.mark.parametrize(
-    ("role", "method", "path", "expected"),
-    [
-        ("anonymous", "GET", "/api/v1/segments/", 401),
-        ("anonymous", "POST", "/api/v1/gate/check/", 401),
-        ("nobody", "GET", "/api/v1/segments/", 403),
-        ("nobody", "GET", "/api/v1/users/1/quota/", 403),
-        ("viewer", "GET", "/api/v1/segments/", 200),
-        ("viewer", "GET", "/api/v1/limits/", 200),
-        ("viewer", "POST", "/api/v1/gate/check/", 403),
-        ("viewer", "PUT", "/api/v1/limits/vip/email/", 403),
-        ("viewer", "POST", "/api/v1/snapshots/", 403),
-        ("gate", "POST", "/api/v1/segments/", 403),
-        ("marketer", "GET", "/api/v1/snapshots/", 200),
-    ],
-)
-def test_the_permission_matrix(api, snapshot, role, method, path, expected):
-    assert call(api(role), method, path, json={}).status_code == expected
-
-
 def test_a_marketer_changes_a_cap_and_it_governs_the_gate(api, snapshot):
     m = api("marketer")
     response = call(m, "PUT", "/api/v1/limits/default/email/", json={"daily": 0, "weekly": None})
     assert response.status_code == 200
     assert response.json()["description"] == "no marketing emails"
-    assert (
-        call(m, "POST", "/api/v1/gate/check/", json=check_body([(7, "a")])).json()["results"][0][
-            "reason"
-        ]
-        == "blocked"
-    )
+    checked = call(api("gate"), "POST", "/api/v1/gate/check/", json=check_body([(7, "a")]))
+    assert checked.json()["results"][0]["reason"] == "blocked"
     bad = call(m, "PUT", "/api/v1/limits/default/email/", json={"daily": -1, "weekly": 3})
     assert bad.status_code == 400 and "daily" in bad.json()
     for path, body, field in [
@@ -197,6 +173,12 @@ def test_a_marketer_changes_a_cap_and_it_governs_the_gate(api, snapshot):
         ("/api/v1/limits/default/email/", {"daily": 2**31, "weekly": None}, "daily"),
         ("/api/v1/limits/default/email/", {"daily": True, "weekly": None}, "daily"),
         ("/api/v1/limits/default/email/", {"daily": 1.5, "weekly": None}, "daily"),
+        # JSON integers only: strings the admin refuses are refused here too.
+        ("/api/v1/limits/default/email/", {"daily": "12", "weekly": None}, "daily"),
+        ("/api/v1/limits/default/email/", {"daily": "+12", "weekly": None}, "daily"),
+        ("/api/v1/limits/default/email/", {"daily": "12 ", "weekly": None}, "daily"),
+        ("/api/v1/limits/default/email/", {"daily": "١٢", "weekly": None}, "daily"),
+        ("/api/v1/limits/default/email/", {"daily": 1, "weekly": None, "monthly": 3}, "monthly"),
     ]:
         refused = call(m, "PUT", path, json=body)
         assert refused.status_code == 400, (path, body)
@@ -254,7 +236,7 @@ def test_a_pipeline_replaces_a_list_and_publishes_it(api, snapshot, settings):
     assert versions["live_version"] == build["version"]
     back = call(m, "POST", f"/api/v1/snapshots/{snapshot}/activate/")
     assert back.json() == {"live_version": snapshot}
-    assert call(m, "POST", "/api/v1/snapshots/nope/activate/").status_code == 400
+    assert call(m, "POST", "/api/v1/snapshots/nope/activate/").status_code == 404
 
 
 def test_health_and_readiness(api, snapshot):
@@ -380,10 +362,11 @@ def test_64_bit_ids_pass_only_as_far_as_the_loaded_snapshot_can_answer(
 ):
     settings.GATEKEEPER_ID_WIDTH = 64
     s = api("viewer")
-    # No snapshot yet: the configured width is the limit.
-    assert call(s, "GET", f"/api/v1/users/{2**64 - 1}/quota/").status_code == 503
-    refused = call(s, "GET", f"/api/v1/users/{2**64}/quota/")
-    assert refused.status_code == 400 and "18446744073709551615" in refused.json()["user_id"][0]
+    # No snapshot yet: the configured width is the limit, and 64-bit ids stay below 2^63 (the
+    # database keeps ids in signed 64-bit columns).
+    assert call(s, "GET", f"/api/v1/users/{2**63 - 1}/quota/").status_code == 503
+    refused = call(s, "GET", f"/api/v1/users/{2**63}/quota/")
+    assert refused.status_code == 400 and "9223372036854775807" in refused.json()["user_id"][0]
     # A 32-bit snapshot cannot answer for a larger id: a 400 that says so, not a crash.
     Segment.objects.get_or_create(
         is_default=True, defaults={"slug": "default", "name": "Everyone", "priority": 1000}
@@ -505,7 +488,7 @@ def test_the_served_schema_is_the_documented_one_and_the_docs_work_offline(api):
     generated = SchemaGenerator().get_schema(request=None, public=True)
     assert sorted(served["paths"]) == sorted(generated["paths"])
     gate = served["paths"]["/api/v1/gate/check/"]["post"]
-    assert set(gate["responses"]) == {"200", "400", "401", "403"}
+    assert set(gate["responses"]) == {"200", "400", "401", "403", "413"}
     assert list(gate["requestBody"]["content"]) == ["application/json"]
     docs = call(s, "GET", "/api/docs/")
     assert docs.status_code == 200
@@ -520,7 +503,7 @@ def test_the_served_schema_is_the_documented_one_and_the_docs_work_offline(api):
 def test_a_revoked_token_stops_working_once_its_cache_entry_expires(api, snapshot, monkeypatch):
     from rest_framework.authtoken.models import Token
 
-    from gatekeeper.api_permissions import CachedTokenAuthentication
+    from gatekeeper.lib.permissions import CachedTokenAuthentication
 
     s = api("viewer")
     assert call(s, "GET", "/api/v1/segments/lookup/?user_id=1").status_code == 200

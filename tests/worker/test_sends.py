@@ -16,6 +16,7 @@ from django.utils import timezone
 from limits.limiter import Limits, Policy, get_limiter
 from tests.redis_servers import free_port
 from worker import services
+from worker.claims import claim_key
 from worker.models import SendChunk, SendJob
 from worker.services import send_chunk_run, send_job_create
 
@@ -91,6 +92,13 @@ def campaign(published):
     )
 
 
+def nested(levels: int) -> dict:
+    value: dict = {}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
 def recipients(*user_ids: int, domain: str = "example.com") -> list[dict]:
     return [
         {"user_id": u, "address": f"u{u}@{domain}", "context": {"name": f"User {u}"}}
@@ -144,10 +152,11 @@ def test_a_redelivered_chunk_sends_nothing_twice(campaign, smtp):
     )
     chunk = job.chunks.get()
     send_chunk_run(chunk_id=chunk.pk)
-    # The worker died before the task was acknowledged: the same chunk comes back.
+    # The worker died after sending, before the chunk was counted: the same chunk comes back,
+    # finds the claims of this job's sends and counts them as sent without sending again.
     SendChunk.objects.filter(pk=chunk.pk).update(status=SendChunk.Status.QUEUED)
     outcome = send_chunk_run(chunk_id=chunk.pk)
-    assert outcome == {"already_sent": 2}
+    assert outcome == {"sent": 2}
     assert smtp.per_recipient() == {"u1@example.com": 1, "u9@example.com": 1}
 
 
@@ -245,20 +254,52 @@ def test_redis_down_defers_the_sends_instead_of_dropping_them(
         ({"channel": "fax"}, "channel"),
         ({"template": "nope"}, "template"),
         ({"on_capped": "later"}, "on_capped"),
-        ({"recipients": [{"user_id": -1, "address": "a@b"}]}, "recipients[0].user_id"),
+        ({"recipients": [{"user_id": -1, "address": "a@example.com"}]}, "recipients[0].user_id"),
         ({"recipients": [{"user_id": 1}]}, "recipients[0].address"),
         ({"recipients": []}, "recipients"),
         ({"template": "../../admin/base"}, "template"),
         ({"template": "Welcome Back"}, "template"),
-        ({"recipients": [{"user_id": 1, "address": "a@b\x00"}]}, "recipients[0].address"),
-        ({"recipients": [{"user_id": 1, "address": "a@b\nBcc: x@y"}]}, "recipients[0].address"),
+        ({"recipients": [{"user_id": 1, "address": "a@example.com\x00"}]}, "recipients[0].address"),
         (
-            {"recipients": [{"user_id": 1, "address": "a@b", "context": {"n": ["x\x00"]}}]},
+            {"recipients": [{"user_id": 1, "address": "a@example.com\nBcc: x@example.com"}]},
+            "recipients[0].address",
+        ),
+        ({"recipients": [{"user_id": 1, "address": ""}]}, "recipients[0].address"),
+        ({"recipients": [{"user_id": 1, "address": "sÓáC#"}]}, "recipients[0].address"),
+        (
+            {
+                "recipients": [
+                    {"user_id": 1, "address": "a@example.com", "context": {"n": ["x\x00"]}}
+                ]
+            },
             "recipients[0].context",
         ),
+        (
+            {
+                "recipients": [
+                    {"user_id": 1, "address": "a@example.com", "context": {"n": "\ud800"}}
+                ]
+            },
+            "recipients[0].context",
+        ),
+        (
+            {"recipients": [{"user_id": 1, "address": "a@example.com", "context": nested(17)}]},
+            "recipients[0].context",
+        ),
+        (
+            {
+                "recipients": [
+                    *recipients(1),
+                    {"user_id": 2, "address": "b@example.com", "message_id": "c:1"},
+                ]
+            },
+            "recipients[1].message_id",
+        ),
+        ({"recipients": [{"user_id": "١٢", "address": "a@example.com"}]}, "recipients[0].user_id"),
     ],
 )
 def test_bad_jobs_are_refused_naming_the_field(db, kwargs, field):
+    # One bad row refuses the whole job (on_invalid="reject", the default): nothing is stored.
     args = {
         "channel": "email",
         "campaign": "c",
@@ -319,7 +360,7 @@ def test_a_send_cut_off_by_a_dead_worker_is_not_sent_again(campaign, smtp, redis
         channel="email", campaign="k", template="welcome", recipients=recipients(1, 9), queue=False
     )
     # The previous worker claimed user 9's message and died during the SMTP exchange.
-    redis_client.set(services._claim_key("k:9"), "sending")
+    redis_client.set(claim_key("k:9"), f"sending:{job.pk}:dead-run")
     outcome = send_chunk_run(chunk_id=job.chunks.get().pk)
     assert outcome == {"sent": 1, "ambiguous": 1}
     assert smtp.per_recipient() == {"u1@example.com": 1}
@@ -329,7 +370,7 @@ def test_a_failed_send_between_two_good_ones_is_unclaimed_and_released(
     campaign, relay, redis_client
 ):
     # The webhook sends one push per call, so each claim covers one send; the outcome of each
-    # send is written to Redis with the next claim.
+    # send is written to Redis as soon as the relay answers.
     relay.statuses = [200, 400, 200]
     job = send_job_create(
         channel="push",
@@ -339,8 +380,8 @@ def test_a_failed_send_between_two_good_ones_is_unclaimed_and_released(
         queue=False,
     )
     assert send_chunk_run(chunk_id=job.chunks.get().pk) == {"sent": 2, "failed": 1}
-    claims = [redis_client.get(services._claim_key(f"m:{u}")) for u in (1, 2, 9)]
-    assert claims == [b"sent", None, b"sent"]
+    claims = [redis_client.get(claim_key(f"m:{u}")) for u in (1, 2, 9)]
+    assert claims == [f"sent:{job.pk}".encode(), None, f"sent:{job.pk}".encode()]
     usage = get_limiter().peek("push", 2, Policy(Limits(1, 5), Limits()))
     assert usage is not None and usage[0].daily_used == 0
     assert [body["user_id"] for body in relay.received] == [1, 9]
@@ -358,12 +399,12 @@ def test_a_batch_dispatcher_claims_its_batch_in_one_go(campaign, settings, redis
         recipients=recipients(1, 2, 9),
         queue=False,
     )
-    redis_client.set(services._claim_key("b:2"), "sent")  # a redelivery: it went out before
-    redis_client.set(services._claim_key("b:9"), "sending")  # cut off by a dead worker
+    redis_client.set(claim_key("b:2"), f"sent:{job.pk}")  # a redelivery: it went out before
+    redis_client.set(claim_key("b:9"), "sending")  # cut off by a dead worker (an old claim)
     outcome = send_chunk_run(chunk_id=job.chunks.get().pk)
-    assert outcome == {"sent": 1, "already_sent": 1, "ambiguous": 1}
+    assert outcome == {"sent": 2, "ambiguous": 1}
     assert [m.user_id for m in MemoryPushBackend.outbox] == [1]
-    assert redis_client.get(services._claim_key("b:1")) == b"sent"
+    assert redis_client.get(claim_key("b:1")) == f"sent:{job.pk}".encode()
 
 
 def test_a_chunk_that_keeps_failing_is_counted_failed_not_lost(campaign, smtp):
@@ -453,11 +494,12 @@ def test_a_chunk_given_up_counts_each_recipient_by_its_claim_and_gives_quota_bac
     )
     gate_check = services.gate_check
     gate_check(channel="email", requests=[(1, "g:1"), (2, "g:2"), (9, "g:9")], campaign="g")
-    redis_client.set(services._claim_key("g:1"), "sent")
-    redis_client.set(services._claim_key("g:2"), "sending")
+    redis_client.set(claim_key("g:1"), f"sent:{job.pk}")
+    redis_client.set(claim_key("g:2"), f"sending:{job.pk}:dead-run")
     services.send_chunk_fail(chunk_id=job.chunks.get().pk, error="RuntimeError: boom")
     job.refresh_from_db()
-    assert (job.sent, job.failed, job.processed, job.status) == (1, 1, 3, "done")
+    assert (job.sent, job.ambiguous, job.failed, job.status) == (1, 1, 1, "done")
+    assert job.processed == job.total == 3
     peeked = {u: get_limiter().peek("email", u, Policy(Limits(1, 5), Limits())) for u in (1, 2, 9)}
     usage = {u: p[0].daily_used for u, p in peeked.items() if p is not None}
     assert usage == {1: 1, 2: 1, 9: 0}  # only the unclaimed send's slot is given back
@@ -474,4 +516,4 @@ def test_an_unexpected_dispatcher_error_is_ambiguous_not_repeated(campaign, redi
         channel="push", campaign="u", template="welcome", recipients=recipients(1), queue=False
     )
     assert send_chunk_run(chunk_id=job.chunks.get().pk, dispatcher=Broken()) == {"ambiguous": 1}
-    assert redis_client.get(services._claim_key("u:1")) == b"sending"
+    assert redis_client.get(claim_key("u:1")).startswith(f"sending:{job.pk}:".encode())

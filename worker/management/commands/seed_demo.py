@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from gatekeeper.groups import MARKETER, VIEWER
+from gatekeeper.lib.permissions import CAMPAIGN_SYSTEM
 from limits.models import Cap
 from segments.models import Segment
 from segments.services import build_run, build_start, user_list_import
@@ -72,10 +73,10 @@ class Command(BaseCommand):
                 service.set_unusable_password()
                 service.save()
                 service.user_permissions.add(
-                    Permission.objects.get(content_type__app_label="limits", codename="use_gate"),
-                    Permission.objects.get(
-                        content_type__app_label="segments", codename="view_segment"
-                    ),
+                    *(
+                        Permission.objects.get(content_type__app_label=app, codename=codename)
+                        for app, codename in (p.split(".") for p in CAMPAIGN_SYSTEM)
+                    )
                 )
         build = build_run(build_id=build_start(queue=False).pk)
         self.stdout.write(

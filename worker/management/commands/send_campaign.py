@@ -27,10 +27,17 @@ class Command(BaseCommand):
             "--category", default="marketing", choices=["marketing", "transactional"]
         )
         parser.add_argument("--on-capped", default="drop", choices=["drop", "defer"])
+        parser.add_argument(
+            "--on-invalid",
+            default="reject",
+            choices=["reject", "skip"],
+            help="reject: a bad row sends nothing; skip: bad rows are counted as invalid",
+        )
         parser.add_argument("--wait", action="store_true", help="gate and send in this process")
 
     def handle(self, *args: Any, **options: Any) -> None:
         campaign = options["campaign"] or options["template"]
+        self._lines: list[int] = []  # the file line of each recipient, for error messages
         rows = list(self._read(options["recipients"], campaign))
         try:
             job = send_job_create(
@@ -39,11 +46,15 @@ class Command(BaseCommand):
                 template=options["template"],
                 category=options["category"],
                 on_capped=options["on_capped"],
+                on_invalid=options["on_invalid"],
                 recipients=rows,
                 queue=not options["wait"],
             )
         except ValidationError as exc:
-            problems = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
+            problems = "; ".join(
+                f"{self._where(options['recipients'], k)}: {' '.join(v)}"
+                for k, v in exc.message_dict.items()
+            )
             raise CommandError(f"Nothing was sent. {problems}") from exc
         if not options["wait"]:
             self.stdout.write(
@@ -61,29 +72,37 @@ class Command(BaseCommand):
         self._summary(job)
 
     def _read(self, path: str, campaign: str) -> Any:
+        """Rows as the service takes them. The user id is left as the file wrote it: the
+        service applies the one rule for ids (and names the row) like for any caller."""
         try:
-            with open(path, newline="") as handle:
+            with open(path, newline="", encoding="utf-8") as handle:
                 for line_no, row in enumerate(csv.reader(handle), start=1):
-                    if not row or (line_no == 1 and not row[0].strip().isdigit()):
-                        continue
-                    if len(row) < 2 or not row[0].strip().isdigit():
+                    first = row[0].strip() if row else ""
+                    if not row or (line_no == 1 and not (first.isascii() and first.isdigit())):
+                        continue  # blank lines, and a header line
+                    if len(row) < 2:
                         raise CommandError(
-                            f"{path} line {line_no}: expected user_id,address[,message_id], got {row!r}."
+                            f"{path} line {line_no}: expected user_id,address[,message_id], "
+                            f"got {row!r}."
                         )
-                    user_id = int(row[0])
-                    message_id = (
-                        row[2].strip()
-                        if len(row) > 2 and row[2].strip()
-                        else f"{campaign}:{user_id}"
-                    )
-                    yield {"user_id": user_id, "address": row[1].strip(), "message_id": message_id}
-        except OSError as exc:
+                    message_id = row[2].strip() if len(row) > 2 and row[2].strip() else None
+                    self._lines.append(line_no)
+                    yield {"user_id": row[0], "address": row[1].strip(), "message_id": message_id}
+        except (OSError, UnicodeDecodeError, csv.Error) as exc:
             raise CommandError(f"Cannot read {path}: {exc}") from exc
+
+    def _where(self, path: str, field: str) -> str:
+        """`recipients[3].address` as the file's line: `recipients.csv line 5 (address)`."""
+        if field.startswith("recipients["):
+            index, _, rest = field[len("recipients[") :].partition("]")
+            if index.isdigit() and int(index) < len(self._lines):
+                return f"{path} line {self._lines[int(index)]} ({rest.lstrip('.')})"
+        return field
 
     def _summary(self, job: SendJob) -> None:
         self.stdout.write(f"\nSend job #{job.pk} ({job.campaign}, {job.channel}): {job.status}")
-        self.stdout.write(f"  {'sent':<14}{job.sent:>10,}")
-        self.stdout.write(f"  {'failed':<14}{job.failed:>10,}")
+        for outcome in (*SendJob.OUTCOMES, "pending"):
+            self.stdout.write(f"  {outcome:<14}{getattr(job, outcome):>10,}")
         self.stdout.write("\n  gate decisions by reason:")
         for reason, count in Counter(job.reasons).most_common():
             self.stdout.write(f"  {reason:<14}{count:>10,}")

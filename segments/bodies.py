@@ -1,0 +1,59 @@
+"""Request bodies of the segments' REST API (msgspec structs, see gatekeeper.lib.bodies)."""
+
+from typing import Annotated
+
+from msgspec import UNSET, Meta, UnsetType
+
+from gatekeeper.lib.bodies import Body, words_for_pattern
+from gatekeeper.lib.ids import JsonUserId
+
+LOOKUP_LIMIT = 100_000
+# 100,000 ids, even written as 20-digit strings.
+LOOKUP_BODY_BYTES = 4 * 2**20
+
+Slug = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=64,
+        pattern=words_for_pattern(
+            "^[-a-zA-Z0-9_]+$", "A slug is letters, digits, - and _ only (it names files and keys)."
+        ),
+    ),
+]
+Name = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=200,
+        pattern=words_for_pattern(r"\S", "Must not be blank."),
+    ),
+]
+Priority = Annotated[
+    int,
+    Meta(
+        ge=-(2**31),
+        le=2**31 - 1,
+        description="Lower wins: a user in several lists belongs to the lowest number.",
+    ),
+]
+Description = Annotated[str, Meta(max_length=5000)]
+
+
+class SegmentCreateBody(Body, kw_only=True):
+    slug: Slug
+    name: Name
+    priority: Priority
+    description: Description = ""
+
+
+class SegmentChangeBody(Body, kw_only=True):
+    # `slug` is taken only to say it cannot change (a read-modify-write client sends it back).
+    slug: Slug | UnsetType = UNSET
+    name: Name | UnsetType = UNSET
+    priority: Priority | UnsetType = UNSET
+    description: Description | UnsetType = UNSET
+
+
+class LookupBody(Body, kw_only=True):
+    user_ids: Annotated[list[JsonUserId], Meta(min_length=1, max_length=LOOKUP_LIMIT)]

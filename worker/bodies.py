@@ -1,0 +1,72 @@
+"""Request bodies of the gate and of send jobs, as msgspec structs (gatekeeper.lib.bodies).
+
+The structs hold the shape (types, lengths, enumerations); what depends on settings or on the
+loaded snapshot (known channels, the widest user id, a template that exists) is checked after
+decoding, by the view or the service, with the same 400 format.
+"""
+
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta
+
+from gatekeeper.lib.bodies import Body
+from gatekeeper.lib.ids import JsonUserId
+from worker.dispatchers import TEMPLATE_NAME
+
+GATE_LIMIT = 10_000
+SEND_LIMIT = 100_000
+# Body limits that fit the batch limits: 10,000 requests with message ids of up to 200
+# characters, even written as \\u escapes; 100,000 recipients of about 640 bytes each.
+GATE_BODY_BYTES = 16 * 2**20
+SEND_BODY_BYTES = 64 * 2**20
+
+MessageId = Annotated[str, Meta(min_length=1, max_length=200)]
+Category = Literal["marketing", "transactional"]
+
+
+class GateRequest(Body, kw_only=True):
+    user_id: JsonUserId
+    message_id: MessageId
+
+
+class GateCheckBody(Body, kw_only=True):
+    channel: str
+    campaign: Annotated[str, Meta(max_length=200)] = ""
+    category: Category = "marketing"
+    dry_run: bool = False
+    requests: Annotated[list[GateRequest], Meta(min_length=1, max_length=GATE_LIMIT)]
+
+
+class GateReleaseBody(Body, kw_only=True):
+    channel: str
+    requests: Annotated[list[GateRequest], Meta(min_length=1, max_length=GATE_LIMIT)]
+
+
+class RecipientBody(Body, kw_only=True):
+    user_id: JsonUserId
+    address: Annotated[
+        str, Meta(min_length=1, max_length=4096, description="An email address or a push token.")
+    ]
+    message_id: (
+        Annotated[
+            str, Meta(min_length=1, max_length=200, description="Default: <campaign>:<user_id>.")
+        ]
+        | None
+    ) = None
+    context: Annotated[dict[str, Any], Meta(description="Template variables.")] = {}
+
+
+class SendJobBody(Body, kw_only=True):
+    channel: str
+    campaign: Annotated[str, Meta(min_length=1, max_length=200)]
+    template: Annotated[str, Meta(pattern=TEMPLATE_NAME)]
+    category: Category = "marketing"
+    on_capped: Literal["drop", "defer"] = "drop"
+    on_invalid: Annotated[
+        Literal["reject", "skip"],
+        Meta(
+            description="reject: a bad recipient row refuses the job (400 naming it); skip: bad "
+            "rows are counted as `invalid`, with their reasons, and the rest is sent."
+        ),
+    ] = "reject"
+    recipients: Annotated[list[RecipientBody], Meta(min_length=1, max_length=SEND_LIMIT)]

@@ -1,0 +1,94 @@
+"""Send claims: what keeps "delivered at least once" (Celery) from becoming "sent twice".
+
+Right before a send goes to its provider, the run claims `<prefix>sent:{<message id>}` in
+Redis with SET NX: `sending:<job>:<run>`. Right after the provider answers, the claim becomes
+`sent:<job>` (it went out) or is deleted (it did not, and may be tried again). A run that finds
+a claim already there knows, without asking anyone:
+
+- `sent:<this job>`: an earlier run of this chunk sent it and died before counting it: count it
+  as sent now, do not send it again;
+- `sent:<another job>`: another job already sent this message id: a duplicate, not sent;
+- `sending:<job>:<another run>`: a run died (or lost its lease) during this very send, which may
+  or may not have reached the provider: ambiguous, unless the provider deduplicates by the
+  message id, in which case the send is taken over and made again with the same key.
+
+Claims from before job and run ids were written (`sending`, `sent`) read as a dead run's and as
+this job's. Claims live CLAIM_TTL, longer than the weekly window the limiter remembers a message
+id for. The hash tag puts each claim in its message id's slot, so claims work on a cluster.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from gatekeeper.redis_client import get_redis
+
+CLAIM_TTL = 8 * 86400
+SENDING, SENT = "sending", "sent"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    state: str  # SENDING or SENT
+    job: int | None  # None: written before claims named their job
+    run: str | None  # the run that is sending; None for SENT and for old claims
+
+
+def claim_key(message_id: str) -> str:
+    return f"{settings.GATEKEEPER_KEY_PREFIX}sent:{{{message_id}}}"
+
+
+def _parse(reply: Any) -> Claim | None:
+    if reply is None:
+        return None
+    text = reply.decode() if isinstance(reply, bytes) else str(reply)
+    state, _, rest = text.partition(":")
+    job_text, _, run = rest.partition(":")
+    job = int(job_text) if job_text.isdigit() else None
+    return Claim(state=state, job=job, run=run or None)
+
+
+def claims_read(message_ids: Sequence[str]) -> list[Claim | None]:
+    """The claims of `message_ids`, in one round trip (raises redis errors)."""
+    pipe = get_redis().pipeline(transaction=False)
+    for message_id in message_ids:
+        pipe.get(claim_key(message_id))
+    return [_parse(reply) for reply in pipe.execute()]
+
+
+class RunClaims:
+    """The claims one run of a chunk takes and settles; each method is one round trip."""
+
+    def __init__(self, *, job_id: int, run: str) -> None:
+        self.job_id, self.run = job_id, run
+        self.sending = f"{SENDING}:{job_id}:{run}"
+
+    def take(self, message_ids: Sequence[str]) -> list[Claim | None]:
+        """Claim each id for sending; per id None (claimed now) or the claim found there."""
+        if not message_ids:
+            return []
+        pipe = get_redis().pipeline(transaction=False)
+        for message_id in message_ids:
+            pipe.set(claim_key(message_id), self.sending, nx=True, ex=CLAIM_TTL, get=True)
+        return [_parse(reply) for reply in pipe.execute()]
+
+    def take_over(self, message_ids: Sequence[str]) -> None:
+        """Claim ids a dead run left `sending`, to send them again with the same key (only for
+        providers that deduplicate by it)."""
+        self._write([(message_id, self.sending) for message_id in message_ids], [])
+
+    def settle(self, *, sent: Sequence[str], unsent: Sequence[str]) -> None:
+        """Mark `sent` as gone out (by this job) and drop the claims of `unsent`."""
+        self._write([(message_id, f"{SENT}:{self.job_id}") for message_id in sent], unsent)
+
+    def _write(self, values: list[tuple[str, str]], deleted: Sequence[str]) -> None:
+        if not values and not deleted:
+            return
+        pipe = get_redis().pipeline(transaction=False)
+        for message_id, value in values:
+            pipe.set(claim_key(message_id), value, ex=CLAIM_TTL)
+        for message_id in deleted:
+            pipe.delete(claim_key(message_id))
+        pipe.execute()
