@@ -19,16 +19,16 @@ from typing import Any
 
 import numpy as np
 from django import forms
-from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.core.validators import MaxValueValidator
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
+from gatekeeper.lib.ids import max_user_id
+from gatekeeper.lib.integers import INT32_MAX, NotAWholeNumber, WholeNumberField, whole_number
 from limits.channels import ALL, channels, scopes
 from limits.limiter import Limits
 from limits.models import Cap, CapChange
@@ -40,7 +40,6 @@ from segments.selectors import snapshot_live_version, snapshot_versions
 from segments.services import BuildBusy, BuildInProgress, build_start, snapshot_rollback
 from segments.store import StoreError
 
-MAX_CAP = 2**31 - 1
 WHAT_IF_MAX_BYTES = 100 * 2**20  # an uploaded what-if audience, compressed or not
 WHAT_IF_MAX_IDS = 5_000_000
 
@@ -55,14 +54,10 @@ def parse_limit(raw: str | None, label: str) -> int | None:
     text = (raw or "").strip()
     if not text:
         return None
-    if not text.isascii() or not text.isdigit():
-        raise ValidationError(f"{label}: '{text[:20]}' is not a whole number >= 0 (empty: no cap).")
-    if len(text) > 10:
-        raise ValidationError(f"{label}: at most {MAX_CAP:,}.")
-    value = int(text)
-    if value > MAX_CAP:
-        raise ValidationError(f"{label}: at most {MAX_CAP:,}.")
-    return value
+    try:
+        return whole_number(text, maximum=INT32_MAX, what=label)
+    except NotAWholeNumber as exc:
+        raise ValidationError(str(exc)) from None
 
 
 def _ago(seconds: float) -> str:
@@ -106,19 +101,14 @@ def _next_slot(usage: dict[str, Any], now: float) -> str:
     return f"in {_ago(wait)} ({at:%Y-%m-%d %H:%M} UTC)"
 
 
-def max_user_id() -> int:
-    # The widest id the snapshot and the audit table (a signed 64-bit column) can hold.
-    return min(2**settings.GATEKEEPER_ID_WIDTH, 2**63) - 1
-
-
 class UserLookupForm(forms.Form):
-    user_id = forms.IntegerField(min_value=0, label="User id")
+    user_id = forms.CharField(label="User id")  # replaced in __init__: the bound is a setting
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        field = self.fields["user_id"]
-        field.max_value = max_user_id()  # type: ignore[attr-defined]
-        field.validators.append(MaxValueValidator(max_user_id()))
+        self.fields["user_id"] = WholeNumberField(
+            maximum=max_user_id(), what="User id", label="User id"
+        )
 
 
 class QuotaResetForm(forms.Form):

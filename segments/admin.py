@@ -10,6 +10,7 @@ from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
 
+from gatekeeper.lib.integers import DIGITS, INT32_MAX, WholeNumberField
 from segments.index import get_index
 from segments.models import Build, Segment, UserList
 from segments.parsing import UserListError
@@ -62,6 +63,25 @@ class SegmentAdmin(admin.ModelAdmin):
     inlines = [UserListInline]
     change_form_template = "admin/gatekeeper/segment_change_form.html"
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Segment | None = None) -> Any:
+        # A slug names the segment in snapshots and caps: set once, never changed.
+        return ["slug"] if obj is not None else []
+
+    def get_prepopulated_fields(self, request: HttpRequest, obj: Segment | None = None) -> Any:
+        return {} if obj is not None else self.prepopulated_fields
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "priority":
+            # The one rule for whole numbers (the REST API's and the commands').
+            return WholeNumberField(
+                maximum=INT32_MAX,
+                what="Priority",
+                label="Priority",
+                help_text=db_field.help_text,
+                widget=forms.TextInput(attrs={"inputmode": "numeric", "size": 8}),
+            )
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
+
     @admin.display(description="users in the live snapshot")
     def users_in_snapshot(self, segment: Segment) -> str:
         index = get_index()
@@ -100,7 +120,7 @@ class SegmentAdmin(admin.ModelAdmin):
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
     ) -> Any:
         context = {**(extra_context or {})}
-        if object_id and object_id.isdigit():
+        if object_id and DIGITS.fullmatch(object_id):
             context["caps_url"] = reverse("admin:cap_grid", args=[int(object_id)])
         return super().change_view(request, object_id, form_url, context)
 
@@ -172,7 +192,7 @@ class BuildAdmin(admin.ModelAdmin):
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
     ) -> Any:
-        build = Build.objects.filter(pk=object_id).first() if object_id.isdigit() else None
+        build = Build.objects.filter(pk=object_id).first() if DIGITS.fullmatch(object_id) else None
         context = {**(extra_context or {})}
         if build is not None:
             context["build"] = build

@@ -6,6 +6,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from gatekeeper.lib.bodies import Body, words_for_pattern
 from gatekeeper.lib.ids import JsonUserId
+from gatekeeper.lib.integers import INT32_MAX
 
 LOOKUP_LIMIT = 100_000
 # 100,000 ids, even written as 20-digit strings.
@@ -32,8 +33,8 @@ Name = Annotated[
 Priority = Annotated[
     int,
     Meta(
-        ge=-(2**31),
-        le=2**31 - 1,
+        ge=0,
+        le=INT32_MAX,
         description="Lower wins: a user in several lists belongs to the lowest number.",
     ),
 ]

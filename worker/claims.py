@@ -46,7 +46,7 @@ def _parse(reply: Any) -> Claim | None:
     text = reply.decode() if isinstance(reply, bytes) else str(reply)
     state, _, rest = text.partition(":")
     job_text, _, run = rest.partition(":")
-    job = int(job_text) if job_text.isdigit() else None
+    job = int(job_text) if job_text.isascii() and job_text.isdigit() else None
     return Claim(state=state, job=job, run=run or None)
 
 

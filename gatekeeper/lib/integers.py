@@ -8,6 +8,9 @@ make the same value pass in one place and fail in another.
 """
 
 import re
+from typing import Any
+
+from django import forms
 
 DIGITS = re.compile(r"[0-9]+")
 INT32_MAX = 2**31 - 1  # the largest value a PositiveIntegerField holds on every database
@@ -17,19 +20,39 @@ class NotAWholeNumber(ValueError):
     """The text is not a whole number within the bounds; the message says why, in words."""
 
 
-def whole_number(text: str, *, maximum: int, minimum: int = 0, what: str = "a number") -> int:
+def whole_number(text: str, *, maximum: int, minimum: int = 0, what: str = "The value") -> int:
     """`text` as an int from `minimum` to `maximum`. Spaces around it are ignored (a form field
-    or a CSV cell often has them); anything but ASCII digits inside is refused."""
+    or a CSV cell often has them); anything but ASCII digits inside is refused. The messages
+    start with `what` ("email daily: at most 2,147,483,647.")."""
     value = text.strip(" \t\r\n")
     if not DIGITS.fullmatch(value):
         shown = value if len(value) <= 20 else value[:17] + "..."
-        raise NotAWholeNumber(
-            f"{what} is a whole number written with the digits 0-9, not '{shown}'."
-        )
+        raise NotAWholeNumber(f"{what}: '{shown}' is not a whole number (digits 0-9 only).")
     # Compare lengths first: a 10,000-digit string is refused without building the integer.
     if len(value.lstrip("0")) > len(str(maximum)) or int(value) > maximum:
-        raise NotAWholeNumber(f"{what} is at most {maximum:,}.")
+        raise NotAWholeNumber(f"{what}: at most {maximum:,}.")
     number = int(value)
     if number < minimum:
-        raise NotAWholeNumber(f"{what} is at least {minimum:,}.")
+        raise NotAWholeNumber(f"{what}: at least {minimum:,}.")
     return number
+
+
+class WholeNumberField(forms.CharField):
+    """A form field for a whole number under the one rule (`whole_number`), instead of Django's
+    IntegerField, which takes "+12", "1_000" and other scripts' digits."""
+
+    def __init__(self, *, maximum: int, minimum: int = 0, what: str = "", **kwargs: Any) -> None:
+        self.maximum, self.minimum, self.what = maximum, minimum, what
+        kwargs.setdefault("widget", forms.TextInput(attrs={"inputmode": "numeric"}))
+        super().__init__(**kwargs)
+
+    def to_python(self, value: Any) -> int | None:  # type: ignore[override]
+        text = super().to_python(value)
+        if text is None or text in self.empty_values:
+            return None
+        try:
+            return whole_number(
+                text, maximum=self.maximum, minimum=self.minimum, what=self.what or "The value"
+            )
+        except NotAWholeNumber as exc:
+            raise forms.ValidationError(str(exc), code="invalid") from None

@@ -52,6 +52,19 @@ def test_a_good_upload_is_stored(admin_client, vip):
     assert (stored.original_name, stored.id_count, stored.line_count) == ("good.txt", 2, 4)
 
 
+def test_a_priority_follows_the_one_rule_for_whole_numbers_and_a_slug_never_changes(
+    admin_client, vip
+):
+    url = reverse("admin:segments_segment_change", args=[vip.pk])
+    for value in ("+5", "\u0665", "5.0", "-5"):
+        response = admin_client.post(url, {**inline_data(vip), "priority": value})
+        assert "is not a whole number (digits 0-9 only)" in response.content.decode(), value
+    renamed = {**inline_data(vip), "priority": "11", "slug": "renamed"}
+    admin_client.post(url, renamed, follow=True)
+    vip.refresh_from_db()
+    assert (vip.slug, vip.priority) == ("vip", 11)  # the slug is read-only once created
+
+
 def test_the_default_segment_has_no_delete_button(admin_client):
     default = Segment.objects.get(is_default=True)
     response = admin_client.get(reverse("admin:segments_segment_delete", args=[default.pk]))

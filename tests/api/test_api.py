@@ -177,7 +177,7 @@ def test_a_marketer_changes_a_cap_and_it_governs_the_gate(api, snapshot):
         ("/api/v1/limits/default/email/", {"daily": "12", "weekly": None}, "daily"),
         ("/api/v1/limits/default/email/", {"daily": "+12", "weekly": None}, "daily"),
         ("/api/v1/limits/default/email/", {"daily": "12 ", "weekly": None}, "daily"),
-        ("/api/v1/limits/default/email/", {"daily": "١٢", "weekly": None}, "daily"),
+        ("/api/v1/limits/default/email/", {"daily": "\u0661\u0662", "weekly": None}, "daily"),
         ("/api/v1/limits/default/email/", {"daily": 1, "weekly": None, "monthly": 3}, "monthly"),
     ]:
         refused = call(m, "PUT", path, json=body)

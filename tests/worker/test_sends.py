@@ -295,7 +295,10 @@ def test_redis_down_defers_the_sends_instead_of_dropping_them(
             },
             "recipients[1].message_id",
         ),
-        ({"recipients": [{"user_id": "١٢", "address": "a@example.com"}]}, "recipients[0].user_id"),
+        (
+            {"recipients": [{"user_id": "\u0661\u0662", "address": "a@example.com"}]},
+            "recipients[0].user_id",
+        ),
     ],
 )
 def test_bad_jobs_are_refused_naming_the_field(db, kwargs, field):
@@ -337,12 +340,20 @@ def test_send_campaign_sends_a_csv_and_prints_the_reasons(campaign, smtp, tmp_pa
     )
     assert smtp.per_recipient() == {"one@example.com": 1, "nine@example.com": 1}
     assert "blocked" in out.getvalue() and "sent" in out.getvalue()
-    bad = tmp_path / "bad.csv"
-    bad.write_text("1,one@example.com\nx,y\n")
-    with pytest.raises(CommandError, match="line 2"):
-        call_command(
-            "send_campaign", "--channel", "email", "--template", "offer", "--recipients", str(bad)
-        )
+    for rows, problem in (
+        ("1,one@example.com\nx,y@example.com\n", "line 2 \\(user_id\\)"),
+        ("1,one@example.com\n\u0661\u0662,y@example.com\n", "line 2 \\(user_id\\)"),
+        ("1,one@example.com\n+2,y@example.com\n", "line 2 \\(user_id\\)"),
+        ("1,one@example.com\n2,not an address\n", "line 2 \\(address\\)"),
+        ("user_id,address\n1,one@example.com\n\n2\n", "line 4: expected user_id,address"),
+    ):
+        bad = tmp_path / "bad.csv"
+        bad.write_text(rows)
+        with pytest.raises(CommandError, match=problem):
+            call_command(
+                "send_campaign",
+                *("--channel", "email", "--template", "offer", "--recipients", str(bad)),
+            )
     with pytest.raises(CommandError, match="No email template 'nope'"):
         call_command(
             "send_campaign",
