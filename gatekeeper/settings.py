@@ -169,6 +169,19 @@ GATEKEEPER_SNAPSHOT_POLL_SECONDS = env.float("GATEKEEPER_SNAPSHOT_POLL_SECONDS",
 # How long a process may use cached caps before reading them again (seconds).
 GATEKEEPER_CAPS_TTL_SECONDS = env.float("GATEKEEPER_CAPS_TTL_SECONDS", default=2.0)
 
+# --- User lists -----------------------------------------------------------------------------
+# An upload as sent (gzip counts compressed); a larger REST body is a 413 before it is read.
+GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES = env.int(
+    "GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES", default=2 * 2**30
+)
+# A list once decompressed, and its lines: a gzip that inflates beyond these is refused (a
+# 300M-id list is about 3 GB of text).
+GATEKEEPER_USER_LIST_MAX_BYTES = env.int("GATEKEEPER_USER_LIST_MAX_BYTES", default=8 * 2**30)
+GATEKEEPER_USER_LIST_MAX_LINES = env.int("GATEKEEPER_USER_LIST_MAX_LINES", default=600_000_000)
+# How much of an upload (decompressed) the web process validates itself, about half a second;
+# a larger list is stored as `validating` and checked by a Celery task on the `builds` queue.
+GATEKEEPER_USER_LIST_INLINE_BYTES = env.int("GATEKEEPER_USER_LIST_INLINE_BYTES", default=32 * 2**20)
+
 # --- Dispatch -------------------------------------------------------------------------------
 # Email goes through Django's email backends: smtp://user:pass@host:587 (add ?tls=True),
 # consolemail:// (prints, the laptop default), dummymail:// (drops).

@@ -3,6 +3,7 @@
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.db.models import QuerySet
@@ -37,8 +38,20 @@ class UserListInline(admin.TabularInline):
     model = UserList
     form = UserListForm
     extra = 1
-    fields = ["upload", "original_name", "id_count", "line_count", "uploaded_at", "uploaded_by"]
-    readonly_fields = ["original_name", "id_count", "line_count", "uploaded_at", "uploaded_by"]
+    fields = ["upload", "original_name", "state", "id_count", "lines", "uploaded_at", "uploaded_by"]
+    readonly_fields = ["original_name", "state", "id_count", "lines", "uploaded_at", "uploaded_by"]
+
+    @admin.display(description="state")
+    def state(self, user_list: UserList) -> str:
+        if user_list.status == UserList.Status.VALIDATING:
+            return f"validating in the background ({user_list.line_count:,} lines read so far)"
+        if user_list.status == UserList.Status.FAILED:
+            return f"refused: {user_list.error}"
+        return "ready"
+
+    @admin.display(description="lines")
+    def lines(self, user_list: UserList) -> str:
+        return user_list.lines_explained
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False if obj is None else super().has_change_permission(request, obj)
@@ -147,15 +160,30 @@ class SegmentAdmin(admin.ModelAdmin):
             )
             if upload:
                 try:
-                    user_list_import(
-                        segment=form.instance, fileobj=upload, name=upload.name, user=request.user
-                    )
-                    messages.success(
-                        request, f"{upload.name}: stored. Build and publish to make it live."
+                    stored = user_list_import(
+                        segment=form.instance,
+                        fileobj=upload,
+                        name=upload.name,
+                        user=request.user,
+                        inline_bytes=int(settings.GATEKEEPER_USER_LIST_INLINE_BYTES),
                     )
                 except UserListError as exc:
                     messages.error(
                         request, f"{upload.name}: {exc.messages[0]}. Nothing was stored."
+                    )
+                    continue
+                if stored.status == UserList.Status.VALIDATING:
+                    messages.info(
+                        request,
+                        f"{upload.name} is large: it is being validated in the background. Its "
+                        "state below says when it is ready (or why it was refused); builds use "
+                        "it once it is ready.",
+                    )
+                else:
+                    messages.success(
+                        request,
+                        f"{upload.name}: stored, {stored.id_count:,} users "
+                        f"({stored.lines_explained}). Build and publish to make it live.",
                     )
         for deleted in formset.deleted_forms:
             if deleted.instance.pk:

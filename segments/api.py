@@ -3,6 +3,7 @@
 from typing import Any
 
 import msgspec
+from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.shortcuts import get_object_or_404
@@ -14,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
-from gatekeeper.lib.bodies import decode, request_schema
+from gatekeeper.lib.bodies import RequestTooLarge, decode, request_schema
 from gatekeeper.lib.ids import user_id_from_text, user_ids_checked
 from gatekeeper.lib.permissions import (
     ADD_SEGMENTS,
@@ -39,7 +40,7 @@ from segments.index import (
     index_status,
     max_answerable_user_id,
 )
-from segments.models import Build, DefaultSegmentProtected, Segment
+from segments.models import Build, DefaultSegmentProtected, Segment, UserList
 from segments.parsing import UserListError
 from segments.selectors import snapshot_live_version, snapshot_versions
 from segments.serializers import (
@@ -51,6 +52,8 @@ from segments.serializers import (
     SegmentSerializer,
     SnapshotsSerializer,
     UserListErrorSerializer,
+    UserListSerializer,
+    UserListsSerializer,
     UserListStoredSerializer,
 )
 from segments.services import (
@@ -141,29 +144,61 @@ class SegmentDetailView(JsonAPIView):
 
 class RawListParser(BaseParser):
     """Hands the request body over as a stream: a list may be large, and gzip is detected by
-    its bytes, so any content type is taken as-is."""
+    its bytes, so any content type is taken as-is. A body declared larger than
+    GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES is refused (413) before it is read."""
 
     media_type = "*/*"
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        request = (parser_context or {}).get("request")
+        limit = int(settings.GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES)
+        declared = request.META.get("CONTENT_LENGTH") if request is not None else None
+        if declared and declared.isascii() and declared.isdigit() and int(declared) > limit:
+            raise RequestTooLarge(
+                limit=limit, size=int(declared), reason="GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES"
+            )
         return stream
 
 
+def _list_answer(request: Request, user_list: UserList) -> dict[str, Any]:
+    url = request.build_absolute_uri(f"/api/v1/segments/{user_list.segment.slug}/users/")
+    return {**UserListSerializer(user_list).data, "url": url}
+
+
 class SegmentUsersView(JsonAPIView):
-    rights = {"PUT": REPLACE_USER_LISTS}
+    rights = {"GET": VIEW_SEGMENTS, "PUT": REPLACE_USER_LISTS}
     parser_classes = [RawListParser]
+
+    @extend_schema(
+        summary="The segment's user lists, newest first, with their state",
+        responses={200: UserListsSerializer, **errors(404)},
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        segment = get_object_or_404(Segment, slug=slug)
+        lists = segment.user_lists.select_related("uploaded_by").order_by("-pk")
+        return Response({"results": UserListSerializer(lists, many=True).data})
 
     @extend_schema(
         summary="Replace the segment's user list (one id a line, text or gzip)",
         description=(
             "Validated exactly like an upload in the admin; the first bad line refuses the whole "
-            "file and nothing is stored. The next build publishes it."
+            "file and nothing is stored (400). A list that takes longer than the web process "
+            "checks itself (GATEKEEPER_USER_LIST_INLINE_BYTES, decompressed) is stored as "
+            "`validating` and checked in the background (202): follow it at `url`; it replaces "
+            "the segment's lists once it is `ready`, and a `failed` one says why. The next build "
+            "publishes it."
         ),
         request={
             "text/plain": {"type": "string", "format": "binary"},
             "application/gzip": {"type": "string", "format": "binary"},
+            "application/octet-stream": {"type": "string", "format": "binary"},
         },
-        responses={200: UserListStoredSerializer, 400: UserListErrorSerializer, **errors(404)},
+        responses={
+            200: UserListStoredSerializer,
+            202: UserListStoredSerializer,
+            400: UserListErrorSerializer,
+            **errors(404, 413),
+        },
     )
     def put(self, request: Request, slug: str) -> Response:
         segment = get_object_or_404(Segment, slug=slug)
@@ -177,10 +212,14 @@ class SegmentUsersView(JsonAPIView):
                 name=f"{slug}-api.txt",
                 replace=True,
                 user=request.user,
+                inline_bytes=int(settings.GATEKEEPER_USER_LIST_INLINE_BYTES),
             )
         except UserListError as exc:
             return Response({"file": exc.messages, "line": exc.line}, status=400)
-        return Response({"users": user_list.id_count, "lines": user_list.line_count})
+        answer = _list_answer(request, user_list)
+        if user_list.status == UserList.Status.VALIDATING:
+            return Response(answer, status=202, headers={"Location": answer["url"]})
+        return Response(answer)
 
 
 class LookupView(JsonAPIView):

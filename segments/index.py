@@ -194,7 +194,14 @@ def load_version(store: SnapshotStore, version: str) -> tuple[SegmentIndex, dict
 
 
 class IndexHolder:
-    """The index of one process for one store, with its disk cache and follower."""
+    """The index of one process for one store, with its disk cache and follower.
+
+    The follower starts on first use in every process that serves (`get()`), however it was
+    started: gunicorn with or without the project's config, `manage.py runserver`, uWSGI, a
+    Celery child, a management command. A process that forks its servers (gunicorn's master,
+    Celery's parent) loads without following (`follow_lazily = False`), and each child calls
+    `after_fork()`, since threads and held locks do not survive a fork.
+    """
 
     def __init__(self, store: SnapshotStore, cache_dir: Path) -> None:
         self.store = store
@@ -203,11 +210,22 @@ class IndexHolder:
         self.source = ""
         self.loaded_at: datetime | None = None
         self.error = ""
+        self.follow_lazily = True
+        self.on_poll: Callable[[dict[str, Any]], None] | None = None
         self._etag: str | None = None
         self._lock = threading.Lock()
         self._follower: threading.Thread | None = None
+        self._follower_pid = 0
         self._stop = threading.Event()
         self._tried = False
+
+    def after_fork(self) -> None:
+        """In a forked child: a lock the parent held at the fork would stay held, and the
+        parent's follower thread is not here."""
+        self._lock = threading.Lock()
+        self._follower, self._follower_pid = None, 0
+        self._stop = threading.Event()
+        self.follow_lazily = True
 
     # --- loading ---------------------------------------------------------------------------
 
@@ -217,7 +235,18 @@ class IndexHolder:
                 if self.index is None and not self._tried:
                     self._load_initial()
                     self._tried = True
+        if self.follow_lazily and self._follower_pid != os.getpid():
+            self._follow_here()
         return self.index
+
+    def _follow_here(self) -> None:
+        interval = float(settings.GATEKEEPER_SNAPSHOT_POLL_SECONDS)
+        with self._lock:
+            if self._follower_pid == os.getpid():
+                return
+            self._follower_pid = os.getpid()  # also when following is off: decided once
+        if interval > 0:
+            self.start_follower(interval)
 
     def _load_initial(self) -> None:
         try:
@@ -316,20 +345,19 @@ class IndexHolder:
     def version(self) -> str | None:
         return self.index.version if self.index else None
 
-    def start_follower(
-        self, interval: float, on_poll: Callable[[dict[str, Any]], None] | None = None
-    ) -> None:
-        """Poll for new versions every `interval` seconds in a daemon thread; `on_poll` gets
-        the status after each poll (processes report their version with it)."""
+    def start_follower(self, interval: float) -> None:
+        """Poll for new versions every `interval` seconds in a daemon thread; `on_poll`, when
+        set, gets the status after each poll (processes report their version with it)."""
         if self._follower is not None and self._follower.is_alive():
             return
+        self._follower_pid = os.getpid()
         self._stop.clear()
 
         def follow() -> None:
             while not self._stop.wait(interval):
                 self.refresh()
-                if on_poll is not None:
-                    on_poll(self.status())
+                if self.on_poll is not None:
+                    self.on_poll(self.status())
 
         self._follower = threading.Thread(target=follow, name="snapshot-follower", daemon=True)
         self._follower.start()
@@ -383,12 +411,6 @@ def refresh() -> bool:
 
 def index_status() -> dict[str, Any]:
     return get_holder().status()
-
-
-def start_follower() -> None:
-    holder = get_holder()
-    holder.get()
-    holder.start_follower(settings.GATEKEEPER_SNAPSHOT_POLL_SECONDS)
 
 
 def reset_index() -> None:

@@ -55,12 +55,35 @@ def _protect_default_segment(sender: type[Segment], instance: Segment, **kwargs:
 
 
 class UserList(models.Model):
-    """One uploaded file of user ids (one a line) that puts its users in a segment."""
+    """One uploaded file of user ids (one a line) that puts its users in a segment.
+
+    A list is `ready` once every line was validated; only ready lists go into builds. A large
+    upload is stored as `validating` and checked by a Celery task (the web process validates
+    only the first GATEKEEPER_USER_LIST_INLINE_BYTES itself); a bad one ends `failed`, with
+    the reason and the line kept and its file deleted.
+    """
+
+    class Status(models.TextChoices):
+        READY = "ready"
+        VALIDATING = "validating"
+        FAILED = "failed"
 
     segment = models.ForeignKey(Segment, on_delete=models.CASCADE, related_name="user_lists")
-    file = models.FileField(upload_to="user-lists/%Y/%m/")
+    file = models.FileField(upload_to="user-lists/%Y/%m/", blank=True)
     original_name = models.CharField(max_length=255)
-    line_count = models.PositiveBigIntegerField(default=0)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.READY)
+    error = models.TextField(blank=True, help_text="Why a failed list was refused.")
+    error_line = models.PositiveBigIntegerField(null=True, blank=True)
+    replaces_others = models.BooleanField(
+        default=False, help_text="Once ready, it replaces the segment's lists uploaded before it."
+    )
+    line_count = models.PositiveBigIntegerField(
+        default=0, help_text="Lines read: the header, blank lines and repeats included."
+    )
+    header_lines = models.PositiveSmallIntegerField(default=0)
+    listed_ids = models.PositiveBigIntegerField(
+        default=0, help_text="Lines holding an id, repeats included."
+    )
     id_count = models.PositiveBigIntegerField(default=0, help_text="Distinct user ids.")
     size_bytes = models.PositiveBigIntegerField(default=0)
     uploaded_at = models.DateTimeField(auto_now_add=True)
@@ -73,6 +96,30 @@ class UserList(models.Model):
 
     def __str__(self) -> str:
         return f"{self.original_name} ({self.id_count:,} users)"
+
+    @property
+    def blank_lines(self) -> int:
+        return max(0, self.line_count - self.header_lines - self.listed_ids)
+
+    @property
+    def repeated_ids(self) -> int:
+        return max(0, self.listed_ids - self.id_count)
+
+    @property
+    def lines_explained(self) -> str:
+        """Why the lines and the users differ, in words: "1,004 lines: a header, 1 blank line,
+        2 repeated ids"."""
+        parts = []
+        if self.header_lines:
+            parts.append("a header")
+        if self.blank_lines:
+            parts.append(f"{self.blank_lines:,} blank line{'s' if self.blank_lines != 1 else ''}")
+        if self.repeated_ids:
+            parts.append(
+                f"{self.repeated_ids:,} repeated id{'s' if self.repeated_ids != 1 else ''}"
+            )
+        lines = f"{self.line_count:,} line{'s' if self.line_count != 1 else ''}"
+        return f"{lines}: {', '.join(parts)}" if parts else lines
 
 
 class Build(models.Model):

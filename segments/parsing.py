@@ -7,7 +7,9 @@ parse with the line number and the line, before anything is stored.
 
 Validation and parsing are vectorised: each chunk is checked byte-wise (digits and line ends
 only), then converted by numpy's C parser, so a file is never held whole in memory and a line
-is never a Python object.
+is never a Python object. Memory is bounded by the chunk: about 26 MiB at worst (1 MiB of
+two-byte lines, each costing a few numpy words), whatever the size of the file or how far a
+gzip inflates; the caller's bitmap of distinct ids comes on top.
 """
 
 import gzip
@@ -20,7 +22,8 @@ from typing import Any
 import numpy as np
 from django.core.exceptions import ValidationError
 
-CHUNK_BYTES = 16 * 1024 * 1024
+# 1 MiB: as fast as larger chunks (it stays in cache) and a quarter of the memory of 4 MiB.
+CHUNK_BYTES = 1 * 1024 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
 HEADER = re.compile(rb"^[A-Za-z_][A-Za-z0-9_ ]*\r?$")
 MAX_ID = {32: 2**32 - 1, 64: 2**64 - 1}
@@ -36,11 +39,17 @@ class UserListError(ValidationError):
         self.line = line
 
 
+class ParseStopped(Exception):
+    """The caller's budget (`stop_after_bytes`) is spent before the end of the file: not an
+    error; the caller validates the rest elsewhere (the web process hands it to Celery)."""
+
+
 @dataclass
 class ListSummary:
-    lines: int = 0
-    ids: int = 0
-    bytes: int = 0
+    lines: int = 0  # every line read, header and blank lines included
+    ids: int = 0  # lines holding an id (repeats included)
+    bytes: int = 0  # bytes read, decompressed
+    header: int = 0  # 1 when line 1 was a header
 
 
 class _Prefixed:
@@ -132,12 +141,19 @@ MAX_LINE_BYTES = (
 
 
 def iter_ids(
-    fileobj: Any, *, width: int = 32, summary: ListSummary | None = None
+    fileobj: Any,
+    *,
+    width: int = 32,
+    summary: ListSummary | None = None,
+    max_bytes: int | None = None,
+    max_lines: int | None = None,
+    stop_after_bytes: int | None = None,
 ) -> Iterator[np.ndarray]:
     """Yield the ids of a user-list file as numpy arrays, chunk by chunk.
 
-    Raises UserListError naming the first bad line. `summary`, when given, is filled in as the
-    file is read (lines, ids, bytes).
+    Raises UserListError naming the first bad line, or saying which limit the file goes past:
+    `max_bytes` (decompressed) and `max_lines`. Raises ParseStopped once more than
+    `stop_after_bytes` were read. `summary`, when given, is filled in as the file is read.
     """
     if width not in MAX_ID:
         raise ValueError(f"id width must be 32 or 64, not {width}")
@@ -152,6 +168,14 @@ def iter_ids(
         except (OSError, EOFError, zlib.error) as exc:
             raise UserListError(f"The file could not be read: {exc}") from exc
         summary.bytes += len(chunk)
+        if max_bytes is not None and summary.bytes > max_bytes:
+            inflated = " once decompressed" if isinstance(stream, gzip.GzipFile) else ""
+            raise UserListError(
+                f"The list is larger than {max_bytes:,} bytes{inflated}, the most a list may be "
+                "(GATEKEEPER_USER_LIST_MAX_BYTES)"
+            )
+        if stop_after_bytes is not None and summary.bytes > stop_after_bytes:
+            raise ParseStopped
         if not chunk:
             data, carry = carry, b""
             if data and not data.endswith(b"\n"):
@@ -173,9 +197,16 @@ def iter_ids(
                 data = data[header_end + 1 :]
                 line_no += 1
                 summary.lines += 1
+                summary.header = 1
         if data:
-            ids = _parse_block(data, line_no, width)
             lines = data.count(b"\n")
+            if max_lines is not None and summary.lines + lines > max_lines:
+                raise UserListError(
+                    f"The list has more than {max_lines:,} lines, the most a list may have "
+                    "(GATEKEEPER_USER_LIST_MAX_LINES)",
+                    line=max_lines + 1,
+                )
+            ids = _parse_block(data, line_no, width)
             line_no += lines
             summary.lines += lines
             summary.ids += int(ids.size)

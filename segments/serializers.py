@@ -4,7 +4,7 @@ Request bodies are msgspec structs (segments/bodies.py)."""
 from rest_framework import serializers
 
 from segments.index import get_index
-from segments.models import Build, Segment
+from segments.models import Build, Segment, UserList
 
 
 class SegmentSerializer(serializers.ModelSerializer):
@@ -69,9 +69,38 @@ class BuildStartedSerializer(BuildSerializer):
         fields = [*BuildSerializer.Meta.fields, "url"]
 
 
-class UserListStoredSerializer(serializers.Serializer):
-    users = serializers.IntegerField(help_text="Distinct user ids stored.")
-    lines = serializers.IntegerField(help_text="Lines read, header and blank lines included.")
+class UserListSerializer(serializers.ModelSerializer):
+    users = serializers.IntegerField(source="id_count", help_text="Distinct user ids.")
+    lines = serializers.IntegerField(
+        source="line_count",
+        help_text="Lines read, the header, blank lines and repeated ids included (so far, while "
+        "validating).",
+    )
+    blank_lines = serializers.IntegerField(read_only=True)
+    repeated_ids = serializers.IntegerField(
+        read_only=True, help_text="Lines whose id an earlier line already listed."
+    )
+    uploaded_by = serializers.SlugRelatedField(slug_field="username", read_only=True)  # type: ignore[var-annotated]
+
+    class Meta:
+        model = UserList
+        fields = [
+            "id", "status", "original_name", "users", "lines", "header_lines", "blank_lines",
+            "repeated_ids", "size_bytes", "error", "error_line", "uploaded_at", "uploaded_by",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+
+class UserListStoredSerializer(UserListSerializer):
+    url = serializers.URLField(help_text="The segment's lists, to follow a validating one.")
+
+    class Meta(UserListSerializer.Meta):
+        fields = [*UserListSerializer.Meta.fields, "url"]
+        read_only_fields = fields
+
+
+class UserListsSerializer(serializers.Serializer):
+    results = UserListSerializer(many=True, help_text="Newest first.")
 
 
 class UserListErrorSerializer(serializers.Serializer):

@@ -6,6 +6,7 @@ Admin actions, REST views, management commands and the Celery task all call thes
 import json
 import logging
 import tempfile
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import IO, Any
@@ -25,7 +26,7 @@ from segments.bitmaps import (
     sha256,
 )
 from segments.models import Build, Segment, UserList
-from segments.parsing import ListSummary, UserListError, iter_ids
+from segments.parsing import ListSummary, ParseStopped, UserListError, iter_ids
 from segments.store import (
     CURRENT,
     MANIFEST,
@@ -93,6 +94,13 @@ def segment_change(*, segment: Segment, **changes: Any) -> Segment:
 # --- user lists -------------------------------------------------------------------------------
 
 
+def _list_limits() -> dict[str, int]:
+    return {
+        "max_bytes": int(settings.GATEKEEPER_USER_LIST_MAX_BYTES),
+        "max_lines": int(settings.GATEKEEPER_USER_LIST_MAX_LINES),
+    }
+
+
 def user_list_import(
     *,
     segment: Segment,
@@ -100,60 +108,157 @@ def user_list_import(
     name: str,
     replace: bool = False,
     user: Any = None,
+    inline_bytes: int | None = None,
 ) -> UserList:
-    """Validate a whole user-list file, then store it as one of the segment's lists.
+    """Validate a user-list file and store it as one of the segment's lists.
 
     The file is streamed once: parsed chunk by chunk while a copy goes to a temporary file, so
-    a 1 GB list never sits in memory. A bad line raises UserListError (with its line number)
-    and nothing is stored. `replace=True` makes it the segment's only list, atomically.
+    memory stays bounded whatever its size. A bad line raises UserListError (with its line
+    number) and nothing is stored; so does a file beyond GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES
+    as sent, or beyond GATEKEEPER_USER_LIST_MAX_BYTES or _MAX_LINES once decompressed.
+
+    `inline_bytes` bounds the work done here (the web process passes
+    GATEKEEPER_USER_LIST_INLINE_BYTES): a list whose decompressed text is longer is stored
+    whole as `validating`, and `segments.tasks.user_list_validate` finishes the job; None
+    validates everything here (management commands). `replace=True` makes it the segment's
+    only list, atomically, once it is ready.
     """
     if segment.is_default:
         raise UserListError(
-            "The default segment has no lists: it holds every user who is in no other list."
+            "The default segment has no lists: it holds every user who is in no other list"
         )
     summary = ListSummary()
+    width = settings.GATEKEEPER_ID_WIDTH
     with tempfile.NamedTemporaryFile(prefix="user-list-", suffix=".upload") as copy:
-        tee = _Tee(fileobj, copy)
-        bitmap = bitmap_from_chunks(
-            iter_ids(tee, width=settings.GATEKEEPER_ID_WIDTH, summary=summary),
-            width=settings.GATEKEEPER_ID_WIDTH,
+        tee = _Tee(fileobj, copy, limit=int(settings.GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES))
+        ids = iter_ids(
+            tee, width=width, summary=summary, stop_after_bytes=inline_bytes, **_list_limits()
         )
+        try:
+            bitmap = bitmap_from_chunks(ids, width=width)
+        except ParseStopped:
+            bitmap = None
+            tee.drain()  # the rest of the upload, stored unread for the task
         copy.flush()
         copy.seek(0)
         with transaction.atomic():
-            old = list(segment.user_lists.all()) if replace else []
             user_list = UserList(
                 segment=segment,
                 original_name=name[:255],
-                line_count=summary.lines,
-                id_count=len(bitmap),
                 size_bytes=tee.size,
                 uploaded_by=user if user is not None and user.is_authenticated else None,
+                replaces_others=replace,
             )
+            if bitmap is None:
+                user_list.status = UserList.Status.VALIDATING
+            else:
+                _count(user_list, summary, distinct=len(bitmap))
             user_list.file.save(_storage_name(name), File(copy), save=False)
             user_list.save()
-            for previous in old:
-                previous.delete()
-                transaction.on_commit(_file_remover(previous.file))
+            if bitmap is None:
+                transaction.on_commit(lambda: _queue_validation(user_list.pk))
+            else:
+                _replace_older(user_list)
     return user_list
+
+
+def _count(user_list: UserList, summary: ListSummary, *, distinct: int) -> None:
+    user_list.status = UserList.Status.READY
+    user_list.line_count = summary.lines
+    user_list.header_lines = summary.header
+    user_list.listed_ids = summary.ids
+    user_list.id_count = distinct
+
+
+def _replace_older(user_list: UserList) -> None:
+    """Inside the transaction that made `user_list` ready: with `replaces_others`, the lists
+    uploaded before it go (their files after the commit, so a rollback loses none)."""
+    if not user_list.replaces_others:
+        return
+    for previous in UserList.objects.filter(segment=user_list.segment_id, pk__lt=user_list.pk):
+        previous.delete()
+        transaction.on_commit(_file_remover(previous.file))
+
+
+def _queue_validation(user_list_id: int) -> None:
+    from segments.tasks import user_list_validate
+
+    user_list_validate.delay(user_list_id)
+
+
+def user_list_validate(*, user_list_id: int, progress_every: float = 5.0) -> UserList | None:
+    """Validate a list stored as `validating` (the Celery task's work): it becomes `ready`, or
+    `failed` with the reason and the line, its file deleted. Safe to run again (a redelivered
+    task): a list no longer validating is left alone. Notes the lines read so far on the row
+    every `progress_every` seconds, for the pages that show it."""
+    user_list = UserList.objects.filter(pk=user_list_id).first()
+    if user_list is None or user_list.status != UserList.Status.VALIDATING:
+        return user_list
+    summary = ListSummary()
+    width = settings.GATEKEEPER_ID_WIDTH
+    noted = time.monotonic()
+
+    def noting(chunks: Any) -> Any:
+        nonlocal noted
+        for chunk in chunks:
+            if time.monotonic() - noted > progress_every:
+                UserList.objects.filter(pk=user_list_id).update(line_count=summary.lines)
+                noted = time.monotonic()
+            yield chunk
+
+    try:
+        with user_list.file.open("rb") as handle:
+            chunks = iter_ids(handle, width=width, summary=summary, **_list_limits())
+            bitmap = bitmap_from_chunks(noting(chunks), width=width)
+    except UserListError as exc:
+        with transaction.atomic():
+            locked = UserList.objects.select_for_update().get(pk=user_list_id)
+            if locked.status == UserList.Status.VALIDATING:
+                locked.status = UserList.Status.FAILED
+                locked.error = exc.messages[0]
+                locked.error_line = exc.line
+                locked.line_count = summary.lines
+                transaction.on_commit(_file_remover(locked.file))
+                locked.file = None
+                locked.save()
+        logger.info("User list %s refused: %s", user_list_id, exc.messages[0])
+        return UserList.objects.get(pk=user_list_id)
+    with transaction.atomic():
+        locked = UserList.objects.select_for_update().get(pk=user_list_id)
+        if locked.status == UserList.Status.VALIDATING:
+            _count(locked, summary, distinct=len(bitmap))
+            locked.save()
+            _replace_older(locked)
+    return UserList.objects.get(pk=user_list_id)
 
 
 def _file_remover(field_file: Any) -> Callable[[], None]:
     # After commit: a rolled-back replace must not lose the file of a list that stays.
-    return lambda: field_file.delete(save=False)
+    storage, name = field_file.storage, field_file.name
+    return lambda: storage.delete(name) if name else None
 
 
 class _Tee:
-    """A readable stream that copies what is read into `sink` (the stored copy)."""
+    """A readable stream that copies what is read into `sink` (the stored copy), and refuses
+    to read more than `limit` bytes of it."""
 
-    def __init__(self, source: IO[bytes], sink: IO[bytes]) -> None:
-        self.source, self.sink, self.size = source, sink, 0
+    def __init__(self, source: IO[bytes], sink: IO[bytes], *, limit: int) -> None:
+        self.source, self.sink, self.limit, self.size = source, sink, limit, 0
 
     def read(self, n: int = -1) -> bytes:
         data = self.source.read(n)
-        self.sink.write(data)
         self.size += len(data)
+        if self.size > self.limit:
+            raise UserListError(
+                f"The upload is larger than {self.limit:,} bytes, the most a list may be as "
+                "sent (GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES)"
+            )
+        self.sink.write(data)
         return data
+
+    def drain(self) -> None:
+        while self.read(1 << 20):
+            pass
 
     def readable(self) -> bool:
         return True
@@ -265,7 +370,9 @@ def _build_and_publish(
         raise ValueError(
             "There is no default segment (run `manage.py migrate`): nothing to publish."
         )
-    lists = list(UserList.objects.filter(segment__in=segments).order_by("pk"))
+    lists = list(
+        UserList.objects.filter(segment__in=segments, status=UserList.Status.READY).order_by("pk")
+    )
     total_bytes = sum(max(user_list.size_bytes, 1) for user_list in lists) or 1
     done = 0
     listed = []

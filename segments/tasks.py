@@ -2,6 +2,7 @@
 
 from celery import shared_task
 
+from segments import services
 from segments.services import BuildBusy, build_run
 
 
@@ -14,3 +15,11 @@ def build_snapshot(self, build_id: int) -> str:
     except BuildBusy as exc:
         raise self.retry(exc=exc, countdown=10) from exc
     return build.version
+
+
+@shared_task(acks_late=True)
+def user_list_validate(user_list_id: int) -> str:
+    """Validate a large uploaded list the web process stored unchecked (see
+    `segments.services.user_list_validate`)."""
+    user_list = services.user_list_validate(user_list_id=user_list_id)
+    return user_list.status if user_list is not None else "gone"

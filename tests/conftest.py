@@ -33,6 +33,8 @@ def _test_settings(settings, tmp_path):
     settings.GATEKEEPER_STORE_URL = str(tmp_path / "store")
     settings.GATEKEEPER_SNAPSHOT_CACHE_DIR = tmp_path / "snapshot-cache"
     settings.MEDIA_ROOT = tmp_path / "media"
+    # No snapshot follower threads in the test process: a test swaps versions with refresh().
+    settings.GATEKEEPER_SNAPSHOT_POLL_SECONDS = 0
 
 
 @pytest.fixture

@@ -9,14 +9,14 @@ own Redis connections.
 
 import logging
 
-from django.conf import settings
-
 logger = logging.getLogger(__name__)
 
 
 def load_snapshot(*, role: str) -> None:
-    from segments.index import get_index, index_status
+    """In the parent, before it forks: load, without following (the children follow)."""
+    from segments.index import get_holder, get_index, index_status
 
+    get_holder().follow_lazily = False
     if get_index() is None:
         logger.error(
             "%s: no segment snapshot (%s); marketing sends get 'unavailable'",
@@ -40,12 +40,10 @@ def after_fork(*, role: str) -> None:
     from worker.processes import process_report
 
     holder = get_holder()
-    holder.get()
+    holder.after_fork()
+    holder.on_poll = lambda status: _on_poll(role, status)
+    holder.get()  # starts this child's follower
     process_report(role=role, status=holder.status())
-    holder.start_follower(
-        settings.GATEKEEPER_SNAPSHOT_POLL_SECONDS,
-        on_poll=lambda status: _on_poll(role, status),
-    )
 
 
 def _on_poll(role: str, status: dict[str, object]) -> None:

@@ -216,7 +216,10 @@ def test_a_pipeline_replaces_a_list_and_publishes_it(api, snapshot, settings):
     bad = call(m, "PUT", "/api/v1/segments/vip/users/", data=b"1\n2\nthree\n")
     assert bad.status_code == 400 and bad.json()["line"] == 3
     good = call(m, "PUT", "/api/v1/segments/vip/users/", data=gzip.compress(b"user_id\n5\n6\n6\n"))
-    assert good.json() == {"users": 2, "lines": 4}
+    stored = good.json()
+    assert (stored["status"], stored["users"], stored["lines"]) == ("ready", 2, 4)
+    assert (stored["header_lines"], stored["repeated_ids"], stored["blank_lines"]) == (1, 1, 0)
+    assert stored["uploaded_by"] == "marketer"  # the token's user, as the admin shows it
     settings.CELERY_TASK_ALWAYS_EAGER = True
     from gatekeeper.celery import app
 

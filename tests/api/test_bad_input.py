@@ -227,3 +227,33 @@ def test_nothing_is_stored_by_a_refused_segment_body(api, snapshot):
     assert list(Segment.objects.exclude(slug="vip").values_list("slug", "name", "priority")) == [
         row for row in before if row[0] != "vip"
     ]
+
+
+def test_an_inflating_upload_never_blocks_the_web_process_and_is_refused_in_the_background(
+    api, snapshot, settings
+):
+    from gatekeeper.celery import app
+    from tests.segments.test_uploads import inflating_gzip
+
+    settings.GATEKEEPER_USER_LIST_MAX_BYTES = 64 * 2**20
+    m = api("marketer")
+    bomb = inflating_gzip(b"1\n", 1024 * 2**20)  # 1 MB that inflates to 1 GB
+    app.conf.task_always_eager = True
+    try:
+        taken = call(m, "PUT", "/api/v1/segments/vip/users/", data=bomb)
+    finally:
+        app.conf.task_always_eager = False
+    # The web process read 32 MiB of it (GATEKEEPER_USER_LIST_INLINE_BYTES) and handed it on.
+    assert taken.status_code == 202, taken.text
+    assert taken.json()["status"] == "validating"
+    assert taken.headers["Location"].endswith("/api/v1/segments/vip/users/")
+    lists = call(m, "GET", "/api/v1/segments/vip/users/").json()["results"]
+    assert lists[0]["status"] == "failed" and "GATEKEEPER_USER_LIST_MAX_BYTES" in lists[0]["error"]
+    assert [entry["status"] for entry in lists[1:]] == ["ready"]  # the list it was to replace
+
+
+def test_an_upload_declared_above_the_limit_is_a_413_before_it_is_read(api, snapshot, settings):
+    settings.GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES = 1000
+    response = call(api("marketer"), "PUT", "/api/v1/segments/vip/users/", data=b"1\n" * 600)
+    assert response.status_code == 413
+    assert "at most 1,000 bytes" in response.json()["detail"]

@@ -26,6 +26,7 @@ ENDPOINTS = [
         b"1\n",
         {"segments.add_userlist", "segments.delete_userlist"},
     ),
+    ("GET", "/api/v1/segments/vip/users/", None, {"segments.view_segment"}),
     ("GET", "/api/v1/segments/lookup/?user_id=1", None, {"segments.view_segment"}),
     ("POST", "/api/v1/segments/lookup/", {"user_ids": [1]}, {"segments.view_segment"}),
     ("GET", "/api/v1/limits/", None, {"limits.view_cap"}),

@@ -1,0 +1,121 @@
+"""User-list uploads that are large, inflating or bad: bounded memory, settable limits, big lists
+validated in the background, and nothing stored (or published) from a list that fails."""
+
+import gzip
+import io
+import os
+import tracemalloc
+import zlib
+
+import pytest
+
+from segments.models import Segment, UserList
+from segments.parsing import ListSummary, UserListError, iter_ids
+from segments.services import build_run, build_start, user_list_import, user_list_validate
+
+pytestmark = pytest.mark.django_db
+
+
+def inflating_gzip(pattern: bytes, inflated: int) -> bytes:
+    """A gzip of `pattern` repeated to `inflated` bytes, built without holding the text."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: a gzip header and trailer
+    block = pattern * (2**20 // len(pattern))
+    parts = [compressor.compress(block) for _ in range(inflated // len(block))]
+    return b"".join([*parts, compressor.flush()])
+
+
+def ids_text(first: int, count: int) -> bytes:
+    return b"".join(b"%d\n" % i for i in range(first, first + count))
+
+
+@pytest.fixture
+def vip(db) -> Segment:
+    return Segment.objects.create(slug="vip", name="VIP", priority=10)
+
+
+def test_parsing_memory_is_bounded_by_the_chunk_not_by_what_a_gzip_inflates_to():
+    bomb = inflating_gzip(b"1\n", 128 * 2**20)
+    assert len(bomb) < 2**20  # under a megabyte on the wire
+    summary = ListSummary()
+    tracemalloc.start()
+    try:
+        for _ in iter_ids(io.BytesIO(bomb), summary=summary):
+            pass
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert summary.lines == 64 * 2**20
+    assert peak < 40 * 2**20, f"{peak / 2**20:.0f} MiB"  # docs/segments.md states ~26 MiB
+
+
+def test_the_decompressed_size_and_the_lines_have_settable_limits():
+    bomb = inflating_gzip(b"1\n", 16 * 2**20)
+    with pytest.raises(UserListError, match="larger than 4,194,304 bytes once decompressed"):
+        for _ in iter_ids(io.BytesIO(bomb), max_bytes=4 * 2**20):
+            pass
+    with pytest.raises(UserListError, match="more than 1,000 lines") as caught:
+        for _ in iter_ids(io.BytesIO(ids_text(0, 1001)), max_lines=1000):
+            pass
+    assert caught.value.line == 1001
+
+
+def test_a_list_beyond_the_limits_is_refused_and_nothing_is_stored(vip, settings):
+    settings.GATEKEEPER_USER_LIST_MAX_BYTES = 2**20
+    with pytest.raises(UserListError, match="GATEKEEPER_USER_LIST_MAX_BYTES"):
+        user_list_import(
+            segment=vip, fileobj=io.BytesIO(inflating_gzip(b"7\n", 4 * 2**20)), name="bomb.gz"
+        )
+    settings.GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES = 1000
+    with pytest.raises(UserListError, match="GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES"):
+        user_list_import(segment=vip, fileobj=io.BytesIO(ids_text(0, 500)), name="big.txt")
+    assert not UserList.objects.exists()
+
+
+def test_a_large_list_is_stored_unchecked_then_validated_in_the_background(
+    vip, settings, django_capture_on_commit_callbacks, monkeypatch
+):
+    from segments import services
+
+    queued: list[int] = []
+    monkeypatch.setattr(services, "_queue_validation", queued.append)
+    old = user_list_import(segment=vip, fileobj=io.BytesIO(b"1\n2\n"), name="old.txt")
+    body = gzip.compress(b"user_id\n" + ids_text(100, 200_000) + b"\n" + ids_text(100, 10))
+    with django_capture_on_commit_callbacks(execute=True):
+        stored = user_list_import(
+            segment=vip, fileobj=io.BytesIO(body), name="big.gz", replace=True, inline_bytes=2**16
+        )
+    assert stored.status == "validating" and queued == [stored.pk]
+    # Until it is ready, builds keep using the list it replaces.
+    assert UserList.objects.filter(segment=vip).count() == 2
+    build_run(build_id=build_start(queue=False).pk)
+    ready = user_list_validate(user_list_id=stored.pk)
+    assert ready is not None and ready.status == "ready"
+    assert (ready.id_count, ready.listed_ids, ready.header_lines) == (200_000, 200_010, 1)
+    assert (ready.line_count, ready.blank_lines, ready.repeated_ids) == (200_012, 1, 10)
+    assert ready.lines_explained == "200,012 lines: a header, 1 blank line, 10 repeated ids"
+    assert list(UserList.objects.filter(segment=vip)) == [ready]  # it replaced the old one
+    assert not UserList.objects.filter(pk=old.pk).exists()
+    assert user_list_validate(user_list_id=stored.pk).status == "ready"  # a redelivery: no-op
+
+
+def test_a_large_list_that_fails_in_the_background_says_why_and_is_never_built(
+    vip, settings, monkeypatch, django_capture_on_commit_callbacks
+):
+    from segments import services
+
+    monkeypatch.setattr(services, "_queue_validation", lambda pk: None)
+    good = user_list_import(segment=vip, fileobj=io.BytesIO(b"1\n2\n"), name="good.txt")
+    body = ids_text(0, 100_000) + b"12x\n" + ids_text(0, 10)
+    stored = user_list_import(
+        segment=vip, fileobj=io.BytesIO(body), name="bad.txt", replace=True, inline_bytes=2**16
+    )
+    assert stored.status == "validating"
+    path = stored.file.path
+    with django_capture_on_commit_callbacks(execute=True):
+        failed = user_list_validate(user_list_id=stored.pk)
+    assert failed is not None and failed.status == "failed" and not failed.file
+    assert failed.error_line == 100_001 and "'12x' is not a user id" in failed.error
+    assert UserList.objects.get(pk=good.pk).status == "ready"  # the list it would replace stays
+    assert not os.path.exists(path)  # nothing of the bad list is kept but the reason
+    build = build_run(build_id=build_start(queue=False).pk)
+    assert build.stats["vip"]["listed"] == 2
