@@ -50,6 +50,7 @@ def main(argv: list[str]) -> None:
             "WEB_CONCURRENCY": str(args.workers),
             "GUNICORN_ACCESSLOG": "",
             "LOG_LEVEL": "WARNING",
+            "DJANGO_HTTPS": "false",  # plain HTTP on loopback
         }
         python = sys.executable
         for command in (["migrate", "-v", "0"], ["seed_demo"]):
@@ -57,7 +58,7 @@ def main(argv: list[str]) -> None:
                 [python, "manage.py", *command], cwd=ROOT, env=env, check=True, capture_output=True
             )
         token = subprocess.run(
-            [python, "manage.py", "create_api_token", "marketer"],
+            [python, "manage.py", "create_api_token", "campaigns"],
             cwd=ROOT,
             env=env,
             check=True,

@@ -120,8 +120,8 @@ def campaign(recipients: int) -> None:
             queued = time.perf_counter() - started
             script = (
                 "import time;from worker.models import SendJob\n"
-                "while SendJob.objects.get().status != 'done': time.sleep(0.2)\n"
-                "job=SendJob.objects.get();print(job.sent, job.reasons)"
+                "while SendJob.objects.get(campaign='offer').status != 'done': time.sleep(0.2)\n"
+                "job=SendJob.objects.get(campaign='offer');print(job.sent, job.reasons)"
             )
             out = subprocess.run(
                 [python, "manage.py", "shell", "-v", "0", "-c", script],

@@ -1,8 +1,12 @@
-"""/healthz (the process answers) and /readyz (it can gate: snapshot, Redis, database)."""
+"""/healthz (the process answers) and /readyz (it can gate: snapshot, Redis, database).
+
+Anyone gets /readyz's bare status, for load balancers; the checks, which name the snapshot
+version and the store, only callers `operator_allowed` lets in."""
 
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
+from gatekeeper.lib.probes import operator_allowed
 from limits.limiter import get_limiter
 from segments.index import get_index, index_status
 
@@ -23,4 +27,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
     except Exception as exc:
         checks["database"] = {"ok": False, "error": str(exc)}
     ready = all(check["ok"] for check in checks.values())
-    return JsonResponse({"ready": ready, "checks": checks}, status=200 if ready else 503)
+    body: dict[str, object] = {"ready": ready}
+    if operator_allowed(request):
+        body["checks"] = checks
+    return JsonResponse(body, status=200 if ready else 503)

@@ -23,6 +23,23 @@ SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="gatekeeper-insecure-developme
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 
+# --- HTTPS ------------------------------------------------------------------------------------
+# Served over HTTPS (directly or behind a TLS proxy): on unless DEBUG. `make run` turns it off,
+# since it serves plain HTTP on loopback; so do the tests.
+HTTPS = env.bool("DJANGO_HTTPS", default=not DEBUG)
+SECURE_SSL_REDIRECT = HTTPS
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_HSTS_SECONDS = env.int("DJANGO_HSTS_SECONDS", default=365 * 86400 if HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", default=True)
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_HSTS_PRELOAD", default=True)
+# Load balancers probe the backend itself, over plain HTTP: no redirect for the probes.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+# Behind a TLS proxy that sets X-Forwarded-Proto (and strips it from clients): trust it, or
+# every request looks like plain HTTP and is redirected forever.
+if env.bool("DJANGO_TRUST_X_FORWARDED_PROTO", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
 INSTALLED_APPS = [
     "gatekeeper.apps.GatekeeperAdminConfig",
     "django.contrib.auth",
@@ -168,6 +185,13 @@ GATEKEEPER_ID_WIDTH = env.int("GATEKEEPER_ID_WIDTH", default=32)
 GATEKEEPER_SNAPSHOT_POLL_SECONDS = env.float("GATEKEEPER_SNAPSHOT_POLL_SECONDS", default=5.0)
 # How long a process may use cached caps before reading them again (seconds).
 GATEKEEPER_CAPS_TTL_SECONDS = env.float("GATEKEEPER_CAPS_TTL_SECONDS", default=2.0)
+# Who sees /metrics and the details of /readyz (segment slugs and sizes, the store's address):
+# callers from these networks, or with `Authorization: Bearer <GATEKEEPER_METRICS_TOKEN>`.
+# Everyone else gets /readyz's bare status (for load balancers) and a 403 from /metrics.
+GATEKEEPER_METRICS_TOKEN = env.str("GATEKEEPER_METRICS_TOKEN", default="")
+GATEKEEPER_METRICS_NETWORKS = env.list(
+    "GATEKEEPER_METRICS_NETWORKS", default=["127.0.0.0/8", "::1/128"]
+)
 
 # --- User lists -----------------------------------------------------------------------------
 # An upload as sent (gzip counts compressed); a larger REST body is a 413 before it is read.
@@ -218,6 +242,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Several models have a `status`: name each set of states after its model.
+    "ENUM_NAME_OVERRIDES": {
+        "BuildStatusEnum": "segments.models.Build.Status",
+        "UserListStatusEnum": "segments.models.UserList.Status",
+    },
 }
 
 LOGGING = {

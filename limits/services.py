@@ -69,18 +69,33 @@ def cap_warnings(*, daily: int | None, weekly: int | None) -> list[str]:
     return warnings
 
 
+NOUNS = {
+    "email": ("email", "emails"),
+    "push": ("push message", "push messages"),
+    "all": ("marketing message", "marketing messages"),
+}
+
+
+def _noun(channel: str, count: int) -> str:
+    one, many = NOUNS.get(channel, (f"{channel} message", f"{channel} messages"))
+    return one if count == 1 else many
+
+
 def cap_describe(*, channel: str, daily: int | None, weekly: int | None) -> str:
-    """'at most 3 emails in any 24 hours and 10 in any 7 days'."""
-    noun = {"email": "emails", "push": "push messages", "all": "marketing messages"}.get(
-        channel, f"{channel} messages"
-    )
+    """'at most 3 emails in any 24 hours and 10 in any 7 days'; 'at most 1 email ...'."""
     if daily == 0 or weekly == 0:
-        return f"no marketing {noun}" if channel != "all" else "no marketing messages at all"
+        return (
+            "no marketing messages at all"
+            if channel == "all"
+            else f"no marketing {_noun(channel, 2)}"
+        )
     parts = []
     if daily is not None:
-        parts.append(f"at most {daily} {noun} in any 24 hours")
+        parts.append(f"at most {daily:,} {_noun(channel, daily)} in any 24 hours")
     if weekly is not None:
         parts.append(
-            f"{weekly} in any 7 days" if parts else f"at most {weekly} {noun} in any 7 days"
+            f"{weekly:,} in any 7 days"
+            if parts
+            else f"at most {weekly:,} {_noun(channel, weekly)} in any 7 days"
         )
-    return " and ".join(parts) if parts else f"no cap on {noun}"
+    return " and ".join(parts) if parts else f"no cap on {_noun(channel, 2)}"

@@ -19,6 +19,8 @@ def manage(*args: str) -> None:
 
 def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gatekeeper.settings")
+    # A laptop serves plain HTTP on loopback: no HTTPS redirect, no secure-only cookies.
+    os.environ.setdefault("DJANGO_HTTPS", "false")
     sys.path.insert(0, str(ROOT))
     import django
 

@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from gatekeeper.lib.integers import DIGITS, INT32_MAX, WholeNumberField
+from gatekeeper.lib.words import count
 from segments.index import get_index
 from segments.models import Build, Segment, UserList
 from segments.parsing import UserListError
@@ -44,7 +45,9 @@ class UserListInline(admin.TabularInline):
     @admin.display(description="state")
     def state(self, user_list: UserList) -> str:
         if user_list.status == UserList.Status.VALIDATING:
-            return f"validating in the background ({user_list.line_count:,} lines read so far)"
+            return (
+                f"validating in the background ({count(user_list.line_count, 'line')} read so far)"
+            )
         if user_list.status == UserList.Status.FAILED:
             return f"refused: {user_list.error}"
         return "ready"
@@ -126,7 +129,8 @@ class SegmentAdmin(admin.ModelAdmin):
         if latest is None:
             return "-" if not segment.is_default else "everyone not listed"
         return (
-            f"{latest.original_name}: {latest.id_count:,} ids, {latest.uploaded_at:%Y-%m-%d %H:%M}"
+            f"{latest.original_name}: {count(latest.id_count, 'user')}, "
+            f"{latest.uploaded_at:%Y-%m-%d %H:%M}"
         )
 
     def change_view(
@@ -182,7 +186,7 @@ class SegmentAdmin(admin.ModelAdmin):
                 else:
                     messages.success(
                         request,
-                        f"{upload.name}: stored, {stored.id_count:,} users "
+                        f"{upload.name}: stored, {count(stored.id_count, 'user')} "
                         f"({stored.lines_explained}). Build and publish to make it live.",
                     )
         for deleted in formset.deleted_forms:

@@ -4,6 +4,8 @@ from django.db import models
 from django.db.models.signals import pre_delete
 from django.dispatch import receiver
 
+from gatekeeper.lib.words import count
+
 DEFAULT_SEGMENT_SLUG = "default"
 
 
@@ -95,7 +97,7 @@ class UserList(models.Model):
         ordering = ["segment__priority", "-uploaded_at"]
 
     def __str__(self) -> str:
-        return f"{self.original_name} ({self.id_count:,} users)"
+        return f"{self.original_name} ({count(self.id_count, 'user')})"
 
     @property
     def blank_lines(self) -> int:
@@ -109,16 +111,12 @@ class UserList(models.Model):
     def lines_explained(self) -> str:
         """Why the lines and the users differ, in words: "1,004 lines: a header, 1 blank line,
         2 repeated ids"."""
-        parts = []
-        if self.header_lines:
-            parts.append("a header")
+        parts = ["a header"] if self.header_lines else []
         if self.blank_lines:
-            parts.append(f"{self.blank_lines:,} blank line{'s' if self.blank_lines != 1 else ''}")
+            parts.append(count(self.blank_lines, "blank line"))
         if self.repeated_ids:
-            parts.append(
-                f"{self.repeated_ids:,} repeated id{'s' if self.repeated_ids != 1 else ''}"
-            )
-        lines = f"{self.line_count:,} line{'s' if self.line_count != 1 else ''}"
+            parts.append(count(self.repeated_ids, "repeated id"))
+        lines = count(self.line_count, "line")
         return f"{lines}: {', '.join(parts)}" if parts else lines
 
 

@@ -7,7 +7,8 @@ a claim already there knows, without asking anyone:
 
 - `sent:<this job>`: an earlier run of this chunk sent it and died before counting it: count it
   as sent now, do not send it again;
-- `sent:<another job>`: another job already sent this message id: a duplicate, not sent;
+- `sent:<another job>` or `sending:<another job>:...`: another job sent (or is sending) this
+  message id: a duplicate, not sent, and nothing to warn about;
 - `sending:<job>:<another run>`: a run died (or lost its lease) during this very send, which may
   or may not have reached the provider: ambiguous, unless the provider deduplicates by the
   message id, in which case the send is taken over and made again with the same key.

@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gatekeeper.lib.probes import operator_allowed
 from segments.index import index_status
 from worker import stats
 
@@ -43,6 +44,14 @@ class GatekeeperCollector(Collector):
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not operator_allowed(request):
+        response = HttpResponse(
+            "Metrics are for the operator: call from GATEKEEPER_METRICS_NETWORKS or send "
+            "Authorization: Bearer <GATEKEEPER_METRICS_TOKEN>.\n",
+            status=403,
+            content_type="text/plain",
+        )
+        return response
     stats.flush()
     registry = CollectorRegistry()
     registry.register(GatekeeperCollector())

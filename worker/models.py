@@ -1,6 +1,8 @@
 from django.conf import settings
 from django.db import models
 
+from gatekeeper.lib.words import count
+
 
 class SendJob(models.Model):
     """A campaign's sends handed to the worker: gated in chunks, dispatched, counted.
@@ -65,7 +67,7 @@ class SendJob(models.Model):
         ordering = ["-created_at", "-id"]
 
     def __str__(self) -> str:
-        return f"{self.campaign} ({self.channel}, {self.total:,} recipients)"
+        return f"{self.campaign} ({self.channel}, {count(self.total, 'recipient')})"
 
     @property
     def processed(self) -> int:

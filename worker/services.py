@@ -289,10 +289,12 @@ class _Run:
         for recipient, message, claim in zip(batch, messages, found, strict=True):
             if claim is None:
                 pass
+            elif claim.job not in (None, self.job.pk):
+                # Another job has sent (or is sending) this message id: not this job's send.
+                self.outcomes["duplicate"] += 1
+                continue
             elif claim.state == SENT:
-                # An earlier run sent it (and died before counting it), or another job did.
-                mine = claim.job in (None, self.job.pk)
-                self.outcomes["sent" if mine else "duplicate"] += 1
+                self.outcomes["sent"] += 1  # an earlier run sent it and died before counting
                 continue
             elif self.resend_unknown:
                 taken_over.append(recipient["message_id"])
@@ -481,10 +483,10 @@ def send_chunk_fail(*, chunk_id: int, error: str) -> None:
             if claim is None:
                 outcomes["failed"] += 1
                 unclaimed.append((r["user_id"], r["message_id"]))
-            elif claim.state == SENT:
-                outcomes["sent" if claim.job in (None, chunk.job_id) else "duplicate"] += 1
+            elif claim.job not in (None, chunk.job_id):
+                outcomes["duplicate"] += 1
             else:
-                outcomes["ambiguous"] += 1
+                outcomes["sent" if claim.state == SENT else "ambiguous"] += 1
         if unclaimed and chunk.job.category == MARKETING:
             try:
                 gate_release(channel=chunk.job.channel, requests=unclaimed)

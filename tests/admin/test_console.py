@@ -254,7 +254,7 @@ def test_the_dashboard_shows_versions_processes_decisions_and_sizes(marketer_cli
 def test_segment_pages_link_to_their_caps(marketer_client, demo):
     vip = Segment.objects.get(slug="vip")
     listing = text(marketer_client.get(reverse("admin:segments_segment_changelist")))
-    assert reverse("admin:cap_grid", args=[vip.pk]) in listing and "vip.txt: 3 ids" in listing
+    assert reverse("admin:cap_grid", args=[vip.pk]) in listing and "vip.txt: 3 users" in listing
     assert re.search(r"#\d+, \d{4}-\d\d-\d\d \d\d:\d\d", listing)  # the last build
     change = text(marketer_client.get(reverse("admin:segments_segment_change", args=[vip.pk])))
     assert "Caps of this segment" in change
@@ -305,6 +305,14 @@ def test_the_demo_seeds_group_logins_a_service_account_and_a_live_dashboard(
     )
     assert sum(data["history"]["admitted"]) > 0 and sum(data["history"]["refused"]) > 0
     assert len(data["sizes"]["values"]) == 4
+    # A finished send job, so the send-job pages are not empty on first look.
+    from worker.models import SendJob
+
+    job = SendJob.objects.get()
+    assert job.status == "done" and job.pending == 0 and job.invalid == 3
+    assert job.sent > 0 and job.capped > 0
+    jobs = text(client.get(reverse("admin:worker_sendjob_changelist")))
+    assert "demo-welcome" in jobs
     call_command("seed_demo", stdout=out)  # a second start seeds nothing
     assert "already there" in out.getvalue()
 

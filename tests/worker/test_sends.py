@@ -528,3 +528,17 @@ def test_an_unexpected_dispatcher_error_is_ambiguous_not_repeated(campaign, redi
     )
     assert send_chunk_run(chunk_id=job.chunks.get().pk, dispatcher=Broken()) == {"ambiguous": 1}
     assert redis_client.get(claim_key("u:1")).startswith(f"sending:{job.pk}:".encode())
+
+
+def test_a_message_id_another_job_is_sending_is_a_duplicate_and_no_crash_is_reported(
+    campaign, smtp, redis_client, caplog
+):
+    job = send_job_create(
+        channel="email", campaign="d", template="welcome", recipients=recipients(1, 9), queue=False
+    )
+    # A live run of another job holds the claim of user 9's message id right now.
+    redis_client.set(claim_key("d:9"), "sending:999999:live-run")
+    with caplog.at_level("WARNING", logger="worker.services"):
+        assert send_chunk_run(chunk_id=job.chunks.get().pk) == {"sent": 1, "duplicate": 1}
+    assert "cut off" not in caplog.text
+    assert smtp.per_recipient() == {"u1@example.com": 1}

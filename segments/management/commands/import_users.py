@@ -6,6 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
+from gatekeeper.lib.words import count
 from segments.models import Segment
 from segments.parsing import UserListError
 from segments.services import user_list_import
@@ -63,7 +64,7 @@ class Command(BaseCommand):
                 raise CommandError(f"{path}: {exc.messages[0]}. Nothing was stored.") from exc
         self.stdout.write(
             self.style.SUCCESS(
-                f"Stored {user_list.id_count:,} users ({user_list.line_count:,} lines) "
+                f"Stored {count(user_list.id_count, 'user')} ({user_list.lines_explained}) "
                 f"in segment '{segment.slug}'. Run `manage.py build_segments` to publish."
             )
         )

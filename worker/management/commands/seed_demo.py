@@ -83,6 +83,7 @@ class Command(BaseCommand):
             f"Published snapshot {build.version} with {build.total_users:,} users in lists."
         )
         self._first_sends()
+        self._finished_job()
         self.stdout.write(
             self.style.SUCCESS(
                 f"Demo seeded. Admin: http://127.0.0.1:8000/admin/  "
@@ -111,3 +112,31 @@ class Command(BaseCommand):
                     )
         flush()
         self.stdout.write("Gated two demo campaigns per channel (see the dashboard).")
+
+    def _finished_job(self) -> None:
+        """One finished send job, so the send-job pages show what a campaign looks like: 2,000
+        push recipients (some capped by the demo campaigns, three with tokens that cannot be
+        sent to, skipped as invalid), delivered to no one (the null push backend)."""
+        from worker.dispatchers import NullPushBackend
+        from worker.services import send_chunk_run, send_job_create
+
+        rng = np.random.default_rng(11)
+        users = rng.choice(DEMO_USERS, 2_000, replace=False).tolist()
+        recipients = [{"user_id": u, "address": f"demo-push-token-{u}"} for u in users]
+        for row in (5, 500, 1500):
+            recipients[row]["address"] = "not a token"
+        job = send_job_create(
+            channel="push",
+            campaign="demo-welcome",
+            template="welcome",
+            recipients=recipients,
+            on_invalid="skip",
+            queue=False,
+        )
+        for chunk_id in job.chunks.order_by("pk").values_list("pk", flat=True):
+            send_chunk_run(chunk_id=chunk_id, dispatcher=NullPushBackend())
+        job.refresh_from_db()
+        self.stdout.write(
+            f"Ran demo send job #{job.pk}: {job.sent:,} sent, {job.capped:,} capped, "
+            f"{job.invalid:,} invalid (see Send jobs)."
+        )

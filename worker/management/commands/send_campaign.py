@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
+from gatekeeper.lib.words import count
 from worker.models import SendChunk, SendJob
 from worker.services import ChunkBusy, send_chunk_run, send_job_create
 
@@ -58,7 +59,8 @@ class Command(BaseCommand):
             raise CommandError(f"Nothing was sent. {problems}") from exc
         if not options["wait"]:
             self.stdout.write(
-                f"Send job #{job.pk} queued: {job.total:,} recipients in {job.chunks.count()} chunks."
+                f"Send job #{job.pk} queued: {count(job.total, 'recipient')} in "
+                f"{count(job.chunks.count(), 'chunk')}."
             )
             return
         with tqdm(total=job.total, unit="recipient", desc="sending", disable=None) as bar:
@@ -104,8 +106,8 @@ class Command(BaseCommand):
         for outcome in (*SendJob.OUTCOMES, "pending"):
             self.stdout.write(f"  {outcome:<14}{getattr(job, outcome):>10,}")
         self.stdout.write("\n  gate decisions by reason:")
-        for reason, count in Counter(job.reasons).most_common():
-            self.stdout.write(f"  {reason:<14}{count:>10,}")
+        for reason, decisions in Counter(job.reasons).most_common():
+            self.stdout.write(f"  {reason:<14}{decisions:>10,}")
         pending = job.chunks.filter(status=SendChunk.Status.QUEUED).count()
         if pending:
             self.stdout.write(
