@@ -11,7 +11,7 @@ import sys
 
 import django
 
-SUITES = ["limiter", "segments", "gate", "api", "memory"]
+SUITES = ["limiter", "segments", "gate", "api", "bodies", "memory"]
 
 
 def main(argv: list[str]) -> None:

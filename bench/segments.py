@@ -122,3 +122,33 @@ def main(argv: list[str]) -> None:
         f"Bloom filters at 1e-7 false positives for the same users: {bloom_bytes / 1e6:,.0f} MB "
         f"({bloom_bytes / snapshot:.0f}x the snapshot)"
     )
+    parse_memory()
+
+
+def parse_memory() -> None:
+    """The parser's peak memory on a gzip that inflates to 256 MiB of two-byte lines (the worst
+    case per byte) and on 6.5M real ids: bounded by the chunk, not by the file."""
+    import gzip
+    import io
+    import tracemalloc
+    import zlib
+
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = b"".join(
+        [*(compressor.compress(b"1\n" * 2**19) for _ in range(256)), compressor.flush()]
+    )
+    real = gzip.compress(b"".join(b"%d\n" % i for i in range(6_500_000)), 1)
+    for name, data in (
+        ("a 1 MB gzip inflating to 256 MiB of '1' lines", bomb),
+        ("64 MiB of ids", real),
+    ):
+        tracemalloc.start()
+        started = time.perf_counter()
+        lines = sum(int(chunk.size) for chunk in iter_ids(io.BytesIO(data)))
+        took = time.perf_counter() - started
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        print(
+            f"parse {name} ({len(data) / 1e6:.1f} MB sent): {lines:,} ids in {took:.1f} s, "
+            f"peak {peak / 2**20:.0f} MiB   (bound: ~26 MiB, docs/segments.md)"
+        )

@@ -36,6 +36,7 @@ GROUP_PERMISSIONS: dict[str, list[str]] = {
         "segments.publish_snapshot",
         "limits.add_cap",
         "limits.change_cap",
+        "limits.delete_cap",
         "limits.reset_quota",
     ],
 }

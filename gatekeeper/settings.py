@@ -157,6 +157,8 @@ CELERY_BEAT_SCHEDULE = {
     # Deferred and retried chunks wait in the database, not in the broker (a countdown longer
     # than the visibility timeout would be delivered again and again); this queues them when due.
     "send-chunks-due": {"task": "worker.tasks.send_chunks_due", "schedule": 10.0},
+    # A large user list whose validation task was lost is queued again.
+    "user-lists-stalled": {"task": "segments.tasks.user_lists_stalled", "schedule": 300.0},
 }
 CELERY_TIMEZONE = TIME_ZONE
 
@@ -186,12 +188,11 @@ GATEKEEPER_SNAPSHOT_POLL_SECONDS = env.float("GATEKEEPER_SNAPSHOT_POLL_SECONDS",
 # How long a process may use cached caps before reading them again (seconds).
 GATEKEEPER_CAPS_TTL_SECONDS = env.float("GATEKEEPER_CAPS_TTL_SECONDS", default=2.0)
 # Who sees /metrics and the details of /readyz (segment slugs and sizes, the store's address):
-# callers from these networks, or with `Authorization: Bearer <GATEKEEPER_METRICS_TOKEN>`.
-# Everyone else gets /readyz's bare status (for load balancers) and a 403 from /metrics.
+# callers with `Authorization: Bearer <GATEKEEPER_METRICS_TOKEN>`, or from these networks (none
+# by default: behind a proxy on the same host every caller would come from loopback). Everyone
+# else gets /readyz's bare status (for load balancers) and a 403 from /metrics.
 GATEKEEPER_METRICS_TOKEN = env.str("GATEKEEPER_METRICS_TOKEN", default="")
-GATEKEEPER_METRICS_NETWORKS = env.list(
-    "GATEKEEPER_METRICS_NETWORKS", default=["127.0.0.0/8", "::1/128"]
-)
+GATEKEEPER_METRICS_NETWORKS = env.list("GATEKEEPER_METRICS_NETWORKS", default=[])
 
 # --- User lists -----------------------------------------------------------------------------
 # An upload as sent (gzip counts compressed); a larger REST body is a 413 before it is read.
@@ -210,6 +211,9 @@ GATEKEEPER_USER_LIST_INLINE_BYTES = env.int("GATEKEEPER_USER_LIST_INLINE_BYTES",
 # Email goes through Django's email backends: smtp://user:pass@host:587 (add ?tls=True),
 # consolemail:// (prints, the laptop default), dummymail:// (drops).
 vars().update(env.email_url("EMAIL_URL", default="consolemail://"))
+# Seconds each SMTP socket operation may take: a stalled server must not hold a send (and its
+# chunk's lease, GATEKEEPER_CHUNK_LEASE_SECONDS) for ever.
+EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=20.0)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Gatekeeper <marketing@example.com>")
 # The push backend: a dotted path to a class in worker/dispatchers.py (or your own).
 GATEKEEPER_PUSH_BACKEND = env.str(

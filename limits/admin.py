@@ -5,6 +5,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from gatekeeper.lib.integers import INT32_MAX, WholeNumberField
 from limits.models import Cap, CapChange, QuotaReset
 from limits.services import cap_describe, cap_set, cap_warnings
 
@@ -14,6 +15,18 @@ class CapAdmin(admin.ModelAdmin):
     list_display = ["segment", "channel", "daily", "weekly", "reading", "warning"]
     list_filter = ["segment", "channel"]
     ordering = ["segment__priority", "channel"]
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name in ("daily", "weekly"):
+            # The one rule for whole numbers, as in the cap grid and the REST API.
+            return WholeNumberField(
+                maximum=INT32_MAX,
+                what=db_field.name,
+                required=False,
+                label=db_field.name.capitalize(),
+                help_text=db_field.help_text,
+            )
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     @admin.display(description="in plain words")
     def reading(self, cap: Cap) -> str:

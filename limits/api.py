@@ -14,7 +14,7 @@ from limits.channels import validate_scope
 from limits.models import Cap
 from limits.serializers import CapSerializer
 from limits.services import cap_set
-from segments.models import Segment
+from segments.selectors import segment_by_slug
 
 
 class CapListView(JsonAPIView):
@@ -37,7 +37,7 @@ class CapDetailView(JsonAPIView):
     )
     def put(self, request: Request, segment: str, channel: str) -> Response:
         # Both path parts are fields of the cap being set: a bad one is a 400 naming it.
-        target = Segment.objects.filter(slug=segment).first()
+        target = segment_by_slug(segment)
         if target is None:
             raise ValidationError({"segment": [f"Unknown segment '{segment}'."]})
         try:

@@ -33,6 +33,9 @@ def cap_set(
         ):
             raise ValidationError({name: f"{name} must be empty (no cap) or a whole number >= 0."})
     with transaction.atomic():
+        # The segment's row lock serializes edits of its caps: two requests creating the same
+        # cap at once make one cap and two history rows, not an IntegrityError.
+        Segment.objects.select_for_update().filter(pk=segment.pk).first()
         cap = Cap.objects.select_for_update().filter(segment=segment, channel=channel).first()
         old_daily, old_weekly = (cap.daily, cap.weekly) if cap else (None, None)
         if cap is None:

@@ -21,6 +21,8 @@ def main() -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gatekeeper.settings")
     # A laptop serves plain HTTP on loopback: no HTTPS redirect, no secure-only cookies.
     os.environ.setdefault("DJANGO_HTTPS", "false")
+    # Nothing else on a laptop: /metrics and /readyz's details answer callers on it.
+    os.environ.setdefault("GATEKEEPER_METRICS_NETWORKS", "127.0.0.0/8,::1/128")
     sys.path.insert(0, str(ROOT))
     import django
 

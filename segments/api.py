@@ -3,6 +3,7 @@
 from typing import Any
 
 import msgspec
+import redis
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
@@ -25,6 +26,7 @@ from gatekeeper.lib.permissions import (
     REPLACE_USER_LISTS,
     VIEW_BUILDS,
     VIEW_SEGMENTS,
+    VIEW_USER_LISTS,
 )
 from segments.bodies import (
     LOOKUP_BODY_BYTES,
@@ -59,6 +61,7 @@ from segments.serializers import (
 from segments.services import (
     BuildBusy,
     BuildInProgress,
+    SegmentConflict,
     build_start,
     segment_change,
     segment_create,
@@ -91,7 +94,7 @@ class SegmentListView(JsonAPIView):
     @extend_schema(
         summary="Create a segment",
         request=request_schema(SegmentCreateBody),
-        responses={201: SegmentSerializer, **errors(400, 413)},
+        responses={201: SegmentSerializer, **errors(400, 409, 413)},
     )
     def post(self, request: Request) -> Response:
         body = decode(request.data, SegmentCreateBody)
@@ -99,6 +102,8 @@ class SegmentListView(JsonAPIView):
             segment = segment_create(**msgspec.structs.asdict(body))
         except DjangoValidationError as exc:
             raise _field_errors(exc) from None
+        except SegmentConflict as exc:
+            return Response({"detail": str(exc)}, status=409)
         return Response(SegmentSerializer(segment).data, status=201)
 
 
@@ -166,7 +171,7 @@ def _list_answer(request: Request, user_list: UserList) -> dict[str, Any]:
 
 
 class SegmentUsersView(JsonAPIView):
-    rights = {"GET": VIEW_SEGMENTS, "PUT": REPLACE_USER_LISTS}
+    rights = {"GET": VIEW_USER_LISTS, "PUT": REPLACE_USER_LISTS}
     parser_classes = [RawListParser]
 
     @extend_schema(
@@ -303,15 +308,21 @@ class SnapshotActivateView(JsonAPIView):
     @extend_schema(
         summary="Make a published version live again (rollback)",
         request=None,
-        responses={200: LiveVersionSerializer, **errors(400, 404, 409)},
+        responses={200: LiveVersionSerializer, **errors(400, 404, 409, 503)},
     )
     def post(self, request: Request, version: str) -> Response:
         try:
             snapshot_rollback(version=version)
         except SnapshotNotFound as exc:
             return Response({"detail": str(exc)}, status=404)
-        except (SnapshotError, StoreError) as exc:
+        except SnapshotError as exc:
             return Response({"detail": str(exc)}, status=400)
+        except StoreError as exc:
+            return Response({"detail": f"The snapshot store is unreachable: {exc}"}, status=503)
+        except redis.RedisError as exc:
+            return Response(
+                {"detail": f"Redis is not answering ({exc}); nothing was changed."}, status=503
+            )
         except (BuildInProgress, BuildBusy) as exc:
             return Response({"detail": str(exc)}, status=409)
         return Response({"live_version": version})

@@ -76,6 +76,9 @@ class UserList(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.READY)
     error = models.TextField(blank=True, help_text="Why a failed list was refused.")
     error_line = models.PositiveBigIntegerField(null=True, blank=True)
+    checked_at = models.DateTimeField(
+        null=True, blank=True, help_text="While validating: the last sign of progress."
+    )
     replaces_others = models.BooleanField(
         default=False, help_text="Once ready, it replaces the segment's lists uploaded before it."
     )
@@ -101,10 +104,14 @@ class UserList(models.Model):
 
     @property
     def blank_lines(self) -> int:
+        if self.status != self.Status.READY:
+            return 0  # counted once every line was read
         return max(0, self.line_count - self.header_lines - self.listed_ids)
 
     @property
     def repeated_ids(self) -> int:
+        if self.status != self.Status.READY:
+            return 0
         return max(0, self.listed_ids - self.id_count)
 
     @property

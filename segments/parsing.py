@@ -158,7 +158,10 @@ def iter_ids(
     if width not in MAX_ID:
         raise ValueError(f"id width must be 32 or 64, not {width}")
     summary = summary if summary is not None else ListSummary()
-    stream = open_list(fileobj)
+    try:
+        stream = open_list(fileobj)
+    except (OSError, EOFError, zlib.error) as exc:  # a client that went away mid-upload, say
+        raise UserListError(f"The file could not be read: {exc}") from exc
     carry = b""
     line_no = 1
     first = True

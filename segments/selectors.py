@@ -3,7 +3,10 @@
 import json
 from typing import Any
 
-from segments.models import Build
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_slug
+
+from segments.models import Build, Segment
 from segments.store import (
     CURRENT,
     MANIFEST,
@@ -49,3 +52,13 @@ def snapshot_versions(*, store: SnapshotStore | None = None) -> list[dict[str, A
 
 def build_latest() -> Build | None:
     return Build.objects.order_by("-created_at", "-id").first()
+
+
+def segment_by_slug(slug: str) -> Segment | None:
+    """The segment named `slug`, or None; text that cannot be a slug (a NUL, a space) names
+    no segment and is not sent to the database."""
+    try:
+        validate_slug(slug)
+    except ValidationError:
+        return None
+    return Segment.objects.filter(slug=slug).first()

@@ -14,7 +14,7 @@ from typing import IO, Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.files import File
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from segments.bitmaps import (
@@ -60,11 +60,23 @@ class BuildBusy(Exception):
 # --- segments ---------------------------------------------------------------------------------
 
 
+class SegmentConflict(Exception):
+    """Another request created a segment with the same slug or priority at the same moment."""
+
+
 def segment_create(*, slug: str, name: str, priority: int, description: str = "") -> Segment:
-    """A new segment. Raises ValidationError naming the field (a slug or priority in use)."""
+    """A new segment. Raises ValidationError naming the field (a slug or priority in use), or
+    SegmentConflict when a concurrent request took it between the check and the insert."""
     segment = Segment(slug=slug, name=name, priority=priority, description=description)
     segment.full_clean()
-    segment.save()
+    try:
+        with transaction.atomic():
+            segment.save()
+    except IntegrityError as exc:
+        raise SegmentConflict(
+            f"A segment with the slug '{slug}' or the priority {priority} was created at the "
+            "same moment; look at the segments and try again."
+        ) from exc
     return segment
 
 
@@ -142,6 +154,9 @@ def user_list_import(
         copy.flush()
         copy.seek(0)
         with transaction.atomic():
+            # The segment's row lock orders this against other imports and validations of the
+            # segment's lists, so two replacing uploads cannot both stay.
+            Segment.objects.select_for_update().filter(pk=segment.pk).first()
             user_list = UserList(
                 segment=segment,
                 original_name=name[:255],
@@ -151,12 +166,15 @@ def user_list_import(
             )
             if bitmap is None:
                 user_list.status = UserList.Status.VALIDATING
+                user_list.checked_at = timezone.now()
             else:
                 _count(user_list, summary, distinct=len(bitmap))
             user_list.file.save(_storage_name(name), File(copy), save=False)
             user_list.save()
             if bitmap is None:
-                transaction.on_commit(lambda: _queue_validation(user_list.pk))
+                # robust: a broker outage leaves the list for `user_lists_stalled`, not a 500
+                # after it was stored.
+                transaction.on_commit(lambda: _queue_validation(user_list.pk), robust=True)
             else:
                 _replace_older(user_list)
     return user_list
@@ -188,9 +206,10 @@ def _queue_validation(user_list_id: int) -> None:
 
 def user_list_validate(*, user_list_id: int, progress_every: float = 5.0) -> UserList | None:
     """Validate a list stored as `validating` (the Celery task's work): it becomes `ready`, or
-    `failed` with the reason and the line, its file deleted. Safe to run again (a redelivered
-    task): a list no longer validating is left alone. Notes the lines read so far on the row
-    every `progress_every` seconds, for the pages that show it."""
+    `failed` with the reason (and the line), its file deleted. Safe to run again (a redelivered
+    or re-queued task): a list no longer validating, or gone, is left alone. Notes the lines
+    read so far on the row every `progress_every` seconds, for the pages that show it, and as
+    the heartbeat `user_lists_stalled` looks at."""
     user_list = UserList.objects.filter(pk=user_list_id).first()
     if user_list is None or user_list.status != UserList.Status.VALIDATING:
         return user_list
@@ -202,7 +221,9 @@ def user_list_validate(*, user_list_id: int, progress_every: float = 5.0) -> Use
         nonlocal noted
         for chunk in chunks:
             if time.monotonic() - noted > progress_every:
-                UserList.objects.filter(pk=user_list_id).update(line_count=summary.lines)
+                UserList.objects.filter(pk=user_list_id).update(
+                    line_count=summary.lines, checked_at=timezone.now()
+                )
                 noted = time.monotonic()
             yield chunk
 
@@ -211,25 +232,63 @@ def user_list_validate(*, user_list_id: int, progress_every: float = 5.0) -> Use
             chunks = iter_ids(handle, width=width, summary=summary, **_list_limits())
             bitmap = bitmap_from_chunks(noting(chunks), width=width)
     except UserListError as exc:
-        with transaction.atomic():
-            locked = UserList.objects.select_for_update().get(pk=user_list_id)
-            if locked.status == UserList.Status.VALIDATING:
-                locked.status = UserList.Status.FAILED
-                locked.error = exc.messages[0]
-                locked.error_line = exc.line
-                locked.line_count = summary.lines
-                transaction.on_commit(_file_remover(locked.file))
-                locked.file = None
-                locked.save()
-        logger.info("User list %s refused: %s", user_list_id, exc.messages[0])
-        return UserList.objects.get(pk=user_list_id)
+        return _validation_failed(user_list_id, exc.messages[0], exc.line, summary)
+    except Exception as exc:  # the stored file is gone or unreadable: say so, never hang
+        logger.exception("User list %s could not be validated", user_list_id)
+        reason = (
+            f"The stored upload could not be read ({type(exc).__name__}: {exc}); upload it again"
+        )
+        return _validation_failed(user_list_id, reason, None, summary)
     with transaction.atomic():
-        locked = UserList.objects.select_for_update().get(pk=user_list_id)
-        if locked.status == UserList.Status.VALIDATING:
+        locked = _lock_validating(user_list_id)
+        if locked is not None:
             _count(locked, summary, distinct=len(bitmap))
             locked.save()
             _replace_older(locked)
-    return UserList.objects.get(pk=user_list_id)
+    return UserList.objects.filter(pk=user_list_id).first()
+
+
+def _lock_validating(user_list_id: int) -> UserList | None:
+    """Inside a transaction: the list, its segment's row locked (as imports lock it), if it is
+    still validating; None if another run finished it or a newer replacing list removed it."""
+    user_list = UserList.objects.filter(pk=user_list_id).first()
+    if user_list is None:
+        return None
+    Segment.objects.select_for_update().filter(pk=user_list.segment_id).first()
+    user_list = UserList.objects.select_for_update().filter(pk=user_list_id).first()
+    if user_list is None or user_list.status != UserList.Status.VALIDATING:
+        return None
+    return user_list
+
+
+def _validation_failed(
+    user_list_id: int, reason: str, line: int | None, summary: ListSummary
+) -> UserList | None:
+    with transaction.atomic():
+        locked = _lock_validating(user_list_id)
+        if locked is not None:
+            locked.status = UserList.Status.FAILED
+            locked.error = reason
+            locked.error_line = line
+            locked.line_count = summary.lines
+            transaction.on_commit(_file_remover(locked.file))
+            locked.file = None
+            locked.save()
+    logger.info("User list %s refused: %s", user_list_id, reason)
+    return UserList.objects.filter(pk=user_list_id).first()
+
+
+def user_lists_stalled(*, now: Any = None, after: timedelta = timedelta(minutes=10)) -> int:
+    """Queue again the validation of lists whose task was lost (a broker outage when it was
+    queued, a worker killed mid-way): validating, and no sign of progress for `after` (beat
+    runs this every few minutes). Returns how many were queued."""
+    now = now or timezone.now()
+    stale = UserList.objects.filter(status=UserList.Status.VALIDATING, checked_at__lt=now - after)
+    ids = list(stale.values_list("pk", flat=True)[:100])
+    UserList.objects.filter(pk__in=ids).update(checked_at=now)
+    for user_list_id in ids:
+        _queue_validation(user_list_id)
+    return len(ids)
 
 
 def _file_remover(field_file: Any) -> Callable[[], None]:
@@ -257,8 +316,11 @@ class _Tee:
         return data
 
     def drain(self) -> None:
-        while self.read(1 << 20):
-            pass
+        try:
+            while self.read(1 << 20):
+                pass
+        except OSError as exc:  # the client went away before the end of the upload
+            raise UserListError(f"The file could not be read to its end: {exc}") from exc
 
     def readable(self) -> bool:
         return True

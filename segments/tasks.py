@@ -23,3 +23,9 @@ def user_list_validate(user_list_id: int) -> str:
     `segments.services.user_list_validate`)."""
     user_list = services.user_list_validate(user_list_id=user_list_id)
     return user_list.status if user_list is not None else "gone"
+
+
+@shared_task
+def user_lists_stalled() -> int:
+    """Beat, every 5 minutes: queue again validations whose task was lost."""
+    return services.user_lists_stalled()

@@ -1,8 +1,10 @@
-"""The project's settings for the test process and the servers tests start: served over plain
-HTTP (test servers speak no TLS), so no HTTPS redirect and no secure-only cookies."""
+"""The project's settings for the test process and the servers tests start, as `make run` has
+them on a laptop: served over plain HTTP (test servers speak no TLS), so no HTTPS redirect and no
+secure-only cookies, and the operator's probes answer callers on this machine."""
 
 import os
 
 os.environ.setdefault("DJANGO_HTTPS", "false")
+os.environ.setdefault("GATEKEEPER_METRICS_NETWORKS", "127.0.0.0/8,::1/128")
 
 from gatekeeper.settings import *  # noqa: F403

@@ -12,6 +12,16 @@ from django.test import Client, override_settings
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def check_deploy(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+
+
 def test_check_deploy_is_clean_with_production_settings(tmp_path):
     env = {
         **os.environ,
@@ -22,24 +32,12 @@ def test_check_deploy_is_clean_with_production_settings(tmp_path):
         "DATABASE_URL": f"sqlite:///{tmp_path / 'deploy.sqlite3'}",
     }
     env.pop("DJANGO_HTTPS", None)  # the production default: on
-    done = subprocess.run(
-        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    done = check_deploy(env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "System check identified no issues (0 silenced)." in done.stdout
     # The development key is refused as a production secret.
     env.pop("DJANGO_SECRET_KEY")
-    weak = subprocess.run(
-        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    weak = check_deploy(env)
     assert weak.returncode != 0 and "security.W009" in weak.stdout + weak.stderr
 
 

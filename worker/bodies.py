@@ -12,6 +12,7 @@ from msgspec import Meta
 from gatekeeper.lib.bodies import Body
 from gatekeeper.lib.ids import JsonUserId
 from worker.dispatchers import TEMPLATE_NAME
+from worker.models import CAMPAIGN_MAX, MESSAGE_ID_MAX
 
 GATE_LIMIT = 10_000
 SEND_LIMIT = 100_000
@@ -20,7 +21,7 @@ SEND_LIMIT = 100_000
 GATE_BODY_BYTES = 16 * 2**20
 SEND_BODY_BYTES = 64 * 2**20
 
-MessageId = Annotated[str, Meta(min_length=1, max_length=200)]
+MessageId = Annotated[str, Meta(min_length=1, max_length=MESSAGE_ID_MAX)]
 Category = Literal["marketing", "transactional"]
 
 
@@ -58,7 +59,14 @@ class RecipientBody(Body, kw_only=True):
 
 class SendJobBody(Body, kw_only=True):
     channel: str
-    campaign: Annotated[str, Meta(min_length=1, max_length=200)]
+    campaign: Annotated[
+        str,
+        Meta(
+            min_length=1,
+            max_length=CAMPAIGN_MAX,
+            description="Also the start of the default message ids, <campaign>:<user_id>.",
+        ),
+    ]
     template: Annotated[str, Meta(pattern=TEMPLATE_NAME)]
     category: Category = "marketing"
     on_capped: Literal["drop", "defer"] = "drop"

@@ -9,7 +9,13 @@ from worker.startup import after_fork, load_snapshot
 
 
 @worker_init.connect
-def _load_in_parent(**kwargs: Any) -> None:
+def _load_in_parent(sender: Any = None, **kwargs: Any) -> None:
+    # Only a prefork pool forks children that follow on their own (worker_process_init); with
+    # the solo or threads pool this process gates itself and follows lazily, on first use.
+    pool = getattr(sender, "pool_cls", "prefork")
+    name = pool if isinstance(pool, str) else f"{pool.__module__}.{pool.__name__}"
+    if "prefork" not in name.lower():
+        return
     # GATEKEEPER_LOAD_SNAPSHOT_IN_PARENT=0 only exists to measure the alternative (bench memory).
     if os.environ.get("GATEKEEPER_LOAD_SNAPSHOT_IN_PARENT", "1") != "0":
         load_snapshot(role="worker")

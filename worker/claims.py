@@ -1,7 +1,8 @@
 """Send claims: what keeps "delivered at least once" (Celery) from becoming "sent twice".
 
-Right before a send goes to its provider, the run claims `<prefix>sent:{<message id>}` in
-Redis with SET NX: `sending:<job>:<run>`. Right after the provider answers, the claim becomes
+Right before a send goes to its provider, the run claims `<prefix>sent:{<channel>:<message id>}`
+in Redis with SET NX: `sending:<job>:<run>`. A message id names one send per channel, as in the
+limiter (the campaign "spring" may send `spring:42` by email and by push). Right after the provider answers, the claim becomes
 `sent:<job>` (it went out) or is deleted (it did not, and may be tried again). A run that finds
 a claim already there knows, without asking anyone:
 
@@ -37,8 +38,8 @@ class Claim:
     run: str | None  # the run that is sending; None for SENT and for old claims
 
 
-def claim_key(message_id: str) -> str:
-    return f"{settings.GATEKEEPER_KEY_PREFIX}sent:{{{message_id}}}"
+def claim_key(channel: str, message_id: str) -> str:
+    return f"{settings.GATEKEEPER_KEY_PREFIX}sent:{{{channel}:{message_id}}}"
 
 
 def _parse(reply: Any) -> Claim | None:
@@ -51,19 +52,19 @@ def _parse(reply: Any) -> Claim | None:
     return Claim(state=state, job=job, run=run or None)
 
 
-def claims_read(message_ids: Sequence[str]) -> list[Claim | None]:
+def claims_read(channel: str, message_ids: Sequence[str]) -> list[Claim | None]:
     """The claims of `message_ids`, in one round trip (raises redis errors)."""
     pipe = get_redis().pipeline(transaction=False)
     for message_id in message_ids:
-        pipe.get(claim_key(message_id))
+        pipe.get(claim_key(channel, message_id))
     return [_parse(reply) for reply in pipe.execute()]
 
 
 class RunClaims:
     """The claims one run of a chunk takes and settles; each method is one round trip."""
 
-    def __init__(self, *, job_id: int, run: str) -> None:
-        self.job_id, self.run = job_id, run
+    def __init__(self, *, channel: str, job_id: int, run: str) -> None:
+        self.channel, self.job_id, self.run = channel, job_id, run
         self.sending = f"{SENDING}:{job_id}:{run}"
 
     def take(self, message_ids: Sequence[str]) -> list[Claim | None]:
@@ -72,7 +73,9 @@ class RunClaims:
             return []
         pipe = get_redis().pipeline(transaction=False)
         for message_id in message_ids:
-            pipe.set(claim_key(message_id), self.sending, nx=True, ex=CLAIM_TTL, get=True)
+            pipe.set(
+                claim_key(self.channel, message_id), self.sending, nx=True, ex=CLAIM_TTL, get=True
+            )
         return [_parse(reply) for reply in pipe.execute()]
 
     def take_over(self, message_ids: Sequence[str]) -> None:
@@ -89,7 +92,7 @@ class RunClaims:
             return
         pipe = get_redis().pipeline(transaction=False)
         for message_id, value in values:
-            pipe.set(claim_key(message_id), value, ex=CLAIM_TTL)
+            pipe.set(claim_key(self.channel, message_id), value, ex=CLAIM_TTL)
         for message_id in deleted:
-            pipe.delete(claim_key(message_id))
+            pipe.delete(claim_key(self.channel, message_id))
         pipe.execute()

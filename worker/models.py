@@ -3,6 +3,11 @@ from django.db import models
 
 from gatekeeper.lib.words import count
 
+MESSAGE_ID_MAX = 200  # characters; the gate's limit too
+# A send job's campaign leaves room in a message id for ":" and a 20-digit user id: the default
+# message id is <campaign>:<user_id>.
+CAMPAIGN_MAX = MESSAGE_ID_MAX - 21
+
 
 class SendJob(models.Model):
     """A campaign's sends handed to the worker: gated in chunks, dispatched, counted.
@@ -15,7 +20,8 @@ class SendJob(models.Model):
     - capped: refused by the gate (caps, blocked) and not deferred;
     - ambiguous: may or may not have gone out (a worker died during the send, or the provider
       timed out after taking it) on a transport that cannot deduplicate: kept, not repeated;
-    - duplicate: its message id had already gone out, by another job;
+    - duplicate: its message id had already gone out, by another job, or the job lists the
+      same user with the same message id twice (one send);
     - invalid: refused when the job was created (`on_invalid: skip`), with the reason kept;
     - pending: not settled yet (queued, or deferred until a slot frees).
     """
@@ -49,7 +55,8 @@ class SendJob(models.Model):
     capped = models.PositiveIntegerField(default=0)
     ambiguous = models.PositiveIntegerField(default=0, help_text="May or may not have gone out.")
     duplicate = models.PositiveIntegerField(
-        default=0, help_text="Already sent under the same message id by another job."
+        default=0,
+        help_text="Already sent under its message id by another job, or listed twice.",
     )
     invalid = models.PositiveIntegerField(default=0, help_text="Rows refused at creation.")
     invalid_rows = models.JSONField(

@@ -94,7 +94,8 @@ class SendJobSerializer(serializers.Serializer):
         help_text="May or may not have gone out (a worker died during the send); not repeated."
     )
     duplicate = serializers.IntegerField(
-        help_text="Already sent under the same message id by another job."
+        help_text="Already sent under its message id by another job, or the same user listed "
+        "twice with the same message id (one send)."
     )
     invalid = serializers.IntegerField(help_text="Rows refused at creation (on_invalid: skip).")
     pending = serializers.IntegerField(

@@ -27,8 +27,7 @@ from django.template import TemplateDoesNotExist
 from django.utils import timezone
 
 from gatekeeper.lib.bodies import json_value_problem
-from gatekeeper.lib.ids import max_user_id, out_of_bounds
-from gatekeeper.lib.integers import NotAWholeNumber, whole_number
+from gatekeeper.lib.ids import max_user_id, user_id_from_json
 from limits.channels import validate_channel
 from worker.claims import SENT, RunClaims, claims_read
 from worker.dispatchers import (
@@ -43,7 +42,7 @@ from worker.dispatchers import (
     template_check,
 )
 from worker.gate import CATEGORIES, MARKETING, gate_check, gate_release
-from worker.models import SendChunk, SendJob
+from worker.models import CAMPAIGN_MAX, MESSAGE_ID_MAX, SendChunk, SendJob
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +84,13 @@ def send_job_create(
         raise ValidationError({"on_capped": "Choose drop or defer."})
     if on_invalid not in SendJob.OnInvalid.values:
         raise ValidationError({"on_invalid": "Choose reject or skip."})
-    if not campaign or len(campaign) > 200:
-        raise ValidationError({"campaign": "Name the campaign (at most 200 characters)."})
+    if not campaign or len(campaign) > CAMPAIGN_MAX:
+        raise ValidationError(
+            {
+                "campaign": f"Name the campaign in at most {CAMPAIGN_MAX} characters (it starts "
+                "the default message ids, <campaign>:<user_id>)."
+            }
+        )
     if not isinstance(template, str) or not TEMPLATE_NAME_RE.fullmatch(template):
         raise ValidationError({"template": TEMPLATE_NAME_WORDS})
     try:
@@ -95,7 +99,7 @@ def send_job_create(
         raise ValidationError(
             {"template": f"No {channel} template '{template}' (missing {exc})."}
         ) from exc
-    rows, invalid = _rows(recipients, campaign=campaign, channel=channel)
+    rows, invalid, repeats = _rows(recipients, campaign=campaign, channel=channel)
     if not rows and not invalid:
         raise ValidationError({"recipients": "There are no recipients."})
     if invalid and on_invalid == SendJob.OnInvalid.REJECT:
@@ -114,8 +118,9 @@ def send_job_create(
             category=category,
             on_capped=on_capped,
             on_invalid=on_invalid,
-            total=len(rows) + len(invalid),
+            total=len(rows) + len(invalid) + repeats,
             invalid=len(invalid),
+            duplicate=repeats,
             invalid_rows=invalid[:INVALID_ROWS_KEPT],
             status=SendJob.Status.QUEUED if rows else SendJob.Status.DONE,
             created_by=user if user is not None and user.is_authenticated else None,
@@ -143,28 +148,37 @@ def _queue(chunk_ids: list[int]) -> None:
 
 def _rows(
     recipients: Iterable[Mapping[str, Any]], *, campaign: str, channel: str
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(valid rows as stored, invalid rows as {row, field, message}), in order."""
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """(valid rows as stored, invalid rows as {row, field, message}, repeats), in order.
+
+    A row repeating an earlier row's message id for the same user is a repeat: the user gets
+    one send, and the repeat counts as a duplicate. The same message id for another user is
+    invalid: one of the two sends would be lost."""
     address_problem = dispatcher_class(channel).address_problem
     maximum = max_user_id()
-    first_use: dict[str, int] = {}
+    first_use: dict[str, tuple[int, int]] = {}  # message id -> (row, user id)
     rows: list[dict[str, Any]] = []
     invalid: list[dict[str, Any]] = []
+    repeats = 0
     for i, row in enumerate(recipients):
         try:
             recipient = _recipient(row, campaign, address_problem, maximum)
-            message_id = recipient["message_id"]
+            message_id, user_id = recipient["message_id"], recipient["user_id"]
             if message_id in first_use:
+                first, first_user = first_use[message_id]
+                if first_user == user_id:
+                    repeats += 1
+                    continue
                 raise _RowError(
                     "message_id",
-                    f"'{message_id}' is the message id of recipients[{first_use[message_id]}] "
-                    "too; each send needs its own (the same user twice gets one send).",
+                    f"'{message_id}' is the message id of recipients[{first}], another user; "
+                    "each send needs its own.",
                 )
-            first_use[message_id] = i
+            first_use[message_id] = (i, user_id)
             rows.append(recipient)
         except _RowError as exc:
             invalid.append({"row": i, "field": exc.field, "message": exc.message})
-    return rows, invalid
+    return rows, invalid, repeats
 
 
 class _RowError(Exception):
@@ -178,14 +192,10 @@ def _recipient(
 ) -> dict[str, Any]:
     if not isinstance(row, Mapping):
         raise _RowError("user_id", "A recipient is an object with user_id and address.")
-    user_id = row.get("user_id")
-    if isinstance(user_id, str):  # the REST API takes ids as digit strings too
-        try:
-            user_id = whole_number(user_id, maximum=maximum, what="A user id")
-        except NotAWholeNumber:
-            raise _RowError("user_id", out_of_bounds(repr(user_id), maximum)) from None
-    if isinstance(user_id, bool) or not isinstance(user_id, int) or not 0 <= user_id <= maximum:
-        raise _RowError("user_id", out_of_bounds(repr(user_id), maximum))
+    try:
+        user_id = user_id_from_json(row.get("user_id"), maximum=maximum)
+    except ValueError as exc:
+        raise _RowError("user_id", str(exc)) from None
     address = row.get("address")
     if not isinstance(address, str) or not address:
         raise _RowError("address", "An email address or push token is required.")
@@ -193,8 +203,10 @@ def _recipient(
     if problem:
         raise _RowError("address", problem)
     message_id = row.get("message_id") or f"{campaign}:{user_id}"
-    if not isinstance(message_id, str) or len(message_id) > 200:
-        raise _RowError("message_id", "A message id is a string of at most 200 characters.")
+    if not isinstance(message_id, str) or len(message_id) > MESSAGE_ID_MAX:
+        raise _RowError(
+            "message_id", f"A message id is a string of at most {MESSAGE_ID_MAX} characters."
+        )
     if "\x00" in message_id:
         raise _RowError("message_id", "Must not contain the NUL character (\\u0000).")
     context = row.get("context") or {}
@@ -225,11 +237,37 @@ def _runnable(now: Any) -> Q:
     return free & due & Q(status=SendChunk.Status.QUEUED)
 
 
-def _lease(chunk_id: int, now: Any) -> bool:
-    """Take the chunk's lease (one atomic UPDATE). Two deliveries of one task (a broker
-    redelivery, the sweeper) never run at once."""
-    runnable = SendChunk.objects.filter(_runnable(now), pk=chunk_id)
-    return bool(runnable.update(lease_until=_lease_end(now)))
+class LeaseLost(Exception):
+    """This run's lease ran out and another run took the chunk over: stop, it settles."""
+
+
+class _Lease:
+    """A run's hold on its chunk, taken with one atomic UPDATE. Two deliveries of one task (a
+    broker redelivery, the sweeper) never run at once; a run renews only the lease it holds."""
+
+    def __init__(self, chunk_id: int) -> None:
+        self.chunk_id, self.until = chunk_id, None
+
+    def take(self, now: Any) -> bool:
+        until = _lease_end(now)
+        runnable = SendChunk.objects.filter(_runnable(now), pk=self.chunk_id)
+        if runnable.update(lease_until=until):
+            self.until = until
+            return True
+        return False
+
+    def renew(self) -> None:
+        until = _lease_end(timezone.now())
+        mine = SendChunk.objects.filter(pk=self.chunk_id, lease_until=self.until)
+        if not mine.update(lease_until=until):
+            raise LeaseLost(f"chunk {self.chunk_id}: the lease ran out and was taken over")
+        self.until = until
+
+    def give_back(self) -> None:
+        """So the task's retry can take the chunk at once; nothing if another run holds it."""
+        SendChunk.objects.filter(
+            pk=self.chunk_id, status=SendChunk.Status.QUEUED, lease_until=self.until
+        ).update(lease_until=None)
 
 
 def send_chunk_run(*, chunk_id: int, dispatcher: Any = None, now: Any = None) -> dict[str, int]:
@@ -241,7 +279,8 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None, now: Any = None) ->
     `now` (tests) is the time the chunk's lease and due date are judged at.
     """
     now = now or timezone.now()
-    if not _lease(chunk_id, now):
+    lease = _Lease(chunk_id)
+    if not lease.take(now):
         chunk = SendChunk.objects.filter(pk=chunk_id).first()
         if chunk is None or chunk.status != SendChunk.Status.QUEUED:
             return {}
@@ -250,22 +289,26 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None, now: Any = None) ->
         until = chunk.lease_until or now
         raise ChunkBusy(max(1.0, (until - now).total_seconds() + 1))
     try:
-        return _run_leased(chunk_id, dispatcher)
+        return _run_leased(chunk_id, dispatcher, lease)
+    except LeaseLost as lost:
+        # A send outlived the lease (a stalled provider): the run that took over counts it.
+        logger.warning("%s; this run stops", lost)
+        return {}
     except BaseException:
-        # Give the lease back so the task's retry can take the chunk at once.
-        SendChunk.objects.filter(pk=chunk_id, status=SendChunk.Status.QUEUED).update(
-            lease_until=None
-        )
+        lease.give_back()
         raise
 
 
 class _Run:
     """One run of one chunk: its outcomes so far, and what is left to settle after sending."""
 
-    def __init__(self, chunk: SendChunk, dispatcher: Any) -> None:
+    def __init__(self, chunk: SendChunk, dispatcher: Any, charged: set[str]) -> None:
         self.chunk, self.job = chunk, chunk.job
         self.dispatcher = dispatcher
-        self.claims = RunClaims(job_id=self.job.pk, run=uuid.uuid4().hex[:16])
+        self.charged = charged  # message ids this run's gate call recorded (charged) anew
+        self.claims = RunClaims(
+            channel=self.job.channel, job_id=self.job.pk, run=uuid.uuid4().hex[:16]
+        )
         # A provider that deduplicates by message id gets unknown outcomes sent again.
         self.resend_unknown = bool(getattr(dispatcher, "idempotent", False))
         self.last_attempt = chunk.attempts + 1 >= MAX_ATTEMPTS
@@ -290,8 +333,11 @@ class _Run:
             if claim is None:
                 pass
             elif claim.job not in (None, self.job.pk):
-                # Another job has sent (or is sending) this message id: not this job's send.
+                # Another job has sent (or is sending) this message id: not this job's send,
+                # and not this job's quota either, if the gate charged it just now.
                 self.outcomes["duplicate"] += 1
+                if recipient["message_id"] in self.charged:
+                    self.released.append((recipient["user_id"], recipient["message_id"]))
                 continue
             elif claim.state == SENT:
                 self.outcomes["sent"] += 1  # an earlier run sent it and died before counting
@@ -338,7 +384,7 @@ class _Run:
         self.outcomes["failed"] += 1
 
 
-def _run_leased(chunk_id: int, dispatcher: Any) -> dict[str, int]:
+def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease) -> dict[str, int]:
     chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
     job = chunk.job
     if job.status == SendJob.Status.QUEUED:
@@ -348,7 +394,7 @@ def _run_leased(chunk_id: int, dispatcher: Any) -> dict[str, int]:
     # Before gating: a missing template or a dispatcher that cannot start fails the chunk
     # without charging anybody's quota.
     renderer = Renderer(channel=job.channel, template=job.template, campaign=job.campaign)
-    run = _Run(chunk, dispatcher or dispatcher_for(job.channel))
+    dispatcher = dispatcher or dispatcher_for(job.channel)
     recipients = chunk.recipients
     decisions = gate_check(
         channel=job.channel,
@@ -356,13 +402,15 @@ def _run_leased(chunk_id: int, dispatcher: Any) -> dict[str, int]:
         campaign=job.campaign,
         category=job.category,
     )
+    charged = {d.message_id for d in decisions if d.reason == "allowed"}
+    run = _Run(chunk, dispatcher, charged)
     admitted = [r for r, d in zip(recipients, decisions, strict=True) if d.allowed]
     size = max(1, int(getattr(run.dispatcher, "batch_size", 1)))
     renew_every = float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS) / 3
     renewed = time.monotonic()
     for start in range(0, len(admitted), size):
         if time.monotonic() - renewed > renew_every:
-            SendChunk.objects.filter(pk=chunk_id).update(lease_until=_lease_end(timezone.now()))
+            lease.renew()
             renewed = time.monotonic()
         run.send(admitted[start : start + size], renderer)
     if run.released and job.category == MARKETING:
@@ -468,14 +516,14 @@ def send_chunk_fail(*, chunk_id: int, error: str) -> None:
     as a duplicate, `sending` as ambiguous (kept), and an unclaimed one as failed with its quota
     given back (the gate may have charged it). With Redis unreachable too, every recipient
     counts as failed and nothing is released."""
+    if not _Lease(chunk_id).take(timezone.now()):
+        return  # finished, or held by a live run (a later delivery), which settles it
     chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
-    if chunk.status != SendChunk.Status.QUEUED:
-        return
     recipients = chunk.recipients
     outcomes: Counter[str] = Counter()
     unclaimed: list[tuple[int, str]] = []
     try:
-        claims = claims_read([r["message_id"] for r in recipients])
+        claims = claims_read(chunk.job.channel, [r["message_id"] for r in recipients])
     except redis.RedisError:
         outcomes["failed"] = len(recipients)
     else:

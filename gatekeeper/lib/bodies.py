@@ -90,7 +90,7 @@ def decode(data: Any, spec: type[B]) -> B:
         body = _decoder(spec).decode(raw)
     except msgspec.ValidationError as exc:
         raise ValidationError(_field_errors(spec, raw, str(exc))) from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise _undecodable(raw, str(exc)) from None
     except RecursionError:
         raise ValidationError({NON_FIELD: [_too_deep()]}) from None

@@ -15,7 +15,7 @@ from msgspec import Meta
 from rest_framework.exceptions import ValidationError
 
 from gatekeeper.lib.bodies import words_for_pattern
-from gatekeeper.lib.integers import NotAWholeNumber, whole_number
+from gatekeeper.lib.integers import DIGITS, NotAWholeNumber, whole_number
 
 DATABASE_MAX = 2**63 - 1
 
@@ -39,6 +39,20 @@ def max_user_id(width: int | None = None) -> int:
     return min(2**width - 1, DATABASE_MAX)
 
 
+def user_id_from_json(value: Any, *, maximum: int) -> int:
+    """A user id as a JSON body gives it: an integer, or a string of nothing but the digits
+    0-9 (no sign, no spaces, not even a trailing newline). Raises ValueError with the words."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and len(value) <= 20 and DIGITS.fullmatch(value):
+        number = int(value)
+    else:
+        raise ValueError(out_of_bounds(repr(value), maximum))
+    if not 0 <= number <= maximum:
+        raise ValueError(out_of_bounds(number, maximum))
+    return number
+
+
 def user_ids_checked(
     values: Sequence[Any], *, field: str, maximum: int, item: str = ""
 ) -> list[int]:
@@ -49,11 +63,11 @@ def user_ids_checked(
         return list(values)
     checked = []
     for i, value in enumerate(values):
-        number = int(value)  # the body's type already holds it to an int or a digit string
-        if not 0 <= number <= maximum:
+        try:
+            checked.append(user_id_from_json(value, maximum=maximum))
+        except ValueError as exc:
             name = f"{field}[{i}].{item}" if item else f"{field}[{i}]"
-            raise ValidationError({name: [out_of_bounds(number, maximum)]})
-        checked.append(number)
+            raise ValidationError({name: [str(exc)]}) from None
     return checked
 
 

@@ -17,14 +17,21 @@ from rest_framework.request import Request
 
 # Reading, per resource (the model's view permission, as in the admin).
 VIEW_SEGMENTS = ("segments.view_segment",)
+VIEW_USER_LISTS = ("segments.view_segment", "segments.view_userlist")
 VIEW_BUILDS = ("segments.view_build",)
 VIEW_CAPS = ("limits.view_cap",)
 VIEW_SEND_JOBS = ("worker.view_sendjob",)
 # Writing.
 ADD_SEGMENTS = ("segments.add_segment",)
 CHANGE_SEGMENTS = ("segments.change_segment",)
-DELETE_SEGMENTS = ("segments.delete_segment",)
-REPLACE_USER_LISTS = ("segments.add_userlist", "segments.delete_userlist")
+# As in the admin, deleting a segment deletes its lists and caps, so it needs their rights.
+DELETE_SEGMENTS = ("segments.delete_segment", "segments.delete_userlist", "limits.delete_cap")
+# As in the admin, where a list is uploaded on the segment's form.
+REPLACE_USER_LISTS = (
+    "segments.change_segment",
+    "segments.add_userlist",
+    "segments.delete_userlist",
+)
 SET_CAPS = ("limits.add_cap", "limits.change_cap")
 PUBLISH = ("segments.publish_snapshot",)
 RESET_QUOTA = ("limits.reset_quota",)

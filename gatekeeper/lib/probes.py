@@ -1,8 +1,7 @@
-"""Who may read the operator's probes (/metrics, the details of /readyz): callers from
-GATEKEEPER_METRICS_NETWORKS, or with `Authorization: Bearer <GATEKEEPER_METRICS_TOKEN>`.
-
-Behind a reverse proxy on the same host every caller comes from loopback: there, set the
-networks to empty and give Prometheus the token (docs/api.md, "Health and metrics").
+"""Who may read the operator's probes (/metrics, the details of /readyz): callers with
+`Authorization: Bearer <GATEKEEPER_METRICS_TOKEN>`, or from GATEKEEPER_METRICS_NETWORKS (none by
+default: behind a reverse proxy on the same host every caller comes from loopback). See
+docs/api.md, "Health and metrics".
 """
 
 import hmac

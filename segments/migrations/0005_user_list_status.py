@@ -20,6 +20,11 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name='userlist',
+            name='checked_at',
+            field=models.DateTimeField(blank=True, help_text='While validating: the last sign of progress.', null=True),
+        ),
+        migrations.AddField(
+            model_name='userlist',
             name='error',
             field=models.TextField(blank=True, help_text='Why a failed list was refused.'),
         ),

@@ -87,7 +87,9 @@ def test_a_cap_edit_is_recorded_with_who_made_it(admin_client, admin_user, vip):
         reverse("admin:limits_cap_change", args=[cap.pk]),
         {"segment": vip.pk, "channel": "email", "daily": "-1", "weekly": ""},
     )
-    assert bad.status_code == 200 and "greater than or equal to 0" in bad.content.decode()
+    assert (
+        bad.status_code == 200 and "is not a whole number (digits 0-9 only)" in bad.content.decode()
+    )
 
 
 def test_build_and_publish_queues_a_build(
@@ -104,3 +106,20 @@ def test_build_and_publish_queues_a_build(
             follow=True,
         )
     assert queued == [Build.objects.get().pk]
+
+
+def test_the_cap_page_follows_the_one_rule_for_whole_numbers(admin_client, vip):
+    url = reverse("admin:limits_cap_add")
+    for value in ("+12", "1_000", "\u0661\u0662", "12.0"):
+        data = {"segment": vip.pk, "channel": "email", "daily": value, "weekly": ""}
+        response = admin_client.post(url, data)
+        assert "is not a whole number (digits 0-9 only)" in response.content.decode(), value
+    assert not Cap.objects.exists()
+    admin_client.post(url, {"segment": vip.pk, "channel": "email", "daily": " 12 ", "weekly": ""})
+    assert Cap.objects.get().daily == 12
+
+
+def test_searching_the_quota_resets_with_any_text_answers(admin_client):
+    for text in ("abc", "\u0661\u0662", "12", "9" * 30):
+        response = admin_client.get(reverse("admin:limits_quotareset_changelist"), {"q": text})
+        assert response.status_code == 200, text

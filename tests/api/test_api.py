@@ -345,6 +345,10 @@ def test_a_full_lookup_of_100000_answers_in_request_order(api, snapshot):
         (2**32, False),
         ("\uff11", False),  # a fullwidth digit: str.isdigit() says yes, we say no
         ("\u0661", False),  # an Arabic-Indic digit
+        ("12\n", False),  # digits, then a line end
+        (" 12", False),
+        ("12\n", False),  # digits, then a line end
+        (" 12", False),
         (1.0, False),
         (True, False),
         (None, False),

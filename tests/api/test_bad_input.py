@@ -257,3 +257,33 @@ def test_an_upload_declared_above_the_limit_is_a_413_before_it_is_read(api, snap
     response = call(api("marketer"), "PUT", "/api/v1/segments/vip/users/", data=b"1\n" * 600)
     assert response.status_code == 413
     assert "at most 1,000 bytes" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(("role", "method", "path"), JSON_ENDPOINTS)
+def test_bytes_that_are_not_utf8_are_a_400_on_every_json_endpoint(
+    api, snapshot, role, method, path
+):
+    body = b'{"\xff\xfe": 1}'  # a key (every body has one) that is not UTF-8
+    response = call(
+        api(role), method, path, data=body, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 400, response.text
+    assert "not UTF-8" in response.json()["detail"]
+
+
+def test_text_in_a_path_that_cannot_name_anything_is_a_400_not_a_database_error(api, snapshot):
+    m = api("marketer")
+    for segment in ("%00", "a%20b", "%F0%9F%98%80"):
+        response = call(
+            m, "PUT", f"/api/v1/limits/{segment}/email/", json={"daily": 1, "weekly": 1}
+        )
+        assert response.status_code == 400 and "segment" in response.json(), segment
+
+
+def test_a_rollback_while_redis_is_down_is_a_503_that_says_nothing_changed(api, snapshot, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    from gatekeeper.redis_client import reset_redis_clients
+
+    reset_redis_clients()
+    response = call(api("marketer"), "POST", f"/api/v1/snapshots/{snapshot}/activate/")
+    assert response.status_code == 503 and "nothing was changed" in response.json()["detail"]

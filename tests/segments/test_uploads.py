@@ -119,3 +119,25 @@ def test_a_large_list_that_fails_in_the_background_says_why_and_is_never_built(
     assert not os.path.exists(path)  # nothing of the bad list is kept but the reason
     build = build_run(build_id=build_start(queue=False).pk)
     assert build.stats["vip"]["listed"] == 2
+
+
+def test_a_lost_validation_is_queued_again_and_a_vanished_file_fails_it(vip, monkeypatch):
+    from datetime import timedelta
+
+    from segments import services
+
+    queued: list[int] = []
+    monkeypatch.setattr(services, "_queue_validation", queued.append)
+    stored = user_list_import(
+        segment=vip, fileobj=io.BytesIO(ids_text(0, 50_000)), name="big.txt", inline_bytes=2**12
+    )
+    assert stored.status == "validating" and stored.checked_at is not None
+    assert services.user_lists_stalled(now=stored.checked_at + timedelta(minutes=5)) == 0
+    assert services.user_lists_stalled(now=stored.checked_at + timedelta(minutes=11)) == 1
+    assert queued[-1] == stored.pk
+    # The stored upload is gone (removed from the bucket, say): the list fails and says why.
+    stored.file.storage.delete(str(stored.file.name))
+    failed = user_list_validate(user_list_id=stored.pk)
+    assert failed is not None and failed.status == "failed"
+    assert "could not be read" in failed.error
+    assert user_list_validate(user_list_id=10**9) is None  # a list that is gone: nothing to do

@@ -1,5 +1,6 @@
 """Send jobs chunk by chunk: a real SMTP server, a real HTTP push relay, real Redis."""
 
+import asyncio
 import json
 import threading
 from collections import Counter
@@ -299,6 +300,10 @@ def test_redis_down_defers_the_sends_instead_of_dropping_them(
             {"recipients": [{"user_id": "\u0661\u0662", "address": "a@example.com"}]},
             "recipients[0].user_id",
         ),
+        (
+            {"recipients": [{"user_id": "12\n", "address": "a@example.com"}]},
+            "recipients[0].user_id",
+        ),
     ],
 )
 def test_bad_jobs_are_refused_naming_the_field(db, kwargs, field):
@@ -371,7 +376,7 @@ def test_a_send_cut_off_by_a_dead_worker_is_not_sent_again(campaign, smtp, redis
         channel="email", campaign="k", template="welcome", recipients=recipients(1, 9), queue=False
     )
     # The previous worker claimed user 9's message and died during the SMTP exchange.
-    redis_client.set(claim_key("k:9"), f"sending:{job.pk}:dead-run")
+    redis_client.set(claim_key("email", "k:9"), f"sending:{job.pk}:dead-run")
     outcome = send_chunk_run(chunk_id=job.chunks.get().pk)
     assert outcome == {"sent": 1, "ambiguous": 1}
     assert smtp.per_recipient() == {"u1@example.com": 1}
@@ -391,7 +396,7 @@ def test_a_failed_send_between_two_good_ones_is_unclaimed_and_released(
         queue=False,
     )
     assert send_chunk_run(chunk_id=job.chunks.get().pk) == {"sent": 2, "failed": 1}
-    claims = [redis_client.get(claim_key(f"m:{u}")) for u in (1, 2, 9)]
+    claims = [redis_client.get(claim_key("push", f"m:{u}")) for u in (1, 2, 9)]
     assert claims == [f"sent:{job.pk}".encode(), None, f"sent:{job.pk}".encode()]
     usage = get_limiter().peek("push", 2, Policy(Limits(1, 5), Limits()))
     assert usage is not None and usage[0].daily_used == 0
@@ -410,12 +415,12 @@ def test_a_batch_dispatcher_claims_its_batch_in_one_go(campaign, settings, redis
         recipients=recipients(1, 2, 9),
         queue=False,
     )
-    redis_client.set(claim_key("b:2"), f"sent:{job.pk}")  # a redelivery: it went out before
-    redis_client.set(claim_key("b:9"), "sending")  # cut off by a dead worker (an old claim)
+    redis_client.set(claim_key("push", "b:2"), f"sent:{job.pk}")  # a redelivery: it went out before
+    redis_client.set(claim_key("push", "b:9"), "sending")  # cut off by a dead worker (an old claim)
     outcome = send_chunk_run(chunk_id=job.chunks.get().pk)
     assert outcome == {"sent": 2, "ambiguous": 1}
     assert [m.user_id for m in MemoryPushBackend.outbox] == [1]
-    assert redis_client.get(claim_key("b:1")) == f"sent:{job.pk}".encode()
+    assert redis_client.get(claim_key("push", "b:1")) == f"sent:{job.pk}".encode()
 
 
 def test_a_chunk_that_keeps_failing_is_counted_failed_not_lost(campaign, smtp):
@@ -466,7 +471,8 @@ def test_two_deliveries_of_one_chunk_never_run_at_once(campaign, smtp):
     )
     chunk = job.chunks.get()
     now = timezone.now()
-    assert services._lease(chunk.pk, now)  # a first delivery is running it
+    # A first delivery is running it: it holds the lease for a minute.
+    SendChunk.objects.filter(pk=chunk.pk).update(lease_until=now + timedelta(seconds=60))
     with pytest.raises(services.ChunkBusy) as busy:
         send_chunk_run(chunk_id=chunk.pk, now=now)
     assert 60 <= busy.value.retry_in <= 62
@@ -505,8 +511,8 @@ def test_a_chunk_given_up_counts_each_recipient_by_its_claim_and_gives_quota_bac
     )
     gate_check = services.gate_check
     gate_check(channel="email", requests=[(1, "g:1"), (2, "g:2"), (9, "g:9")], campaign="g")
-    redis_client.set(claim_key("g:1"), f"sent:{job.pk}")
-    redis_client.set(claim_key("g:2"), f"sending:{job.pk}:dead-run")
+    redis_client.set(claim_key("email", "g:1"), f"sent:{job.pk}")
+    redis_client.set(claim_key("email", "g:2"), f"sending:{job.pk}:dead-run")
     services.send_chunk_fail(chunk_id=job.chunks.get().pk, error="RuntimeError: boom")
     job.refresh_from_db()
     assert (job.sent, job.ambiguous, job.failed, job.status) == (1, 1, 1, "done")
@@ -527,7 +533,7 @@ def test_an_unexpected_dispatcher_error_is_ambiguous_not_repeated(campaign, redi
         channel="push", campaign="u", template="welcome", recipients=recipients(1), queue=False
     )
     assert send_chunk_run(chunk_id=job.chunks.get().pk, dispatcher=Broken()) == {"ambiguous": 1}
-    assert redis_client.get(claim_key("u:1")).startswith(f"sending:{job.pk}:".encode())
+    assert redis_client.get(claim_key("push", "u:1")).startswith(f"sending:{job.pk}:".encode())
 
 
 def test_a_message_id_another_job_is_sending_is_a_duplicate_and_no_crash_is_reported(
@@ -537,8 +543,134 @@ def test_a_message_id_another_job_is_sending_is_a_duplicate_and_no_crash_is_repo
         channel="email", campaign="d", template="welcome", recipients=recipients(1, 9), queue=False
     )
     # A live run of another job holds the claim of user 9's message id right now.
-    redis_client.set(claim_key("d:9"), "sending:999999:live-run")
+    redis_client.set(claim_key("email", "d:9"), "sending:999999:live-run")
     with caplog.at_level("WARNING", logger="worker.services"):
         assert send_chunk_run(chunk_id=job.chunks.get().pk) == {"sent": 1, "duplicate": 1}
     assert "cut off" not in caplog.text
     assert smtp.per_recipient() == {"u1@example.com": 1}
+
+
+def test_a_campaign_sent_by_email_and_then_by_push_sends_both(campaign, smtp, settings):
+    from worker.dispatchers import MemoryPushBackend
+
+    settings.GATEKEEPER_PUSH_BACKEND = "worker.dispatchers.MemoryPushBackend"
+    MemoryPushBackend.outbox.clear()
+    # The same campaign name, so the same default message ids ("launch:1"), on two channels.
+    for channel in ("email", "push"):
+        job = send_job_create(
+            channel=channel,
+            campaign="launch",
+            template="welcome",
+            recipients=recipients(1),
+            queue=False,
+        )
+        run_all(job)
+        job.refresh_from_db()
+        assert (job.sent, job.duplicate) == (1, 0), channel
+    assert smtp.per_recipient() == {"u1@example.com": 1}
+    assert [m.user_id for m in MemoryPushBackend.outbox] == [1]
+
+
+class StagedInbox(Inbox):
+    """An SMTP server that answers one message badly: `rcpt_code` at RCPT TO, or at the end of
+    DATA it takes the message and then keeps silent (`silent`) or refuses it (`data_code`)."""
+
+    def __init__(self, rcpt_code: str = "", data_code: str = "", silent: bool = False) -> None:
+        super().__init__()
+        self.rcpt_code, self.data_code, self.silent = rcpt_code, data_code, silent
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        if self.rcpt_code:
+            return self.rcpt_code
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
+
+    async def handle_DATA(self, server, session, envelope):
+        if self.silent:
+            await super().handle_DATA(server, session, envelope)
+            await asyncio.sleep(3)  # took it, and the answer never comes in time
+        if self.data_code:
+            return self.data_code
+        return await super().handle_DATA(server, session, envelope)
+
+
+@pytest.mark.parametrize(
+    ("inbox", "outcome", "retried", "delivered"),
+    [
+        # Refused before the message went out: nothing delivered, safe to send again later.
+        (StagedInbox(rcpt_code="421 Try again later"), {}, True, 0),
+        # Refused once the message was complete: not delivered; a 5xx never will be.
+        (StagedInbox(data_code="554 Rejected as spam"), {"failed": 1}, False, 0),
+        # Taken, but the answer is lost: it may have gone out, so it is not sent again.
+        (StagedInbox(silent=True), {"ambiguous": 1}, False, 1),
+    ],
+    ids=["refused-at-rcpt", "refused-after-data", "no-answer-after-data"],
+)
+def test_smtp_sends_are_ambiguous_only_when_the_server_may_have_taken_them(
+    campaign, settings, monkeypatch, inbox, outcome, retried, delivered
+):
+    monkeypatch.setattr(services, "_queue", lambda ids: None)
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    try:
+        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", controller.port
+        settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
+        settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
+        settings.EMAIL_TIMEOUT = 0.5
+        job = send_job_create(
+            channel="email", campaign="s", template="welcome", recipients=recipients(1), queue=False
+        )
+        assert send_chunk_run(chunk_id=job.chunks.get().pk) == outcome
+        retry = SendChunk.objects.filter(job=job, status=SendChunk.Status.QUEUED)
+        assert retry.exists() == retried
+        assert len(inbox.messages) == delivered
+    finally:
+        controller.stop()
+
+
+def test_a_run_whose_lease_was_taken_over_stops_and_leaves_the_chunk_to_the_new_owner(
+    campaign, settings, redis_client
+):
+    import time
+
+    settings.GATEKEEPER_CHUNK_LEASE_SECONDS = 0.3  # renewed every 0.1 s
+    job = send_job_create(
+        channel="push", campaign="t", template="welcome", recipients=recipients(1, 2), queue=False
+    )
+    chunk = job.chunks.get()
+
+    class Stalling:
+        batch_size = 1
+        sent: list[int] = []
+
+        def send(self, message):
+            # A stalled provider: meanwhile the lease runs out and another run takes over.
+            time.sleep(0.15)
+            SendChunk.objects.filter(pk=chunk.pk).update(
+                lease_until=timezone.now() + timedelta(minutes=5)
+            )
+            self.sent.append(message.user_id)
+
+    dispatcher = Stalling()
+    assert send_chunk_run(chunk_id=chunk.pk, dispatcher=dispatcher) == {}
+    assert dispatcher.sent == [1]  # it stopped before its second send
+    chunk.refresh_from_db()
+    job.refresh_from_db()
+    assert chunk.status == SendChunk.Status.QUEUED and job.pending == 2  # the new owner counts
+    assert redis_client.get(claim_key("push", "t:1")) == f"sent:{job.pk}".encode()
+
+
+def test_the_same_user_listed_twice_gets_one_send_and_the_repeat_is_a_duplicate(campaign, smtp):
+    job = send_job_create(
+        channel="email",
+        campaign="twice",
+        template="welcome",
+        recipients=[*recipients(1, 9), *recipients(1)],
+        queue=False,
+    )
+    assert (job.total, job.duplicate, job.pending) == (3, 1, 2)
+    run_all(job)
+    job.refresh_from_db()
+    assert (job.sent, job.duplicate, job.pending, job.status) == (2, 1, 0, "done")
+    assert smtp.per_recipient() == {"u1@example.com": 1, "u9@example.com": 1}

@@ -34,7 +34,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='sendjob',
             name='duplicate',
-            field=models.PositiveIntegerField(default=0, help_text='Already sent under the same message id by another job.'),
+            field=models.PositiveIntegerField(default=0, help_text='Already sent under its message id by another job, or listed twice.'),
         ),
         migrations.AddField(
             model_name='sendjob',
