@@ -44,6 +44,15 @@ BUILD_LEASE = timedelta(minutes=10)
 LOCK_NAME = "segments:build-lock"
 
 
+def _publish_lock() -> Any:
+    """The lock a build holds while it publishes and a rollback while it switches versions;
+    under the key prefix, so deployments sharing a Redis do not block each other."""
+    from gatekeeper.redis_client import get_redis
+
+    name = f"{settings.GATEKEEPER_KEY_PREFIX}{LOCK_NAME}"
+    return get_redis().lock(name, timeout=int(BUILD_LEASE.total_seconds()), blocking=False)
+
+
 class BuildInProgress(Exception):
     def __init__(self, build: Build) -> None:
         super().__init__(
@@ -373,13 +382,12 @@ def build_run(
     """Build and publish a snapshot. Safe to run again for the same build (a redelivered task):
     each attempt starts over and publishes a new version; the live one is untouched until the
     last step. Raises BuildBusy if another process holds the publish lock."""
-    from gatekeeper.redis_client import get_redis
 
     store = store or store_from_settings()
-    lock = get_redis().lock(LOCK_NAME, timeout=int(BUILD_LEASE.total_seconds()), blocking=False)
+    build = Build.objects.get(pk=build_id)  # before the lock: a missing build holds nothing
+    lock = _publish_lock()
     if not lock.acquire():
         raise BuildBusy("another build is publishing")
-    build = Build.objects.get(pk=build_id)
     try:
         if build.status == Build.Status.SUCCEEDED:
             return build
@@ -535,7 +543,6 @@ def _live_version(store: SnapshotStore) -> str | None:
 
 def snapshot_rollback(*, version: str, store: SnapshotStore | None = None) -> None:
     """Make an earlier version live again, after checking every object of it."""
-    from gatekeeper.redis_client import get_redis
     from segments.index import SnapshotNotFound, load_version
 
     store = store or store_from_settings()
@@ -546,7 +553,7 @@ def snapshot_rollback(*, version: str, store: SnapshotStore | None = None) -> No
     active = _active_build()
     if active is not None:
         raise BuildInProgress(active)
-    lock = get_redis().lock(LOCK_NAME, timeout=int(BUILD_LEASE.total_seconds()), blocking=False)
+    lock = _publish_lock()
     if not lock.acquire():
         raise BuildBusy("a build is publishing; try again when it has finished")
     try:

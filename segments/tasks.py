@@ -1,9 +1,14 @@
 """Celery tasks of the segments app (queue `builds`): thin wrappers around the services."""
 
+import logging
+
 from celery import shared_task
 
 from segments import services
+from segments.models import Build
 from segments.services import BuildBusy, build_run
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(bind=True, acks_late=True, max_retries=60)
@@ -12,6 +17,9 @@ def build_snapshot(self, build_id: int) -> str:
     build over; while another process holds the publish lock it waits by retrying."""
     try:
         build = build_run(build_id=build_id)
+    except Build.DoesNotExist:
+        logger.warning("Build #%s does not exist (any more): nothing to build", build_id)
+        return ""
     except BuildBusy as exc:
         raise self.retry(exc=exc, countdown=10) from exc
     return build.version

@@ -140,13 +140,13 @@ def test_a_second_build_is_refused_while_one_is_running(store, make_segments):
 
 
 def test_a_build_waits_while_another_process_holds_the_publish_lock(
-    store, make_segments, redis_client
+    store, make_segments, redis_client, settings
 ):
     from gatekeeper.redis_client import get_redis
-    from segments.services import LOCK_NAME
 
     make_segments(vip=(10, [1]))
-    held = get_redis().lock(LOCK_NAME, timeout=30)
+    # Another process publishing holds the deployment's publish lock.
+    held = get_redis().lock(f"{settings.GATEKEEPER_KEY_PREFIX}segments:build-lock", timeout=30)
     assert held.acquire(blocking=False)
     try:
         with pytest.raises(BuildBusy):
@@ -315,3 +315,11 @@ def test_the_index_of_another_store_holder_is_independent(store, make_segments, 
     publish()
     other = IndexHolder(store, tmp_path / "other-cache")
     assert other.get() is not None and other.get().resolve(1) == "vip"
+
+
+def test_a_build_task_for_a_build_that_is_gone_ends_quietly_and_holds_no_lock(store, make_segments):
+    from segments.tasks import build_snapshot
+
+    make_segments(vip=(10, [1]))
+    assert build_snapshot.apply(args=(10**9,)).state == "SUCCESS"  # a stale task: nothing to do
+    assert publish().status == "succeeded"  # and the next build is not kept waiting

@@ -12,19 +12,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from aiosmtpd.controller import Controller
-from kombu import Connection
 
 from limits.services import cap_set
 from segments.models import Segment
 from tests.celery_workers import start_celery_worker, stop_celery_worker, worker_env
 from tests.redis_servers import free_port
-from worker import services
 from worker.models import SendJob
 from worker.processes import processes_list
 from worker.services import send_job_create
-from worker.tasks import send_chunk
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+# The test process queues to this broker database too (tests/settings.py).
 TEST_BROKER_URL = os.environ.get("GATEKEEPER_TEST_BROKER_URL", "redis://127.0.0.1:6379/9")
 
 
@@ -98,12 +96,6 @@ def start_worker(inbox, redis_client, settings) -> Iterator[Callable[[], subproc
         stop_celery_worker(process)
 
 
-def queue_on_test_broker(ids: list[int]) -> None:
-    with Connection(TEST_BROKER_URL) as conn:
-        for chunk_id in ids:
-            send_chunk.apply_async((chunk_id,), connection=conn)  # type: ignore[call-arg]
-
-
 def wait_for(condition: Callable[[], bool], *, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -117,10 +109,7 @@ def job_done(job: SendJob) -> bool:
     return job.status == SendJob.Status.DONE
 
 
-def test_a_cap_edit_governs_a_running_worker_within_five_seconds(
-    published, start_worker, inbox, monkeypatch
-):
-    monkeypatch.setattr(services, "_queue", queue_on_test_broker)
+def test_a_cap_edit_governs_a_running_worker_within_five_seconds(published, start_worker, inbox):
     version = published(vip=(10, [1], {"email": (5, 10)}))
     worker = start_worker()
     first = send_job_create(
@@ -159,9 +148,8 @@ def kill(process: subprocess.Popen[bytes]) -> None:
 
 
 def test_workers_killed_at_several_points_send_nobody_twice_and_every_send_is_counted(
-    published, start_worker, inbox, monkeypatch, settings
+    published, start_worker, inbox, settings
 ):
-    monkeypatch.setattr(services, "_queue", queue_on_test_broker)
     settings.GATEKEEPER_SEND_CHUNK_SIZE = 40
     published(vip=(10, [1], {}))
     handler = inbox[0]
@@ -241,12 +229,11 @@ class DedupingRelay:
 
 
 def test_a_push_cut_off_by_a_killed_worker_is_sent_again_with_its_key_and_nothing_is_lost(
-    published, redis_client, monkeypatch, settings
+    published, redis_client, settings
 ):
     import redis
 
     redis.Redis.from_url(TEST_BROKER_URL).flushdb()
-    monkeypatch.setattr(services, "_queue", queue_on_test_broker)
     settings.GATEKEEPER_SEND_CHUNK_SIZE = 50
     published(vip=(10, [1], {}))
     relay = DedupingRelay()
