@@ -9,7 +9,7 @@
 - User lookup: segment, quotas, recent sends; an audited, confirmed quota reset.
 - What-if: a draft change of caps against an audience, as dry runs on today's Redis state.
 
-Every page checks a Django permission (see gatekeeper/groups.py), so a staff user without a
+Every page checks a Django permission (see gatekeeper/lib/groups.py), so a staff user without a
 group sees none of them.
 """
 
@@ -36,8 +36,9 @@ from limits.services import cap_describe, cap_set, cap_warnings
 from segments.index import get_index, index_status
 from segments.models import Build, Segment
 from segments.parsing import UserListError, iter_ids
+from segments.publishing import BuildBusy, BuildInProgress, snapshot_rollback
 from segments.selectors import snapshot_live_version, snapshot_versions
-from segments.services import BuildBusy, BuildInProgress, build_start, snapshot_rollback
+from segments.services import build_start
 from segments.store import StoreError
 
 WHAT_IF_MAX_BYTES = 100 * 2**20  # an uploaded what-if audience, compressed or not

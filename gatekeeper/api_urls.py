@@ -5,7 +5,6 @@ from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from gatekeeper.health import healthz, readyz
 from limits.api import CapDetailView, CapListView
 from segments.api import (
     BuildDetailView,
@@ -23,6 +22,7 @@ from worker.api import (
     SendJobDetailView,
     SendJobListView,
 )
+from worker.health import healthz, readyz
 
 v1 = [
     path("segments/", SegmentListView.as_view(), name="segments"),

@@ -8,7 +8,7 @@ class LimitsConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
 
-        from gatekeeper.groups import groups_sync_after_migrate
+        from gatekeeper.lib.groups import groups_sync_after_migrate
 
         # Sent for every app; the handler acts on the last one's.
         post_migrate.connect(groups_sync_after_migrate)

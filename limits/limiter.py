@@ -27,6 +27,8 @@ from django.conf import settings
 from hiredis import pack_command
 from redis.cluster import ClusterNode, RedisCluster
 
+from gatekeeper.lib.redis_client import get_redis
+
 logger = logging.getLogger(__name__)
 
 LIBRARY = (Path(__file__).parent / "lua" / "limiter.lua").read_text()
@@ -472,8 +474,6 @@ class Limiter:
 
 @cache
 def _limiter_for(url: str, cluster: bool, prefix: str, fail_open: bool) -> Limiter:
-    from gatekeeper.redis_client import get_redis
-
     return Limiter(get_redis(), prefix=prefix, fail_open=fail_open)
 
 

@@ -16,7 +16,8 @@ from gatekeeper.lib.words import count
 from segments.index import get_index
 from segments.models import Build, Segment, UserList
 from segments.parsing import UserListError
-from segments.services import BuildInProgress, build_start, user_list_import
+from segments.publishing import BuildInProgress
+from segments.services import build_start, user_list_import
 
 
 class UserListForm(forms.ModelForm):

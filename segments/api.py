@@ -44,6 +44,7 @@ from segments.index import (
 )
 from segments.models import Build, DefaultSegmentProtected, Segment, UserList
 from segments.parsing import UserListError
+from segments.publishing import BuildBusy, BuildInProgress, snapshot_rollback
 from segments.selectors import snapshot_live_version, snapshot_versions
 from segments.serializers import (
     BuildSerializer,
@@ -59,13 +60,10 @@ from segments.serializers import (
     UserListStoredSerializer,
 )
 from segments.services import (
-    BuildBusy,
-    BuildInProgress,
     SegmentConflict,
     build_start,
     segment_change,
     segment_create,
-    snapshot_rollback,
     user_list_import,
 )
 from segments.store import StoreError

@@ -1,8 +1,11 @@
+from datetime import datetime, timedelta
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models.signals import pre_delete
 from django.dispatch import receiver
+from django.utils import timezone
 
 from gatekeeper.lib.words import count
 
@@ -136,6 +139,9 @@ class Build(models.Model):
         SUCCEEDED = "succeeded"
         FAILED = "failed"
 
+    # A build whose worker has not reported for this long is taken for dead (killed, lost).
+    LEASE = timedelta(minutes=10)
+
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     progress = models.PositiveSmallIntegerField(default=0, help_text="Percent done.")
     stage = models.CharField(max_length=200, blank=True)
@@ -170,6 +176,11 @@ class Build(models.Model):
             return (self.finished_at - self.started_at).total_seconds()
         return None
 
-    @property
-    def is_active(self) -> bool:
-        return self.status in (self.Status.QUEUED, self.Status.RUNNING)
+    def is_alive(self, now: datetime | None = None) -> bool:
+        """Queued or running, and heard from within LEASE: a build whose worker stopped
+        reporting (killed, lost) is not, and the next build_start gives it up. The admin and
+        build_start both judge builds by this."""
+        if self.status not in (self.Status.QUEUED, self.Status.RUNNING):
+            return False
+        last_sign = self.heartbeat_at or self.created_at
+        return (now or timezone.now()) - last_sign < self.LEASE

@@ -62,3 +62,11 @@ def segment_by_slug(slug: str) -> Segment | None:
     except ValidationError:
         return None
     return Segment.objects.filter(slug=slug).first()
+
+
+def build_active() -> Build | None:
+    """The build queued or running within its lease, if any (a dead worker's build is not)."""
+    for build in Build.objects.filter(status__in=[Build.Status.QUEUED, Build.Status.RUNNING]):
+        if build.is_alive():
+            return build
+    return None

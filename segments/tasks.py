@@ -1,12 +1,12 @@
-"""Celery tasks of the segments app (queue `builds`): thin wrappers around the services."""
+"""Celery tasks of the segments app (queue `builds`): each loads its row and calls the work."""
 
 import logging
 
 from celery import shared_task
 
-from segments import services
+from segments import user_lists
 from segments.models import Build
-from segments.services import BuildBusy, build_run
+from segments.publishing import BuildBusy, build_run
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +27,15 @@ def build_snapshot(self, build_id: int) -> str:
 
 @shared_task(acks_late=True)
 def user_list_validate(user_list_id: int) -> str:
-    """Validate a large uploaded list the web process stored unchecked (see
-    `segments.services.user_list_validate`)."""
-    user_list = services.user_list_validate(user_list_id=user_list_id)
+    """Validate a large uploaded list the web process stored unchecked."""
+    user_list = user_lists.user_list_validate(user_list_id=user_list_id)
     return user_list.status if user_list is not None else "gone"
 
 
 @shared_task
 def user_lists_stalled() -> int:
     """Beat, every 5 minutes: queue again validations whose task was lost."""
-    return services.user_lists_stalled()
+    ids = user_lists.user_lists_stalled()
+    for user_list_id in ids:
+        user_list_validate.delay(user_list_id)
+    return len(ids)

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.conf import settings
 
-from gatekeeper.redis_client import get_redis
+from gatekeeper.lib.redis_client import get_redis
 
 CLAIM_TTL = 8 * 86400
 SENDING, SENT = "sending", "sent"

@@ -16,7 +16,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from gatekeeper.redis_client import get_redis
+from gatekeeper.lib.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
 

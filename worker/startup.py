@@ -31,7 +31,7 @@ def load_snapshot(*, role: str) -> None:
 
 
 def after_fork(*, role: str) -> None:
-    from gatekeeper.redis_client import reset_redis_clients
+    from gatekeeper.lib.redis_client import reset_redis_clients
     from limits.limiter import reset_limiter
     from segments.index import get_holder
 

@@ -1,12 +1,11 @@
-"""Celery tasks of the worker (queue `sends`): thin wrappers around the services."""
+"""Celery tasks of the worker (queue `sends`): each calls the work in `worker.chunks`."""
 
 import logging
 from typing import Any
 
 from celery import shared_task
 
-from worker import services
-from worker.services import ChunkBusy, send_chunk_fail, send_chunk_run
+from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +40,15 @@ def send_chunk(self: Any, chunk_id: int) -> dict[str, int]:
         raise self.retry(exc=exc, countdown=min(600, 5 * 2**self.request.retries)) from exc
 
 
+def send_chunks(chunk_ids: list[int]) -> None:
+    """Queue a task per chunk."""
+    for chunk_id in chunk_ids:
+        send_chunk.delay(chunk_id)
+
+
 @shared_task
 def send_chunks_due() -> int:
     """Beat, every 10 s: queue deferred and retried chunks whose time has come, and lost ones."""
-    return services.send_chunks_due()
+    ids = chunks_due()
+    send_chunks(ids)
+    return len(ids)

@@ -1,7 +1,7 @@
 """Who may do what: one model of rights for the REST API and the admin.
 
 Every right is an ordinary Django permission, granted through the Marketer and Viewer groups
-(gatekeeper/groups.py) or to a user directly. A REST view names, per HTTP method, the
+(gatekeeper/lib/groups.py) or to a user directly. A REST view names, per HTTP method, the
 permissions it needs (`rights`), and the admin page doing the same thing checks the same ones,
 so a user can do over REST exactly what they can do in the admin (docs/api.md, "Rights").
 Superusers have every right. Anonymous requests get 401, missing rights 403.

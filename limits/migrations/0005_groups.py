@@ -1,4 +1,4 @@
-"""Create the Marketer and Viewer groups (gatekeeper/groups.py) with their permissions."""
+"""Create the Marketer and Viewer groups (gatekeeper/lib/groups.py) with their permissions."""
 
 from django.contrib.auth.management import create_permissions
 from django.db import migrations
@@ -11,7 +11,7 @@ def create_groups(apps, schema_editor):
         app_config.models_module = True
         create_permissions(app_config, apps=apps, verbosity=0)
         app_config.models_module = None
-    from gatekeeper.groups import groups_sync
+    from gatekeeper.lib.groups import groups_sync
 
     groups_sync(apps)
 

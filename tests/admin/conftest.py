@@ -3,7 +3,7 @@ from collections.abc import Callable
 import pytest
 from django.contrib.auth.models import Group
 
-from gatekeeper.groups import MARKETER, VIEWER, groups_sync
+from gatekeeper.lib.groups import MARKETER, VIEWER, groups_sync
 from tests.worker.conftest import _fresh_index, published  # noqa: F401  (shared fixtures)
 
 PASSWORD = "a-long-test-password"

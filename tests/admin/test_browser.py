@@ -12,7 +12,7 @@ import pytest
 import redis
 from kombu import Connection
 
-from gatekeeper.groups import MARKETER
+from gatekeeper.lib.groups import MARKETER
 from segments.models import Segment
 from segments.selectors import snapshot_live_version
 from tests.celery_workers import start_celery_worker, stop_celery_worker, worker_env

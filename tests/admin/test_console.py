@@ -13,8 +13,9 @@ from django.urls import reverse
 
 from limits.models import Cap, CapChange, QuotaReset
 from segments.models import Build, Segment
+from segments.publishing import build_run
 from segments.selectors import snapshot_live_version
-from segments.services import build_run, build_start
+from segments.services import build_start
 from worker.gate import gate_check
 from worker.processes import process_report
 
@@ -283,7 +284,7 @@ def test_the_demo_seeds_group_logins_a_service_account_and_a_live_dashboard(
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
-    from gatekeeper.groups import groups_sync
+    from gatekeeper.lib.groups import groups_sync
 
     groups_sync()
     out = io.StringIO()

@@ -6,12 +6,13 @@ import requests
 from django.contrib.auth.models import Group, Permission, User
 from rest_framework.authtoken.models import Token
 
-from gatekeeper.groups import MARKETER, VIEWER
+from gatekeeper.lib.groups import MARKETER, VIEWER
 from gatekeeper.lib.permissions import CAMPAIGN_SYSTEM
 from limits.models import Cap
 from segments.index import reset_index
 from segments.models import Segment
-from segments.services import build_run, build_start, user_list_import
+from segments.publishing import build_run
+from segments.services import build_start, user_list_import
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,8 @@ import pytest
 
 from segments.index import refresh
 from segments.models import Segment
-from segments.services import build_run, build_start, user_list_import
+from segments.publishing import build_run
+from segments.services import build_start, user_list_import
 from tests.api.conftest import call
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -279,11 +280,11 @@ def test_create_api_token_prints_a_working_token(api, snapshot):
         call_command("create_api_token", "ghost")
 
 
-def test_a_campaign_system_hands_over_a_send_job_and_follows_it(api, snapshot, monkeypatch):
-    from worker import services
+def test_a_campaign_system_hands_over_a_send_job_and_follows_it(api, snapshot):
+    from tests import broker
+    from worker.chunks import send_chunk_run
 
-    queued: list[int] = []
-    monkeypatch.setattr(services, "_queue", lambda ids, countdown=0: queued.extend(ids))
+    broker.clear("sends")
     s = api("gate")
     body = {
         "channel": "email",
@@ -298,10 +299,9 @@ def test_a_campaign_system_hands_over_a_send_job_and_follows_it(api, snapshot, m
     assert created.status_code == 202
     job = created.json()
     assert (job["status"], job["total"], job["progress"]) == ("queued", 2, 0)
-    assert len(queued) == 1
-    from worker.services import send_chunk_run
-
-    send_chunk_run(chunk_id=queued[0])
+    ((task, (chunk_id,)),) = broker.queued("sends")  # one chunk, queued for the worker
+    assert task == "worker.tasks.send_chunk"
+    send_chunk_run(chunk_id=chunk_id)
     followed = call(api("viewer"), "GET", f"/api/v1/sends/{job['id']}/").json()
     assert (followed["status"], followed["progress"], followed["sent"]) == ("done", 100, 2)
     bad = call(s, "POST", "/api/v1/sends/", json={**body, "recipients": [{"user_id": 1}]})

@@ -10,16 +10,15 @@ from django.core.management import call_command
 from segments.index import IndexHolder, get_index, index_status, load_version, refresh
 from segments.models import Build, Segment, UserList
 from segments.parsing import UserListError
-from segments.selectors import snapshot_live_version, snapshot_versions
-from segments.services import (
+from segments.publishing import (
     BuildBusy,
     BuildInProgress,
     build_run,
-    build_start,
     snapshot_prune,
     snapshot_rollback,
-    user_list_import,
 )
+from segments.selectors import snapshot_live_version, snapshot_versions
+from segments.services import build_start, user_list_import
 from segments.store import CURRENT, MANIFEST, SnapshotStore, StoreError, snapshot_key
 
 pytestmark = pytest.mark.django_db
@@ -142,7 +141,7 @@ def test_a_second_build_is_refused_while_one_is_running(store, make_segments):
 def test_a_build_waits_while_another_process_holds_the_publish_lock(
     store, make_segments, redis_client, settings
 ):
-    from gatekeeper.redis_client import get_redis
+    from gatekeeper.lib.redis_client import get_redis
 
     make_segments(vip=(10, [1]))
     # Another process publishing holds the deployment's publish lock.

@@ -3,15 +3,20 @@ validated in the background, and nothing stored (or published) from a list that 
 
 import gzip
 import io
+import json
 import os
 import tracemalloc
 import zlib
 
 import pytest
+import redis
+from django.utils import timezone
 
 from segments.models import Segment, UserList
 from segments.parsing import ListSummary, UserListError, iter_ids
-from segments.services import build_run, build_start, user_list_import, user_list_validate
+from segments.publishing import build_run
+from segments.services import build_start, user_list_import
+from segments.user_lists import user_list_validate, user_lists_stalled
 
 pytestmark = pytest.mark.django_db
 
@@ -71,20 +76,26 @@ def test_a_list_beyond_the_limits_is_refused_and_nothing_is_stored(vip, settings
     assert not UserList.objects.exists()
 
 
-def test_a_large_list_is_stored_unchecked_then_validated_in_the_background(
-    vip, settings, django_capture_on_commit_callbacks, monkeypatch
-):
-    from segments import services
+def builds_queue(settings) -> list[dict]:
+    """The tasks waiting on the broker's `builds` queue (the tests' own broker database)."""
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    return [json.loads(message)["headers"] for message in broker.lrange("builds", 0, -1)]
 
-    queued: list[int] = []
-    monkeypatch.setattr(services, "_queue_validation", queued.append)
+
+def test_a_large_list_is_stored_unchecked_then_validated_in_the_background(
+    vip, settings, django_capture_on_commit_callbacks
+):
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("builds")
     old = user_list_import(segment=vip, fileobj=io.BytesIO(b"1\n2\n"), name="old.txt")
     body = gzip.compress(b"user_id\n" + ids_text(100, 200_000) + b"\n" + ids_text(100, 10))
     with django_capture_on_commit_callbacks(execute=True):
         stored = user_list_import(
             segment=vip, fileobj=io.BytesIO(body), name="big.gz", replace=True, inline_bytes=2**16
         )
-    assert stored.status == "validating" and queued == [stored.pk]
+    assert stored.status == "validating"
+    (queued,) = builds_queue(settings)  # its validation, queued once the import committed
+    assert queued["task"] == "segments.tasks.user_list_validate"
+    assert queued["argsrepr"] == f"({stored.pk},)"
     # Until it is ready, builds keep using the list it replaces.
     assert UserList.objects.filter(segment=vip).count() == 2
     build_run(build_id=build_start(queue=False).pk)
@@ -99,11 +110,8 @@ def test_a_large_list_is_stored_unchecked_then_validated_in_the_background(
 
 
 def test_a_large_list_that_fails_in_the_background_says_why_and_is_never_built(
-    vip, settings, monkeypatch, django_capture_on_commit_callbacks
+    vip, settings, django_capture_on_commit_callbacks
 ):
-    from segments import services
-
-    monkeypatch.setattr(services, "_queue_validation", lambda pk: None)
     good = user_list_import(segment=vip, fileobj=io.BytesIO(b"1\n2\n"), name="good.txt")
     body = ids_text(0, 100_000) + b"12x\n" + ids_text(0, 10)
     stored = user_list_import(
@@ -121,20 +129,22 @@ def test_a_large_list_that_fails_in_the_background_says_why_and_is_never_built(
     assert build.stats["vip"]["listed"] == 2
 
 
-def test_a_lost_validation_is_queued_again_and_a_vanished_file_fails_it(vip, monkeypatch):
+def test_a_lost_validation_is_queued_again_and_a_vanished_file_fails_it(vip, settings):
     from datetime import timedelta
 
-    from segments import services
+    from segments.tasks import user_lists_stalled as stalled_task
 
-    queued: list[int] = []
-    monkeypatch.setattr(services, "_queue_validation", queued.append)
     stored = user_list_import(
         segment=vip, fileobj=io.BytesIO(ids_text(0, 50_000)), name="big.txt", inline_bytes=2**12
     )
     assert stored.status == "validating" and stored.checked_at is not None
-    assert services.user_lists_stalled(now=stored.checked_at + timedelta(minutes=5)) == 0
-    assert services.user_lists_stalled(now=stored.checked_at + timedelta(minutes=11)) == 1
-    assert queued[-1] == stored.pk
+    assert user_lists_stalled(now=stored.checked_at + timedelta(minutes=5)) == []
+    assert user_lists_stalled(now=stored.checked_at + timedelta(minutes=11)) == [stored.pk]
+    # Beat's task queues the validation of each list found stalled.
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("builds")
+    UserList.objects.filter(pk=stored.pk).update(checked_at=timezone.now() - timedelta(hours=1))
+    assert stalled_task.apply().result == 1
+    assert [q["argsrepr"] for q in builds_queue(settings)] == [f"({stored.pk},)"]
     # The stored upload is gone (removed from the bucket, say): the list fails and says why.
     stored.file.storage.delete(str(stored.file.name))
     failed = user_list_validate(user_list_id=stored.pk)

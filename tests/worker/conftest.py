@@ -6,13 +6,16 @@ import pytest
 from limits.models import Cap
 from segments.index import reset_index
 from segments.models import Segment
-from segments.services import build_run, build_start, user_list_import
+from segments.publishing import build_run
+from segments.services import build_start, user_list_import
 
 
 @pytest.fixture(autouse=True)
 def _fresh_index() -> Iterator[None]:
+    from tests import broker
     from worker import stats
 
+    broker.clear("sends", "builds")  # what earlier tests queued on the tests' broker
     reset_index()
     stats.discard_pending()
     yield

@@ -15,11 +15,13 @@ from django.test import TestCase
 from django.utils import timezone
 
 from limits.limiter import Limits, Policy, get_limiter
+from tests import broker
 from tests.redis_servers import free_port
-from worker import services
+from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run
 from worker.claims import claim_key
+from worker.gate import gate_check
 from worker.models import SendChunk, SendJob
-from worker.services import send_chunk_run, send_job_create
+from worker.services import send_job_create
 
 
 class Inbox:
@@ -161,9 +163,7 @@ def test_a_redelivered_chunk_sends_nothing_twice(campaign, smtp):
     assert smtp.per_recipient() == {"u1@example.com": 1, "u9@example.com": 1}
 
 
-def test_capped_sends_are_deferred_until_a_slot_frees(campaign, smtp, monkeypatch):
-    queued: list[list[int]] = []
-    monkeypatch.setattr(services, "_queue", lambda ids: queued.append(ids))
+def test_capped_sends_are_deferred_until_a_slot_frees(campaign, smtp):
     send_job_create(
         channel="email", campaign="a", template="welcome", recipients=recipients(1), queue=False
     )
@@ -185,12 +185,11 @@ def test_capped_sends_are_deferred_until_a_slot_frees(campaign, smtp, monkeypatc
     wait = (deferred.not_before - timezone.now()).total_seconds()
     assert 86000 < wait <= 86400
     # It waits in the database, not in the broker: queued by send_chunks_due when due.
-    assert queued == []
-    assert services.send_chunks_due(now=deferred.not_before - timedelta(seconds=1)) == 0
+    assert broker.queued("sends") == []
+    assert chunks_due(now=deferred.not_before - timedelta(seconds=1)) == []
     assert send_chunk_run(chunk_id=deferred.pk) == {}  # an early delivery does nothing
-    assert services.send_chunks_due(now=deferred.not_before) == 1
-    assert queued == [[deferred.pk]]
-    assert services.send_chunks_due(now=deferred.not_before) == 0  # queued once
+    assert chunks_due(now=deferred.not_before) == [deferred.pk]
+    assert chunks_due(now=deferred.not_before) == []  # queued once
     job.refresh_from_db()
     assert (job.processed, job.status) == (0, "running")
 
@@ -207,10 +206,7 @@ def test_a_permanent_push_failure_gives_the_quota_back(campaign, relay):
     assert usage is not None and usage[0].daily_used == 0
 
 
-def test_a_transient_push_failure_is_retried_with_the_same_idempotency_key(
-    campaign, relay, monkeypatch
-):
-    monkeypatch.setattr(services, "_queue", lambda ids: None)
+def test_a_transient_push_failure_is_retried_with_the_same_idempotency_key(campaign, relay):
     relay.statuses = [503]
     job = send_job_create(
         channel="push", campaign="p", template="welcome", recipients=recipients(1), queue=False
@@ -226,13 +222,10 @@ def test_a_transient_push_failure_is_retried_with_the_same_idempotency_key(
     assert relay.received[0]["title"] == "Welcome aboard"
 
 
-def test_redis_down_defers_the_sends_instead_of_dropping_them(
-    campaign, smtp, settings, monkeypatch
-):
-    from gatekeeper.redis_client import reset_redis_clients
+def test_redis_down_defers_the_sends_instead_of_dropping_them(campaign, smtp, settings):
+    from gatekeeper.lib.redis_client import reset_redis_clients
     from limits.limiter import reset_limiter
 
-    monkeypatch.setattr(services, "_queue", lambda ids: None)
     job = send_job_create(
         channel="email", campaign="r", template="welcome", recipients=recipients(1, 9), queue=False
     )
@@ -473,30 +466,36 @@ def test_two_deliveries_of_one_chunk_never_run_at_once(campaign, smtp):
     now = timezone.now()
     # A first delivery is running it: it holds the lease for a minute.
     SendChunk.objects.filter(pk=chunk.pk).update(lease_until=now + timedelta(seconds=60))
-    with pytest.raises(services.ChunkBusy) as busy:
+    with pytest.raises(ChunkBusy) as busy:
         send_chunk_run(chunk_id=chunk.pk, now=now)
     assert 60 <= busy.value.retry_in <= 62
     assert smtp.messages == []
     # That run died without finishing: once its lease has run out, the chunk is taken over.
     later = now + timedelta(seconds=61)
-    assert services.send_chunks_due(now=later) == 0  # queued recently: not lost yet
+    assert chunks_due(now=later) == []  # queued recently: not lost yet
     assert send_chunk_run(chunk_id=chunk.pk, now=later) == {"sent": 2}
 
 
-def test_a_lost_chunk_is_queued_again(campaign, monkeypatch, settings):
-    queued: list[list[int]] = []
-    monkeypatch.setattr(services, "_queue", lambda ids: queued.append(ids))
+def test_a_lost_chunk_is_queued_again(campaign, settings):
+    from worker.tasks import send_chunks_due
+
     with TestCase.captureOnCommitCallbacks(execute=True):
         job = send_job_create(
             channel="email", campaign="q", template="welcome", recipients=recipients(1)
         )
     chunk = job.chunks.get()
-    assert queued == [[chunk.pk]] and chunk.queued_at is not None
+    # Queued on commit: the task waits on the broker's `sends` queue.
+    assert broker.queued("sends") == [("worker.tasks.send_chunk", [chunk.pk])]
+    assert chunk.queued_at is not None
     # Its task never ran (lost by the broker): after GATEKEEPER_CHUNK_REQUEUE_SECONDS it is sent again.
     later = chunk.queued_at + timedelta(seconds=settings.GATEKEEPER_CHUNK_REQUEUE_SECONDS + 1)
-    assert services.send_chunks_due(now=later - timedelta(seconds=2)) == 0
-    assert services.send_chunks_due(now=later) == 1
-    assert queued[-1] == [chunk.pk]
+    assert chunks_due(now=later - timedelta(seconds=2)) == []
+    assert chunks_due(now=later) == [chunk.pk]
+    # Beat's task queues what is due (here, the same chunk once its time has come again).
+    broker.clear("sends")
+    SendChunk.objects.filter(pk=chunk.pk).update(queued_at=timezone.now() - timedelta(hours=1))
+    assert send_chunks_due.apply().result == 1
+    assert broker.queued("sends") == [("worker.tasks.send_chunk", [chunk.pk])]
 
 
 def test_a_chunk_given_up_counts_each_recipient_by_its_claim_and_gives_quota_back(
@@ -509,11 +508,10 @@ def test_a_chunk_given_up_counts_each_recipient_by_its_claim_and_gives_quota_bac
         recipients=recipients(1, 2, 9),
         queue=False,
     )
-    gate_check = services.gate_check
     gate_check(channel="email", requests=[(1, "g:1"), (2, "g:2"), (9, "g:9")], campaign="g")
     redis_client.set(claim_key("email", "g:1"), f"sent:{job.pk}")
     redis_client.set(claim_key("email", "g:2"), f"sending:{job.pk}:dead-run")
-    services.send_chunk_fail(chunk_id=job.chunks.get().pk, error="RuntimeError: boom")
+    send_chunk_fail(chunk_id=job.chunks.get().pk, error="RuntimeError: boom")
     job.refresh_from_db()
     assert (job.sent, job.ambiguous, job.failed, job.status) == (1, 1, 1, "done")
     assert job.processed == job.total == 3
@@ -607,9 +605,8 @@ class StagedInbox(Inbox):
     ids=["refused-at-rcpt", "refused-after-data", "no-answer-after-data"],
 )
 def test_smtp_sends_are_ambiguous_only_when_the_server_may_have_taken_them(
-    campaign, settings, monkeypatch, inbox, outcome, retried, delivered
+    campaign, settings, inbox, outcome, retried, delivered
 ):
-    monkeypatch.setattr(services, "_queue", lambda ids: None)
     controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
     controller.start()
     try:

@@ -15,7 +15,8 @@ from django.contrib.auth.models import Permission, User
 from rest_framework.authtoken.models import Token
 
 from segments.models import Segment
-from segments.services import build_run, build_start, user_list_import
+from segments.publishing import build_run
+from segments.services import build_start, user_list_import
 from tests.celery_workers import ROOT, worker_env
 from tests.redis_servers import free_port
 

@@ -6,7 +6,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
 from segments.models import Build
-from segments.services import BuildBusy, BuildInProgress, build_run, build_start
+from segments.publishing import BuildBusy, BuildInProgress, build_run
+from segments.services import build_start
 
 
 class Command(BaseCommand):

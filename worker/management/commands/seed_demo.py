@@ -9,11 +9,12 @@ from django.contrib.auth.models import Group, Permission
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from gatekeeper.groups import MARKETER, VIEWER
+from gatekeeper.lib.groups import MARKETER, VIEWER
 from gatekeeper.lib.permissions import CAMPAIGN_SYSTEM
 from limits.models import Cap
 from segments.models import Segment
-from segments.services import build_run, build_start, user_list_import
+from segments.publishing import build_run
+from segments.services import build_start, user_list_import
 
 DEMO_SEGMENTS = [
     # slug, name, priority, {scope: (daily, weekly)}
@@ -117,8 +118,9 @@ class Command(BaseCommand):
         """One finished send job, so the send-job pages show what a campaign looks like: 2,000
         push recipients (some capped by the demo campaigns, three with tokens that cannot be
         sent to, skipped as invalid), delivered to no one (the null push backend)."""
+        from worker.chunks import send_chunk_run
         from worker.dispatchers import NullPushBackend
-        from worker.services import send_chunk_run, send_job_create
+        from worker.services import send_job_create
 
         rng = np.random.default_rng(11)
         users = rng.choice(DEMO_USERS, 2_000, replace=False).tolist()

@@ -9,8 +9,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
 from gatekeeper.lib.words import count
+from worker.chunks import ChunkBusy, send_chunk_run
 from worker.models import SendChunk, SendJob
-from worker.services import ChunkBusy, send_chunk_run, send_job_create
+from worker.services import send_job_create
 
 
 class Command(BaseCommand):

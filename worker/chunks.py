@@ -1,0 +1,364 @@
+"""Running a send job's chunks: gate, claim, dispatch, settle. The work of
+`worker.tasks.send_chunk`.
+
+Celery delivers a task at least once (acks_late, so a killed worker's chunk is delivered
+again). The message id is the idempotency key that keeps that from becoming a double send: the
+worker claims each send in Redis right before it goes out and marks it right after
+(worker/claims.py), so a redelivered chunk knows what a dead run already sent (counted, not sent
+again) and what it was sending when it died (ambiguous, or sent again with the same key where
+the provider deduplicates). The limiter answers `duplicate` for a message id it already
+recorded, so the quota is not charged twice either.
+"""
+
+import logging
+import time
+import uuid
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from worker.claims import SENT, RunClaims, claims_read
+from worker.dispatchers import AMBIGUOUS, PERMANENT, Renderer, dispatcher_for, send_many
+from worker.gate import MARKETING, gate_check, gate_release
+from worker.models import SendChunk, SendJob
+
+logger = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 5  # transient failures and Redis outages: then the recipient fails visibly
+REDIS_DOWN_DELAY = 30  # seconds before a chunk that met an unavailable Redis is tried again
+CAPPED_REASONS = ("daily_cap", "weekly_cap", "cap")  # refusals that `on_capped: defer` waits out
+
+
+class ChunkBusy(Exception):
+    """Another delivery of this chunk's task holds its lease: try again after `retry_in` s."""
+
+    def __init__(self, retry_in: float) -> None:
+        super().__init__(f"chunk leased by another run for {retry_in:.0f} s more")
+        self.retry_in = retry_in
+
+
+def _lease_end(now: Any) -> Any:
+    return now + timedelta(seconds=float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS))
+
+
+def _runnable(now: Any) -> Q:
+    """Chunks that may run at `now`: queued, due, and not leased by a live run."""
+    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    due = Q(not_before__isnull=True) | Q(not_before__lte=now)
+    return free & due & Q(status=SendChunk.Status.QUEUED)
+
+
+class LeaseLost(Exception):
+    """This run's lease ran out and another run took the chunk over: stop, it settles."""
+
+
+class _Lease:
+    """A run's hold on its chunk, taken with one atomic UPDATE. Two deliveries of one task (a
+    broker redelivery, the sweeper) never run at once; a run renews only the lease it holds."""
+
+    def __init__(self, chunk_id: int) -> None:
+        self.chunk_id, self.until = chunk_id, None
+
+    def take(self, now: Any) -> bool:
+        until = _lease_end(now)
+        runnable = SendChunk.objects.filter(_runnable(now), pk=self.chunk_id)
+        if runnable.update(lease_until=until):
+            self.until = until
+            return True
+        return False
+
+    def renew(self) -> None:
+        until = _lease_end(timezone.now())
+        mine = SendChunk.objects.filter(pk=self.chunk_id, lease_until=self.until)
+        if not mine.update(lease_until=until):
+            raise LeaseLost(f"chunk {self.chunk_id}: the lease ran out and was taken over")
+        self.until = until
+
+    def give_back(self) -> None:
+        """So the task's retry can take the chunk at once; nothing if another run holds it."""
+        SendChunk.objects.filter(
+            pk=self.chunk_id, status=SendChunk.Status.QUEUED, lease_until=self.until
+        ).update(lease_until=None)
+
+
+def send_chunk_run(*, chunk_id: int, dispatcher: Any = None, now: Any = None) -> dict[str, int]:
+    """Gate one chunk, dispatch the admitted sends, and settle the rest. Returns outcome counts.
+
+    Safe to run again for the same chunk (a redelivered task): a finished chunk does nothing, a
+    chunk not due yet does nothing (`send_chunks_due` queues it when it is), one leased by a run
+    still alive raises ChunkBusy, and an interrupted one sends only what it had not claimed.
+    `now` (tests) is the time the chunk's lease and due date are judged at.
+    """
+    now = now or timezone.now()
+    lease = _Lease(chunk_id)
+    if not lease.take(now):
+        chunk = SendChunk.objects.filter(pk=chunk_id).first()
+        if chunk is None or chunk.status != SendChunk.Status.QUEUED:
+            return {}
+        if chunk.not_before is not None and chunk.not_before > now:
+            return {}
+        until = chunk.lease_until or now
+        raise ChunkBusy(max(1.0, (until - now).total_seconds() + 1))
+    try:
+        return _run_leased(chunk_id, dispatcher, lease)
+    except LeaseLost as lost:
+        # A send outlived the lease (a stalled provider): the run that took over counts it.
+        logger.warning("%s; this run stops", lost)
+        return {}
+    except BaseException:
+        lease.give_back()
+        raise
+
+
+class _Run:
+    """One run of one chunk: its outcomes so far, and what is left to settle after sending."""
+
+    def __init__(self, chunk: SendChunk, dispatcher: Any, charged: set[str]) -> None:
+        self.chunk, self.job = chunk, chunk.job
+        self.dispatcher = dispatcher
+        self.charged = charged  # message ids this run's gate call recorded (charged) anew
+        self.claims = RunClaims(
+            channel=self.job.channel, job_id=self.job.pk, run=uuid.uuid4().hex[:16]
+        )
+        # A provider that deduplicates by message id gets unknown outcomes sent again.
+        self.resend_unknown = bool(getattr(dispatcher, "idempotent", False))
+        self.last_attempt = chunk.attempts + 1 >= MAX_ATTEMPTS
+        self.outcomes: Counter[str] = Counter()
+        self.released: list[tuple[int, str]] = []  # quota to give back: did not go out
+        self.retry: list[dict[str, Any]] = []  # transient failures: a later chunk
+
+    def send(self, recipients: list[dict[str, Any]], renderer: Renderer) -> None:
+        """Claim, send and settle one dispatcher batch (three round trips at most)."""
+        batch, messages = [], []
+        for recipient in recipients:
+            # Rendered before claiming: a message that cannot be rendered never went out.
+            try:
+                messages.append(renderer(recipient))
+                batch.append(recipient)
+            except Exception as exc:
+                logger.warning("Send %s cannot be rendered: %s", recipient["message_id"], exc)
+                self._fail(recipient)
+        found = self.claims.take([r["message_id"] for r in batch])
+        to_send, to_send_messages, taken_over = [], [], []
+        for recipient, message, claim in zip(batch, messages, found, strict=True):
+            if claim is None:
+                pass
+            elif claim.job not in (None, self.job.pk):
+                # Another job has sent (or is sending) this message id: not this job's send,
+                # and not this job's quota either, if the gate charged it just now.
+                self.outcomes["duplicate"] += 1
+                if recipient["message_id"] in self.charged:
+                    self.released.append((recipient["user_id"], recipient["message_id"]))
+                continue
+            elif claim.state == SENT:
+                self.outcomes["sent"] += 1  # an earlier run sent it and died before counting
+                continue
+            elif self.resend_unknown:
+                taken_over.append(recipient["message_id"])
+            else:
+                # A run died (or lost its lease) during this very send: it may have gone out.
+                # Not sending it again keeps the promise that matters more for marketing.
+                logger.warning(
+                    "Send %s was cut off by the death of run %s; it may have gone out and is "
+                    "counted as ambiguous, not sent again",
+                    recipient["message_id"],
+                    claim.run or "(unknown)",
+                )
+                self.outcomes["ambiguous"] += 1
+                continue
+            to_send.append(recipient)
+            to_send_messages.append(message)
+        if taken_over:
+            self.claims.take_over(taken_over)
+        sent, unsent = [], []
+        for recipient, error in zip(
+            to_send, send_many(self.dispatcher, to_send_messages), strict=True
+        ):
+            message_id = recipient["message_id"]
+            if error is None:
+                sent.append(message_id)
+                self.outcomes["sent"] += 1
+            elif error.kind == AMBIGUOUS and (not self.resend_unknown or self.last_attempt):
+                logger.warning("Send %s may or may not have gone out: %s", message_id, error)
+                self.outcomes["ambiguous"] += 1  # its claim stays: never sent again
+            else:
+                unsent.append(message_id)
+                if error.kind == PERMANENT or self.last_attempt:
+                    self._fail(recipient)
+                else:
+                    self.retry.append(recipient)
+        # At once, not with the next batch: a worker killed now leaves these sends known.
+        self.claims.settle(sent=sent, unsent=unsent)
+
+    def _fail(self, recipient: dict[str, Any]) -> None:
+        self.released.append((recipient["user_id"], recipient["message_id"]))
+        self.outcomes["failed"] += 1
+
+
+def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease) -> dict[str, int]:
+    chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
+    job = chunk.job
+    if job.status == SendJob.Status.QUEUED:
+        SendJob.objects.filter(pk=job.pk, status=SendJob.Status.QUEUED).update(
+            status=SendJob.Status.RUNNING
+        )
+    # Before gating: a missing template or a dispatcher that cannot start fails the chunk
+    # without charging anybody's quota.
+    renderer = Renderer(channel=job.channel, template=job.template, campaign=job.campaign)
+    dispatcher = dispatcher or dispatcher_for(job.channel)
+    recipients = chunk.recipients
+    decisions = gate_check(
+        channel=job.channel,
+        requests=[(r["user_id"], r["message_id"]) for r in recipients],
+        campaign=job.campaign,
+        category=job.category,
+    )
+    charged = {d.message_id for d in decisions if d.reason == "allowed"}
+    run = _Run(chunk, dispatcher, charged)
+    admitted = [r for r, d in zip(recipients, decisions, strict=True) if d.allowed]
+    size = max(1, int(getattr(run.dispatcher, "batch_size", 1)))
+    renew_every = float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS) / 3
+    renewed = time.monotonic()
+    for start in range(0, len(admitted), size):
+        if time.monotonic() - renewed > renew_every:
+            lease.renew()
+            renewed = time.monotonic()
+        run.send(admitted[start : start + size], renderer)
+    if run.released and job.category == MARKETING:
+        gate_release(channel=job.channel, requests=run.released)
+    outcomes = run.outcomes
+    capped: list[tuple[dict[str, Any], float]] = []
+    unavailable: list[dict[str, Any]] = []
+    for recipient, decision in zip(recipients, decisions, strict=True):
+        if decision.allowed:
+            continue
+        if decision.reason in CAPPED_REASONS and job.on_capped == SendJob.OnCapped.DEFER:
+            capped.append((recipient, decision.retry_after or 60.0))
+        elif decision.reason == "unavailable" and not run.last_attempt:
+            # Redis or the snapshot is missing: try again soon instead of dropping the send.
+            unavailable.append(recipient)
+        elif decision.reason == "unavailable":
+            outcomes["failed"] += 1
+        else:
+            outcomes["capped"] += 1
+    follow_ups: list[tuple[list[dict[str, Any]], float, int]] = []
+    if run.retry:  # transient failures: backoff, and an attempt spent
+        follow_ups.append((run.retry, 5 * 2**chunk.attempts, chunk.attempts + 1))
+    if unavailable:  # Redis or the snapshot missing: soon, and an attempt spent
+        follow_ups.append((unavailable, float(REDIS_DOWN_DELAY), chunk.attempts + 1))
+    if capped:  # waiting for a slot is not a failure: no attempt spent
+        follow_ups.append(([r for r, _ in capped], max(d for _, d in capped), chunk.attempts))
+    _settle(chunk, decisions, outcomes, follow_ups)
+    return dict(outcomes)
+
+
+def _still_queued(chunk_id: int) -> bool:
+    """Inside the job's lock: False when another delivery already settled or gave up the chunk."""
+    return SendChunk.objects.filter(pk=chunk_id, status=SendChunk.Status.QUEUED).exists()
+
+
+def _count_on_job(job: SendJob, outcomes: Counter[str]) -> None:
+    """Add a chunk's outcomes to its (locked) job; the job is done once all have one."""
+    unknown = set(outcomes) - set(SendJob.OUTCOMES)
+    if unknown:
+        raise ValueError(f"not outcomes of a send job: {', '.join(sorted(unknown))}")
+    for outcome, count in outcomes.items():
+        setattr(job, outcome, getattr(job, outcome) + count)
+    if job.processed >= job.total:
+        job.status = SendJob.Status.DONE
+    job.save()
+
+
+def _settle(
+    chunk: SendChunk,
+    decisions: list[Any],
+    outcomes: Counter[str],
+    follow_ups: list[tuple[list[dict[str, Any]], float, int]],
+) -> None:
+    """Record the chunk's results on the job and store its follow-up chunks (recipients, delay,
+    attempts), in one transaction. Follow-ups wait in the database, not in the broker:
+    `send_chunks_due` queues each when its `not_before` comes."""
+    now = timezone.now()
+    with transaction.atomic():
+        job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
+        if not _still_queued(chunk.pk):
+            return  # another delivery of this chunk's task finished first and counted it
+        reasons = Counter(job.reasons)
+        reasons.update(d.reason for d in decisions)
+        segments = Counter(job.segments)
+        segments.update(d.segment or "unknown" for d in decisions)
+        job.reasons, job.segments = dict(reasons), dict(segments)
+        for recipients, delay, attempts in follow_ups:
+            SendChunk.objects.create(
+                job=job,
+                recipients=recipients,
+                attempts=attempts,
+                not_before=now + timedelta(seconds=delay),
+            )
+        chunk.status = SendChunk.Status.DONE
+        chunk.lease_until = None
+        chunk.save(update_fields=["status", "lease_until"])
+        _count_on_job(job, outcomes)
+
+
+def chunks_due(*, now: Any = None) -> list[int]:
+    """The chunks that should be queued now (beat's `send_chunks_due` queues them, every few
+    seconds): follow-ups whose `not_before` has come, and chunks queued long ago whose task was
+    lost (a broker or database failure at the wrong moment). Marked as queued now. A chunk run
+    twice is harmless: the lease lets one run, and a finished chunk does nothing."""
+    now = now or timezone.now()
+    stale = now - timedelta(seconds=settings.GATEKEEPER_CHUNK_REQUEUE_SECONDS)
+    waiting = Q(queued_at__isnull=True) | Q(queued_at__lt=stale)
+    ids = list(
+        SendChunk.objects.filter(_runnable(now), waiting)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:1000]
+    )
+    SendChunk.objects.filter(pk__in=ids).update(queued_at=now)
+    return ids
+
+
+def send_chunk_fail(*, chunk_id: int, error: str) -> None:
+    """Give a chunk up after its task failed for good, so the job still finishes. What the
+    claims say decides each recipient: sent (by this job) counts as sent, sent by another job
+    as a duplicate, `sending` as ambiguous (kept), and an unclaimed one as failed with its quota
+    given back (the gate may have charged it). With Redis unreachable too, every recipient
+    counts as failed and nothing is released."""
+    if not _Lease(chunk_id).take(timezone.now()):
+        return  # finished, or held by a live run (a later delivery), which settles it
+    chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
+    recipients = chunk.recipients
+    outcomes: Counter[str] = Counter()
+    unclaimed: list[tuple[int, str]] = []
+    try:
+        claims = claims_read(chunk.job.channel, [r["message_id"] for r in recipients])
+    except redis.RedisError:
+        outcomes["failed"] = len(recipients)
+    else:
+        for r, claim in zip(recipients, claims, strict=True):
+            if claim is None:
+                outcomes["failed"] += 1
+                unclaimed.append((r["user_id"], r["message_id"]))
+            elif claim.job not in (None, chunk.job_id):
+                outcomes["duplicate"] += 1
+            else:
+                outcomes["sent" if claim.state == SENT else "ambiguous"] += 1
+        if unclaimed and chunk.job.category == MARKETING:
+            try:
+                gate_release(channel=chunk.job.channel, requests=unclaimed)
+            except Exception:
+                logger.warning("Could not give back the quota of %d sends", len(unclaimed))
+    with transaction.atomic():
+        job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
+        if not _still_queued(chunk_id):
+            return
+        _count_on_job(job, outcomes)
+        SendChunk.objects.filter(pk=chunk_id).update(
+            status=SendChunk.Status.FAILED, error=error[:2000], lease_until=None
+        )
