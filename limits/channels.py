@@ -28,3 +28,8 @@ def validate_channel(value: str) -> None:
         raise ValidationError(
             f"Unknown channel '{value}'. Choose one of: {', '.join(channels())}.", code="channel"
         )
+
+
+def scope_label(scope: str) -> str:
+    """A scope as people read it: a channel's name, or "all channels together"."""
+    return "all channels together" if scope == ALL else scope

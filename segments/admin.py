@@ -5,9 +5,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponseRedirect
+from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -16,8 +14,7 @@ from gatekeeper.lib.words import count
 from segments.index import get_index
 from segments.models import Build, Segment, UserList
 from segments.parsing import UserListError
-from segments.publishing import BuildInProgress
-from segments.services import build_start, user_list_import
+from segments.services import user_list_import
 
 
 class UserListForm(forms.ModelForm):
@@ -199,7 +196,7 @@ class SegmentAdmin(admin.ModelAdmin):
 class BuildAdmin(admin.ModelAdmin):
     list_display = [
         "id",
-        "status",
+        "state",
         "progress",
         "stage",
         "version",
@@ -212,15 +209,18 @@ class BuildAdmin(admin.ModelAdmin):
     # The per-segment figures are shown as a table above the fields (build_change_form.html).
     exclude = ["stats"]
     readonly_fields = [f.name for f in Build._meta.fields if f.name != "stats"]
-    actions = ["build_and_publish"]
+    # Builds are started from the Snapshots page (one "Build and publish" button).
+    actions = None
     change_form_template = "admin/gatekeeper/build_change_form.html"
+
+    @admin.display(description="status")
+    def state(self, build: Build) -> str:
+        """A queued or running build whose worker stopped reporting reads "stalled"."""
+        return build.state
 
     @admin.display(description="error")
     def error_summary(self, build: Build) -> str:
         return build.error[:120] + ("…" if len(build.error) > 120 else "")
-
-    def has_publish_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("segments.publish_snapshot")
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
@@ -239,24 +239,3 @@ class BuildAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
-
-    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
-        # "Build and publish" needs no selected builds: let it run on an empty selection.
-        if request.method == "POST" and request.POST.get("action") == "build_and_publish":
-            post = request.POST.copy()
-            post["select_across"] = "1"
-            post.setlist(ACTION_CHECKBOX_NAME, post.getlist(ACTION_CHECKBOX_NAME) or ["0"])
-            request.POST = post  # type: ignore[assignment]
-        return super().changelist_view(request, extra_context)
-
-    @admin.action(description="Build and publish a new snapshot", permissions=["publish"])
-    def build_and_publish(
-        self, request: HttpRequest, queryset: QuerySet[Build]
-    ) -> HttpResponseRedirect | None:
-        try:
-            build = build_start(user=request.user)
-        except BuildInProgress as exc:
-            self.message_user(request, str(exc), messages.WARNING)
-            return None
-        self.message_user(request, f"Build #{build.pk} started.")
-        return HttpResponseRedirect(reverse("admin:segments_build_change", args=[build.pk]))

@@ -176,6 +176,14 @@ class Build(models.Model):
             return (self.finished_at - self.started_at).total_seconds()
         return None
 
+    @property
+    def state(self) -> str:
+        """The status as people should read it: a queued or running build whose worker stopped
+        reporting is "stalled" (the next build gives it up)."""
+        if self.status in (self.Status.QUEUED, self.Status.RUNNING) and not self.is_alive():
+            return "stalled"
+        return str(self.status)
+
     def is_alive(self, now: datetime | None = None) -> bool:
         """Queued or running, and heard from within LEASE: a build whose worker stopped
         reporting (killed, lost) is not, and the next build_start gives it up. The admin and

@@ -12,10 +12,17 @@ from limits.channels import channels
 from limits.limiter import Limits, get_limiter
 from limits.selectors import CapsTable, caps_cache, caps_table_read, policy_from
 from segments.index import SegmentIndex, get_index, index_status
+from segments.parsing import UserListError, iter_ids
+from worker.stats import stats_for_days
 
 # Audience members evaluated per what-if: 4 dry runs of 100,000 take a few seconds (two
 # channels, now and draft). A larger audience is estimated from a uniform random sample.
 WHAT_IF_LIMIT = 100_000
+# An uploaded what-if audience is read by the web process: bounded as sent, decompressed and
+# in ids, so a large or inflating file is refused in about a second.
+WHAT_IF_MAX_BYTES = 100 * 2**20
+WHAT_IF_MAX_INFLATED = 128 * 2**20
+WHAT_IF_MAX_IDS = 5_000_000
 
 
 class Unavailable(Exception):
@@ -143,6 +150,49 @@ def what_if(
     return {"audience": total, "evaluated": len(user_ids), "sampled": sampled, "rows": rows}
 
 
+def what_if_segment_audience(slug: str) -> tuple[np.ndarray, int]:
+    """(ids to evaluate, audience size) for everyone in a segment of the live snapshot. A
+    segment larger than WHAT_IF_LIMIT is sampled by position in its bitmap, so a huge segment
+    is never copied out whole. Raises Unavailable saying why there is no audience."""
+    index = get_index()
+    if index is None:
+        raise Unavailable("No segment snapshot is loaded, so no segment can be listed.")
+    bitmap = index.bitmaps.get(slug)
+    if bitmap is None:
+        raise Unavailable(f"{slug} is not in the live snapshot (build first).")
+    size = len(bitmap)
+    if size <= WHAT_IF_LIMIT:
+        return np.asarray(bitmap.to_array(), dtype=np.uint64), size
+    positions = np.sort(np.random.default_rng().choice(size, WHAT_IF_LIMIT, replace=False))
+    return np.array([bitmap[int(i)] for i in positions], dtype=np.uint64), size
+
+
+def what_if_file_audience(upload: Any, name: str) -> np.ndarray:
+    """The ids of an uploaded audience file (a user list: one id a line, text or gzip), within
+    WHAT_IF_MAX_BYTES as sent, WHAT_IF_MAX_INFLATED decompressed and WHAT_IF_MAX_IDS ids.
+    Raises Unavailable saying what is wrong with it."""
+    larger = "Choose a segment for a larger audience."
+    if upload.size > WHAT_IF_MAX_BYTES:
+        raise Unavailable(
+            f"{name}: {upload.size:,} bytes; a what-if list is at most {WHAT_IF_MAX_BYTES:,} "
+            f"bytes. {larger}"
+        )
+    index = get_index()
+    width = index.id_width if index is not None else 32
+    parts, count = [], 0
+    try:
+        for part in iter_ids(upload, width=width, max_bytes=WHAT_IF_MAX_INFLATED):
+            count += int(part.size)
+            if count > WHAT_IF_MAX_IDS:
+                raise Unavailable(f"{name}: more than {WHAT_IF_MAX_IDS:,} ids. {larger}")
+            parts.append(part)
+    except UserListError as exc:
+        raise Unavailable(f"{name}: {exc.messages[0]}") from exc
+    if not parts:
+        raise Unavailable(f"{name} holds no user ids.")
+    return np.concatenate(parts)
+
+
 def _priority(index: SegmentIndex, slug: str) -> int:
     order = index.segments
     return order.index(slug) if slug in order else len(order)
@@ -163,8 +213,6 @@ REFUSED = ("daily_cap", "weekly_cap", "blocked", "unavailable")
 def dashboard_stats(*, days: int = 14, today: Any = None) -> dict[str, Any]:
     """Decisions from the per-day Redis counters, shaped for the dashboard's tables and charts:
     today by segment x channel x reason, and admitted / refused per day for `days` days."""
-    from worker.stats import stats_for_days
-
     per_day = stats_for_days(days=days, today=today)
     last_day = max(per_day)
     today_counts = per_day[last_day]

@@ -92,20 +92,31 @@ def test_a_cap_edit_is_recorded_with_who_made_it(admin_client, admin_user, vip):
     )
 
 
-def test_build_and_publish_queues_a_build(
-    admin_client, monkeypatch, django_capture_on_commit_callbacks
+def test_one_build_button_and_a_stalled_build_is_shown_and_treated_as_stalled(
+    admin_client, django_capture_on_commit_callbacks
 ):
-    from segments import tasks
+    from datetime import timedelta
 
-    queued: list[int] = []
-    monkeypatch.setattr(tasks.build_snapshot, "delay", queued.append)
+    from django.utils import timezone
+
+    from tests import broker
+
+    broker.clear("builds")
+    # A build whose worker stopped reporting eleven minutes ago (killed, say).
+    stalled = Build.objects.create(
+        status=Build.Status.RUNNING, heartbeat_at=timezone.now() - timedelta(minutes=11)
+    )
+    listing = admin_client.get(reverse("admin:segments_build_changelist")).content.decode()
+    assert "stalled" in listing
+    assert 'name="action"' not in listing  # builds start from the Snapshots page only
+    snapshots = admin_client.get(reverse("admin:snapshots")).content.decode()
+    assert f"#{stalled.pk}</a> is" not in snapshots  # not shown as running
     with django_capture_on_commit_callbacks(execute=True):
-        admin_client.post(
-            reverse("admin:segments_build_changelist"),
-            {"action": "build_and_publish", "index": "0"},
-            follow=True,
-        )
-    assert queued == [Build.objects.get().pk]
+        admin_client.post(reverse("admin:snapshot_build"))
+    stalled.refresh_from_db()
+    assert stalled.status == "failed" and "stopped reporting" in stalled.error
+    started = Build.objects.exclude(pk=stalled.pk).get()
+    assert broker.queued("builds") == [("segments.tasks.build_snapshot", [started.pk])]
 
 
 def test_the_cap_page_follows_the_one_rule_for_whole_numbers(admin_client, vip):

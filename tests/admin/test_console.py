@@ -16,6 +16,7 @@ from segments.models import Build, Segment
 from segments.publishing import build_run
 from segments.selectors import snapshot_live_version
 from segments.services import build_start
+from tests.segments.test_uploads import inflating_gzip
 from worker.gate import gate_check
 from worker.processes import process_report
 
@@ -384,7 +385,6 @@ def test_a_stale_cap_grid_neither_reverts_nor_overwrites_a_colleagues_change(mar
 
 
 def test_what_if_samples_a_large_segment_and_bounds_an_upload(marketer_client, demo, monkeypatch):
-    from gatekeeper import admin_site
     from worker import selectors
 
     monkeypatch.setattr(selectors, "WHAT_IF_LIMIT", 2)
@@ -393,7 +393,12 @@ def test_what_if_samples_a_large_segment_and_bounds_an_upload(marketer_client, d
         marketer_client.post(reverse("admin:what_if"), {"segment": vip.pk, "channel": "email"})
     )
     assert "3 distinct users in the audience; estimated from a random sample of 2" in page
-    monkeypatch.setattr(admin_site, "WHAT_IF_MAX_IDS", 2)
+    monkeypatch.setattr(selectors, "WHAT_IF_MAX_IDS", 2)
     upload = SimpleUploadedFile("big.txt", b"1\n2\n3\n")
     page = text(marketer_client.post(reverse("admin:what_if"), {"user_list": upload}))
-    assert "big.txt: more than 2 ids; choose a segment" in page and "what-if-result" not in page
+    assert "big.txt: more than 2 ids. Choose a segment" in page and "what-if-result" not in page
+    # A small upload that inflates far is refused after reading a bounded part of it.
+    monkeypatch.setattr(selectors, "WHAT_IF_MAX_IDS", 10**9)
+    bomb = SimpleUploadedFile("bomb.gz", inflating_gzip(b"1\n", 256 * 2**20))
+    page = text(marketer_client.post(reverse("admin:what_if"), {"user_list": bomb}))
+    assert "larger than 134,217,728 bytes once decompressed" in page

@@ -1,0 +1,320 @@
+"""The gate's console pages: the dashboard, a user's lookup and the audited quota reset, and
+the what-if of a draft change of caps."""
+
+import datetime as dt
+import time
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.contrib.admin import AdminSite
+from django.core.exceptions import ValidationError
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import URLPattern, reverse
+
+from gatekeeper.lib.console import ConsoleLink, ago, page, render, require
+from gatekeeper.lib.ids import max_user_id
+from gatekeeper.lib.integers import WholeNumberField
+from limits.channels import channels, scope_label, scopes
+from limits.limiter import Limits
+from limits.models import Cap
+from limits.services import cap_from_text, cap_text
+from segments.index import get_index, index_status
+from segments.models import Segment
+from segments.selectors import snapshot_live_version
+from segments.store import StoreError
+from worker import stats as decision_stats
+from worker.processes import processes_list
+from worker.selectors import (
+    WHAT_IF_LIMIT,
+    Unavailable,
+    dashboard_stats,
+    draft_table,
+    user_quota,
+    user_recent_sends,
+    what_if,
+    what_if_file_audience,
+    what_if_segment_audience,
+)
+from worker.services import quota_reset as quota_reset_service
+
+LINKS = [
+    ConsoleLink(
+        "Dashboard",
+        "dashboard",
+        "segments.view_segment",
+        "Who got how much today, and who was refused.",
+    ),
+    ConsoleLink(
+        "Look up a user",
+        "user_lookup",
+        "limits.view_cap",
+        "A user's segment, quota and recent sends.",
+    ),
+    ConsoleLink(
+        "What if…",
+        "what_if",
+        "limits.view_cap",
+        "Try a change of caps on an audience before making it.",
+    ),
+]
+
+
+def urls(site: AdminSite) -> list[URLPattern]:
+    return [
+        page(site, "dashboard/", dashboard, "dashboard"),
+        page(site, "users/", user_lookup, "user_lookup"),
+        page(site, "users/<int:user_id>/reset/", quota_reset, "quota_reset"),
+        page(site, "what-if/", what_if_page, "what_if"),
+    ]
+
+
+class UserLookupForm(forms.Form):
+    user_id = forms.CharField(label="User id")  # replaced in __init__: the bound is a setting
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["user_id"] = WholeNumberField(
+            maximum=max_user_id(), what="User id", label="User id"
+        )
+
+
+class QuotaResetForm(forms.Form):
+    reason = forms.CharField(
+        max_length=300, help_text="Kept in the audit log with your name and the time."
+    )
+
+
+class WhatIfAudienceForm(forms.Form):
+    segment = forms.ModelChoiceField(
+        queryset=Segment.objects.filter(is_default=False).order_by("priority"),
+        required=False,
+        empty_label="(upload a list instead)",
+        help_text="Everyone in this segment in the live snapshot.",
+    )
+    user_list = forms.FileField(
+        required=False, help_text="Or a user-list file: one id a line, text or .gz."
+    )
+    channel = forms.ChoiceField(required=False, help_text="Empty: every channel.")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        channel = self.fields["channel"]
+        channel.choices = [("", "every channel"), *((c, c) for c in channels())]  # type: ignore[attr-defined]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if bool(data.get("segment")) == bool(data.get("user_list")):
+            raise ValidationError("Choose a segment or upload a list (one of the two).")
+        return data
+
+
+# --- dashboard -------------------------------------------------------------------------------
+
+
+def dashboard(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
+    require(request, "segments.view_segment")
+    index = get_index()
+    problems: list[str] = []
+    try:
+        live = snapshot_live_version()
+    except StoreError as exc:
+        live, problems = None, [*problems, f"The snapshot store is not answering: {exc}"]
+    try:
+        decision_stats.flush()  # this process's own counts, written at most 1 s late
+        stats = dashboard_stats(days=14)
+        processes = processes_list()
+    except Exception as exc:  # Redis down: show the page with what is known
+        stats, processes = None, []
+        problems.append(f"Redis is not answering, so no counts can be shown: {exc}")
+    now = time.time()
+    for entry in processes:
+        entry["seen_ago"] = ago(now - entry["seen_at"])
+        entry["up_for"] = ago(now - entry["started_at"])
+        entry["behind"] = bool(live and entry.get("version") != live)
+    sizes = []
+    if index is not None:
+        names = dict(Segment.objects.values_list("slug", "name"))
+        total = index.total_users or 1
+        sizes = [
+            {
+                "slug": slug,
+                "name": names.get(slug, slug),
+                "users": index.cardinalities.get(slug, 0),
+                "share": 100 * index.cardinalities.get(slug, 0) / total,
+            }
+            for slug in index.segments
+        ]
+    chart_data = {
+        "sizes": {"labels": [s["name"] for s in sizes], "values": [s["users"] for s in sizes]},
+        "today": stats["today_by_segment"] if stats else None,
+        "history": stats["history"] if stats else None,
+    }
+    return render(
+        request,
+        site,
+        "dashboard.html",
+        "Dashboard",
+        live_version=live,
+        loaded=index_status(),
+        processes=processes,
+        stats=stats,
+        sizes=sizes,
+        chart_data=chart_data,
+        problems=problems,
+    )
+
+
+# --- users -----------------------------------------------------------------------------------
+
+
+def _next_slot(usage: dict[str, Any], now: float) -> str:
+    """When this scope lets one more send through, in words."""
+    if 0 in (usage["daily"]["limit"], usage["weekly"]["limit"]):
+        return "never: the cap is 0"
+    wait = usage["next_slot_in"]
+    if wait is None or wait <= 0:
+        return "a slot is free now"
+    at = dt.datetime.fromtimestamp(now + wait, dt.UTC)
+    return f"in {ago(wait)} ({at:%Y-%m-%d %H:%M} UTC)"
+
+
+def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
+    require(request, "limits.view_cap")
+    form = UserLookupForm(request.GET or None)
+    quota, sends, problem = None, [], ""
+    if form.is_valid():
+        user_id = form.cleaned_data["user_id"]
+        try:
+            quota = user_quota(user_id)
+            sends = user_recent_sends(user_id)
+        except Unavailable as exc:
+            problem = str(exc)
+        else:
+            now = time.time()
+            for scope, usage in quota["scopes"].items():
+                usage["label"] = scope_label(scope)
+                usage["next_slot_text"] = _next_slot(usage, now)
+            for send in sends:
+                send["when"] = dt.datetime.fromtimestamp(send["at"], dt.UTC)
+                send["ago"] = ago(now - send["at"])
+    return render(
+        request,
+        site,
+        "user_lookup.html",
+        "Look up a user",
+        form=form,
+        quota=quota,
+        sends=sends,
+        problem=problem,
+        can_reset=request.user.has_perm("limits.reset_quota"),
+    )
+
+
+def quota_reset(request: HttpRequest, *, site: AdminSite, user_id: int) -> HttpResponse:
+    require(request, "limits.reset_quota")
+    if user_id > max_user_id():
+        raise Http404(f"No user id above {max_user_id():,}.")
+    lookup = f"{reverse('admin:user_lookup')}?user_id={user_id}"
+    form = QuotaResetForm(request.POST if request.method == "POST" else None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            quota_reset_service(
+                user_id=user_id, reason=form.cleaned_data["reason"], user=request.user
+            )
+        except Unavailable as exc:
+            messages.error(request, f"Nothing was reset: {exc}")
+        else:
+            messages.success(
+                request, f"User {user_id}'s quota is reset in every channel (audit logged)."
+            )
+        return HttpResponseRedirect(lookup)
+    try:
+        quota = user_quota(user_id)
+    except Unavailable as exc:
+        messages.error(request, str(exc))
+        return HttpResponseRedirect(lookup)
+    return render(
+        request,
+        site,
+        "quota_reset_confirm.html",
+        f"Reset the quota of user {user_id}",
+        user_id=user_id,
+        quota=quota,
+        form=form,
+        lookup=lookup,
+    )
+
+
+# --- what-if ---------------------------------------------------------------------------------
+
+
+def what_if_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
+    require(request, "limits.view_cap")
+    segments = list(Segment.objects.order_by("priority"))
+    current = {(c.segment_id, c.channel): c for c in Cap.objects.all()}
+    posted = request.method == "POST"
+    form = WhatIfAudienceForm(request.POST if posted else None, request.FILES if posted else None)
+    draft: dict[tuple[str, str], Limits] = {}
+    grid = []
+    errors: list[str] = []
+    for segment in segments:
+        cells = []
+        for scope in scopes():
+            names = (f"{segment.slug}|{scope}|daily", f"{segment.slug}|{scope}|weekly")
+            stored = cap_text(current.get((segment.pk, scope)))
+            now_values = (stored["daily"], stored["weekly"])
+            shown = (
+                tuple(request.POST.get(n, v).strip() for n, v in zip(names, now_values, strict=True))
+                if posted
+                else now_values
+            )  # fmt: skip
+            try:
+                limits = Limits(
+                    daily=cap_from_text(shown[0], f"{segment.name} {scope} daily"),
+                    weekly=cap_from_text(shown[1], f"{segment.name} {scope} weekly"),
+                )
+                if shown != now_values:
+                    draft[(segment.slug, scope)] = limits
+            except ValidationError as exc:
+                errors.extend(exc.messages)
+            cells.append(
+                {"scope": scope, "names": names, "values": shown, "changed": shown != now_values}
+            )
+        grid.append({"segment": segment, "cells": cells})
+    result, problem = None, ""
+    if posted and form.is_valid() and not errors:
+        data = form.cleaned_data
+        channel = data.get("channel") or None
+        try:
+            if data.get("segment"):
+                ids, size = what_if_segment_audience(data["segment"].slug)
+            else:
+                ids, size = what_if_file_audience(data["user_list"], data["user_list"].name), 0
+            result = what_if(
+                ids=ids,
+                draft=draft_table(draft),
+                only_channels=[channel] if channel else None,
+                audience_size=size or None,
+            )
+        except Unavailable as exc:
+            problem = str(exc)
+        if result is not None:
+            segment_names = {s.slug: s.name for s in segments}
+            for line in result["rows"]:
+                line["name"] = segment_names.get(line["segment"], line["segment"])
+                line["difference"] = line["refused_draft"] - line["refused_now"]
+    return render(
+        request,
+        site,
+        "what_if.html",
+        "What if…",
+        form=form,
+        grid=grid,
+        scopes=scopes(),
+        errors=errors,
+        draft=draft,
+        result=result,
+        problem=problem,
+        limit=WHAT_IF_LIMIT,
+    )
