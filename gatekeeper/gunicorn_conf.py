@@ -17,6 +17,10 @@ accesslog = os.environ.get("GUNICORN_ACCESSLOG", "-") or None
 timeout = 60
 
 
+# The hooks import the project when they run: gunicorn reads this file before the Django app
+# (and its registry) is loaded.
+
+
 def when_ready(server):
     from worker.startup import load_snapshot
 

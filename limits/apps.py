@@ -1,4 +1,7 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+from gatekeeper.lib.groups import groups_sync_after_migrate
 
 
 class LimitsConfig(AppConfig):
@@ -6,9 +9,5 @@ class LimitsConfig(AppConfig):
     verbose_name = "Frequency caps"
 
     def ready(self) -> None:
-        from django.db.models.signals import post_migrate
-
-        from gatekeeper.lib.groups import groups_sync_after_migrate
-
         # Sent for every app; the handler acts on the last one's.
         post_migrate.connect(groups_sync_after_migrate)

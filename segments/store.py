@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
 from django.conf import settings
 
 CURRENT = "CURRENT"
@@ -126,8 +129,6 @@ class S3Store(SnapshotStore):
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _call(self, name: str, key: str, **kwargs: Any) -> Any:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         try:
             return getattr(self.client, name)(Bucket=self.bucket, Key=self._key(key), **kwargs)
         except ClientError as exc:
@@ -155,8 +156,6 @@ class S3Store(SnapshotStore):
         return bytes(response["Body"].read()), str(response["ETag"])
 
     def list_versions(self) -> list[str]:
-        from botocore.exceptions import BotoCoreError, ClientError
-
         prefix = self._key("snapshots/")
         versions: set[str] = set()
         try:
@@ -177,9 +176,6 @@ class S3Store(SnapshotStore):
 
 
 def s3_client() -> Any:
-    import boto3
-    from botocore.config import Config
-
     return boto3.client(
         "s3",
         endpoint_url=settings.GATEKEEPER_S3_ENDPOINT_URL,

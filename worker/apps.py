@@ -6,4 +6,6 @@ class WorkerConfig(AppConfig):
     verbose_name = "Sends"
 
     def ready(self) -> None:
-        from worker import celery_hooks  # noqa: F401  (connects the worker signals)
+        # Connects the Celery worker signals. Imported here: the hooks' modules import models,
+        # which the app registry allows only once it is ready.
+        from worker import celery_hooks  # noqa: F401

@@ -5,6 +5,7 @@ from typing import Any
 
 from celery.signals import worker_init, worker_process_init, worker_process_shutdown
 
+from worker import stats
 from worker.startup import after_fork, load_snapshot
 
 
@@ -28,6 +29,4 @@ def _follow_in_child(**kwargs: Any) -> None:
 
 @worker_process_shutdown.connect
 def _write_counts(**kwargs: Any) -> None:
-    from worker import stats
-
     stats.flush()

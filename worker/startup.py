@@ -9,13 +9,17 @@ own Redis connections.
 
 import logging
 
+from gatekeeper.lib.redis_client import reset_redis_clients
+from limits.limiter import reset_limiter
+from segments.index import get_holder, get_index, index_status
+from worker import stats
+from worker.processes import process_report
+
 logger = logging.getLogger(__name__)
 
 
 def load_snapshot(*, role: str) -> None:
     """In the parent, before it forks: load, without following (the children follow)."""
-    from segments.index import get_holder, get_index, index_status
-
     get_holder().follow_lazily = False
     if get_index() is None:
         logger.error(
@@ -31,14 +35,9 @@ def load_snapshot(*, role: str) -> None:
 
 
 def after_fork(*, role: str) -> None:
-    from gatekeeper.lib.redis_client import reset_redis_clients
-    from limits.limiter import reset_limiter
-    from segments.index import get_holder
-
+    """In each forked child: its own Redis connections, snapshot follower and report."""
     reset_redis_clients()
     reset_limiter()
-    from worker.processes import process_report
-
     holder = get_holder()
     holder.after_fork()
     holder.on_poll = lambda status: _on_poll(role, status)
@@ -49,8 +48,5 @@ def after_fork(*, role: str) -> None:
 def _on_poll(role: str, status: dict[str, object]) -> None:
     """After each snapshot poll: report this process's version, and write the decision counts
     it still holds (record() writes at most once a second, and only when called again)."""
-    from worker import stats
-    from worker.processes import process_report
-
     process_report(role=role, status=status)
     stats.flush()

@@ -12,6 +12,8 @@ without permissions of their own) see an empty admin.
 
 from typing import Any
 
+from django.apps import apps as global_apps
+
 MARKETER, VIEWER = "Marketer", "Viewer"
 
 _READ = [
@@ -45,8 +47,6 @@ GROUP_PERMISSIONS: dict[str, list[str]] = {
 def groups_sync(apps: Any = None) -> None:
     """Create Marketer and Viewer with exactly their permissions (those that exist yet)."""
     if apps is None:
-        from django.apps import apps as global_apps
-
         apps = global_apps
     group_model = apps.get_model("auth", "Group")
     permission_model = apps.get_model("auth", "Permission")
@@ -66,8 +66,6 @@ def groups_sync(apps: Any = None) -> None:
 def groups_sync_after_migrate(sender: Any, **kwargs: Any) -> None:
     """post_migrate handler. The signal is sent once per app, and each app's permissions are
     created by its own signal: only the last app's comes after every permission exists."""
-    from django.apps import apps
-
-    with_models = [config for config in apps.get_app_configs() if config.models_module]
+    with_models = [config for config in global_apps.get_app_configs() if config.models_module]
     if with_models and sender.label == with_models[-1].label:
         groups_sync()

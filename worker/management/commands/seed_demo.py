@@ -12,9 +12,15 @@ from django.db import transaction
 from gatekeeper.lib.groups import MARKETER, VIEWER
 from gatekeeper.lib.permissions import CAMPAIGN_SYSTEM
 from limits.models import Cap
+from segments.index import refresh
 from segments.models import Segment
 from segments.publishing import build_run
 from segments.services import build_start, user_list_import
+from worker.chunks import send_chunk_run
+from worker.dispatchers import NullPushBackend
+from worker.gate import gate_check
+from worker.services import send_job_create
+from worker.stats import flush
 
 DEMO_SEGMENTS = [
     # slug, name, priority, {scope: (daily, weekly)}
@@ -95,9 +101,6 @@ class Command(BaseCommand):
 
     def _first_sends(self) -> None:
         """Gate a first campaign per channel so the dashboard has something to show."""
-        from segments.index import refresh
-        from worker.gate import gate_check
-        from worker.stats import flush
 
         refresh()
         rng = np.random.default_rng(7)
@@ -118,9 +121,6 @@ class Command(BaseCommand):
         """One finished send job, so the send-job pages show what a campaign looks like: 2,000
         push recipients (some capped by the demo campaigns, three with tokens that cannot be
         sent to, skipped as invalid), delivered to no one (the null push backend)."""
-        from worker.chunks import send_chunk_run
-        from worker.dispatchers import NullPushBackend
-        from worker.services import send_job_create
 
         rng = np.random.default_rng(11)
         users = rng.choice(DEMO_USERS, 2_000, replace=False).tolist()
