@@ -13,7 +13,8 @@ from urllib.parse import urlparse
 
 import redis
 
-from limits.limiter import LIBRARY, Limiter, Limits, Policy
+from limits.limiter import Limiter, Limits, Policy
+from limits.transport import LIBRARY
 
 USERS = 1_000_000
 BATCH = 1_000

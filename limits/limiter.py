@@ -1,65 +1,28 @@
-"""The exact sliding-log limiter: Python side of limits/lua/limiter.lua.
+"""The exact sliding-log limiter: the decisions, on top of limits/lua/limiter.lua.
 
-Policy (which caps apply to a user) is the caller's; this module only keeps the logs. A batch
-costs one round trip per Redis node: requests are grouped by the node that serves their slot
-and each group goes out as one pipeline of FCALLs, each FCALL deciding up to
-`USERS_PER_CALL` users (so one call keeps Redis busy for a few milliseconds at most).
-
-On Redis Cluster every FCALL declares only keys of one slot: Redis checks declared keys before
-it runs anything, so a call that reaches a node during a slot migration is refused whole
-(MOVED/ASK) and is routed again; it never records half a batch. (`allow-cross-slot-keys` would
-let one call touch many slots, but only through undeclared keys, which Redis checks one command
-at a time: a migration would stop such a call half-way.) A batch to a cluster is therefore one
-pipeline per node of one call per slot.
+Policy (which caps apply to a user) is the caller's; this module builds each function call from
+the requests and the caps, and turns the replies into decisions. How calls reach Redis (nodes,
+slots, pipelines, reloading the library, rerouting on a cluster) is `limits.transport`'s.
 """
 
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
-import redis
 from django.conf import settings
-from hiredis import pack_command
-from redis.cluster import ClusterNode, RedisCluster
 
 from gatekeeper.lib.redis_client import get_redis
+from limits.transport import Call, FunctionTransport
 
 logger = logging.getLogger(__name__)
 
-LIBRARY = (Path(__file__).parent / "lua" / "limiter.lua").read_text()
-LOAD_COMMAND = pack_command(("FUNCTION", "LOAD", "REPLACE", LIBRARY))  # type: ignore[arg-type]
-USERS_PER_CALL = 250
-# A flush may race with our reload; a few tries make that a non-event.
-LOAD_ATTEMPTS = 4
 NO_CAP = -1
 ALL = "all"
 REASONS = {1: "allowed", 2: "duplicate", 3: "daily_cap", 4: "weekly_cap", 5: "blocked"}
 UNAVAILABLE = "unavailable"
-# Errors after which a group is answered `unavailable`: the server is gone or not serving.
-REDIS_DOWN = (redis.exceptions.RedisError, OSError)
-# Errors after which a cluster call is routed again: it ran nothing.
-REROUTE = (
-    redis.exceptions.MovedError,
-    redis.exceptions.AskError,
-    redis.exceptions.TryAgainError,
-    redis.exceptions.ClusterDownError,
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-)
-
-
-@dataclass(slots=True)
-class Call:
-    """One FCALL and the requests (by index) it decides, in reply order."""
-
-    function: str
-    args: list[Any]
-    indexes: list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +46,9 @@ class Policy:
 
 @dataclass(slots=True)
 class Decision:
+    """One request's decision, from the limiter to the REST answer: the gate fills in
+    `segment`, and decides exempt and unavailable requests itself with the same type."""
+
     user_id: int
     message_id: str
     allowed: bool
@@ -90,7 +56,8 @@ class Decision:
     counts: dict[str, int]
     limits: dict[str, int | None]
     retry_after: float | None
-    scope: str
+    scope: str  # the log the counts describe: the channel's or `all`
+    segment: str | None = None
 
 
 @dataclass(slots=True)
@@ -117,192 +84,12 @@ def _remaining(cap: int | None, used: int) -> int | None:
     return None if cap is None else max(cap - used, 0)
 
 
-def _is_missing_function(exc: BaseException) -> bool:
-    return (
-        isinstance(exc, redis.exceptions.ResponseError) and "function not found" in str(exc).lower()
-    )
-
-
 class Limiter:
     def __init__(self, client: Any, *, prefix: str = "gk:", fail_open: bool = False) -> None:
         self.client = client
         self.prefix = prefix
         self.fail_open = fail_open
-        self._loaded: set[str] = set()
-
-    # --- routing -----------------------------------------------------------------------------
-
-    @property
-    def is_cluster(self) -> bool:
-        return isinstance(self.client, RedisCluster)
-
-    def calls_by_slot(self, user_ids: Sequence[int], indexes: list[int]) -> list[list[int]]:
-        """Split one node's requests into the groups that one FCALL may decide together."""
-        if not self.is_cluster:
-            return [indexes[i : i + USERS_PER_CALL] for i in range(0, len(indexes), USERS_PER_CALL)]
-        by_slot: dict[int, list[int]] = {}
-        for i in indexes:
-            by_slot.setdefault(
-                self.client.keyslot(log_key(self.prefix, user_ids[i], ALL)), []
-            ).append(i)
-        return [
-            group[k : k + USERS_PER_CALL]
-            for group in by_slot.values()
-            for k in range(0, len(group), USERS_PER_CALL)
-        ]
-
-    def _groups(self, user_ids: Sequence[int]) -> dict[str, tuple[Any, list[int]]]:
-        """Request indexes grouped by the node that serves their slot: node name -> (conn, idx)."""
-        if not self.is_cluster:
-            return {"single": (self.client, list(range(len(user_ids))))}
-        client: RedisCluster = self.client
-        groups: dict[str, tuple[Any, list[int]]] = {}
-        for i, user_id in enumerate(user_ids):
-            slot = client.keyslot(log_key(self.prefix, user_id, ALL))
-            node: ClusterNode = client.nodes_manager.get_node_from_slot(slot)
-            entry = groups.get(node.name)
-            if entry is None:
-                conn = client.get_redis_connection(node)
-                entry = groups[node.name] = (conn, [])
-            entry[1].append(i)
-        return groups
-
-    def _send_and_read(
-        self,
-        conn: Any,
-        calls: Iterable[Call],
-        on_reply: Callable[[Call, Any], None],
-        *,
-        reload: bool,
-    ) -> None:
-        """Write each call to the socket as soon as it is built, then read the replies in order.
-
-        This is a hand-made pipeline: Redis starts on the first call while Python still builds
-        the next ones, and Python parses each reply while Redis runs the calls after it, so the
-        two overlap instead of taking turns. Error replies are handed over as exceptions; a
-        broken connection raises and is dropped from the pool.
-        """
-        pool = conn.connection_pool
-        connection = pool.get_connection()
-        sent: list[Call] = []
-        try:
-            for call in calls:
-                if reload:
-                    # Right before the call, in the same write: Redis runs a client's pipelined
-                    # commands back to back, so another client's flush rarely lands in between.
-                    connection.send_packed_command([LOAD_COMMAND], check_health=False)
-                packed = pack_command(("FCALL", call.function, *call.args))
-                connection.send_packed_command([packed], check_health=False)
-                sent.append(call)
-            for call in sent:
-                if reload:
-                    with contextlib.suppress(redis.exceptions.ResponseError):
-                        connection.read_response()
-                try:
-                    reply = connection.read_response()
-                except redis.exceptions.ResponseError as exc:
-                    reply = exc
-                on_reply(call, reply)
-        except BaseException:
-            connection.disconnect()
-            raise
-        finally:
-            pool.release(connection)
-
-    def _run_group(
-        self, conn: Any, calls: Iterable[Call], on_reply: Callable[[Call, Any], None], name: str
-    ) -> None:
-        """Run a node's calls; a missing library (FUNCTION FLUSH, a restart, a failover to a
-        node without it) makes a call run nothing, so those calls are resent with the library."""
-        missing: list[Call] = []
-
-        def sort(call: Call, reply: Any) -> None:
-            if _is_missing_function(reply):
-                missing.append(call)
-            else:
-                on_reply(call, reply)
-
-        if name not in self._loaded:
-            # Once per node and process; afterwards only a missing-function reply reloads it.
-            conn.function_load(LIBRARY, replace=True)
-            self._loaded.add(name)
-        self._send_and_read(conn, calls, sort, reload=False)
-        for _ in range(LOAD_ATTEMPTS):
-            if not missing:
-                return
-            logger.info("Limiter functions missing on %s: loading them again", name)
-            todo, missing[:] = list(missing), []
-            self._send_and_read(conn, todo, sort, reload=True)
-        for call in missing:
-            on_reply(call, redis.exceptions.ResponseError("limiter functions could not be loaded"))
-
-    def _per_node(
-        self,
-        user_ids: Sequence[int],
-        build: Callable[[list[int]], Iterable[Call]],
-        collect: Callable[[Call, Any], None],
-        fail: Callable[[list[int]], None],
-    ) -> None:
-        """Run the calls `build` makes for each node's requests; hand each reply to `collect`.
-
-        Requests whose node is down get `fail`. In a cluster, a call refused because its slot
-        moved (or a node that went away) refreshes the topology and is routed again, at most
-        twice: a refused call ran nothing, so resending it cannot count a send twice.
-        """
-        pending = list(range(len(user_ids)))
-        for attempt in range(3):
-            if not pending:
-                return
-            retry: list[int] = []
-            try:
-                groups = self._groups([user_ids[i] for i in pending])
-            except REDIS_DOWN as exc:
-                logger.warning("Redis unavailable for the limiter: %s", exc)
-                fail(pending)
-                return
-            for name, (conn, local) in groups.items():
-                answered: set[int] = set()
-
-                def on_reply(
-                    call: Call,
-                    reply: Any,
-                    name: str = name,
-                    answered: set[int] = answered,
-                    attempt: int = attempt,
-                    retry: list[int] = retry,
-                ) -> None:
-                    answered.update(call.indexes)
-                    if not isinstance(reply, Exception):
-                        collect(call, reply)
-                    elif self.is_cluster and attempt < 2 and isinstance(reply, REROUTE):
-                        retry.extend(call.indexes)
-                    else:
-                        logger.warning("Limiter call failed on %s: %s", name, reply)
-                        fail(call.indexes)
-
-                indexes = [pending[j] for j in local]
-                try:
-                    self._run_group(conn, build(indexes), on_reply, name)
-                except REDIS_DOWN as exc:
-                    unanswered = [i for i in indexes if i not in answered]
-                    if self.is_cluster and attempt < 2 and isinstance(exc, REROUTE):
-                        retry.extend(unanswered)
-                    else:
-                        logger.warning("Redis unavailable for the limiter on %s: %s", name, exc)
-                        fail(unanswered)
-            if retry:
-                self._refresh()
-            pending = retry
-        if pending:
-            fail(pending)
-
-    def _refresh(self) -> None:
-        logger.info("Cluster topology changed: refreshing")
-        self._loaded.clear()
-        try:
-            self.client.nodes_manager.initialize()
-        except REDIS_DOWN as err:
-            logger.warning("Could not refresh the cluster topology: %s", err)
+        self.transport = FunctionTransport(client, slot_key=lambda u: log_key(prefix, u, ALL))
 
     # --- public API ----------------------------------------------------------------------------
 
@@ -323,8 +110,8 @@ class Limiter:
         user_ids = [user_id for user_id, _ in requests]
         results: list[Decision | None] = [None] * len(requests)
 
-        def build(indexes: list[int]) -> Iterator[Call]:
-            for chunk in self.calls_by_slot(user_ids, indexes):
+        def build(batches: list[list[int]]) -> Iterator[Call]:
+            for chunk in batches:
                 keys: list[Any] = []
                 args: list[Any] = [now_arg, "1" if dry_run else "0", channel]
                 for i in chunk:
@@ -377,7 +164,7 @@ class Limiter:
                 )
 
         if requests:
-            self._per_node(user_ids, build, collect, fail)
+            self.transport.run(user_ids, build, collect, fail)
         return [d for d in results if d is not None]
 
     def release(self, channel: str, requests: Sequence[tuple[int, str]]) -> list[bool]:
@@ -387,8 +174,8 @@ class Limiter:
 
         user_ids = [u for u, _ in requests]
 
-        def build(indexes: list[int]) -> Iterator[Call]:
-            for chunk in self.calls_by_slot(user_ids, indexes):
+        def build(batches: list[list[int]]) -> Iterator[Call]:
+            for chunk in batches:
                 keys: list[Any] = []
                 for i in chunk:
                     keys.append(log_key(self.prefix, requests[i][0], channel))
@@ -401,7 +188,7 @@ class Limiter:
                 results[i] = bool(removed)
 
         if requests:
-            self._per_node(user_ids, build, collect, lambda _: None)
+            self.transport.run(user_ids, build, collect, lambda _: None)
         return results
 
     def peek(
@@ -422,9 +209,9 @@ class Limiter:
         def collect(call: Call, reply: list[Any]) -> None:
             out.extend(reply)
 
-        self._per_node(
+        self.transport.run(
             [user_id],
-            lambda idx: [Call("gk_peek", [2, *keys, *args], idx)],
+            lambda batches: [Call("gk_peek", [2, *keys, *args], batch) for batch in batches],
             collect,
             lambda _: None,
         )

@@ -15,6 +15,7 @@ from gatekeeper.lib.bodies import decode, request_schema
 from gatekeeper.lib.ids import user_id_from_text, user_ids_checked
 from gatekeeper.lib.permissions import GATE, VIEW_CAPS, VIEW_SEND_JOBS
 from limits.channels import channels, validate_channel
+from limits.limiter import Decision
 from segments.index import max_answerable_user_id
 from worker.bodies import (
     GATE_BODY_BYTES,
@@ -26,7 +27,7 @@ from worker.bodies import (
     GateRequest,
     SendJobBody,
 )
-from worker.gate import GateDecision, GateError, gate_check, gate_release
+from worker.gate import GateError, gate_check, gate_release
 from worker.models import SendJob
 from worker.selectors import Unavailable, user_quota
 from worker.serializers import (
@@ -61,7 +62,7 @@ def _channel_schema() -> dict[str, Any]:
     return {"enum": channels(), "description": "A channel from settings (GATEKEEPER_CHANNELS)."}
 
 
-def _decision(d: GateDecision) -> dict[str, Any]:
+def _decision(d: Decision) -> dict[str, Any]:
     # By hand rather than dataclasses.asdict, which deep-copies: 10,000 of these per request.
     return {
         "user_id": d.user_id,

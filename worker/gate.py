@@ -8,10 +8,11 @@ in-process cache, and asks the limiter in one round trip per Redis node.
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-from limits.channels import channels
+from django.core.exceptions import ValidationError
+
+from limits.channels import validate_channel
 from limits.limiter import Decision, Limiter, Policy, get_limiter
 from limits.selectors import CapsCache, caps_cache, policy_from
 from segments.index import get_index
@@ -36,19 +37,21 @@ class GateError(ValueError):
     """A request the gate cannot decide at all (unknown channel or category)."""
 
 
-@dataclass(slots=True)
-class GateDecision:
-    user_id: int
-    message_id: str
-    segment: str | None
-    allowed: bool
-    reason: str
-    counts: dict[str, int] = field(default_factory=dict)
-    limits: dict[str, int | None] = field(default_factory=dict)
-    retry_after: float | None = None
+def validate_category(value: str) -> None:
+    """The one rule for a send's category (the REST bodies spell the same two as a Literal)."""
+    if value not in CATEGORIES:
+        raise ValidationError(
+            f"Unknown category '{value}'. Choose one of: {', '.join(CATEGORIES)}.",
+            code="category",
+        )
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+
+def _checked(channel: str, category: str = MARKETING) -> None:
+    try:
+        validate_channel(channel)
+        validate_category(category)
+    except ValidationError as exc:
+        raise GateError(exc.messages[0]) from None
 
 
 _last_unavailable_log = 0.0
@@ -99,13 +102,8 @@ class Gate:
         category: str = MARKETING,
         dry_run: bool = False,
         now: float | None = None,
-    ) -> list[GateDecision]:
-        if channel not in channels():
-            raise GateError(f"Unknown channel '{channel}'. Choose one of: {', '.join(channels())}.")
-        if category not in CATEGORIES:
-            raise GateError(
-                f"Unknown category '{category}'. Choose one of: {', '.join(CATEGORIES)}."
-            )
+    ) -> list[Decision]:
+        _checked(channel, category)
         if not requests:
             return []
         index = self.index()
@@ -118,15 +116,13 @@ class Gate:
         if category == TRANSACTIONAL:
             # Receipts and one-time codes: never refused, never counted.
             decisions = [
-                GateDecision(user_id=u, message_id=m, segment=s, allowed=True, reason=EXEMPT)
+                _own(u, m, channel, segment=s, allowed=True, reason=EXEMPT)
                 for (u, m), s in zip(requests, segments, strict=True)
             ]
         elif index is None:
             _log_no_snapshot()
             decisions = [
-                GateDecision(
-                    user_id=u, message_id=m, segment=None, allowed=False, reason=UNAVAILABLE
-                )
+                _own(u, m, channel, segment=None, allowed=False, reason=UNAVAILABLE)
                 for u, m in requests
             ]
         else:
@@ -143,7 +139,7 @@ class Gate:
         *,
         dry_run: bool,
         now: float | None,
-    ) -> list[GateDecision]:
+    ) -> list[Decision]:
         table = self.caps.table()
         policies: dict[str | None, Policy] = {}
         per_request: list[Policy] = []
@@ -152,25 +148,30 @@ class Gate:
             if policy is None:
                 policy = policies[segment] = policy_from(table, segment=segment, channel=channel)
             per_request.append(policy)
-        verdicts = self.limiter.acquire(channel, requests, per_request, now=now, dry_run=dry_run)
-        return [_from_limiter(v, s) for v, s in zip(verdicts, segments, strict=True)]
+        decisions = self.limiter.acquire(channel, requests, per_request, now=now, dry_run=dry_run)
+        for decision, segment in zip(decisions, segments, strict=True):
+            decision.segment = segment
+        return decisions
 
     def release(self, *, channel: str, requests: Sequence[tuple[int, str]]) -> list[bool]:
-        if channel not in channels():
-            raise GateError(f"Unknown channel '{channel}'. Choose one of: {', '.join(channels())}.")
+        _checked(channel)
         return self.limiter.release(channel, requests)
 
 
-def _from_limiter(decision: Decision, segment: str | None) -> GateDecision:
-    return GateDecision(
-        user_id=decision.user_id,
-        message_id=decision.message_id,
+def _own(
+    user_id: int, message_id: str, channel: str, *, segment: str | None, allowed: bool, reason: str
+) -> Decision:
+    """A decision the gate makes without the limiter (exempt, unavailable)."""
+    return Decision(
+        user_id=user_id,
+        message_id=message_id,
+        allowed=allowed,
+        reason=reason,
+        counts={},
+        limits={},
+        retry_after=None,
+        scope=channel,
         segment=segment,
-        allowed=decision.allowed,
-        reason=decision.reason,
-        counts=decision.counts,
-        limits=decision.limits,
-        retry_after=decision.retry_after,
     )
 
 
@@ -185,7 +186,7 @@ def gate_check(
     category: str = MARKETING,
     dry_run: bool = False,
     now: float | None = None,
-) -> list[GateDecision]:
+) -> list[Decision]:
     """One decision per request, in request order. Raises GateError for an unknown channel."""
     return _default_gate.check(
         channel=channel,

@@ -20,7 +20,7 @@ from limits.limiter import get_limiter
 from limits.models import QuotaReset
 from worker import tasks
 from worker.dispatchers import TEMPLATE_NAME, TEMPLATE_NAME_WORDS, dispatcher_class, template_check
-from worker.gate import CATEGORIES, MARKETING
+from worker.gate import MARKETING, validate_category
 from worker.models import CAMPAIGN_MAX, MESSAGE_ID_MAX, SendChunk, SendJob
 from worker.selectors import Unavailable, user_quota
 
@@ -53,8 +53,10 @@ def send_job_create(
         validate_channel(channel)
     except ValidationError as exc:
         raise ValidationError({"channel": exc.messages}) from None
-    if category not in CATEGORIES:
-        raise ValidationError({"category": f"Choose one of: {', '.join(CATEGORIES)}."})
+    try:
+        validate_category(category)
+    except ValidationError as exc:
+        raise ValidationError({"category": exc.messages}) from None
     if on_capped not in SendJob.OnCapped.values:
         raise ValidationError({"on_capped": "Choose drop or defer."})
     if on_invalid not in SendJob.OnInvalid.values:
