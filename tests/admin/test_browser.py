@@ -2,19 +2,17 @@
 the build, real Redis and a real published snapshot. Each step saves a screenshot under
 test-output/screenshots/ (look at them: the pages must read well, not only pass)."""
 
-import os
 import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import redis
-from kombu import Connection
 
 from gatekeeper.lib.groups import MARKETER
 from segments.models import Segment
 from segments.selectors import snapshot_live_version
+from tests import broker
 from tests.celery_workers import start_celery_worker, stop_celery_worker, worker_env
 from worker.gate import gate_check
 
@@ -24,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "test-output" / "screenshots"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-BROKER_URL = os.environ.get("GATEKEEPER_TEST_BUILD_BROKER_URL", "redis://127.0.0.1:6379/8")
 PASSWORD = "a-long-test-password"
 
 
@@ -51,18 +48,11 @@ def browser() -> Iterator[object]:
 
 
 @pytest.fixture
-def build_worker(settings, monkeypatch) -> Iterator[None]:
-    """A real Celery worker on the `builds` queue of a broker database of its own."""
-    from segments import tasks
-
-    redis.Redis.from_url(BROKER_URL).flushdb()
-
-    def queue(build_id: int) -> None:
-        with Connection(BROKER_URL) as conn:
-            tasks.build_snapshot.apply_async((build_id,), connection=conn)  # type: ignore[call-arg]
-
-    monkeypatch.setattr(tasks.build_snapshot, "delay", queue)
-    process = start_celery_worker("builds", worker_env(BROKER_URL))
+def build_worker(settings) -> Iterator[None]:
+    """A real Celery worker on the `builds` queue of the tests' broker (tests/settings.py),
+    where the live server queues its builds."""
+    broker.clear("builds")
+    process = start_celery_worker("builds", worker_env(settings.CELERY_BROKER_URL))
     yield
     stop_celery_worker(process)
 

@@ -16,6 +16,7 @@ from segments.models import Build, Segment
 from segments.publishing import build_run
 from segments.selectors import snapshot_live_version
 from segments.services import build_start
+from tests import broker
 from tests.segments.test_uploads import inflating_gzip
 from worker.gate import gate_check
 from worker.processes import process_report
@@ -140,15 +141,14 @@ def test_snapshots_list_versions_and_a_confirmed_make_live_rolls_back(marketer_c
 
 
 def test_build_and_publish_goes_to_the_build_page_whose_progress_is_json(
-    marketer_client, demo, monkeypatch, django_capture_on_commit_callbacks
+    marketer_client, demo, django_capture_on_commit_callbacks
 ):
-    from segments import tasks
-
-    queued: list[int] = []
-    monkeypatch.setattr(tasks.build_snapshot, "delay", queued.append)
+    broker.clear("builds")
     with django_capture_on_commit_callbacks(execute=True):
         response = marketer_client.post(reverse("admin:snapshot_build"))
-    build = Build.objects.get(pk=queued[0])
+    ((task, (build_id,)),) = broker.queued("builds")
+    assert task == "segments.tasks.build_snapshot"
+    build = Build.objects.get(pk=build_id)
     assert response["Location"] == reverse("admin:segments_build_change", args=[build.pk])
     page = text(marketer_client.get(response["Location"]))
     assert 'role="progressbar"' in page

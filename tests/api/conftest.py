@@ -88,3 +88,11 @@ def snapshot(transactional_db) -> str:
     )
     Cap.objects.create(segment=default, channel="email", daily=1, weekly=1)
     return build_run(build_id=build_start(queue=False).pk).version
+
+
+def check_body(requests_, **extra):
+    return {
+        "channel": "email",
+        "requests": [{"user_id": u, "message_id": m} for u, m in requests_],
+        **extra,
+    }

@@ -20,6 +20,7 @@ from segments.publishing import (
 from segments.selectors import snapshot_live_version, snapshot_versions
 from segments.services import build_start, user_list_import
 from segments.store import CURRENT, MANIFEST, SnapshotStore, StoreError, snapshot_key
+from tests import broker
 
 pytestmark = pytest.mark.django_db
 
@@ -297,16 +298,11 @@ def test_the_commands_import_and_build_with_clear_errors(store, make_segments, t
     assert get_index().resolve(2) == "vip"
 
 
-def test_build_start_queues_the_task_on_commit(
-    make_segments, django_capture_on_commit_callbacks, monkeypatch
-):
-    queued: list[int] = []
-    from segments import tasks
-
-    monkeypatch.setattr(tasks.build_snapshot, "delay", queued.append)
+def test_build_start_queues_the_task_on_commit(make_segments, django_capture_on_commit_callbacks):
+    broker.clear("builds")
     with django_capture_on_commit_callbacks(execute=True):
         build = build_start()
-    assert queued == [build.pk]
+    assert broker.queued("builds") == [("segments.tasks.build_snapshot", [build.pk])]
 
 
 def test_the_index_of_another_store_holder_is_independent(store, make_segments, tmp_path):

@@ -109,6 +109,19 @@ def recipients(*user_ids: int, domain: str = "example.com") -> list[dict]:
     ]
 
 
+def make_job(*user_ids: int, channel: str = "email", campaign: str = "c", **options) -> SendJob:
+    """A send job of the `welcome` template to `recipients(*user_ids)`, stored and not queued
+    (the test runs its chunks)."""
+    return send_job_create(
+        channel=channel,
+        campaign=campaign,
+        template="welcome",
+        recipients=recipients(*user_ids),
+        queue=False,
+        **options,
+    )
+
+
 def run_all(job: SendJob) -> None:
     for chunk in SendChunk.objects.filter(job=job, status=SendChunk.Status.QUEUED).order_by("pk"):
         send_chunk_run(chunk_id=chunk.pk)
@@ -116,21 +129,9 @@ def run_all(job: SendJob) -> None:
 
 def test_a_job_sends_the_admitted_and_counts_every_reason(campaign, smtp, settings):
     settings.GATEKEEPER_SEND_CHUNK_SIZE = 2
-    first = send_job_create(
-        channel="email",
-        campaign="spring",
-        template="welcome",
-        recipients=recipients(1, 3, 9),
-        queue=False,
-    )
+    first = make_job(1, 3, 9, campaign="spring")
     run_all(first)
-    second = send_job_create(
-        channel="email",
-        campaign="summer",
-        template="welcome",
-        recipients=recipients(1),
-        queue=False,
-    )
+    second = make_job(1, campaign="summer")
     run_all(second)
     first.refresh_from_db()
     second.refresh_from_db()
@@ -146,13 +147,7 @@ def test_a_job_sends_the_admitted_and_counts_every_reason(campaign, smtp, settin
 
 
 def test_a_redelivered_chunk_sends_nothing_twice(campaign, smtp):
-    job = send_job_create(
-        channel="email",
-        campaign="spring",
-        template="welcome",
-        recipients=recipients(1, 9),
-        queue=False,
-    )
+    job = make_job(1, 9, campaign="spring")
     chunk = job.chunks.get()
     send_chunk_run(chunk_id=chunk.pk)
     # The worker died after sending, before the chunk was counted: the same chunk comes back,
@@ -164,18 +159,9 @@ def test_a_redelivered_chunk_sends_nothing_twice(campaign, smtp):
 
 
 def test_capped_sends_are_deferred_until_a_slot_frees(campaign, smtp):
-    send_job_create(
-        channel="email", campaign="a", template="welcome", recipients=recipients(1), queue=False
-    )
+    make_job(1, campaign="a")
     run_all(SendJob.objects.get(campaign="a"))
-    job = send_job_create(
-        channel="email",
-        campaign="b",
-        template="welcome",
-        recipients=recipients(1),
-        on_capped="defer",
-        queue=False,
-    )
+    job = make_job(1, campaign="b", on_capped="defer")
     chunk = job.chunks.get()
     send_chunk_run(chunk_id=chunk.pk)
     deferred = SendChunk.objects.filter(job=job, status=SendChunk.Status.QUEUED).get()
@@ -196,9 +182,7 @@ def test_capped_sends_are_deferred_until_a_slot_frees(campaign, smtp):
 
 def test_a_permanent_push_failure_gives_the_quota_back(campaign, relay):
     relay.statuses = [400]
-    job = send_job_create(
-        channel="push", campaign="p", template="welcome", recipients=recipients(1), queue=False
-    )
+    job = make_job(1, channel="push", campaign="p")
     run_all(job)
     job.refresh_from_db()
     assert (job.failed, job.sent, job.status) == (1, 0, "done")
@@ -208,9 +192,7 @@ def test_a_permanent_push_failure_gives_the_quota_back(campaign, relay):
 
 def test_a_transient_push_failure_is_retried_with_the_same_idempotency_key(campaign, relay):
     relay.statuses = [503]
-    job = send_job_create(
-        channel="push", campaign="p", template="welcome", recipients=recipients(1), queue=False
-    )
+    job = make_job(1, channel="push", campaign="p")
     run_all(job)
     retry = SendChunk.objects.get(job=job, status=SendChunk.Status.QUEUED)
     assert retry.attempts == 1 and retry.not_before is not None
@@ -226,9 +208,7 @@ def test_redis_down_defers_the_sends_instead_of_dropping_them(campaign, smtp, se
     from gatekeeper.lib.redis_client import reset_redis_clients
     from limits.limiter import reset_limiter
 
-    job = send_job_create(
-        channel="email", campaign="r", template="welcome", recipients=recipients(1, 9), queue=False
-    )
+    job = make_job(1, 9, campaign="r")
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     reset_redis_clients()
     reset_limiter()
@@ -365,9 +345,7 @@ def test_send_campaign_sends_a_csv_and_prints_the_reasons(campaign, smtp, tmp_pa
 
 
 def test_a_send_cut_off_by_a_dead_worker_is_not_sent_again(campaign, smtp, redis_client):
-    job = send_job_create(
-        channel="email", campaign="k", template="welcome", recipients=recipients(1, 9), queue=False
-    )
+    job = make_job(1, 9, campaign="k")
     # The previous worker claimed user 9's message and died during the SMTP exchange.
     redis_client.set(claim_key("email", "k:9"), f"sending:{job.pk}:dead-run")
     outcome = send_chunk_run(chunk_id=job.chunks.get().pk)
@@ -381,13 +359,7 @@ def test_a_failed_send_between_two_good_ones_is_unclaimed_and_released(
     # The webhook sends one push per call, so each claim covers one send; the outcome of each
     # send is written to Redis as soon as the relay answers.
     relay.statuses = [200, 400, 200]
-    job = send_job_create(
-        channel="push",
-        campaign="m",
-        template="welcome",
-        recipients=recipients(1, 2, 9),
-        queue=False,
-    )
+    job = make_job(1, 2, 9, channel="push", campaign="m")
     assert send_chunk_run(chunk_id=job.chunks.get().pk) == {"sent": 2, "failed": 1}
     claims = [redis_client.get(claim_key("push", f"m:{u}")) for u in (1, 2, 9)]
     assert claims == [f"sent:{job.pk}".encode(), None, f"sent:{job.pk}".encode()]
@@ -401,13 +373,7 @@ def test_a_batch_dispatcher_claims_its_batch_in_one_go(campaign, settings, redis
 
     settings.GATEKEEPER_PUSH_BACKEND = "worker.dispatchers.MemoryPushBackend"
     MemoryPushBackend.outbox.clear()
-    job = send_job_create(
-        channel="push",
-        campaign="b",
-        template="welcome",
-        recipients=recipients(1, 2, 9),
-        queue=False,
-    )
+    job = make_job(1, 2, 9, channel="push", campaign="b")
     redis_client.set(claim_key("push", "b:2"), f"sent:{job.pk}")  # a redelivery: it went out before
     redis_client.set(claim_key("push", "b:9"), "sending")  # cut off by a dead worker (an old claim)
     outcome = send_chunk_run(chunk_id=job.chunks.get().pk)
@@ -419,9 +385,7 @@ def test_a_batch_dispatcher_claims_its_batch_in_one_go(campaign, settings, redis
 def test_a_chunk_that_keeps_failing_is_counted_failed_not_lost(campaign, smtp):
     from worker.tasks import MAX_RETRIES, send_chunk
 
-    job = send_job_create(
-        channel="email", campaign="t", template="welcome", recipients=recipients(1, 9), queue=False
-    )
+    job = make_job(1, 9, campaign="t")
     chunk = job.chunks.get()
     SendJob.objects.filter(pk=job.pk).update(template="removed-since")  # every run now raises
     # Run eagerly, the task's retries follow one another at once: the last one gives up.
@@ -448,9 +412,7 @@ def test_a_worker_started_while_the_store_is_unreachable_gates_with_its_cached_s
     settings.GATEKEEPER_STORE_URL = str(tmp_path / "store-that-is-not-there")
     load_snapshot(role="worker")
     assert index_status()["source"] == "cache"
-    job = send_job_create(
-        channel="email", campaign="s", template="welcome", recipients=recipients(1, 3), queue=False
-    )
+    job = make_job(1, 3, campaign="s")
     run_all(job)
     job.refresh_from_db()
     assert job.segments == {"vip": 1, "dormant": 1}
@@ -459,9 +421,7 @@ def test_a_worker_started_while_the_store_is_unreachable_gates_with_its_cached_s
 
 
 def test_two_deliveries_of_one_chunk_never_run_at_once(campaign, smtp):
-    job = send_job_create(
-        channel="email", campaign="l", template="welcome", recipients=recipients(1, 9), queue=False
-    )
+    job = make_job(1, 9, campaign="l")
     chunk = job.chunks.get()
     now = timezone.now()
     # A first delivery is running it: it holds the lease for a minute.
@@ -501,13 +461,7 @@ def test_a_lost_chunk_is_queued_again(campaign, settings):
 def test_a_chunk_given_up_counts_each_recipient_by_its_claim_and_gives_quota_back(
     campaign, redis_client
 ):
-    job = send_job_create(
-        channel="email",
-        campaign="g",
-        template="welcome",
-        recipients=recipients(1, 2, 9),
-        queue=False,
-    )
+    job = make_job(1, 2, 9, campaign="g")
     gate_check(channel="email", requests=[(1, "g:1"), (2, "g:2"), (9, "g:9")], campaign="g")
     redis_client.set(claim_key("email", "g:1"), f"sent:{job.pk}")
     redis_client.set(claim_key("email", "g:2"), f"sending:{job.pk}:dead-run")
@@ -527,9 +481,7 @@ def test_an_unexpected_dispatcher_error_is_ambiguous_not_repeated(campaign, redi
         def send(self, message):
             raise RuntimeError("the provider's library fell over")
 
-    job = send_job_create(
-        channel="push", campaign="u", template="welcome", recipients=recipients(1), queue=False
-    )
+    job = make_job(1, channel="push", campaign="u")
     assert send_chunk_run(chunk_id=job.chunks.get().pk, dispatcher=Broken()) == {"ambiguous": 1}
     assert redis_client.get(claim_key("push", "u:1")).startswith(f"sending:{job.pk}:".encode())
 
@@ -537,9 +489,7 @@ def test_an_unexpected_dispatcher_error_is_ambiguous_not_repeated(campaign, redi
 def test_a_message_id_another_job_is_sending_is_a_duplicate_and_no_crash_is_reported(
     campaign, smtp, redis_client, caplog
 ):
-    job = send_job_create(
-        channel="email", campaign="d", template="welcome", recipients=recipients(1, 9), queue=False
-    )
+    job = make_job(1, 9, campaign="d")
     # A live run of another job holds the claim of user 9's message id right now.
     redis_client.set(claim_key("email", "d:9"), "sending:999999:live-run")
     with caplog.at_level("WARNING", logger="worker.services"):
@@ -555,13 +505,7 @@ def test_a_campaign_sent_by_email_and_then_by_push_sends_both(campaign, smtp, se
     MemoryPushBackend.outbox.clear()
     # The same campaign name, so the same default message ids ("launch:1"), on two channels.
     for channel in ("email", "push"):
-        job = send_job_create(
-            channel=channel,
-            campaign="launch",
-            template="welcome",
-            recipients=recipients(1),
-            queue=False,
-        )
+        job = make_job(1, channel=channel, campaign="launch")
         run_all(job)
         job.refresh_from_db()
         assert (job.sent, job.duplicate) == (1, 0), channel
@@ -615,9 +559,7 @@ def test_smtp_sends_are_ambiguous_only_when_the_server_may_have_taken_them(
         settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
         settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
         settings.EMAIL_TIMEOUT = 0.5
-        job = send_job_create(
-            channel="email", campaign="s", template="welcome", recipients=recipients(1), queue=False
-        )
+        job = make_job(1, campaign="s")
         assert send_chunk_run(chunk_id=job.chunks.get().pk) == outcome
         retry = SendChunk.objects.filter(job=job, status=SendChunk.Status.QUEUED)
         assert retry.exists() == retried
@@ -632,9 +574,7 @@ def test_a_run_whose_lease_was_taken_over_stops_and_leaves_the_chunk_to_the_new_
     import time
 
     settings.GATEKEEPER_CHUNK_LEASE_SECONDS = 0.3  # renewed every 0.1 s
-    job = send_job_create(
-        channel="push", campaign="t", template="welcome", recipients=recipients(1, 2), queue=False
-    )
+    job = make_job(1, 2, channel="push", campaign="t")
     chunk = job.chunks.get()
 
     class Stalling:

@@ -1,0 +1,61 @@
+"""Segments, their lists and snapshots over HTTP."""
+
+import gzip
+
+import pytest
+
+from segments.index import refresh
+from tests.api.conftest import call
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_segments_crud_and_the_default_is_protected(api, snapshot):
+    m = api("marketer")
+    created = call(
+        m, "POST", "/api/v1/segments/", json={"slug": "new", "name": "New", "priority": 30}
+    )
+    assert created.status_code == 201
+    again = call(
+        m, "POST", "/api/v1/segments/", json={"slug": "new", "name": "Again", "priority": 31}
+    )
+    assert again.status_code == 400 and "slug" in again.json()
+    bad_priority = call(m, "PATCH", "/api/v1/segments/new/", json={"priority": "high"})
+    assert bad_priority.status_code == 400 and "priority" in bad_priority.json()
+    assert (
+        call(m, "PATCH", "/api/v1/segments/new/", json={"name": "Newcomers"}).json()["name"]
+        == "Newcomers"
+    )
+    assert call(m, "DELETE", "/api/v1/segments/new/").status_code == 204
+    refused = call(m, "DELETE", "/api/v1/segments/default/")
+    assert refused.status_code == 400 and "cannot be deleted" in refused.json()["detail"]
+
+
+def test_a_pipeline_replaces_a_list_and_publishes_it(api, snapshot, settings):
+    m = api("marketer")
+    bad = call(m, "PUT", "/api/v1/segments/vip/users/", data=b"1\n2\nthree\n")
+    assert bad.status_code == 400 and bad.json()["line"] == 3
+    good = call(m, "PUT", "/api/v1/segments/vip/users/", data=gzip.compress(b"user_id\n5\n6\n6\n"))
+    stored = good.json()
+    assert (stored["status"], stored["users"], stored["lines"]) == ("ready", 2, 4)
+    assert (stored["header_lines"], stored["repeated_ids"], stored["blank_lines"]) == (1, 1, 0)
+    assert stored["uploaded_by"] == "marketer"  # the token's user, as the admin shows it
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    from gatekeeper.celery import app
+
+    app.conf.task_always_eager = True
+    try:
+        started = call(m, "POST", "/api/v1/snapshots/")
+    finally:
+        app.conf.task_always_eager = False
+    assert started.status_code == 202
+    build = call(m, "GET", started.json()["url"].split(m.base_url)[1]).json()
+    assert build["status"] == "succeeded" and build["progress"] == 100
+
+    refresh()
+    assert call(m, "GET", "/api/v1/segments/lookup/?user_id=5").json()["segment"] == "vip"
+    versions = call(m, "GET", "/api/v1/snapshots/").json()
+    assert versions["live_version"] == build["version"]
+    back = call(m, "POST", f"/api/v1/snapshots/{snapshot}/activate/")
+    assert back.json() == {"live_version": snapshot}
+    assert call(m, "POST", "/api/v1/snapshots/nope/activate/").status_code == 404
