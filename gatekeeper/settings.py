@@ -235,7 +235,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "gatekeeper.lib.api.ApiSchema",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Gatekeeper API",
@@ -250,7 +250,14 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "BuildStatusEnum": "segments.models.Build.Status",
         "UserListStatusEnum": "segments.models.UserList.Status",
+        "SendJobStatusEnum": "worker.models.SendJob.Status",
+        "OnCappedEnum": "worker.models.SendJob.OnCapped",
+        "OnInvalidEnum": "worker.models.SendJob.OnInvalid",
     },
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "gatekeeper.lib.api.postprocess_schema",
+    ],
 }
 
 LOGGING = {

@@ -4,10 +4,19 @@ from typing import Annotated
 
 from msgspec import Meta
 
-from gatekeeper.lib.bodies import Body
+from gatekeeper.lib.bodies import Body, schema_fill
 from gatekeeper.lib.integers import INT32_MAX
+from limits.channels import channels
 
 Limit = Annotated[int, Meta(ge=0, le=INT32_MAX)] | None
+# A channel slug from settings (checked after decoding by `limits.channels.validate_channel`).
+Channel = Annotated[
+    str,
+    Meta(
+        description="A channel from settings (GATEKEEPER_CHANNELS).",
+        extra_json_schema=schema_fill("channel", lambda: {"type": "string", "enum": channels()}),
+    ),
+]
 
 
 class CapBody(Body, kw_only=True):

@@ -6,7 +6,6 @@ import msgspec
 import redis
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import transaction
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -16,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
-from gatekeeper.lib.bodies import RequestTooLarge, decode, request_schema
+from gatekeeper.lib.bodies import RequestTooLarge, decode
 from gatekeeper.lib.ids import user_id_from_text, user_ids_checked
 from gatekeeper.lib.permissions import (
     ADD_SEGMENTS,
@@ -42,7 +41,7 @@ from segments.index import (
     index_status,
     max_answerable_user_id,
 )
-from segments.models import Build, DefaultSegmentProtected, Segment, UserList
+from segments.models import Build, Segment, UserList
 from segments.parsing import UserListError
 from segments.publishing import BuildBusy, BuildInProgress, snapshot_rollback
 from segments.selectors import snapshot_live_version, snapshot_versions
@@ -64,6 +63,7 @@ from segments.services import (
     build_start,
     segment_change,
     segment_create,
+    segment_delete,
     user_list_import,
 )
 from segments.store import StoreError
@@ -75,12 +75,22 @@ def _no_snapshot() -> Response:
     )
 
 
+def _conflict(exc: SegmentConflict) -> Response:
+    """A 409 that says what conflicts (and which field, as a 400 would name it)."""
+    body: dict[str, Any] = {"detail": str(exc)}
+    if exc.field:
+        body["field"] = exc.field
+    return Response(body, status=409)
+
+
 def _field_errors(exc: DjangoValidationError) -> ValidationError:
     return ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
 
 
 class SegmentListView(JsonAPIView):
     rights = {"GET": VIEW_SEGMENTS, "POST": ADD_SEGMENTS}
+    bodies = {"POST": SegmentCreateBody}
+    operation_ids = {"GET": "segments_list", "POST": "segment_create"}
 
     @extend_schema(
         summary="Segments in priority order, with live cardinality and version",
@@ -91,7 +101,6 @@ class SegmentListView(JsonAPIView):
 
     @extend_schema(
         summary="Create a segment",
-        request=request_schema(SegmentCreateBody),
         responses={201: SegmentSerializer, **errors(400, 409, 413)},
     )
     def post(self, request: Request) -> Response:
@@ -101,12 +110,14 @@ class SegmentListView(JsonAPIView):
         except DjangoValidationError as exc:
             raise _field_errors(exc) from None
         except SegmentConflict as exc:
-            return Response({"detail": str(exc)}, status=409)
+            return _conflict(exc)
         return Response(SegmentSerializer(segment).data, status=201)
 
 
 class SegmentDetailView(JsonAPIView):
     rights = {"GET": VIEW_SEGMENTS, "PATCH": CHANGE_SEGMENTS, "DELETE": DELETE_SEGMENTS}
+    bodies = {"PATCH": SegmentChangeBody}
+    operation_ids = {"GET": "segment_get", "PATCH": "segment_change", "DELETE": "segment_delete"}
 
     @extend_schema(summary="One segment", responses={200: SegmentSerializer, **errors(404)})
     def get(self, request: Request, slug: str) -> Response:
@@ -114,8 +125,7 @@ class SegmentDetailView(JsonAPIView):
 
     @extend_schema(
         summary="Change a segment's name, priority or description (its slug never changes)",
-        request=request_schema(SegmentChangeBody),
-        responses={200: SegmentSerializer, **errors(400, 404, 413)},
+        responses={200: SegmentSerializer, **errors(400, 404, 409, 413)},
     )
     def patch(self, request: Request, slug: str) -> Response:
         segment = get_object_or_404(Segment, slug=slug)
@@ -129,19 +139,19 @@ class SegmentDetailView(JsonAPIView):
             segment_change(segment=segment, **changes)
         except DjangoValidationError as exc:
             raise _field_errors(exc) from None
+        except SegmentConflict as exc:
+            return _conflict(exc)
         return Response(SegmentSerializer(segment).data)
 
     @extend_schema(
-        summary="Delete a segment (not the default one: 400)",
-        responses={204: None, **errors(400, 404)},
+        summary="Delete a segment with its lists and caps (not the default one: 409)",
+        responses={204: None, **errors(404, 409)},
     )
     def delete(self, request: Request, slug: str) -> Response:
-        segment = get_object_or_404(Segment, slug=slug)
         try:
-            with transaction.atomic():
-                segment.delete()
-        except DefaultSegmentProtected as exc:
-            return Response({"detail": exc.messages[0]}, status=400)
+            segment_delete(segment=get_object_or_404(Segment, slug=slug))
+        except SegmentConflict as exc:
+            return _conflict(exc)
         return Response(status=204)
 
 
@@ -170,6 +180,7 @@ def _list_answer(request: Request, user_list: UserList) -> dict[str, Any]:
 
 class SegmentUsersView(JsonAPIView):
     rights = {"GET": VIEW_USER_LISTS, "PUT": REPLACE_USER_LISTS}
+    operation_ids = {"GET": "user_lists_get", "PUT": "user_list_replace"}
     parser_classes = [RawListParser]
 
     @extend_schema(
@@ -227,6 +238,8 @@ class SegmentUsersView(JsonAPIView):
 
 class LookupView(JsonAPIView):
     rights = {"GET": VIEW_SEGMENTS, "POST": VIEW_SEGMENTS}
+    bodies = {"POST": LookupBody}
+    operation_ids = {"GET": "segment_lookup", "POST": "segment_lookup_many"}
     max_body_bytes = LOOKUP_BODY_BYTES
     body_limit_reason = f"{LOOKUP_LIMIT:,} user ids"
 
@@ -250,7 +263,6 @@ class LookupView(JsonAPIView):
 
     @extend_schema(
         summary=f"The segments of up to {LOOKUP_LIMIT:,} users, in request order",
-        request=request_schema(LookupBody),
         responses={200: LookupManySerializer, **errors(400, 413, 503)},
     )
     def post(self, request: Request) -> Response:
@@ -272,6 +284,7 @@ class LookupView(JsonAPIView):
 
 class SnapshotListView(JsonAPIView):
     rights = {"GET": VIEW_BUILDS, "POST": PUBLISH}
+    operation_ids = {"GET": "snapshots_list", "POST": "build_start"}
 
     @extend_schema(
         summary="Published snapshot versions, newest first",
@@ -302,6 +315,7 @@ class SnapshotListView(JsonAPIView):
 
 class SnapshotActivateView(JsonAPIView):
     rights = {"POST": PUBLISH}
+    operation_ids = {"POST": "snapshot_activate"}
 
     @extend_schema(
         summary="Make a published version live again (rollback)",
@@ -328,6 +342,7 @@ class SnapshotActivateView(JsonAPIView):
 
 class BuildDetailView(JsonAPIView):
     rights = {"GET": VIEW_BUILDS}
+    operation_ids = {"GET": "build_get"}
 
     @extend_schema(
         summary="A build's status and progress", responses={200: BuildSerializer, **errors(404)}

@@ -27,7 +27,9 @@ Name = Annotated[
     Meta(
         min_length=1,
         max_length=200,
-        pattern=words_for_pattern(r"\S", "Must not be blank."),
+        pattern=words_for_pattern(
+            r"^[^\u0000]*[^\s\u0000][^\u0000]*$", "Must not be blank (nor hold a NUL)."
+        ),
     ),
 ]
 Priority = Annotated[
@@ -49,8 +51,7 @@ class SegmentCreateBody(Body, kw_only=True):
 
 
 class SegmentChangeBody(Body, kw_only=True):
-    # `slug` is taken only to say it cannot change (a read-modify-write client sends it back).
-    slug: Slug | UnsetType = UNSET
+    # No slug: it never changes (snapshots and caps know the segment by it).
     name: Name | UnsetType = UNSET
     priority: Priority | UnsetType = UNSET
     description: Description | UnsetType = UNSET

@@ -113,7 +113,7 @@ class UserListErrorSerializer(serializers.Serializer):
 class SnapshotVersionSerializer(serializers.Serializer):
     version = serializers.CharField()
     is_live = serializers.BooleanField()
-    created_at = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField(allow_null=True)
     build_id = serializers.IntegerField(allow_null=True)
     users = serializers.IntegerField()
     bytes = serializers.IntegerField()

@@ -7,46 +7,65 @@ Admin actions, REST views and management commands call these; the background wor
 
 from typing import Any
 
-from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from segments import tasks
-from segments.models import Build, Segment, UserList
+from segments.models import Build, DefaultSegmentProtected, Segment, UserList
 from segments.publishing import BuildInProgress, build_give_up
 from segments.user_lists import user_list_store
 
 
 class SegmentConflict(Exception):
-    """Another request created a segment with the same slug or priority at the same moment."""
+    """The change conflicts with another segment (its slug or priority is taken) or with what
+    a segment is (the default one cannot be deleted): the REST API answers 409. `field` names
+    the field at fault, if one is."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _taken(segment: Segment) -> None:
+    others = Segment.objects.exclude(pk=segment.pk)
+    if others.filter(slug=segment.slug).exists():
+        raise SegmentConflict(
+            f"The slug '{segment.slug}' is taken by another segment.", field="slug"
+        )
+    if others.filter(priority=segment.priority).exists():
+        raise SegmentConflict(
+            f"The priority {segment.priority} is taken by another segment; each has its own "
+            "(lower wins).",
+            field="priority",
+        )
+
+
+def _saved(segment: Segment, **save: Any) -> Segment:
+    """Save after checking what is taken; a concurrent request that took it between the check
+    and the write is a conflict too, not an IntegrityError."""
+    _taken(segment)
+    try:
+        with transaction.atomic():
+            segment.save(**save)
+    except IntegrityError as exc:
+        raise SegmentConflict(
+            f"A segment with the slug '{segment.slug}' or the priority {segment.priority} was "
+            "saved at the same moment; look at the segments and try again."
+        ) from exc
+    return segment
 
 
 def segment_create(*, slug: str, name: str, priority: int, description: str = "") -> Segment:
-    """A new segment. Raises ValidationError naming the field (a slug or priority in use), or
-    SegmentConflict when a concurrent request took it between the check and the insert."""
+    """A new segment. Raises ValidationError naming a bad field, SegmentConflict when its slug
+    or priority is taken."""
     segment = Segment(slug=slug, name=name, priority=priority, description=description)
-    segment.full_clean()
-    try:
-        with transaction.atomic():
-            segment.save()
-    except IntegrityError as exc:
-        raise SegmentConflict(
-            f"A segment with the slug '{slug}' or the priority {priority} was created at the "
-            "same moment; look at the segments and try again."
-        ) from exc
-    return segment
+    segment.full_clean(validate_unique=False)
+    return _saved(segment)
 
 
 def segment_change(*, segment: Segment, **changes: Any) -> Segment:
     """Change a segment's name, priority or description. Its slug never changes: it names the
     segment in published snapshots, and caps are matched to users by it, so a renamed segment
     would lose its caps until the next build."""
-    if changes.pop("slug", segment.slug) != segment.slug:
-        raise ValidationError(
-            {
-                "slug": "A segment's slug cannot change: snapshots and caps know the segment by "
-                "it. Create a new segment instead."
-            }
-        )
     unknown = set(changes) - {"name", "priority", "description"}
     if unknown:
         raise ValueError(f"cannot change {', '.join(sorted(unknown))}")
@@ -54,9 +73,18 @@ def segment_change(*, segment: Segment, **changes: Any) -> Segment:
         return segment
     for field, value in changes.items():
         setattr(segment, field, value)
-    segment.full_clean()
-    segment.save(update_fields=[*changes, "updated_at"])
-    return segment
+    segment.full_clean(validate_unique=False)
+    return _saved(segment, update_fields=[*changes, "updated_at"])
+
+
+def segment_delete(*, segment: Segment) -> None:
+    """Delete a segment with its lists and caps. Raises SegmentConflict for the default one,
+    which holds everyone in no list."""
+    try:
+        with transaction.atomic():
+            segment.delete()
+    except DefaultSegmentProtected as exc:
+        raise SegmentConflict(exc.messages[0]) from exc
 
 
 def user_list_import(

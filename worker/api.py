@@ -11,10 +11,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
-from gatekeeper.lib.bodies import decode, request_schema
+from gatekeeper.lib.bodies import decode
 from gatekeeper.lib.ids import user_id_from_text, user_ids_checked
 from gatekeeper.lib.permissions import GATE, VIEW_CAPS, VIEW_SEND_JOBS
-from limits.channels import channels, validate_channel
+from limits.channels import validate_channel
 from limits.limiter import Decision
 from segments.index import max_answerable_user_id
 from worker.bodies import (
@@ -58,10 +58,6 @@ def _requests(requests: list[GateRequest]) -> list[tuple[int, str]]:
     return list(zip(ids, [r.message_id for r in requests], strict=True))
 
 
-def _channel_schema() -> dict[str, Any]:
-    return {"enum": channels(), "description": "A channel from settings (GATEKEEPER_CHANNELS)."}
-
-
 def _decision(d: Decision) -> dict[str, Any]:
     # By hand rather than dataclasses.asdict, which deep-copies: 10,000 of these per request.
     return {
@@ -78,6 +74,8 @@ def _decision(d: Decision) -> dict[str, Any]:
 
 class GateCheckView(JsonAPIView):
     rights = {"POST": GATE}
+    bodies = {"POST": GateCheckBody}
+    operation_ids = {"POST": "gate_check"}
     max_body_bytes = GATE_BODY_BYTES
     body_limit_reason = f"{GATE_LIMIT:,} requests"
 
@@ -87,7 +85,6 @@ class GateCheckView(JsonAPIView):
             "Admitted marketing sends are recorded (unless dry_run). Redis down or no snapshot: "
             "every decision is `unavailable`, still a 200."
         ),
-        request=request_schema(GateCheckBody, channel=_channel_schema()),
         responses={200: GateResultsSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
@@ -109,12 +106,13 @@ class GateCheckView(JsonAPIView):
 
 class GateReleaseView(JsonAPIView):
     rights = {"POST": GATE}
+    bodies = {"POST": GateReleaseBody}
+    operation_ids = {"POST": "gate_release"}
     max_body_bytes = GATE_BODY_BYTES
     body_limit_reason = f"{GATE_LIMIT:,} requests"
 
     @extend_schema(
         summary="Give back the quota of sends whose dispatch failed for good",
-        request=request_schema(GateReleaseBody, channel=_channel_schema()),
         responses={200: ReleaseResultsSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
@@ -134,6 +132,7 @@ class GateReleaseView(JsonAPIView):
 
 class QuotaView(JsonAPIView):
     rights = {"GET": VIEW_CAPS}
+    operation_ids = {"GET": "user_quota"}
 
     @extend_schema(
         summary="A user's segment, and per channel and `all`: used, limit, remaining, next slot",
@@ -151,12 +150,13 @@ class QuotaView(JsonAPIView):
 
 class SendJobListView(JsonAPIView):
     rights = {"POST": GATE}
+    bodies = {"POST": SendJobBody}
+    operation_ids = {"POST": "send_job_create"}
     max_body_bytes = SEND_BODY_BYTES
     body_limit_reason = f"{SEND_LIMIT:,} recipients"
 
     @extend_schema(
         summary=f"Hand a send job to the worker (up to {SEND_LIMIT:,} recipients); 202, its URL",
-        request=request_schema(SendJobBody, channel=_channel_schema()),
         responses={202: SendJobCreatedSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
@@ -181,6 +181,7 @@ class SendJobListView(JsonAPIView):
 
 class SendJobDetailView(JsonAPIView):
     rights = {"GET": VIEW_SEND_JOBS}
+    operation_ids = {"GET": "send_job_get"}
 
     @extend_schema(
         summary="A send job's progress and counts",

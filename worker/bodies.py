@@ -9,9 +9,10 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta
 
-from gatekeeper.lib.bodies import Body
+from gatekeeper.lib.bodies import Body, schema_fill
 from gatekeeper.lib.ids import JsonUserId
-from worker.dispatchers import TEMPLATE_NAME
+from limits.bodies import Channel
+from worker.dispatchers import TEMPLATE_NAME, template_names
 from worker.models import CAMPAIGN_MAX, MESSAGE_ID_MAX
 
 GATE_LIMIT = 10_000
@@ -31,7 +32,7 @@ class GateRequest(Body, kw_only=True):
 
 
 class GateCheckBody(Body, kw_only=True):
-    channel: str
+    channel: Channel
     campaign: Annotated[str, Meta(max_length=200)] = ""
     category: Category = "marketing"
     dry_run: bool = False
@@ -39,7 +40,7 @@ class GateCheckBody(Body, kw_only=True):
 
 
 class GateReleaseBody(Body, kw_only=True):
-    channel: str
+    channel: Channel
     requests: Annotated[list[GateRequest], Meta(min_length=1, max_length=GATE_LIMIT)]
 
 
@@ -58,7 +59,7 @@ class RecipientBody(Body, kw_only=True):
 
 
 class SendJobBody(Body, kw_only=True):
-    channel: str
+    channel: Channel
     campaign: Annotated[
         str,
         Meta(
@@ -67,7 +68,16 @@ class SendJobBody(Body, kw_only=True):
             description="Also the start of the default message ids, <campaign>:<user_id>.",
         ),
     ]
-    template: Annotated[str, Meta(pattern=TEMPLATE_NAME)]
+    template: Annotated[
+        str,
+        Meta(
+            pattern=TEMPLATE_NAME,
+            description="Templates under templates/<channel>/<template>/.",
+            extra_json_schema=schema_fill(
+                "template", lambda: {"type": "string", "enum": template_names()}
+            ),
+        ),
+    ]
     category: Category = "marketing"
     on_capped: Literal["drop", "defer"] = "drop"
     on_invalid: Annotated[

@@ -27,6 +27,7 @@ import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from django.conf import settings
@@ -40,6 +41,7 @@ from django.template.loader import get_template, render_to_string
 from django.utils.module_loading import import_string
 
 from gatekeeper.lib.bodies import words_for_pattern
+from limits.channels import channels as dispatch_channels
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ TEMPLATE_NAME_WORDS = (
     "digit (templates/<channel>/<name>/)."
 )
 TEMPLATE_NAME = words_for_pattern("^[a-z0-9][a-z0-9_-]{0,99}$", TEMPLATE_NAME_WORDS)
+TEMPLATE_NAME_RE = re.compile(TEMPLATE_NAME)
 
 
 def template_check(*, channel: str, template: str) -> None:
@@ -81,6 +84,27 @@ def template_check(*, channel: str, template: str) -> None:
     names = ("subject.txt", "body.txt") if channel == "email" else ("title.txt", "body.txt")
     for name in names:
         render_to_string(f"{channel}/{template}/{name}", {})
+
+
+def template_names() -> list[str]:
+    """The templates a send job may name: those of the project's templates directory that are
+    complete for at least one channel (a job is refused when its channel lacks them)."""
+    found = set()
+    directories: list[Any] = list(settings.TEMPLATES[0]["DIRS"])  # type: ignore[call-overload]
+    for directory in directories:
+        for channel in dispatch_channels():
+            root = Path(directory) / channel
+            if not root.is_dir():
+                continue
+            for candidate in root.iterdir():
+                if not TEMPLATE_NAME_RE.fullmatch(candidate.name):
+                    continue
+                try:
+                    template_check(channel=channel, template=candidate.name)
+                except TemplateDoesNotExist:
+                    continue
+                found.add(candidate.name)
+    return sorted(found)
 
 
 class Renderer:

@@ -3,17 +3,23 @@ msgspec structs (worker/bodies.py); the schema of each is generated from it."""
 
 from rest_framework import serializers
 
+from worker.models import SendJob
+
 REASONS = ["allowed", "duplicate", "daily_cap", "weekly_cap", "blocked", "exempt", "unavailable"]
 
 
 class WindowCountsSerializer(serializers.Serializer):
-    daily = serializers.IntegerField()
-    weekly = serializers.IntegerField()
+    """Sends in the window (empty for exempt and unavailable decisions)."""
+
+    daily = serializers.IntegerField(required=False)
+    weekly = serializers.IntegerField(required=False)
 
 
 class WindowLimitsSerializer(serializers.Serializer):
-    daily = serializers.IntegerField(allow_null=True, help_text="null: no cap")
-    weekly = serializers.IntegerField(allow_null=True, help_text="null: no cap")
+    """The caps of the log the counts describe (empty for exempt decisions)."""
+
+    daily = serializers.IntegerField(required=False, allow_null=True, help_text="null: no cap")
+    weekly = serializers.IntegerField(required=False, allow_null=True, help_text="null: no cap")
 
 
 class DecisionSerializer(serializers.Serializer):
@@ -22,13 +28,8 @@ class DecisionSerializer(serializers.Serializer):
     segment = serializers.CharField(allow_null=True)
     allowed = serializers.BooleanField()
     reason = serializers.ChoiceField(choices=REASONS)
-    counts = serializers.DictField(
-        child=serializers.IntegerField(),
-        help_text="daily, weekly (empty when exempt or unavailable)",
-    )
-    limits = serializers.DictField(
-        child=serializers.IntegerField(allow_null=True), help_text="daily, weekly"
-    )
+    counts = WindowCountsSerializer()
+    limits = WindowLimitsSerializer()
     retry_after = serializers.FloatField(allow_null=True, help_text="Seconds until a slot frees.")
 
 
@@ -80,10 +81,10 @@ class SendJobSerializer(serializers.Serializer):
     channel = serializers.CharField()
     campaign = serializers.CharField()
     template = serializers.CharField()
-    category = serializers.CharField()
-    on_capped = serializers.CharField()
-    on_invalid = serializers.CharField()
-    status = serializers.CharField()
+    category = serializers.ChoiceField(choices=["marketing", "transactional"])
+    on_capped = serializers.ChoiceField(choices=SendJob.OnCapped.choices)
+    on_invalid = serializers.ChoiceField(choices=SendJob.OnInvalid.choices)
+    status = serializers.ChoiceField(choices=SendJob.Status.choices)
     total = serializers.IntegerField(help_text="Recipients handed over, invalid rows included.")
     processed = serializers.IntegerField(help_text="Recipients with a final outcome.")
     progress = serializers.IntegerField(help_text="Percent of recipients with a final outcome.")

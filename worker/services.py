@@ -2,7 +2,6 @@
 commit for `worker.tasks.send_chunk`, whose work is `worker.chunks`), and quota resets.
 """
 
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -19,7 +18,12 @@ from limits.channels import scopes, validate_channel
 from limits.limiter import get_limiter
 from limits.models import QuotaReset
 from worker import tasks
-from worker.dispatchers import TEMPLATE_NAME, TEMPLATE_NAME_WORDS, dispatcher_class, template_check
+from worker.dispatchers import (
+    TEMPLATE_NAME_RE,
+    TEMPLATE_NAME_WORDS,
+    dispatcher_class,
+    template_check,
+)
 from worker.gate import MARKETING, validate_category
 from worker.models import CAMPAIGN_MAX, MESSAGE_ID_MAX, SendChunk, SendJob
 from worker.selectors import Unavailable, user_quota
@@ -27,7 +31,6 @@ from worker.selectors import Unavailable, user_quota
 CONTEXT_DEPTH = 16  # levels of arrays and objects a recipient's template context may nest
 INVALID_ROWS_KEPT = 100  # invalid rows kept on a job (with on_invalid: skip) to show why
 REJECTED_ROWS_SHOWN = 20  # bad rows named in a 400 (with on_invalid: reject)
-TEMPLATE_NAME_RE = re.compile(TEMPLATE_NAME)
 
 
 def send_job_create(

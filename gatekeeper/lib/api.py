@@ -1,32 +1,87 @@
 """The base of every REST view, and the error bodies the schema documents for them."""
 
+import inspect
 from typing import Any, ClassVar, Literal
 
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 from rest_framework.views import APIView
 
-from gatekeeper.lib.bodies import DEFAULT_MAX_BODY_BYTES, JsonBodyParser
+from gatekeeper.lib.bodies import DEFAULT_MAX_BODY_BYTES, JsonBodyParser, openapi_components
 from gatekeeper.lib.ids import max_user_id
 from gatekeeper.lib.permissions import API_AUTHENTICATION, HasRights
 
 
 class JsonAPIView(APIView):
-    """Bodies are JSON, read within `max_body_bytes` (413 beyond it) and decoded by the view
-    with `gatekeeper.lib.bodies.decode`; rights are named per method in `rights`."""
+    """The base of every REST view (its docstring is no endpoint's description: ApiSchema)."""
 
     authentication_classes = API_AUTHENTICATION
     permission_classes = [HasRights]
     parser_classes = [JsonBodyParser]
+    # Per HTTP method: the permissions it needs (gatekeeper.lib.permissions), the body it
+    # takes (a gatekeeper.lib.bodies.Body, decoded with `decode`; the schema is generated from
+    # it) and the operation's id in the schema (what generated clients name their functions).
     rights: ClassVar[dict[str, tuple[str, ...]]] = {}
+    bodies: ClassVar[dict[str, type]] = {}
+    operation_ids: ClassVar[dict[str, str]] = {}
+    # Bodies are read within this (a JSON 413 beyond it), stated with the reason.
     max_body_bytes: ClassVar[int] = DEFAULT_MAX_BODY_BYTES
     body_limit_reason: ClassVar[str] = ""
+
+
+class ApiSchema(AutoSchema):
+    """drf-spectacular's schema of a JsonAPIView: request bodies generated from its `bodies`
+    (their structs become named components), its `operation_ids`, and descriptions from the
+    view's or the method's own docstring only (never a base class's)."""
+
+    def get_request_serializer(self) -> Any:
+        spec = getattr(self.view, "bodies", {}).get(self.method)
+        if spec is None:
+            return super().get_request_serializer()
+        ref, components = openapi_components(spec)
+        for name, schema in components.items():
+            self.registry.register_on_missing(
+                ResolvedComponent(name, ResolvedComponent.SCHEMA, schema=schema, object=name)
+            )
+        return {"application/json": ref}
+
+    def get_operation_id(self) -> str:
+        own: str | None = getattr(self.view, "operation_ids", {}).get(self.method)
+        return own or str(super().get_operation_id())
+
+    def get_description(self) -> str:  # type: ignore[override]
+        handler = getattr(self.view, self.method.lower(), None)
+        own = (handler.__doc__ if handler is not None else None) or type(self.view).__dict__.get(
+            "__doc__"
+        )
+        return inspect.cleandoc(own) if own else ""
+
+
+def postprocess_schema(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular's last step: one `FieldErrors` component for every 400 (not the same
+    body inlined per operation), and JSON request bodies marked required."""
+    result.setdefault("components", {}).setdefault("schemas", {})["FieldErrors"] = (
+        FIELD_ERRORS_SCHEMA
+    )
+    for path in result.get("paths", {}).values():
+        for operation in path.values():
+            body = operation.get("requestBody")
+            if body is not None and body.get("content"):
+                body["required"] = True
+            for response in operation.get("responses", {}).values():
+                for media in response.get("content", {}).values():
+                    if media.get("schema") == FIELD_ERRORS_SCHEMA:
+                        media["schema"] = {"$ref": "#/components/schemas/FieldErrors"}
+    return result
 
 
 class ErrorSerializer(serializers.Serializer):
     """The body of a refusal that is not about one field: {"detail": "..."}."""
 
     detail = serializers.CharField()
+    field = serializers.CharField(required=False, help_text="On a 409: the field at fault.")
 
 
 # A 400: each bad field (list items named by position, `requests[3].user_id`) with its messages;
@@ -58,7 +113,7 @@ def errors(*codes: int) -> dict[int, OpenApiResponse]:
 
 
 def user_id_parameter(location: Literal["path", "query"]) -> OpenApiParameter:
-    """The `user_id` of a path or query, as the schema describes it."""
+    """The `user_id` of a path or query, as the schema describes it: its digits."""
     return OpenApiParameter(
         "user_id",
         {"type": "integer", "minimum": 0, "maximum": max_user_id()},

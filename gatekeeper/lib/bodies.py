@@ -1,9 +1,10 @@
 """JSON request bodies: read within a size limit, decoded by msgspec into a declared type, and
 every problem answered as a 400 that names the field (`requests[3].user_id`).
 
-Each endpoint declares its body as a `Body` struct. msgspec decodes and checks it in one pass in
-C (types, lengths, bounds, enumerations; 10,000 gate requests in about a millisecond), and the
-OpenAPI schema is generated from the same struct (`body_schema`), so the server and its schema
+Each endpoint declares its body as a `Body` struct (a view's `bodies`). msgspec decodes and
+checks it in one pass in C (types, lengths, bounds, enumerations; 10,000 gate requests in about
+three milliseconds), and the OpenAPI schema is generated from the same struct
+(`openapi_components`, used by gatekeeper.lib.api's schema class), so the server and its schema
 cannot drift apart.
 
 Limits on what a caller sends, the same on every endpoint (docs/api.md, "Errors"):
@@ -18,7 +19,7 @@ Limits on what a caller sends, the same on every endpoint (docs/api.md, "Errors"
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any, TypeVar
 
@@ -364,39 +365,51 @@ def _free_form_paths(spec: type) -> tuple[tuple[str, ...], ...]:
 
 # --- the OpenAPI schema -----------------------------------------------------------------------
 
+REF = "#/components/schemas/{name}"
+# Every string of a body is refused with a NUL in it (PostgreSQL text cannot hold it).
+NO_NUL = "^[^\\u0000]*$"
+# Values whose bounds are settings (the configured channels, the widest user id): a body type
+# marks them (`Meta(extra_json_schema=schema_fill(...))`) and the schema asks at generation.
+_FILLS: dict[str, Callable[[], dict[str, Any]]] = {}
 
-def request_schema(spec: type, **properties: dict[str, Any]) -> dict[str, Any]:
-    """`extend_schema(request=...)` for a body of `spec`: its OpenAPI 3.0 schema as JSON."""
-    return {"application/json": body_schema(spec, **properties)}
+
+def schema_fill(name: str, fill: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Register `fill`, which gives the schema of a value marked `name` as settings have it;
+    returns the mark to put in the type's `Meta(extra_json_schema=...)`."""
+    _FILLS[name] = fill
+    return {"x-fill": name}
 
 
-def body_schema(spec: type, **properties: dict[str, Any]) -> dict[str, Any]:
-    """The OpenAPI 3.0 schema of `spec`, inlined: msgspec's JSON Schema with its `$ref`s
-    resolved and `anyOf [X, null]` written as `nullable`. `properties` adds to the top-level
-    fields' schemas what only settings know (`channel={"enum": [...]}`)."""
-    generated = msgspec.json.schema(spec)
-    defs = generated.get("$defs", {})
+def openapi_components(spec: type) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """(the schema of a body of `spec`, a `$ref`; the component schemas it refers to, by name),
+    in OpenAPI 3.0 form: msgspec's JSON Schema with `anyOf [X, null]` written as `nullable`,
+    marked values filled from settings, and every plain string refusing NUL, as the server
+    does."""
+    (ref,), components = msgspec.json.schema_components((spec,), ref_template=REF)
+    return ref, {name: _openapi(node) for name, node in components.items()}
 
-    def convert(node: Any) -> Any:
-        if isinstance(node, list):
-            return [convert(n) for n in node]
-        if not isinstance(node, dict):
-            return node
-        if "$ref" in node:
-            return convert(defs[node["$ref"].rsplit("/", 1)[-1]])
-        node = {k: convert(v) for k, v in node.items() if k != "title"}
-        options = node.get("anyOf")
-        if options and {"type": "null"} in options:
-            rest = [o for o in options if o != {"type": "null"}]
-            node.pop("anyOf")
-            node.update(rest[0] if len(rest) == 1 else {"anyOf": rest})
-            node["nullable"] = True
+
+def _openapi(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_openapi(item) for item in node]
+    if not isinstance(node, dict):
         return node
-
-    result: dict[str, Any] = convert(generated)
-    for name, extra in properties.items():
-        result["properties"][name].update(extra)
-    return result
+    node = {key: _openapi(value) for key, value in node.items() if key != "title"}
+    if node.get("required") == []:
+        del node["required"]  # OpenAPI 3.0 wants none rather than an empty list
+    fill = node.pop("x-fill", None)
+    if fill is not None:
+        kept = {key: node[key] for key in ("description", "default") if key in node}
+        node = {**_FILLS[fill](), **kept}
+    options = node.get("anyOf")
+    if options and {"type": "null"} in options:
+        rest = [option for option in options if option != {"type": "null"}]
+        node.pop("anyOf")
+        node.update(rest[0] if len(rest) == 1 else {"anyOf": rest})
+        node["nullable"] = True
+    if node.get("type") == "string" and not {"pattern", "enum", "format"} & set(node):
+        node["pattern"] = NO_NUL
+    return node
 
 
 def json_value_problem(value: Any, *, max_depth: int) -> str | None:

@@ -7,6 +7,7 @@ cannot hold 64-bit integers (JavaScript). The segments app narrows the bound fur
 loaded snapshot's width (`segments.index.max_answerable_user_id`).
 """
 
+import re
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -14,23 +15,50 @@ from django.conf import settings
 from msgspec import Meta
 from rest_framework.exceptions import ValidationError
 
-from gatekeeper.lib.bodies import words_for_pattern
-from gatekeeper.lib.integers import DIGITS, NotAWholeNumber, whole_number
+from gatekeeper.lib.bodies import schema_fill
+from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 
 DATABASE_MAX = 2**63 - 1
+CANONICAL = re.compile(r"0|[1-9][0-9]*")  # a number's digits, as it is written
 
-JsonUserId = (
-    Annotated[int, Meta(ge=0)]
-    | Annotated[
-        str,
-        Meta(
-            pattern=words_for_pattern(
-                "^[0-9]{1,20}$", "A user id written as a string is 1 to 20 of the digits 0-9."
-            )
-        ),
-    ]
-)
-"""How a body declares a user id; `user_ids_checked` then applies the bound."""
+
+def digits_up_to(limit: int) -> str:
+    """A regular expression for the whole numbers from 0 to `limit` in decimal, without leading
+    zeros (for the schema: the string form of an id, bounded as exactly as the integer form)."""
+    text = str(limit)
+    width = len(text)
+    options = ["0"]
+    if width > 1:
+        options.append(f"[1-9][0-9]{{0,{width - 2}}}")  # fewer digits than the limit
+    for i, char in enumerate(text):  # as many digits: below the limit from digit i on
+        low, digit = (1 if i == 0 else 0), int(char)
+        if digit > low:
+            tail = f"[0-9]{{{width - i - 1}}}" if width - i - 1 else ""
+            options.append(f"{text[:i]}[{low}-{digit - 1}]{tail}")
+    options.append(text)
+    return "|".join(dict.fromkeys(options))
+
+
+def user_id_schema() -> dict[str, Any]:
+    """A user id in a body's schema, bounded by the configured width."""
+    maximum = max_user_id()
+    return {
+        "anyOf": [
+            {"type": "integer", "minimum": 0, "maximum": maximum},
+            {"type": "string", "pattern": f"^({digits_up_to(maximum)})$"},
+        ]
+    }
+
+
+JsonUserId = Annotated[
+    Annotated[int, Meta(ge=0)] | Annotated[str, Meta(max_length=20)],
+    Meta(
+        description="An unsigned user id: an integer, or a string of its digits (for clients "
+        "that cannot hold 64-bit integers, JavaScript).",
+        extra_json_schema=schema_fill("user_id", user_id_schema),
+    ),
+]
+"""How a body declares a user id; `user_ids_checked` then applies the rule and the bound."""
 
 
 def max_user_id(width: int | None = None) -> int:
@@ -40,11 +68,12 @@ def max_user_id(width: int | None = None) -> int:
 
 
 def user_id_from_json(value: Any, *, maximum: int) -> int:
-    """A user id as a JSON body gives it: an integer, or a string of nothing but the digits
-    0-9 (no sign, no spaces, not even a trailing newline). Raises ValueError with the words."""
+    """A user id as a JSON body gives it: an integer, or a string of its digits 0-9 (no sign,
+    no spaces, no leading zeros, not even a trailing newline). Raises ValueError with the
+    words."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
-    elif isinstance(value, str) and len(value) <= 20 and DIGITS.fullmatch(value):
+    elif isinstance(value, str) and len(value) <= 20 and CANONICAL.fullmatch(value):
         number = int(value)
     else:
         raise ValueError(out_of_bounds(repr(value), maximum))

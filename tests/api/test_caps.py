@@ -18,7 +18,6 @@ def test_a_marketer_changes_a_cap_and_it_governs_the_gate(api, snapshot):
     assert bad.status_code == 400 and "daily" in bad.json()
     for path, body, field in [
         ("/api/v1/limits/default/fax/", {"daily": 1, "weekly": 1}, "channel"),
-        ("/api/v1/limits/nope/email/", {"daily": 1, "weekly": 1}, "segment"),
         ("/api/v1/limits/default/email/", {"daily": 1}, "weekly"),
         ("/api/v1/limits/default/email/", {"daily": 2**31, "weekly": None}, "daily"),
         ("/api/v1/limits/default/email/", {"daily": True, "weekly": None}, "daily"),
@@ -33,6 +32,9 @@ def test_a_marketer_changes_a_cap_and_it_governs_the_gate(api, snapshot):
         refused = call(m, "PUT", path, json=body)
         assert refused.status_code == 400, (path, body)
         assert field in refused.json(), (path, body)
+    # A segment that does not exist has no cap to set: 404.
+    missing = call(m, "PUT", "/api/v1/limits/nope/email/", json={"daily": 1, "weekly": 1})
+    assert missing.status_code == 404 and "nope" in missing.json()["detail"]
     # None of the refusals changed the cap.
     caps = call(m, "GET", "/api/v1/limits/").json()
     assert {"segment": "default", "channel": "email", "daily": 0, "weekly": None}.items() <= next(

@@ -19,7 +19,10 @@ def test_segments_crud_and_the_default_is_protected(api, snapshot):
     again = call(
         m, "POST", "/api/v1/segments/", json={"slug": "new", "name": "Again", "priority": 31}
     )
-    assert again.status_code == 400 and "slug" in again.json()
+    # A slug or priority taken by another segment conflicts with it: 409, naming the field.
+    assert again.status_code == 409 and again.json()["field"] == "slug"
+    taken = call(m, "PATCH", "/api/v1/segments/new/", json={"priority": 10})  # vip's
+    assert taken.status_code == 409 and taken.json()["field"] == "priority"
     bad_priority = call(m, "PATCH", "/api/v1/segments/new/", json={"priority": "high"})
     assert bad_priority.status_code == 400 and "priority" in bad_priority.json()
     assert (
@@ -28,7 +31,7 @@ def test_segments_crud_and_the_default_is_protected(api, snapshot):
     )
     assert call(m, "DELETE", "/api/v1/segments/new/").status_code == 204
     refused = call(m, "DELETE", "/api/v1/segments/default/")
-    assert refused.status_code == 400 and "cannot be deleted" in refused.json()["detail"]
+    assert refused.status_code == 409 and "cannot be deleted" in refused.json()["detail"]
 
 
 def test_a_pipeline_replaces_a_list_and_publishes_it(api, snapshot, settings):
