@@ -18,8 +18,9 @@ import numpy as np
 import redis
 from pyroaring import FrozenBitMap
 
-from limits.limiter import Limiter, Limits, Policy
-from limits.selectors import CapsCache, _CachedCaps
+from limits.limiter import Limiter
+from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, counting_rule, encode
+from limits.selectors import PolicyCache, _Cached
 from segments.index import SegmentIndex
 from worker.gate import Gate
 
@@ -58,13 +59,18 @@ def gate_beside_limiter(url: str, seconds: float) -> None:
     client = redis.Redis.from_url(url)
     client.flushdb()
     limiter = Limiter(client, prefix="bench:")
-    table = {
-        slug: {"email": Limits(3, 10), "all": Limits(5, 20)} for slug in [*SEGMENTS, "default"]
-    }
-    caps = CapsCache(ttl=float("inf"))
-    caps._cached = _CachedCaps(table=table, read_at=time.monotonic())
-    gate = Gate(limiter=limiter, caps=caps, index=in_memory_index(), record_stats=True)
-    policy = Policy(channel=Limits(3, 10), all=Limits(5, 20))
+    # The classic caps of every segment: email 3 a day and 10 a week, 5 and 20 in all.
+    classic = [
+        counting_rule(channel="email", seconds=DAY_SECONDS, limit=3),
+        counting_rule(channel="email", seconds=WEEK_SECONDS, limit=10),
+        counting_rule(channel="all", seconds=DAY_SECONDS, limit=5),
+        counting_rule(channel="all", seconds=WEEK_SECONDS, limit=20),
+    ]
+    table = PolicyTable(rules=tuple(classic), classic={}, zones={})
+    cache = PolicyCache(ttl=float("inf"))
+    cache._cached = _Cached(table=table, read_at=time.monotonic())
+    gate = Gate(limiter=limiter, policy=cache, index=in_memory_index(), record_stats=True)
+    rule_set = encode(classic, priority=5, zone="UTC", now_ms=0)
     rng = random.Random(3)
     counter = iter(range(10**9))
 
@@ -72,7 +78,7 @@ def gate_beside_limiter(url: str, seconds: float) -> None:
         n = next(counter)
         return [(u, f"m{n}-{u}") for u in rng.sample(range(USERS), 1000)]
 
-    alone = rate(lambda: len(limiter.acquire("email", batch(), policy)), seconds)
+    alone = rate(lambda: len(limiter.acquire("email", batch(), rule_set)), seconds)
     client.flushdb()
     whole = rate(lambda: len(gate.check(channel="email", requests=batch())), seconds)
     client.flushdb()

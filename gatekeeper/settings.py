@@ -159,6 +159,8 @@ CELERY_BEAT_SCHEDULE = {
     "send-chunks-due": {"task": "worker.tasks.send_chunks_due", "schedule": 10.0},
     # A large user list whose validation task was lost is queued again.
     "user-lists-stalled": {"task": "segments.tasks.user_lists_stalled", "schedule": 300.0},
+    # Users whose whole send log has aged out are dropped from their (still live) buckets.
+    "send-logs-sweep": {"task": "limits.tasks.send_logs_sweep", "schedule": 60.0},
 }
 CELERY_TIMEZONE = TIME_ZONE
 
@@ -185,8 +187,15 @@ GATEKEEPER_SNAPSHOT_RETENTION = env.int("GATEKEEPER_SNAPSHOT_RETENTION", default
 GATEKEEPER_ID_WIDTH = env.int("GATEKEEPER_ID_WIDTH", default=32)
 # How often a process asks the store whether a new snapshot is live (seconds).
 GATEKEEPER_SNAPSHOT_POLL_SECONDS = env.float("GATEKEEPER_SNAPSHOT_POLL_SECONDS", default=5.0)
-# How long a process may use cached caps before reading them again (seconds).
+# How long a process may use cached caps and rules before reading them again (seconds).
 GATEKEEPER_CAPS_TTL_SECONDS = env.float("GATEKEEPER_CAPS_TTL_SECONDS", default=2.0)
+# Users' time zone when neither the send nor their segment names one (calendar windows).
+GATEKEEPER_DEFAULT_TIME_ZONE = env.str("GATEKEEPER_DEFAULT_TIME_ZONE", default="UTC")
+# True while logs of the earlier two-sorted-set format may remain (docs/limiter.md, upgrading):
+# the limiter moves a user's old logs into the new one before deciding for them.
+GATEKEEPER_LOG_UPGRADE = env.bool("GATEKEEPER_LOG_UPGRADE", default=False)
+# Buckets the sweep task looks at per run (every minute).
+GATEKEEPER_LOG_SWEEP_BUCKETS = env.int("GATEKEEPER_LOG_SWEEP_BUCKETS", default=20_000)
 # Who sees /metrics and the details of /readyz (segment slugs and sizes, the store's address):
 # callers with `Authorization: Bearer <GATEKEEPER_METRICS_TOKEN>`, or from these networks (none
 # by default: behind a proxy on the same host every caller would come from loopback). Everyone

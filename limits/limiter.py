@@ -1,11 +1,13 @@
-"""The exact sliding-log limiter: the decisions, on top of limits/lua/limiter.lua.
+"""The limiter: decisions over each user's send log, on top of limits/lua/limiter.lua.
 
-Policy (which caps apply to a user) is the caller's; this module builds each function call from
-the requests and the caps, and turns the replies into decisions. How calls reach Redis (nodes,
-slots, pipelines, reloading the library, rerouting on a cluster) is `limits.transport`'s.
+Which rules apply to a request is the caller's (limits.policy gives them as `RuleSet`s); this
+module builds each function call from the requests and their rule sets, and turns the replies
+into decisions. How calls reach Redis (nodes, slots, pipelines, reloading the library, rerouting
+on a cluster) is `limits.transport`'s; the bytes of the log are `limits.log`'s.
 """
 
 import logging
+import struct
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -15,39 +17,27 @@ from typing import Any
 from django.conf import settings
 
 from gatekeeper.lib.redis_client import get_redis
+from limits import log
+from limits.channels import ALL
+from limits.legacy import LegacyLogs
+from limits.policy import DEFAULT_PRIORITY, RuleSet, RuleView
 from limits.transport import Call, FunctionTransport
 
 logger = logging.getLogger(__name__)
 
-NO_CAP = -1
-ALL = "all"
-REASONS = {1: "allowed", 2: "duplicate", 3: "daily_cap", 4: "weekly_cap", 5: "blocked"}
 UNAVAILABLE = "unavailable"
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """One scope's caps. None: no cap for that window; 0: nothing at all."""
-
-    daily: int | None = None
-    weekly: int | None = None
-
-    def as_dict(self) -> dict[str, int | None]:
-        return {"daily": self.daily, "weekly": self.weekly}
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """The caps that apply to one user on one channel: the channel's and the `all` scope's."""
-
-    channel: Limits
-    all: Limits
+ALLOWED, DUPLICATE = 1, 2
+_REQUEST = struct.Struct(">HB")
 
 
 @dataclass(slots=True)
 class Decision:
     """One request's decision, from the limiter to the REST answer: the gate fills in
-    `segment`, and decides exempt and unavailable requests itself with the same type."""
+    `segment`, and decides exempt and unavailable requests itself with the same type.
+
+    `counts`: the channel's recorded sends in the last 24 h and 7 days (after this one);
+    `limits`: the classic caps of the request's channel (None: no cap); `rule`: the rule that
+    refused it; `reserved`: the slots a priority reserve kept from it, when that refused it."""
 
     user_id: int
     message_id: str
@@ -56,98 +46,106 @@ class Decision:
     counts: dict[str, int]
     limits: dict[str, int | None]
     retry_after: float | None
-    scope: str  # the log the counts describe: the channel's or `all`
+    rule: dict[str, Any] | None = None
+    reserved: int | None = None
     segment: str | None = None
 
 
-@dataclass(slots=True)
-class ScopeUsage:
-    scope: str
-    daily_used: int
-    weekly_used: int
-    limits: Limits
-    daily_remaining: int | None
-    weekly_remaining: int | None
+@dataclass(frozen=True, slots=True)
+class RuleUsage:
+    """One rule's figures for a user: what it counts now, and when a slot frees if it is full."""
+
+    rule: RuleView
+    channel: str
+    used: int
+    limit: int
     next_slot_in: float | None
 
-
-def log_key(prefix: str, user_id: int, scope: str) -> str:
-    # The {u:<id>} hash tag puts all of one user's logs in one cluster slot.
-    return f"{prefix}{{u:{user_id}}}:{scope}"
-
-
-def _cap(value: int | None) -> int:
-    return NO_CAP if value is None else value
+    @property
+    def remaining(self) -> int:
+        return max(self.limit - self.used, 0)
 
 
-def _remaining(cap: int | None, used: int) -> int | None:
-    return None if cap is None else max(cap - used, 0)
+def _now_arg(now: float | None) -> str:
+    return "" if now is None else str(round(now * 1000))
 
 
 class Limiter:
-    def __init__(self, client: Any, *, prefix: str = "gk:", fail_open: bool = False) -> None:
+    def __init__(
+        self, client: Any, *, prefix: str = "gk:", fail_open: bool = False, upgrade: bool = False
+    ) -> None:
         self.client = client
         self.prefix = prefix
         self.fail_open = fail_open
-        self.transport = FunctionTransport(client, slot_key=lambda u: log_key(prefix, u, ALL))
+        self.transport = FunctionTransport(
+            client, slot_key=lambda u: log.bucket_key(prefix, u), order_key=lambda u: u
+        )
+        # While logs of the earlier format may remain: moved into the new log before deciding.
+        self.legacy = (
+            LegacyLogs(client, prefix=prefix, import_entries=self.import_entries)
+            if upgrade
+            else None
+        )
 
-    # --- public API ----------------------------------------------------------------------------
+    # --- deciding ------------------------------------------------------------------------------
 
     def acquire(
         self,
         channel: str,
         requests: Sequence[tuple[int, str]],
-        caps: Policy | Sequence[Policy],
+        rule_sets: RuleSet | Sequence[RuleSet],
         *,
+        campaign: str = "",
+        tags: tuple[str, ...] = (),
+        priority: int = DEFAULT_PRIORITY,
+        retention_ms: int = 8 * 86_400_000,
         now: float | None = None,
         dry_run: bool = False,
     ) -> list[Decision]:
-        """One decision per request, in order. Records the admitted ones unless `dry_run`."""
-        policies: Sequence[Policy] = [caps] * len(requests) if isinstance(caps, Policy) else caps
-        if len(policies) != len(requests):
-            raise ValueError(f"{len(requests)} requests but {len(policies)} policies")
-        now_arg = "" if now is None else str(round(now * 1000))
+        """One decision per request, in order. Records the admitted ones unless `dry_run`.
+        `rule_sets`: one per request (or one for all): the rules each must fit."""
+        sets: Sequence[RuleSet] = (
+            [rule_sets] * len(requests) if isinstance(rule_sets, RuleSet) else rule_sets
+        )
+        if len(sets) != len(requests):
+            raise ValueError(f"{len(requests)} requests but {len(sets)} rule sets")
+        if not requests:
+            return []
         user_ids = [user_id for user_id, _ in requests]
+        if self.legacy is not None:
+            self.legacy.move(user_ids, now=now)
+        head = [_now_arg(now), "1" if dry_run else "0", channel, str(priority), str(retention_ms)]
+        tag_hashes = log.tags_bytes(tags)
+        payload_head = log.short_hash(campaign) + bytes((len(tag_hashes) // 4,)) + tag_hashes
+        hashes = [log.message_hash(message_id) for _, message_id in requests]
         results: list[Decision | None] = [None] * len(requests)
 
         def build(batches: list[list[int]]) -> Iterator[Call]:
             for chunk in batches:
-                keys: list[Any] = []
-                args: list[Any] = [now_arg, "1" if dry_run else "0", channel]
+                keys: dict[str, int] = {}
+                set_index: dict[int, int] = {}
+                set_records: list[bytes] = []  # each: its rule count, then its records
+                parts: list[bytes] = []
                 for i in chunk:
-                    user_id, message_id = requests[i]
-                    policy = policies[i]
-                    keys.append(log_key(self.prefix, user_id, channel))
-                    keys.append(log_key(self.prefix, user_id, ALL))
-                    args.extend(
-                        (
-                            message_id,
-                            _cap(policy.channel.daily),
-                            _cap(policy.channel.weekly),
-                            _cap(policy.all.daily),
-                            _cap(policy.all.weekly),
-                        )
-                    )
-                yield Call("gk_acquire", [len(keys), *keys, *args], chunk)
+                    user_id = user_ids[i]
+                    key = log.bucket_key(self.prefix, user_id)
+                    k = keys.get(key)
+                    if k is None:
+                        k = keys[key] = len(keys) + 1
+                    rule_set = sets[i]
+                    s = set_index.get(id(rule_set))
+                    if s is None:
+                        set_records.append(bytes((len(rule_set.rules),)) + rule_set.records)
+                        s = set_index[id(rule_set)] = len(set_records)
+                    parts.append(_REQUEST.pack(k, user_id & 0xFF) + hashes[i] + bytes((s,)))
+                payload = b"".join(
+                    (payload_head, bytes((len(set_records),)), *set_records, *parts)
+                )
+                yield Call("gk_acquire", [len(keys), *keys, *head, payload], chunk)
 
         def collect(call: Call, reply: list[Any]) -> None:
-            for position, i in enumerate(call.indexes):
-                k = 1 + 5 * position
-                reason, scope_code, daily, weekly, retry = reply[k : k + 5]
-                user_id, message_id = requests[i]
-                scope = ALL if scope_code == 1 else channel
-                limits = policies[i].all if scope_code == 1 else policies[i].channel
-                name = REASONS[reason]
-                results[i] = Decision(
-                    user_id=user_id,
-                    message_id=message_id,
-                    allowed=name in ("allowed", "duplicate"),
-                    reason=name,
-                    counts={"daily": daily, "weekly": weekly},
-                    limits=limits.as_dict(),
-                    retry_after=None if retry < 0 else retry / 1000,
-                    scope=scope,
-                )
+            for i, answer in zip(call.indexes, log.iter_replies(reply[1]), strict=True):
+                results[i] = self._decision(requests[i], sets[i], *answer)
 
         def fail(indexes: list[int]) -> None:
             for i in indexes:
@@ -158,52 +156,96 @@ class Limiter:
                     allowed=self.fail_open,
                     reason=UNAVAILABLE,
                     counts={},
-                    limits=policies[i].channel.as_dict(),
+                    limits=sets[i].limits,
                     retry_after=None,
-                    scope=channel,
                 )
 
-        if requests:
-            self.transport.run(user_ids, build, collect, fail)
+        self.transport.run(user_ids, build, collect, fail)
         return [d for d in results if d is not None]
 
-    def release(self, channel: str, requests: Sequence[tuple[int, str]]) -> list[bool]:
-        """Take recorded sends back out of both logs. False where nothing was recorded or
-        Redis is unavailable (the caller logs it; the entry then ages out with the window)."""
-        results = [False] * len(requests)
+    @staticmethod
+    def _decision(
+        request: tuple[int, str],
+        rule_set: RuleSet,
+        outcome: int,
+        rule_at: int,
+        used: int,
+        retry: int,
+        day: int,
+        week: int,
+    ) -> Decision:
+        user_id, message_id = request
+        counts = {"daily": day, "weekly": week}
+        if outcome in (ALLOWED, DUPLICATE):
+            return Decision(
+                user_id=user_id,
+                message_id=message_id,
+                allowed=True,
+                reason="allowed" if outcome == ALLOWED else "duplicate",
+                counts=counts,
+                limits=rule_set.limits,
+                retry_after=None,
+            )
+        rule = rule_set.rules[rule_at - 1]
+        reserved = None
+        if rule_set.effective[rule_at - 1] < rule.limit and used < rule.limit:
+            reserved = rule.reserve_slots  # the rule had room; its reserve did not
+        return Decision(
+            user_id=user_id,
+            message_id=message_id,
+            allowed=False,
+            reason=rule.reason(),
+            counts=counts,
+            limits=rule_set.limits,
+            retry_after=(retry - 1) / 1000 if retry else None,
+            rule=rule.as_decision(used),
+            reserved=reserved,
+        )
 
+    def release(self, channel: str, requests: Sequence[tuple[int, str]]) -> list[bool]:
+        """Take recorded sends back out of their users' logs. False where nothing was recorded
+        or Redis is unavailable (the caller logs it; the entry then ages out with the window)."""
+        results = [False] * len(requests)
         user_ids = [u for u, _ in requests]
+        if not requests:
+            return results
+        if self.legacy is not None:
+            self.legacy.move(user_ids, now=None)
 
         def build(batches: list[list[int]]) -> Iterator[Call]:
             for chunk in batches:
-                keys: list[Any] = []
+                keys = [log.bucket_key(self.prefix, user_ids[i]) for i in chunk]
+                args: list[Any] = [channel]
                 for i in chunk:
-                    keys.append(log_key(self.prefix, requests[i][0], channel))
-                    keys.append(log_key(self.prefix, requests[i][0], ALL))
-                args = [channel, *(requests[i][1] for i in chunk)]
+                    args.append(log.bucket_field(user_ids[i]))
+                    args.append(log.message_hash(requests[i][1]))
                 yield Call("gk_release", [len(keys), *keys, *args], chunk)
 
         def collect(call: Call, reply: list[Any]) -> None:
             for i, removed in zip(call.indexes, reply, strict=True):
                 results[i] = bool(removed)
 
-        if requests:
-            self.transport.run(user_ids, build, collect, lambda _: None)
+        self.transport.run(user_ids, build, collect, lambda _: None)
         return results
 
-    def peek(
-        self, channel: str, user_id: int, caps: Policy, *, now: float | None = None
-    ) -> list[ScopeUsage] | None:
-        """The user's usage in the channel log and the `all` log; None if Redis is unavailable."""
-        now_arg = "" if now is None else str(round(now * 1000))
-        keys = [log_key(self.prefix, user_id, channel), log_key(self.prefix, user_id, ALL)]
-        args = [
-            now_arg,
-            _cap(caps.channel.daily),
-            _cap(caps.channel.weekly),
-            _cap(caps.all.daily),
-            _cap(caps.all.weekly),
-        ]
+    # --- reading -------------------------------------------------------------------------------
+
+    def usage(
+        self,
+        user_id: int,
+        groups: Sequence[tuple[str, RuleSet]],
+        *,
+        campaign: str = "",
+        now: float | None = None,
+    ) -> list[RuleUsage] | None:
+        """Each rule's figures for one user, per (channel, rule set) group; None if Redis is
+        unavailable. A per-campaign rule without `campaign` shows the campaign that used most."""
+        if self.legacy is not None:
+            self.legacy.move([user_id], now=now)
+        args: list[Any] = [_now_arg(now), log.bucket_field(user_id), log.short_hash(campaign)]
+        for channel, rule_set in groups:
+            args.extend((channel, rule_set.records))
+        key = log.bucket_key(self.prefix, user_id)
         out: list[Any] = []
 
         def collect(call: Call, reply: list[Any]) -> None:
@@ -211,57 +253,95 @@ class Limiter:
 
         self.transport.run(
             [user_id],
-            lambda batches: [Call("gk_peek", [2, *keys, *args], batch) for batch in batches],
+            lambda batches: [Call("gk_usage", [1, key, *args], batch) for batch in batches],
             collect,
             lambda _: None,
         )
         if not out:
             return None
-        usage = []
-        for s, (scope, limits) in enumerate(((channel, caps.channel), (ALL, caps.all))):
-            daily, weekly, retry = out[1 + 3 * s : 4 + 3 * s]
-            usage.append(
-                ScopeUsage(
-                    scope=scope,
-                    daily_used=daily,
-                    weekly_used=weekly,
-                    limits=limits,
-                    daily_remaining=_remaining(limits.daily, daily),
-                    weekly_remaining=_remaining(limits.weekly, weekly),
-                    next_slot_in=None if retry < 0 else retry / 1000,
+        figures, k = [], 1
+        for channel, rule_set in groups:
+            for rule, limit in zip(rule_set.rules, rule_set.effective, strict=True):
+                used, retry = int(out[k]), int(out[k + 1])
+                k += 2
+                figures.append(
+                    RuleUsage(
+                        rule=rule,
+                        channel=channel,
+                        used=used,
+                        limit=limit,
+                        next_slot_in=None if retry < 0 else retry / 1000,
+                    )
                 )
-            )
-        return usage
+        return figures
 
-    def history(
-        self, user_id: int, scope: str, *, now: float | None = None
-    ) -> list[tuple[str, float]]:
-        """Recorded sends in the weekly window, newest first: (member, epoch seconds)."""
-        now_ms = time.time() * 1000 if now is None else now * 1000
-        entries = self.client.zrevrangebyscore(
-            log_key(self.prefix, user_id, scope),
-            "+inf",
-            f"({now_ms - 7 * 86400000}",
-            withscores=True,
-        )
-        return [(m.decode() if isinstance(m, bytes) else m, score / 1000) for m, score in entries]
+    def entries(self, user_id: int) -> list[log.Entry]:
+        """The user's log as it is stored (every channel, entries not trimmed yet included)."""
+        raw = self.client.hget(log.bucket_key(self.prefix, user_id), log.bucket_field(user_id))
+        return log.decode(raw)
 
-    def reset(self, user_id: int, scopes: Sequence[str]) -> int:
-        """Forget the user's logs (an audited admin action). Returns how many logs existed."""
-        keys = [log_key(self.prefix, user_id, scope) for scope in scopes]
-        if not keys:
-            return 0
-        # One slot: the keys share the user's hash tag, so one DEL works on a cluster too.
-        return int(self.client.delete(*keys))
+    def history(self, user_id: int, *, now: float | None = None) -> list[log.Entry]:
+        """Recorded sends in the last 7 days, newest first."""
+        since = (time.time() if now is None else now) * 1000 - 7 * 86_400_000
+        found = [e for e in self.entries(user_id) if e.at_ms > since]
+        return sorted(found, key=lambda e: -e.at_ms)
+
+    def reset(self, user_id: int) -> bool:
+        """Forget the user's log (an audited admin action). True if there was one."""
+        key, field = log.bucket_key(self.prefix, user_id), log.bucket_field(user_id)
+        forgot = bool(self.client.hdel(key, field))
+        if self.legacy is not None:
+            forgot = self.legacy.forget(user_id) or forgot
+        return forgot
 
     def ping(self) -> bool:
         """True when Redis answers the real function path (for /readyz)."""
-        return self.peek("probe", 0, Policy(channel=Limits(), all=Limits())) is not None
+        empty = RuleSet(records=b"", rules=(), effective=(), limits={})
+        return self.usage(0, [(ALL, empty)]) is not None
+
+    # --- upkeep --------------------------------------------------------------------------------
+
+    def sweep(self, keys: Sequence[str], *, retention_ms: int, now: float | None = None) -> int:
+        """Drop the users of these buckets whose newest entry has left the retention."""
+        dropped = 0
+        for key in keys:
+            dropped += int(self.client.fcall("gk_sweep", 1, key, _now_arg(now), retention_ms))
+        return dropped
+
+    def import_entries(
+        self,
+        user_id: int,
+        entries: Sequence[tuple[str, int, str]],
+        *,
+        retention_ms: int,
+        now: float | None = None,
+    ) -> int:
+        """Add (channel, time ms, message id) entries to a user's log unless there already (the
+        upgrade from the earlier format). Returns how many were added."""
+        args: list[Any] = [_now_arg(now), retention_ms, log.bucket_field(user_id)]
+        for channel, at_ms, message_id in entries:
+            args.extend((channel, at_ms, log.message_hash(message_id)))
+        key = log.bucket_key(self.prefix, user_id)
+        added: list[int] = []
+
+        def collect(call: Call, reply: Any) -> None:
+            added.append(int(reply))
+
+        def fail(indexes: list[int]) -> None:
+            raise ConnectionError("Redis is not answering: nothing was imported")
+
+        self.transport.run(
+            [user_id],
+            lambda batches: [Call("gk_import", [1, key, *args], batch) for batch in batches],
+            collect,
+            fail,
+        )
+        return sum(added)
 
 
 @cache
-def _limiter_for(url: str, cluster: bool, prefix: str, fail_open: bool) -> Limiter:
-    return Limiter(get_redis(), prefix=prefix, fail_open=fail_open)
+def _limiter_for(url: str, cluster: bool, prefix: str, fail_open: bool, upgrade: bool) -> Limiter:
+    return Limiter(get_redis(), prefix=prefix, fail_open=fail_open, upgrade=upgrade)
 
 
 def get_limiter() -> Limiter:
@@ -271,6 +351,7 @@ def get_limiter() -> Limiter:
         bool(settings.REDIS_CLUSTER),
         settings.GATEKEEPER_KEY_PREFIX,
         bool(settings.GATEKEEPER_FAIL_OPEN),
+        bool(settings.GATEKEEPER_LOG_UPGRADE),
     )
 
 

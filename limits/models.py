@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 
@@ -58,6 +60,136 @@ class CapChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.segment_slug}/{self.channel}: {self.old_daily}/{self.old_weekly} -> {self.new_daily}/{self.new_weekly}"
+
+
+class Rule(models.Model):
+    """A cap rule: for the users of one segment (or of every segment), on one channel (or all
+    channels together), count the marketing sends that match over a window and admit at most
+    `limit`. Validated by `limits.rules.rule_problems`; written through `limits.services`.
+
+    A classic cap is stored as two of these (rolling 24 h and 7 d, every send), tied to their
+    Cap row: they change with the cap and only through it.
+    """
+
+    class Match(models.TextChoices):
+        ANY = "any", "every send"
+        TAG = "tag", "sends carrying a tag"
+        CAMPAIGN = "campaign", "each campaign on its own"
+
+    class WindowKind(models.TextChoices):
+        ROLLING = "rolling", "rolling"
+        CALENDAR = "calendar", "calendar, in the user's time zone"
+
+    class Unit(models.TextChoices):
+        DAY = "day"
+        WEEK = "week"
+        MONTH = "month"
+
+    name = models.CharField(max_length=100, help_text='In your words: "1 promo a day".')
+    segment = models.ForeignKey(
+        Segment,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="rules",
+        help_text="Empty: every segment.",
+    )
+    # Validated against settings rather than `choices`, so adding a channel needs no migration.
+    channel = models.CharField(max_length=32, validators=[validate_scope])
+    match = models.CharField(max_length=16, choices=Match.choices, default=Match.ANY)
+    tag = models.CharField(max_length=64, blank=True, help_text="The tag a tag rule counts.")
+    window_kind = models.CharField(
+        max_length=16, choices=WindowKind.choices, default=WindowKind.ROLLING
+    )
+    window_seconds = models.PositiveIntegerField(
+        null=True, blank=True, help_text="A rolling window's length: 60 to 7,776,000 (90 days)."
+    )
+    window_unit = models.CharField(max_length=8, choices=Unit.choices, blank=True)
+    limit = models.PositiveIntegerField(help_text="Most sends in the window; 0 blocks them all.")
+    reserve_below_priority = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Sends below this priority (1-9) may not use the reserve."
+    )
+    reserve_slots = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Slots kept for sends of that priority or above."
+    )
+    enabled = models.BooleanField(default=True)
+    cap = models.ForeignKey(
+        Cap, on_delete=models.CASCADE, null=True, blank=True, editable=False, related_name="rules"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="+",
+    )
+    changed_at = models.DateTimeField(auto_now=True)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="+",
+    )
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["cap", "window_seconds"],
+                condition=models.Q(cap__isnull=False),
+                name="limits_one_rule_per_classic_window",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def classic(self) -> bool:
+        return self.cap_id is not None
+
+    def window(self) -> dict[str, Any]:
+        if self.window_kind == self.WindowKind.CALENDAR:
+            return {"kind": "calendar", "unit": self.window_unit}
+        return {"kind": "rolling", "seconds": self.window_seconds}
+
+    def reserve(self) -> dict[str, int] | None:
+        if self.reserve_below_priority is None or self.reserve_slots is None:
+            return None
+        return {"below_priority": self.reserve_below_priority, "slots": self.reserve_slots}
+
+
+class RuleChange(models.Model):
+    """One change of a rule: who, when, through what, and the rule before and after (as the
+    REST API shows it). Written by the services in the same transaction as the change."""
+
+    class Action(models.TextChoices):
+        CREATED = "created"
+        CHANGED = "changed"
+        DELETED = "deleted"
+
+    rule = models.ForeignKey(
+        Rule, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
+    )
+    rule_name = models.CharField(max_length=100)
+    action = models.CharField(max_length=8, choices=Action.choices)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    via = models.CharField(max_length=16, default="admin", help_text="admin, api, cap or command")
+    changed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-changed_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.rule_name}: {self.action}"
 
 
 class QuotaReset(models.Model):

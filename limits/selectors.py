@@ -1,4 +1,4 @@
-"""Reads of the caps, with the in-process cache every gate call uses."""
+"""Reads of caps and rules, with the in-process cache every gate call uses."""
 
 import threading
 import time
@@ -6,51 +6,65 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from limits.channels import ALL
-from limits.limiter import Limits, Policy
-from limits.models import Cap
-
-CapsTable = dict[str, dict[str, Limits]]
-"""segment slug -> scope (each channel and `all`) -> limits. A missing scope means no cap."""
+from limits.models import Cap, Rule
+from limits.policy import PolicyTable, RuleView
+from segments.models import Segment
 
 
-def caps_table_read() -> CapsTable:
-    """All caps straight from the database."""
-    table: CapsTable = {}
-    for segment_slug, channel, daily, weekly in Cap.objects.values_list(
-        "segment__slug", "channel", "daily", "weekly"
-    ):
-        table.setdefault(segment_slug, {})[channel] = Limits(daily=daily, weekly=weekly)
-    return table
+def rule_view(rule: Rule) -> RuleView:
+    return RuleView(
+        id=rule.pk,
+        name=rule.name,
+        segment=rule.segment.slug if rule.segment is not None else None,
+        channel=rule.channel,
+        match=rule.match,
+        tag=rule.tag,
+        window_kind=rule.window_kind,
+        window_seconds=rule.window_seconds,
+        window_unit=rule.window_unit,
+        limit=rule.limit,
+        reserve_below=rule.reserve_below_priority,
+        reserve_slots=rule.reserve_slots,
+        classic=rule.cap_id is not None,
+    )
 
 
-def policy_from(table: CapsTable, *, segment: str | None, channel: str) -> Policy:
-    """The caps a send on `channel` to a user of `segment` must fit: the channel's and `all`'s
-    (missing caps: no limit)."""
-    caps = table.get(segment or "", {})
-    return Policy(channel=caps.get(channel, Limits()), all=caps.get(ALL, Limits()))
+def policy_read(*, rules: list[Rule] | None = None) -> PolicyTable:
+    """Every enabled rule (in the rules list's order), the classic caps and the segments' time
+    zones, straight from the database. `rules`: use these instead of the enabled ones (what-if
+    over draft rules)."""
+    if rules is None:
+        rules = list(Rule.objects.filter(enabled=True).select_related("segment"))
+    classic = {
+        (segment, channel): (daily, weekly)
+        for segment, channel, daily, weekly in Cap.objects.values_list(
+            "segment__slug", "channel", "daily", "weekly"
+        )
+    }
+    zones = dict(Segment.objects.values_list("slug", "time_zone"))
+    return PolicyTable(rules=tuple(rule_view(rule) for rule in rules), classic=classic, zones=zones)
 
 
 @dataclass
-class _CachedCaps:
-    table: CapsTable
+class _Cached:
+    table: PolicyTable
     read_at: float
 
 
-class CapsCache:
-    """Caps kept in process for `ttl` seconds.
+class PolicyCache:
+    """Rules, caps and zones kept in process for `ttl` seconds.
 
-    Every gate call needs the caps of every segment; reading them from the database each time
-    would cost more than the limiter itself. A short TTL bounds how long an edit made in admin
-    or over the API takes to govern decisions in every process (no restart, no signal needed).
+    Every gate call needs them; reading them from the database each time would cost more than
+    the limiter itself. A short TTL bounds how long an edit made in the admin or over the API
+    takes to govern decisions in every process (no restart, no signal needed).
     """
 
     def __init__(self, *, ttl: float) -> None:
         self.ttl = ttl
         self._lock = threading.Lock()
-        self._cached: _CachedCaps | None = None
+        self._cached: _Cached | None = None
 
-    def table(self, *, now: float | None = None) -> CapsTable:
+    def table(self, *, now: float | None = None) -> PolicyTable:
         now = time.monotonic() if now is None else now
         cached = self._cached
         if cached is not None and now - cached.read_at < self.ttl:
@@ -58,22 +72,19 @@ class CapsCache:
         with self._lock:
             cached = self._cached
             if cached is None or now - cached.read_at >= self.ttl:
-                cached = _CachedCaps(table=caps_table_read(), read_at=now)
+                cached = _Cached(table=policy_read(), read_at=now)
                 self._cached = cached
         return cached.table
 
     def invalidate(self) -> None:
         self._cached = None
 
-    def policy(self, *, segment: str, channel: str) -> Policy:
-        return policy_from(self.table(), segment=segment, channel=channel)
+
+_policy_cache: PolicyCache | None = None
 
 
-_caps_cache: CapsCache | None = None
-
-
-def caps_cache() -> CapsCache:
-    global _caps_cache
-    if _caps_cache is None:
-        _caps_cache = CapsCache(ttl=settings.GATEKEEPER_CAPS_TTL_SECONDS)
-    return _caps_cache
+def policy_cache() -> PolicyCache:
+    global _policy_cache
+    if _policy_cache is None:
+        _policy_cache = PolicyCache(ttl=settings.GATEKEEPER_CAPS_TTL_SECONDS)
+    return _policy_cache

@@ -1,16 +1,166 @@
-"""Writes to caps. Admin, REST API and commands all change caps through `cap_set`."""
+"""Writes to caps and rules. Admin, REST API and commands change caps through `cap_set` and
+rules through `rule_create`, `rule_update` and `rule_delete`; each change is recorded with who
+made it, in the same transaction."""
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from gatekeeper.lib.integers import INT32_MAX, NotAWholeNumber, whole_number
-from limits.channels import validate_scope
-from limits.models import Cap, CapChange
-from limits.selectors import caps_cache
+from limits.channels import scope_label, validate_scope
+from limits.models import Cap, CapChange, Rule, RuleChange
+from limits.rules import RuleFields, noun, rule_as_json, rule_problems, window_seconds_of
+from limits.selectors import policy_cache
 from segments.models import Segment
+
+
+class ClassicRule(ValidationError):
+    """A classic cap's rule changes only with its cap."""
+
+
+def _who(user: Any) -> Any:
+    return user if user is not None and getattr(user, "is_authenticated", False) else None
+
+
+def _record(rule: Rule, action: str, before: Any, after: Any, user: Any, via: str) -> None:
+    RuleChange.objects.create(
+        rule=rule if action != RuleChange.Action.DELETED else None,
+        rule_name=rule.name,
+        action=action,
+        before=before,
+        after=after,
+        changed_by=_who(user),
+        via=via,
+    )
+
+
+def _apply(rule: Rule, fields: RuleFields, segment: Segment | None) -> None:
+    rule.name = fields.name.strip()
+    rule.segment = segment
+    rule.channel = fields.channel
+    rule.match = fields.match
+    rule.tag = fields.tag if fields.match == "tag" else ""
+    rule.window_kind = fields.window_kind
+    rule.window_seconds = fields.window_seconds if fields.window_kind == "rolling" else None
+    rule.window_unit = fields.window_unit if fields.window_kind == "calendar" else ""
+    rule.limit = fields.limit
+    rule.reserve_below_priority = fields.reserve_below_priority
+    rule.reserve_slots = fields.reserve_slots
+    rule.enabled = fields.enabled
+
+
+def rule_fields(rule: Rule) -> RuleFields:
+    """A stored rule's editable fields (the base of a partial change)."""
+    return RuleFields(
+        name=rule.name,
+        segment=rule.segment.slug if rule.segment is not None else None,
+        channel=rule.channel,
+        match=rule.match,
+        tag=rule.tag,
+        window_kind=rule.window_kind,
+        window_seconds=rule.window_seconds,
+        window_unit=rule.window_unit,
+        limit=rule.limit,
+        reserve_below_priority=rule.reserve_below_priority,
+        reserve_slots=rule.reserve_slots,
+        enabled=rule.enabled,
+    )
+
+
+def _checked(fields: RuleFields) -> Segment | None:
+    """The rule's segment; ValidationError by field for anything wrong with the rule."""
+    slugs = list(Segment.objects.values_list("slug", flat=True))
+    problems = rule_problems(fields, segments=slugs)
+    if problems:
+        raise ValidationError(problems)
+    return Segment.objects.get(slug=fields.segment) if fields.segment is not None else None
+
+
+def rule_create(*, fields: RuleFields, user: Any = None, via: str = "admin") -> Rule:
+    """A new rule, governing every process within GATEKEEPER_CAPS_TTL_SECONDS."""
+    segment = _checked(fields)
+    with transaction.atomic():
+        rule = Rule(created_by=_who(user), changed_by=_who(user))
+        _apply(rule, fields, segment)
+        rule.save()
+        _record(rule, RuleChange.Action.CREATED, None, rule_as_json(rule), user, via)
+    transaction.on_commit(policy_cache().invalidate)
+    return rule
+
+
+def rule_update(
+    *, rule: Rule, changes: dict[str, Any], user: Any = None, via: str = "admin"
+) -> Rule:
+    """Change some of a rule's fields (`changes`: RuleFields names); the rule is checked whole.
+    A classic cap's rule is refused: it changes with its cap (cap_set)."""
+    if rule.cap_id is not None:
+        raise ClassicRule({"non_field_errors": [_classic_message(rule)]})
+    fields = RuleFields(**{**asdict(rule_fields(rule)), **changes})
+    segment = _checked(fields)
+    with transaction.atomic():
+        locked = Rule.objects.select_for_update().get(pk=rule.pk)
+        before = rule_as_json(locked)
+        _apply(locked, fields, segment)
+        locked.changed_by = _who(user)
+        after = rule_as_json(locked)
+        if after != before:
+            locked.save()
+            _record(locked, RuleChange.Action.CHANGED, before, after, user, via)
+    transaction.on_commit(policy_cache().invalidate)
+    return locked
+
+
+def rule_delete(*, rule: Rule, user: Any = None, via: str = "admin") -> None:
+    if rule.cap_id is not None:
+        raise ClassicRule({"non_field_errors": [_classic_message(rule)]})
+    with transaction.atomic():
+        _record(rule, RuleChange.Action.DELETED, rule_as_json(rule), None, user, via)
+        rule.delete()
+    transaction.on_commit(policy_cache().invalidate)
+
+
+def _classic_message(rule: Rule) -> str:
+    segment = rule.segment.slug if rule.segment is not None else ""
+    return (
+        f"'{rule.name}' is a classic cap: change it with the cap grid or "
+        f"PUT /api/v1/limits/{segment}/{rule.channel}/."
+    )
+
+
+def classic_rule_name(segment: Segment, channel: str, which: str) -> str:
+    return f"{segment.name}: {which} cap on {scope_label(channel)}"
+
+
+def _classic_sync(cap: Cap, user: Any, via: str) -> None:
+    """Make the cap's two rules (rolling 24 h and 7 d, every send) match its limits."""
+    for which, value in (("daily", cap.daily), ("weekly", cap.weekly)):
+        seconds = window_seconds_of(which)
+        rule = Rule.objects.filter(cap=cap, window_seconds=seconds).first()
+        if value is None:
+            if rule is not None:
+                _record(rule, RuleChange.Action.DELETED, rule_as_json(rule), None, user, via)
+                rule.delete()
+            continue
+        if rule is None:
+            rule = Rule(cap=cap, created_by=_who(user))
+            before = None
+        else:
+            before = rule_as_json(rule)
+        rule.name = classic_rule_name(cap.segment, cap.channel, which)
+        rule.segment = cap.segment
+        rule.channel = cap.channel
+        rule.match = Rule.Match.ANY
+        rule.window_kind = Rule.WindowKind.ROLLING
+        rule.window_seconds = seconds
+        rule.limit = value
+        rule.changed_by = _who(user)
+        after = rule_as_json(rule) if before is not None else None
+        if before is None or after != before:
+            rule.save()
+            action = RuleChange.Action.CREATED if before is None else RuleChange.Action.CHANGED
+            _record(rule, action, before, rule_as_json(rule), user, via)
 
 
 def cap_set(
@@ -55,11 +205,12 @@ def cap_set(
             old_weekly=old_weekly,
             new_daily=daily,
             new_weekly=weekly,
-            changed_by=user if user is not None and user.is_authenticated else None,
+            changed_by=_who(user),
             via=via,
         )
+        _classic_sync(cap, user, "cap")
     # This process sees its own edit at once; the others within the cache TTL.
-    transaction.on_commit(caps_cache().invalidate)
+    transaction.on_commit(policy_cache().invalidate)
     return cap
 
 
@@ -74,36 +225,24 @@ def cap_warnings(*, daily: int | None, weekly: int | None) -> list[str]:
     return warnings
 
 
-NOUNS = {
-    "email": ("email", "emails"),
-    "push": ("push message", "push messages"),
-    "all": ("marketing message", "marketing messages"),
-}
-
-
-def _noun(channel: str, count: int) -> str:
-    one, many = NOUNS.get(channel, (f"{channel} message", f"{channel} messages"))
-    return one if count == 1 else many
-
-
 def cap_describe(*, channel: str, daily: int | None, weekly: int | None) -> str:
     """'at most 3 emails in any 24 hours and 10 in any 7 days'; 'at most 1 email ...'."""
     if daily == 0 or weekly == 0:
         return (
             "no marketing messages at all"
             if channel == "all"
-            else f"no marketing {_noun(channel, 2)}"
+            else f"no marketing {noun(channel, 2)}"
         )
     parts = []
     if daily is not None:
-        parts.append(f"at most {daily:,} {_noun(channel, daily)} in any 24 hours")
+        parts.append(f"at most {daily:,} {noun(channel, daily)} in any 24 hours")
     if weekly is not None:
         parts.append(
             f"{weekly:,} in any 7 days"
             if parts
-            else f"at most {weekly:,} {_noun(channel, weekly)} in any 7 days"
+            else f"at most {weekly:,} {noun(channel, weekly)} in any 7 days"
         )
-    return " and ".join(parts) if parts else f"no cap on {_noun(channel, 2)}"
+    return " and ".join(parts) if parts else f"no cap on {noun(channel, 2)}"
 
 
 def cap_from_text(raw: str | None, label: str) -> int | None:

@@ -62,11 +62,20 @@ def _is_missing_function(exc: BaseException) -> bool:
 
 class FunctionTransport:
     """Calls of the limiter library on one Redis or a Redis Cluster. `slot_key(user_id)` names
-    a key in the user's slot (the hash tag of the user's logs), to route by."""
+    a key in the user's slot (the hash tag of the user's log), to route by; `order_key` sorts
+    each call's requests so that those sharing a key come together (stable: one user's
+    requests keep their order)."""
 
-    def __init__(self, client: Any, *, slot_key: Callable[[int], str]) -> None:
+    def __init__(
+        self,
+        client: Any,
+        *,
+        slot_key: Callable[[int], str],
+        order_key: Callable[[int], int] | None = None,
+    ) -> None:
         self.client = client
         self.slot_key = slot_key
+        self.order_key = order_key
         self._loaded: set[str] = set()
 
     @property
@@ -75,6 +84,9 @@ class FunctionTransport:
 
     def _batches(self, user_ids: Sequence[int], indexes: list[int]) -> list[list[int]]:
         """Split one node's requests into the groups that one FCALL may decide together."""
+        if self.order_key is not None:
+            order = self.order_key
+            indexes = sorted(indexes, key=lambda i: order(user_ids[i]))
         if not self.is_cluster:
             return [indexes[i : i + USERS_PER_CALL] for i in range(0, len(indexes), USERS_PER_CALL)]
         by_slot: dict[int, list[int]] = {}

@@ -8,6 +8,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from gatekeeper.lib.words import count
+from gatekeeper.lib.zones import validate_time_zone
 
 DEFAULT_SEGMENT_SLUG = "default"
 
@@ -25,6 +26,13 @@ class Segment(models.Model):
         unique=True, help_text="Lower wins: a user in several lists belongs to the lowest number."
     )
     description = models.TextField(blank=True)
+    time_zone = models.CharField(
+        max_length=64,
+        blank=True,
+        validators=[validate_time_zone],
+        help_text="Its users' IANA time zone when a send names none (calendar windows, quiet "
+        "hours). Empty: GATEKEEPER_DEFAULT_TIME_ZONE.",
+    )
     is_default = models.BooleanField(
         default=False, editable=False, help_text="Users in no list belong to this segment."
     )

@@ -25,10 +25,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _test_settings(settings, tmp_path):
-    from limits.selectors import caps_cache
+    from limits.selectors import policy_cache
 
-    # Caps are cached per process for a few seconds: never carry one test's caps into the next.
-    caps_cache().invalidate()
+    # Rules are cached per process for a few seconds: never carry one test's into the next.
+    policy_cache().invalidate()
     settings.REDIS_URL = TEST_REDIS_URL
     settings.GATEKEEPER_STORE_URL = str(tmp_path / "store")
     settings.GATEKEEPER_SNAPSHOT_CACHE_DIR = tmp_path / "snapshot-cache"

@@ -16,7 +16,6 @@ from gatekeeper.lib.console import ConsoleLink, ago, page, render, require
 from gatekeeper.lib.ids import max_user_id
 from gatekeeper.lib.integers import WholeNumberField
 from limits.channels import channels, scope_label, scopes
-from limits.limiter import Limits
 from limits.models import Cap
 from limits.services import cap_from_text, cap_text
 from segments.index import get_index, index_status
@@ -255,7 +254,7 @@ def what_if_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     current = {(c.segment_id, c.channel): c for c in Cap.objects.all()}
     posted = request.method == "POST"
     form = WhatIfAudienceForm(request.POST if posted else None, request.FILES if posted else None)
-    draft: dict[tuple[str, str], Limits] = {}
+    draft: dict[tuple[str, str], tuple[int | None, int | None]] = {}
     grid = []
     errors: list[str] = []
     for segment in segments:
@@ -270,9 +269,9 @@ def what_if_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
                 else now_values
             )  # fmt: skip
             try:
-                limits = Limits(
-                    daily=cap_from_text(shown[0], f"{segment.name} {scope} daily"),
-                    weekly=cap_from_text(shown[1], f"{segment.name} {scope} weekly"),
+                limits = (
+                    cap_from_text(shown[0], f"{segment.name} {scope} daily"),
+                    cap_from_text(shown[1], f"{segment.name} {scope} weekly"),
                 )
                 if shown != now_values:
                     draft[(segment.slug, scope)] = limits

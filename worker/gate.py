@@ -1,8 +1,9 @@
-"""The gate: segments + caps + limiter, one decision per request.
+"""The gate: segments + rules + limiter, one decision per request.
 
 `gate_check` is what the REST API, the send worker and the admin's what-if all call. Per batch it
-resolves every user's segment in memory (one bitmap operation), looks up the caps from the
-in-process cache, and asks the limiter in one round trip per Redis node.
+resolves every user's segment in memory (one bitmap operation), takes the rules from the
+in-process cache, resolves per segment and time zone the rules that apply (a calendar window in
+the user's own zone), and asks the limiter in one round trip per Redis node.
 """
 
 import logging
@@ -13,8 +14,10 @@ from typing import Protocol
 from django.core.exceptions import ValidationError
 
 from limits.channels import validate_channel
-from limits.limiter import Decision, Limiter, Policy, get_limiter
-from limits.selectors import CapsCache, caps_cache, policy_from
+from limits.limiter import Decision, Limiter, get_limiter
+from limits.policy import DEFAULT_PRIORITY, PolicyTable, RuleSet
+from limits.selectors import PolicyCache, policy_cache
+from limits.windows import resolve_zone
 from segments.index import get_index
 from worker import stats
 
@@ -73,12 +76,12 @@ class Gate:
         self,
         *,
         limiter: Limiter | None = None,
-        caps: CapsCache | None = None,
+        policy: PolicyCache | None = None,
         index: SegmentResolver | None = None,
         record_stats: bool = True,
     ) -> None:
         self._limiter = limiter
-        self._caps = caps
+        self._policy = policy
         self._index = index
         self.record_stats = record_stats
 
@@ -87,8 +90,8 @@ class Gate:
         return self._limiter or get_limiter()
 
     @property
-    def caps(self) -> CapsCache:
-        return self._caps or caps_cache()
+    def policy(self) -> PolicyCache:
+        return self._policy or policy_cache()
 
     def index(self) -> SegmentResolver | None:
         return self._index if self._index is not None else get_index()
@@ -100,9 +103,15 @@ class Gate:
         requests: Sequence[tuple[int, str]],
         campaign: str = "",
         category: str = MARKETING,
+        tags: tuple[str, ...] = (),
+        priority: int = DEFAULT_PRIORITY,
+        time_zones: Sequence[str | None] | None = None,
         dry_run: bool = False,
         now: float | None = None,
+        table: PolicyTable | None = None,
     ) -> list[Decision]:
+        """`time_zones`: per request, the user's zone (None: the segment's, else the setting's).
+        `table`: decide by these rules instead of the live ones (the what-if)."""
         _checked(channel, category)
         if not requests:
             return []
@@ -116,39 +125,82 @@ class Gate:
         if category == TRANSACTIONAL:
             # Receipts and one-time codes: never refused, never counted.
             decisions = [
-                _own(u, m, channel, segment=s, allowed=True, reason=EXEMPT)
+                _own(u, m, segment=s, allowed=True, reason=EXEMPT)
                 for (u, m), s in zip(requests, segments, strict=True)
             ]
         elif index is None:
             _log_no_snapshot()
             decisions = [
-                _own(u, m, channel, segment=None, allowed=False, reason=UNAVAILABLE)
-                for u, m in requests
+                _own(u, m, segment=None, allowed=False, reason=UNAVAILABLE) for u, m in requests
             ]
         else:
-            decisions = self._decide(channel, requests, segments, dry_run=dry_run, now=now)
+            decisions = self._decide(
+                table or self.policy.table(),
+                channel,
+                requests,
+                segments,
+                campaign=campaign,
+                tags=tags,
+                priority=priority,
+                time_zones=time_zones,
+                dry_run=dry_run,
+                now=now,
+            )
         if self.record_stats and not dry_run:
             stats.record(channel=channel, decisions=decisions)
         return decisions
 
     def _decide(
         self,
+        table: PolicyTable,
         channel: str,
         requests: Sequence[tuple[int, str]],
         segments: Sequence[str | None],
         *,
+        campaign: str,
+        tags: tuple[str, ...],
+        priority: int,
+        time_zones: Sequence[str | None] | None,
         dry_run: bool,
         now: float | None,
     ) -> list[Decision]:
-        table = self.caps.table()
-        policies: dict[str | None, Policy] = {}
-        per_request: list[Policy] = []
-        for segment in segments:
-            policy = policies.get(segment)
-            if policy is None:
-                policy = policies[segment] = policy_from(table, segment=segment, channel=channel)
-            per_request.append(policy)
-        decisions = self.limiter.acquire(channel, requests, per_request, now=now, dry_run=dry_run)
+        now_ms = round((time.time() if now is None else now) * 1000)
+        sets: dict[tuple[str | None, str], RuleSet] = {}
+        per_request: list[RuleSet] = []
+        zoned: dict[str | None, bool] = {}
+        for i, segment in enumerate(segments):
+            needs_zone = zoned.get(segment)
+            if needs_zone is None:
+                needs_zone = zoned[segment] = table.needs_zone(segment=segment, channel=channel)
+            zone = ""
+            if needs_zone:
+                zone = resolve_zone(
+                    requested=time_zones[i] if time_zones is not None else None,
+                    segment_zone=table.zone_of(segment),
+                )
+            rule_set = sets.get((segment, zone))
+            if rule_set is None:
+                rule_set = sets[(segment, zone)] = table.rule_set(
+                    segment=segment,
+                    channel=channel,
+                    campaign=campaign,
+                    tags=tags,
+                    priority=priority,
+                    zone=zone,
+                    now_ms=now_ms,
+                )
+            per_request.append(rule_set)
+        decisions = self.limiter.acquire(
+            channel,
+            requests,
+            per_request,
+            campaign=campaign,
+            tags=tags,
+            priority=priority,
+            retention_ms=table.retention_ms,
+            now=now,
+            dry_run=dry_run,
+        )
         for decision, segment in zip(decisions, segments, strict=True):
             decision.segment = segment
         return decisions
@@ -159,7 +211,7 @@ class Gate:
 
 
 def _own(
-    user_id: int, message_id: str, channel: str, *, segment: str | None, allowed: bool, reason: str
+    user_id: int, message_id: str, *, segment: str | None, allowed: bool, reason: str
 ) -> Decision:
     """A decision the gate makes without the limiter (exempt, unavailable)."""
     return Decision(
@@ -170,7 +222,6 @@ def _own(
         counts={},
         limits={},
         retry_after=None,
-        scope=channel,
         segment=segment,
     )
 
@@ -184,8 +235,12 @@ def gate_check(
     requests: Sequence[tuple[int, str]],
     campaign: str = "",
     category: str = MARKETING,
+    tags: tuple[str, ...] = (),
+    priority: int = DEFAULT_PRIORITY,
+    time_zones: Sequence[str | None] | None = None,
     dry_run: bool = False,
     now: float | None = None,
+    table: PolicyTable | None = None,
 ) -> list[Decision]:
     """One decision per request, in request order. Raises GateError for an unknown channel."""
     return _default_gate.check(
@@ -193,8 +248,12 @@ def gate_check(
         requests=requests,
         campaign=campaign,
         category=category,
+        tags=tags,
+        priority=priority,
+        time_zones=time_zones,
         dry_run=dry_run,
         now=now,
+        table=table,
     )
 
 

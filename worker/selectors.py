@@ -1,18 +1,27 @@
-"""Reads that join the segment index, the caps and the limiter: a user's quota, their recent
+"""Reads that join the segment index, the rules and the limiter: a user's quota, their recent
 sends, and the what-if of a draft change of caps. None of them writes anything."""
 
+import time
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import redis
 
-from limits.channels import channels
-from limits.limiter import Limits, get_limiter
-from limits.selectors import CapsTable, caps_cache, caps_table_read, policy_from
+from limits.channels import ALL, channels, scopes
+from limits.limiter import RuleUsage, get_limiter
+from limits.log import short_hash
+from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, RuleView, counting_rule, encode
+from limits.rules import rule_describe
+from limits.selectors import policy_cache, policy_read
+from limits.windows import resolve_zone
 from segments.index import SegmentIndex, get_index, index_status
+from segments.models import Segment
 from segments.parsing import UserListError, iter_ids
+from worker.gate import Gate
+from worker.models import SendJob
 from worker.stats import stats_for_days
 
 # Audience members evaluated per what-if: 4 dry runs of 100,000 take a few seconds (two
@@ -23,6 +32,8 @@ WHAT_IF_LIMIT = 100_000
 WHAT_IF_MAX_BYTES = 100 * 2**20
 WHAT_IF_MAX_INFLATED = 128 * 2**20
 WHAT_IF_MAX_IDS = 5_000_000
+# The quota reads rules as a send of the highest priority would meet them: every limit whole.
+QUOTA_PRIORITY = 9
 
 
 class Unavailable(Exception):
@@ -40,73 +51,169 @@ def _redis_down(exc: Exception) -> Unavailable:
     return Unavailable(f"Redis is not answering ({type(exc).__name__}: {exc}).")
 
 
-def user_quota(user_id: int, *, now: float | None = None) -> dict[str, Any]:
-    """The user's segment and, per channel and `all`: used, limit, remaining, next slot."""
+def user_quota(
+    user_id: int,
+    *,
+    now: float | None = None,
+    time_zone: str | None = None,
+    window_seconds: int | None = None,
+    campaign: str = "",
+) -> dict[str, Any]:
+    """The user's segment and time zone; per channel and `all`, the classic caps (used, limit,
+    remaining, next slot); every rule that applies, with the same figures; and with
+    `window_seconds`, the sends per channel recorded in that recent interval."""
     try:
-        return _user_quota(user_id, now=now)
+        return _user_quota(
+            user_id, now=now, time_zone=time_zone, window_seconds=window_seconds, campaign=campaign
+        )
     except redis.RedisError as exc:
         raise _redis_down(exc) from exc
 
 
-def _user_quota(user_id: int, *, now: float | None) -> dict[str, Any]:
+def _user_quota(
+    user_id: int,
+    *,
+    now: float | None,
+    time_zone: str | None,
+    window_seconds: int | None,
+    campaign: str,
+) -> dict[str, Any]:
     index = _index()
     segment = index.resolve(user_id)
-    limiter = get_limiter()
-    scopes: dict[str, Any] = {}
-    for channel in channels():
-        usage = limiter.peek(
-            channel, user_id, caps_cache().policy(segment=segment, channel=channel), now=now
-        )
-        if usage is None:
-            raise Unavailable("Redis is not answering; quotas cannot be read.")
-        for scope in usage:
-            scopes[scope.scope] = {
-                "daily": {
-                    "used": scope.daily_used,
-                    "limit": scope.limits.daily,
-                    "remaining": scope.daily_remaining,
-                },
-                "weekly": {
-                    "used": scope.weekly_used,
-                    "limit": scope.limits.weekly,
-                    "remaining": scope.weekly_remaining,
-                },
-                "next_slot_in": scope.next_slot_in,
-            }
-    return {
+    table = policy_cache().table()
+    zone = resolve_zone(requested=time_zone, segment_zone=table.zone_of(segment))
+    now_ms = round((time.time() if now is None else now) * 1000)
+    groups = []
+    for scope in scopes():
+        daily, weekly = table.classic_limits(segment=segment, channel=scope).values()
+        counters = [
+            counting_rule(channel=scope, seconds=DAY_SECONDS, limit=_or_max(daily)),
+            counting_rule(channel=scope, seconds=WEEK_SECONDS, limit=_or_max(weekly)),
+        ]
+        if window_seconds is not None and scope != ALL:
+            counters.append(counting_rule(channel=scope, seconds=window_seconds))
+        own = [r for r in table.candidates(segment=segment, channel=scope) if r.channel == scope]
+        rule_set = encode([*counters, *own], priority=QUOTA_PRIORITY, zone=zone, now_ms=now_ms)
+        groups.append((scope, rule_set))
+    figures = get_limiter().usage(user_id, groups, campaign=campaign, now=now)
+    if figures is None:
+        raise Unavailable("Redis is not answering; quotas cannot be read.")
+    by_scope: dict[str, list[RuleUsage]] = {}
+    for usage in figures:
+        by_scope.setdefault(usage.channel, []).append(usage)
+    answer: dict[str, Any] = {
         "user_id": user_id,
         "segment": segment,
         "snapshot_version": index.version,
-        "scopes": scopes,
+        "time_zone": zone,
+        "scopes": {},
+        "rules": [],
+    }
+    sent: dict[str, int] = {}
+    names = _segment_names()
+    for scope, usages in by_scope.items():
+        daily, weekly = table.classic_limits(segment=segment, channel=scope).values()
+        day, week = usages[0], usages[1]
+        waits = [u.next_slot_in for u in (day, week) if u.next_slot_in is not None]
+        answer["scopes"][scope] = {
+            "daily": _window(day.used, daily),
+            "weekly": _window(week.used, weekly),
+            "next_slot_in": max(waits) if waits else None,
+        }
+        rest = usages[2:]
+        if window_seconds is not None and scope != ALL:
+            sent[scope] = rest[0].used
+            rest = rest[1:]
+        for usage in rest:
+            answer["rules"].append(_rule_figures(usage, names))
+    if window_seconds is not None:
+        answer["sent"] = sent
+    return answer
+
+
+def _or_max(limit: int | None) -> int:
+    return 2**31 - 1 if limit is None else limit
+
+
+def _window(used: int, limit: int | None) -> dict[str, int | None]:
+    return {
+        "used": used,
+        "limit": limit,
+        "remaining": None if limit is None else max(limit - used, 0),
+    }
+
+
+def _segment_names() -> dict[str, str]:
+    return dict(Segment.objects.values_list("slug", "name"))
+
+
+def _rule_figures(usage: RuleUsage, names: Mapping[str, str]) -> dict[str, Any]:
+    rule = usage.rule
+    return {
+        "id": rule.id,
+        "name": rule.name,
+        "channel": rule.channel,
+        "description": rule_describe(rule, segment_name=names.get(rule.segment or "")),
+        "match": rule.match,
+        "tag": rule.tag or None,
+        "window": rule.window(),
+        "limit": rule.limit,
+        "used": usage.used,
+        "remaining": usage.remaining,
+        "next_slot_in": usage.next_slot_in if usage.used >= usage.limit else None,
+        "reserve": (
+            {"below_priority": rule.reserve_below, "slots": rule.reserve_slots}
+            if rule.reserve_below is not None
+            else None
+        ),
+        "classic": rule.classic,
     }
 
 
 def user_recent_sends(
     user_id: int, *, now: float | None = None, limit: int = 50
 ) -> list[dict[str, Any]]:
-    """Admitted message ids of the last 7 days, newest first, per channel."""
-    limiter = get_limiter()
+    """Recorded sends of the last 7 days, newest first: channel, time, priority, and the
+    campaign's and tags' names where a recent send job or a rule names them (the log keeps
+    hashes)."""
     try:
-        sends: list[dict[str, Any]] = [
-            {"channel": channel, "message_id": member, "at": at}
-            for channel in channels()
-            for member, at in limiter.history(user_id, channel, now=now)
-        ]
+        entries = get_limiter().history(user_id, now=now)[:limit]
     except redis.RedisError as exc:
         raise _redis_down(exc) from exc
-    return sorted(sends, key=lambda s: -s["at"])[:limit]
+    campaigns = {
+        short_hash(name): name
+        for name in SendJob.objects.order_by("-created_at").values_list("campaign", flat=True)[
+            :1000
+        ]
+    }
+    tags = {short_hash(t): t for t in policy_cache().table().tags()}
+    return [
+        {
+            "channel": entry.channel,
+            "at": entry.at_ms / 1000,
+            "priority": entry.priority,
+            "campaign": campaigns.get(entry.campaign, "" if entry.campaign == b"\0" * 4 else "?"),
+            "tags": [tags.get(t, "?") for t in entry.tags],
+            "message": entry.message.hex(),
+        }
+        for entry in entries
+    ]
 
 
 def what_if(
     *,
     ids: np.ndarray,
-    draft: CapsTable,
+    draft: PolicyTable,
     only_channels: list[str] | None = None,
     now: float | None = None,
     audience_size: int | None = None,
+    campaign: str = "",
+    tags: tuple[str, ...] = (),
+    priority: int = 5,
 ) -> dict[str, Any]:
-    """How many of `ids` one more send would be refused now and under `draft` (the whole caps
-    table with the draft applied), per segment and channel, against today's Redis state.
+    """How many of `ids` one more send (of this campaign, tags and priority) would be refused
+    now and under `draft` (the rules with a draft of caps applied), per segment and channel,
+    and by which rule under the draft, against today's Redis state.
 
     Dry runs only: nothing is recorded. Ids are de-duplicated; an audience above WHAT_IF_LIMIT
     is estimated from a uniform random sample of that many, scaled up (`sampled` says so).
@@ -121,22 +228,35 @@ def what_if(
     user_ids = [int(u) for u in unique]
     segments = index.resolve_many(user_ids)
     sizes = Counter(segments)
-    current = caps_table_read()
-    limiter = get_limiter()
+    current = policy_read()
+    gate = Gate(index=index, record_stats=False)
     rows: list[dict[str, Any]] = []
+    by_rule: Counter[tuple[str, str]] = Counter()
     for channel in only_channels or channels():
         requests = [(u, f"what-if:{u}") for u in user_ids]
         refused: dict[str, Counter[str]] = {}
         for name, table in (("now", current), ("draft", draft)):
-            policies = {s: policy_from(table, segment=s, channel=channel) for s in sizes}
-            decisions = limiter.acquire(
-                channel, requests, [policies[s] for s in segments], dry_run=True, now=now
+            decisions = gate.check(
+                channel=channel,
+                requests=requests,
+                campaign=campaign,
+                tags=tags,
+                priority=priority,
+                dry_run=True,
+                now=now,
+                table=table,
             )
             if any(d.reason == "unavailable" for d in decisions):
                 raise Unavailable("Redis is not answering; the what-if cannot be run.")
             refused[name] = Counter(
                 s for s, d in zip(segments, decisions, strict=True) if not d.allowed
             )
+            if name == "draft":
+                by_rule.update(
+                    (channel, d.rule["name"] if d.rule else d.reason)
+                    for d in decisions
+                    if not d.allowed
+                )
         for slug in sorted(sizes, key=lambda s: _priority(index, s)):
             rows.append(
                 {
@@ -147,7 +267,17 @@ def what_if(
                     "refused_draft": round(refused["draft"][slug] * scale),
                 }
             )
-    return {"audience": total, "evaluated": len(user_ids), "sampled": sampled, "rows": rows}
+    rules = [
+        {"channel": channel, "rule": rule, "refused": round(n * scale)}
+        for (channel, rule), n in sorted(by_rule.items(), key=lambda kv: (kv[0][0], -kv[1]))
+    ]
+    return {
+        "audience": total,
+        "evaluated": len(user_ids),
+        "sampled": sampled,
+        "rows": rows,
+        "by_rule": rules,
+    }
 
 
 def what_if_segment_audience(slug: str) -> tuple[np.ndarray, int]:
@@ -198,12 +328,31 @@ def _priority(index: SegmentIndex, slug: str) -> int:
     return order.index(slug) if slug in order else len(order)
 
 
-def draft_table(changes: Mapping[tuple[str, str], Limits]) -> CapsTable:
-    """The live caps table with `changes` ((segment, scope) -> Limits) applied."""
-    table = {slug: dict(scopes) for slug, scopes in caps_table_read().items()}
-    for (slug, scope), limits in changes.items():
-        table.setdefault(slug, {})[scope] = limits
-    return table
+def draft_table(changes: Mapping[tuple[str, str], tuple[int | None, int | None]]) -> PolicyTable:
+    """The live rules with a draft of classic caps applied: (segment, scope) -> (daily, weekly)
+    replaces that cap's two rules (None: no rule for that window)."""
+    live = policy_read()
+    rules: list[RuleView] = []
+    replaced = {key for key in changes}
+    for rule in live.rules:
+        if rule.classic and (rule.segment or "", rule.channel) in replaced:
+            continue
+        rules.append(rule)
+    drafted = -1
+    for (segment, scope), limits in changes.items():
+        for seconds, limit, which in zip(
+            (DAY_SECONDS, WEEK_SECONDS), limits, ("daily", "weekly"), strict=True
+        ):
+            if limit is None:
+                continue
+            rule = counting_rule(
+                channel=scope, seconds=seconds, limit=limit, name=f"{segment} {which} (draft)"
+            )
+            rules.append(replace(rule, id=drafted, segment=segment, classic=True))
+            drafted -= 1
+    classic = dict(live.classic)
+    classic.update(changes)
+    return PolicyTable(rules=tuple(rules), classic=classic, zones=live.zones)
 
 
 ADMITTED = ("allowed", "duplicate", "exempt")

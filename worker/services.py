@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from gatekeeper.lib.bodies import json_value_problem
 from gatekeeper.lib.ids import max_user_id, user_id_from_json
-from limits.channels import scopes, validate_channel
+from limits.channels import validate_channel
 from limits.limiter import get_limiter
 from limits.models import QuotaReset
 from worker import tasks
@@ -192,7 +192,7 @@ def _recipient(
 
 
 def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
-    """Forget a user's send logs in every channel and `all` (an audited admin action): records
+    """Forget a user's send log, every channel (an audited admin action): records
     who, when, why and what was used, in the same transaction as the reset, so a failed reset
     leaves no record and a record always means the reset happened. Raises Unavailable."""
     reason = (reason or "").strip()
@@ -212,7 +212,7 @@ def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
             reset_by=user if user is not None and user.is_authenticated else None,
         )
         try:
-            get_limiter().reset(user_id, scopes())
+            get_limiter().reset(user_id)
         except redis.RedisError as exc:  # the audit row is rolled back with the transaction
             raise Unavailable(f"Redis is not answering ({exc}); nothing was reset.") from exc
     return record

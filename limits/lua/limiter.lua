@@ -1,205 +1,803 @@
 #!lua name=gatekeeper_limiter
 --[[
-Gatekeeper's exact sliding-log limiter, as a Redis Functions library.
+Gatekeeper's send log and cap rules, as a Redis Functions library.
 
 A library (not EVAL/EVALSHA) because it is persisted and replicated with the data: a failover
 or a restart from an RDB/AOF keeps it, and a client that finds it missing (FUNCTION FLUSH, a
 fresh node) loads it again and retries; a function that is not found runs nothing.
 
-Logs: one sorted set per user and channel, `<prefix>{u:<id>}:<channel>`, and one per user for
-every channel, `<prefix>{u:<id>}:all`. Members are message ids (the `all` log prefixes them
-with "<channel>:"), scores are times in milliseconds. The hash tag keeps a user's logs in one
-cluster slot.
+THE LOG. Each user's recorded sends, every channel together, are one binary string: one field
+of a bucket hash that 256 users share, those whose ids differ only in the low byte. The caller
+names both: key `<prefix>{b:<id >> 8>}`, field the low byte as one raw byte (the hash tag puts
+a bucket, so each user's whole log, in one cluster slot). Integers are big-endian, unsigned:
 
-Windows end now and are open at their start: an entry is in the daily window when
-score > now - 86400000, in the weekly window when score > now - 604800000. An entry exactly
-24 h old has left the daily window.
+  byte 1    format version (1)
+  byte 2    T: tag slots per entry (0..8), the same for every entry of this log
+  byte 3    C: channel sections (1..255)
+  C section headers: name length (1 byte), the channel's name, entries (2 bytes; 0 for the
+            last section, whose entries run to the end of the string)
+  then each section's entries, in header order; within a section, oldest first:
+    time      6 bytes, ms since the epoch
+    message   8 bytes, a hash of the message id (duplicates and release)
+    campaign  4 bytes, a hash of the campaign (0: none)
+    priority  1 byte, 0..9
+    tags      T x 4 bytes, hashes of the send's tags (0: an empty slot)
 
-Caps: -1 means no cap; 0 means blocked; n > 0 means at most n entries in the window.
+An entry is W = 19 + 4T bytes: sorted times make a window's count a binary search, and fixed
+widths let string.find look for a message, campaign or tag hash in C, its offset checked after.
+The last section's count is left implicit so that the common write, a send newer than every
+entry on the channel written last, is one append (rebuilding costs five times as much).
 
-gk_acquire  (one call decides many users: on a single node any users, on a cluster the users
-            of one slot, since Redis Cluster requires a call's declared keys to share a slot)
-  KEYS  2 per request: KEYS[2i-1] the request's channel log, KEYS[2i] its `all` log
-  ARGV[1]  now in ms since the epoch, or "" to use the server's TIME
-  ARGV[2]  "1" for a dry run (decide, record nothing), "0" otherwise
-  ARGV[3]  the channel name (prefix of members in the `all` log)
-  ARGV[4 + 5(i-1) ...]  per request: message id, channel daily cap, channel weekly cap,
-                        all daily cap, all weekly cap
-  reply  { now_ms, then 5 integers per request:
-           reason  1 allowed, 2 duplicate, 3 daily_cap, 4 weekly_cap, 5 blocked
-           scope   0 the channel log, 1 the `all` log (which log the counts describe)
-           daily   entries in that log's daily window (after recording)
-           weekly  entries in that log's weekly window (after recording)
-           retry   ms until the refusing caps have room; -1 when admitted or blocked }
+The field `expiry` of a bucket holds when the bucket's TTL ends (ms, the callers' clock). A
+write extends it only when it would end within 12 h of what the new entry needs, so a bucket's
+TTL is set about twice a day rather than on every write (a PEXPIRE costs twice an HSET). A bucket
+whose users all stop receiving expires on its own; gk_sweep, called by a periodic task, drops the
+users of a live bucket whose newest entry has left the retention.
+
+RULES. Each request names a rule set: the rules that apply to it, resolved by the caller. A rule
+is a 29-byte record, '>BBBI4I6I6I6c4':
+  kind      1 every send, 2 sends carrying `tag`, 3 sends of the request's own campaign
+  scope     0 the request's channel, 1 every channel
+  calendar  0 rolling: the window is (now - a, now]; a slot frees when the entry that must leave
+              is a ms old. 1 calendar: a, b, c are consecutive period starts (ms) in the user's
+              zone, the caller's now in [a, b) give or take a minute; the window starts at b when
+              now >= b, else at a; a slot frees at the period's end.
+  limit     most entries the window may hold (the caller has applied a priority reserve)
+  a, b, c   see calendar
+  tag       the tag's hash (kind 2), else 4 zero bytes
+A window counts every matching entry after its start, later ones too (a clock that stepped back
+frees no slot early). A request is admitted when every rule of its set has room.
+
+gk_acquire  (one call decides many requests; on a cluster the keys of one slot)
+  KEYS     the buckets of the call, each once
+  ARGV[1]  now in ms, or "" for the server's TIME
+  ARGV[2]  "1" dry run (decide, record nothing), "0" record
+  ARGV[3]  the channel
+  ARGV[4]  the priority, 0..9
+  ARGV[5]  retention in ms: entries this old are dropped when the log is written
+  ARGV[6]  the payload, every binary part in one argument (last, so that redis-benchmark -x
+           can pass it):
+             the campaign's hash (4 bytes; zeros: none)
+             tags (1 byte), their hashes (4 bytes each, distinct, non-zero; up to 8)
+             rule sets (1 byte), each: its rules (1 byte), their records back to back
+             then the requests to the end, 12 bytes each: key (2 bytes, its position in
+             KEYS), field (1 byte), message hash (8 bytes), rule set (1 byte, 1-based);
+             grouped by key (a key that comes again later costs one more HMGET)
+  reply    { now, then one string of 20 bytes per request, '>BBI4I6I4I4':
+             outcome  1 allowed, 2 duplicate (recorded before: not counted again), 3 refused
+             rule     the deciding rule's position in its set (1-based), 0 for none
+             used     that rule's count when it refused
+             retry    1 + ms until every refusing rule has room (0: admitted, or never)
+             day      the channel's entries in the last 24 h   } after recording
+             week     the channel's entries in the last 7 days }
 
 gk_release
-  KEYS  2 per request, as above
-  ARGV[1]  the channel name; ARGV[1 + i] the message id of request i
-  reply  one integer per request: 1 if the message was recorded and is now removed, else 0
+  KEYS     one per request; ARGV[1] the channel; then 2 per request: field, message hash
+  reply    one integer per request: 1 if the entry was there and is now removed, else 0
 
-gk_peek  (flags: no-writes)
-  KEYS[1] the channel log, KEYS[2] the `all` log of one user
-  ARGV[1]  now in ms or ""; ARGV[2..5] channel daily, channel weekly, all daily, all weekly caps
-  reply  { now_ms, then per log (channel, all): daily, weekly, ms until a slot frees or -1 }
+gk_usage  (flags: no-writes; one user)
+  KEYS[1]  the bucket; ARGV[1] now or ""; ARGV[2] field; ARGV[3] campaign hash (zero: for
+           per-campaign rules, the campaign that used most); then pairs: channel, rule set
+  reply    { now, then per rule of each pair, in order: used, retry (ms; -1: it has room or
+             never will) }
+
+gk_import  (the upgrade from the two-sorted-set logs; idempotent)
+  KEYS[1]  the bucket; ARGV[1] now or ""; ARGV[2] retention ms; ARGV[3] field;
+           then 3 per entry: channel, time ms, message hash
+  reply    the number of entries added (one already there, by channel and message, is not)
+
+gk_sweep
+  KEYS[1]  a bucket; ARGV[1] now or ""; ARGV[2] retention ms
+  reply    the number of users dropped (their newest entry has left the retention)
 --]]
 
-local DAY = 86400000
-local WEEK = 7 * DAY
--- Keys outlive the weekly window by a day so a quiet user's logs disappear on their own.
-local TTL = WEEK + DAY
+local VERSION = 1
+local BASE = 19                       -- an entry's bytes before its tag slots
+local MESSAGE_AT, CAMPAIGN_AT = 6, 14 -- offsets inside an entry
+local RULE = 29
+local REQUEST = 12
+local DAY, WEEK = 86400000, 604800000
+local EXPIRY = 'expiry'
+local NONE = '\0\0\0\0'
+
+-- Bound on the first call: while a library loads, Redis lets it reach nothing but `redis`.
+local bunpack, bpack, find, sub, byte, char, rep, concat, floor, sort, unpack_list
+local FIELDS = {} -- byte -> the one-byte field
+
+local function bind()
+  bunpack, bpack = struct.unpack, struct.pack
+  find, sub, byte, char, rep = string.find, string.sub, string.byte, string.char, string.rep
+  concat, sort, unpack_list = table.concat, table.sort, unpack
+  floor = math.floor
+  for b = 0, 255 do FIELDS[b] = char(b) end
+end
 
 local function clock(arg)
   if arg ~= nil and arg ~= '' then
     return tonumber(arg)
   end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000 + floor(tonumber(t[2]) / 1000)
 end
 
--- A log's entries as two parallel arrays (members, scores), oldest first. One ZRANGE serves the
--- duplicate check, both counts and the retry time: a log holds at most a week of entries, and
--- one call that returns them costs Redis less than four that count them.
-local function entries(key)
-  local flat = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-  local members, scores = {}, {}
-  for k = 1, #flat, 2 do
-    members[#members + 1] = flat[k]
-    scores[#scores + 1] = tonumber(flat[k + 1])
+--- Reading a log ----------------------------------------------------------------------------
+
+-- A log is one flat table: [1] the string, [2] T, [3] W, [4] C, then per section three slots,
+-- from 5: the channel's name, the position of its first entry in the string, its entries.
+local EMPTY = {'', 0, BASE, 0}
+
+local function parse(raw, channel)
+  if not raw then
+    return EMPTY
   end
-  return members, scores
-end
-
--- How many scores lie in the window (start, +inf), and the index of the first of them.
-local function window(scores, start)
-  local first = #scores + 1
-  for k = #scores, 1, -1 do
-    if scores[k] > start then first = k else break end
+  local version, tags, count, len = byte(raw, 1, 4)
+  if version ~= VERSION then
+    error('unknown log format ' .. tostring(version))
   end
-  return #scores - first + 1, first
+  local W = BASE + 4 * tags
+  if count == 1 then
+    -- Most users get one channel: one constructor, no table growth.
+    local off = 7 + len
+    local name = channel
+    if not channel or len ~= #channel or find(raw, channel, 5, true) ~= 5 then
+      name = sub(raw, 5, 4 + len)
+    end
+    return {raw, tags, W, 1, name, off, (#raw + 1 - off) / W}
+  end
+  local log = {raw, tags, W, count}
+  local pos = 4
+  for s = 0, count - 1 do
+    len = byte(raw, pos)
+    local hi, lo = byte(raw, pos + 1 + len, pos + 2 + len)
+    log[5 + 3 * s] = sub(raw, pos + 1, pos + len)
+    log[7 + 3 * s] = hi * 256 + lo
+    pos = pos + 3 + len
+  end
+  for s = 0, count - 1 do
+    log[6 + 3 * s] = pos
+    pos = pos + log[7 + 3 * s] * W
+  end
+  local last = 4 + 3 * count
+  log[last] = (#raw + 1 - log[last - 1]) / W
+  return log
 end
 
--- When does a window of `span` ms have room for one more entry under `cap`? The entry that must
--- leave is the (count - cap + 1)-th oldest one inside the window.
-local function frees_in(scores, first, count, cap, span, now)
-  return scores[first + count - cap] + span - now
-end
-
--- Returns reason, scope, retry for one user's four caps.
-local function judge(caps, logs, now)
-  for j = 1, 4 do
-    if caps[j] == 0 then
-      return 5, (j > 2) and 1 or 0, -1
+-- The slot (5, 8, ...) of a channel's section, or nil.
+local function section_of(log, channel)
+  for slot = 5, 2 + 3 * log[4], 3 do
+    if log[slot] == channel then
+      return slot
     end
   end
-  local best, best_retry = 0, -1
-  for j = 1, 4 do
-    local log = logs[j]
-    if caps[j] > 0 and log.count >= caps[j] then
-      local retry = frees_in(log.scores, log.first, log.count, caps[j], log.span, now)
-      if retry > best_retry then
-        best, best_retry = j, retry
+  return nil
+end
+
+local function time_at(raw, off, W, i)
+  return (bunpack('>I6', raw, off + i * W))
+end
+
+-- Index (0-based) of the first of a section's n entries with a time after `start`.
+local function first_after(raw, off, W, n, start)
+  if n == 0 or time_at(raw, off, W, 0) > start then
+    return 0
+  end
+  if time_at(raw, off, W, n - 1) <= start then
+    return n
+  end
+  local lo, hi = 1, n - 1
+  while lo < hi do
+    local mid = floor((lo + hi) / 2)
+    if time_at(raw, off, W, mid) > start then hi = mid else lo = mid + 1 end
+  end
+  return lo
+end
+
+-- The index of the first entry from byte `pos` on whose bytes at offset `at` are `needle`
+-- (`at` nil: one of its tag slots), and where to look for the next one.
+local function next_holding(raw, off, W, n, pos, needle, at)
+  local stop = off + n * W
+  while pos < stop do
+    local s = find(raw, needle, pos, true)
+    if not s or s >= stop then
+      return nil
+    end
+    local e = floor((s - off) / W)
+    local inside = s - off - e * W
+    if (at and inside == at) or (not at and inside >= BASE and (inside - BASE) % 4 == 0) then
+      return e, off + (e + 1) * W
+    end
+    pos = s + 1
+  end
+  return nil
+end
+
+-- The index of the channel's entry for `message`, or nil.
+local function entry_of(log, slot, message)
+  if not slot then
+    return nil
+  end
+  local off = log[slot + 1]
+  return (next_holding(log[1], off, log[3], log[slot + 2], off, message, MESSAGE_AT))
+end
+
+--- Rules ------------------------------------------------------------------------------------
+
+-- A rule as a table: [1] kind, [2] every channel, [3] calendar, [4] limit, [5] a, [6] b, [7] c,
+-- [8] tag, [9] 1 or 2 when it counts exactly what the channel's 24 h or 7 d count does,
+-- [10] its window's start at `now` (entries after it count), [11] a calendar period's end.
+local function parse_rules(blob, now, from, to)
+  local rules = {}
+  for pos = from or 1, to or #blob, RULE do
+    local kind, scope, calendar, limit, a, b, c, tag = bunpack('>BBBI4I6I6I6c4', blob, pos)
+    local classic, start, period_end = nil, now - a, nil
+    if calendar == 1 then
+      if now >= b then start, period_end = b - 1, c else start, period_end = a - 1, b end
+    elseif kind == 1 and scope == 0 then
+      if a == DAY then classic = 1 elseif a == WEEK then classic = 2 end
+    end
+    rules[#rules + 1] = {kind, scope == 1, calendar == 1, limit, a, b, c, tag, classic, start,
+                         period_end}
+  end
+  return rules
+end
+
+-- The sections a rule counts, as slots from, to; nil when the log has none.
+local function rule_sections(log, slot, rule)
+  if rule[2] then
+    if log[4] == 0 then return nil end
+    return 5, 2 + 3 * log[4]
+  end
+  return slot, slot
+end
+
+-- Times (oldest first) of the entries a rule counts in its window.
+local function counted_times(log, slot, rule, campaign)
+  local times = {}
+  local from, to = rule_sections(log, slot, rule)
+  if not from then
+    return times
+  end
+  local raw, W, start, kind = log[1], log[3], rule[10], rule[1]
+  local needle, at = campaign, CAMPAIGN_AT
+  if kind == 2 then needle, at = rule[8], nil end
+  for s = from, to, 3 do
+    local off, n = log[s + 1], log[s + 2]
+    local first = first_after(raw, off, W, n, start)
+    if kind == 1 then
+      for i = first, n - 1 do
+        times[#times + 1] = time_at(raw, off, W, i)
+      end
+    else
+      local pos = off + first * W
+      while true do
+        local e
+        e, pos = next_holding(raw, off, W, n, pos, needle, at)
+        if not e then break end
+        times[#times + 1] = time_at(raw, off, W, e)
       end
     end
   end
-  if best == 0 then
-    return 1, 0, -1
-  end
-  -- j = 1, 3 are daily caps; 2, 4 weekly. Ties keep the first: channel before all, daily before weekly.
-  local reason = (best % 2 == 1) and 3 or 4
-  return reason, (best > 2) and 1 or 0, best_retry
+  if from ~= to then sort(times) end
+  return times
 end
 
+-- How many entries a rule counts in its window (every send: binary searches only).
+local function count(log, slot, rule, campaign)
+  if rule[1] ~= 1 then
+    return #counted_times(log, slot, rule, campaign)
+  end
+  local from, to = rule_sections(log, slot, rule)
+  if not from then
+    return 0
+  end
+  local raw, W, start, total = log[1], log[3], rule[10], 0
+  for s = from, to, 3 do
+    local n = log[s + 2]
+    total = total + n - first_after(raw, log[s + 1], W, n, start)
+  end
+  return total
+end
+
+-- Whether a rule has room for one more, told cheaply where it can be: an every-send rule over
+-- one section compares the limit-th newest entry with the window's start (one entry read); a
+-- tag or campaign rule looks for its hash, and at the time only where it is found. nil: count.
+local function has_room(log, slot, rule, campaign)
+  local limit = rule[4]
+  if limit == 0 then
+    return false
+  end
+  local from, to = rule_sections(log, slot, rule)
+  if not from then
+    return true
+  end
+  local raw, W, start = log[1], log[3], rule[10]
+  if rule[1] == 1 then
+    if from ~= to then return nil end
+    local n = log[from + 2]
+    return n < limit or time_at(raw, log[from + 1], W, n - limit) <= start
+  end
+  local needle, at = campaign, CAMPAIGN_AT
+  if rule[1] == 2 then needle, at = rule[8], nil end
+  local found = 0
+  for s = from, to, 3 do
+    local off, n = log[s + 1], log[s + 2]
+    local pos = off
+    while true do
+      local e
+      e, pos = next_holding(raw, off, W, n, pos, needle, at)
+      if not e then break end
+      if time_at(raw, off, W, e) > start then
+        found = found + 1
+        if found >= limit then return false end
+      end
+    end
+  end
+  return true
+end
+
+-- A rule's count, and when it has room for one more: -1 now, false never, else ms from now.
+-- `day` and `week` are the channel's rolling counts, which the classic caps reuse.
+local function judge(log, slot, rule, now, campaign, day, week)
+  local used
+  local classic = rule[9]
+  if classic == 1 then used = day elseif classic == 2 then used = week
+  else used = count(log, slot, rule, campaign) end
+  local limit = rule[4]
+  if used < limit then
+    return used, -1
+  end
+  if limit == 0 then
+    return used, false
+  end
+  if rule[11] then
+    return used, rule[11] - now
+  end
+  -- The entry that must leave for one more to fit is the (used - limit + 1)-th oldest.
+  local times = counted_times(log, slot, rule, campaign)
+  return used, times[used - limit + 1] + rule[5] - now
+end
+
+local function channel_counts(log, slot, now)
+  if not slot then
+    return 0, 0
+  end
+  local raw, off, W, n = log[1], log[slot + 1], log[3], log[slot + 2]
+  return n - first_after(raw, off, W, n, now - DAY), n - first_after(raw, off, W, n, now - WEEK)
+end
+
+--- Writing a log ----------------------------------------------------------------------------
+
+-- The log as a string with entries at or before `cutoff` dropped and `entry` put into the
+-- channel's section in time order, that section moved last (the next send on the same channel
+-- is then an append). Tag slots unchanged.
+local function inserted(log, cutoff, slot, channel, entry, entry_time)
+  local raw, T, W, C = log[1], log[2], log[3], log[4]
+  local heads, bodies, count = {}, {}, 0
+  for s = 5, 2 + 3 * C, 3 do
+    if s ~= slot then
+      local off, n = log[s + 1], log[s + 2]
+      local first = first_after(raw, off, W, n, cutoff)
+      if first < n then
+        count = count + 1
+        local name, kept = log[s], n - first
+        heads[count] = char(#name) .. name .. char(floor(kept / 256), kept % 256)
+        bodies[count] = sub(raw, off + first * W, off + n * W - 1)
+      end
+    end
+  end
+  local body = entry
+  if slot then
+    local off, n = log[slot + 1], log[slot + 2]
+    local first = first_after(raw, off, W, n, cutoff)
+    local at = first_after(raw, off, W, n, entry_time)
+    if at < first then at = first end
+    body = sub(raw, off + first * W, off + at * W - 1) .. entry
+      .. sub(raw, off + at * W, off + n * W - 1)
+  end
+  count = count + 1
+  heads[count] = char(#channel) .. channel .. '\0\0'
+  bodies[count] = body
+  return char(VERSION, T, count) .. concat(heads) .. concat(bodies)
+end
+
+local function entry_bytes(at, message, campaign, priority, tags, slots)
+  local entry = bpack('>I6', at) .. message .. campaign .. char(priority) .. tags
+  if slots * 4 > #tags then
+    entry = entry .. rep('\0', slots * 4 - #tags)
+  end
+  return entry
+end
+
+local function header(name, n)
+  return char(#name) .. name .. char(floor(n / 256), n % 256)
+end
+
+-- The log as a string with entries at or before `cutoff` dropped and then, in `channel`'s
+-- section, `entry` (padded to `slots` tag slots) put in time order, or the entry at index
+-- `remove` taken out. nil when nothing is left.
+local function rebuilt(log, cutoff, channel, entry, entry_time, slots, remove)
+  local raw, T, W, C = log[1], log[2], log[3], log[4]
+  local slot = section_of(log, channel)
+  local pad = slots > T and rep('\0', 4 * (slots - T)) or nil
+  local headers, bodies, sections = {}, {}, 0
+  local function copy(parts, off, from, to)
+    if to <= from then return end
+    if pad then
+      for i = from, to - 1 do
+        parts[#parts + 1] = sub(raw, off + i * W, off + (i + 1) * W - 1)
+        parts[#parts + 1] = pad
+      end
+    else
+      parts[#parts + 1] = sub(raw, off + from * W, off + to * W - 1)
+    end
+  end
+  -- Sections in header order, but the one that takes `entry` last: the next send on the
+  -- same channel is then an append.
+  local order = {}
+  for s = 5, 2 + 3 * C, 3 do
+    if not (entry and s == slot) then order[#order + 1] = s end
+  end
+  if entry then order[#order + 1] = slot or 0 end
+  for o = 1, #order do
+    local s = order[o]
+    local name, off, n
+    if s == 0 then name, off, n = channel, 1, 0 else name, off, n = log[s], log[s + 1], log[s + 2] end
+    local first = first_after(raw, off, W, n, cutoff)
+    local parts, kept = {}, n - first
+    if name == channel and remove then
+      if remove >= first then
+        copy(parts, off, first, remove)
+        copy(parts, off, remove + 1, n)
+        kept = kept - 1
+      else
+        copy(parts, off, first, n)
+      end
+    elseif name == channel and entry then
+      local at = first_after(raw, off, W, n, entry_time)
+      if at < first then at = first end
+      copy(parts, off, first, at)
+      parts[#parts + 1] = entry
+      copy(parts, off, at, n)
+      kept = kept + 1
+    else
+      copy(parts, off, first, n)
+    end
+    if kept > 0 then
+      sections = sections + 1
+      headers[sections] = header(name, kept)
+      bodies[sections] = concat(parts)
+    end
+  end
+  if sections == 0 then
+    return nil
+  end
+  -- The last section's count is implicit.
+  headers[sections] = sub(headers[sections], 1, -3) .. '\0\0'
+  return char(VERSION, slots, sections) .. concat(headers) .. concat(bodies)
+end
+
+local function message_hash(arg)
+  if #arg == 8 then return arg end
+  return sub(rep('\0', 8) .. arg, -8)
+end
+
+-- Writes a bucket's changed fields (a flat field, value list), extending its TTL when it
+-- would end within 12 h of what `now` needs. `expiry` is the bucket's `expiry` field (or nil).
+local function write_bucket(key, flat, expiry, now, retention)
+  local needed = now + retention
+  local refresh = not expiry or tonumber(expiry) < needed + DAY / 2
+  if refresh then
+    flat[#flat + 1] = EXPIRY
+    flat[#flat + 1] = needed + DAY
+  end
+  redis.call('HSET', key, unpack_list(flat))
+  if refresh then
+    redis.call('PEXPIRE', key, retention + DAY)
+  end
+end
+
+-- The common write as one append, or nil when it takes a rebuild: the send goes to the last
+-- section, is its newest entry, needs no more tag slots, and nothing has left the retention.
+-- `tails` caches, per number of tag slots, what follows the entry's time and message.
+local function appended(log, slot, now, cutoff, time6, message, tails, tag_slots)
+  local raw, T, W, C = log[1], log[2], log[3], log[4]
+  if C == 0 or slot ~= 2 + 3 * C or tag_slots > T then
+    return nil
+  end
+  if time_at(raw, log[slot + 1], W, log[slot + 2] - 1) > now then
+    return nil
+  end
+  for s = 5, slot, 3 do
+    if time_at(raw, log[s + 1], W, 0) <= cutoff then
+      return nil
+    end
+  end
+  local tail = tails[T]
+  if not tail then
+    tail = tails[tag_slots] .. rep('\0', 4 * (T - tag_slots))
+    tails[T] = tail
+  end
+  return raw .. time6 .. message .. tail
+end
+
+--- Functions --------------------------------------------------------------------------------
+
 local function acquire(keys, args)
+  if not floor then bind() end
   local now = clock(args[1])
   local dry = args[2] == '1'
   local channel = args[3]
+  local priority, retention = tonumber(args[4]), tonumber(args[5])
+  local payload = args[6]
+  local campaign = sub(payload, 1, 4)
+  local tag_slots = byte(payload, 5)
+  local tags = sub(payload, 6, 5 + 4 * tag_slots)
+  local pos = 6 + 4 * tag_slots
+  local sets = {}
+  for s = 1, byte(payload, pos) do
+    local count = byte(payload, pos + 1)
+    sets[s] = parse_rules(payload, now, pos + 2, pos + 1 + count * RULE)
+    pos = pos + 1 + count * RULE
+  end
+  local requests, base = payload, pos + 1
+  local n = (#payload - base + 1) / REQUEST
+  local cutoff = now - retention
   local day_start, week_start = now - DAY, now - WEEK
-  local reply = {now}
-  local n = #keys / 2
-  for i = 1, n do
-    local ck, ak = keys[2 * i - 1], keys[2 * i]
-    local base = 4 + 5 * (i - 1)
-    local mid = args[base]
-    local caps = {tonumber(args[base + 1]), tonumber(args[base + 2]),
-                  tonumber(args[base + 3]), tonumber(args[base + 4])}
-    local cmembers, cscores = entries(ck)
-    local cd, cdf = window(cscores, day_start)
-    local cw, cwf = window(cscores, week_start)
-    local seen = false
-    for k = cwf, #cmembers do
-      if cmembers[k] == mid then seen = true break end
+  local time6 = bpack('>I6', now)
+  local tails = {[tag_slots] = campaign .. char(priority) .. tags}
+  local out, replies = {}, {}
+  local logs = {}     -- key * 256 + field byte -> the user's log: a string, a table, or false
+  local expiries = {} -- key -> its `expiry`, or false
+  local changed = {}  -- key -> field, raw, ... to write (a later value of a field wins)
+  local list, ids = {}, {} -- scratch: the fields one HMGET asks for, and their users
+
+  local i = 0
+  while i < n do
+    -- Requests come grouped by bucket: read the run's users (and the bucket's `expiry`) in one
+    -- HMGET. A bucket seen before in this call is read only for users not seen yet.
+    local k1, k2 = byte(requests, base + i * REQUEST, base + i * REQUEST + 1)
+    local k = k1 * 256 + k2
+    local j = i + 1
+    while j < n do
+      local a, b = byte(requests, base + j * REQUEST, base + j * REQUEST + 1)
+      if a * 256 + b ~= k then break end
+      j = j + 1
     end
-    if seen then
-      -- Already holds a slot: the same answer again, not counted twice.
-      reply[#reply + 1] = 2; reply[#reply + 1] = 0
-      reply[#reply + 1] = cd; reply[#reply + 1] = cw; reply[#reply + 1] = -1
-    else
-      local _, ascores = entries(ak)
-      local ad, adf = window(ascores, day_start)
-      local aw, awf = window(ascores, week_start)
-      local logs = {
-        {scores = cscores, first = cdf, count = cd, span = DAY},
-        {scores = cscores, first = cwf, count = cw, span = WEEK},
-        {scores = ascores, first = adf, count = ad, span = DAY},
-        {scores = ascores, first = awf, count = aw, span = WEEK},
-      }
-      local reason, scope, retry = judge(caps, logs, now)
-      if reason == 1 then
-        if not dry then
-          -- Trim on every write, so a log never holds more than a week.
-          if cwf > 1 then redis.call('ZREMRANGEBYSCORE', ck, '-inf', week_start) end
-          if awf > 1 then redis.call('ZREMRANGEBYSCORE', ak, '-inf', week_start) end
-          redis.call('ZADD', ck, now, mid)
-          redis.call('ZADD', ak, now, channel .. ':' .. mid)
-          redis.call('PEXPIRE', ck, TTL)
-          redis.call('PEXPIRE', ak, TTL)
-        end
-        cd, cw = cd + 1, cw + 1
+    local wanted = 0
+    for m = i, j - 1 do
+      local f = byte(requests, base + m * REQUEST + 2)
+      local id = k * 256 + f
+      if logs[id] == nil then
+        logs[id] = false
+        wanted = wanted + 1
+        ids[wanted] = id
+        list[wanted] = FIELDS[f]
       end
-      reply[#reply + 1] = reason; reply[#reply + 1] = scope
-      if scope == 0 then
-        reply[#reply + 1] = cd; reply[#reply + 1] = cw
+    end
+    local read_expiry = expiries[k] == nil
+    local asked = wanted
+    if read_expiry then
+      asked = asked + 1
+      list[asked] = EXPIRY
+    end
+    if asked > 0 then
+      local values = redis.call('HMGET', keys[k], unpack_list(list, 1, asked))
+      for x = 1, wanted do
+        logs[ids[x]] = values[x] or false
+      end
+      if read_expiry then expiries[k] = values[asked] or false end
+    end
+
+    for m = i, j - 1 do
+      local p = base + m * REQUEST
+      local f = byte(requests, p + 2)
+      local id = k * 256 + f
+      local log = logs[id]
+      if type(log) ~= 'table' then
+        log = parse(log or nil, channel)
+        logs[id] = log
+      end
+      local message = sub(requests, p + 3, p + 10)
+      local slot = section_of(log, channel)
+      local day, week = 0, 0
+      if slot then
+        local raw, off, W, count = log[1], log[slot + 1], log[3], log[slot + 2]
+        day = count - first_after(raw, off, W, count, day_start)
+        week = count - first_after(raw, off, W, count, week_start)
+      end
+      local outcome, decider, decider_used, retry = 1, 0, 0, 0
+      if slot and entry_of(log, slot, message) then
+        outcome = 2
       else
-        reply[#reply + 1] = ad; reply[#reply + 1] = aw
+        local rules = sets[byte(requests, p + 11)]
+        local never = false
+        for r = 1, #rules do
+          local rule = rules[r]
+          -- The classic caps' windows are the counts already made.
+          local classic, room = rule[9], nil
+          if classic == 1 then room = day < rule[4]
+          elseif classic == 2 then room = week < rule[4]
+          else room = has_room(log, slot, rule, campaign) end
+          if not room then
+            local used, wait = judge(log, slot, rule, now, campaign, day, week)
+            if wait == false then
+              if not never then
+                never, outcome, decider, decider_used = true, 3, r, used
+              end
+            elseif wait >= 0 and not never and (outcome == 1 or wait + 1 > retry) then
+              outcome, decider, decider_used, retry = 3, r, used, wait + 1
+            end
+          end
+        end
+        if never then retry = 0 end
       end
-      reply[#reply + 1] = retry
+      if outcome == 1 then
+        day, week = day + 1, week + 1
+        if not dry then
+          local raw = appended(log, slot, now, cutoff, time6, message, tails, tag_slots)
+          if raw then
+            -- appended
+          elseif tag_slots <= log[2] then
+            local tail = tails[log[2]] or tails[tag_slots] .. rep('\0', 4 * (log[2] - tag_slots))
+            tails[log[2]] = tail
+            raw = inserted(log, cutoff, slot, channel, time6 .. message .. tail, now)
+          else
+            local entry = entry_bytes(now, message, campaign, priority, tags, tag_slots)
+            raw = rebuilt(log, cutoff, channel, entry, now, tag_slots, nil)
+          end
+          logs[id] = raw -- parsed again only if this user comes again in the call
+          local flat = changed[k]
+          if not flat then
+            flat = {}
+            changed[k] = flat
+          end
+          flat[#flat + 1] = FIELDS[f]
+          flat[#flat + 1] = raw
+        end
+      end
+      if decider == 0 and day < 65536 and week < 65536 then
+        -- Most replies are alike: made once per call.
+        local code = (outcome * 65536 + day) * 65536 + week
+        local reply = replies[code]
+        if not reply then
+          reply = bpack('>BBI4I6I4I4', outcome, 0, 0, 0, day, week)
+          replies[code] = reply
+        end
+        out[m + 1] = reply
+      else
+        out[m + 1] = bpack('>BBI4I6I4I4', outcome, decider, decider_used, retry, day, week)
+      end
+    end
+    i = j
+  end
+
+  for k = 1, #keys do
+    local flat = changed[k]
+    if flat then
+      write_bucket(keys[k], flat, expiries[k] or nil, now, retention)
     end
   end
-  return reply
+  return {now, concat(out)}
 end
 
 local function release(keys, args)
+  if not floor then bind() end
   local channel = args[1]
   local reply = {}
-  for i = 1, #keys / 2 do
-    local mid = args[1 + i]
-    local removed = redis.call('ZREM', keys[2 * i - 1], mid)
-    redis.call('ZREM', keys[2 * i], channel .. ':' .. mid)
-    table.insert(reply, removed)
+  for i = 1, #keys do
+    local key, field = keys[i], args[2 * i]
+    local message = message_hash(args[2 * i + 1])
+    local raw = redis.call('HGET', key, field)
+    local removed = 0
+    if raw then
+      local log = parse(raw)
+      local e = entry_of(log, section_of(log, channel), message)
+      if e then
+        local rest = rebuilt(log, -1, channel, nil, 0, log[2], e)
+        if rest then
+          redis.call('HSET', key, field, rest)
+        else
+          redis.call('HDEL', key, field)
+        end
+        removed = 1
+      end
+    end
+    reply[i] = removed
   end
   return reply
 end
 
-local function peek(keys, args)
+local function usage(keys, args)
+  if not floor then bind() end
   local now = clock(args[1])
-  local reply = {now}
-  for s = 0, 1 do
-    local _, scores = entries(keys[s + 1])
-    local daily_cap, weekly_cap = tonumber(args[2 + 2 * s]), tonumber(args[3 + 2 * s])
-    local d, df = window(scores, now - DAY)
-    local w, wf = window(scores, now - WEEK)
-    local retry = -1
-    if daily_cap > 0 and d >= daily_cap then
-      retry = frees_in(scores, df, d, daily_cap, DAY, now)
+  local log = parse(redis.call('HGET', keys[1], args[2]) or nil)
+  local campaign, reply = args[3], {now}
+  for p = 4, #args, 2 do
+    local channel = args[p]
+    local slot = section_of(log, channel)
+    local day, week = channel_counts(log, slot, now)
+    local rules = parse_rules(args[p + 1], now)
+    for r = 1, #rules do
+      local rule = rules[r]
+      local used, wait = 0, -1
+      if rule[1] == 3 and campaign == NONE then
+        -- No campaign named: the campaign that used most of this window.
+        local start = rule[10]
+        local first_slot, last_slot = rule_sections(log, slot, rule)
+        local campaigns = {}
+        if first_slot then
+          for s = first_slot, last_slot, 3 do
+            local off, n = log[s + 1], log[s + 2]
+            for i = first_after(log[1], off, log[3], n, start), n - 1 do
+              local at = off + i * log[3] + CAMPAIGN_AT
+              local c = sub(log[1], at, at + 3)
+              if c ~= NONE then campaigns[c] = true end
+            end
+          end
+        end
+        for c in pairs(campaigns) do
+          local u, w = judge(log, slot, rule, now, c, day, week)
+          if w == false then w = -1 end
+          if u > used or (u == used and w > wait) then used, wait = u, w end
+        end
+      else
+        used, wait = judge(log, slot, rule, now, campaign, day, week)
+        if wait == false then wait = -1 end
+      end
+      reply[#reply + 1] = used
+      reply[#reply + 1] = wait
     end
-    if weekly_cap > 0 and w >= weekly_cap then
-      retry = math.max(retry, frees_in(scores, wf, w, weekly_cap, WEEK, now))
-    end
-    reply[#reply + 1] = d; reply[#reply + 1] = w; reply[#reply + 1] = retry
   end
   return reply
+end
+
+local function import(keys, args)
+  if not floor then bind() end
+  local now = clock(args[1])
+  local retention, field = tonumber(args[2]), args[3]
+  local key = keys[1]
+  local values = redis.call('HMGET', key, field, EXPIRY)
+  local log = parse(values[1] or nil)
+  local added = 0
+  for p = 4, #args, 3 do
+    local channel, at, message = args[p], tonumber(args[p + 1]), message_hash(args[p + 2])
+    if at > now - retention and not entry_of(log, section_of(log, channel), message) then
+      local entry = entry_bytes(at, message, NONE, 5, '', log[2])
+      log = parse(rebuilt(log, now - retention, channel, entry, at, log[2], nil))
+      added = added + 1
+    end
+  end
+  if added > 0 then
+    write_bucket(key, {field, log[1]}, values[2] or nil, now, retention)
+  end
+  return added
+end
+
+local function sweep(keys, args)
+  if not floor then bind() end
+  local now = clock(args[1])
+  local cutoff = now - tonumber(args[2])
+  local flat = redis.call('HGETALL', keys[1])
+  local stale = {}
+  for k = 1, #flat, 2 do
+    if flat[k] ~= EXPIRY then
+      local log = parse(flat[k + 1])
+      local newest = 0
+      for s = 5, 2 + 3 * log[4], 3 do
+        local t = time_at(log[1], log[s + 1], log[3], log[s + 2] - 1)
+        if t > newest then newest = t end
+      end
+      if newest <= cutoff then stale[#stale + 1] = flat[k] end
+    end
+  end
+  if #stale > 0 then
+    redis.call('HDEL', keys[1], unpack_list(stale))
+  end
+  return #stale
 end
 
 redis.register_function('gk_acquire', acquire)
 redis.register_function('gk_release', release)
-redis.register_function{function_name = 'gk_peek', callback = peek, flags = {'no-writes'}}
+redis.register_function{function_name = 'gk_usage', callback = usage, flags = {'no-writes'}}
+redis.register_function('gk_import', import)
+redis.register_function('gk_sweep', sweep)

@@ -8,7 +8,7 @@ from rest_framework.authtoken.models import Token
 
 from gatekeeper.lib.groups import MARKETER, VIEWER
 from gatekeeper.lib.permissions import CAMPAIGN_SYSTEM
-from limits.models import Cap
+from limits.services import cap_set
 from segments.index import reset_index
 from segments.models import Segment
 from segments.publishing import build_run
@@ -79,14 +79,14 @@ def call(session: requests.Session, method: str, path: str, **kwargs) -> request
 def snapshot(transactional_db) -> str:
     vip = Segment.objects.create(slug="vip", name="VIP", priority=10)
     user_list_import(segment=vip, fileobj=io.BytesIO(b"1\n2\n"), name="vip.txt")
-    Cap.objects.create(segment=vip, channel="email", daily=2, weekly=3)
-    Cap.objects.create(segment=vip, channel="all", daily=3, weekly=None)
+    cap_set(segment=vip, channel="email", daily=2, weekly=3, via="command")
+    cap_set(segment=vip, channel="all", daily=3, weekly=None, via="command")
     # Flushes between live-server tests remove the migration's default segment: make it again.
     default, _ = Segment.objects.get_or_create(
         is_default=True,
         defaults={"slug": "default", "name": "Everyone else", "priority": 1_000_000},
     )
-    Cap.objects.create(segment=default, channel="email", daily=1, weekly=1)
+    cap_set(segment=default, channel="email", daily=1, weekly=1, via="command")
     return build_run(build_id=build_start(queue=False).pk).version
 
 

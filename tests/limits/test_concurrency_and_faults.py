@@ -3,67 +3,114 @@
 import multiprocessing
 import threading
 from collections import Counter
+from typing import Any
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from limits.limiter import Limiter, Limits, Policy
+from limits.limiter import Limiter
+from tests.limits.rulesets import DAY_S, caps, rule, rule_set
 from tests.redis_servers import RedisServer
 
 NOW = 1_763_800_000.0
 USERS = 10
 ATTEMPTS = 200
-POLICY = Policy(channel=Limits(daily=3, weekly=5), all=Limits())
+RULES = caps(daily=3, weekly=5)
+# Per campaign: 2 of each a day; per tag: 1 promo a day; 7 a day in all. Promos come from a
+# campaign of their own, so every rule is sure to fill to exactly its limit whatever the order.
+MIXED = rule_set(
+    rule(1, limit=2, seconds=DAY_S, match="campaign"),
+    rule(2, limit=1, seconds=DAY_S, match="tag", tag="promo"),
+    rule(3, limit=7, seconds=DAY_S),
+)
+CAMPAIGNS = ("spring", "summer", "autumn")
 
 
 def _hammer(
-    url: str, worker: int, cluster: bool, results: "multiprocessing.Queue[list[int]]"
+    url: str, worker: int, cluster: bool, mixed: bool, results: "multiprocessing.Queue[list[Any]]"
 ) -> None:
     client = RedisCluster.from_url(url) if cluster else redis.Redis.from_url(url)
     limiter = Limiter(client, prefix="race:")
-    admitted: list[int] = []
+    admitted: list[Any] = []
     for attempt in range(ATTEMPTS):
-        user = attempt % USERS
+        # Users 300 apart: each its own bucket, many cluster slots.
+        user = (attempt % USERS) * 300
+        message = f"w{worker}-a{attempt}"
         # Small batches interleave with the other processes' calls.
-        (decision,) = limiter.acquire("email", [(user, f"w{worker}-a{attempt}")], POLICY, now=NOW)
+        if not mixed:
+            (decision,) = limiter.acquire("email", [(user, message)], RULES, now=NOW)
+            if decision.allowed:
+                admitted.append(user)
+            continue
+        tags = ("promo",) if attempt % 3 == 0 else ()
+        campaign = "flash" if tags else CAMPAIGNS[(attempt // USERS + worker) % 3]
+        applicable = MIXED if tags else rule_set(MIXED.rules[0], MIXED.rules[2])
+        (decision,) = limiter.acquire(
+            "email", [(user, message)], applicable, campaign=campaign, tags=tags, now=NOW
+        )
         if decision.allowed:
-            admitted.append(user)
+            admitted.append((user, campaign, bool(tags)))
     results.put(admitted)
 
 
-@pytest.mark.parametrize("topology", ["single", pytest.param("cluster", marks=pytest.mark.cluster)])
-def test_four_processes_never_admit_more_than_the_cap(
-    topology: str, request: pytest.FixtureRequest, redis_client: redis.Redis, redis_url: str
-) -> None:
-    if topology == "cluster":
-        cluster = request.getfixturevalue("redis_cluster")
-        url = cluster.url
-        RedisCluster.from_url(url).flushall(target_nodes=RedisCluster.PRIMARIES)
-    else:
-        url = redis_url
+def _race(url: str, cluster: bool, mixed: bool) -> list[Any]:
     ctx = multiprocessing.get_context("spawn")
-    results: multiprocessing.Queue[list[int]] = ctx.Queue()
+    results: multiprocessing.Queue[list[Any]] = ctx.Queue()
     processes = [
-        ctx.Process(target=_hammer, args=(url, w, topology == "cluster", results)) for w in range(4)
+        ctx.Process(target=_hammer, args=(url, w, cluster, mixed, results)) for w in range(4)
     ]
     for p in processes:
         p.start()
-    admitted: Counter[int] = Counter()
+    admitted: list[Any] = []
     for _ in processes:
-        admitted.update(results.get(timeout=120))
+        admitted.extend(results.get(timeout=120))
     for p in processes:
         p.join(timeout=30)
-    assert admitted == {user: 3 for user in range(USERS)}
+    return admitted
+
+
+def _url(topology: str, request: pytest.FixtureRequest, redis_url: str) -> str:
+    if topology == "cluster":
+        url = str(request.getfixturevalue("redis_cluster").url)
+        RedisCluster.from_url(url).flushall(target_nodes=RedisCluster.PRIMARIES)
+        return url
+    return redis_url
+
+
+TOPOLOGIES = ["single", pytest.param("cluster", marks=pytest.mark.cluster)]
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_four_processes_never_admit_more_than_the_cap(
+    topology: str, request: pytest.FixtureRequest, redis_client: redis.Redis, redis_url: str
+) -> None:
+    admitted = Counter(_race(_url(topology, request, redis_url), topology == "cluster", False))
+    assert admitted == {user * 300: 3 for user in range(USERS)}
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_four_processes_hold_campaign_and_tag_rules_exactly(
+    topology: str, request: pytest.FixtureRequest, redis_client: redis.Redis, redis_url: str
+) -> None:
+    admitted = _race(_url(topology, request, redis_url), topology == "cluster", True)
+    per_user = Counter(user for user, _, _ in admitted)
+    per_campaign = Counter((user, campaign) for user, campaign, promo in admitted if not promo)
+    promos = Counter(user for user, _, promo in admitted if promo)
+    # Every user had far more attempts than room: each rule is filled to its limit, no further.
+    users = [user * 300 for user in range(USERS)]
+    assert per_campaign == {(user, c): 2 for user in users for c in CAMPAIGNS}
+    assert promos == {user: 1 for user in users}
+    assert per_user == {user: 7 for user in users}
 
 
 def test_it_reloads_its_functions_after_a_flush_between_batches(own_redis: RedisServer) -> None:
     client = redis.Redis.from_url(own_redis.url)
     limiter = Limiter(client)
-    policy = Policy(channel=Limits(daily=1), all=Limits())
-    assert limiter.acquire("email", [(1, "a")], policy, now=NOW)[0].reason == "allowed"
+    rules = caps(daily=1)
+    assert limiter.acquire("email", [(1, "a")], rules, now=NOW)[0].reason == "allowed"
     client.function_flush()
-    decisions = limiter.acquire("email", [(1, "b"), (2, "c")], policy, now=NOW)
+    decisions = limiter.acquire("email", [(1, "b"), (2, "c")], rules, now=NOW)
     assert [d.reason for d in decisions] == ["daily_cap", "allowed"]
 
 
@@ -86,7 +133,7 @@ def test_decisions_stay_exact_while_another_client_keeps_flushing_functions(
         reasons: Counter[str] = Counter()
         for attempt in range(300):
             decisions = limiter.acquire(
-                "email", [(u, f"m{attempt}") for u in range(5)], POLICY, now=NOW
+                "email", [(u * 300, f"m{attempt}") for u in range(5)], RULES, now=NOW
             )
             reasons.update(d.reason for d in decisions)
     finally:
@@ -104,18 +151,18 @@ def test_redis_down_gives_unavailable_and_recovers_after_restart(own_redis: Redi
     limiter = Limiter(
         redis.Redis.from_url(own_redis.url, socket_timeout=0.5, socket_connect_timeout=0.5)
     )
-    policy = Policy(channel=Limits(daily=5), all=Limits())
-    assert limiter.acquire("email", [(1, "a")], policy, now=NOW)[0].reason == "allowed"
+    rules = caps(daily=5)
+    assert limiter.acquire("email", [(1, "a")], rules, now=NOW)[0].reason == "allowed"
 
     own_redis.stop()
-    down = limiter.acquire("email", [(1, "b"), (2, "c")], policy, now=NOW)
+    down = limiter.acquire("email", [(1, "b"), (2, "c")], rules, now=NOW)
     assert [(d.allowed, d.reason) for d in down] == [(False, "unavailable")] * 2
-    assert limiter.peek("email", 1, policy, now=NOW) is None
+    assert limiter.usage(1, [("email", rules)], now=NOW) is None
     assert limiter.release("email", [(1, "a")]) == [False]
     assert limiter.ping() is False
 
     own_redis.start()  # same port, empty: no data, no functions
-    up = limiter.acquire("email", [(1, "d")], policy, now=NOW)
+    up = limiter.acquire("email", [(1, "d")], rules, now=NOW)
     assert (up[0].allowed, up[0].reason) == (True, "allowed")
 
 
@@ -124,7 +171,7 @@ def test_fail_open_lets_sends_through_uncounted_when_redis_is_down(own_redis: Re
         redis.Redis.from_url(own_redis.url, socket_connect_timeout=0.5), fail_open=True
     )
     own_redis.stop()
-    decision = limiter.acquire("email", [(1, "a")], Policy(Limits(daily=0), Limits()), now=NOW)[0]
+    decision = limiter.acquire("email", [(1, "a")], caps(daily=0), now=NOW)[0]
     assert (decision.allowed, decision.reason) == (True, "unavailable")
 
 
@@ -134,12 +181,12 @@ def test_a_cluster_batch_survives_functions_flushed_on_every_node(
 ) -> None:
     cluster_client.flushall(target_nodes=RedisCluster.PRIMARIES)
     limiter = Limiter(cluster_client, prefix="flush:")
-    policy = Policy(channel=Limits(daily=1), all=Limits())
-    users = list(range(500))
+    rules = caps(daily=1)
+    users = list(range(0, 500 * 97, 97))
     assert {
-        d.reason for d in limiter.acquire("email", [(u, "a") for u in users], policy, now=NOW)
+        d.reason for d in limiter.acquire("email", [(u, "a") for u in users], rules, now=NOW)
     } == {"allowed"}
     for node in cluster_client.get_primaries():
         cluster_client.get_redis_connection(node).function_flush()
-    again = limiter.acquire("email", [(u, "b") for u in users], policy, now=NOW)
+    again = limiter.acquire("email", [(u, "b") for u in users], rules, now=NOW)
     assert {d.reason for d in again} == {"daily_cap"}

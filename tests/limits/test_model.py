@@ -1,180 +1,327 @@
 """A hypothesis state machine: the real Redis function against a plain-Python model.
 
-Random sends (several users, two channels, random caps), clock steps, repeated message ids,
-dry runs and releases; every decision must match the model's exactly.
+Random rules (rolling and calendar windows in several time zones, across DST days; tags,
+campaigns, every channel; priorities with reserves), clock steps forward and back, repeated
+message ids, dry runs and releases; every decision must match the model's exactly. The model
+finds calendar periods its own way (a search over minutes), not with the code under test.
 """
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import hypothesis.strategies as st
 import pytest
 import redis
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from limits.limiter import Limiter, Limits, Policy
+from limits.limiter import Limiter
+from limits.policy import PolicyTable, RuleView
 from tests.conftest import TEST_REDIS_URL
 
 DAY_MS = 86_400_000
 WEEK_MS = 7 * DAY_MS
-START_MS = 1_763_800_000_000
 CHANNELS = ("email", "push")
+ZONES = ("UTC", "America/New_York", "Europe/London", "Australia/Lord_Howe", "Asia/Kathmandu")
+# A few hours before DST changes: New York and London spring forward and fall back, Lord
+# Howe moves by 30 minutes, and an ordinary day.
+STARTS_MS = [
+    int(datetime(2026, 3, 8, 3, 0, tzinfo=UTC).timestamp() * 1000),  # NY: 2026-03-08 07:00Z
+    int(datetime(2026, 10, 31, 22, 0, tzinfo=UTC).timestamp() * 1000),  # NY: 2026-11-01 06:00Z
+    int(datetime(2026, 3, 28, 20, 0, tzinfo=UTC).timestamp() * 1000),  # London: 03-29 01:00Z
+    int(datetime(2026, 4, 4, 10, 0, tzinfo=UTC).timestamp() * 1000),  # Lord Howe: 04-04 15:00Z
+    int(datetime(2026, 10, 3, 10, 0, tzinfo=UTC).timestamp() * 1000),  # Lord Howe: 10-03 15:30Z
+    1_763_800_000_000,
+]
+
+
+@dataclass
+class Sent:
+    channel: str
+    at: int
+    message: str
+    campaign: str
+    tags: tuple[str, ...]
+
+
+def _local_date(ms: int, zone: str) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, ZoneInfo(zone))
+
+
+def period_start(zone: str, unit: str, now: int) -> tuple[int, int]:
+    """(start, end) of the calendar period holding `now`: searched over whole minutes (every
+    transition of these zones falls on one), without zoneinfo's arithmetic on wall times."""
+    local = _local_date(now, zone).date()
+    if unit == "week":
+        first = local - timedelta(days=local.weekday())
+        after = first + timedelta(days=7)
+    elif unit == "month":
+        first = local.replace(day=1)
+        after = (first.replace(day=28) + timedelta(days=4)).replace(day=1)
+    else:
+        first, after = local, local + timedelta(days=1)
+
+    def first_instant(day: object) -> int:
+        # The first whole minute whose local date is `day` or later.
+        lo, hi = (now - 40 * DAY_MS) // 60_000, (now + 40 * DAY_MS) // 60_000
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _local_date(mid * 60_000, zone).date() >= day:  # type: ignore[operator]
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo * 60_000
+
+    return first_instant(first), first_instant(after)
 
 
 @dataclass
 class Model:
     """The specification, written as plainly as possible."""
 
-    logs: dict[tuple[int, str], dict[str, int]] = field(default_factory=dict)
-
-    def log(self, user: int, scope: str) -> dict[str, int]:
-        return self.logs.setdefault((user, scope), {})
-
-    @staticmethod
-    def in_window(log: dict[str, int], now: int, span: int) -> list[int]:
-        return sorted(t for t in log.values() if t > now - span)
+    logs: dict[int, list[Sent]] = field(default_factory=dict)
 
     def acquire(
-        self, user: int, channel: str, mid: str, policy: Policy, now: int, dry: bool
+        self,
+        user: int,
+        channel: str,
+        message: str,
+        campaign: str,
+        tags: tuple[str, ...],
+        priority: int,
+        rules: tuple[RuleView, ...],
+        zone: str,
+        retention: int,
+        now: int,
+        dry: bool,
     ) -> tuple:
-        ch, al = self.log(user, channel), self.log(user, "all")
-        if mid in ch and ch[mid] > now - WEEK_MS:
-            return (
-                "duplicate",
-                channel,
-                len(self.in_window(ch, now, DAY_MS)),
-                len(self.in_window(ch, now, WEEK_MS)),
-                None,
-            )
-        checks = [
-            (policy.channel.daily, ch, DAY_MS, "daily_cap", channel),
-            (policy.channel.weekly, ch, WEEK_MS, "weekly_cap", channel),
-            (policy.all.daily, al, DAY_MS, "daily_cap", "all"),
-            (policy.all.weekly, al, WEEK_MS, "weekly_cap", "all"),
-        ]
-        for cap, _, _, _, scope in checks:
-            if cap == 0:
-                log = ch if scope == channel else al
-                return (
-                    "blocked",
-                    scope,
-                    len(self.in_window(log, now, DAY_MS)),
-                    len(self.in_window(log, now, WEEK_MS)),
-                    None,
-                )
-        best = None
-        for cap, log, span, reason, scope in checks:
-            times = self.in_window(log, now, span)
-            if cap is not None and len(times) >= cap:
-                retry = times[len(times) - cap] + span - now
-                if best is None or retry > best[0]:
-                    best = (retry, reason, scope, log)
-        if best is not None:
-            retry, reason, scope, log = best
-            return (
-                reason,
-                scope,
-                len(self.in_window(log, now, DAY_MS)),
-                len(self.in_window(log, now, WEEK_MS)),
-                retry,
-            )
+        log = self.logs.setdefault(user, [])
+        mine = [s for s in log if s.channel == channel]
+        day = sum(1 for s in mine if s.at > now - DAY_MS)
+        week = sum(1 for s in mine if s.at > now - WEEK_MS)
+        if any(s.message == message for s in mine):
+            return ("duplicate", None, None, None, None, day, week)
+        refusals = []  # (wait or None for never, position, rule, used, limit)
+        for position, r in enumerate(rules):
+            if r.window_kind == "calendar":
+                start, end = period_start(zone, r.window_unit, now)
+                inside = [s for s in log if s.at >= start]
+            else:
+                end = None
+                inside = [s for s in log if s.at > now - r.window_seconds * 1000]  # type: ignore[operator]
+            if r.channel != "all":
+                inside = [s for s in inside if s.channel == channel]
+            if r.match == "tag":
+                inside = [s for s in inside if r.tag in s.tags]
+            if r.match == "campaign":
+                inside = [s for s in inside if s.campaign == campaign]
+            limit = r.limit
+            if r.reserve_below is not None and priority < r.reserve_below:
+                limit = max(0, r.limit - (r.reserve_slots or 0))
+            used = len(inside)
+            if used < limit:
+                continue
+            if limit == 0:
+                wait = None
+            elif end is not None:
+                wait = end - now
+            else:
+                times = sorted(s.at for s in inside)
+                wait = times[used - limit] + r.window_seconds * 1000 - now  # type: ignore[operator]
+            refusals.append((wait, position, r, used, limit))
+        if refusals:
+            never = [f for f in refusals if f[0] is None]
+            if never:
+                wait, _, r, used, limit = never[0]
+            else:
+                wait, _, r, used, limit = max(refusals, key=lambda f: (f[0], -f[1]))
+            if r.limit == 0:
+                reason = "blocked"
+            elif r.window_seconds == 86_400 or r.window_unit == "day":
+                reason = "daily_cap"
+            elif r.window_seconds == 604_800 or r.window_unit == "week":
+                reason = "weekly_cap"
+            else:
+                reason = "cap"
+            reserved = r.reserve_slots if limit < r.limit and used < r.limit else None
+            return (reason, r.id, used, wait, reserved, day, week)
         if not dry:
-            # Logs are trimmed when written: entries a week old go when a send is recorded.
-            for log in (ch, al):
-                for member in [m for m, t in log.items() if t <= now - WEEK_MS]:
-                    del log[member]
-            ch[mid] = now
-            al[f"{channel}:{mid}"] = now
-        d, w = len(self.in_window(ch, now, DAY_MS)), len(self.in_window(ch, now, WEEK_MS))
-        return (
-            "allowed",
-            channel,
-            d if dry is False else d + 1,
-            w if dry is False else w + 1,
-            None,
-        )
+            log[:] = [s for s in log if s.at > now - retention]
+            log.append(Sent(channel, now, message, campaign, tags))
+        return ("allowed", None, None, None, None, day + 1, week + 1)
 
-    def release(self, user: int, channel: str, mid: str) -> bool:
-        removed = self.log(user, channel).pop(mid, None) is not None
-        self.log(user, "all").pop(f"{channel}:{mid}", None)
-        return removed
+    def release(self, user: int, channel: str, message: str) -> bool:
+        log = self.logs.get(user, [])
+        for k, s in enumerate(log):
+            if s.channel == channel and s.message == message:
+                del log[k]
+                return True
+        return False
 
 
-caps_st = st.one_of(st.none(), st.integers(min_value=0, max_value=4))
+windows = st.one_of(
+    st.tuples(
+        st.just("rolling"),
+        st.sampled_from([60, 3_600, 4 * 3_600, 86_400, 3 * 86_400, 604_800, 7_776_000]),
+    ),
+    st.tuples(st.just("calendar"), st.sampled_from(["day", "week", "month"])),
+)
+
+
+@st.composite
+def rule_views(draw: st.DrawFn, rule_id: int) -> RuleView:
+    kind, size = draw(windows)
+    limit = draw(st.sampled_from([0, 1, 1, 2, 2, 3, 4]))
+    match = draw(st.sampled_from(["any", "any", "tag", "campaign"]))
+    reserve = draw(st.one_of(st.none(), st.tuples(st.integers(1, 9), st.integers(1, 4))))
+    if reserve is not None and reserve[1] > limit:
+        reserve = None
+    return RuleView(
+        id=rule_id,
+        name=f"r{rule_id}",
+        segment=None,
+        channel=draw(st.sampled_from(["email", "push", "all"])),
+        match=match,
+        tag=draw(st.sampled_from(["promo", "news"])) if match == "tag" else "",
+        window_kind=kind,
+        window_seconds=size if kind == "rolling" else None,  # type: ignore[arg-type]
+        window_unit=size if kind == "calendar" else "",  # type: ignore[arg-type]
+        limit=limit,
+        reserve_below=reserve[0] if reserve else None,
+        reserve_slots=reserve[1] if reserve else None,
+    )
+
+
+@st.composite
+def rule_lists(draw: st.DrawFn) -> tuple[RuleView, ...]:
+    count = draw(st.integers(0, 4))
+    return tuple(draw(rule_views(k + 1)) for k in range(count))
 
 
 class LimiterMachine(RuleBasedStateMachine):
-    @initialize()
-    def setup(self) -> None:
+    @initialize(start=st.sampled_from(STARTS_MS))
+    def setup(self, start: int) -> None:
         self.client = redis.Redis.from_url(TEST_REDIS_URL)
         self.client.flushdb()
         self.limiter = Limiter(self.client, prefix="model:")
         self.model = Model()
-        self.now = START_MS
+        self.now = start
         self.sent: list[tuple[int, str, str]] = []
         self.counter = 0
 
     def teardown(self) -> None:
-        self.client.flushdb()
-        self.client.close()
+        if hasattr(self, "client"):
+            self.client.flushdb()
+            self.client.close()
 
     @rule(
         ms=st.one_of(
-            st.integers(0, 5000), st.integers(0, 2 * DAY_MS), st.sampled_from([DAY_MS, WEEK_MS, 1])
+            st.integers(0, 5000),
+            st.integers(0, 2 * DAY_MS),
+            # Exactly a window's length (an entry then sits on a window's start), or just off it.
+            st.sampled_from(
+                [60_000, 3_600_000, 4 * 3_600_000, DAY_MS, 3 * DAY_MS, WEEK_MS]
+            ).flatmap(lambda span: st.sampled_from([span, span - 1, span + 1])),
+            st.sampled_from([1, 30 * 60_000]),
+            st.integers(-3 * 3_600_000, 0),  # the clock stepped back
         )
     )
     def step_clock(self, ms: int) -> None:
         self.now += ms
 
     @rule(
-        user=st.integers(0, 2),
+        user=st.sampled_from([0, 1, 300]),
         channel=st.sampled_from(CHANNELS),
         repeat=st.booleans(),
         dry=st.booleans(),
-        limits=st.tuples(caps_st, caps_st, caps_st, caps_st),
+        rules=rule_lists(),
+        campaign=st.sampled_from(["", "c1", "c2"]),
+        tags=st.sampled_from([(), ("promo",), ("news",), ("promo", "news")]),
+        priority=st.integers(0, 9),
+        zone=st.sampled_from(ZONES),
     )
-    def send(self, user: int, channel: str, repeat: bool, dry: bool, limits: tuple) -> None:
+    def send(
+        self,
+        user: int,
+        channel: str,
+        repeat: bool,
+        dry: bool,
+        rules: tuple[RuleView, ...],
+        campaign: str,
+        tags: tuple[str, ...],
+        priority: int,
+        zone: str,
+    ) -> None:
         if repeat and self.sent:
             user, channel, mid = self.sent[self.counter % len(self.sent)]
         else:
             self.counter += 1
             mid = f"m{self.counter}"
-        policy = Policy(channel=Limits(limits[0], limits[1]), all=Limits(limits[2], limits[3]))
+        table = PolicyTable(rules=rules, classic={}, zones={})
+        rule_set = table.rule_set(
+            segment=None,
+            channel=channel,
+            campaign=campaign,
+            tags=tags,
+            priority=priority,
+            zone=zone,
+            now_ms=self.now,
+        )
         real = self.limiter.acquire(
-            channel, [(user, mid)], policy, now=self.now / 1000, dry_run=dry
+            channel,
+            [(user, mid)],
+            rule_set,
+            campaign=campaign,
+            tags=tags,
+            priority=priority,
+            retention_ms=table.retention_ms,
+            now=self.now / 1000,
+            dry_run=dry,
         )[0]
-        expected = self.model.acquire(user, channel, mid, policy, self.now, dry)
+        expected = self.model.acquire(
+            user,
+            channel,
+            mid,
+            campaign,
+            tags,
+            priority,
+            rule_set.rules,
+            zone,
+            table.retention_ms,
+            self.now,
+            dry,
+        )
         retry = None if real.retry_after is None else round(real.retry_after * 1000)
-        assert (
+        got = (
             real.reason,
-            real.scope,
+            real.rule["id"] if real.rule else None,
+            real.rule["used"] if real.rule else None,
+            retry,
+            real.reserved,
             real.counts["daily"],
             real.counts["weekly"],
-            retry,
-        ) == expected
+        )
+        assert got == expected
         if real.reason == "allowed" and not dry:
             self.sent.append((user, channel, mid))
 
+    @precondition(lambda self: bool(getattr(self, "sent", None)))
     @rule(pick=st.integers(0, 1000))
     def release(self, pick: int) -> None:
-        if not self.sent:
-            return
         user, channel, mid = self.sent[pick % len(self.sent)]
         assert self.limiter.release(channel, [(user, mid)]) == [
             self.model.release(user, channel, mid)
         ]
 
     @invariant()
-    def usage_matches(self) -> None:
+    def logs_match(self) -> None:
         if not hasattr(self, "limiter"):
             return
-        policy = Policy(channel=Limits(), all=Limits())
-        for user in range(3):
-            usage = self.limiter.peek("email", user, policy, now=self.now / 1000)
-            assert usage is not None
-            ch, al = self.model.log(user, "email"), self.model.log(user, "all")
-            assert usage[0].weekly_used == len(Model.in_window(ch, self.now, WEEK_MS))
-            assert usage[1].daily_used == len(Model.in_window(al, self.now, DAY_MS))
+        for user in (0, 1, 300):
+            stored = sorted((e.channel, e.at_ms) for e in self.limiter.entries(user))
+            modelled = sorted((s.channel, s.at) for s in self.model.logs.get(user, []))
+            assert stored == modelled
 
 
 TestLimiterMatchesModel = LimiterMachine.TestCase

@@ -3,7 +3,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from limits.models import Cap
+from limits.services import cap_set
 from segments.index import reset_index
 from segments.models import Segment
 from segments.publishing import build_run
@@ -37,7 +37,7 @@ def published(db, redis_client) -> Callable[..., str]:
             body = "".join(f"{i}\n" for i in ids).encode()
             user_list_import(segment=segment, fileobj=io.BytesIO(body), name=f"{slug}.txt")
             for scope, (daily, weekly) in caps.items():
-                Cap.objects.create(segment=segment, channel=scope, daily=daily, weekly=weekly)
+                cap_set(segment=segment, channel=scope, daily=daily, weekly=weekly, via="command")
         return build_run(build_id=build_start(queue=False).pk).version
 
     return publish

@@ -5,8 +5,7 @@ import logging
 
 import pytest
 
-from limits.models import Cap
-from limits.selectors import CapsCache
+from limits.selectors import PolicyCache
 from limits.services import cap_set
 from segments.models import Segment
 from worker import stats
@@ -28,7 +27,7 @@ def reasons(decisions):
 
 
 def test_each_user_is_gated_by_their_segments_caps_in_request_order(snapshot):
-    Cap.objects.create(segment=Segment.objects.get(is_default=True), channel="email", daily=1)
+    cap_set(segment=Segment.objects.get(is_default=True), channel="email", daily=1, weekly=None)
     requests = [(3, "a"), (1, "b"), (9, "c"), (1, "d"), (1, "e"), (9, "f")]
     decisions = gate_check(channel="email", requests=requests, now=NOW)
     assert reasons(decisions) == [
@@ -83,13 +82,14 @@ def test_an_unknown_channel_or_category_is_refused(snapshot):
 
 
 def test_a_cap_edit_governs_decisions_once_the_cache_expires(snapshot):
-    cache = CapsCache(ttl=2.0)
-    gate = Gate(caps=cache, record_stats=False)
+    cache = PolicyCache(ttl=2.0)
+    gate = Gate(policy=cache, record_stats=False)
     vip = Segment.objects.get(slug="vip")
-    assert cache.table(now=100.0)["vip"]["email"].daily == 2
+    daily = {"segment": "vip", "channel": "email"}
+    assert cache.table(now=100.0).classic_limits(**daily)["daily"] == 2
     cap_set(segment=vip, channel="email", daily=0, weekly=5)
-    assert cache.table(now=101.0)["vip"]["email"].daily == 2  # still cached
-    assert cache.table(now=102.0)["vip"]["email"].daily == 0  # re-read after the TTL
+    assert cache.table(now=101.0).classic_limits(**daily)["daily"] == 2  # still cached
+    assert cache.table(now=102.0).classic_limits(**daily)["daily"] == 0  # re-read after the TTL
     assert gate.check(channel="email", requests=[(1, "a")], now=NOW)[0].reason == "blocked"
 
 

@@ -11,7 +11,8 @@ from django.db import transaction
 
 from gatekeeper.lib.groups import MARKETER, VIEWER
 from gatekeeper.lib.permissions import CAMPAIGN_SYSTEM
-from limits.models import Cap
+from limits.rules import RuleFields
+from limits.services import cap_set, rule_create
 from segments.index import refresh
 from segments.models import Segment
 from segments.publishing import build_run
@@ -30,6 +31,22 @@ DEMO_SEGMENTS = [
     ("dormant", "Dormant", 40, {"email": (1, 2), "push": (0, 0), "all": (1, 2)}),
 ]
 DEFAULT_CAPS = {"email": (1, 3), "push": (1, 3), "all": (2, 4)}
+# Rules beyond the classic caps: name, segment, channel, match, tag, window, limit, reserve.
+DEMO_RULES = [
+    ("1 promo a day", None, "all", "tag", "promo", ("calendar", "day"), 1, None),
+    ("One push per campaign a week", None, "push", "campaign", "", ("calendar", "week"), 1, None),
+    ("4 hours between pushes", "vip", "push", "any", "", ("rolling", 4 * 3600), 1, None),
+    (
+        "VIP: 10 a month, 2 kept for priority 8+",
+        "vip",
+        "all",
+        "any",
+        "",
+        ("calendar", "month"),
+        10,
+        (8, 2),
+    ),
+]
 DEMO_USERS = 200_000
 DEMO_USER = "marketer"
 DEMO_VIEWER = "viewer"
@@ -48,13 +65,36 @@ class Command(BaseCommand):
             return
         with transaction.atomic():
             for slug, name, priority, caps in DEMO_SEGMENTS:
-                segment = Segment.objects.create(slug=slug, name=name, priority=priority)
+                segment = Segment.objects.create(
+                    slug=slug,
+                    name=name,
+                    priority=priority,
+                    time_zone="Asia/Singapore" if slug == "vip" else "",
+                )
                 for scope, (daily, weekly) in caps.items():
-                    Cap.objects.create(segment=segment, channel=scope, daily=daily, weekly=weekly)
+                    cap_set(
+                        segment=segment, channel=scope, daily=daily, weekly=weekly, via="command"
+                    )
             default = Segment.objects.get(is_default=True)
             for scope, (daily, weekly) in DEFAULT_CAPS.items():
-                Cap.objects.update_or_create(
-                    segment=default, channel=scope, defaults={"daily": daily, "weekly": weekly}
+                cap_set(segment=default, channel=scope, daily=daily, weekly=weekly, via="command")
+            for name, segment_slug, channel, match, tag, window, limit, reserve in DEMO_RULES:
+                kind, size = window
+                rule_create(
+                    fields=RuleFields(
+                        name=name,
+                        segment=segment_slug,
+                        channel=channel,
+                        match=match,
+                        tag=tag,
+                        window_kind=kind,
+                        window_seconds=size if kind == "rolling" else None,  # type: ignore[arg-type]
+                        window_unit=size if kind == "calendar" else "",  # type: ignore[arg-type]
+                        limit=limit,
+                        reserve_below_priority=reserve[0] if reserve else None,
+                        reserve_slots=reserve[1] if reserve else None,
+                    ),
+                    via="command",
                 )
             rng = np.random.default_rng(2026)
             for slug, share in (("vip", 0.05), ("active", 0.35), ("new", 0.15), ("dormant", 0.25)):

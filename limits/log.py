@@ -1,0 +1,163 @@
+"""The send log's bytes, from Python: where a user's log lives, the hashes it stores, the rule
+records a call passes, and reading a log back (limits/lua/limiter.lua holds the format).
+
+Each user's log is one field of a bucket hash that the 256 users whose ids differ only in the
+low byte share: key `<prefix>{b:<id >> 8>}`, field the low byte as one raw byte. The hash tag
+keeps a bucket in one cluster slot, so a user's whole log (every channel) is decided in one
+function call, and consecutive ids (a campaign over a segment) share reads and writes.
+
+Hashes (blake2b, so they are the same in every process and version):
+- message id: 64 bits. Two different message ids of one user on one channel collide with
+  probability about n / 2^64 for a user holding n entries: at 270M users receiving 30 sends a
+  week, about once in 10^8 years. A collision would make the second send a `duplicate`:
+  admitted without being counted.
+- campaign and tag: 32 bits, never 0 (0 marks "none"). A collision makes a per-campaign or tag
+  rule count another campaign's or tag's sends too: it refuses early, it never admits more.
+"""
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from hashlib import blake2b
+
+BUCKET_BITS = 8
+FORMAT_VERSION = 1
+ENTRY_BASE = 19  # time 6, message 8, campaign 4, priority 1
+NO_HASH = b"\0\0\0\0"
+RULE_RECORD = struct.Struct(">BBBI6s6s6s4s")
+# What gk_acquire answers per request (limits/lua/limiter.lua).
+REPLY = struct.Struct(">BBI6sII")
+REPLY_BYTES = REPLY.size
+EXPIRY_FIELD = b"expiry"
+
+KIND_CODES = {"any": 1, "tag": 2, "campaign": 3}
+
+
+def bucket_key(prefix: str, user_id: int) -> str:
+    # The {b:<bucket>} hash tag keeps a bucket (and so each of its users' logs) in one slot.
+    return f"{prefix}{{b:{user_id >> BUCKET_BITS}}}"
+
+
+def bucket_field(user_id: int) -> bytes:
+    return bytes((user_id & 0xFF,))
+
+
+def message_hash(message_id: str) -> bytes:
+    return blake2b(message_id.encode(), digest_size=8).digest()
+
+
+def short_hash(text: str) -> bytes:
+    """A campaign's or a tag's 4-byte hash; "" is none (zero bytes)."""
+    if not text:
+        return NO_HASH
+    digest = blake2b(text.encode(), digest_size=4).digest()
+    return digest if digest != NO_HASH else b"\0\0\0\1"
+
+
+def tags_bytes(tags: tuple[str, ...]) -> bytes:
+    """The tags' hashes, each once (the log's entries hold a tag at most once)."""
+    seen: dict[bytes, None] = {}
+    for tag in tags:
+        seen[short_hash(tag)] = None
+    return b"".join(seen)
+
+
+def _ms6(value: int) -> bytes:
+    return value.to_bytes(6, "big")
+
+
+def rolling_record(*, kind: str, every_channel: bool, limit: int, seconds: int, tag: str) -> bytes:
+    return RULE_RECORD.pack(
+        KIND_CODES[kind],
+        1 if every_channel else 0,
+        0,
+        limit,
+        _ms6(seconds * 1000),
+        _ms6(0),
+        _ms6(0),
+        short_hash(tag) if kind == "tag" else NO_HASH,
+    )
+
+
+def calendar_record(
+    *, kind: str, every_channel: bool, limit: int, starts: tuple[int, int, int], tag: str
+) -> bytes:
+    """`starts`: three consecutive period starts in ms, the caller's now in the first period."""
+    a, b, c = starts
+    return RULE_RECORD.pack(
+        KIND_CODES[kind],
+        1 if every_channel else 0,
+        1,
+        limit,
+        _ms6(a),
+        _ms6(b),
+        _ms6(c),
+        short_hash(tag) if kind == "tag" else NO_HASH,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One recorded send, as the log keeps it."""
+
+    channel: str
+    at_ms: int
+    message: bytes
+    campaign: bytes
+    priority: int
+    tags: tuple[bytes, ...]
+
+    @property
+    def at(self) -> datetime:
+        return datetime.fromtimestamp(self.at_ms / 1000, tz=UTC)
+
+
+class LogFormatError(ValueError):
+    """A stored log this version cannot read."""
+
+
+def decode(raw: bytes | None) -> list[Entry]:
+    """Every entry of a stored log, per channel in the stored order, oldest first."""
+    if not raw:
+        return []
+    version, slots, count = raw[0], raw[1], raw[2]
+    if version != FORMAT_VERSION:
+        raise LogFormatError(f"log format {version} is not known to this version")
+    width = ENTRY_BASE + 4 * slots
+    pos, sections = 3, []
+    for _ in range(count):
+        length = raw[pos]
+        name = raw[pos + 1 : pos + 1 + length].decode()
+        entries = int.from_bytes(raw[pos + 1 + length : pos + 3 + length], "big")
+        sections.append((name, entries))
+        pos += 3 + length
+    out: list[Entry] = []
+    for index, (name, entries) in enumerate(sections):
+        if index == count - 1:
+            entries = (len(raw) - pos) // width  # the last section runs to the end
+        for _ in range(entries):
+            entry = raw[pos : pos + width]
+            tags = tuple(
+                entry[ENTRY_BASE + 4 * k : ENTRY_BASE + 4 * k + 4]
+                for k in range(slots)
+                if entry[ENTRY_BASE + 4 * k : ENTRY_BASE + 4 * k + 4] != NO_HASH
+            )
+            out.append(
+                Entry(
+                    channel=name,
+                    at_ms=int.from_bytes(entry[0:6], "big"),
+                    message=entry[6:14],
+                    campaign=entry[14:18],
+                    priority=entry[18],
+                    tags=tags,
+                )
+            )
+            pos += width
+    return out
+
+
+def iter_replies(blob: bytes) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """gk_acquire's answers: outcome, rule, used, retry (1 + ms, 0: none), day, week."""
+    for outcome, rule, used, retry, day, week in REPLY.iter_unpack(blob):
+        yield outcome, rule, used, int.from_bytes(retry, "big"), day, week

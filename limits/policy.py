@@ -1,0 +1,229 @@
+"""Which rules apply to a send, as the gate, the quota and the what-if read them.
+
+`PolicyTable` is every enabled rule (classic caps' rules included), the classic caps and the
+segments' time zones, read from the database in one go and kept in process for a couple of
+seconds (limits.selectors). For one gate call it resolves, per segment and time zone, the rules
+that apply and encodes them for the limiter (`RuleSet`): a calendar rule's period starts are
+computed here, in the user's zone, and a priority reserve is applied to the limit.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from gatekeeper.lib.integers import INT32_MAX
+from limits.channels import ALL
+from limits.log import calendar_record, rolling_record
+from limits.windows import LONGEST, period_starts
+
+DAY_SECONDS, WEEK_SECONDS = 86_400, 604_800
+MIN_RETENTION = timedelta(days=7)
+ROLLING_SECONDS = (60, 7_776_000)  # 1 minute to 90 days
+PRIORITIES = (0, 9)
+DEFAULT_PRIORITY = 5
+
+
+@dataclass(frozen=True, slots=True)
+class RuleView:
+    """An enabled rule, as decisions need it."""
+
+    id: int
+    name: str
+    segment: str | None
+    channel: str
+    match: str
+    tag: str
+    window_kind: str
+    window_seconds: int | None
+    window_unit: str
+    limit: int
+    reserve_below: int | None
+    reserve_slots: int | None
+    classic: bool = False
+
+    @property
+    def calendar(self) -> bool:
+        return self.window_kind == "calendar"
+
+    def window(self) -> dict[str, Any]:
+        if self.calendar:
+            return {"kind": "calendar", "unit": self.window_unit}
+        return {"kind": "rolling", "seconds": self.window_seconds}
+
+    def reason(self) -> str:
+        """The reason of a refusal by this rule (DESIGN.md, Gate)."""
+        if self.limit == 0:
+            return "blocked"
+        if self.window_seconds == DAY_SECONDS or self.window_unit == "day":
+            return "daily_cap"
+        if self.window_seconds == WEEK_SECONDS or self.window_unit == "week":
+            return "weekly_cap"
+        return "cap"
+
+    def limit_for(self, priority: int) -> int:
+        """The limit a send of `priority` must fit: less the reserve when it is below it."""
+        if self.reserve_below is not None and self.reserve_slots and priority < self.reserve_below:
+            return max(0, self.limit - self.reserve_slots)
+        return self.limit
+
+    def keeps(self) -> timedelta:
+        """How long the log must keep entries for this rule to count them."""
+        if self.calendar:
+            return LONGEST[self.window_unit]
+        return timedelta(seconds=self.window_seconds or 0)
+
+    def record(self, *, limit: int, zone: str, now_ms: int) -> bytes:
+        every_channel = self.channel == ALL
+        if self.calendar:
+            return calendar_record(
+                kind=self.match,
+                every_channel=every_channel,
+                limit=limit,
+                starts=period_starts(zone, self.window_unit, now_ms),
+                tag=self.tag,
+            )
+        return rolling_record(
+            kind=self.match,
+            every_channel=every_channel,
+            limit=limit,
+            seconds=int(self.window_seconds or 0),
+            tag=self.tag,
+        )
+
+    def as_decision(self, used: int) -> dict[str, Any]:
+        """The decision's `rule` object."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "window": self.window(),
+            "limit": self.limit,
+            "used": used,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    """The rules one request must fit, encoded for the limiter, and what its decision shows:
+    the rules (by position), each one's limit after the reserve, and the classic caps of the
+    request's channel."""
+
+    records: bytes
+    rules: tuple[RuleView, ...]
+    effective: tuple[int, ...]
+    limits: dict[str, int | None]
+
+
+@dataclass(frozen=True)
+class PolicyTable:
+    rules: tuple[RuleView, ...]
+    classic: dict[tuple[str, str], tuple[int | None, int | None]]
+    zones: dict[str, str]
+    _candidates: dict[tuple[str | None, str], tuple[RuleView, ...]] = field(
+        default_factory=dict, compare=False
+    )
+
+    @property
+    def retention_ms(self) -> int:
+        """How long logs keep entries: the longest window of any enabled rule, 7 days at least."""
+        longest = max((rule.keeps() for rule in self.rules), default=MIN_RETENTION)
+        return int(max(longest, MIN_RETENTION).total_seconds() * 1000)
+
+    def candidates(self, *, segment: str | None, channel: str) -> tuple[RuleView, ...]:
+        """The rules of a segment (theirs and every segment's) on a channel and on `all`."""
+        key = (segment, channel)
+        found = self._candidates.get(key)
+        if found is None:
+            found = tuple(
+                rule
+                for rule in self.rules
+                if rule.segment in (None, segment) and rule.channel in (channel, ALL)
+            )
+            self._candidates[key] = found
+        return found
+
+    def applicable(
+        self, *, segment: str | None, channel: str, campaign: str, tags: tuple[str, ...]
+    ) -> tuple[RuleView, ...]:
+        """The rules a send must fit: every-send rules, tag rules of its tags, and per-campaign
+        rules when it names a campaign."""
+        return tuple(
+            rule
+            for rule in self.candidates(segment=segment, channel=channel)
+            if rule.match == "any"
+            or (rule.match == "tag" and rule.tag in tags)
+            or (rule.match == "campaign" and campaign)
+        )
+
+    def classic_limits(self, *, segment: str | None, channel: str) -> dict[str, int | None]:
+        daily, weekly = self.classic.get((segment or "", channel), (None, None))
+        return {"daily": daily, "weekly": weekly}
+
+    def tags(self) -> set[str]:
+        """The tags some rule counts."""
+        return {rule.tag for rule in self.rules if rule.match == "tag"}
+
+    def zone_of(self, segment: str | None) -> str:
+        return self.zones.get(segment or "", "")
+
+    def rule_set(
+        self,
+        *,
+        segment: str | None,
+        channel: str,
+        campaign: str,
+        tags: tuple[str, ...],
+        priority: int,
+        zone: str,
+        now_ms: int,
+    ) -> RuleSet:
+        rules = self.applicable(segment=segment, channel=channel, campaign=campaign, tags=tags)
+        return encode(
+            rules,
+            priority=priority,
+            zone=zone,
+            now_ms=now_ms,
+            limits=self.classic_limits(segment=segment, channel=channel),
+        )
+
+    def needs_zone(self, *, segment: str | None, channel: str) -> bool:
+        """Whether any rule of the segment on the channel depends on the user's zone."""
+        return any(rule.calendar for rule in self.candidates(segment=segment, channel=channel))
+
+
+def encode(
+    rules: Sequence[RuleView],
+    *,
+    priority: int,
+    zone: str,
+    now_ms: int,
+    limits: dict[str, int | None] | None = None,
+) -> RuleSet:
+    """Rules as the limiter takes them, windows resolved at `now_ms` in `zone` and each limit
+    less its reserve for a send of `priority`."""
+    effective = tuple(rule.limit_for(priority) for rule in rules)
+    records = b"".join(
+        rule.record(limit=limit, zone=zone, now_ms=now_ms)
+        for rule, limit in zip(rules, effective, strict=True)
+    )
+    return RuleSet(records=records, rules=tuple(rules), effective=effective, limits=limits or {})
+
+
+def counting_rule(
+    *, channel: str, seconds: int, limit: int = INT32_MAX, name: str = ""
+) -> RuleView:
+    """A rule that only counts (the quota's classic figures, sends in a recent interval)."""
+    return RuleView(
+        id=0,
+        name=name,
+        segment=None,
+        channel=channel,
+        match="any",
+        tag="",
+        window_kind="rolling",
+        window_seconds=seconds,
+        window_unit="",
+        limit=limit,
+        reserve_below=None,
+        reserve_slots=None,
+    )

@@ -1,0 +1,249 @@
+"""Cap rules in words and in checks: the one rule for a valid rule (REST, admin and commands
+all use `rule_problems`), a rule read out in plain words, and the findings a marketer should
+see: rules that never decide because a stricter one always applies with them, and reserves that
+shut lower priorities out completely."""
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gatekeeper.lib.integers import INT32_MAX
+from gatekeeper.lib.words import count
+from limits.channels import ALL, scopes
+from limits.policy import DAY_SECONDS, ROLLING_SECONDS, WEEK_SECONDS, RuleView
+from limits.windows import UNITS
+
+TAG = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+TAG_WORDS = "Lowercase letters, digits, - and _, starting with a letter or digit; up to 64."
+MATCHES = ("any", "tag", "campaign")
+NAME_MAX = 100
+
+
+def validate_tag(value: str) -> str | None:
+    """The one rule for a tag (rules, gate calls and send jobs): None when valid, else why."""
+    if not TAG.fullmatch(value):
+        return f"'{value[:70]}' is not a tag. {TAG_WORDS}"
+    return None
+
+
+@dataclass
+class RuleFields:
+    """A rule's editable fields, as a caller gives them (the REST body, an admin form)."""
+
+    name: str
+    segment: str | None  # a slug; None: every segment
+    channel: str
+    match: str
+    tag: str
+    window_kind: str
+    window_seconds: int | None
+    window_unit: str
+    limit: int
+    reserve_below_priority: int | None
+    reserve_slots: int | None
+    enabled: bool = True
+
+
+def rule_problems(fields: RuleFields, *, segments: Iterable[str]) -> dict[str, list[str]]:
+    """What is wrong with a rule, by field (the REST API's names); empty when nothing is."""
+    problems: dict[str, list[str]] = {}
+
+    def add(field: str, message: str) -> None:
+        problems.setdefault(field, []).append(message)
+
+    name = fields.name.strip()
+    if not name:
+        add("name", "Give the rule a name, in your words.")
+    elif len(name) > NAME_MAX:
+        add("name", f"At most {NAME_MAX} characters.")
+    known = list(segments)
+    if fields.segment is not None and fields.segment not in known:
+        add("segment", f"No segment '{fields.segment}'. Known: {', '.join(known) or 'none'}.")
+    if fields.channel not in scopes():
+        add("channel", f"Unknown channel '{fields.channel}'. Choose one of: {', '.join(scopes())}.")
+    if fields.match not in MATCHES:
+        add("match", f"Choose one of: {', '.join(MATCHES)}.")
+    elif fields.match == "tag":
+        if not fields.tag:
+            add("tag", "A tag rule needs the tag it counts.")
+        elif (why := validate_tag(fields.tag)) is not None:
+            add("tag", why)
+    elif fields.tag:
+        add("tag", f"Only a tag rule counts a tag; this one counts {_match_words(fields.match)}.")
+    if fields.window_kind == "rolling":
+        low, high = ROLLING_SECONDS
+        seconds = fields.window_seconds
+        if seconds is None:
+            add("window.seconds", "A rolling window needs its length in seconds.")
+        elif not low <= seconds <= high:
+            add(
+                "window.seconds",
+                f"From {low:,} (1 minute) to {high:,} (90 days); {seconds:,} is not.",
+            )
+    elif fields.window_kind == "calendar":
+        if fields.window_unit not in UNITS:
+            add("window.unit", f"Choose one of: {', '.join(UNITS)}.")
+    else:
+        add("window.kind", "Choose rolling or calendar.")
+    if not 0 <= fields.limit <= INT32_MAX:
+        add("limit", f"From 0 (blocked) to {INT32_MAX:,}.")
+    below, slots = fields.reserve_below_priority, fields.reserve_slots
+    if (below is None) != (slots is None):
+        add("reserve", "A reserve needs both below_priority and slots.")
+    elif below is not None and slots is not None:
+        if not 1 <= below <= 9:
+            add("reserve.below_priority", "From 1 to 9: sends below it may not use the reserve.")
+        if slots < 1:
+            add("reserve.slots", "At least 1 slot, or no reserve.")
+        elif slots > fields.limit:
+            add(
+                "reserve.slots",
+                f"{slots:,} slots kept out of a limit of {fields.limit:,}: at most the limit.",
+            )
+    return problems
+
+
+# --- words ----------------------------------------------------------------------------------
+
+NOUNS = {
+    "email": ("email", "emails"),
+    "push": ("push message", "push messages"),
+    ALL: ("marketing message", "marketing messages"),
+}
+
+
+def noun(channel: str, n: int) -> str:
+    one, many = NOUNS.get(channel, (f"{channel} message", f"{channel} messages"))
+    return one if n == 1 else many
+
+
+def _match_words(match: str) -> str:
+    return {
+        "any": "every send",
+        "tag": "the sends carrying a tag",
+        "campaign": "each campaign",
+    }.get(match, match)
+
+
+def duration_words(seconds: int) -> str:
+    """90 -> '90 seconds'; 14400 -> '4 hours'; 86400 -> '24 hours'; 604800 -> '7 days'."""
+    for unit, size in (("day", 86_400), ("hour", 3_600), ("minute", 60)):
+        if seconds % size == 0 and (unit != "day" or seconds >= 2 * 86_400):
+            return count(seconds // size, unit)
+    return count(seconds, "second")
+
+
+def window_words(rule: RuleView) -> str:
+    if rule.calendar:
+        unit = rule.window_unit
+        period = "calendar week (Monday to Sunday)" if unit == "week" else f"calendar {unit}"
+        return f"per {period}, in their own time zone"
+    return f"in any {duration_words(int(rule.window_seconds or 0))}"
+
+
+def rule_describe(rule: RuleView, *, segment_name: str | None = None) -> str:
+    """'Gold users: at most 1 promo-tagged email per calendar day, in their own time zone'."""
+    who = f"{segment_name or rule.segment} users" if rule.segment else "Everyone"
+    what = noun(rule.channel, 2 if rule.limit != 1 else 1)
+    if rule.match == "tag":
+        what = f"{rule.tag}-tagged {what}"
+    if rule.limit == 0:
+        text = f"no {rule.tag + '-tagged ' if rule.match == 'tag' else ''}{noun(rule.channel, 2)}"
+        if rule.match == "campaign":
+            text += " of any campaign"
+        return f"{who}: {text}"
+    text = f"at most {rule.limit:,} {what}"
+    if rule.match == "campaign":
+        text += " of each campaign"
+    text += f" {window_words(rule)}"
+    if rule.limit == 1 and not rule.calendar:
+        text += f" (at least {duration_words(int(rule.window_seconds or 0))} apart)"
+    if rule.reserve_below is not None and rule.reserve_slots:
+        kept = count(rule.reserve_slots, "slot")
+        text += f"; the last {kept} kept for priority {rule.reserve_below} and above"
+    return f"{who}: {text}"
+
+
+# --- findings -------------------------------------------------------------------------------
+
+
+def _covers_window(strict: RuleView, loose: RuleView) -> bool:
+    """Whether `strict`'s window always holds `loose`'s (so it counts at least as much)."""
+    if not strict.calendar and not loose.calendar:
+        return (strict.window_seconds or 0) >= (loose.window_seconds or 0)
+    if not strict.calendar and loose.calendar:
+        # A rolling window at least as long as the longest such period holds the current one.
+        longest = {"day": 25 * 3_600, "week": 7 * 86_400 + 3_600, "month": 31 * 86_400 + 3_600}
+        return (strict.window_seconds or 0) >= longest[loose.window_unit]
+    if strict.calendar and loose.calendar:
+        # The current week or month holds the current day; a month does not hold a week.
+        order = {"day": 0, "week": 1, "month": 1}
+        same = strict.window_unit == loose.window_unit
+        return same or (loose.window_unit == "day" and order[strict.window_unit] > 0)
+    return False
+
+
+def _applies_whenever(strict: RuleView, loose: RuleView) -> bool:
+    """Whether `strict` applies to every send `loose` applies to, counting at least its sends."""
+    if strict.segment is not None and strict.segment != loose.segment:
+        return False
+    if strict.channel != ALL and strict.channel != loose.channel:
+        return False
+    if strict.match == "tag" and not (loose.match == "tag" and loose.tag == strict.tag):
+        return False
+    if strict.match == "campaign" and loose.match != "campaign":
+        return False
+    return _covers_window(strict, loose)
+
+
+def _at_least_as_strict(strict: RuleView, loose: RuleView) -> bool:
+    return all(strict.limit_for(p) <= loose.limit_for(p) for p in range(10))
+
+
+def rule_findings(rules: Sequence[RuleView]) -> dict[int, list[str]]:
+    """Per rule id, what a marketer should know: rules that never decide (another rule always
+    applies with them and is at least as strict), and reserves that leave lower priorities
+    nothing."""
+    findings: dict[int, list[str]] = {}
+    for rule in rules:
+        for other in rules:
+            if other.id == rule.id:
+                continue
+            if _applies_whenever(other, rule) and _at_least_as_strict(other, rule):
+                # Two rules that each cover the other: only the later one is called dead.
+                mutual = _applies_whenever(rule, other) and _at_least_as_strict(rule, other)
+                if mutual and rule.id < other.id:
+                    continue
+                findings.setdefault(rule.id, []).append(
+                    f"Never decides: '{other.name}' always applies with it and is at least as "
+                    f"strict ({rule_describe(other)})."
+                )
+                break
+        if rule.reserve_slots is not None and rule.reserve_slots >= rule.limit > 0:
+            findings.setdefault(rule.id, []).append(
+                f"The reserve keeps all {count(rule.limit, 'slot')}: sends below priority "
+                f"{rule.reserve_below} are always refused."
+            )
+    return findings
+
+
+def rule_as_json(rule: Any) -> dict[str, Any]:
+    """A Rule row as the REST API shows it (and as its history keeps it)."""
+    return {
+        "id": rule.pk,
+        "name": rule.name,
+        "segment": rule.segment.slug if rule.segment is not None else None,
+        "channel": rule.channel,
+        "match": rule.match,
+        "tag": rule.tag or None,
+        "window": rule.window(),
+        "limit": rule.limit,
+        "reserve": rule.reserve(),
+        "enabled": rule.enabled,
+        "classic": rule.cap_id is not None,
+    }
+
+
+def window_seconds_of(classic: str) -> int:
+    return DAY_SECONDS if classic == "daily" else WEEK_SECONDS
