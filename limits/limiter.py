@@ -138,9 +138,7 @@ class Limiter:
                         set_records.append(bytes((len(rule_set.rules),)) + rule_set.records)
                         s = set_index[id(rule_set)] = len(set_records)
                     parts.append(_REQUEST.pack(k, user_id & 0xFF) + hashes[i] + bytes((s,)))
-                payload = b"".join(
-                    (payload_head, bytes((len(set_records),)), *set_records, *parts)
-                )
+                payload = b"".join((payload_head, bytes((len(set_records),)), *set_records, *parts))
                 yield Call("gk_acquire", [len(keys), *keys, *head, payload], chunk)
 
         def collect(call: Call, reply: list[Any]) -> None:
