@@ -9,5 +9,8 @@ class LimitsConfig(AppConfig):
     verbose_name = "Frequency caps"
 
     def ready(self) -> None:
+        # Registers the settings checks; importable only once the app registry is ready.
+        from limits import checks  # noqa: F401
+
         # Sent for every app; the handler acts on the last one's.
         post_migrate.connect(groups_sync_after_migrate)

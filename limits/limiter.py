@@ -21,7 +21,7 @@ from limits import log
 from limits.channels import ALL
 from limits.legacy import LegacyLogs
 from limits.policy import DEFAULT_PRIORITY, RuleSet, RuleView
-from limits.transport import Call, FunctionTransport
+from limits.transport import REDIS_DOWN, Call, FunctionTransport
 
 logger = logging.getLogger(__name__)
 
@@ -112,13 +112,29 @@ class Limiter:
         if not requests:
             return []
         user_ids = [user_id for user_id, _ in requests]
-        if self.legacy is not None:
-            self.legacy.move(user_ids, now=now)
+        results: list[Decision | None] = [None] * len(requests)
+
+        def fail(indexes: list[int]) -> None:
+            for i in indexes:
+                user_id, message_id = requests[i]
+                results[i] = Decision(
+                    user_id=user_id,
+                    message_id=message_id,
+                    allowed=self.fail_open,
+                    reason=UNAVAILABLE,
+                    counts={},
+                    limits=sets[i].limits,
+                    retry_after=None,
+                )
+
+        if not self._legacy_moved(user_ids, now=now, retention_ms=retention_ms):
+            # The old logs could not be counted: deciding without them could admit too much.
+            fail(list(range(len(requests))))
+            return [d for d in results if d is not None]
         head = [_now_arg(now), "1" if dry_run else "0", channel, str(priority), str(retention_ms)]
         tag_hashes = log.tags_bytes(tags)
         payload_head = log.short_hash(campaign) + bytes((len(tag_hashes) // 4,)) + tag_hashes
         hashes = [log.message_hash(message_id) for _, message_id in requests]
-        results: list[Decision | None] = [None] * len(requests)
 
         def build(batches: list[list[int]]) -> Iterator[Call]:
             for chunk in batches:
@@ -144,19 +160,6 @@ class Limiter:
         def collect(call: Call, reply: list[Any]) -> None:
             for i, answer in zip(call.indexes, log.iter_replies(reply[1]), strict=True):
                 results[i] = self._decision(requests[i], sets[i], *answer)
-
-        def fail(indexes: list[int]) -> None:
-            for i in indexes:
-                user_id, message_id = requests[i]
-                results[i] = Decision(
-                    user_id=user_id,
-                    message_id=message_id,
-                    allowed=self.fail_open,
-                    reason=UNAVAILABLE,
-                    counts={},
-                    limits=sets[i].limits,
-                    retry_after=None,
-                )
 
         self.transport.run(user_ids, build, collect, fail)
         return [d for d in results if d is not None]
@@ -205,10 +208,8 @@ class Limiter:
         or Redis is unavailable (the caller logs it; the entry then ages out with the window)."""
         results = [False] * len(requests)
         user_ids = [u for u, _ in requests]
-        if not requests:
+        if not requests or not self._legacy_moved(user_ids, now=None):
             return results
-        if self.legacy is not None:
-            self.legacy.move(user_ids, now=None)
 
         def build(batches: list[list[int]]) -> Iterator[Call]:
             for chunk in batches:
@@ -238,8 +239,8 @@ class Limiter:
     ) -> list[RuleUsage] | None:
         """Each rule's figures for one user, per (channel, rule set) group; None if Redis is
         unavailable. A per-campaign rule without `campaign` shows the campaign that used most."""
-        if self.legacy is not None:
-            self.legacy.move([user_id], now=now)
+        if not self._legacy_moved([user_id], now=now):
+            return None
         args: list[Any] = [_now_arg(now), log.bucket_field(user_id), log.short_hash(campaign)]
         for channel, rule_set in groups:
             args.extend((channel, rule_set.records))
@@ -286,11 +287,26 @@ class Limiter:
 
     def reset(self, user_id: int) -> bool:
         """Forget the user's log (an audited admin action). True if there was one."""
-        key, field = log.bucket_key(self.prefix, user_id), log.bucket_field(user_id)
-        forgot = bool(self.client.hdel(key, field))
+        forgot = False
         if self.legacy is not None:
-            forgot = self.legacy.forget(user_id) or forgot
-        return forgot
+            # The old logs first: a move running meanwhile then has nothing to bring back.
+            forgot = self.legacy.forget(user_id)
+        key, field = log.bucket_key(self.prefix, user_id), log.bucket_field(user_id)
+        return bool(self.client.hdel(key, field)) or forgot
+
+    def _legacy_moved(
+        self, user_ids: Sequence[int], *, now: float | None, retention_ms: int = 0
+    ) -> bool:
+        """While upgrading: move these users' old logs into the new one first. False when
+        Redis did not answer (the old sends could not be counted)."""
+        if self.legacy is None:
+            return True
+        try:
+            self.legacy.move(user_ids, now=now, retention_ms=retention_ms)
+        except REDIS_DOWN as exc:
+            logger.warning("Redis unavailable while moving logs of the earlier format: %s", exc)
+            return False
+        return True
 
     def ping(self) -> bool:
         """True when Redis answers the real function path (for /readyz)."""
@@ -299,12 +315,32 @@ class Limiter:
 
     # --- upkeep --------------------------------------------------------------------------------
 
-    def sweep(self, keys: Sequence[str], *, retention_ms: int, now: float | None = None) -> int:
-        """Drop the users of these buckets whose newest entry has left the retention."""
-        dropped = 0
-        for key in keys:
-            dropped += int(self.client.fcall("gk_sweep", 1, key, _now_arg(now), retention_ms))
-        return dropped
+    def sweep(
+        self, keys: Sequence[str | bytes], *, retention_ms: int, now: float | None = None
+    ) -> tuple[int, int]:
+        """Drop the users of these buckets whose newest entry has left the retention, and the
+        buckets left with nobody. Returns (users dropped, buckets deleted). One pipeline per
+        node; raises when Redis does not answer (the sweep tries again on its next run)."""
+        buckets = [log.bucket_of(key) for key in keys]
+        user_ids = [bucket << log.BUCKET_BITS for bucket in buckets]
+        totals = [0, 0]
+
+        def build(batches: list[list[int]]) -> Iterator[Call]:
+            for batch in batches:
+                for i in batch:
+                    key = log.bucket_key(self.prefix, user_ids[i])
+                    yield Call("gk_sweep", [1, key, _now_arg(now), retention_ms], [i])
+
+        def collect(call: Call, reply: list[Any]) -> None:
+            totals[0] += int(reply[0])
+            totals[1] += int(reply[1])
+
+        def fail(indexes: list[int]) -> None:
+            raise ConnectionError("Redis is not answering: the sweep stopped")
+
+        if keys:
+            self.transport.run(user_ids, build, collect, fail)
+        return totals[0], totals[1]
 
     def import_entries(
         self,

@@ -39,6 +39,12 @@ def bucket_key(prefix: str, user_id: int) -> str:
     return f"{prefix}{{b:{user_id >> BUCKET_BITS}}}"
 
 
+def bucket_of(key: str | bytes) -> int:
+    """The bucket number in a bucket's key."""
+    text = key.decode() if isinstance(key, bytes) else key
+    return int(text[text.rindex("{b:") + 3 : text.rindex("}")])
+
+
 def bucket_field(user_id: int) -> bytes:
     return bytes((user_id & 0xFF,))
 

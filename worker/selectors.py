@@ -356,7 +356,7 @@ def draft_table(changes: Mapping[tuple[str, str], tuple[int | None, int | None]]
 
 
 ADMITTED = ("allowed", "duplicate", "exempt")
-REFUSED = ("daily_cap", "weekly_cap", "blocked", "unavailable")
+REFUSED = ("daily_cap", "weekly_cap", "cap", "blocked", "unavailable")
 
 
 def dashboard_stats(*, days: int = 14, today: Any = None) -> dict[str, Any]:

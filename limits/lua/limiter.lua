@@ -88,7 +88,8 @@ gk_import  (the upgrade from the two-sorted-set logs; idempotent)
 
 gk_sweep
   KEYS[1]  a bucket; ARGV[1] now or ""; ARGV[2] retention ms
-  reply    the number of users dropped (their newest entry has left the retention)
+  reply    { users dropped (their newest entry has left the retention), 1 if the bucket was
+             deleted (nobody left in it), else 0 }
 --]]
 
 local VERSION = 1
@@ -98,6 +99,7 @@ local RULE = 29
 local REQUEST = 12
 local DAY, WEEK = 86400000, 604800000
 local EXPIRY = 'expiry'
+local EXPIRY_PADDING = '                                                                '
 local NONE = '\0\0\0\0'
 
 -- Bound on the first call: while a library loads, Redis lets it reach nothing but `redis`.
@@ -144,6 +146,16 @@ local function parse(raw, channel)
     end
     return {raw, tags, W, 1, name, off, (#raw + 1 - off) / W}
   end
+  if count == 2 then
+    -- Email and push: also one constructor.
+    local len2 = byte(raw, 7 + len)
+    local hi, lo = byte(raw, 5 + len, 6 + len)
+    local first_n = hi * 256 + lo
+    local off = 10 + len + len2
+    local off2 = off + first_n * W
+    return {raw, tags, W, 2, sub(raw, 5, 4 + len), off, first_n,
+            sub(raw, 8 + len, 7 + len + len2), off2, (#raw + 1 - off2) / W}
+  end
   local log = {raw, tags, W, count}
   local pos = 4
   for s = 0, count - 1 do
@@ -176,18 +188,19 @@ local function time_at(raw, off, W, i)
   return (bunpack('>I6', raw, off + i * W))
 end
 
--- Index (0-based) of the first of a section's n entries with a time after `start`.
+-- Index (0-based) of the first of a section's n entries with a time after `start`. The first
+-- and last entries are looked at first: most windows hold all of a log or none of it.
 local function first_after(raw, off, W, n, start)
-  if n == 0 or time_at(raw, off, W, 0) > start then
+  if n == 0 or bunpack('>I6', raw, off) > start then
     return 0
   end
-  if time_at(raw, off, W, n - 1) <= start then
+  if bunpack('>I6', raw, off + (n - 1) * W) <= start then
     return n
   end
   local lo, hi = 1, n - 1
   while lo < hi do
     local mid = floor((lo + hi) / 2)
-    if time_at(raw, off, W, mid) > start then hi = mid else lo = mid + 1 end
+    if bunpack('>I6', raw, off + mid * W) > start then hi = mid else lo = mid + 1 end
   end
   return lo
 end
@@ -316,6 +329,11 @@ local function has_room(log, slot, rule, campaign)
     local n = log[from + 2]
     return n < limit or time_at(raw, log[from + 1], W, n - limit) <= start
   end
+  local total = 0
+  for s = from, to, 3 do total = total + log[s + 2] end
+  if total < limit then
+    return true -- fewer entries than the limit, whatever they carry
+  end
   local needle, at = campaign, CAMPAIGN_AT
   if rule[1] == 2 then needle, at = rule[8], nil end
   local found = 0
@@ -368,36 +386,57 @@ end
 --- Writing a log ----------------------------------------------------------------------------
 
 -- The log as a string with entries at or before `cutoff` dropped and `entry` put into the
--- channel's section in time order, that section moved last (the next send on the same channel
--- is then an append). Tag slots unchanged.
-local function inserted(log, cutoff, slot, channel, entry, entry_time)
+-- section at `slot` in time order, the sections where they are: the old string copied as a few
+-- ranges, the header rebuilt only when a count it holds changes (the last section's is
+-- implicit). nil when it takes a rebuild: a section would be left empty.
+local function spliced(log, cutoff, slot, entry, entry_time)
   local raw, T, W, C = log[1], log[2], log[3], log[4]
-  local heads, bodies, count = {}, {}, 0
-  for s = 5, 2 + 3 * C, 3 do
-    if s ~= slot then
-      local off, n = log[s + 1], log[s + 2]
-      local first = first_after(raw, off, W, n, cutoff)
-      if first < n then
-        count = count + 1
-        local name, kept = log[s], n - first
-        heads[count] = char(#name) .. name .. char(floor(kept / 256), kept % 256)
-        bodies[count] = sub(raw, off + first * W, off + n * W - 1)
+  local last = 2 + 3 * C
+  local firsts = {}
+  local same_header = true
+  for s = 5, last, 3 do
+    local n = log[s + 2]
+    local first = first_after(raw, log[s + 1], W, n, cutoff)
+    if first == n and s ~= slot then
+      return nil
+    end
+    firsts[s] = first
+    if s ~= last and (first > 0 or s == slot) then same_header = false end
+  end
+  local pieces
+  if same_header then
+    pieces = {sub(raw, 1, log[6] - 1)}
+  else
+    pieces = {char(VERSION, T, C)}
+    for s = 5, last, 3 do
+      local name = log[s]
+      if s == last then
+        pieces[#pieces + 1] = char(#name) .. name .. '\0\0'
+      else
+        local kept = log[s + 2] - firsts[s] + (s == slot and 1 or 0)
+        pieces[#pieces + 1] = char(#name) .. name .. char(floor(kept / 256), kept % 256)
       end
     end
   end
-  local body = entry
-  if slot then
-    local off, n = log[slot + 1], log[slot + 2]
-    local first = first_after(raw, off, W, n, cutoff)
-    local at = first_after(raw, off, W, n, entry_time)
-    if at < first then at = first end
-    body = sub(raw, off + first * W, off + at * W - 1) .. entry
-      .. sub(raw, off + at * W, off + n * W - 1)
+  -- The bodies: one run of the old string, broken where a prefix is dropped or the entry goes.
+  local run = log[6]
+  for s = 5, last, 3 do
+    local off, first = log[s + 1], firsts[s]
+    if first > 0 then
+      if off > run then pieces[#pieces + 1] = sub(raw, run, off - 1) end
+      run = off + first * W
+    end
+    if s == slot then
+      local at = first_after(raw, off, W, log[s + 2], entry_time)
+      if at < first then at = first end
+      local point = off + at * W
+      if point > run then pieces[#pieces + 1] = sub(raw, run, point - 1) end
+      pieces[#pieces + 1] = entry
+      run = point
+    end
   end
-  count = count + 1
-  heads[count] = char(#channel) .. channel .. '\0\0'
-  bodies[count] = body
-  return char(VERSION, T, count) .. concat(heads) .. concat(bodies)
+  if run <= #raw then pieces[#pieces + 1] = sub(raw, run, #raw) end
+  return concat(pieces)
 end
 
 local function entry_bytes(at, message, campaign, priority, tags, slots)
@@ -488,7 +527,9 @@ local function write_bucket(key, flat, expiry, now, retention)
   local refresh = not expiry or tonumber(expiry) < needed + DAY / 2
   if refresh then
     flat[#flat + 1] = EXPIRY
-    flat[#flat + 1] = needed + DAY
+    -- Padded past hash-max-listpack-value (64 bytes by default): the bucket is a hash table from
+    -- its first write, its users found in O(1) rather than by a scan of up to 256 of them.
+    flat[#flat + 1] = tostring(needed + DAY) .. EXPIRY_PADDING
   end
   redis.call('HSET', key, unpack_list(flat))
   if refresh then
@@ -611,13 +652,27 @@ local function acquire(keys, args)
       else
         local rules = sets[byte(requests, p + 11)]
         local never = false
+        local raw, W, C = log[1], log[3], log[4]
         for r = 1, #rules do
           local rule = rules[r]
-          -- The classic caps' windows are the counts already made.
-          local classic, room = rule[9], nil
-          if classic == 1 then room = day < rule[4]
-          elseif classic == 2 then room = week < rule[4]
-          else room = has_room(log, slot, rule, campaign) end
+          local classic, limit, room = rule[9], rule[4], nil
+          if classic == 1 then
+            room = day < limit -- the classic caps' windows are the counts already made
+          elseif classic == 2 then
+            room = week < limit
+          elseif rule[1] == 1 and limit > 0 and (not rule[2] or C < 2) then
+            -- Every send, one section (or none): room when the limit-th newest entry is out.
+            local s = slot
+            if rule[2] then s = C == 1 and 5 or nil end
+            if s then
+              local n = log[s + 2]
+              room = n < limit or bunpack('>I6', raw, log[s + 1] + (n - limit) * W) <= rule[10]
+            else
+              room = true
+            end
+          else
+            room = has_room(log, slot, rule, campaign)
+          end
           if not room then
             local used, wait = judge(log, slot, rule, now, campaign, day, week)
             if wait == false then
@@ -635,15 +690,15 @@ local function acquire(keys, args)
         day, week = day + 1, week + 1
         if not dry then
           local raw = appended(log, slot, now, cutoff, time6, message, tails, tag_slots)
-          if raw then
-            -- appended
-          elseif tag_slots <= log[2] then
+          if not raw and slot and tag_slots <= log[2] then
             local tail = tails[log[2]] or tails[tag_slots] .. rep('\0', 4 * (log[2] - tag_slots))
             tails[log[2]] = tail
-            raw = inserted(log, cutoff, slot, channel, time6 .. message .. tail, now)
-          else
-            local entry = entry_bytes(now, message, campaign, priority, tags, tag_slots)
-            raw = rebuilt(log, cutoff, channel, entry, now, tag_slots, nil)
+            raw = spliced(log, cutoff, slot, time6 .. message .. tail, now)
+          end
+          if not raw then
+            local slots = tag_slots > log[2] and tag_slots or log[2]
+            local entry = entry_bytes(now, message, campaign, priority, tags, slots)
+            raw = rebuilt(log, cutoff, channel, entry, now, slots, nil)
           end
           logs[id] = raw -- parsed again only if this user comes again in the call
           local flat = changed[k]
@@ -790,10 +845,16 @@ local function sweep(keys, args)
       if newest <= cutoff then stale[#stale + 1] = flat[k] end
     end
   end
+  local deleted = 0
   if #stale > 0 then
     redis.call('HDEL', keys[1], unpack_list(stale))
+    -- Nobody left but the bucket's expiry: the bucket goes.
+    if redis.call('HLEN', keys[1]) == 1 and redis.call('HEXISTS', keys[1], EXPIRY) == 1 then
+      redis.call('DEL', keys[1])
+      deleted = 1
+    end
   end
-  return #stale
+  return {#stale, deleted}
 end
 
 redis.register_function('gk_acquire', acquire)

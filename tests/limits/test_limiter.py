@@ -229,8 +229,11 @@ def test_the_sweep_drops_users_whose_log_has_aged_out(limiter: Limiter) -> None:
     send(limiter, 1, "quiet", caps(), NOW - 10 * DAY)
     send(limiter, 2, "recent", caps(), NOW - DAY)
     key = log.bucket_key(limiter.prefix, 1)
-    assert limiter.sweep([key], retention_ms=8 * 86_400_000, now=NOW) == 1
+    assert limiter.sweep([key], retention_ms=8 * 86_400_000, now=NOW) == (1, 0)
     assert limiter.entries(1) == [] and len(limiter.entries(2)) == 1
+    # The last user gone, the bucket goes too.
+    assert limiter.sweep([key], retention_ms=8 * 86_400_000, now=NOW + 8 * DAY) == (1, 1)
+    assert not limiter.client.exists(key)
 
 
 def test_a_batch_keeps_request_order_across_many_users(limiter: Limiter) -> None:

@@ -1,0 +1,52 @@
+"""Settings the limiter depends on, checked when a process starts (`manage.py check` too), each
+error with a stable id."""
+
+import re
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, register
+
+from gatekeeper.lib.zones import UnknownTimeZone, zone
+from limits.channels import ALL
+
+CHANNEL = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+
+
+@register()
+def limits_settings_check(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    try:
+        zone(str(settings.GATEKEEPER_DEFAULT_TIME_ZONE))
+    except UnknownTimeZone as exc:
+        errors.append(
+            Error(
+                f"GATEKEEPER_DEFAULT_TIME_ZONE: {exc}",
+                hint="Users' time zone when neither the send nor their segment names one.",
+                id="limits.E001",
+            )
+        )
+    names = list(settings.GATEKEEPER_CHANNELS)
+    for name in names:
+        if not CHANNEL.fullmatch(name) or name == ALL:
+            errors.append(
+                Error(
+                    f"GATEKEEPER_CHANNELS: '{name}' is not a channel name.",
+                    hint="Lowercase letters, digits, - and _, up to 32, and not 'all' (the "
+                    "scope of every channel together).",
+                    id="limits.E002",
+                )
+            )
+    if len(set(names)) != len(names) or not names:
+        errors.append(
+            Error("GATEKEEPER_CHANNELS: name each channel once, at least one.", id="limits.E003")
+        )
+    if int(settings.GATEKEEPER_LOG_SWEEP_BUCKETS) < 1:
+        errors.append(
+            Error(
+                "GATEKEEPER_LOG_SWEEP_BUCKETS must be at least 1.",
+                hint="Buckets the sweep of aged-out logs looks at per run (every minute).",
+                id="limits.E004",
+            )
+        )
+    return errors
