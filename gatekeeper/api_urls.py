@@ -5,7 +5,7 @@ from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from limits.api import CapDetailView, CapListView
+from limits.api import CapDetailView, CapListView, RuleDetailView, RuleListView
 from segments.api import (
     BuildDetailView,
     LookupView,
@@ -31,6 +31,8 @@ v1 = [
     path("segments/<slug:slug>/users/", SegmentUsersView.as_view(), name="segment-users"),
     path("limits/", CapListView.as_view(), name="caps"),
     path("limits/<str:segment>/<str:channel>/", CapDetailView.as_view(), name="cap"),
+    path("rules/", RuleListView.as_view(), name="rules"),
+    path("rules/<int:rule_id>/", RuleDetailView.as_view(), name="rule"),
     path("gate/check/", GateCheckView.as_view(), name="gate-check"),
     path("gate/release/", GateReleaseView.as_view(), name="gate-release"),
     path("users/<str:user_id>/quota/", QuotaView.as_view(), name="quota"),

@@ -1,5 +1,8 @@
-"""REST views of caps."""
+"""REST views of caps and cap rules."""
 
+from typing import Any
+
+import msgspec
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_slug
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -9,12 +12,28 @@ from rest_framework.response import Response
 
 from gatekeeper.lib.api import JsonAPIView, errors
 from gatekeeper.lib.bodies import decode
-from gatekeeper.lib.permissions import SET_CAPS, VIEW_CAPS
-from limits.bodies import CapBody
+from gatekeeper.lib.ids import DATABASE_MAX
+from gatekeeper.lib.permissions import (
+    ADD_RULES,
+    CHANGE_RULES,
+    DELETE_RULES,
+    SET_CAPS,
+    VIEW_CAPS,
+    VIEW_RULES,
+)
+from limits.bodies import (
+    CapBody,
+    Reserve,
+    RollingWindow,
+    RuleChangeBody,
+    RuleCreateBody,
+    Window,
+)
 from limits.channels import scopes, validate_scope
-from limits.models import Cap
-from limits.serializers import CapSerializer
-from limits.services import cap_set
+from limits.models import Cap, Rule
+from limits.rules import RuleFields
+from limits.serializers import CapSerializer, RuleSerializer, rules_shown
+from limits.services import ClassicRule, cap_set, rule_create, rule_delete, rule_update
 from segments.selectors import segment_by_slug
 
 
@@ -75,3 +94,157 @@ class CapDetailView(JsonAPIView):
         except DjangoValidationError as exc:
             raise ValidationError(exc.message_dict) from exc
         return Response(CapSerializer(cap).data)
+
+
+# --- rules ------------------------------------------------------------------------------------
+
+
+def _window_fields(window: Window) -> dict[str, Any]:
+    if isinstance(window, RollingWindow):
+        return {"window_kind": "rolling", "window_seconds": window.seconds, "window_unit": ""}
+    return {"window_kind": "calendar", "window_seconds": None, "window_unit": window.unit}
+
+
+def _reserve_fields(reserve: Reserve | None) -> dict[str, Any]:
+    return {
+        "reserve_below_priority": reserve.below_priority if reserve is not None else None,
+        "reserve_slots": reserve.slots if reserve is not None else None,
+    }
+
+
+def _rule_fields(body: RuleCreateBody) -> RuleFields:
+    return RuleFields(
+        name=body.name,
+        segment=body.segment,
+        channel=body.channel,
+        match=body.match,
+        tag=body.tag or "",
+        limit=body.limit,
+        enabled=body.enabled,
+        **_window_fields(body.window),
+        **_reserve_fields(body.reserve),
+    )
+
+
+def _rule_changes(body: RuleChangeBody) -> dict[str, Any]:
+    """The body's fields as changes of RuleFields (only those it has)."""
+    given = {
+        name: value
+        for name, value in msgspec.structs.asdict(body).items()
+        if value is not msgspec.UNSET
+    }
+    changes: dict[str, Any] = {}
+    for name, value in given.items():
+        if name == "window":
+            changes.update(_window_fields(value))
+        elif name == "reserve":
+            changes.update(_reserve_fields(value))
+        elif name == "tag":
+            changes["tag"] = value or ""
+        else:
+            changes[name] = value
+    if "match" in given and given["match"] != "tag" and "tag" not in given:
+        # A rule that stops counting a tag forgets it, rather than being refused for keeping it.
+        changes["tag"] = ""
+    return changes
+
+
+def _classic(exc: ClassicRule) -> Response:
+    return Response({"detail": exc.message_dict["non_field_errors"][0]}, status=409)
+
+
+def _rule_or_404(rule_id: int) -> Rule:
+    # Ids beyond what the database holds (a 64-bit column) are no rule, not an overflow.
+    if not 0 < rule_id <= DATABASE_MAX:
+        raise NotFound(f"No rule {rule_id}.")
+    rule = Rule.objects.select_related("segment").filter(pk=rule_id).first()
+    if rule is None:
+        raise NotFound(f"No rule {rule_id}.")
+    return rule
+
+
+RULE_ID = OpenApiParameter(
+    "rule_id",
+    {"type": "integer", "minimum": 1, "maximum": DATABASE_MAX},
+    OpenApiParameter.PATH,
+    description="The rule's id.",
+)
+
+
+class RuleListView(JsonAPIView):
+    rights = {"GET": VIEW_RULES, "POST": ADD_RULES}
+    bodies = {"POST": RuleCreateBody}
+    operation_ids = {"GET": "rules_list", "POST": "rule_create"}
+
+    @extend_schema(
+        summary="Every cap rule (the classic caps' included), in the rules list's order",
+        responses={200: RuleSerializer(many=True), **errors()},
+    )
+    def get(self, request: Request) -> Response:
+        rules = Rule.objects.select_related("segment").order_by("id")
+        return Response(RuleSerializer(rules_shown(rules), many=True).data)
+
+    @extend_schema(
+        summary="Create a cap rule",
+        description=(
+            "Checked whole: a tag rule needs its tag (and only a tag rule takes one), a "
+            "reserve keeps at most the limit, the segment must exist. Recorded in the rule's "
+            "history."
+        ),
+        responses={201: RuleSerializer, **errors(400, 413)},
+    )
+    def post(self, request: Request) -> Response:
+        body = decode(request.data, RuleCreateBody)
+        try:
+            rule = rule_create(fields=_rule_fields(body), user=request.user, via="api")
+        except DjangoValidationError as exc:
+            raise ValidationError(exc.message_dict) from None
+        return Response(RuleSerializer(rules_shown([rule])[0]).data, status=201)
+
+
+class RuleDetailView(JsonAPIView):
+    rights = {"GET": VIEW_RULES, "PATCH": CHANGE_RULES, "DELETE": DELETE_RULES}
+    bodies = {"PATCH": RuleChangeBody}
+    operation_ids = {"GET": "rule_get", "PATCH": "rule_change", "DELETE": "rule_delete"}
+
+    @extend_schema(
+        summary="One cap rule",
+        parameters=[RULE_ID],
+        responses={200: RuleSerializer, **errors(404)},
+    )
+    def get(self, request: Request, rule_id: int) -> Response:
+        return Response(RuleSerializer(rules_shown([_rule_or_404(rule_id)])[0]).data)
+
+    @extend_schema(
+        summary="Change some of a rule's fields (a classic cap's rule: 409)",
+        description=(
+            "The rule is checked whole after the change. A classic cap's rule changes only with "
+            "its cap: PUT /api/v1/limits/<segment>/<channel>/."
+        ),
+        parameters=[RULE_ID],
+        responses={200: RuleSerializer, **errors(400, 404, 409, 413)},
+    )
+    def patch(self, request: Request, rule_id: int) -> Response:
+        rule = _rule_or_404(rule_id)
+        body = decode(request.data, RuleChangeBody)
+        try:
+            changed = rule_update(
+                rule=rule, changes=_rule_changes(body), user=request.user, via="api"
+            )
+        except ClassicRule as exc:
+            return _classic(exc)
+        except DjangoValidationError as exc:
+            raise ValidationError(exc.message_dict) from None
+        return Response(RuleSerializer(rules_shown([changed])[0]).data)
+
+    @extend_schema(
+        summary="Delete a cap rule (a classic cap's rule: 409)",
+        parameters=[RULE_ID],
+        responses={204: None, **errors(404, 409)},
+    )
+    def delete(self, request: Request, rule_id: int) -> Response:
+        try:
+            rule_delete(rule=_rule_or_404(rule_id), user=request.user, via="api")
+        except ClassicRule as exc:
+            return _classic(exc)
+        return Response(status=204)

@@ -1,5 +1,5 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_migrate
+from django.db.models.signals import post_delete, post_migrate, post_save
 
 from gatekeeper.lib.groups import groups_sync_after_migrate
 
@@ -9,8 +9,15 @@ class LimitsConfig(AppConfig):
     verbose_name = "Frequency caps"
 
     def ready(self) -> None:
-        # Registers the settings checks; importable only once the app registry is ready.
-        from limits import checks  # noqa: F401
+        # Imported here: models, and what uses them, load only once the app registry is ready.
+        from limits import checks  # noqa: F401  (registers the settings checks)
+        from limits.selectors import policy_cache_invalidate_on_commit
+        from segments.models import Segment
 
         # Sent for every app; the handler acts on the last one's.
         post_migrate.connect(groups_sync_after_migrate)
+        # A segment's time zone (or its deletion, with its rules) changes the rules' table.
+        for signal in (post_save, post_delete):
+            signal.connect(
+                policy_cache_invalidate_on_commit, sender=Segment, dispatch_uid=f"limits-{signal}"
+            )

@@ -1,12 +1,26 @@
-"""Request bodies of the caps' REST API (msgspec structs, see gatekeeper.lib.bodies)."""
+"""Request bodies of the caps' and rules' REST API, and the parts of a send that rules read
+(tags, priority), as msgspec structs (see gatekeeper.lib.bodies)."""
 
-from typing import Annotated
+from collections.abc import Sequence
+from typing import Annotated, Literal
 
-from msgspec import Meta
+from msgspec import UNSET, Meta, UnsetType
+from rest_framework.exceptions import ValidationError
 
-from gatekeeper.lib.bodies import Body, schema_fill
+from gatekeeper.lib.bodies import Body, schema_fill, words_for_pattern
 from gatekeeper.lib.integers import INT32_MAX
-from limits.channels import channels
+from limits.channels import channels, scopes
+from limits.policy import DEFAULT_PRIORITY, PRIORITIES, ROLLING_SECONDS
+from limits.rules import (
+    NAME_MAX,
+    TAG,
+    TAG_WORDS,
+    TAGS_MAX,
+    duration_from_text,
+    duration_words,
+    tags_problem,
+)
+from segments.bodies import Slug
 
 Limit = Annotated[int, Meta(ge=0, le=INT32_MAX)] | None
 # A channel slug from settings (checked after decoding by `limits.channels.validate_channel`).
@@ -17,9 +31,165 @@ Channel = Annotated[
         extra_json_schema=schema_fill("channel", lambda: {"type": "string", "enum": channels()}),
     ),
 ]
+# A channel or `all` (every channel together), checked by the rule's validation.
+Scope = Annotated[
+    str,
+    Meta(
+        description='A channel from settings (GATEKEEPER_CHANNELS), or "all": every channel '
+        "together.",
+        extra_json_schema=schema_fill("scope", lambda: {"type": "string", "enum": scopes()}),
+    ),
+]
 
 
 class CapBody(Body, kw_only=True):
     # Both required: null is an explicit "no cap", so a forgotten field never lifts one.
     daily: Annotated[Limit, Meta(description="null: no daily cap; 0: none at all")]
     weekly: Annotated[Limit, Meta(description="null: no weekly cap; 0: none at all")]
+
+
+# --- what a send carries for the rules --------------------------------------------------------
+
+# The schema's form of limits.rules.TAG; `tags_checked` applies the rule itself after decoding
+# (a JSON Schema `$` is the end of the string, Python's also matches before a final newline).
+Tag = Annotated[str, Meta(pattern=words_for_pattern(f"^{TAG.pattern}$", TAG_WORDS))]
+Tags = Annotated[
+    list[Tag],
+    Meta(
+        max_length=TAGS_MAX,
+        description=f"Up to {TAGS_MAX} distinct tags; tag rules count the sends carrying "
+        f"theirs. A tag: {TAG_WORDS}",
+        extra_json_schema={"uniqueItems": True},
+    ),
+]
+Priority = Annotated[
+    int,
+    Meta(
+        ge=PRIORITIES[0],
+        le=PRIORITIES[1],
+        description=f"{PRIORITIES[0]} to {PRIORITIES[1]}, higher is more important (default "
+        f"{DEFAULT_PRIORITY}); only a rule's reserve reads it.",
+    ),
+]
+
+
+def window_from_text(text: str) -> int:
+    """A recent interval (`?window=3h`) by limits.rules.duration_from_text: its seconds, from 1
+    minute to 90 days. ValueError saying why otherwise."""
+    seconds = duration_from_text(text)
+    low, high = ROLLING_SECONDS
+    if not low <= seconds <= high:
+        raise ValueError(f"{text} is {duration_words(seconds)}: a window is 1 minute to 90 days.")
+    return seconds
+
+
+def tags_checked(tags: Sequence[str], *, field: str = "tags") -> tuple[str, ...]:
+    """A send's tags by limits.rules.tags_problem; a 400 naming the first bad one (`tags[2]`)
+    otherwise."""
+    problem = tags_problem(tags)
+    if problem is not None:
+        at, why = problem
+        raise ValidationError({field if at is None else f"{field}[{at}]": [why]})
+    return tuple(tags)
+
+
+# --- rules ------------------------------------------------------------------------------------
+# Bounds that limits.rules.rule_problems checks are only stated for the schema here
+# (`extra_json_schema`), so that a refusal comes from the one rule, in its words.
+
+RuleName = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        max_length=NAME_MAX,
+        pattern=words_for_pattern(
+            r"^[^\u0000]*[^\s\u0000][^\u0000]*$", "Must not be blank (nor hold a NUL)."
+        ),
+        description='In your words: "1 promo a day", "min gap 4h".',
+    ),
+]
+RuleSegment = Annotated[Slug | None, Meta(description="A segment's slug; null: every segment.")]
+Match = Annotated[
+    Literal["any", "tag", "campaign"],
+    Meta(
+        description="any: every marketing send; tag: the sends carrying `tag`; campaign: each "
+        "campaign counted on its own."
+    ),
+]
+RuleTag = Annotated[
+    Tag | None, Meta(description="The tag a tag rule counts: required for one, refused otherwise.")
+]
+RuleLimit = Annotated[
+    int,
+    Meta(
+        description="Most sends in the window; 0 blocks them all.",
+        extra_json_schema={"minimum": 0, "maximum": INT32_MAX},
+    ),
+]
+
+
+class RollingWindow(Body, tag_field="kind", tag="rolling", kw_only=True):
+    """The last `seconds` before each send."""
+
+    seconds: Annotated[
+        int,
+        Meta(
+            description=f"{ROLLING_SECONDS[0]:,} (1 minute) to {ROLLING_SECONDS[1]:,} (90 days).",
+            extra_json_schema={"minimum": ROLLING_SECONDS[0], "maximum": ROLLING_SECONDS[1]},
+        ),
+    ]
+
+
+class CalendarWindow(Body, tag_field="kind", tag="calendar", kw_only=True):
+    """The current calendar period in the user's time zone."""
+
+    unit: Annotated[Literal["day", "week", "month"], Meta(description="Weeks start on Monday.")]
+
+
+Window = RollingWindow | CalendarWindow
+
+
+class Reserve(Body, kw_only=True):
+    """Slots of a rule kept for the more important sends."""
+
+    below_priority: Annotated[
+        int,
+        Meta(
+            description="Sends below this priority may use at most limit - slots.",
+            extra_json_schema={"minimum": 1, "maximum": PRIORITIES[1]},
+        ),
+    ]
+    slots: Annotated[
+        int,
+        Meta(
+            description="The slots kept: at least 1, at most the rule's limit.",
+            extra_json_schema={"minimum": 1, "maximum": INT32_MAX},
+        ),
+    ]
+
+
+class RuleCreateBody(Body, kw_only=True):
+    name: RuleName
+    # Required: null is an explicit "every segment", never a forgotten field.
+    segment: RuleSegment
+    channel: Scope
+    match: Match = "any"
+    tag: RuleTag = None
+    window: Window
+    limit: RuleLimit
+    reserve: Annotated[Reserve | None, Meta(description="null: no reserve.")] = None
+    enabled: bool = True
+
+
+class RuleChangeBody(Body, kw_only=True):
+    """Any of a rule's fields; the rule is checked whole after the change."""
+
+    name: RuleName | UnsetType = UNSET
+    segment: RuleSegment | UnsetType = UNSET
+    channel: Scope | UnsetType = UNSET
+    match: Match | UnsetType = UNSET
+    tag: RuleTag | UnsetType = UNSET
+    window: Window | UnsetType = UNSET
+    limit: RuleLimit | UnsetType = UNSET
+    reserve: Annotated[Reserve | None, Meta(description="null: no reserve.")] | UnsetType = UNSET
+    enabled: bool | UnsetType = UNSET

@@ -4,7 +4,7 @@ see: rules that never decide because a stricter one always applies with them, an
 shut lower priorities out completely."""
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +20,32 @@ MATCHES = ("any", "tag", "campaign")
 NAME_MAX = 100
 
 
+TAGS_MAX = 8  # tags on one send
+
+
 def validate_tag(value: str) -> str | None:
     """The one rule for a tag (rules, gate calls and send jobs): None when valid, else why."""
     if not TAG.fullmatch(value):
         return f"'{value[:70]}' is not a tag. {TAG_WORDS}"
+    return None
+
+
+def tags_problem(tags: Sequence[object]) -> tuple[int | None, str] | None:
+    """The one rule for a send's tags (gate calls, send jobs, the what-if): at most TAGS_MAX,
+    each a tag, each once. None when valid, else (the bad tag's position, or None for the list
+    as a whole; why)."""
+    if len(tags) > TAGS_MAX:
+        return None, f"At most {TAGS_MAX} tags; {len(tags)} given."
+    seen: set[str] = set()
+    for i, tag in enumerate(tags):
+        if not isinstance(tag, str):
+            return i, f"A tag is a string, not {type(tag).__name__}."
+        why = validate_tag(tag)
+        if why is None and tag in seen:
+            why = f"'{tag}' is listed twice: a send carries a tag or not."
+        if why is not None:
+            return i, why
+        seen.add(tag)
     return None
 
 
@@ -102,6 +124,42 @@ def rule_problems(fields: RuleFields, *, segments: Iterable[str]) -> dict[str, l
                 f"{slots:,} slots kept out of a limit of {fields.limit:,}: at most the limit.",
             )
     return problems
+
+
+# --- lengths of time -----------------------------------------------------------------------
+
+UNIT_SECONDS = {
+    **dict.fromkeys(("s", "sec", "secs", "second", "seconds"), 1),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60),
+    **dict.fromkeys(("h", "hr", "hrs", "hour", "hours"), 3_600),
+    **dict.fromkeys(("d", "day", "days"), 86_400),
+    **dict.fromkeys(("w", "wk", "week", "weeks"), 604_800),
+}
+_UNITS = "|".join(sorted(UNIT_SECONDS, key=len, reverse=True))
+# Parts of a number and a unit ("1 day 12 h", "3h", "90 minutes"), or a number of seconds. The
+# REST schema shows the same pattern (`?window=`), so the two cannot disagree.
+DURATION = re.compile(rf"(?:[0-9]{{1,9}} ?(?:{_UNITS})(?:, ?| )?)+|[0-9]{{1,9}}")
+_DURATION_PART = re.compile(rf"([0-9]{{1,9}}) ?({_UNITS})")
+DURATION_WORDS = (
+    "A length of time: a number and a unit (s, m, h, d, w or their words), several of them or a "
+    "number of seconds: 3h, 90 minutes, 1 day 12 h, 3600."
+)
+
+
+class NotADuration(ValueError):
+    """Text that is not a length of time; the message says why, in words."""
+
+
+def duration_from_text(text: str) -> int:
+    """The one rule for a length of time typed as text (a rule's window in the admin, the
+    quota's `?window=`): its seconds. Lowercase, as DURATION has it; the bounds are the
+    caller's to judge."""
+    if not DURATION.fullmatch(text):
+        shown = text if len(text) <= 30 else text[:27] + "..."
+        raise NotADuration(f"'{shown}' is not a length of time. {DURATION_WORDS}")
+    if text.isdigit():
+        return int(text)
+    return sum(int(number) * UNIT_SECONDS[unit] for number, unit in _DURATION_PART.findall(text))
 
 
 # --- words ----------------------------------------------------------------------------------
@@ -201,7 +259,9 @@ def _at_least_as_strict(strict: RuleView, loose: RuleView) -> bool:
     return all(strict.limit_for(p) <= loose.limit_for(p) for p in range(10))
 
 
-def rule_findings(rules: Sequence[RuleView]) -> dict[int, list[str]]:
+def rule_findings(
+    rules: Sequence[RuleView], *, segment_names: Mapping[str, str] | None = None
+) -> dict[int, list[str]]:
     """Per rule id, what a marketer should know: rules that never decide (another rule always
     applies with them and is at least as strict), and reserves that leave lower priorities
     nothing."""
@@ -215,9 +275,10 @@ def rule_findings(rules: Sequence[RuleView]) -> dict[int, list[str]]:
                 mutual = _applies_whenever(rule, other) and _at_least_as_strict(rule, other)
                 if mutual and rule.id < other.id:
                     continue
+                name = (segment_names or {}).get(other.segment or "")
                 findings.setdefault(rule.id, []).append(
                     f"Never decides: '{other.name}' always applies with it and is at least as "
-                    f"strict ({rule_describe(other)})."
+                    f"strict ({rule_describe(other, segment_name=name)})."
                 )
                 break
         if rule.reserve_slots is not None and rule.reserve_slots >= rule.limit > 0:

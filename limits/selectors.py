@@ -5,9 +5,11 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import transaction
 
 from limits.models import Cap, Rule
 from limits.policy import PolicyTable, RuleView
+from limits.rules import rule_findings
 from segments.models import Segment
 
 
@@ -27,6 +29,15 @@ def rule_view(rule: Rule) -> RuleView:
         reserve_slots=rule.reserve_slots,
         classic=rule.cap_id is not None,
     )
+
+
+def rules_findings() -> dict[int, list[str]]:
+    """What a marketer should know about the enabled rules, per rule id (limits.rules)."""
+    enabled = [
+        rule_view(rule) for rule in Rule.objects.filter(enabled=True).select_related("segment")
+    ]
+    names = dict(Segment.objects.values_list("slug", "name"))
+    return rule_findings(enabled, segment_names=names)
 
 
 def policy_read(*, rules: list[Rule] | None = None) -> PolicyTable:
@@ -81,6 +92,13 @@ class PolicyCache:
 
 
 _policy_cache: PolicyCache | None = None
+
+
+def policy_cache_invalidate_on_commit(**kwargs: object) -> None:
+    """A signal receiver: a segment saved or deleted changes the rules' table (its time zone,
+    its rules); this process reads it again once the change is committed, the others within
+    the cache's TTL."""
+    transaction.on_commit(policy_cache().invalidate)
 
 
 def policy_cache() -> PolicyCache:

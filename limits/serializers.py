@@ -1,8 +1,17 @@
-"""Shapes of the caps' REST bodies (see limits/api.py)."""
+"""Shapes of the caps' and rules' REST answers (see limits/api.py)."""
 
+from collections.abc import Iterable
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from drf_spectacular.plumbing import ResolvedComponent
 from rest_framework import serializers
 
-from limits.models import Cap
+from gatekeeper.lib.bodies import openapi_components
+from limits.bodies import Reserve, Window
+from limits.models import Cap, Rule
+from limits.rules import MATCHES, rule_as_json, rule_describe
+from limits.selectors import rule_view, rules_findings
 from limits.services import cap_describe, cap_warnings
 
 
@@ -22,3 +31,74 @@ class CapSerializer(serializers.ModelSerializer):
 
     def get_warnings(self, cap: Cap) -> list[str]:
         return cap_warnings(daily=cap.daily, weekly=cap.weekly)
+
+
+class BodyShapedField(serializers.Field):
+    """An answer's value shaped as a request body's type (a rule's window, its reserve): shown
+    as it is, and described in the schema by the same components as the body."""
+
+    def __init__(self, spec: Any, **kwargs: Any) -> None:
+        self.spec = spec
+        kwargs.setdefault("read_only", True)
+        super().__init__(**kwargs)
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class BodyShapedFieldExtension(OpenApiSerializerFieldExtension):
+    target_class = BodyShapedField
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> Any:
+        schema, components = openapi_components(self.target.spec)
+        for name, component in components.items():
+            auto_schema.registry.register_on_missing(
+                ResolvedComponent(name, ResolvedComponent.SCHEMA, schema=component, object=name)
+            )
+        return schema
+
+
+class RuleSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    segment = serializers.CharField(
+        allow_null=True, help_text="A segment's slug; null: every segment."
+    )
+    channel = serializers.CharField(help_text='A channel, or "all": every channel together.')
+    match = serializers.ChoiceField(choices=MATCHES)
+    tag = serializers.CharField(allow_null=True, help_text="The tag a tag rule counts.")
+    window = BodyShapedField(Window)
+    limit = serializers.IntegerField(help_text="Most sends in the window; 0 blocks them all.")
+    reserve = BodyShapedField(Reserve, allow_null=True, help_text="null: no reserve.")
+    enabled = serializers.BooleanField()
+    classic = serializers.BooleanField(
+        help_text="One of a classic cap's two rules: it changes only with its cap "
+        "(PUT /api/v1/limits/<segment>/<channel>/)."
+    )
+    description = serializers.CharField(help_text="The rule in plain words.")
+    findings = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="What to know about it among the enabled rules: it never decides (a stricter "
+        "rule always applies with it), or its reserve shuts lower priorities out.",
+    )
+    created_at = serializers.DateTimeField()
+    changed_at = serializers.DateTimeField()
+
+
+def rules_shown(rules: Iterable[Rule]) -> list[dict[str, Any]]:
+    """Rules as the REST API answers them (RuleSerializer's fields), with the findings of the
+    enabled rules as they stand."""
+    findings = rules_findings()
+    shown = []
+    for rule in rules:
+        name = rule.segment.name if rule.segment is not None else None
+        shown.append(
+            {
+                **rule_as_json(rule),
+                "description": rule_describe(rule_view(rule), segment_name=name),
+                "findings": findings.get(rule.pk, []),
+                "created_at": rule.created_at,
+                "changed_at": rule.changed_at,
+            }
+        )
+    return shown

@@ -105,8 +105,10 @@ class SegmentListView(JsonAPIView):
     )
     def post(self, request: Request) -> Response:
         body = decode(request.data, SegmentCreateBody)
+        fields = msgspec.structs.asdict(body)
+        fields["time_zone"] = fields["time_zone"] or ""  # null and "": the default zone
         try:
-            segment = segment_create(**msgspec.structs.asdict(body))
+            segment = segment_create(**fields)
         except DjangoValidationError as exc:
             raise _field_errors(exc) from None
         except SegmentConflict as exc:
@@ -124,7 +126,8 @@ class SegmentDetailView(JsonAPIView):
         return Response(SegmentSerializer(get_object_or_404(Segment, slug=slug)).data)
 
     @extend_schema(
-        summary="Change a segment's name, priority or description (its slug never changes)",
+        summary="Change a segment's name, priority, description or time zone (its slug never "
+        "changes)",
         responses={200: SegmentSerializer, **errors(400, 404, 409, 413)},
     )
     def patch(self, request: Request, slug: str) -> Response:
@@ -135,6 +138,8 @@ class SegmentDetailView(JsonAPIView):
             for name, value in msgspec.structs.asdict(body).items()
             if value is not msgspec.UNSET
         }
+        if "time_zone" in changes:
+            changes["time_zone"] = changes["time_zone"] or ""  # null and "": the default zone
         try:
             segment_change(segment=segment, **changes)
         except DjangoValidationError as exc:

@@ -8,6 +8,10 @@ from segments.models import Build, Segment, UserList
 
 
 class SegmentSerializer(serializers.ModelSerializer):
+    time_zone = serializers.CharField(
+        help_text='Its users\' IANA time zone when a send names none; "": '
+        "GATEKEEPER_DEFAULT_TIME_ZONE."
+    )
     cardinality = serializers.SerializerMethodField(
         help_text="Users in the segment in the live snapshot; null when none is loaded."
     )
@@ -22,6 +26,7 @@ class SegmentSerializer(serializers.ModelSerializer):
             "name",
             "priority",
             "description",
+            "time_zone",
             "is_default",
             "cardinality",
             "live_version",

@@ -54,19 +54,23 @@ def _saved(segment: Segment, **save: Any) -> Segment:
     return segment
 
 
-def segment_create(*, slug: str, name: str, priority: int, description: str = "") -> Segment:
+def segment_create(
+    *, slug: str, name: str, priority: int, description: str = "", time_zone: str = ""
+) -> Segment:
     """A new segment. Raises ValidationError naming a bad field, SegmentConflict when its slug
-    or priority is taken."""
-    segment = Segment(slug=slug, name=name, priority=priority, description=description)
+    or priority is taken. `time_zone`: "" for GATEKEEPER_DEFAULT_TIME_ZONE."""
+    segment = Segment(
+        slug=slug, name=name, priority=priority, description=description, time_zone=time_zone
+    )
     segment.full_clean(validate_unique=False)
     return _saved(segment)
 
 
 def segment_change(*, segment: Segment, **changes: Any) -> Segment:
-    """Change a segment's name, priority or description. Its slug never changes: it names the
-    segment in published snapshots, and caps are matched to users by it, so a renamed segment
-    would lose its caps until the next build."""
-    unknown = set(changes) - {"name", "priority", "description"}
+    """Change a segment's name, priority, description or time zone. Its slug never changes: it
+    names the segment in published snapshots, and caps are matched to users by it, so a renamed
+    segment would lose its caps until the next build."""
+    unknown = set(changes) - {"name", "priority", "description", "time_zone"}
     if unknown:
         raise ValueError(f"cannot change {', '.join(sorted(unknown))}")
     if not changes:

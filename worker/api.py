@@ -14,11 +14,19 @@ from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
 from gatekeeper.lib.bodies import decode
 from gatekeeper.lib.ids import user_id_from_text, user_ids_checked
 from gatekeeper.lib.permissions import GATE, VIEW_CAPS, VIEW_SEND_JOBS
+from gatekeeper.lib.words import count
+from gatekeeper.lib.zones import UnknownTimeZone, zone
+from limits.bodies import tags_checked, window_from_text
 from limits.channels import validate_channel
 from limits.limiter import Decision
+from limits.policy import MIN_RETENTION
+from limits.rules import DURATION, DURATION_WORDS
+from limits.selectors import policy_cache
+from segments.bodies import ZONE_MAX, ZONE_NAME
 from segments.index import max_answerable_user_id
 from worker.bodies import (
     GATE_BODY_BYTES,
+    GATE_CAMPAIGN_MAX,
     GATE_LIMIT,
     SEND_BODY_BYTES,
     SEND_LIMIT,
@@ -58,6 +66,21 @@ def _requests(requests: list[GateRequest]) -> list[tuple[int, str]]:
     return list(zip(ids, [r.message_id for r in requests], strict=True))
 
 
+def _time_zones(requests: list[GateRequest]) -> list[str | None] | None:
+    """Each request's time zone (None: not given), or None when no request gives one; a 400
+    naming the first unknown one (`requests[3].time_zone`)."""
+    zones = [r.time_zone for r in requests]
+    if all(name is None for name in zones):
+        return None
+    for i, name in enumerate(zones):
+        if name is not None:
+            try:
+                zone(name)  # cached: 10,000 requests in a few zones cost a few lookups
+            except UnknownTimeZone as exc:
+                raise ValidationError({f"requests[{i}].time_zone": [str(exc)]}) from None
+    return zones
+
+
 def _decision(d: Decision) -> dict[str, Any]:
     # By hand rather than dataclasses.asdict, which deep-copies: 10,000 of these per request.
     return {
@@ -68,6 +91,8 @@ def _decision(d: Decision) -> dict[str, Any]:
         "reason": d.reason,
         "counts": d.counts,
         "limits": d.limits,
+        "rule": d.rule,
+        "reserved": d.reserved,
         "retry_after": d.retry_after,
     }
 
@@ -82,21 +107,28 @@ class GateCheckView(JsonAPIView):
     @extend_schema(
         summary=f"Decide a batch of sends (at most {GATE_LIMIT:,}), in request order",
         description=(
-            "Admitted marketing sends are recorded (unless dry_run). Redis down or no snapshot: "
-            "every decision is `unavailable`, still a 200."
+            "Every enabled rule that applies to a send must have room (its segment's and every "
+            "segment's; its channel's and `all`; every send, its tags, its campaign); a refusal "
+            "names the rule that decided it. Admitted marketing sends are recorded (unless "
+            "dry_run). Redis down or no snapshot: every decision is `unavailable`, still a 200."
         ),
         responses={200: GateResultsSerializer, **errors(400, 413)},
     )
     def post(self, request: Request) -> Response:
         body = decode(request.data, GateCheckBody)
         channel = _channel(body.channel)
+        tags = tags_checked(body.tags)
         requests = _requests(body.requests)
+        time_zones = _time_zones(body.requests)
         try:
             decisions = gate_check(
                 channel=channel,
                 requests=requests,
                 campaign=body.campaign,
                 category=body.category,
+                tags=tags,
+                priority=body.priority,
+                time_zones=time_zones,
                 dry_run=body.dry_run,
             )
         except GateError as exc:
@@ -119,6 +151,9 @@ class GateReleaseView(JsonAPIView):
         body = decode(request.data, GateReleaseBody)
         channel = _channel(body.channel)
         requests = _requests(body.requests)
+        # A send is taken back by its message id alone; a time zone the request still carries
+        # (the requests as checked) is held to the same rule, not ignored.
+        _time_zones(body.requests)
         released = gate_release(channel=channel, requests=requests)
         return Response(
             {
@@ -130,22 +165,92 @@ class GateReleaseView(JsonAPIView):
         )
 
 
+def _quota_time_zone(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        zone(value)
+    except UnknownTimeZone as exc:
+        raise ValidationError({"time_zone": [str(exc)]}) from None
+    return value
+
+
+def _quota_window(value: str | None) -> int | None:
+    """The seconds of `?window=`: by the one rule for it, and within what the log keeps."""
+    if value is None:
+        return None
+    try:
+        seconds = window_from_text(value)
+    except ValueError as exc:
+        raise ValidationError({"window": [str(exc)]}) from None
+    kept = policy_cache().table().retention_ms // 1000
+    if seconds > kept:
+        days = count(kept // 86_400, "day")
+        least = count(MIN_RETENTION.days, "day")
+        raise ValidationError(
+            {
+                "window": [
+                    f"The log keeps sends for {days} (the longest window of the enabled rules, "
+                    f"{least} at least); {value} reaches further back."
+                ]
+            }
+        )
+    return seconds
+
+
+def _quota_campaign(value: str | None) -> str:
+    if value is not None and len(value) > GATE_CAMPAIGN_MAX:
+        raise ValidationError({"campaign": [f"At most {GATE_CAMPAIGN_MAX} characters."]})
+    return value or ""
+
+
 class QuotaView(JsonAPIView):
     rights = {"GET": VIEW_CAPS}
     operation_ids = {"GET": "user_quota"}
 
     @extend_schema(
-        summary="A user's segment, and per channel and `all`: used, limit, remaining, next slot",
+        summary="A user's segment and time zone, the classic caps per channel and `all`, and "
+        "every rule that applies: used, limit, remaining, next slot",
         description="Reads only: nothing is recorded. 503 when Redis or the snapshot is missing.",
-        parameters=[user_id_parameter(OpenApiParameter.PATH)],
+        parameters=[
+            user_id_parameter(OpenApiParameter.PATH),
+            OpenApiParameter(
+                "time_zone",
+                {"type": "string", "pattern": f"^{ZONE_NAME}$", "maxLength": ZONE_MAX},
+                OpenApiParameter.QUERY,
+                description="Read calendar windows in this IANA zone (Europe/Paris) instead of "
+                "the user's segment's (or GATEKEEPER_DEFAULT_TIME_ZONE).",
+            ),
+            OpenApiParameter(
+                "window",
+                {"type": "string", "pattern": f"^(?:{DURATION.pattern})$"},
+                OpenApiParameter.QUERY,
+                description=f"Adds `sent`: the marketing sends per channel recorded in this "
+                f"recent interval. {DURATION_WORDS} At most as far back as the log keeps "
+                "sends (the longest window of the enabled rules, 7 days at least).",
+            ),
+            OpenApiParameter(
+                "campaign",
+                {"type": "string", "maxLength": GATE_CAMPAIGN_MAX},
+                OpenApiParameter.QUERY,
+                description="The campaign that per-campaign rules count; without it they show "
+                "the campaign that used most.",
+            ),
+        ],
         responses={200: QuotaSerializer, **errors(400, 404, 503)},
     )
     def get(self, request: Request, user_id: str) -> Response:
         uid = user_id_from_text(user_id, field="user_id", maximum=max_answerable_user_id())
+        time_zone = _quota_time_zone(request.query_params.get("time_zone"))
+        window_seconds = _quota_window(request.query_params.get("window"))
+        campaign = _quota_campaign(request.query_params.get("campaign"))
         try:
-            return Response(user_quota(uid))
+            answer = user_quota(
+                uid, time_zone=time_zone, window_seconds=window_seconds, campaign=campaign
+            )
         except Unavailable as exc:
             return Response({"detail": str(exc)}, status=503)
+        return Response(answer)
 
 
 class SendJobListView(JsonAPIView):
@@ -167,8 +272,12 @@ class SendJobListView(JsonAPIView):
                 campaign=body.campaign,
                 template=body.template,
                 category=body.category,
+                tags=tags_checked(body.tags),
+                priority=body.priority,
                 on_capped=body.on_capped,
                 on_invalid=body.on_invalid,
+                # The service checks every row: an unknown time zone is that row's error,
+                # refusing the job or skipping the row as on_invalid says.
                 recipients=msgspec.to_builtins(body.recipients),
                 user=request.user,
             )

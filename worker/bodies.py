@@ -11,7 +11,9 @@ from msgspec import Meta
 
 from gatekeeper.lib.bodies import Body, schema_fill
 from gatekeeper.lib.ids import JsonUserId
-from limits.bodies import Channel
+from limits.bodies import Channel, Priority, Tags
+from limits.policy import DEFAULT_PRIORITY
+from segments.bodies import TimeZone
 from worker.dispatchers import TEMPLATE_NAME, template_names
 from worker.models import CAMPAIGN_MAX, MESSAGE_ID_MAX
 
@@ -22,25 +24,41 @@ SEND_LIMIT = 100_000
 GATE_BODY_BYTES = 16 * 2**20
 SEND_BODY_BYTES = 64 * 2**20
 
+# A gate call's campaign (per-campaign rules count each on its own; a send job's is shorter:
+# it starts the default message ids).
+GATE_CAMPAIGN_MAX = 200
 MessageId = Annotated[str, Meta(min_length=1, max_length=MESSAGE_ID_MAX)]
 Category = Literal["marketing", "transactional"]
+
+
+UserTimeZone = Annotated[
+    TimeZone | None,
+    Meta(
+        description="The user's IANA time zone (Europe/Paris), for calendar windows; null: "
+        "their segment's, else GATEKEEPER_DEFAULT_TIME_ZONE."
+    ),
+]
 
 
 class GateRequest(Body, kw_only=True):
     user_id: JsonUserId
     message_id: MessageId
+    time_zone: UserTimeZone = None
 
 
 class GateCheckBody(Body, kw_only=True):
     channel: Channel
-    campaign: Annotated[str, Meta(max_length=200)] = ""
+    campaign: Annotated[str, Meta(max_length=GATE_CAMPAIGN_MAX)] = ""
     category: Category = "marketing"
+    tags: Tags = []
+    priority: Priority = DEFAULT_PRIORITY
     dry_run: bool = False
     requests: Annotated[list[GateRequest], Meta(min_length=1, max_length=GATE_LIMIT)]
 
 
 class GateReleaseBody(Body, kw_only=True):
     channel: Channel
+    # The requests as checked (a time zone is not needed to take a send back, but may be there).
     requests: Annotated[list[GateRequest], Meta(min_length=1, max_length=GATE_LIMIT)]
 
 
@@ -56,6 +74,19 @@ class RecipientBody(Body, kw_only=True):
         | None
     ) = None
     context: Annotated[dict[str, Any], Meta(description="Template variables.")] = {}
+    # Checked with the row's other fields: an unknown zone is this row's error, refusing the
+    # job or skipping the row as on_invalid says (so the schema cannot list the names).
+    time_zone: (
+        Annotated[
+            str,
+            Meta(
+                description="The user's IANA time zone (Europe/Paris), for calendar windows; "
+                "null: their segment's, else GATEKEEPER_DEFAULT_TIME_ZONE. An unknown one is "
+                "an invalid row."
+            ),
+        ]
+        | None
+    ) = None
 
 
 class SendJobBody(Body, kw_only=True):
@@ -79,6 +110,8 @@ class SendJobBody(Body, kw_only=True):
         ),
     ]
     category: Category = "marketing"
+    tags: Tags = []
+    priority: Priority = DEFAULT_PRIORITY
     on_capped: Literal["drop", "defer"] = "drop"
     on_invalid: Annotated[
         Literal["reject", "skip"],

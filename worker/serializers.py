@@ -3,9 +3,21 @@ msgspec structs (worker/bodies.py); the schema of each is generated from it."""
 
 from rest_framework import serializers
 
+from limits.bodies import Reserve, Window
+from limits.rules import MATCHES
+from limits.serializers import BodyShapedField
 from worker.models import SendJob
 
-REASONS = ["allowed", "duplicate", "daily_cap", "weekly_cap", "blocked", "exempt", "unavailable"]
+REASONS = [
+    "allowed",
+    "duplicate",
+    "daily_cap",
+    "weekly_cap",
+    "cap",
+    "blocked",
+    "exempt",
+    "unavailable",
+]
 
 
 class WindowCountsSerializer(serializers.Serializer):
@@ -22,14 +34,38 @@ class WindowLimitsSerializer(serializers.Serializer):
     weekly = serializers.IntegerField(required=False, allow_null=True, help_text="null: no cap")
 
 
+class DecidingRuleSerializer(serializers.Serializer):
+    """The rule that refused a send (its id in GET /api/v1/rules/)."""
+
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    window = BodyShapedField(Window)
+    limit = serializers.IntegerField(help_text="The rule's own limit (before any reserve).")
+    used = serializers.IntegerField(help_text="The matching sends it counts in its window.")
+
+
 class DecisionSerializer(serializers.Serializer):
     user_id = serializers.IntegerField()
     message_id = serializers.CharField()
     segment = serializers.CharField(allow_null=True)
     allowed = serializers.BooleanField()
-    reason = serializers.ChoiceField(choices=REASONS)
+    reason = serializers.ChoiceField(
+        choices=REASONS,
+        help_text="daily_cap / weekly_cap: the deciding rule's window is a day / a week "
+        "(rolling or calendar); cap: any other window; blocked: a limit of 0.",
+    )
     counts = WindowCountsSerializer()
     limits = WindowLimitsSerializer()
+    rule = DecidingRuleSerializer(
+        allow_null=True,
+        help_text="On a refusal by a rule: the rule that decided it (when several refuse, the "
+        "one whose room comes last). null otherwise.",
+    )
+    reserved = serializers.IntegerField(
+        allow_null=True,
+        help_text="When the rule had room but its reserve kept the last slots for sends of a "
+        "higher priority: how many. null otherwise.",
+    )
     retry_after = serializers.FloatField(allow_null=True, help_text="Seconds until a slot frees.")
 
 
@@ -61,12 +97,45 @@ class ScopeQuotaSerializer(serializers.Serializer):
     )
 
 
+class RuleQuotaSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    channel = serializers.CharField(help_text='A channel, or "all".')
+    description = serializers.CharField(help_text="The rule in plain words.")
+    match = serializers.ChoiceField(choices=MATCHES)
+    tag = serializers.CharField(allow_null=True)
+    window = BodyShapedField(Window)
+    limit = serializers.IntegerField()
+    used = serializers.IntegerField(
+        help_text="Sends it counts now (a per-campaign rule: of ?campaign=, else of the "
+        "campaign that used most)."
+    )
+    remaining = serializers.IntegerField()
+    next_slot_in = serializers.FloatField(
+        allow_null=True, help_text="Seconds until a slot frees, when full."
+    )
+    reserve = BodyShapedField(Reserve, allow_null=True)
+    classic = serializers.BooleanField(help_text="One of a classic cap's two rules.")
+
+
 class QuotaSerializer(serializers.Serializer):
     user_id = serializers.IntegerField()
     segment = serializers.CharField()
     snapshot_version = serializers.CharField()
+    time_zone = serializers.CharField(
+        help_text="The zone its calendar windows are read in: ?time_zone=, else the segment's, "
+        "else GATEKEEPER_DEFAULT_TIME_ZONE."
+    )
     scopes = serializers.DictField(
-        child=ScopeQuotaSerializer(), help_text="Each channel, and `all`."
+        child=ScopeQuotaSerializer(), help_text="The classic caps: each channel, and `all`."
+    )
+    rules = RuleQuotaSerializer(
+        many=True, help_text="Every enabled rule that applies to the user, on every channel."
+    )
+    sent = serializers.DictField(
+        child=serializers.IntegerField(),
+        required=False,
+        help_text="Only with ?window=: per channel, the marketing sends recorded in it.",
     )
 
 
@@ -82,6 +151,8 @@ class SendJobSerializer(serializers.Serializer):
     campaign = serializers.CharField()
     template = serializers.CharField()
     category = serializers.ChoiceField(choices=["marketing", "transactional"])
+    tags = serializers.ListField(child=serializers.CharField())
+    priority = serializers.IntegerField()
     on_capped = serializers.ChoiceField(choices=SendJob.OnCapped.choices)
     on_invalid = serializers.ChoiceField(choices=SendJob.OnInvalid.choices)
     status = serializers.ChoiceField(choices=SendJob.Status.choices)

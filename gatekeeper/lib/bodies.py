@@ -153,13 +153,15 @@ def _field_errors(spec: type, raw: bytes, text: str) -> dict[str, list[str]]:
     if m := re.fullmatch(r"Object missing required field `(.+)`", message):
         return {_join(path, m[1]): ["This field is required."]}
     if m := re.fullmatch(r"Object contains unknown field `(.+)`", message):
-        known = _struct_fields(_type_at(spec, path))
+        known = _struct_fields(_type_at(spec, path), _value_at(raw, path))
         takes = f" Known fields: {', '.join(known)}." if known else ""
         return {_join(path, m[1]): [f"Unknown field.{takes}"]}
     if m := re.fullmatch(r"Expected `(.+?)`, got `(.+?)`", message):
         if not path and m[1] == "object":
             return {NON_FIELD: ["The body must be a JSON object."]}
         return {field: [f"Must be {_kind(m[1])}, not {_kind(m[2])}."]}
+    if m := re.fullmatch(r"Expected `([a-z|]+)`", message):
+        return {field: [f"Must be {_kind(m[1])}."]}
     if m := re.fullmatch(r"Expected `(?:int|float)` (>=|<=|>|<) (\S+)", message):
         words = {">=": "at least", "<=": "at most", ">": "more than", "<": "less than"}[m[1]]
         return {field: [f"Must be {words} {int(m[2]):,}."]}
@@ -178,10 +180,17 @@ def _field_errors(spec: type, raw: bytes, text: str) -> dict[str, list[str]]:
         has = f"; this one has {count:,}" if count is not None else ""
         return {field: [f"At most {limit:,} items per request{has}."]}
     if m := re.fullmatch(r"Expected `str` matching regex '(.+)'", message):
-        return {field: [_PATTERN_WORDS.get(m[1], "Does not have the expected form.")]}
+        # msgspec shows the pattern with its backslashes doubled.
+        pattern = m[1].replace("\\\\", "\\")
+        return {field: [_PATTERN_WORDS.get(pattern, "Does not have the expected form.")]}
     if m := re.fullmatch(r"Invalid enum value (.+)", message):
         choices = _choices(_type_at(spec, path))
         listed = f"Choose one of: {', '.join(str(c) for c in choices)}" if choices else "Unknown"
+        return {field: [f"{listed} (not {m[1]})."]}
+    if m := re.fullmatch(r"Invalid value (.+)", message):
+        # The tag of a tagged union (`window.kind`): the choices are its options' tags.
+        tags = _tags(_type_at(spec, path.rpartition(".")[0]))
+        listed = f"Choose one of: {', '.join(tags)}" if tags else "Unknown"
         return {field: [f"{listed} (not {m[1]})."]}
     return {field: [message]}
 
@@ -304,7 +313,9 @@ def _type_at(spec: type, path: str) -> Any:
             else:
                 options = [_bare(t) for t in current.types]
                 structs = [t for t in options if isinstance(t, mi.StructType | mi.ListType)]
-                current = structs[0] if structs else None
+                # Of a tagged union's options, the one that has the field.
+                having = [t for t in structs if part in _struct_fields(t)]
+                current = (having or structs)[0] if structs else None
         if not part:
             continue
         if not isinstance(current, mi.StructType):
@@ -316,9 +327,28 @@ def _type_at(spec: type, path: str) -> Any:
     return current
 
 
-def _struct_fields(info: Any) -> list[str]:
+def _struct_fields(info: Any, value: Any = None) -> list[str]:
+    """The fields of a struct; of a tagged union, those of the option `value`'s tag names."""
     info = _bare(info)
-    return [f.encode_name for f in info.fields] if isinstance(info, mi.StructType) else []
+    if isinstance(info, mi.UnionType):
+        options = [_bare(t) for t in info.types]
+        tagged = [t for t in options if isinstance(t, mi.StructType) and t.tag_field]
+        info = next(
+            (t for t in tagged if isinstance(value, dict) and value.get(t.tag_field) == t.tag),
+            None,
+        )
+    if not isinstance(info, mi.StructType):
+        return []
+    own = [f.encode_name for f in info.fields]
+    return [info.tag_field, *own] if info.tag_field else own
+
+
+def _tags(info: Any) -> list[str]:
+    info = _bare(info)
+    if not isinstance(info, mi.UnionType):
+        return []
+    options = [_bare(t) for t in info.types]
+    return [str(t.tag) for t in options if isinstance(t, mi.StructType) and t.tag_field]
 
 
 def _choices(info: Any) -> list[Any]:
@@ -330,15 +360,21 @@ def _choices(info: Any) -> list[Any]:
     return []
 
 
-def _count_at(raw: bytes, path: str) -> int | None:
-    """How many items the list at `path` has (error path only: decodes the body again)."""
+def _value_at(raw: bytes, path: str) -> Any:
+    """The JSON value at `path`, or None (error path only: decodes the body again)."""
     try:
         value: Any = msgspec.json.decode(raw)
         for name, index in re.findall(r"\.?([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]", path):
             value = value[name] if name else value[int(index)]
-        return len(value)
+        return value
     except Exception:
         return None
+
+
+def _count_at(raw: bytes, path: str) -> int | None:
+    """How many items the list at `path` has."""
+    value = _value_at(raw, path)
+    return len(value) if isinstance(value, list | dict) else None
 
 
 @cache
@@ -381,12 +417,12 @@ def schema_fill(name: str, fill: Callable[[], dict[str, Any]]) -> dict[str, Any]
 
 
 def openapi_components(spec: type) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """(the schema of a body of `spec`, a `$ref`; the component schemas it refers to, by name),
-    in OpenAPI 3.0 form: msgspec's JSON Schema with `anyOf [X, null]` written as `nullable`,
-    marked values filled from settings, and every plain string refusing NUL, as the server
-    does."""
+    """(the schema of a body of `spec`: a `$ref`, or a union of them; the component schemas it
+    refers to, by name), in OpenAPI 3.0 form: msgspec's JSON Schema with `anyOf [X, null]`
+    written as `nullable`, a tagged union as `oneOf` with its discriminator, marked values
+    filled from settings, and every plain string refusing NUL, as the server does."""
     (ref,), components = msgspec.json.schema_components((spec,), ref_template=REF)
-    return ref, {name: _openapi(node) for name, node in components.items()}
+    return _openapi(ref), {name: _openapi(node) for name, node in components.items()}
 
 
 def _openapi(node: Any) -> Any:
@@ -395,6 +431,9 @@ def _openapi(node: Any) -> Any:
     if not isinstance(node, dict):
         return node
     node = {key: _openapi(value) for key, value in node.items() if key != "title"}
+    if "discriminator" in node and "anyOf" in node:
+        # The options of a tagged union exclude each other (each has its own tag): one of them.
+        node["oneOf"] = node.pop("anyOf")
     if node.get("required") == []:
         del node["required"]  # OpenAPI 3.0 wants none rather than an empty list
     fill = node.pop("x-fill", None)
@@ -405,7 +444,11 @@ def _openapi(node: Any) -> Any:
     if options and {"type": "null"} in options:
         rest = [option for option in options if option != {"type": "null"}]
         node.pop("anyOf")
-        node.update(rest[0] if len(rest) == 1 else {"anyOf": rest})
+        only = rest[0] if len(rest) == 1 else {"anyOf": rest}
+        if "$ref" in only:
+            # OpenAPI 3.0 ignores keywords beside a $ref (`nullable` among them): wrap it.
+            only = {"allOf": [only]}
+        node.update(only)
         node["nullable"] = True
     if node.get("type") == "string" and not {"pattern", "enum", "format"} & set(node):
         node["pattern"] = NO_NUL

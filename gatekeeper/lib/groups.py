@@ -1,7 +1,7 @@
 """The two admin groups marketers are put in, and what each may do.
 
-- Marketer: edit segments, user lists and caps; build, publish and roll back snapshots; reset a
-  user's quota; read everything else the admin shows.
+- Marketer: edit segments, user lists, caps and cap rules; build, publish and roll back
+  snapshots; reset a user's quota; read everything else the admin shows.
 - Viewer: read-only.
 
 `groups_sync` creates the groups and gives them exactly these permissions. A migration runs it
@@ -22,6 +22,8 @@ _READ = [
     "segments.view_build",
     "limits.view_cap",
     "limits.view_capchange",
+    "limits.view_rule",
+    "limits.view_rulechange",
     "limits.view_quotareset",
     "worker.view_sendjob",
 ]
@@ -39,6 +41,9 @@ GROUP_PERMISSIONS: dict[str, list[str]] = {
         "limits.add_cap",
         "limits.change_cap",
         "limits.delete_cap",
+        "limits.add_rule",
+        "limits.change_rule",
+        "limits.delete_rule",
         "limits.reset_quota",
     ],
 }

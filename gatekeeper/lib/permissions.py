@@ -20,12 +20,18 @@ VIEW_SEGMENTS = ("segments.view_segment",)
 VIEW_USER_LISTS = ("segments.view_segment", "segments.view_userlist")
 VIEW_BUILDS = ("segments.view_build",)
 VIEW_CAPS = ("limits.view_cap",)
+VIEW_RULES = ("limits.view_rule",)
 VIEW_SEND_JOBS = ("worker.view_sendjob",)
 # Writing.
 ADD_SEGMENTS = ("segments.add_segment",)
 CHANGE_SEGMENTS = ("segments.change_segment",)
-# As in the admin, deleting a segment deletes its lists and caps, so it needs their rights.
-DELETE_SEGMENTS = ("segments.delete_segment", "segments.delete_userlist", "limits.delete_cap")
+# As in the admin, deleting a segment deletes its lists, caps and rules, so it needs their rights.
+DELETE_SEGMENTS = (
+    "segments.delete_segment",
+    "segments.delete_userlist",
+    "limits.delete_cap",
+    "limits.delete_rule",
+)
 # As in the admin, where a list is uploaded on the segment's form.
 REPLACE_USER_LISTS = (
     "segments.change_segment",
@@ -33,13 +39,16 @@ REPLACE_USER_LISTS = (
     "segments.delete_userlist",
 )
 SET_CAPS = ("limits.add_cap", "limits.change_cap")
+ADD_RULES = ("limits.add_rule",)
+CHANGE_RULES = ("limits.change_rule",)
+DELETE_RULES = ("limits.delete_rule",)
 PUBLISH = ("segments.publish_snapshot",)
 RESET_QUOTA = ("limits.reset_quota",)
 # Calling the gate and handing over send jobs (campaign systems).
 GATE = ("limits.use_gate",)
-# What a campaign system's account needs: the gate and send jobs, and reading segments, quotas
-# and its jobs' progress.
-CAMPAIGN_SYSTEM = (*GATE, *VIEW_SEGMENTS, *VIEW_CAPS, *VIEW_SEND_JOBS)
+# What a campaign system's account needs: the gate and send jobs, and reading segments, quotas,
+# the rules its refusals name and its jobs' progress.
+CAMPAIGN_SYSTEM = (*GATE, *VIEW_SEGMENTS, *VIEW_CAPS, *VIEW_RULES, *VIEW_SEND_JOBS)
 
 
 class HasRights(BasePermission):

@@ -1,5 +1,7 @@
 import io
 from collections.abc import Callable, Iterator
+from datetime import datetime, time
+from zoneinfo import ZoneInfo
 
 import pytest
 import requests
@@ -96,3 +98,20 @@ def check_body(requests_, **extra):
         "requests": [{"user_id": u, "message_id": m} for u, m in requests_],
         **extra,
     }
+
+
+def zones_a_day_apart(now: float) -> tuple[str, str, float]:
+    """(earlier, later, at): two zones and a recent time that is today in `earlier` and
+    yesterday in `later`, whatever the hour `now` is: just before `later`'s midnight, when
+    `earlier`'s day had begun hours before. None of these zones shifts its clock near midnight."""
+    zones = ["Pacific/Kiritimati", "Asia/Kathmandu", "Europe/Berlin", "Pacific/Pago_Pago"]
+    starts = {}
+    for name in zones:
+        local = datetime.fromtimestamp(now, tz=ZoneInfo(name))
+        starts[name] = datetime.combine(local.date(), time(), local.tzinfo).timestamp()
+    # Ten minutes of margin on each side: the limiter reads periods a minute behind its clock.
+    later = max((z for z in zones if starts[z] < now - 600), key=starts.__getitem__)
+    earlier = min(zones, key=starts.__getitem__)
+    at = starts[later] - 600
+    assert starts[earlier] < at < now
+    return earlier, later, at

@@ -18,6 +18,7 @@ from tests import broker
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 OPERATIONS = {
     "build_get", "build_start", "cap_set", "caps_list", "gate_check", "gate_release",
+    "rule_change", "rule_create", "rule_delete", "rule_get", "rules_list",
     "segment_change", "segment_create", "segment_delete", "segment_get", "segment_lookup",
     "segment_lookup_many", "segments_list", "send_job_create", "send_job_get",
     "snapshot_activate", "snapshots_list", "user_list_replace", "user_lists_get", "user_quota",
@@ -135,3 +136,99 @@ def test_a_generated_client_drives_the_main_calls(live_server, snapshot, client_
         client=client, body=SegmentCreateBody(slug="new", name="Again", priority=31)
     )
     assert refused.status_code == 409 and refused.parsed.field == "slug"
+
+
+def test_a_generated_client_manages_rules_and_reads_their_decisions(
+    live_server, snapshot, client_package
+):
+    from gk_client import AuthenticatedClient
+    from gk_client.api.v1 import (
+        gate_check,
+        rule_change,
+        rule_create,
+        rule_delete,
+        rule_get,
+        rules_list,
+        user_quota,
+    )
+    from gk_client.models import (
+        CalendarWindow,
+        CalendarWindowKindEnum,
+        ChannelEnum,
+        GateCheckBody,
+        GateRequest,
+        MatchEnum,
+        Reserve,
+        RollingWindow,
+        RollingWindowKindEnum,
+        RuleChangeBody,
+        RuleCreateBody,
+        ScopeEnum,
+        UnitEnum,
+    )
+
+    admin = User.objects.create_superuser("integrator", "i@example.com", "pw")
+    token = Token.objects.create(user=admin).key
+    client = AuthenticatedClient(base_url=live_server.url, token=token, prefix="Token")
+
+    created = rule_create.sync(
+        client=client,
+        body=RuleCreateBody(
+            name="1 promo a day",
+            segment=None,
+            channel=ScopeEnum.PUSH,
+            match=MatchEnum.TAG,
+            tag="promo",
+            window=CalendarWindow(kind=CalendarWindowKindEnum.CALENDAR, unit=UnitEnum.DAY),
+            limit=2,
+            reserve=Reserve(below_priority=7, slots=1),
+        ),
+    )
+    assert isinstance(created.window, CalendarWindow) and created.reserve.slots == 1
+    assert created.findings == [] and created.classic is False
+    classic = [rule for rule in rules_list.sync(client=client) if rule.classic]
+    assert {rule.window.seconds for rule in classic} == {86_400, 604_800}
+
+    requests_ = [
+        GateRequest(user_id=7, message_id="a", time_zone="Asia/Tokyo"),
+        GateRequest(user_id=7, message_id="b", time_zone="Asia/Tokyo"),
+    ]
+    decided = gate_check.sync(
+        client=client,
+        body=GateCheckBody(
+            channel=ChannelEnum.PUSH, tags=["promo"], priority=3, requests=requests_
+        ),
+    )
+    allowed, refused = decided.results
+    assert (allowed.reason.value, allowed.rule, allowed.reserved) == ("allowed", None, None)
+    assert (refused.reason.value, refused.reserved) == ("daily_cap", 1)
+    assert (refused.rule.id, refused.rule.name, refused.rule.used) == (
+        created.id,
+        "1 promo a day",
+        1,
+    )
+    assert refused.rule.window.unit == UnitEnum.DAY
+
+    quota = user_quota.sync(7, client=client, time_zone="Asia/Tokyo", window="1h")
+    assert quota.time_zone == "Asia/Tokyo" and quota.sent["push"] == 1
+    figures = next(rule for rule in quota.rules if rule.id == created.id)
+    assert (figures.used, figures.remaining) == (1, 1)
+
+    changed = rule_change.sync(
+        created.id,
+        client=client,
+        body=RuleChangeBody(
+            window=RollingWindow(kind=RollingWindowKindEnum.ROLLING, seconds=14_400), reserve=None
+        ),
+    )
+    assert changed.window.seconds == 14_400 and changed.reserve is None
+    refused_change = rule_change.sync_detailed(
+        created.id, client=client, body=RuleChangeBody(limit=-1)
+    )
+    assert (
+        refused_change.status_code == 400 and "limit" in refused_change.parsed.additional_properties
+    )
+    assert rule_delete.sync_detailed(created.id, client=client).status_code == 204
+    assert rule_get.sync_detailed(created.id, client=client).status_code == 404
+    conflict = rule_delete.sync_detailed(classic[0].id, client=client)
+    assert conflict.status_code == 409 and "PUT /api/v1/limits/" in conflict.parsed.detail

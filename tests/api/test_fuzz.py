@@ -35,9 +35,38 @@ CHECKS = [
     negative_data_rejection,
 ]
 # Where valid data may be refused, because OpenAPI 3.0 cannot say what the server checks: a
-# user list's lines (the body is a binary file, maybe gzip), and a send job's addresses, whose
-# rule depends on the job's channel (an email address, a push token), as its templates do.
-NOT_EXPRESSIBLE = {"PUT /api/v1/segments/{slug}/users/", "POST /api/v1/sends/"}
+# user list's lines (the body is a binary file, maybe gzip); a send job's addresses, whose rule
+# depends on the job's channel (an email address, a push token), as its templates do, and its
+# recipients' time zones (an unknown one is a row's error, refused or skipped as on_invalid
+# says); and a rule's fields as a whole (a tag rule needs its tag and only it takes one, a
+# reserve keeps at most the limit, the segment must exist).
+NOT_EXPRESSIBLE = {
+    "PUT /api/v1/segments/{slug}/users/",
+    "POST /api/v1/sends/",
+    "POST /api/v1/rules/",
+    "PATCH /api/v1/rules/{rule_id}/",
+}
+QUOTA = "GET /api/v1/users/{user_id}/quota/"
+
+
+def may_refuse_valid_data(case: schemathesis.Case) -> bool:
+    if case.operation.label in NOT_EXPRESSIBLE:
+        return True
+    # The schema states a time zone name's form; the server's zone database decides which names
+    # exist (the schema does not list them: see segments/bodies.py).
+    if names_a_time_zone(case.body) or (case.query or {}).get("time_zone"):
+        return True
+    # A quota's ?window= is a number and a unit from 1 minute to as far back as the log keeps
+    # sends (which depends on the rules): a pattern states its form, not its bounds.
+    return case.operation.label == QUOTA and "window" in (case.query or {})
+
+
+def names_a_time_zone(value: Any) -> bool:
+    if isinstance(value, dict):
+        return bool(value.get("time_zone")) or any(names_a_time_zone(v) for v in value.values())
+    if isinstance(value, list):
+        return any(names_a_time_zone(v) for v in value)
+    return False
 
 
 @pytest.mark.slow
@@ -49,22 +78,22 @@ def test_no_server_errors_and_responses_match_the_served_schema(
     headers = {"Authorization": f"Token {token.key}"}
     schema = schemathesis.openapi.from_url(f"{live_server.url}/api/schema/?format=json")
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 20  # every endpoint of v1, so none is left out
+    assert len(operations) == 25  # every endpoint of v1, so none is left out
     for operation, mode in itertools.product(operations, GenerationMode):
         takes = len(operation.body) + len(operation.path_parameters) + len(operation.query)
         if mode == GenerationMode.NEGATIVE and not takes:
             continue  # nothing in the request to make invalid
-        checks = list(CHECKS)
-        if operation.label not in NOT_EXPRESSIBLE:
-            checks.append(positive_data_acceptance)
-        fuzz(operation, mode, checks, live_server.url, headers)
+        fuzz(operation, mode, live_server.url, headers)
 
 
-def fuzz(operation: Any, mode: GenerationMode, checks: list[Any], base: str, headers: dict) -> None:
+def fuzz(operation: Any, mode: GenerationMode, base: str, headers: dict) -> None:
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
     def run(case: schemathesis.Case) -> None:
         note(f"{case.method} {case.formatted_path} ({mode.value})")
+        checks = list(CHECKS)
+        if not may_refuse_valid_data(case):
+            checks.append(positive_data_acceptance)
         case.call_and_validate(base_url=base, headers=headers, checks=checks)
         if not isinstance(case.body, dict) or mode != GenerationMode.POSITIVE:
             return

@@ -12,6 +12,13 @@ from tests.api.conftest import call, make_user, token_session
 pytestmark = pytest.mark.django_db(transaction=True)
 
 GATE_BODY = {"channel": "email", "requests": [{"user_id": 1, "message_id": "rights"}]}
+RULE = {
+    "name": "1 a day",
+    "segment": None,
+    "channel": "all",
+    "window": {"kind": "rolling", "seconds": 86_400},
+    "limit": 1,
+}
 # (method, path, body, the permissions it needs). Bodies are chosen so that a caller with the
 # right gets an answer without side effects beyond the test (a 400, a 404, a 409).
 ENDPOINTS = [
@@ -23,7 +30,12 @@ ENDPOINTS = [
         "DELETE",
         "/api/v1/segments/nope/",
         None,
-        {"segments.delete_segment", "segments.delete_userlist", "limits.delete_cap"},
+        {
+            "segments.delete_segment",
+            "segments.delete_userlist",
+            "limits.delete_cap",
+            "limits.delete_rule",
+        },
     ),
     (
         "PUT",
@@ -41,6 +53,11 @@ ENDPOINTS = [
     ("POST", "/api/v1/segments/lookup/", {"user_ids": [1]}, {"segments.view_segment"}),
     ("GET", "/api/v1/limits/", None, {"limits.view_cap"}),
     ("PUT", "/api/v1/limits/vip/email/", {}, {"limits.add_cap", "limits.change_cap"}),
+    ("GET", "/api/v1/rules/", None, {"limits.view_rule"}),
+    ("POST", "/api/v1/rules/", {}, {"limits.add_rule"}),
+    ("GET", "/api/v1/rules/999999/", None, {"limits.view_rule"}),
+    ("PATCH", "/api/v1/rules/999999/", {"limit": 1}, {"limits.change_rule"}),
+    ("DELETE", "/api/v1/rules/999999/", None, {"limits.delete_rule"}),
     ("POST", "/api/v1/gate/check/", {**GATE_BODY, "dry_run": True}, {"limits.use_gate"}),
     ("POST", "/api/v1/gate/release/", GATE_BODY, {"limits.use_gate"}),
     ("GET", "/api/v1/users/1/quota/", None, {"limits.view_cap"}),
@@ -89,15 +106,24 @@ def test_every_endpoint_needs_exactly_its_documented_rights(live_server, snapsho
 
 def test_the_groups_and_the_campaign_system_account_have_the_rights_their_work_needs(api, snapshot):
     viewer, gate, marketer = api("viewer"), api("gate"), api("marketer")
-    for path in ("/api/v1/segments/", "/api/v1/limits/", "/api/v1/snapshots/"):
+    for path in ("/api/v1/segments/", "/api/v1/limits/", "/api/v1/rules/", "/api/v1/snapshots/"):
         assert call(viewer, "GET", path).status_code == 200
+    assert call(viewer, "POST", "/api/v1/rules/", json=RULE).status_code == 403
     assert call(viewer, "POST", "/api/v1/gate/check/", json=GATE_BODY).status_code == 403
     assert call(viewer, "PUT", "/api/v1/limits/vip/email/", json={}).status_code == 403
     assert call(gate, "POST", "/api/v1/gate/check/", json=GATE_BODY).status_code == 200
     assert call(gate, "GET", "/api/v1/users/1/quota/").status_code == 200
+    # A refusal names its rule: the campaign system may read the rules, not change them.
+    assert call(gate, "GET", "/api/v1/rules/").status_code == 200
+    assert call(gate, "POST", "/api/v1/rules/", json=RULE).status_code == 403
     assert call(gate, "POST", "/api/v1/segments/", json={}).status_code == 403
     assert call(gate, "POST", "/api/v1/snapshots/").status_code == 403
     # A marketer edits and publishes, as in the admin, but does not call the gate.
     cap = {"daily": 1, "weekly": None}
     assert call(marketer, "PUT", "/api/v1/limits/vip/email/", json=cap).status_code == 200
+    rule = call(marketer, "POST", "/api/v1/rules/", json=RULE)
+    assert rule.status_code == 201
+    path = f"/api/v1/rules/{rule.json()['id']}/"
+    assert call(marketer, "PATCH", path, json={"limit": 2}).status_code == 200
+    assert call(marketer, "DELETE", path).status_code == 204
     assert call(marketer, "POST", "/api/v1/gate/check/", json=GATE_BODY).status_code == 403

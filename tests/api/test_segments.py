@@ -1,11 +1,14 @@
 """Segments, their lists and snapshots over HTTP."""
 
 import gzip
+import time
 
 import pytest
 
+from limits.selectors import policy_cache
 from segments.index import refresh
-from tests.api.conftest import call
+from tests.api.conftest import call, zones_a_day_apart
+from worker.gate import gate_check
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,3 +65,62 @@ def test_a_pipeline_replaces_a_list_and_publishes_it(api, snapshot, settings):
     back = call(m, "POST", f"/api/v1/snapshots/{snapshot}/activate/")
     assert back.json() == {"live_version": snapshot}
     assert call(m, "POST", "/api/v1/snapshots/nope/activate/").status_code == 404
+
+
+def test_a_segments_time_zone_is_set_checked_and_decides_its_users_calendar_days(api, snapshot):
+    m = api("marketer")
+    created = call(
+        m,
+        "POST",
+        "/api/v1/segments/",
+        json={"slug": "tokyo", "name": "Tokyo", "priority": 40, "time_zone": "Asia/Tokyo"},
+    )
+    assert created.status_code == 201 and created.json()["time_zone"] == "Asia/Tokyo"
+    plain = call(m, "POST", "/api/v1/segments/", json={"slug": "p", "name": "P", "priority": 41})
+    assert plain.json()["time_zone"] == ""  # GATEKEEPER_DEFAULT_TIME_ZONE
+    for body in ({"time_zone": "Asia/Tokio"}, {"time_zone": "/etc/localtime"}):
+        refused = call(m, "PATCH", "/api/v1/segments/tokyo/", json=body)
+        assert refused.status_code == 400
+        assert refused.json()["time_zone"][0].startswith("Unknown time zone")
+    refused = call(
+        m,
+        "POST",
+        "/api/v1/segments/",
+        json={"slug": "x", "name": "X", "priority": 42, "time_zone": "UTC+1"},
+    )
+    assert refused.status_code == 400 and "time_zone" in refused.json()
+    assert call(m, "GET", "/api/v1/segments/tokyo/").json()["time_zone"] == "Asia/Tokyo"
+    for cleared in ("", None):
+        assert call(m, "PATCH", "/api/v1/segments/tokyo/", json={"time_zone": "Asia/Tokyo"})
+        answer = call(m, "PATCH", "/api/v1/segments/tokyo/", json={"time_zone": cleared}).json()
+        assert answer["time_zone"] == ""
+
+
+def test_the_segments_zone_is_its_users_zone_when_a_send_names_none(api, snapshot):
+    m = api("marketer")
+    call(
+        m,
+        "POST",
+        "/api/v1/rules/",
+        json={
+            "name": "1 push a day",
+            "segment": "default",
+            "channel": "push",
+            "window": {"kind": "calendar", "unit": "day"},
+            "limit": 1,
+        },
+    )
+    earlier, later, recorded_at = zones_a_day_apart(time.time())
+    (sent,) = gate_check(channel="push", requests=[(7, "earlier")], now=recorded_at)
+    assert sent.allowed
+    body = {"channel": "push", "dry_run": True, "requests": [{"user_id": 7, "message_id": "x"}]}
+    decisions = []
+    for zone in (earlier, later):
+        call(m, "PATCH", "/api/v1/segments/default/", json={"time_zone": zone})
+        policy_cache().invalidate()  # as the cache's few seconds would, in every process
+        decided = call(api("gate"), "POST", "/api/v1/gate/check/", json=body).json()
+        decisions.append(decided["results"][0]["reason"])
+    assert decisions == [
+        "daily_cap",
+        "allowed",
+    ]  # today's send in one zone, yesterday's in the other
