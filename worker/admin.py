@@ -14,6 +14,8 @@ class SendJobAdmin(admin.ModelAdmin):
         "id",
         "campaign",
         "channel",
+        "tags_shown",
+        "priority",
         "status",
         "progress",
         "total",
@@ -26,8 +28,12 @@ class SendJobAdmin(admin.ModelAdmin):
         "pending",
         "created_at",
     ]
-    list_filter = ["status", "channel"]
+    list_filter = ["status", "channel", "priority"]
     readonly_fields = [*(f.name for f in SendJob._meta.fields), "pending"]
+
+    @admin.display(description="tags")
+    def tags_shown(self, job: SendJob) -> str:
+        return ", ".join(job.tags) or "-"
 
     @admin.display(description="pending")
     def pending(self, job: SendJob) -> int:

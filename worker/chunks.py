@@ -93,8 +93,11 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None, now: Any = None) ->
     Safe to run again for the same chunk (a redelivered task): a finished chunk does nothing, a
     chunk not due yet does nothing (`send_chunks_due` queues it when it is), one leased by a run
     still alive raises ChunkBusy, and an interrupted one sends only what it had not claimed.
-    `now` (tests) is the time the chunk's lease and due date are judged at.
+    `now` (tests, replays) is the time the chunk's lease and due date are judged at, the gate's
+    clock (its windows and calendar days) and the start of any deferral; without it the gate
+    reads Redis's clock, and deferrals start when the chunk settles.
     """
+    clock = now
     now = now or timezone.now()
     lease = _Lease(chunk_id)
     if not lease.take(now):
@@ -106,7 +109,7 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None, now: Any = None) ->
         until = chunk.lease_until or now
         raise ChunkBusy(max(1.0, (until - now).total_seconds() + 1))
     try:
-        return _run_leased(chunk_id, dispatcher, lease)
+        return _run_leased(chunk_id, dispatcher, lease, clock)
     except LeaseLost as lost:
         # A send outlived the lease (a stalled provider): the run that took over counts it.
         logger.warning("%s; this run stops", lost)
@@ -201,7 +204,7 @@ class _Run:
         self.outcomes["failed"] += 1
 
 
-def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease) -> dict[str, int]:
+def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> dict[str, int]:
     chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
     job = chunk.job
     if job.status == SendJob.Status.QUEUED:
@@ -218,6 +221,10 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease) -> dict[str, int]
         requests=[(r["user_id"], r["message_id"]) for r in recipients],
         campaign=job.campaign,
         category=job.category,
+        tags=tuple(job.tags),
+        priority=job.priority,
+        time_zones=[r.get("time_zone") for r in recipients],
+        now=clock.timestamp() if clock is not None else None,
     )
     charged = {d.message_id for d in decisions if d.reason == "allowed"}
     run = _Run(chunk, dispatcher, charged)
@@ -238,14 +245,21 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease) -> dict[str, int]
     for recipient, decision in zip(recipients, decisions, strict=True):
         if decision.allowed:
             continue
-        if decision.reason in CAPPED_REASONS and job.on_capped == SendJob.OnCapped.DEFER:
-            capped.append((recipient, decision.retry_after or 60.0))
+        if (
+            decision.reason in CAPPED_REASONS
+            and job.on_capped == SendJob.OnCapped.DEFER
+            and decision.retry_after is not None
+        ):
+            capped.append((recipient, decision.retry_after))
         elif decision.reason == "unavailable" and not run.last_attempt:
             # Redis or the snapshot is missing: try again soon instead of dropping the send.
             unavailable.append(recipient)
         elif decision.reason == "unavailable":
             outcomes["failed"] += 1
         else:
+            # Dropped, blocked, or refused by a rule that never has room for it (no
+            # retry_after: a reserve keeps every slot from this priority): deferring that
+            # would wait forever.
             outcomes["capped"] += 1
     follow_ups: list[tuple[list[dict[str, Any]], float, int]] = []
     if run.retry:  # transient failures: backoff, and an attempt spent
@@ -254,7 +268,7 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease) -> dict[str, int]
         follow_ups.append((unavailable, float(REDIS_DOWN_DELAY), chunk.attempts + 1))
     if capped:  # waiting for a slot is not a failure: no attempt spent
         follow_ups.append(([r for r, _ in capped], max(d for _, d in capped), chunk.attempts))
-    _settle(chunk, decisions, outcomes, follow_ups)
+    _settle(chunk, decisions, outcomes, follow_ups, clock or timezone.now())
     return dict(outcomes)
 
 
@@ -280,11 +294,11 @@ def _settle(
     decisions: list[Any],
     outcomes: Counter[str],
     follow_ups: list[tuple[list[dict[str, Any]], float, int]],
+    now: Any,
 ) -> None:
-    """Record the chunk's results on the job and store its follow-up chunks (recipients, delay,
-    attempts), in one transaction. Follow-ups wait in the database, not in the broker:
-    `send_chunks_due` queues each when its `not_before` comes."""
-    now = timezone.now()
+    """Record the chunk's results on the job and store its follow-up chunks (recipients, delay
+    from `now`, attempts), in one transaction. Follow-ups wait in the database, not in the
+    broker: `send_chunks_due` queues each when its `not_before` comes."""
     with transaction.atomic():
         job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
         if not _still_queued(chunk.pk):

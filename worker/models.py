@@ -1,7 +1,9 @@
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from gatekeeper.lib.words import count
+from limits.policy import DEFAULT_PRIORITY, PRIORITIES
 
 MESSAGE_ID_MAX = 200  # characters; the gate's limit too
 # A send job's campaign leaves room in a message id for ":" and a 20-digit user id: the default
@@ -46,6 +48,15 @@ class SendJob(models.Model):
     campaign = models.CharField(max_length=200)
     template = models.CharField(max_length=100)
     category = models.CharField(max_length=16, default="marketing")
+    tags = models.JSONField(
+        default=list, blank=True, help_text="The sends' tags, which tag rules count."
+    )
+    priority = models.PositiveSmallIntegerField(
+        default=DEFAULT_PRIORITY,
+        validators=[MinValueValidator(PRIORITIES[0]), MaxValueValidator(PRIORITIES[1])],
+        help_text=f"{PRIORITIES[0]} to {PRIORITIES[1]}, higher is more important; only a rule's "
+        "reserve reads it.",
+    )
     on_capped = models.CharField(max_length=8, choices=OnCapped.choices, default=OnCapped.DROP)
     on_invalid = models.CharField(max_length=8, choices=OnInvalid.choices, default=OnInvalid.REJECT)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
@@ -99,7 +110,9 @@ class SendChunk(models.Model):
         FAILED = "failed"
 
     job = models.ForeignKey(SendJob, on_delete=models.CASCADE, related_name="chunks")
-    recipients = models.JSONField(help_text="[{user_id, address, message_id, context}]")
+    recipients = models.JSONField(
+        help_text="[{user_id, address, message_id, context, time_zone (when given)}]"
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     attempts = models.PositiveSmallIntegerField(default=0)
     not_before = models.DateTimeField(null=True, blank=True, help_text="Deferred until then.")

@@ -14,9 +14,12 @@ from django.utils import timezone
 
 from gatekeeper.lib.bodies import json_value_problem
 from gatekeeper.lib.ids import max_user_id, user_id_from_json
+from gatekeeper.lib.zones import UnknownTimeZone, zone
 from limits.channels import validate_channel
 from limits.limiter import get_limiter
 from limits.models import QuotaReset
+from limits.policy import DEFAULT_PRIORITY, PRIORITIES
+from limits.rules import tags_problem
 from worker import tasks
 from worker.dispatchers import (
     TEMPLATE_NAME_RE,
@@ -42,15 +45,20 @@ def send_job_create(
     category: str = MARKETING,
     on_capped: str = SendJob.OnCapped.DROP,
     on_invalid: str = SendJob.OnInvalid.REJECT,
+    tags: Iterable[str] = (),
+    priority: int = DEFAULT_PRIORITY,
     user: Any = None,
     queue: bool = True,
 ) -> SendJob:
     """Validate a campaign's recipients, store them in chunks and queue one task per chunk.
 
+    Every send of the job carries `tags` (tag rules count them) and `priority` (a rule's
+    reserve reads it); a recipient may name its `time_zone`, which decides its calendar days.
     Raises ValidationError naming the field, or the recipient row (`recipients[3].address`).
     A bad row (not a user id, an address the channel cannot send to, a message id used twice,
-    a context that cannot be stored) refuses the whole job with `on_invalid="reject"`; with
-    "skip" it is counted as `invalid`, its reason kept on the job, and the rest goes out.
+    a context that cannot be stored, an unknown time zone) refuses the whole job with
+    `on_invalid="reject"`; with "skip" it is counted as `invalid`, its reason kept on the job,
+    and the rest goes out.
     """
     try:
         validate_channel(channel)
@@ -69,6 +77,15 @@ def send_job_create(
             {
                 "campaign": f"Name the campaign in at most {CAMPAIGN_MAX} characters (it starts "
                 "the default message ids, <campaign>:<user_id>)."
+            }
+        )
+    job_tags = _tags_checked(tags)
+    low, high = PRIORITIES
+    if type(priority) is not int or not low <= priority <= high:  # a bool is no priority
+        raise ValidationError(
+            {
+                "priority": f"From {low} to {high}, higher is more important (default "
+                f"{DEFAULT_PRIORITY}); {str(priority)[:20]!r} is not."
             }
         )
     if not isinstance(template, str) or not TEMPLATE_NAME_RE.fullmatch(template):
@@ -96,6 +113,8 @@ def send_job_create(
             campaign=campaign,
             template=template,
             category=category,
+            tags=list(job_tags),
+            priority=priority,
             on_capped=on_capped,
             on_invalid=on_invalid,
             total=len(rows) + len(invalid) + repeats,
@@ -117,6 +136,17 @@ def send_job_create(
             # an error after the job was stored.
             transaction.on_commit(lambda: tasks.send_chunks(ids), robust=True)
     return job
+
+
+def _tags_checked(tags: Iterable[str]) -> tuple[str, ...]:
+    """The job's tags by limits.rules.tags_problem; a ValidationError naming `tags` otherwise."""
+    if isinstance(tags, str):
+        raise ValidationError({"tags": "A list of tags, not one string."})
+    given = tuple(tags)
+    problem = tags_problem(given)
+    if problem is not None:
+        raise ValidationError({"tags": problem[1]})
+    return given
 
 
 def _rows(
@@ -188,7 +218,23 @@ def _recipient(
     problem = json_value_problem(context, max_depth=CONTEXT_DEPTH)
     if problem:
         raise _RowError("context", problem)
-    return {"user_id": user_id, "address": address, "message_id": message_id, "context": context}
+    recipient = {
+        "user_id": user_id,
+        "address": address,
+        "message_id": message_id,
+        "context": context,
+    }
+    time_zone = row.get("time_zone")
+    if time_zone is not None:
+        # Kept only when given: most rows have none, and chunks stay small without it.
+        if not isinstance(time_zone, str):
+            raise _RowError("time_zone", "An IANA time zone name, such as Europe/Paris.")
+        try:
+            zone(time_zone)
+        except UnknownTimeZone as exc:
+            raise _RowError("time_zone", str(exc)) from None
+        recipient["time_zone"] = time_zone
+    return recipient
 
 
 def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:

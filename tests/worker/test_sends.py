@@ -5,7 +5,7 @@ import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -15,6 +15,8 @@ from django.test import TestCase
 from django.utils import timezone
 
 from limits.limiter import get_limiter
+from limits.rules import RuleFields
+from limits.services import rule_create
 from tests import broker
 from tests.redis_servers import free_port
 from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run
@@ -127,9 +129,9 @@ def make_job(*user_ids: int, channel: str = "email", campaign: str = "c", **opti
     )
 
 
-def run_all(job: SendJob) -> None:
+def run_all(job: SendJob, now: datetime | None = None) -> None:
     for chunk in SendChunk.objects.filter(job=job, status=SendChunk.Status.QUEUED).order_by("pk"):
-        send_chunk_run(chunk_id=chunk.pk)
+        send_chunk_run(chunk_id=chunk.pk, now=now)
 
 
 def test_a_job_sends_the_admitted_and_counts_every_reason(campaign, smtp, settings):
@@ -280,6 +282,23 @@ def test_redis_down_defers_the_sends_instead_of_dropping_them(campaign, smtp, se
         (
             {"recipients": [{"user_id": "12\n", "address": "a@example.com"}]},
             "recipients[0].user_id",
+        ),
+        ({"tags": ["Promo"]}, "tags"),
+        ({"tags": ["promo", "promo"]}, "tags"),
+        ({"tags": [f"t{i}" for i in range(9)]}, "tags"),
+        ({"tags": "promo"}, "tags"),
+        ({"tags": [7]}, "tags"),
+        ({"tags": ["promo\n"]}, "tags"),
+        ({"priority": 10}, "priority"),
+        ({"priority": -1}, "priority"),
+        ({"priority": True}, "priority"),
+        ({"priority": "5"}, "priority"),
+        *(
+            (
+                {"recipients": [{"user_id": 1, "address": "a@example.com", "time_zone": zone}]},
+                "recipients[0].time_zone",
+            )
+            for zone in ("Mars/Olympus_Mons", "", "Europe/Paris ", "/etc/localtime", 1, ["UTC"])
         ),
     ],
 )
@@ -613,3 +632,223 @@ def test_the_same_user_listed_twice_gets_one_send_and_the_repeat_is_a_duplicate(
     job.refresh_from_db()
     assert (job.sent, job.duplicate, job.pending, job.status) == (2, 1, 0, "done")
     assert smtp.per_recipient() == {"u1@example.com": 1, "u9@example.com": 1}
+
+
+# --- tags, priority and time zones --------------------------------------------------------
+
+# A fixed instant, so that calendar days and rolling windows fall the same way on every run.
+NOON = datetime(2026, 1, 15, 12, 0, tzinfo=UTC)
+
+
+def make_rule(name: str, **values):
+    fields = {
+        "segment": None, "channel": "email", "match": "any", "tag": "", "window_kind": "rolling",
+        "window_seconds": 86_400, "window_unit": "", "limit": 1, "reserve_below_priority": None,
+        "reserve_slots": None,
+    }  # fmt: skip
+    return rule_create(fields=RuleFields(name=name, **{**fields, **values}), via="command")
+
+
+@pytest.fixture
+def uncapped(published):
+    """A snapshot whose segments have no classic caps: only the tests' rules decide."""
+    published(vip=(10, [1, 2], {}))
+
+
+def test_a_tagged_job_is_refused_by_its_tag_rule_once_the_limit_is_used(uncapped, smtp):
+    make_rule("1 promo a day", match="tag", tag="promo")
+    first = make_job(9, campaign="spring", tags=["promo", "sale"])
+    run_all(first, now=NOON)
+    second = make_job(9, campaign="summer", tags=["sale", "promo"])
+    run_all(second, now=NOON + timedelta(hours=1))
+    untagged = make_job(9, campaign="news")
+    run_all(untagged, now=NOON + timedelta(hours=2))
+    for job in (first, second, untagged):
+        job.refresh_from_db()
+    assert (first.tags, first.reasons, first.sent) == (["promo", "sale"], {"allowed": 1}, 1)
+    assert (second.reasons, second.capped, second.status) == ({"daily_cap": 1}, 1, "done")
+    assert (untagged.reasons, untagged.sent) == ({"allowed": 1}, 1)  # the rule counts promo only
+    assert smtp.per_recipient() == {"u9@example.com": 2}
+    # The log keeps each send's tags (hashed): the tag rule counts them later.
+    assert [len(entry.tags) for entry in get_limiter().entries(9)] == [2, 0]
+
+
+def test_a_reserve_keeps_its_slot_from_low_priority_jobs_for_a_high_priority_one(uncapped, smtp):
+    make_rule("2 a day, 1 kept for 7+", limit=2, reserve_below_priority=7, reserve_slots=1)
+    outcomes = []
+    for hour, (campaign, priority) in enumerate(
+        [("digest", 3), ("digest-2", 3), ("outage", 8), ("outage-2", 8)]
+    ):
+        job = make_job(9, campaign=campaign, priority=priority)
+        run_all(job, now=NOON + timedelta(hours=hour))
+        job.refresh_from_db()
+        outcomes.append((job.priority, job.reasons))
+    assert outcomes == [
+        (3, {"allowed": 1}),  # the one slot a low priority may use
+        (3, {"daily_cap": 1}),  # the rule has room, but only in its reserve
+        (8, {"allowed": 1}),  # the reserved slot
+        (8, {"daily_cap": 1}),  # the rule's limit
+    ]
+    assert smtp.per_recipient() == {"u9@example.com": 2}
+
+
+def test_a_recipients_time_zone_decides_which_calendar_day_a_send_falls_on(uncapped, smtp):
+    make_rule("1 a calendar day", window_kind="calendar", window_seconds=None, window_unit="day")
+
+    def job(campaign: str) -> SendJob:
+        # The same send to three users; only their time zones differ (the third has none:
+        # its segment's, else GATEKEEPER_DEFAULT_TIME_ZONE, UTC).
+        return send_job_create(
+            channel="email",
+            campaign=campaign,
+            template="welcome",
+            recipients=[
+                {"user_id": 7, "address": "tokyo@example.com", "time_zone": "Asia/Tokyo"},
+                {"user_id": 8, "address": "ny@example.com", "time_zone": "America/New_York"},
+                {"user_id": 9, "address": "utc@example.com"},
+            ],
+            queue=False,
+        )
+
+    first = job("morning")
+    assert [r.get("time_zone") for r in first.chunks.get().recipients] == [
+        "Asia/Tokyo",
+        "America/New_York",
+        None,  # left out of the stored row
+    ]
+    run_all(first, now=NOON)  # 21:00 in Tokyo, 07:00 in New York, noon in UTC
+    # Four hours later it is 01:00 the next day in Tokyo, 11:00 the same day in New York.
+    second = job("afternoon")
+    run_all(second, now=NOON + timedelta(hours=4))
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.reasons == {"allowed": 3}
+    assert (second.reasons, second.sent, second.capped) == ({"allowed": 1, "daily_cap": 2}, 1, 2)
+    assert smtp.per_recipient() == {
+        "tokyo@example.com": 2,
+        "ny@example.com": 1,
+        "utc@example.com": 1,
+    }
+
+
+def test_a_job_refused_by_a_rule_that_is_neither_a_day_nor_a_week_waits_for_its_slot(
+    uncapped, smtp
+):
+    make_rule("4 hours apart", window_seconds=4 * 3_600)
+    run_all(make_job(9, campaign="first"), now=NOON)
+    job = make_job(9, campaign="second", on_capped="defer")
+    run_all(job, now=NOON + timedelta(hours=1))
+    job.refresh_from_db()
+    assert (job.reasons, job.capped, job.pending) == ({"cap": 1}, 0, 1)
+    deferred = SendChunk.objects.get(job=job, status=SendChunk.Status.QUEUED)
+    # Until the first send is four hours old, counted from the run's clock.
+    assert deferred.not_before == NOON + timedelta(hours=4)
+    assert deferred.attempts == 0
+    assert chunks_due(now=NOON + timedelta(hours=4)) == [deferred.pk]
+    send_chunk_run(chunk_id=deferred.pk, now=deferred.not_before)
+    job.refresh_from_db()
+    assert (job.reasons, job.sent, job.status) == ({"cap": 1, "allowed": 1}, 1, "done")
+    assert smtp.per_recipient() == {"u9@example.com": 2}
+
+
+def test_a_refusal_that_can_never_have_room_is_capped_not_deferred(uncapped, smtp):
+    # The whole limit is kept for priority 7 and above: a priority-3 send never fits.
+    make_rule("kept for alerts", limit=2, reserve_below_priority=7, reserve_slots=2)
+    job = make_job(9, campaign="digest", priority=3, on_capped="defer")
+    run_all(job, now=NOON)
+    job.refresh_from_db()
+    assert (job.reasons, job.capped, job.pending, job.status) == ({"daily_cap": 1}, 1, 0, "done")
+    assert not SendChunk.objects.filter(job=job, status=SendChunk.Status.QUEUED).exists()
+    assert smtp.messages == []
+
+
+def test_rows_with_unknown_time_zones_are_skipped_when_the_job_says_so(uncapped, smtp):
+    job = send_job_create(
+        channel="email",
+        campaign="zones",
+        template="welcome",
+        recipients=[
+            {"user_id": 7, "address": "a@example.com", "time_zone": "Europe/Paris"},
+            {"user_id": 8, "address": "b@example.com", "time_zone": "Europe/Atlantis"},
+            {"user_id": 9, "address": "c@example.com"},
+        ],
+        on_invalid="skip",
+        queue=False,
+    )
+    assert (job.total, job.invalid, job.pending) == (3, 1, 2)
+    assert job.invalid_rows == [
+        {
+            "row": 1,
+            "field": "time_zone",
+            "message": "Unknown time zone 'Europe/Atlantis'. Use an IANA name such as "
+            "Europe/Paris.",
+        }
+    ]
+    assert [r["user_id"] for r in job.chunks.get().recipients] == [7, 9]
+    run_all(job, now=NOON)
+    job.refresh_from_db()
+    assert (job.sent, job.invalid, job.status) == (2, 1, "done")
+
+
+def test_send_campaign_takes_tags_priority_and_a_time_zone_column(uncapped, smtp, tmp_path):
+    import io
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    make_rule("1 promo a day", match="tag", tag="promo")
+    csv_file = tmp_path / "recipients.csv"
+    # The header names the columns, in any order; an empty time zone cell is none.
+    csv_file.write_text(
+        "time_zone,address,user_id\nAsia/Tokyo,seven@example.com,7\n,nine@example.com,9\n"
+    )
+    options = ("--channel", "email", "--template", "offer", "--recipients", str(csv_file))
+    out = io.StringIO()
+    call_command(
+        "send_campaign", *options, "--tags", "promo, sale", "--priority", "8", "--wait", stdout=out
+    )
+    job = SendJob.objects.get()
+    assert (job.tags, job.priority, job.sent) == (["promo", "sale"], 8, 2)
+    assert [r.get("time_zone") for r in job.chunks.get().recipients] == ["Asia/Tokyo", None]
+    # Another promo the same day: the tag rule refuses both.
+    out = io.StringIO()
+    call_command(
+        "send_campaign", *options, "--campaign", "again", "--tags", "promo", "--wait", stdout=out
+    )
+    assert "daily_cap" in out.getvalue()
+    assert SendJob.objects.get(campaign="again").capped == 2
+    assert smtp.per_recipient() == {"seven@example.com": 1, "nine@example.com": 1}
+
+    for extra, rows, problem in (
+        (("--tags", "Promo"), None, "--tags: 'Promo' is not a tag"),
+        (("--tags", ",".join(f"t{i}" for i in range(9))), None, "--tags: At most 8 tags"),
+        (("--priority", "10"), None, "--priority: at most 9"),
+        (("--priority", "high"), None, "--priority: 'high' is not a whole number"),
+        (
+            (),
+            "user_id,address,time_zone\n7,a@example.com,Asia/Tokyo\n8,b@example.com,Asia/Tokio\n",
+            "line 3 \\(time_zone\\): Unknown time zone 'Asia/Tokio'",
+        ),
+        ((), "user_id,address,timezone\n7,a@example.com,UTC\n", "unknown column 'timezone'"),
+        ((), "user_id,time_zone\n7,UTC\n", "no address column"),
+        ((), "user_id,address,time_zone\n7,a@example.com\n", "line 2: expected user_id,address"),
+    ):
+        bad = csv_file
+        if rows is not None:
+            bad = tmp_path / "bad.csv"
+            bad.write_text(rows)
+        bad_options = ("--channel", "email", "--template", "offer", "--recipients", str(bad))
+        with pytest.raises(CommandError, match=problem):
+            call_command("send_campaign", *bad_options, *extra)
+    assert SendJob.objects.count() == 2  # nothing was queued by the bad ones
+
+
+def test_the_send_job_admin_shows_tags_and_priority(uncapped, admin_client):
+    from django.urls import reverse
+
+    job = make_job(9, campaign="spring", tags=["promo", "sale"], priority=8)
+    listing = admin_client.get(reverse("admin:worker_sendjob_changelist")).content.decode()
+    assert '<td class="field-tags_shown">promo, sale</td>' in listing
+    assert '<td class="field-priority">8</td>' in listing
+    page = admin_client.get(reverse("admin:worker_sendjob_change", args=[job.pk]))
+    assert "promo" in page.content.decode() and page.status_code == 200

@@ -8,16 +8,22 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
+from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from gatekeeper.lib.words import count
+from limits.policy import DEFAULT_PRIORITY, PRIORITIES
 from worker.chunks import ChunkBusy, send_chunk_run
 from worker.models import SendChunk, SendJob
 from worker.services import send_job_create
 
+COLUMNS = ("user_id", "address", "message_id", "time_zone")
+POSITIONAL = ("user_id", "address", "message_id")  # a file without a header line
+
 
 class Command(BaseCommand):
     help = (
-        "Send a campaign to the recipients in a CSV file (user_id,address[,message_id], an "
-        "optional header line). Queues it for the worker, or with --wait sends it here."
+        "Send a campaign to the recipients in a CSV file: user_id,address[,message_id], or the "
+        "columns a header line names (user_id, address, message_id, time_zone, in any order). "
+        "Queues it for the worker, or with --wait sends it here."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -27,6 +33,17 @@ class Command(BaseCommand):
         parser.add_argument("--campaign", help="campaign name (default: the template's name)")
         parser.add_argument(
             "--category", default="marketing", choices=["marketing", "transactional"]
+        )
+        parser.add_argument(
+            "--tags",
+            default="",
+            help="the sends' tags, comma separated (tag rules count them)",
+        )
+        parser.add_argument(
+            "--priority",
+            default=str(DEFAULT_PRIORITY),
+            help=f"{PRIORITIES[0]} to {PRIORITIES[1]}, higher is more important (default "
+            f"{DEFAULT_PRIORITY}); only a rule's reserve reads it",
         )
         parser.add_argument("--on-capped", default="drop", choices=["drop", "defer"])
         parser.add_argument(
@@ -39,14 +56,23 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         campaign = options["campaign"] or options["template"]
+        try:
+            priority = whole_number(
+                options["priority"], maximum=PRIORITIES[1], minimum=PRIORITIES[0], what="--priority"
+            )
+        except NotAWholeNumber as exc:
+            raise CommandError(f"Nothing was sent. {exc}") from None
+        tags = [tag.strip() for tag in options["tags"].split(",") if tag.strip()]
         self._lines: list[int] = []  # the file line of each recipient, for error messages
-        rows = list(self._read(options["recipients"], campaign))
+        rows = list(self._read(options["recipients"]))
         try:
             job = send_job_create(
                 channel=options["channel"],
                 campaign=campaign,
                 template=options["template"],
                 category=options["category"],
+                tags=tags,
+                priority=priority,
                 on_capped=options["on_capped"],
                 on_invalid=options["on_invalid"],
                 recipients=rows,
@@ -74,28 +100,68 @@ class Command(BaseCommand):
         job.refresh_from_db()
         self._summary(job)
 
-    def _read(self, path: str, campaign: str) -> Any:
-        """Rows as the service takes them. The user id is left as the file wrote it: the
-        service applies the one rule for ids (and names the row) like for any caller."""
+    def _read(self, path: str) -> Any:
+        """Rows as the service takes them. Values are left as the file wrote them: the service
+        applies the one rule for ids, addresses and time zones (and names the row) like for any
+        caller. An empty message id or time zone cell is no value."""
+        columns: tuple[str, ...] = POSITIONAL
         try:
             with open(path, newline="", encoding="utf-8") as handle:
                 for line_no, row in enumerate(csv.reader(handle), start=1):
-                    first = row[0].strip() if row else ""
-                    if not row or (line_no == 1 and not (first.isascii() and first.isdigit())):
-                        continue  # blank lines, and a header line
-                    if len(row) < 2:
+                    if not row or not any(cell.strip() for cell in row):
+                        continue
+                    first = row[0].strip()
+                    if line_no == 1 and not (first.isascii() and first.isdigit()):
+                        columns = self._header(path, row)
+                        continue
+                    if columns is POSITIONAL and len(row) < 2:
                         raise CommandError(
                             f"{path} line {line_no}: expected user_id,address[,message_id], "
                             f"got {row!r}."
                         )
-                    message_id = row[2].strip() if len(row) > 2 and row[2].strip() else None
+                    if columns is not POSITIONAL and len(row) != len(columns):
+                        raise CommandError(
+                            f"{path} line {line_no}: expected {','.join(columns)} (as the "
+                            f"header says), got {row!r}."
+                        )
+                    values = dict(zip(columns, (cell.strip() for cell in row), strict=False))
+                    recipient: dict[str, Any] = {
+                        "user_id": values["user_id"],
+                        "address": values["address"],
+                        "message_id": values.get("message_id") or None,
+                    }
+                    if values.get("time_zone"):
+                        recipient["time_zone"] = values["time_zone"]
                     self._lines.append(line_no)
-                    yield {"user_id": row[0], "address": row[1].strip(), "message_id": message_id}
+                    yield recipient
         except (OSError, UnicodeDecodeError, csv.Error) as exc:
             raise CommandError(f"Cannot read {path}: {exc}") from exc
 
+    @staticmethod
+    def _header(path: str, row: list[str]) -> tuple[str, ...]:
+        """The columns a header line names; every name known, user_id and address present."""
+        names = tuple(cell.strip().lower() for cell in row)
+        unknown = [name for name in names if name not in COLUMNS]
+        repeated = [name for name in names if names.count(name) > 1]
+        missing = [name for name in ("user_id", "address") if name not in names]
+        if unknown:
+            problem = f"unknown column '{unknown[0][:40]}'"
+        elif repeated:
+            problem = f"the column {repeated[0]} is named twice"
+        elif missing:
+            problem = f"no {missing[0]} column"
+        else:
+            return names
+        raise CommandError(
+            f"{path} line 1 (the header): {problem}. Columns: {', '.join(COLUMNS)} "
+            "(user_id and address required, in any order)."
+        )
+
     def _where(self, path: str, field: str) -> str:
-        """`recipients[3].address` as the file's line: `recipients.csv line 5 (address)`."""
+        """`recipients[3].address` as the file's line: `recipients.csv line 5 (address)`;
+        the job's fields as the options that set them (`--tags`)."""
+        if field in ("tags", "priority", "channel", "template", "campaign"):
+            return f"--{field}"
         if field.startswith("recipients["):
             index, _, rest = field[len("recipients[") :].partition("]")
             if index.isdigit() and int(index) < len(self._lines):
