@@ -1,20 +1,28 @@
-"""The limits app's console page: a segment's cap grid (channels and `all` x daily / weekly),
-with plain-language readings and the history, saved through `limits.services.cap_grid_save`."""
+"""The limits app's console pages: a segment's cap grid (channels and `all` x daily / weekly),
+with plain-language readings and the history, saved through `limits.services.cap_grid_save`;
+and the index's link to the cap rules (their pages are limits.admin's `RuleAdmin`)."""
 
 from django.contrib import messages
 from django.contrib.admin import AdminSite
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
-from django.urls import URLPattern
+from django.urls import URLPattern, reverse
 
 from gatekeeper.lib.console import ConsoleLink, page, render, require
 from limits.channels import scope_label, scopes
-from limits.models import Cap, CapChange
+from limits.models import Cap, CapChange, Rule
 from limits.services import cap_describe, cap_from_text, cap_grid_save, cap_text, cap_warnings
 from segments.models import Segment
 
-LINKS: list[ConsoleLink] = []  # the grid is reached from each segment
+LINKS = [
+    ConsoleLink(
+        "Cap rules",
+        "limits_rule_changelist",
+        "limits.view_rule",
+        "Every rule in plain words, and the ones that never decide.",
+    ),
+]  # the grid is reached from each segment
 
 
 def urls(site: AdminSite) -> list[URLPattern]:
@@ -95,4 +103,7 @@ def cap_grid(request: HttpRequest, *, site: AdminSite, segment_id: int) -> HttpR
         can_edit=can_edit,
         history=history[:25],
         segments=Segment.objects.order_by("priority"),
+        rules=Rule.objects.filter(segment=segment, cap__isnull=True).count(),
+        rules_url=f"{reverse('admin:limits_rule_changelist')}?segment__id__exact={segment.pk}",
+        can_see_rules=request.user.has_perm("limits.view_rule"),
     )

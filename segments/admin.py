@@ -7,10 +7,11 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from gatekeeper.lib.integers import DIGITS, INT32_MAX, WholeNumberField
 from gatekeeper.lib.words import count
+from gatekeeper.lib.zones import zone_names
 from segments.index import get_index
 from segments.models import Build, Segment, UserList
 from segments.parsing import UserListError
@@ -58,6 +59,18 @@ class UserListInline(admin.TabularInline):
         return False if obj is None else super().has_change_permission(request, obj)
 
 
+class TimeZoneInput(forms.TextInput):
+    """A text box that suggests the known IANA zones as one types ("Europe/Pa...")."""
+
+    def __init__(self) -> None:
+        super().__init__(attrs={"list": "time-zones", "size": 32, "autocomplete": "off"})
+
+    def render(self, name: str, value: Any, attrs: Any = None, renderer: Any = None) -> Any:
+        options = format_html_join("", '<option value="{}">', ((z,) for z in zone_names()))
+        box = super().render(name, value, attrs, renderer)
+        return box + format_html('<datalist id="time-zones">{}</datalist>', options)
+
+
 @admin.register(Segment)
 class SegmentAdmin(admin.ModelAdmin):
     list_display = [
@@ -69,6 +82,7 @@ class SegmentAdmin(admin.ModelAdmin):
         "caps_link",
         "last_list",
         "last_build",
+        "zone",
         "is_default",
     ]
     list_editable = ["priority"]
@@ -94,7 +108,19 @@ class SegmentAdmin(admin.ModelAdmin):
                 help_text=db_field.help_text,
                 widget=forms.TextInput(attrs={"inputmode": "numeric", "size": 8}),
             )
+        if db_field.name == "time_zone":
+            # The model's validator is the one rule for a zone (gatekeeper.lib.zones).
+            kwargs["widget"] = TimeZoneInput()
+            kwargs["help_text"] = (
+                "Its users' IANA time zone, such as Europe/Paris, when a send names none: "
+                "calendar windows (a day, a week, a month) start at their local midnight. Empty: "
+                f"the setting GATEKEEPER_DEFAULT_TIME_ZONE ({settings.GATEKEEPER_DEFAULT_TIME_ZONE})."
+            )
         return super().formfield_for_dbfield(db_field, request, **kwargs)
+
+    @admin.display(description="time zone")
+    def zone(self, segment: Segment) -> str:
+        return segment.time_zone or f"default ({settings.GATEKEEPER_DEFAULT_TIME_ZONE})"
 
     @admin.display(description="users in the live snapshot")
     def users_in_snapshot(self, segment: Segment) -> str:
@@ -137,6 +163,9 @@ class SegmentAdmin(admin.ModelAdmin):
         context = {**(extra_context or {})}
         if object_id and DIGITS.fullmatch(object_id):
             context["caps_url"] = reverse("admin:cap_grid", args=[int(object_id)])
+            if request.user.has_perm("limits.view_rule"):
+                rules = reverse("admin:limits_rule_changelist")
+                context["rules_url"] = f"{rules}?segment__id__exact={object_id}"
         return super().change_view(request, object_id, form_url, context)
 
     @admin.display(description="share of listed users")

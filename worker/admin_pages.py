@@ -1,5 +1,6 @@
-"""The gate's console pages: the dashboard, a user's lookup and the audited quota reset, and
-the what-if of a draft change of caps."""
+"""The gate's console pages: the dashboard, a user's lookup (classic caps, every rule's
+figures, recent sends) and the audited quota reset, and the what-if of a draft change of caps
+for one more send of a campaign, tags and priority."""
 
 import datetime as dt
 import time
@@ -15,14 +16,18 @@ from django.urls import URLPattern, reverse
 from gatekeeper.lib.console import ConsoleLink, ago, page, render, require
 from gatekeeper.lib.ids import max_user_id
 from gatekeeper.lib.integers import WholeNumberField
+from gatekeeper.lib.zones import UnknownTimeZone, zone
 from limits.channels import channels, scope_label, scopes
 from limits.models import Cap
+from limits.policy import DEFAULT_PRIORITY, PRIORITIES
+from limits.rules import TAGS_MAX, tags_problem
 from limits.services import cap_from_text, cap_text
 from segments.index import get_index, index_status
 from segments.models import Segment
 from segments.selectors import snapshot_live_version
 from segments.store import StoreError
 from worker import stats as decision_stats
+from worker.models import CAMPAIGN_MAX
 from worker.processes import processes_list
 from worker.selectors import (
     WHAT_IF_LIMIT,
@@ -36,6 +41,8 @@ from worker.selectors import (
     what_if_segment_audience,
 )
 from worker.services import quota_reset as quota_reset_service
+
+# As many tags as a gate call may carry.
 
 LINKS = [
     ConsoleLink(
@@ -95,11 +102,43 @@ class WhatIfAudienceForm(forms.Form):
         required=False, help_text="Or a user-list file: one id a line, text or .gz."
     )
     channel = forms.ChoiceField(required=False, help_text="Empty: every channel.")
+    campaign = forms.CharField(
+        required=False,
+        max_length=CAMPAIGN_MAX,
+        help_text="The send's campaign, for rules that count each campaign on its own.",
+    )
+    tags = forms.CharField(
+        required=False,
+        help_text=f"The send's tags, comma separated (up to {TAGS_MAX}), for rules that count "
+        "a tag: promo, newsletter.",
+    )
+    priority = WholeNumberField(
+        maximum=PRIORITIES[1],
+        minimum=PRIORITIES[0],
+        what="Priority",
+        required=False,
+        initial=DEFAULT_PRIORITY,
+        help_text=f"0 to 9 ({DEFAULT_PRIORITY} unless a campaign says otherwise); only rules "
+        "that keep slots for important sends look at it.",
+        widget=forms.TextInput(attrs={"inputmode": "numeric", "size": 3}),
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         channel = self.fields["channel"]
         channel.choices = [("", "every channel"), *((c, c) for c in channels())]  # type: ignore[attr-defined]
+
+    def clean_tags(self) -> tuple[str, ...]:
+        typed = [t.strip() for t in self.cleaned_data.get("tags", "").split(",")]
+        tags = tuple(dict.fromkeys(t for t in typed if t))  # typed twice is meant once
+        problem = tags_problem(tags)
+        if problem is not None:
+            raise ValidationError(f"Tags: {problem[1]}")
+        return tags
+
+    def clean_priority(self) -> int:
+        priority = self.cleaned_data.get("priority")
+        return DEFAULT_PRIORITY if priority is None else priority
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -178,10 +217,37 @@ def _next_slot(usage: dict[str, Any], now: float) -> str:
     return f"in {ago(wait)} ({at:%Y-%m-%d %H:%M} UTC)"
 
 
+def _rule_next_slot(rule: dict[str, Any], now: float, time_zone: str) -> str:
+    """When a rule lets one more send through, in words (and in the user's own time)."""
+    if rule["limit"] == 0:
+        return "never: the limit is 0"
+    wait = rule["next_slot_in"]
+    if rule["remaining"] > 0 or wait is None or wait <= 0:
+        return "a slot is free now"
+    at = dt.datetime.fromtimestamp(now + wait, dt.UTC)
+    try:
+        local = f", {at.astimezone(zone(time_zone)):%H:%M} their time"
+    except UnknownTimeZone:
+        local = ""
+    return f"in {ago(wait)} ({at:%Y-%m-%d %H:%M} UTC{local})"
+
+
+def _user_zone(quota: dict[str, Any], now: float) -> dict[str, str]:
+    """The user's zone, where it comes from, and their local time now."""
+    name = quota["time_zone"]
+    own = Segment.objects.filter(slug=quota["segment"]).values_list("time_zone", flat=True).first()
+    source = "their segment's" if own else "the default (GATEKEEPER_DEFAULT_TIME_ZONE)"
+    try:
+        local = dt.datetime.fromtimestamp(now, zone(name))
+    except UnknownTimeZone:
+        return {"name": name, "source": source, "local": "unknown: the zone is not known here"}
+    return {"name": name, "source": source, "local": f"{local:%Y-%m-%d %H:%M} ({local:%Z})"}
+
+
 def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     require(request, "limits.view_cap")
     form = UserLookupForm(request.GET or None)
-    quota, sends, problem = None, [], ""
+    quota, sends, problem, user_zone = None, [], "", {}
     if form.is_valid():
         user_id = form.cleaned_data["user_id"]
         try:
@@ -191,9 +257,13 @@ def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
             problem = str(exc)
         else:
             now = time.time()
+            user_zone = _user_zone(quota, now)
             for scope, usage in quota["scopes"].items():
                 usage["label"] = scope_label(scope)
                 usage["next_slot_text"] = _next_slot(usage, now)
+            for rule in quota["rules"]:
+                rule["label"] = scope_label(rule["channel"])
+                rule["next_slot_text"] = _rule_next_slot(rule, now, quota["time_zone"])
             for send in sends:
                 send["when"] = dt.datetime.fromtimestamp(send["at"], dt.UTC)
                 send["ago"] = ago(now - send["at"])
@@ -204,9 +274,11 @@ def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         "Look up a user",
         form=form,
         quota=quota,
+        user_zone=user_zone,
         sends=sends,
         problem=problem,
         can_reset=request.user.has_perm("limits.reset_quota"),
+        can_see_rules=request.user.has_perm("limits.view_rule"),
     )
 
 
@@ -248,6 +320,15 @@ def quota_reset(request: HttpRequest, *, site: AdminSite, user_id: int) -> HttpR
 # --- what-if ---------------------------------------------------------------------------------
 
 
+def _send_words(data: dict[str, Any]) -> str:
+    """The send a what-if tries: "of campaign 'spring', tagged promo, at priority 5"."""
+    words = [f"of campaign '{data['campaign']}'"] if data["campaign"] else ["of no campaign"]
+    if data["tags"]:
+        words.append(f"tagged {', '.join(data['tags'])}")
+    words.append(f"at priority {data['priority']}")
+    return ", ".join(words)
+
+
 def what_if_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     require(request, "limits.view_cap")
     segments = list(Segment.objects.order_by("priority"))
@@ -281,7 +362,7 @@ def what_if_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
                 {"scope": scope, "names": names, "values": shown, "changed": shown != now_values}
             )
         grid.append({"segment": segment, "cells": cells})
-    result, problem = None, ""
+    result, problem, send_words = None, "", ""
     if posted and form.is_valid() and not errors:
         data = form.cleaned_data
         channel = data.get("channel") or None
@@ -295,10 +376,14 @@ def what_if_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
                 draft=draft_table(draft),
                 only_channels=[channel] if channel else None,
                 audience_size=size or None,
+                campaign=data["campaign"],
+                tags=data["tags"],
+                priority=data["priority"],
             )
         except Unavailable as exc:
             problem = str(exc)
         if result is not None:
+            send_words = _send_words(data)
             segment_names = {s.slug: s.name for s in segments}
             for line in result["rows"]:
                 line["name"] = segment_names.get(line["segment"], line["segment"])
@@ -314,6 +399,7 @@ def what_if_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         errors=errors,
         draft=draft,
         result=result,
+        send_words=send_words,
         problem=problem,
         limit=WHAT_IF_LIMIT,
     )

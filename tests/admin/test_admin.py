@@ -1,10 +1,14 @@
 """The admin pages through Django's test client."""
 
+import re
+
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from limits.models import Cap, CapChange
+from limits.models import Cap, CapChange, Rule, RuleChange
+from limits.rules import RuleFields
+from limits.services import cap_set, rule_create
 from segments.models import Build, Segment, UserList
 
 pytestmark = pytest.mark.django_db
@@ -19,7 +23,7 @@ def inline_data(segment, upload=None):
     data = {
         "name": segment.name, "slug": segment.slug, "priority": segment.priority, "description": "",
         "user_lists-TOTAL_FORMS": "1", "user_lists-INITIAL_FORMS": "0",
-        "user_lists-MIN_NUM_FORMS": "0", "user_lists-MAX_NUM_FORMS": "1000",
+        "user_lists-MIN_NUM_FORMS": "0", "user_lists-MAX_NUM_FORMS": "1000", "time_zone": "",
     }  # fmt: skip
     if upload is not None:
         data["user_lists-0-upload"] = upload
@@ -28,7 +32,15 @@ def inline_data(segment, upload=None):
 
 @pytest.mark.parametrize(
     "page",
-    ["segments_segment", "limits_cap", "limits_capchange", "segments_build", "worker_sendjob"],
+    [
+        "segments_segment",
+        "limits_cap",
+        "limits_capchange",
+        "limits_rule",
+        "limits_rulechange",
+        "segments_build",
+        "worker_sendjob",
+    ],
 )
 def test_every_list_page_loads(admin_client, vip, page):
     assert admin_client.get(reverse(f"admin:{page}_changelist")).status_code == 200
@@ -134,3 +146,238 @@ def test_searching_the_quota_resets_with_any_text_answers(admin_client):
     for text in ("abc", "\u0661\u0662", "12", "9" * 30):
         response = admin_client.get(reverse("admin:limits_quotareset_changelist"), {"q": text})
         assert response.status_code == 200, text
+
+
+# --- cap rules -------------------------------------------------------------------------------
+
+
+def rule_data(**changes):
+    """A rule's add/change form as a browser posts it: every field, these ones changed."""
+    data = {
+        "name": "1 promo a day", "enabled": "on", "segment": "", "channel": "email",
+        "match": "any", "tag": "", "window_kind": "rolling", "window_seconds": "24 hours",
+        "window_unit": "", "limit": "1", "reserve_below_priority": "", "reserve_slots": "",
+    }  # fmt: skip
+    data.update(changes)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def listed(response) -> list[str]:
+    """The rules a changelist shows, in order."""
+    return re.findall(
+        r'<th class="field-name"><a href="[^"]+">([^<]+)</a></th>', response.content.decode()
+    )
+
+
+def make_rule(name="rule", **values):
+    fields = {
+        "segment": None, "channel": "email", "match": "any", "tag": "", "window_kind": "rolling",
+        "window_seconds": 86_400, "window_unit": "", "limit": 3, "reserve_below_priority": None,
+        "reserve_slots": None,
+    }  # fmt: skip
+    return rule_create(fields=RuleFields(name=name, **{**fields, **values}), via="command")
+
+
+def test_a_rule_added_in_the_admin_reads_in_plain_words_and_is_recorded_with_who(
+    admin_client, admin_user
+):
+    gold = Segment.objects.create(slug="gold", name="Gold", priority=5)
+    response = admin_client.post(
+        reverse("admin:limits_rule_add"),
+        rule_data(
+            name="1 promo a day",
+            segment=str(gold.pk),
+            match="tag",
+            tag="promo",
+            window_kind="calendar",
+            window_seconds="",
+            window_unit="day",
+        ),
+        follow=True,
+    )
+    page = response.content.decode()
+    reading = "Gold users: at most 1 promo-tagged email per calendar day, in their own time zone"
+    assert f"It reads: {reading}." in page
+    rule = Rule.objects.get(name="1 promo a day")
+    assert (rule.segment, rule.match, rule.tag, rule.window_unit) == (gold, "tag", "promo", "day")
+    assert (rule.window_seconds, rule.created_by) == (None, admin_user)
+    (change,) = RuleChange.objects.filter(rule=rule)
+    assert (change.action, change.via, change.changed_by) == ("created", "admin", admin_user)
+    listing = admin_client.get(reverse("admin:limits_rule_changelist")).content.decode()
+    assert reading in listing
+
+
+def test_a_rolling_window_is_typed_in_words_or_seconds_and_shown_in_words(admin_client):
+    url = reverse("admin:limits_rule_add")
+    for typed, seconds in (
+        ("4 hours", 14_400),
+        ("1 day 12 h", 129_600),
+        (" 90 ", 90),
+        ("2W", 1_209_600),
+    ):
+        admin_client.post(url, rule_data(name=typed, window_seconds=typed))
+        assert Rule.objects.get(name=typed.strip()).window_seconds == seconds, typed
+    rule = Rule.objects.get(window_seconds=14_400)
+    form = admin_client.get(reverse("admin:limits_rule_change", args=[rule.pk])).content.decode()
+    assert 'name="window_seconds" value="4 hours"' in form
+    assert "at most 1 email in any 4 hours (at least 4 hours apart)" in form
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"limit": "-1"}, "Limit: &#x27;-1&#x27; is not a whole number (digits 0-9 only)."),
+        ({"limit": ""}, "This field is required."),
+        ({"window_seconds": "30 seconds"}, "From 60 (1 minute) to 7,776,000 (90 days); 30 is not."),
+        ({"window_seconds": "91 days"}, "From 60 (1 minute) to 7,776,000 (90 days)"),
+        ({"window_seconds": "4 parsecs"}, "&#x27;4 parsecs&#x27; is not a length of time"),
+        ({"window_seconds": "٤ hours"}, "is not a length of time"),
+        ({"window_seconds": "99999999999 days"}, "at most 2,147,483,647"),
+        ({"window_seconds": ""}, "A rolling window needs its length in seconds."),
+        ({"window_kind": "calendar", "window_unit": ""}, "Choose one of: day, week, month."),
+        ({"match": "tag"}, "A tag rule needs the tag it counts."),
+        ({"match": "tag", "tag": "Promo!"}, "&#x27;Promo!&#x27; is not a tag."),
+        ({"tag": "promo"}, "Only a tag rule counts a tag; this one counts every send."),
+        ({"reserve_slots": "1"}, "A reserve needs both below_priority and slots."),
+        (
+            {"reserve_below_priority": "7", "reserve_slots": "2"},
+            "2 slots kept out of a limit of 1: at most the limit.",
+        ),
+        ({"reserve_below_priority": "7", "reserve_slots": "0"}, "At least 1 slot, or no reserve."),
+        ({"name": "  "}, "This field is required."),
+        ({"channel": "fax"}, "Select a valid choice. fax is not one of the available choices."),
+    ],
+)
+def test_a_bad_rule_is_refused_naming_the_field_and_nothing_is_saved(
+    admin_client, changes, message
+):
+    response = admin_client.post(reverse("admin:limits_rule_add"), rule_data(**changes))
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not Rule.objects.exists() and not RuleChange.objects.exists()
+
+
+def test_a_rule_change_and_delete_go_through_the_services_and_show_in_its_history(
+    admin_client, admin_user
+):
+    rule = make_rule("3 a day")
+    url = reverse("admin:limits_rule_change", args=[rule.pk])
+    admin_client.post(url, rule_data(name="3 a day", limit="2", window_seconds="7 days"))
+    rule.refresh_from_db()
+    assert (rule.limit, rule.window_seconds, rule.changed_by) == (2, 604_800, admin_user)
+    change = RuleChange.objects.get(rule=rule, action="changed")
+    before, after = change.before or {}, change.after or {}
+    assert (before["limit"], after["limit"], change.via) == (3, 2, "admin")
+    page = admin_client.get(url).content.decode()
+    assert "window: rolling 24 hours → rolling 7 days; limit: 3 → 2" in page
+    assert "Created: Everyone: at most 3 emails in any 24 hours" in page
+    admin_client.post(reverse("admin:limits_rule_delete", args=[rule.pk]), {"post": "yes"})
+    assert not Rule.objects.exists()
+    deleted = RuleChange.objects.get(action="deleted")
+    assert (deleted.rule_name, deleted.changed_by, deleted.via) == ("3 a day", admin_user, "admin")
+    log = admin_client.get(reverse("admin:limits_rulechange_changelist")).content.decode()
+    assert "Deleted." in log and "limit: 3 → 2" in log
+
+
+def test_a_classic_caps_rule_is_read_only_links_to_its_grid_and_is_never_deleted(admin_client):
+    vip = Segment.objects.create(slug="vip", name="VIP", priority=10)
+    cap_set(segment=vip, channel="email", daily=2, weekly=5)
+    daily = Rule.objects.get(cap__isnull=False, window_seconds=86_400)
+    url = reverse("admin:limits_rule_change", args=[daily.pk])
+    page = admin_client.get(url).content.decode()
+    grid = reverse("admin:cap_grid", args=[vip.pk])
+    assert f'href="{grid}" class="cap-grid-link"' in page
+    assert 'name="_save"' not in page  # shown, not editable
+    assert admin_client.post(url, rule_data(limit="9")).status_code == 403
+    refused = admin_client.get(reverse("admin:limits_rule_delete", args=[daily.pk]), follow=True)
+    assert (
+        "cannot be deleted here. Empty its cell in the cap grid instead."
+        in refused.content.decode()
+    )
+    bulk = admin_client.post(
+        reverse("admin:limits_rule_changelist"),
+        {"action": "delete_selected", "_selected_action": [daily.pk], "post": "yes"},
+        follow=True,
+    )
+    assert "Nothing was deleted: VIP: daily cap on email is a classic cap." in bulk.content.decode()
+    daily.refresh_from_db()
+    assert daily.limit == 2
+    listing = admin_client.get(reverse("admin:limits_rule_changelist")).content.decode()
+    assert (
+        "classic cap: <a href" in listing
+        and "VIP users: at most 2 emails in any 24 hours" in listing
+    )
+
+
+def test_the_rules_page_shows_rules_that_never_decide_and_reserves_that_shut_sends_out(
+    admin_client,
+):
+    gold = Segment.objects.create(slug="gold", name="Gold", priority=5)
+    make_rule("Everyone 3 a day", limit=3)
+    loose = make_rule("Gold 5 a day", segment="gold", limit=5)
+    make_rule(
+        "Kept", segment="gold", channel="push", limit=2, reserve_below_priority=8, reserve_slots=2
+    )
+    off = make_rule("Off", segment="gold", limit=9, enabled=False)
+    page = admin_client.get(reverse("admin:limits_rule_changelist")).content.decode()
+    assert 'id="rule-findings"' in page
+    assert (
+        "Never decides: &#x27;Everyone 3 a day&#x27; always applies with it and is at least as strict"
+        in page
+    )
+    assert "The reserve keeps all 2 slots: sends below priority 8 are always refused." in page
+    assert "disabled: it decides nothing" in page
+    change = admin_client.get(reverse("admin:limits_rule_change", args=[loose.pk])).content.decode()
+    assert "Never decides: &#x27;Everyone 3 a day&#x27;" in change
+    # Filters: one segment's rules, the disabled ones, the classic caps' (none here).
+    url = reverse("admin:limits_rule_changelist")
+    assert listed(admin_client.get(url, {"segment__id__exact": gold.pk})) == [
+        "Gold 5 a day",
+        "Off",
+        "Kept",
+    ]  # by segment, then channel
+    assert listed(admin_client.get(url, {"enabled__exact": "0"})) == [off.name]
+    assert listed(admin_client.get(url, {"kind": "classic"})) == []
+    assert listed(admin_client.get(url, {"match__exact": "any", "channel": "push"})) == ["Kept"]
+
+
+def test_a_rule_saved_behind_a_stricter_one_is_flagged_at_once(admin_client):
+    make_rule("Everyone 3 a day", limit=3)
+    response = admin_client.post(
+        reverse("admin:limits_rule_add"), rule_data(name="5 a day", limit="5"), follow=True
+    )
+    assert "Never decides: &#x27;Everyone 3 a day&#x27;" in response.content.decode()
+
+
+def test_enable_and_disable_go_through_the_service_and_leave_classic_caps_alone(admin_client):
+    vip = Segment.objects.create(slug="vip", name="VIP", priority=10)
+    cap_set(segment=vip, channel="email", daily=2, weekly=None)
+    rule = make_rule("mine")
+    classic = Rule.objects.get(cap__isnull=False)
+    response = admin_client.post(
+        reverse("admin:limits_rule_changelist"),
+        {"action": "disable_rules", "_selected_action": [rule.pk, classic.pk]},
+        follow=True,
+    )
+    page = response.content.decode()
+    assert "Disabled 1 rule." in page and "Left alone (classic caps change in the cap grid)" in page
+    rule.refresh_from_db()
+    classic.refresh_from_db()
+    assert (rule.enabled, classic.enabled) == (False, True)
+    assert RuleChange.objects.filter(rule=rule, action="changed").exists()
+
+
+def test_a_segment_time_zone_is_checked_and_empty_means_the_setting(admin_client, vip, settings):
+    url = reverse("admin:segments_segment_change", args=[vip.pk])
+    form = admin_client.get(url).content.decode()
+    assert 'list="time-zones"' in form and '<option value="Europe/Paris">' in form
+    bad = admin_client.post(url, {**inline_data(vip), "time_zone": "Mars/Olympus"})
+    assert "Unknown time zone &#x27;Mars/Olympus&#x27;. Use an IANA name" in bad.content.decode()
+    admin_client.post(url, {**inline_data(vip), "time_zone": " Asia/Kathmandu "})
+    vip.refresh_from_db()
+    assert vip.time_zone == "Asia/Kathmandu"
+    listing = admin_client.get(reverse("admin:segments_segment_changelist")).content.decode()
+    assert (
+        "Asia/Kathmandu" in listing
+        and f"default ({settings.GATEKEEPER_DEFAULT_TIME_ZONE})" in listing
+    )

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.lib.groups import MARKETER
+from limits.log import message_hash
+from limits.models import Rule
 from segments.models import Segment
 from segments.selectors import snapshot_live_version
 from tests import broker
@@ -43,6 +45,8 @@ def browser() -> Iterator[object]:
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.implicitly_wait(0)
     SHOTS.mkdir(parents=True, exist_ok=True)
+    for old in SHOTS.glob("*.png"):
+        old.unlink()  # numbered by step: an earlier run's would mix with this one's
     yield driver
     driver.quit()
 
@@ -91,6 +95,14 @@ class Page:
     def click(self, css: str) -> None:
         self.find(css).click()
 
+    def choose(self, css: str, text: str) -> None:
+        from selenium.webdriver.support.ui import Select
+
+        Select(self.find(css)).select_by_visible_text(text)
+
+    def rows(self, css: str) -> list[str]:
+        return [row.text for row in self.driver.find_elements(self.by.CSS_SELECTOR, css)]
+
     def wait_for(self, condition, what: str, seconds: float = 60) -> None:
         deadline = time.monotonic() + seconds
         while not condition():
@@ -109,10 +121,11 @@ class Page:
         self.driver.set_window_size(1400, 1000)
 
 
-def test_a_marketer_uploads_builds_edits_caps_rolls_back_looks_up_and_runs_a_what_if(
+def test_a_marketer_uploads_builds_edits_caps_and_rules_rolls_back_looks_up_and_runs_a_what_if(
     browser, live_server, published, staff, build_worker, tmp_path
 ):
     first = published(
+        gold=(5, [6, 7], {}),
         vip=(10, [1, 2, 3], {"email": (2, 5), "all": (3, 9)}),
         dormant=(20, [4, 5], {"email": (0, 0)}),
     )
@@ -195,7 +208,7 @@ def test_a_marketer_uploads_builds_edits_caps_rolls_back_looks_up_and_runs_a_wha
     page.type("#id_user_id", "1")
     page.click("#lookup input[type=submit]")
     page.wait_for(lambda: "User 1: segment vip" in page.text(), "the lookup")
-    assert "spring:1" in page.text()
+    assert message_hash("spring:1").hex()[:8] in page.find("#recent-sends").text
     page.shot("user-lookup")
     page.click("#reset-quota")
     page.type("#id_reason", "asked by support, ticket 7")
@@ -216,3 +229,96 @@ def test_a_marketer_uploads_builds_edits_caps_rolls_back_looks_up_and_runs_a_wha
     rows = [r.text for r in browser.find_elements(page.by.CSS_SELECTOR, "#what-if-result tbody tr")]
     assert rows and rows[0].startswith("Vip email 3 3 0 -3"), rows
     page.shot("what-if")
+
+    # Gold's users live in Kathmandu: their calendar days start at their midnight.
+    gold = Segment.objects.get(slug="gold")
+    page.open(f"/admin/segments/segment/{gold.pk}/change/")
+    page.type("#id_time_zone", "Asia/Kathmandu")
+    page.click("input[name='_continue']")
+    page.wait_for(lambda: "was changed successfully" in page.text(), "the segment saved")
+    gold.refresh_from_db()
+    assert gold.time_zone == "Asia/Kathmandu"
+
+    # The rules page reads every rule out, the classic caps' too; then a rule of her own.
+    page.open("/admin/")
+    page.click(".gk-cards a[href$='/limits/rule/']")
+    page.wait_for(
+        lambda: "Cap rules" in page.text() and "To look at" in page.text(), "the rules page"
+    )
+    assert "Vip users: no emails" in page.text()  # the cap grid's 0 above, as a rule
+    page.shot("rules")
+    page.click(".object-tools a.addlink")
+    page.wait_for(lambda: "Add rule" in page.text(), "the add form")
+    page.type("#id_name", "1 promo a day")
+    page.choose("#id_segment", "Gold")
+    page.choose("#id_channel", "email")
+    page.choose("#id_match", "sends carrying a tag")
+    page.type("#id_tag", "promo")
+    page.choose("#id_window_kind", "calendar, in the user's time zone")
+    assert not page.find("#id_window_seconds").is_displayed()  # only the calendar's fields
+    page.choose("#id_window_unit", "day")
+    page.type("#id_limit", "1")
+    page.shot("rule-add")
+    page.click("input[name='_save']")
+    reading = "Gold users: at most 1 promo-tagged email per calendar day, in their own time zone"
+    page.wait_for(lambda: f"It reads: {reading}." in page.text(), "the rule saved")
+    assert reading in page.find("#result_list").text
+    page.shot("rule-added")
+    decisions = gate_check(
+        channel="email", requests=[(6, "promo:6"), (6, "promo-2:6")], tags=("promo",)
+    )
+    assert [d.reason for d in decisions] == ["allowed", "daily_cap"]
+    assert (decisions[1].rule or {}).get("name") == "1 promo a day"
+
+    # A looser rule behind it never decides: she is told when she saves it, and on the list.
+    page.click(".object-tools a.addlink")
+    page.wait_for(lambda: "Add rule" in page.text(), "the add form")
+    page.type("#id_name", "2 promos a day")
+    page.choose("#id_segment", "Gold")
+    page.choose("#id_match", "sends carrying a tag")
+    page.type("#id_tag", "promo")
+    page.choose("#id_window_kind", "calendar, in the user's time zone")
+    page.choose("#id_window_unit", "day")
+    page.type("#id_limit", "2")
+    page.click("input[name='_save']")
+    page.wait_for(lambda: "Never decides: '1 promo a day'" in page.text(), "the finding")
+    findings = page.find("#rule-findings").text
+    assert "2 promos a day" in findings and "Never decides: '1 promo a day'" in findings
+    page.shot("rule-finding")
+    assert Rule.objects.filter(cap__isnull=True).count() == 2
+    page.find("#rule-findings").find_element(page.by.LINK_TEXT, "2 promos a day").click()
+    page.wait_for(lambda: "Change rule" in page.text(), "the rule's page")
+    assert "Never decides: '1 promo a day'" in page.find(".field-findings").text
+    assert "Created: Gold users: at most 2 promo-tagged emails" in page.find("#rule-history").text
+    assert "mia" in page.find("#rule-history").text
+    page.shot("rule-change")
+    # A classic cap's rule is shown, not edited: it changes in its segment's cap grid.
+    classic = Rule.objects.get(cap__segment=vip, channel="email", window_seconds=86_400)
+    page.open(f"/admin/limits/rule/{classic.pk}/change/")
+    page.wait_for(lambda: "View rule" in page.text(), "the classic rule's page")
+    assert not browser.find_elements(page.by.CSS_SELECTOR, "input[name='_save']")
+    page.shot("rule-classic")
+    page.click(".cap-grid-link")
+    page.wait_for(lambda: "Caps of Vip" in page.text(), "the cap grid from the rule")
+
+    # What if Gold got one more promo email?
+    page.open("/admin/what-if/")
+    page.choose("#id_segment", "Gold")
+    page.choose("#id_channel", "email")
+    page.type("#id_tags", "promo")
+    page.type("#id_priority", "7")
+    page.click("#run-what-if")
+    page.wait_for(lambda: "refused by" in page.text().lower(), "the what-if by rule")
+    assert page.rows("#what-if-by-rule tbody tr") == ["email 1 promo a day 1"]
+    assert "tagged promo, at priority 7" in page.text()
+    page.shot("what-if-by-rule")
+
+    # User 6's page: Kathmandu time, the rule full until their next midnight.
+    page.open("/admin/users/?user_id=6")
+    page.wait_for(lambda: "User 6: segment gold" in page.text(), "the lookup of user 6")
+    assert "Time zone Asia/Kathmandu (their segment's)" in page.find("#user-zone").text
+    rules = page.rows("#rules tbody tr")
+    promo = next(r for r in rules if r.startswith("1 promo a day"))
+    assert reading in promo and "email 1 / 1 0 in " in promo, rules
+    assert "promo" in page.find("#recent-sends").text
+    page.shot("user-lookup-rules")

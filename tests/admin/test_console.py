@@ -11,7 +11,10 @@ from django.contrib.auth.models import Group
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from limits.models import Cap, CapChange, QuotaReset
+from limits.log import message_hash
+from limits.models import Cap, CapChange, QuotaReset, Rule
+from limits.rules import RuleFields
+from limits.services import rule_create
 from segments.models import Build, Segment
 from segments.publishing import build_run
 from segments.selectors import snapshot_live_version
@@ -40,6 +43,8 @@ def test_the_groups_hold_exactly_their_rights(db):
     marketer = {p.codename for p in Group.objects.get(name="Marketer").permissions.all()}
     viewer = {p.codename for p in Group.objects.get(name="Viewer").permissions.all()}
     assert {"change_cap", "publish_snapshot", "reset_quota", "add_userlist"} <= marketer
+    assert {"view_rule", "add_rule", "change_rule", "delete_rule"} <= marketer
+    assert "view_rule" in viewer
     assert all(code.startswith("view_") for code in viewer) and viewer < marketer
 
 
@@ -61,7 +66,13 @@ def test_a_viewer_reads_but_cannot_change(viewer_client, demo):
     assert viewer_client.post(reverse("admin:snapshot_build")).status_code == 403
     assert viewer_client.get(reverse("admin:quota_reset", args=[1])).status_code == 403
     index = text(viewer_client.get(reverse("admin:index")))
-    assert "Dashboard" in index and "What if" in index
+    assert "Dashboard" in index and "What if" in index and "Cap rules" in index
+    rules = text(viewer_client.get(reverse("admin:limits_rule_changelist")))
+    assert "Vip users: at most 2 emails in any 24 hours" in rules
+    assert viewer_client.get(reverse("admin:limits_rule_add")).status_code == 403
+    own = make_rule("Everyone 3 a day")
+    change = viewer_client.post(reverse("admin:limits_rule_change", args=[own.pk]), {"limit": "9"})
+    assert change.status_code == 403 and Rule.objects.get(pk=own.pk).limit == 3
 
 
 def test_the_cap_grid_reads_saves_and_records_every_change(marketer_client, demo):
@@ -87,6 +98,15 @@ def test_the_cap_grid_reads_saves_and_records_every_change(marketer_client, demo
     }
     assert changes == {("email", 2, 3, "mia"), ("push", None, 0, "mia")}
     assert "mia" in text(marketer_client.get(url))  # the history under the grid
+    # The grid's caps are rules too, kept in step (and what the gate applies).
+    classic = {
+        (r.channel, r.window_seconds): r.limit for r in Rule.objects.filter(cap__segment=vip)
+    }
+    assert classic == {
+        ("email", 86_400): 3, ("email", 604_800): 2, ("push", 86_400): 0,
+        ("all", 86_400): 3, ("all", 604_800): 9,
+    }  # fmt: skip
+    assert gate_check(channel="push", requests=[(1, "p:1")], dry_run=True)[0].reason == "blocked"
 
 
 @pytest.mark.parametrize(
@@ -163,15 +183,56 @@ def test_build_and_publish_goes_to_the_build_page_whose_progress_is_json(
     assert "Lost to higher priorities" in page
 
 
-def test_a_user_lookup_shows_segment_quota_and_recent_sends(marketer_client, demo):
-    gate_check(channel="email", requests=[(1, "spring:1")], campaign="spring")
+def make_rule(name, **values):
+    fields = {
+        "segment": None, "channel": "email", "match": "any", "tag": "", "window_kind": "rolling",
+        "window_seconds": 86_400, "window_unit": "", "limit": 3, "reserve_below_priority": None,
+        "reserve_slots": None,
+    }  # fmt: skip
+    return rule_create(fields=RuleFields(name=name, **{**fields, **values}), via="command")
+
+
+def test_a_user_lookup_shows_segment_zone_quota_rules_and_recent_sends(marketer_client, demo):
+    vip = Segment.objects.get(slug="vip")
+    vip.time_zone = "Asia/Kathmandu"
+    vip.save()
+    make_rule(
+        "1 promo a day", segment="vip", match="tag", tag="promo", window_kind="calendar",
+        window_seconds=None, window_unit="day", limit=1,
+    )  # fmt: skip
+    gate_check(channel="email", requests=[(1, "spring:1")], campaign="spring", tags=("promo",))
     page = text(marketer_client.get(reverse("admin:user_lookup"), {"user_id": "1"}))
     assert 'segment <span id="user-segment">vip</span>' in page
+    assert "Time zone <strong>Asia/Kathmandu</strong> (their segment&#x27;s)" in page
+    assert "(+0545)" in page  # their local time, with the zone's offset
     assert "1 / 2" in page  # email: one of two in 24 hours
-    assert "spring:1" in page
+    rules = re.search(r'<table class="gk-table" id="rules">(.*?)</table>', page).group(1)
+    assert (
+        "Vip users: at most 1 promo-tagged email per calendar day, in their own time zone" in rules
+    )
+    assert re.search(
+        r"1 promo a day</a>.*?<td>email</td><td class=\"num\">1 / 1</td><td class=\"num\">0</td><td>in \d",
+        rules,
+    )
+    assert "classic cap" in rules and "Vip: daily cap on email" in rules
+    sends = re.search(r'<table class="gk-table" id="recent-sends">(.*?)</table>', page).group(1)
+    # The log keeps hashes: the message's, shortened; a campaign no send job named; a rule's tag.
+    assert (
+        f'<code title="{message_hash("spring:1").hex()}">{message_hash("spring:1").hex()[:8]}</code>'
+        in sends
+    )
+    assert "not a recent send job's" in sends and "<td>promo</td>" in sends
+    assert "spring:1" not in page
     for value in ("-4", "+4", "\u0661\u0662", "4.0"):
         bad = text(marketer_client.get(reverse("admin:user_lookup"), {"user_id": value}))
         assert "is not a whole number (digits 0-9 only)" in bad, value
+
+
+def test_a_user_in_a_segment_without_a_zone_reads_the_setting(marketer_client, demo, settings):
+    settings.GATEKEEPER_DEFAULT_TIME_ZONE = "America/New_York"
+    page = text(marketer_client.get(reverse("admin:user_lookup"), {"user_id": "4"}))
+    assert "Time zone <strong>America/New_York</strong> (the default" in page
+    assert re.search(r"\((EST|EDT)\)", page)
 
 
 def test_a_quota_reset_asks_first_needs_a_reason_and_is_audited(marketer_client, demo):
@@ -218,10 +279,47 @@ def test_what_if_counts_refusals_under_a_draft_without_writing(marketer_client, 
     assert ("Everyone else", "email", "1", "0", "0") in rows
 
 
+def test_what_if_takes_the_sends_tags_and_priority_and_counts_refusals_by_rule(
+    marketer_client, demo
+):
+    make_rule(
+        "1 promo a day", match="tag", tag="promo", window_kind="calendar", window_seconds=None,
+        window_unit="day", limit=1,
+    )  # fmt: skip
+    make_rule("Keep 1 for 8+", channel="push", limit=1, reserve_below_priority=8, reserve_slots=1)
+    gate_check(channel="email", requests=[(1, "a:1"), (2, "a:2")], campaign="a", tags=("promo",))
+    vip = Segment.objects.get(slug="vip").pk
+
+    def by_rule(**data):
+        page = text(marketer_client.post(reverse("admin:what_if"), {"segment": vip, **data}))
+        table = re.search(r'id="what-if-by-rule">(.*?)</table>', page)
+        cells = r"<tr><td>(\w+)</td><td>([^<]+)</td><td class=\"num\">(\d+)</td></tr>"
+        return page, re.findall(cells, table.group(1)) if table else []
+
+    page, rows = by_rule(channel="email", tags="promo, news", campaign="autumn")
+    assert rows == [("email", "1 promo a day", "2")]
+    assert (
+        "One more send of campaign &#x27;autumn&#x27;, tagged promo, news, at priority 5." in page
+    )
+    page, rows = by_rule(channel="email")  # untagged: the tag rule does not apply
+    assert rows == [] and "No one: under the draft, every user of the audience could get" in page
+    # The push rule keeps its one slot for priority 8 and above: refused below it, not at it.
+    assert by_rule(channel="push", priority="7")[1] == [("push", "Keep 1 for 8+", "3")]
+    assert by_rule(channel="push", priority="8")[1] == []
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
         ({}, "Choose a segment or upload a list"),
+        ({"segment": "2", "tags": "promo, Promo!"}, "Tags: &#x27;Promo!&#x27; is not a tag."),
+        (
+            {"segment": "2", "tags": ",".join(f"t{i}" for i in range(9))},
+            "Tags: At most 8 tags; 9 given.",
+        ),
+        ({"segment": "2", "priority": "10"}, "Priority: at most 9."),
+        ({"segment": "2", "priority": "-1"}, "Priority: &#x27;-1&#x27; is not a whole number"),
+        ({"segment": "2", "campaign": "c" * 500}, "Ensure this value has at most"),
         ({"user_list": SimpleUploadedFile("a.txt", b"1\nxyz\n")}, "line 2"),
         (
             {"user_list": SimpleUploadedFile("a.txt", b"1\n"), "vip|email|daily": "-3"},
@@ -260,6 +358,8 @@ def test_segment_pages_link_to_their_caps(marketer_client, demo):
     assert re.search(r"#\d+, \d{4}-\d\d-\d\d \d\d:\d\d", listing)  # the last build
     change = text(marketer_client.get(reverse("admin:segments_segment_change", args=[vip.pk])))
     assert "Caps of this segment" in change
+    rules = reverse("admin:limits_rule_changelist") + f"?segment__id__exact={vip.pk}"
+    assert f'href="{rules}" class="rules-link"' in change
 
 
 def test_a_marketer_uploads_a_list(marketer_client, demo):
