@@ -13,8 +13,8 @@ from tests.limits.rulesets import rule, rule_set
 HOUR_MS = 3_600_000
 
 
-def ms(*args: int) -> int:
-    return int(datetime(*args, tzinfo=UTC).timestamp() * 1000)  # type: ignore[misc]
+def ms(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> int:
+    return int(datetime(year, month, day, hour, minute, tzinfo=UTC).timestamp() * 1000)
 
 
 @pytest.mark.parametrize(
