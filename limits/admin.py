@@ -43,6 +43,19 @@ from limits.services import (
 from segments.models import Segment
 
 
+class AuditLogAdmin(admin.ModelAdmin):
+    """A record of what was done: read, never written or deleted in the admin."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Cap)
 class CapAdmin(admin.ModelAdmin):
     list_display = ["segment", "channel", "daily", "weekly", "reading", "warning"]
@@ -83,7 +96,7 @@ class CapAdmin(admin.ModelAdmin):
 
 
 @admin.register(CapChange)
-class CapChangeAdmin(admin.ModelAdmin):
+class CapChangeAdmin(AuditLogAdmin):
     list_display = [
         "changed_at",
         "segment_slug",
@@ -97,29 +110,14 @@ class CapChangeAdmin(admin.ModelAdmin):
     ]
     list_filter = ["segment_slug", "channel", "via"]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(QuotaReset)
-class QuotaResetAdmin(admin.ModelAdmin):
+class QuotaResetAdmin(AuditLogAdmin):
     """The audit log of quota resets (made from "Look up a user")."""
 
     list_display = ["reset_at", "user_id", "segment_slug", "usage", "reason", "reset_by"]
     list_filter = ["segment_slug"]
     search_fields = ["=user_id", "reason"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 # --- cap rules -------------------------------------------------------------------------------
@@ -353,6 +351,11 @@ def segment_names() -> dict[str, str]:
     return dict(Segment.objects.values_list("slug", "name"))
 
 
+RULE_FIELDS_SHOWN = (
+    "name", "segment", "channel", "match", "tag", "window", "limit", "reserve", "enabled"
+)  # fmt: skip
+
+
 def change_words(change: RuleChange, names: dict[str, str]) -> str:
     """A history line: what the rule became, or which fields changed from what to what.
     `names`: segment names by slug (segment_names())."""
@@ -362,10 +365,11 @@ def change_words(change: RuleChange, names: dict[str, str]) -> str:
     if change.action == RuleChange.Action.DELETED:
         return "Deleted."
     before, after = change.before or {}, change.after or {}
+    # In the rule's own order: PostgreSQL's jsonb keeps a record's keys in an order of its own.
     changed = [
         f"{key}: {_value_words(key, before.get(key))} → {_value_words(key, after.get(key))}"
-        for key in after
-        if key not in ("id", "classic") and before.get(key) != after.get(key)
+        for key in RULE_FIELDS_SHOWN
+        if before.get(key) != after.get(key)
     ]
     return "; ".join(changed) or "Nothing visible changed."
 
@@ -598,7 +602,7 @@ class RuleAdmin(admin.ModelAdmin):
 
 
 @admin.register(RuleChange)
-class RuleChangeAdmin(admin.ModelAdmin):
+class RuleChangeAdmin(AuditLogAdmin):
     """Every change of every rule, deleted rules' included (a rule's page shows its own)."""
 
     list_filter = ["action", "via"]
@@ -612,12 +616,3 @@ class RuleChangeAdmin(admin.ModelAdmin):
             return change_words(change, names)
 
         return ["changed_at", "rule_name", "action", what, "changed_by", "via"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -232,7 +232,7 @@ def test_a_rolling_window_is_typed_in_words_or_seconds_and_shown_in_words(admin_
         ({"window_seconds": "91 days"}, "From 60 (1 minute) to 7,776,000 (90 days)"),
         ({"window_seconds": "4 parsecs"}, "&#x27;4 parsecs&#x27; is not a length of time"),
         ({"window_seconds": "٤ hours"}, "is not a length of time"),
-        ({"window_seconds": "99999999999 days"}, "at most 2,147,483,647"),
+        ({"window_seconds": "99999999999 days"}, "is not a length of time"),
         ({"window_seconds": ""}, "A rolling window needs its length in seconds."),
         ({"window_kind": "calendar", "window_unit": ""}, "Choose one of: day, week, month."),
         ({"match": "tag"}, "A tag rule needs the tag it counts."),
