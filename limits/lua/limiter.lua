@@ -103,14 +103,14 @@ local EXPIRY_PADDING = '                                                        
 local NONE = '\0\0\0\0'
 
 -- Bound on the first call: while a library loads, Redis lets it reach nothing but `redis`.
-local bunpack, bpack, find, sub, byte, char, rep, concat, floor, sort, unpack_list
+local bunpack, bpack, find, sub, byte, char, rep, concat, floor, sort, unpack_list, math_huge
 local FIELDS = {} -- byte -> the one-byte field
 
 local function bind()
   bunpack, bpack = struct.unpack, struct.pack
   find, sub, byte, char, rep = string.find, string.sub, string.byte, string.char, string.rep
   concat, sort, unpack_list = table.concat, table.sort, unpack
-  floor = math.floor
+  floor, math_huge = math.floor, math.huge
   for b = 0, 255 do FIELDS[b] = char(b) end
 end
 
@@ -153,8 +153,9 @@ local function parse(raw, channel)
     local first_n = hi * 256 + lo
     local off = 10 + len + len2
     local off2 = off + first_n * W
+    -- [11]: where the first section's count sits in the string (a write patches it there).
     return {raw, tags, W, 2, sub(raw, 5, 4 + len), off, first_n,
-            sub(raw, 8 + len, 7 + len + len2), off2, (#raw + 1 - off2) / W}
+            sub(raw, 8 + len, 7 + len + len2), off2, (#raw + 1 - off2) / W, 5 + len}
   end
   local log = {raw, tags, W, count}
   local pos = 4
@@ -353,6 +354,68 @@ local function has_room(log, slot, rule, campaign)
   return true
 end
 
+-- What the fast pass of a rule set reads (see `all_have_room`): the smallest limits of the
+-- rules that count what the channel's 24 h and 7 d counts do; the limits and window starts of
+-- the other every-send rules, over the channel and over every channel; the tag and campaign
+-- rules.
+local function fast_pass(rules)
+  local fast = {day = math_huge, week = math_huge, clim = {}, cstart = {}, alim = {},
+                astart = {}, other = {}}
+  for r = 1, #rules do
+    local rule = rules[r]
+    local classic, limit = rule[9], rule[4]
+    if classic == 1 then
+      if limit < fast.day then fast.day = limit end
+    elseif classic == 2 then
+      if limit < fast.week then fast.week = limit end
+    elseif rule[1] == 1 and not rule[2] then
+      fast.clim[#fast.clim + 1], fast.cstart[#fast.cstart + 1] = limit, rule[10]
+    elseif rule[1] == 1 then
+      fast.alim[#fast.alim + 1], fast.astart[#fast.astart + 1] = limit, rule[10]
+    else
+      fast.other[#fast.other + 1] = rule
+    end
+  end
+  return fast
+end
+
+-- Whether every rule of a set has room, when that is quick to tell (most requests); false
+-- when some rule may not: the caller then goes through the rules one by one.
+local function all_have_room(fast, log, slot, day, week, campaign)
+  if day >= fast.day or week >= fast.week then
+    return false
+  end
+  local raw, W, C = log[1], log[3], log[4]
+  local lim, start = fast.clim, fast.cstart
+  if #lim > 0 then
+    local n, off = 0, 0
+    if slot then n, off = log[slot + 2], log[slot + 1] end
+    for q = 1, #lim do
+      local limit = lim[q]
+      if n >= limit and (limit == 0 or bunpack('>I6', raw, off + (n - limit) * W) > start[q]) then
+        return false
+      end
+    end
+  end
+  lim, start = fast.alim, fast.astart
+  if #lim > 0 then
+    if C > 1 then return false end -- counting over several sections: one by one
+    local n, off = 0, 0
+    if C == 1 then n, off = log[7], log[6] end
+    for q = 1, #lim do
+      local limit = lim[q]
+      if n >= limit and (limit == 0 or bunpack('>I6', raw, off + (n - limit) * W) > start[q]) then
+        return false
+      end
+    end
+  end
+  local other = fast.other
+  for q = 1, #other do
+    if not has_room(log, slot, other[q], campaign) then return false end
+  end
+  return true
+end
+
 -- A rule's count, and when it has room for one more: -1 now, false never, else ms from now.
 -- `day` and `week` are the channel's rolling counts, which the classic caps reuse.
 local function judge(log, slot, rule, now, campaign, day, week)
@@ -391,6 +454,15 @@ end
 -- implicit). nil when it takes a rebuild: a section would be left empty.
 local function spliced(log, cutoff, slot, entry, entry_time)
   local raw, T, W, C = log[1], log[2], log[3], log[4]
+  if C == 2 and slot == 5 and bunpack('>I6', raw, log[6]) > cutoff
+     and bunpack('>I6', raw, log[9]) > cutoff
+     and bunpack('>I6', raw, log[9] - W) <= entry_time then
+    -- Email and push, the newest entry of the first section, nothing to trim: the first
+    -- section's count patched where it sits, the entry put where the second section starts.
+    local n, at, point = log[7] + 1, log[11], log[9]
+    return sub(raw, 1, at - 1) .. char(floor(n / 256), n % 256) .. sub(raw, at + 2, point - 1)
+      .. entry .. sub(raw, point)
+  end
   local last = 2 + 3 * C
   local firsts = {}
   local same_header = true
@@ -574,10 +646,11 @@ local function acquire(keys, args)
   local tag_slots = byte(payload, 5)
   local tags = sub(payload, 6, 5 + 4 * tag_slots)
   local pos = 6 + 4 * tag_slots
-  local sets = {}
+  local sets, fasts = {}, {}
   for s = 1, byte(payload, pos) do
     local count = byte(payload, pos + 1)
     sets[s] = parse_rules(payload, now, pos + 2, pos + 1 + count * RULE)
+    fasts[s] = fast_pass(sets[s])
     pos = pos + 1 + count * RULE
   end
   local requests, base = payload, pos + 1
@@ -639,17 +712,27 @@ local function acquire(keys, args)
         logs[id] = log
       end
       local message = sub(requests, p + 3, p + 10)
-      local slot = section_of(log, channel)
+      local slot = nil
+      if log[5] == channel then slot = 5 elseif log[4] > 1 then slot = section_of(log, channel) end
       local day, week = 0, 0
+      local first_t, last_t -- the channel's oldest and newest entry
       if slot then
         local raw, off, W, count = log[1], log[slot + 1], log[3], log[slot + 2]
-        day = count - first_after(raw, off, W, count, day_start)
-        week = count - first_after(raw, off, W, count, week_start)
+        first_t = bunpack('>I6', raw, off)
+        last_t = bunpack('>I6', raw, off + (count - 1) * W)
+        -- Most windows hold all of a log or none of it: a search only for the others.
+        if last_t <= day_start then day = 0
+        elseif first_t > day_start then day = count
+        else day = count - first_after(raw, off, W, count, day_start) end
+        if last_t <= week_start then week = 0
+        elseif first_t > week_start then week = count
+        else week = count - first_after(raw, off, W, count, week_start) end
       end
       local outcome, decider, decider_used, retry = 1, 0, 0, 0
-      if slot and entry_of(log, slot, message) then
+      -- A duplicate: its hash somewhere after the section starts (rare), then exactly where.
+      if slot and find(log[1], message, log[slot + 1], true) and entry_of(log, slot, message) then
         outcome = 2
-      else
+      elseif not all_have_room(fasts[byte(requests, p + 11)], log, slot, day, week, campaign) then
         local rules = sets[byte(requests, p + 11)]
         local never = false
         local raw, W, C = log[1], log[3], log[4]
@@ -689,7 +772,19 @@ local function acquire(keys, args)
       if outcome == 1 then
         day, week = day + 1, week + 1
         if not dry then
-          local raw = appended(log, slot, now, cutoff, time6, message, tails, tag_slots)
+          local raw
+          if slot == 5 and log[4] == 1 and tag_slots <= log[2] and last_t <= now
+             and first_t > cutoff then
+            -- The common write: the user's one section, the newest entry, nothing to trim.
+            local tail = tails[log[2]]
+            if not tail then
+              tail = tails[tag_slots] .. rep('\0', 4 * (log[2] - tag_slots))
+              tails[log[2]] = tail
+            end
+            raw = log[1] .. time6 .. message .. tail
+          else
+            raw = appended(log, slot, now, cutoff, time6, message, tails, tag_slots)
+          end
           if not raw and slot and tag_slots <= log[2] then
             local tail = tails[log[2]] or tails[tag_slots] .. rep('\0', 4 * (log[2] - tag_slots))
             tails[log[2]] = tail
