@@ -215,7 +215,8 @@ def _recipient(
     context = row.get("context") or {}
     if not isinstance(context, dict):
         raise _RowError("context", "Must be an object (the template's variables).")
-    problem = json_value_problem(context, max_depth=CONTEXT_DEPTH)
+    # Most sends of a campaign carry no variables of their own: nothing to walk.
+    problem = json_value_problem(context, max_depth=CONTEXT_DEPTH) if context else None
     if problem:
         raise _RowError("context", problem)
     recipient = {
