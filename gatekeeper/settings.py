@@ -95,7 +95,9 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # A test database on disk, not in memory, so worker processes started by the end-to-end
     # tests can share it.
-    DATABASES["default"].setdefault("TEST", {"NAME": str(VAR_DIR / "test-gatekeeper.sqlite3")})
+    # GATEKEEPER_TEST_SQLITE names another file, so that two test runs can go on side by side.
+    test_file = env.str("GATEKEEPER_TEST_SQLITE", default=str(VAR_DIR / "test-gatekeeper.sqlite3"))
+    DATABASES["default"].setdefault("TEST", {"NAME": test_file})
     # SQLite creates its file but not its directory; a fresh checkout has no var/ yet.
     VAR_DIR.mkdir(exist_ok=True)
     # Web, worker and beat write to one file: WAL lets readers run beside a writer, and

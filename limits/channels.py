@@ -33,3 +33,15 @@ def validate_channel(value: str) -> None:
 def scope_label(scope: str) -> str:
     """A scope as people read it: a channel's name, or "all channels together"."""
     return "all channels together" if scope == ALL else scope
+
+
+NOUNS = {
+    "email": ("email", "emails"),
+    "push": ("push message", "push messages"),
+    ALL: ("marketing message", "marketing messages"),
+}
+
+
+def noun(channel: str, n: int) -> str:
+    one, many = NOUNS.get(channel, (f"{channel} message", f"{channel} messages"))
+    return one if n == 1 else many

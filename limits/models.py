@@ -192,6 +192,86 @@ class RuleChange(models.Model):
         return f"{self.rule_name}: {self.action}"
 
 
+class QuietHours(models.Model):
+    """Quiet hours: the local times at which the users of one segment (or of every segment)
+    get no marketing on one channel (or `all` channels), and the spread over which sends held
+    until the end go out. Validated by `limits.quiet.quiet_problems`; written through
+    `limits.services`, each change audited."""
+
+    segment = models.ForeignKey(
+        Segment,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="quiet_hours",
+        help_text="Empty: every segment.",
+    )
+    # Validated against settings rather than `choices`, so adding a channel needs no migration.
+    channel = models.CharField(max_length=32, validators=[validate_scope])
+    start = models.TimeField(help_text="Local time the quiet hours start, e.g. 21:00.")
+    end = models.TimeField(help_text="Local time they end, e.g. 08:00 (the next morning).")
+    spread_minutes = models.PositiveSmallIntegerField(
+        default=0, help_text="Held sends go out over this many minutes after the end."
+    )
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="+",
+    )
+    changed_at = models.DateTimeField(auto_now=True)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="+",
+    )
+
+    class Meta:
+        ordering = ["id"]
+        verbose_name = "quiet hours"
+        verbose_name_plural = "quiet hours"
+
+    def __str__(self) -> str:
+        who = self.segment.slug if self.segment is not None else "every segment"
+        return f"{who} / {self.channel}: {self.start:%H:%M}-{self.end:%H:%M}"
+
+
+class QuietHoursChange(models.Model):
+    """One change of a quiet-hours entry: who, when, through what, and the entry before and
+    after (as the REST API shows it). Written by the services in the same transaction."""
+
+    class Action(models.TextChoices):
+        CREATED = "created"
+        CHANGED = "changed"
+        DELETED = "deleted"
+
+    quiet_hours = models.ForeignKey(
+        QuietHours, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
+    )
+    label = models.CharField(max_length=100, help_text="The entry as it read at the change.")
+    action = models.CharField(max_length=8, choices=Action.choices)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    via = models.CharField(max_length=16, default="admin", help_text="admin, api or command")
+    changed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-changed_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.label}: {self.action}"
+
+
 class QuotaReset(models.Model):
     """Audit record of an admin resetting one user's quota: who, when, why, and what was used."""
 

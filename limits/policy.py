@@ -15,6 +15,7 @@ from typing import Any
 from gatekeeper.lib.integers import INT32_MAX
 from limits.channels import ALL
 from limits.log import calendar_record, rolling_record
+from limits.quiet import QuietView
 from limits.windows import LONGEST, period_starts
 
 DAY_SECONDS, WEEK_SECONDS = 86_400, 604_800
@@ -119,7 +120,11 @@ class PolicyTable:
     rules: tuple[RuleView, ...]
     classic: dict[tuple[str, str], tuple[int | None, int | None]]
     zones: dict[str, str]
+    quiet: tuple[QuietView, ...] = ()
     _candidates: dict[tuple[str | None, str], tuple[RuleView, ...]] = field(
+        default_factory=dict, compare=False
+    )
+    _quiet: dict[tuple[str | None, str], tuple[QuietView, ...]] = field(
         default_factory=dict, compare=False
     )
 
@@ -185,6 +190,19 @@ class PolicyTable:
             now_ms=now_ms,
             limits=self.classic_limits(segment=segment, channel=channel),
         )
+
+    def quiet_for(self, *, segment: str | None, channel: str) -> tuple[QuietView, ...]:
+        """The quiet hours of a segment (its own and every segment's) on a channel and `all`."""
+        key = (segment, channel)
+        found = self._quiet.get(key)
+        if found is None:
+            found = tuple(
+                entry
+                for entry in self.quiet
+                if entry.segment in (None, segment) and entry.channel in (channel, ALL)
+            )
+            self._quiet[key] = found
+        return found
 
     def needs_zone(self, *, segment: str | None, channel: str) -> bool:
         """Whether any rule of the segment on the channel depends on the user's zone."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from gatekeeper.lib.integers import INT32_MAX
 from gatekeeper.lib.words import count
-from limits.channels import ALL, scopes
+from limits.channels import ALL, noun, scopes
 from limits.policy import DAY_SECONDS, ROLLING_SECONDS, WEEK_SECONDS, RuleView
 from limits.windows import UNITS
 
@@ -163,17 +163,6 @@ def duration_from_text(text: str) -> int:
 
 
 # --- words ----------------------------------------------------------------------------------
-
-NOUNS = {
-    "email": ("email", "emails"),
-    "push": ("push message", "push messages"),
-    ALL: ("marketing message", "marketing messages"),
-}
-
-
-def noun(channel: str, n: int) -> str:
-    one, many = NOUNS.get(channel, (f"{channel} message", f"{channel} messages"))
-    return one if n == 1 else many
 
 
 def _match_words(match: str) -> str:

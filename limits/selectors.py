@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 
-from limits.models import Cap, Rule
+from limits.models import Cap, QuietHours, Rule
 from limits.policy import PolicyTable, RuleView
+from limits.quiet import quiet_view
 from limits.rules import rule_findings
 from segments.models import Segment
 
@@ -41,8 +42,8 @@ def rules_findings() -> dict[int, list[str]]:
 
 
 def policy_read(*, rules: list[Rule] | None = None) -> PolicyTable:
-    """Every enabled rule (in the rules list's order), the classic caps and the segments' time
-    zones, straight from the database. `rules`: use these instead of the enabled ones (what-if
+    """Every enabled rule (in the rules list's order), the classic caps, the segments' time
+    zones and the enabled quiet hours, straight from the database. `rules`: use these instead of the enabled ones (what-if
     over draft rules)."""
     if rules is None:
         rules = list(Rule.objects.filter(enabled=True).select_related("segment"))
@@ -53,7 +54,13 @@ def policy_read(*, rules: list[Rule] | None = None) -> PolicyTable:
         )
     }
     zones = dict(Segment.objects.values_list("slug", "time_zone"))
-    return PolicyTable(rules=tuple(rule_view(rule) for rule in rules), classic=classic, zones=zones)
+    quiet = QuietHours.objects.filter(enabled=True).select_related("segment")
+    return PolicyTable(
+        rules=tuple(rule_view(rule) for rule in rules),
+        classic=classic,
+        zones=zones,
+        quiet=tuple(quiet_view(entry) for entry in quiet),
+    )
 
 
 @dataclass

@@ -3,15 +3,17 @@ rules through `rule_create`, `rule_update` and `rule_delete`; each change is rec
 made it, in the same transaction."""
 
 from dataclasses import asdict, dataclass, field
+from datetime import time
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from gatekeeper.lib.integers import INT32_MAX, NotAWholeNumber, whole_number
-from limits.channels import scope_label, validate_scope
-from limits.models import Cap, CapChange, Rule, RuleChange
-from limits.rules import RuleFields, noun, rule_as_json, rule_problems, window_seconds_of
+from limits.channels import noun, scope_label, validate_scope
+from limits.models import Cap, CapChange, QuietHours, QuietHoursChange, Rule, RuleChange
+from limits.quiet import QuietFields, minutes_from_text, quiet_as_json, quiet_problems
+from limits.rules import RuleFields, rule_as_json, rule_problems, window_seconds_of
 from limits.selectors import policy_cache
 from segments.models import Segment
 
@@ -328,3 +330,87 @@ def cap_grid_save(
                 f"{scope}: {cap_describe(channel=scope, daily=daily, weekly=weekly)}"
             )
     return result
+
+
+# --- quiet hours -------------------------------------------------------------------------------
+
+
+def quiet_fields(entry: QuietHours) -> QuietFields:
+    """A stored entry's editable fields (the base of a partial change)."""
+    return QuietFields(
+        segment=entry.segment.slug if entry.segment is not None else None,
+        channel=entry.channel,
+        start=f"{entry.start:%H:%M}",
+        end=f"{entry.end:%H:%M}",
+        spread_minutes=entry.spread_minutes,
+        enabled=entry.enabled,
+    )
+
+
+def _quiet_checked(fields: QuietFields) -> Segment | None:
+    slugs = list(Segment.objects.values_list("slug", flat=True))
+    problems = quiet_problems(fields, segments=slugs)
+    if problems:
+        raise ValidationError(problems)
+    return Segment.objects.get(slug=fields.segment) if fields.segment is not None else None
+
+
+def _quiet_apply(entry: QuietHours, fields: QuietFields, segment: Segment | None) -> None:
+    entry.segment = segment
+    entry.channel = fields.channel
+    start, end = minutes_from_text(fields.start), minutes_from_text(fields.end)
+    entry.start, entry.end = time(start // 60, start % 60), time(end // 60, end % 60)
+    entry.spread_minutes = fields.spread_minutes
+    entry.enabled = fields.enabled
+
+
+def _quiet_record(
+    entry: QuietHours, action: str, before: Any, after: Any, user: Any, via: str
+) -> None:
+    QuietHoursChange.objects.create(
+        quiet_hours=entry if action != QuietHoursChange.Action.DELETED else None,
+        label=str(entry)[:100],
+        action=action,
+        before=before,
+        after=after,
+        changed_by=_who(user),
+        via=via,
+    )
+
+
+def quiet_create(*, fields: QuietFields, user: Any = None, via: str = "admin") -> QuietHours:
+    """New quiet hours, governing every process within GATEKEEPER_CAPS_TTL_SECONDS."""
+    segment = _quiet_checked(fields)
+    with transaction.atomic():
+        entry = QuietHours(created_by=_who(user), changed_by=_who(user))
+        _quiet_apply(entry, fields, segment)
+        entry.save()
+        _quiet_record(entry, QuietHoursChange.Action.CREATED, None, quiet_as_json(entry), user, via)
+    transaction.on_commit(policy_cache().invalidate)
+    return entry
+
+
+def quiet_update(
+    *, entry: QuietHours, changes: dict[str, Any], user: Any = None, via: str = "admin"
+) -> QuietHours:
+    """Change some of an entry's fields (`changes`: QuietFields names); checked whole."""
+    fields = QuietFields(**{**asdict(quiet_fields(entry)), **changes})
+    segment = _quiet_checked(fields)
+    with transaction.atomic():
+        locked = QuietHours.objects.select_for_update().get(pk=entry.pk)
+        before = quiet_as_json(locked)
+        _quiet_apply(locked, fields, segment)
+        locked.changed_by = _who(user)
+        after = quiet_as_json(locked)
+        if after != before:
+            locked.save()
+            _quiet_record(locked, QuietHoursChange.Action.CHANGED, before, after, user, via)
+    transaction.on_commit(policy_cache().invalidate)
+    return locked
+
+
+def quiet_delete(*, entry: QuietHours, user: Any = None, via: str = "admin") -> None:
+    with transaction.atomic():
+        _quiet_record(entry, QuietHoursChange.Action.DELETED, quiet_as_json(entry), None, user, via)
+        entry.delete()
+    transaction.on_commit(policy_cache().invalidate)

@@ -2,8 +2,10 @@
 
 `gate_check` is what the REST API, the send worker and the admin's what-if all call. Per batch it
 resolves every user's segment in memory (one bitmap operation), takes the rules from the
-in-process cache, resolves per segment and time zone the rules that apply (a calendar window in
-the user's own zone), and asks the limiter in one round trip per Redis node.
+in-process cache, holds the sends that fall in the user's quiet hours (decided here, in
+Python: they cost Redis nothing), resolves per segment and time zone the rules that apply (a
+calendar window in the user's own zone), and asks the limiter about the rest in one round trip
+per Redis node.
 """
 
 import logging
@@ -16,6 +18,7 @@ from django.core.exceptions import ValidationError
 from limits.channels import validate_channel
 from limits.limiter import Decision, Limiter, get_limiter
 from limits.policy import DEFAULT_PRIORITY, PolicyTable, RuleSet
+from limits.quiet import QuietView, quiet_until, release_at
 from limits.selectors import PolicyCache, policy_cache
 from limits.windows import resolve_zone
 from segments.index import get_index
@@ -28,6 +31,7 @@ TRANSACTIONAL = "transactional"
 CATEGORIES = (MARKETING, TRANSACTIONAL)
 UNAVAILABLE = "unavailable"
 EXEMPT = "exempt"
+QUIET_HOURS = "quiet_hours"
 
 
 class SegmentResolver(Protocol):
@@ -164,20 +168,45 @@ class Gate:
         dry_run: bool,
         now: float | None,
     ) -> list[Decision]:
-        now_ms = round((time.time() if now is None else now) * 1000)
+        clock = time.time() if now is None else now
+        now_ms = round(clock * 1000)
         sets: dict[tuple[str | None, str], RuleSet] = {}
-        per_request: list[RuleSet] = []
+        # Per segment: its quiet hours on the channel, and whether a rule needs the zone.
+        quiet_of: dict[str | None, tuple[QuietView, ...]] = {}
         zoned: dict[str | None, bool] = {}
+        # Per (segment, zone): when its quiet hours let go (None: they hold nobody now).
+        held: dict[tuple[str | None, str], tuple[float, int] | None] = {}
+        decisions: list[Decision | None] = [None] * len(requests)
+        asked: list[int] = []  # positions the limiter decides
+        per_request: list[RuleSet] = []
         for i, segment in enumerate(segments):
-            needs_zone = zoned.get(segment)
-            if needs_zone is None:
-                needs_zone = zoned[segment] = table.needs_zone(segment=segment, channel=channel)
+            quiet = quiet_of.get(segment)
+            if quiet is None:
+                quiet = quiet_of[segment] = table.quiet_for(segment=segment, channel=channel)
+                zoned[segment] = table.needs_zone(segment=segment, channel=channel)
             zone = ""
-            if needs_zone:
+            if quiet or zoned[segment]:
                 zone = resolve_zone(
                     requested=time_zones[i] if time_zones is not None else None,
                     segment_zone=table.zone_of(segment),
                 )
+            if quiet:
+                key = (segment, zone)
+                if key not in held:
+                    end, spread = quiet_until(quiet, zone, clock)
+                    held[key] = (end, spread) if end > clock else None
+                until = held[key]
+                if until is not None:
+                    user_id, message_id = requests[i]
+                    release = release_at(until[0], until[1], user_id)
+                    decision = _own(
+                        user_id, message_id, segment=segment, allowed=False, reason=QUIET_HOURS
+                    )
+                    decision.retry_after = round(release - clock, 3)
+                    decisions[i] = decision
+                    continue
+            if not zoned[segment]:
+                zone = ""  # the rules read no zone: one rule set for every zone
             rule_set = sets.get((segment, zone))
             if rule_set is None:
                 rule_set = sets[(segment, zone)] = table.rule_set(
@@ -189,21 +218,24 @@ class Gate:
                     zone=zone,
                     now_ms=now_ms,
                 )
+            asked.append(i)
             per_request.append(rule_set)
-        decisions = self.limiter.acquire(
-            channel,
-            requests,
-            per_request,
-            campaign=campaign,
-            tags=tags,
-            priority=priority,
-            retention_ms=table.retention_ms,
-            now=now,
-            dry_run=dry_run,
-        )
-        for decision, segment in zip(decisions, segments, strict=True):
-            decision.segment = segment
-        return decisions
+        if asked:
+            limited = self.limiter.acquire(
+                channel,
+                requests if len(asked) == len(requests) else [requests[i] for i in asked],
+                per_request,
+                campaign=campaign,
+                tags=tags,
+                priority=priority,
+                retention_ms=table.retention_ms,
+                now=now,
+                dry_run=dry_run,
+            )
+            for i, decision in zip(asked, limited, strict=True):
+                decision.segment = segments[i]
+                decisions[i] = decision
+        return decisions  # type: ignore[return-value]  # every position is decided now
 
     def release(self, *, channel: str, requests: Sequence[tuple[int, str]]) -> list[bool]:
         _checked(channel)

@@ -352,11 +352,11 @@ def draft_table(changes: Mapping[tuple[str, str], tuple[int | None, int | None]]
             drafted -= 1
     classic = dict(live.classic)
     classic.update(changes)
-    return PolicyTable(rules=tuple(rules), classic=classic, zones=live.zones)
+    return PolicyTable(rules=tuple(rules), classic=classic, zones=live.zones, quiet=live.quiet)
 
 
 ADMITTED = ("allowed", "duplicate", "exempt")
-REFUSED = ("daily_cap", "weekly_cap", "cap", "blocked", "unavailable")
+REFUSED = ("daily_cap", "weekly_cap", "cap", "blocked", "quiet_hours", "unavailable")
 
 
 def dashboard_stats(*, days: int = 14, today: Any = None) -> dict[str, Any]:

@@ -15,6 +15,7 @@ REASONS = [
     "weekly_cap",
     "cap",
     "blocked",
+    "quiet_hours",
     "exempt",
     "unavailable",
 ]
@@ -66,7 +67,11 @@ class DecisionSerializer(serializers.Serializer):
         help_text="When the rule had room but its reserve kept the last slots for sends of a "
         "higher priority: how many. null otherwise.",
     )
-    retry_after = serializers.FloatField(allow_null=True, help_text="Seconds until a slot frees.")
+    retry_after = serializers.FloatField(
+        allow_null=True,
+        help_text="Seconds until a slot frees; for quiet_hours, until they end plus the "
+        "user's own place in the spread.",
+    )
 
 
 class GateResultsSerializer(serializers.Serializer):

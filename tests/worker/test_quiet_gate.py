@@ -1,0 +1,120 @@
+"""Quiet hours at the gate: real snapshot, real rules, real Redis. A quiet send is refused with
+`quiet_hours`, charged nothing, and told when to come back: the end of the window plus the
+user's own place in the spread."""
+
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from limits.quiet import QuietFields, user_offset
+from limits.services import cap_set, quiet_create, quiet_update
+from segments.models import Segment
+from worker.gate import gate_check
+
+PARIS = ZoneInfo("Europe/Paris")
+NIGHT = datetime(2026, 6, 10, 23, 0, tzinfo=PARIS).timestamp()  # 23:00 in Paris
+MORNING = datetime(2026, 6, 11, 8, 0, tzinfo=PARIS).timestamp()
+DAY = datetime(2026, 6, 11, 12, 0, tzinfo=PARIS).timestamp()
+
+
+@pytest.fixture
+def snapshot(published):
+    version = published(vip=(10, [1, 2], {"email": (1, None)}))
+    Segment.objects.filter(slug="vip").update(time_zone="Europe/Paris")
+    return version
+
+
+def quiet(segment=None, channel="email", start="21:00", end="08:00", spread=30):
+    return quiet_create(
+        fields=QuietFields(
+            segment=segment, channel=channel, start=start, end=end, spread_minutes=spread
+        ),
+        via="command",
+    )
+
+
+def test_a_quiet_send_is_refused_uncharged_and_told_when_it_may_go(snapshot):
+    quiet("vip")
+    decisions = gate_check(channel="email", requests=[(1, "a"), (2, "b")], now=NIGHT)
+    assert [(d.allowed, d.reason, d.segment) for d in decisions] == [
+        (False, "quiet_hours", "vip")
+    ] * 2
+    for decision in decisions:
+        offset = user_offset(decision.user_id, 1800)
+        assert decision.retry_after == pytest.approx(MORNING - NIGHT + offset)
+        assert decision.rule is None
+    # Nothing was recorded: in the morning the daily cap of 1 still has its slot.
+    later = gate_check(channel="email", requests=[(1, "a")], now=DAY)[0]
+    assert (later.reason, later.counts["daily"]) == ("allowed", 1)
+
+
+def test_the_request_zone_overrides_the_segment_zone(snapshot):
+    quiet("vip")
+    tokyo, paris = gate_check(
+        channel="email",
+        requests=[(1, "a"), (2, "b")],
+        time_zones=["Asia/Tokyo", None],  # 06:00 in Tokyo, 23:00 in Paris
+        now=datetime(2026, 6, 10, 21, 0, tzinfo=UTC).timestamp(),
+    )
+    assert (tokyo.reason, paris.reason) == ("quiet_hours", "quiet_hours")
+    assert tokyo.retry_after < paris.retry_after
+
+
+def test_quiet_hours_of_another_segment_or_channel_do_not_apply(snapshot):
+    quiet("vip", channel="push")
+    quiet(None, channel="email", start="01:00", end="02:00", spread=0)
+    decisions = gate_check(channel="email", requests=[(1, "a"), (9, "b")], now=NIGHT)
+    assert [d.reason for d in decisions] == ["allowed", "allowed"]
+
+
+def test_every_channel_quiet_hours_apply_to_each_channel(snapshot):
+    quiet(None, channel="all")
+    decisions = gate_check(
+        channel="push", requests=[(9, "a")], time_zones=["Europe/Paris"], now=NIGHT
+    )
+    assert decisions[0].reason == "quiet_hours"
+
+
+def test_transactional_and_refused_sends_keep_their_reasons(snapshot):
+    quiet("vip")
+    receipt = gate_check(channel="email", requests=[(1, "r")], category="transactional", now=NIGHT)
+    assert receipt[0].reason == "exempt"
+    gate_check(channel="email", requests=[(1, "x")], now=DAY)
+    mixed = gate_check(
+        channel="email", requests=[(1, "y"), (9, "z"), (1, "w")], now=DAY + 60, dry_run=True
+    )
+    assert [d.reason for d in mixed] == ["daily_cap", "allowed", "daily_cap"]
+
+
+def test_a_disabled_entry_holds_nobody(snapshot):
+    entry = quiet("vip")
+    quiet_update(entry=entry, changes={"enabled": False}, via="command")
+    assert gate_check(channel="email", requests=[(1, "a")], now=NIGHT)[0].reason == "allowed"
+
+
+def test_quiet_sends_cost_redis_nothing(snapshot, redis_client):
+    quiet(None, channel="all")
+    gate_check(channel="email", requests=[(9, "warm")], now=DAY)  # loads the library
+    redis_client.config_resetstat()
+    decisions = gate_check(
+        channel="email", requests=[(u, f"m{u}") for u in range(100, 200)], now=NIGHT
+    )
+    assert {d.reason for d in decisions} == {"quiet_hours"}
+    assert "cmdstat_fcall" not in redis_client.info("commandstats")
+    gate_check(channel="email", requests=[(100, "day")], now=DAY)
+    assert "cmdstat_fcall" in redis_client.info("commandstats")  # what a decision would cost
+
+
+def test_cap_and_quiet_hours_together_in_one_batch_keep_request_order(snapshot):
+    cap_set(segment=Segment.objects.get(slug="vip"), channel="email", daily=5, weekly=None)
+    quiet("vip")
+    decisions = gate_check(
+        channel="email", requests=[(9, "a"), (1, "b"), (9, "c"), (2, "d")], now=NIGHT
+    )
+    assert [(d.user_id, d.reason) for d in decisions] == [
+        (9, "allowed"),
+        (1, "quiet_hours"),
+        (9, "allowed"),
+        (2, "quiet_hours"),
+    ]
