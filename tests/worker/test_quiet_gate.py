@@ -58,6 +58,7 @@ def test_the_request_zone_overrides_the_segment_zone(snapshot):
         now=datetime(2026, 6, 10, 21, 0, tzinfo=UTC).timestamp(),
     )
     assert (tokyo.reason, paris.reason) == ("quiet_hours", "quiet_hours")
+    assert tokyo.retry_after is not None and paris.retry_after is not None
     assert tokyo.retry_after < paris.retry_after
 
 
