@@ -15,7 +15,7 @@ from typing import Any
 from gatekeeper.lib.integers import INT32_MAX
 from limits.channels import ALL
 from limits.log import calendar_record, rolling_record
-from limits.quiet import QuietView
+from limits.quiet import QuietView, quiet_until
 from limits.windows import LONGEST, period_starts
 
 DAY_SECONDS, WEEK_SECONDS = 86_400, 604_800
@@ -127,6 +127,9 @@ class PolicyTable:
     _quiet: dict[tuple[str | None, str], tuple[QuietView, ...]] = field(
         default_factory=dict, compare=False
     )
+    _released: dict[tuple[str | None, str, str, int], tuple[float, int] | None] = field(
+        default_factory=dict, compare=False
+    )
 
     @property
     def retention_ms(self) -> int:
@@ -202,6 +205,25 @@ class PolicyTable:
                 if entry.segment in (None, segment) and entry.channel in (channel, ALL)
             )
             self._quiet[key] = found
+        return found
+
+    def quiet_release(
+        self, *, segment: str | None, channel: str, zone: str, now: float
+    ) -> tuple[float, int] | None:
+        """When the quiet hours that hold a send at `now` let it go: (epoch seconds, spread in
+        seconds), or None when none holds it. Kept per minute: a window opens and closes on a
+        whole minute of the user's clock, and zones change offsets on whole minutes, so every
+        send of that minute gets the same answer."""
+        minute = int(now // 60)
+        key = (segment, channel, zone, minute)
+        if key in self._released:
+            return self._released[key]
+        entries = self.quiet_for(segment=segment, channel=channel)
+        end, spread = quiet_until(entries, zone, minute * 60.0)
+        found = (end, spread) if end > minute * 60 else None
+        if len(self._released) >= 100_000:
+            self._released.clear()
+        self._released[key] = found
         return found
 
     def needs_zone(self, *, segment: str | None, channel: str) -> bool:

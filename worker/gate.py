@@ -11,14 +11,14 @@ per Redis node.
 import logging
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 from django.core.exceptions import ValidationError
 
 from limits.channels import validate_channel
 from limits.limiter import Decision, Limiter, get_limiter
 from limits.policy import DEFAULT_PRIORITY, PolicyTable, RuleSet
-from limits.quiet import QuietView, quiet_until, release_at
+from limits.quiet import QuietView, release_at
 from limits.selectors import PolicyCache, policy_cache
 from limits.windows import resolve_zone
 from segments.index import get_index
@@ -32,6 +32,7 @@ CATEGORIES = (MARKETING, TRANSACTIONAL)
 UNAVAILABLE = "unavailable"
 EXEMPT = "exempt"
 QUIET_HOURS = "quiet_hours"
+_UNKNOWN: object = object()
 
 
 class SegmentResolver(Protocol):
@@ -171,42 +172,45 @@ class Gate:
         clock = time.time() if now is None else now
         now_ms = round(clock * 1000)
         sets: dict[tuple[str | None, str], RuleSet] = {}
-        # Per segment: its quiet hours on the channel, and whether a rule needs the zone.
-        quiet_of: dict[str | None, tuple[QuietView, ...]] = {}
-        zoned: dict[str | None, bool] = {}
+        # Per segment: its quiet hours on the channel, whether a rule reads the zone, and the
+        # zone of a request that names none (resolve_zone's answer without a requested zone).
+        per_segment: dict[str | None, tuple[tuple[QuietView, ...], bool, str]] = {}
         # Per (segment, zone): when its quiet hours let go (None: they hold nobody now).
         held: dict[tuple[str | None, str], tuple[float, int] | None] = {}
         decisions: list[Decision | None] = [None] * len(requests)
         asked: list[int] = []  # positions the limiter decides
         per_request: list[RuleSet] = []
         for i, segment in enumerate(segments):
-            quiet = quiet_of.get(segment)
-            if quiet is None:
-                quiet = quiet_of[segment] = table.quiet_for(segment=segment, channel=channel)
-                zoned[segment] = table.needs_zone(segment=segment, channel=channel)
-            zone = ""
-            if quiet or zoned[segment]:
-                zone = resolve_zone(
-                    requested=time_zones[i] if time_zones is not None else None,
-                    segment_zone=table.zone_of(segment),
+            known = per_segment.get(segment)
+            if known is None:
+                known = per_segment[segment] = (
+                    table.quiet_for(segment=segment, channel=channel),
+                    table.needs_zone(segment=segment, channel=channel),
+                    resolve_zone(requested=None, segment_zone=table.zone_of(segment)),
                 )
+            quiet, zoned, fallback = known
+            zone = ""
+            if quiet or zoned:
+                # resolve_zone for this request: its own zone, else the segment's fallback.
+                zone = (time_zones[i] if time_zones is not None else None) or fallback
             if quiet:
                 key = (segment, zone)
-                if key not in held:
-                    end, spread = quiet_until(quiet, zone, clock)
-                    held[key] = (end, spread) if end > clock else None
-                until = held[key]
+                until = held.get(key, _UNKNOWN)
+                if until is _UNKNOWN:
+                    until = held[key] = table.quiet_release(
+                        segment=segment, channel=channel, zone=zone, now=clock
+                    )
                 if until is not None:
                     user_id, message_id = requests[i]
-                    release = release_at(until[0], until[1], user_id)
+                    end, spread = cast(tuple[float, int], until)
                     decision = _own(
                         user_id, message_id, segment=segment, allowed=False, reason=QUIET_HOURS
                     )
-                    decision.retry_after = round(release - clock, 3)
+                    decision.retry_after = round(release_at(end, spread, user_id) - clock, 3)
                     decisions[i] = decision
                     continue
-            if not zoned[segment]:
-                zone = ""  # the rules read no zone: one rule set for every zone
+                if not zoned:
+                    zone = ""  # the rules read no zone: one rule set for every zone
             rule_set = sets.get((segment, zone))
             if rule_set is None:
                 rule_set = sets[(segment, zone)] = table.rule_set(
