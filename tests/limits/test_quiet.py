@@ -7,6 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from limits.policy import PolicyTable
 from limits.quiet import (
     QuietFields,
     QuietView,
@@ -199,3 +200,23 @@ def test_an_entry_in_plain_words():
         "Every user: no marketing messages from 12:00 to 14:00, in their own time zone; sends "
         "held until then go out at once"
     )
+
+
+@pytest.mark.parametrize("zone", [NEW_YORK, "Asia/Kathmandu", "Australia/Lord_Howe"])
+def test_the_answer_kept_per_minute_is_the_exact_answer_at_every_second(zone):
+    # What the gate asks: the policy table keeps one answer per minute; around DST days and
+    # odd offsets it must equal the exact one at any second of that minute.
+    entries = (entry("21:00", "01:30", 10), entry("01:15", "02:45", 20, channel="all"))
+    table = PolicyTable(rules=(), classic={}, zones={}, quiet=entries)
+    days = {
+        NEW_YORK: [(2026, 3, 8), (2026, 11, 1)],
+        "Asia/Kathmandu": [(2026, 6, 10)],
+        "Australia/Lord_Howe": [(2026, 4, 5), (2026, 10, 4)],
+    }[zone]
+    for day in days:
+        start = at(zone, *day, 0, 0) - 4 * 3600
+        for step in range(0, 8 * 3600, 37):
+            now = start + step
+            exact_end, exact_spread = quiet_until(entries, zone, now)
+            kept = table.quiet_release(segment="gold", channel="email", zone=zone, now=now)
+            assert kept == (None if exact_end == now else (exact_end, exact_spread)), now
