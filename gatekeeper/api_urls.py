@@ -5,7 +5,14 @@ from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from limits.api import CapDetailView, CapListView, RuleDetailView, RuleListView
+from limits.api import (
+    CapDetailView,
+    CapListView,
+    QuietHoursDetailView,
+    QuietHoursListView,
+    RuleDetailView,
+    RuleListView,
+)
 from segments.api import (
     BuildDetailView,
     LookupView,
@@ -21,6 +28,7 @@ from worker.api import (
     QuotaView,
     SendJobDetailView,
     SendJobListView,
+    SendJobWaitingView,
 )
 from worker.health import healthz, readyz
 
@@ -33,6 +41,12 @@ v1 = [
     path("limits/<str:segment>/<str:channel>/", CapDetailView.as_view(), name="cap"),
     path("rules/", RuleListView.as_view(), name="rules"),
     path("rules/<int:rule_id>/", RuleDetailView.as_view(), name="rule"),
+    path("quiet-hours/", QuietHoursListView.as_view(), name="quiet-hours"),
+    path(
+        "quiet-hours/<int:quiet_hours_id>/",
+        QuietHoursDetailView.as_view(),
+        name="quiet-hours-entry",
+    ),
     path("gate/check/", GateCheckView.as_view(), name="gate-check"),
     path("gate/release/", GateReleaseView.as_view(), name="gate-release"),
     path("users/<str:user_id>/quota/", QuotaView.as_view(), name="quota"),
@@ -45,6 +59,7 @@ v1 = [
     path("builds/<int:build_id>/", BuildDetailView.as_view(), name="build"),
     path("sends/", SendJobListView.as_view(), name="sends"),
     path("sends/<int:job_id>/", SendJobDetailView.as_view(), name="send"),
+    path("sends/<int:job_id>/waiting/", SendJobWaitingView.as_view(), name="send-waiting"),
 ]
 
 

@@ -1,6 +1,7 @@
 """The limits app's console pages: a segment's cap grid (channels and `all` x daily / weekly),
 with plain-language readings and the history, saved through `limits.services.cap_grid_save`;
-and the index's link to the cap rules (their pages are limits.admin's `RuleAdmin`)."""
+and the index's links to the cap rules and the quiet hours (their pages are limits.admin's
+`RuleAdmin` and `QuietHoursAdmin`)."""
 
 from django.contrib import messages
 from django.contrib.admin import AdminSite
@@ -21,6 +22,12 @@ LINKS = [
         "limits_rule_changelist",
         "limits.view_rule",
         "Every rule in plain words, and the ones that never decide.",
+    ),
+    ConsoleLink(
+        "Quiet hours",
+        "limits_quiethours_changelist",
+        "limits.view_quiethours",
+        "When each segment gets no marketing, on the user's own clock.",
     ),
 ]  # the grid is reached from each segment
 

@@ -1,6 +1,6 @@
-"""REST views of caps and cap rules."""
+"""REST views of caps, cap rules and quiet hours."""
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -14,15 +14,21 @@ from gatekeeper.lib.api import JsonAPIView, errors
 from gatekeeper.lib.bodies import decode
 from gatekeeper.lib.ids import DATABASE_MAX
 from gatekeeper.lib.permissions import (
+    ADD_QUIET_HOURS,
     ADD_RULES,
+    CHANGE_QUIET_HOURS,
     CHANGE_RULES,
+    DELETE_QUIET_HOURS,
     DELETE_RULES,
     SET_CAPS,
     VIEW_CAPS,
+    VIEW_QUIET_HOURS,
     VIEW_RULES,
 )
 from limits.bodies import (
     CapBody,
+    QuietHoursChangeBody,
+    QuietHoursCreateBody,
     Reserve,
     RollingWindow,
     RuleChangeBody,
@@ -30,10 +36,26 @@ from limits.bodies import (
     Window,
 )
 from limits.channels import scopes, validate_scope
-from limits.models import Cap, Rule
+from limits.models import Cap, QuietHours, Rule
+from limits.quiet import SPREAD_MAX, QuietFields
 from limits.rules import RuleFields
-from limits.serializers import CapSerializer, RuleSerializer, rules_shown
-from limits.services import ClassicRule, cap_set, rule_create, rule_delete, rule_update
+from limits.serializers import (
+    CapSerializer,
+    QuietHoursSerializer,
+    RuleSerializer,
+    quiet_hours_shown,
+    rules_shown,
+)
+from limits.services import (
+    ClassicRule,
+    cap_set,
+    quiet_create,
+    quiet_delete,
+    quiet_update,
+    rule_create,
+    rule_delete,
+    rule_update,
+)
 from segments.selectors import segment_by_slug
 
 
@@ -149,18 +171,25 @@ def _rule_changes(body: RuleChangeBody) -> dict[str, Any]:
     return changes
 
 
+RowT = TypeVar("RowT", Rule, QuietHours)
+
+
 def _classic(exc: ClassicRule) -> Response:
     return Response({"detail": exc.message_dict["non_field_errors"][0]}, status=409)
 
 
+def _row_or_404(model: type[RowT], row_id: int, what: str) -> RowT:
+    # Ids beyond what the database holds (a 64-bit column) are no row, not an overflow.
+    row = None
+    if 0 < row_id <= DATABASE_MAX:
+        row = model.objects.select_related("segment").filter(pk=row_id).first()
+    if row is None:
+        raise NotFound(f"No {what} {row_id}.")
+    return row
+
+
 def _rule_or_404(rule_id: int) -> Rule:
-    # Ids beyond what the database holds (a 64-bit column) are no rule, not an overflow.
-    if not 0 < rule_id <= DATABASE_MAX:
-        raise NotFound(f"No rule {rule_id}.")
-    rule = Rule.objects.select_related("segment").filter(pk=rule_id).first()
-    if rule is None:
-        raise NotFound(f"No rule {rule_id}.")
-    return rule
+    return _row_or_404(Rule, rule_id, "rule")
 
 
 RULE_ID = OpenApiParameter(
@@ -247,4 +276,103 @@ class RuleDetailView(JsonAPIView):
             rule_delete(rule=_rule_or_404(rule_id), user=request.user, via="api")
         except ClassicRule as exc:
             return _classic(exc)
+        return Response(status=204)
+
+
+# --- quiet hours ------------------------------------------------------------------------------
+
+
+def _quiet_or_404(entry_id: int) -> QuietHours:
+    return _row_or_404(QuietHours, entry_id, "quiet hours")
+
+
+QUIET_HOURS_ID = OpenApiParameter(
+    "quiet_hours_id",
+    {"type": "integer", "minimum": 1, "maximum": DATABASE_MAX},
+    OpenApiParameter.PATH,
+    description="The quiet hours' id.",
+)
+QUIET_HOURS_CHECKS = (
+    "Checked whole by the one rule for quiet hours (limits.quiet.quiet_problems): the segment "
+    "must exist, times are HH:MM, the end differs from the start, and the spread is 0 to "
+    f"{SPREAD_MAX} minutes and shorter than the part of the day outside the quiet hours. "
+    "Recorded in the quiet hours' history; governs every process within "
+    "GATEKEEPER_CAPS_TTL_SECONDS."
+)
+
+
+class QuietHoursListView(JsonAPIView):
+    rights = {"GET": VIEW_QUIET_HOURS, "POST": ADD_QUIET_HOURS}
+    bodies = {"POST": QuietHoursCreateBody}
+    operation_ids = {"GET": "quiet_hours_list", "POST": "quiet_hours_create"}
+
+    @extend_schema(
+        summary="Every quiet-hours entry, by id",
+        responses={200: QuietHoursSerializer(many=True), **errors()},
+    )
+    def get(self, request: Request) -> Response:
+        entries = QuietHours.objects.select_related("segment").order_by("id")
+        return Response(QuietHoursSerializer(quiet_hours_shown(entries), many=True).data)
+
+    @extend_schema(
+        summary="Create quiet hours",
+        description=QUIET_HOURS_CHECKS,
+        responses={201: QuietHoursSerializer, **errors(400, 413)},
+    )
+    def post(self, request: Request) -> Response:
+        body = decode(request.data, QuietHoursCreateBody)
+        fields = QuietFields(**msgspec.structs.asdict(body))
+        try:
+            entry = quiet_create(fields=fields, user=request.user, via="api")
+        except DjangoValidationError as exc:
+            raise ValidationError(exc.message_dict) from None
+        return Response(QuietHoursSerializer(quiet_hours_shown([entry])[0]).data, status=201)
+
+
+class QuietHoursDetailView(JsonAPIView):
+    rights = {"GET": VIEW_QUIET_HOURS, "PATCH": CHANGE_QUIET_HOURS, "DELETE": DELETE_QUIET_HOURS}
+    bodies = {"PATCH": QuietHoursChangeBody}
+    operation_ids = {
+        "GET": "quiet_hours_get",
+        "PATCH": "quiet_hours_change",
+        "DELETE": "quiet_hours_delete",
+    }
+
+    @extend_schema(
+        summary="One quiet-hours entry",
+        parameters=[QUIET_HOURS_ID],
+        responses={200: QuietHoursSerializer, **errors(404)},
+    )
+    def get(self, request: Request, quiet_hours_id: int) -> Response:
+        entry = _quiet_or_404(quiet_hours_id)
+        return Response(QuietHoursSerializer(quiet_hours_shown([entry])[0]).data)
+
+    @extend_schema(
+        summary="Change some of a quiet-hours entry's fields",
+        description=QUIET_HOURS_CHECKS.replace("Checked whole", "Checked whole after the change"),
+        parameters=[QUIET_HOURS_ID],
+        responses={200: QuietHoursSerializer, **errors(400, 404, 413)},
+    )
+    def patch(self, request: Request, quiet_hours_id: int) -> Response:
+        entry = _quiet_or_404(quiet_hours_id)
+        body = decode(request.data, QuietHoursChangeBody)
+        changes = {
+            name: value
+            for name, value in msgspec.structs.asdict(body).items()
+            if value is not msgspec.UNSET
+        }
+        try:
+            changed = quiet_update(entry=entry, changes=changes, user=request.user, via="api")
+        except DjangoValidationError as exc:
+            raise ValidationError(exc.message_dict) from None
+        return Response(QuietHoursSerializer(quiet_hours_shown([changed])[0]).data)
+
+    @extend_schema(
+        summary="Delete a quiet-hours entry",
+        description="Recorded in the quiet hours' history.",
+        parameters=[QUIET_HOURS_ID],
+        responses={204: None, **errors(404)},
+    )
+    def delete(self, request: Request, quiet_hours_id: int) -> Response:
+        quiet_delete(entry=_quiet_or_404(quiet_hours_id), user=request.user, via="api")
         return Response(status=204)

@@ -1,5 +1,5 @@
-"""Request bodies of the caps' and rules' REST API, and the parts of a send that rules read
-(tags, priority), as msgspec structs (see gatekeeper.lib.bodies)."""
+"""Request bodies of the REST API of caps, rules and quiet hours, and the parts of a send that
+rules read (tags, priority), as msgspec structs (see gatekeeper.lib.bodies)."""
 
 from collections.abc import Sequence
 from typing import Annotated, Literal
@@ -11,6 +11,7 @@ from gatekeeper.lib.bodies import Body, schema_fill, words_for_pattern
 from gatekeeper.lib.integers import INT32_MAX
 from limits.channels import channels, scopes
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES, ROLLING_SECONDS
+from limits.quiet import CLOCK, CLOCK_WORDS, SPREAD_MAX
 from limits.rules import (
     NAME_MAX,
     TAG,
@@ -192,4 +193,60 @@ class RuleChangeBody(Body, kw_only=True):
     window: Window | UnsetType = UNSET
     limit: RuleLimit | UnsetType = UNSET
     reserve: Annotated[Reserve | None, Meta(description="null: no reserve.")] | UnsetType = UNSET
+    enabled: bool | UnsetType = UNSET
+
+
+# --- quiet hours ------------------------------------------------------------------------------
+# As for rules, the bounds limits.quiet.quiet_problems checks (a time of day's form, the spread's
+# range, the channels, the segment) are only stated for the schema here, so that a refusal comes
+# from the one rule, in its words; quiet_problems also refuses what a schema cannot say (an end
+# equal to the start, a spread longer than the day outside the window, a segment that does not
+# exist).
+
+# The schema's form of limits.quiet.CLOCK (its `$` is the end of the string, as fullmatch's).
+Clock = Annotated[str, Meta(extra_json_schema={"pattern": f"^{CLOCK.pattern}$"})]
+QuietSegment = Annotated[Slug | None, Meta(description="A segment's slug; null: every segment.")]
+QuietStart = Annotated[
+    Clock,
+    Meta(
+        description=f"When the quiet hours start, on the user's own clock. {CLOCK_WORDS}",
+        extra_json_schema={"example": "21:00"},
+    ),
+]
+QuietEnd = Annotated[
+    Clock,
+    Meta(
+        description="When they end; before the start, the quiet hours wrap midnight (21:00 to "
+        f"08:00 ends the next morning). Never equal to the start. {CLOCK_WORDS}",
+        extra_json_schema={"example": "08:00"},
+    ),
+]
+Spread = Annotated[
+    int,
+    Meta(
+        description=f"Sends held until the end go out over this many minutes after it, each "
+        f"user at their own place in it: 0 (at once, the default) to {SPREAD_MAX}, and less "
+        "than the part of the day outside the quiet hours.",
+        extra_json_schema={"minimum": 0, "maximum": SPREAD_MAX},
+    ),
+]
+
+
+class QuietHoursCreateBody(Body, kw_only=True):
+    segment: QuietSegment = None
+    channel: Scope
+    start: QuietStart
+    end: QuietEnd
+    spread_minutes: Spread = 0
+    enabled: bool = True
+
+
+class QuietHoursChangeBody(Body, kw_only=True):
+    """Any of an entry's fields; the entry is checked whole after the change."""
+
+    segment: QuietSegment | UnsetType = UNSET
+    channel: Scope | UnsetType = UNSET
+    start: QuietStart | UnsetType = UNSET
+    end: QuietEnd | UnsetType = UNSET
+    spread_minutes: Spread | UnsetType = UNSET
     enabled: bool | UnsetType = UNSET

@@ -1,4 +1,4 @@
-"""Shapes of the caps' and rules' REST answers (see limits/api.py)."""
+"""Shapes of the REST answers of caps, rules and quiet hours (see limits/api.py)."""
 
 from collections.abc import Iterable
 from typing import Any
@@ -9,7 +9,8 @@ from rest_framework import serializers
 
 from gatekeeper.lib.bodies import openapi_components
 from limits.bodies import Reserve, Window
-from limits.models import Cap, Rule
+from limits.models import Cap, QuietHours, Rule
+from limits.quiet import CLOCK, SPREAD_MAX, quiet_as_json, quiet_describe, quiet_view
 from limits.rules import MATCHES, rule_as_json, rule_describe
 from limits.selectors import rule_view, rules_findings
 from limits.services import cap_describe, cap_warnings
@@ -102,3 +103,42 @@ def rules_shown(rules: Iterable[Rule]) -> list[dict[str, Any]]:
             }
         )
     return shown
+
+
+class QuietHoursSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    segment = serializers.CharField(
+        allow_null=True, help_text="A segment's slug; null: every segment."
+    )
+    channel = serializers.CharField(help_text='A channel, or "all": every channel.')
+    start = serializers.RegexField(
+        f"^{CLOCK.pattern}$", help_text="When the quiet hours start (HH:MM, the user's clock)."
+    )
+    end = serializers.RegexField(
+        f"^{CLOCK.pattern}$",
+        help_text="When they end (HH:MM); before the start, the next morning.",
+    )
+    spread_minutes = serializers.IntegerField(
+        min_value=0,
+        max_value=SPREAD_MAX,
+        help_text="Held sends go out over this many minutes after the end (0: at once).",
+    )
+    enabled = serializers.BooleanField()
+    description = serializers.CharField(help_text="The quiet hours in plain words.")
+    created_at = serializers.DateTimeField()
+    changed_at = serializers.DateTimeField()
+
+
+def quiet_hours_shown(entries: Iterable[QuietHours]) -> list[dict[str, Any]]:
+    """Quiet hours as the REST API answers them (QuietHoursSerializer's fields)."""
+    entries = list(entries)
+    names = {e.segment.slug: e.segment.name for e in entries if e.segment is not None}
+    return [
+        {
+            **quiet_as_json(entry),
+            "description": quiet_describe(quiet_view(entry), segment_names=names),
+            "created_at": entry.created_at,
+            "changed_at": entry.changed_at,
+        }
+        for entry in entries
+    ]

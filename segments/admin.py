@@ -166,6 +166,9 @@ class SegmentAdmin(admin.ModelAdmin):
             if request.user.has_perm("limits.view_rule"):
                 rules = reverse("admin:limits_rule_changelist")
                 context["rules_url"] = f"{rules}?segment__id__exact={object_id}"
+            if request.user.has_perm("limits.view_quiethours"):
+                quiet = reverse("admin:limits_quiethours_changelist")
+                context["quiet_hours_url"] = f"{quiet}?segment__id__exact={object_id}"
         return super().change_view(request, object_id, form_url, context)
 
     @admin.display(description="share of listed users")

@@ -38,12 +38,32 @@ def worker_env(broker_url: str, **extra: str) -> dict[str, str]:
     }
 
 
-def start_celery_worker(queues: str, env: dict[str, str]) -> subprocess.Popen[Any]:
+def start_celery_worker(
+    queues: str, env: dict[str, str], *, log: Path | None = None
+) -> subprocess.Popen[Any]:
     """One prefork child, in a process group of its own (so stop_celery_worker or a test's
-    SIGKILL reaches the children too)."""
+    SIGKILL reaches the children too). With `log`, it logs at INFO level (each task's success
+    and result) to that file, for a test to read."""
+    output = open(log, "ab") if log is not None else None  # noqa: SIM115 (the child's)
+    try:
+        return subprocess.Popen(
+            [str(Path(sys.executable).parent / "celery"), "-A", "gatekeeper", "worker",
+             "-Q", queues, "-c", "1", "-P", "prefork",
+             "--loglevel", "INFO" if log is not None else "WARNING",
+             "--without-mingle", "--without-gossip"],
+            cwd=ROOT, env=env, start_new_session=True, stdout=output, stderr=output,
+        )  # fmt: skip
+    finally:
+        if output is not None:
+            output.close()
+
+
+def start_celery_beat(env: dict[str, str], directory: Path) -> subprocess.Popen[Any]:
+    """Celery beat with the project's scheduler (django-celery-beat, in the test's database),
+    queueing the project's periodic tasks on the test's broker; its pid file in `directory`."""
     return subprocess.Popen(
-        [str(Path(sys.executable).parent / "celery"), "-A", "gatekeeper", "worker", "-Q", queues,
-         "-c", "1", "-P", "prefork", "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
+        [str(Path(sys.executable).parent / "celery"), "-A", "gatekeeper", "beat",
+         "--loglevel", "WARNING", "--pidfile", str(directory / "beat.pid")],
         cwd=ROOT, env=env, start_new_session=True,
     )  # fmt: skip
 

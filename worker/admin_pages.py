@@ -1,6 +1,7 @@
-"""The gate's console pages: the dashboard, a user's lookup (classic caps, every rule's
-figures, recent sends) and the audited quota reset, and the what-if of a draft change of caps
-for one more send of a campaign, tags and priority."""
+"""The gate's console pages: the dashboard (with the sends waiting, by hour of release), a
+user's lookup (zone and local time, quiet hours per channel, classic caps, every rule's figures,
+recent sends) and the audited quota reset, and the what-if of a draft change of caps for one
+more send of a campaign, tags and priority."""
 
 import datetime as dt
 import time
@@ -34,8 +35,10 @@ from worker.selectors import (
     Unavailable,
     dashboard_stats,
     draft_table,
+    user_quiet_hours,
     user_quota,
     user_recent_sends,
+    waiting_by_hour,
     what_if,
     what_if_file_audience,
     what_if_segment_audience,
@@ -149,6 +152,8 @@ class WhatIfAudienceForm(forms.Form):
 
 # --- dashboard -------------------------------------------------------------------------------
 
+WAITING_HOURS = 48  # the dashboard's view ahead of the sends waiting for release
+
 
 def dashboard(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     require(request, "segments.view_segment")
@@ -183,10 +188,17 @@ def dashboard(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
             }
             for slug in index.segments
         ]
+    waiting = waiting_by_hour(hours=WAITING_HOURS)
     chart_data = {
         "sizes": {"labels": [s["name"] for s in sizes], "values": [s["users"] for s in sizes]},
         "today": stats["today_by_segment"] if stats else None,
         "history": stats["history"] if stats else None,
+        "waiting": {
+            "labels": [f"{row['hour']:%a %H:00}" for row in waiting["hours"]],
+            "values": [row["sends"] for row in waiting["hours"]],
+        }
+        if waiting["total"]
+        else None,
     }
     return render(
         request,
@@ -198,6 +210,8 @@ def dashboard(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         processes=processes,
         stats=stats,
         sizes=sizes,
+        waiting=waiting,
+        waiting_hours=WAITING_HOURS,
         chart_data=chart_data,
         problems=problems,
     )
@@ -244,10 +258,33 @@ def _user_zone(quota: dict[str, Any], now: float) -> dict[str, str]:
     return {"name": name, "source": source, "local": f"{local:%Y-%m-%d %H:%M} ({local:%Z})"}
 
 
+def _at_words(instant: float, time_zone: str, now: float) -> str:
+    """An instant soon, in the user's own time and in UTC: "08:17 their time (06:17 UTC,
+    in 7 h 17 min)"."""
+    at = dt.datetime.fromtimestamp(instant, dt.UTC)
+    try:
+        local = f"{at.astimezone(zone(time_zone)):%Y-%m-%d %H:%M} their time"
+    except UnknownTimeZone:
+        local = "unknown zone"
+    return f"{local} ({at:%H:%M} UTC, in {ago(instant - now)})"
+
+
+def _quiet_rows(user_id: int, quota: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    """Per channel: the quiet hours that apply to the user and whether they hold now."""
+    rows = user_quiet_hours(user_id, segment=quota["segment"], zone=quota["time_zone"], now=now)
+    for row in rows:
+        row["label"] = scope_label(row["channel"])
+        if row["quiet_now"]:
+            row["until_text"] = _at_words(row["until"], quota["time_zone"], now)
+            row["release_text"] = _at_words(row["release"], quota["time_zone"], now)
+    return rows
+
+
 def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     require(request, "limits.view_cap")
     form = UserLookupForm(request.GET or None)
     quota, sends, problem, user_zone = None, [], "", {}
+    quiet: list[dict[str, Any]] = []
     if form.is_valid():
         user_id = form.cleaned_data["user_id"]
         try:
@@ -258,6 +295,7 @@ def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         else:
             now = time.time()
             user_zone = _user_zone(quota, now)
+            quiet = _quiet_rows(user_id, quota, now)
             for scope, usage in quota["scopes"].items():
                 usage["label"] = scope_label(scope)
                 usage["next_slot_text"] = _next_slot(usage, now)
@@ -275,6 +313,7 @@ def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         form=form,
         quota=quota,
         user_zone=user_zone,
+        quiet=quiet,
         sends=sends,
         problem=problem,
         can_reset=request.user.has_perm("limits.reset_quota"),

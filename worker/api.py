@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
 from gatekeeper.lib.bodies import decode
 from gatekeeper.lib.ids import user_id_from_text, user_ids_checked
-from gatekeeper.lib.permissions import GATE, VIEW_CAPS, VIEW_SEND_JOBS
+from gatekeeper.lib.permissions import CANCEL_SENDS, GATE, VIEW_CAPS, VIEW_SEND_JOBS
 from gatekeeper.lib.words import count
 from gatekeeper.lib.zones import UnknownTimeZone, zone
 from limits.bodies import tags_checked, window_from_text
@@ -45,7 +45,7 @@ from worker.serializers import (
     SendJobCreatedSerializer,
     SendJobSerializer,
 )
-from worker.services import send_job_create
+from worker.services import send_job_cancel_waiting, send_job_create
 
 
 def _channel(value: str) -> str:
@@ -276,6 +276,7 @@ class SendJobListView(JsonAPIView):
                 priority=body.priority,
                 on_capped=body.on_capped,
                 on_invalid=body.on_invalid,
+                expires_at=body.expires_at,
                 # The service checks every row: an unknown time zone is that row's error,
                 # refusing the job or skipping the row as on_invalid says.
                 recipients=msgspec.to_builtins(body.recipients),
@@ -298,3 +299,23 @@ class SendJobDetailView(JsonAPIView):
     )
     def get(self, request: Request, job_id: int) -> Response:
         return Response(SendJobSerializer(get_object_or_404(SendJob, pk=job_id)).data)
+
+
+class SendJobWaitingView(JsonAPIView):
+    rights = {"DELETE": CANCEL_SENDS}
+    operation_ids = {"DELETE": "send_job_cancel_waiting"}
+
+    @extend_schema(
+        summary="Cancel a send job's waiting sends; the job, as it is now",
+        description=(
+            "Every send the gate deferred (caps, quiet hours) that waits for its release counts "
+            "as `cancelled`, and so does every send the job defers from now on. Sends being "
+            "gated or sent at this moment are not waiting and go on. Idempotent: 200 with the "
+            "job every time."
+        ),
+        responses={200: SendJobSerializer, **errors(404)},
+    )
+    def delete(self, request: Request, job_id: int) -> Response:
+        job = get_object_or_404(SendJob, pk=job_id)
+        job = send_job_cancel_waiting(job=job, user=request.user)
+        return Response(SendJobSerializer(job).data)

@@ -5,6 +5,7 @@ loaded snapshot (known channels, the widest user id, a template that exists) is 
 decoding, by the view or the service, with the same 400 format.
 """
 
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from msgspec import Meta
@@ -15,7 +16,7 @@ from limits.bodies import Channel, Priority, Tags
 from limits.policy import DEFAULT_PRIORITY
 from segments.bodies import TimeZone
 from worker.dispatchers import TEMPLATE_NAME, template_names
-from worker.models import CAMPAIGN_MAX, MESSAGE_ID_MAX
+from worker.models import CAMPAIGN_MAX, EXPIRY_DEFAULT, EXPIRY_MAX, MESSAGE_ID_MAX
 
 GATE_LIMIT = 10_000
 SEND_LIMIT = 100_000
@@ -112,7 +113,23 @@ class SendJobBody(Body, kw_only=True):
     category: Category = "marketing"
     tags: Tags = []
     priority: Priority = DEFAULT_PRIORITY
-    on_capped: Literal["drop", "defer"] = "drop"
+    on_capped: Annotated[
+        Literal["drop", "defer"],
+        Meta(
+            description="drop: sends refused by a cap or quiet hours are counted as `capped`; "
+            "defer: they wait (in the database) until their `retry_after` and are gated again "
+            "then, grouped by the minute of their release (never before it)."
+        ),
+    ] = "drop"
+    expires_at: Annotated[
+        datetime | None,
+        Meta(
+            description="ISO 8601 with its UTC offset (2026-06-11T09:00:00+02:00 or ...Z), in "
+            f"the future, at most {EXPIRY_MAX.days} days ahead; default "
+            f"{int(EXPIRY_DEFAULT.total_seconds() // 3600)} hours after creation. Deferred "
+            "sends still waiting then (or released only after it) count as `expired`."
+        ),
+    ] = None
     on_invalid: Annotated[
         Literal["reject", "skip"],
         Meta(

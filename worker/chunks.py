@@ -1,5 +1,6 @@
-"""Running a send job's chunks: gate, claim, dispatch, settle. The work of
-`worker.tasks.send_chunk`.
+"""Running a send job's chunks: gate, claim, dispatch, settle; and a job's waiting sends
+(deferred by the gate) grouped by release minute, expired, cancelled. The work of
+`worker.tasks.send_chunk` and `worker.tasks.send_chunks_due`.
 
 Celery delivers a task at least once (acks_late, so a killed worker's chunk is delivered
 again). The message id is the idempotency key that keeps that from becoming a double send: the
@@ -14,25 +15,29 @@ import logging
 import time
 import uuid
 from collections import Counter
-from datetime import timedelta
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import Any
 
 import redis
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from worker.claims import SENT, RunClaims, claims_read
 from worker.dispatchers import AMBIGUOUS, PERMANENT, Renderer, dispatcher_for, send_many
-from worker.gate import MARKETING, gate_check, gate_release
+from worker.gate import MARKETING, QUIET_HOURS, gate_check, gate_release
 from worker.models import SendChunk, SendJob
 
 logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5  # transient failures and Redis outages: then the recipient fails visibly
 REDIS_DOWN_DELAY = 30  # seconds before a chunk that met an unavailable Redis is tried again
-CAPPED_REASONS = ("daily_cap", "weekly_cap", "cap")  # refusals that `on_capped: defer` waits out
+CAPPED_REASONS = ("daily_cap", "weekly_cap", "cap")
+# Refusals that `on_capped: defer` waits out: a slot frees, or the user's quiet hours end.
+DEFERRABLE_REASONS = (*CAPPED_REASONS, QUIET_HOURS)
+EXPIRED, CANCELLED = "expired", "cancelled"  # what a waiting send ends as, when it never went
 
 
 class ChunkBusy(Exception):
@@ -66,9 +71,20 @@ class _Lease:
         self.chunk_id, self.until = chunk_id, None
 
     def take(self, now: Any) -> bool:
+        """For a run, which may gate and send: counted in the chunk's `runs`."""
         until = _lease_end(now)
         runnable = SendChunk.objects.filter(_runnable(now), pk=self.chunk_id)
-        if runnable.update(lease_until=until):
+        if runnable.update(lease_until=until, runs=F("runs") + 1):
+            self.until = until
+            return True
+        return False
+
+    def take_to_close(self, now: Any) -> bool:
+        """For closing a waiting chunk (expired, cancelled) whatever its `not_before`: no run."""
+        until = _lease_end(now)
+        free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+        queued = SendChunk.objects.filter(free, pk=self.chunk_id, status=SendChunk.Status.QUEUED)
+        if queued.update(lease_until=until):
             self.until = until
             return True
         return False
@@ -93,9 +109,13 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None, now: Any = None) ->
     Safe to run again for the same chunk (a redelivered task): a finished chunk does nothing, a
     chunk not due yet does nothing (`send_chunks_due` queues it when it is), one leased by a run
     still alive raises ChunkBusy, and an interrupted one sends only what it had not claimed.
-    `now` (tests, replays) is the time the chunk's lease and due date are judged at, the gate's
-    clock (its windows and calendar days) and the start of any deferral; without it the gate
-    reads Redis's clock, and deferrals start when the chunk settles.
+    `now` (tests, replays) is the time the chunk's lease, due date and its job's expiry are
+    judged at, and the gate's clock (its windows, calendar days and quiet hours), from which
+    deferred sends' releases count; without it the gate reads the clocks of Redis and of this
+    process, and releases count from the gate's answer.
+
+    A deferred chunk (waiting sends) whose job expired or whose waiting was cancelled is not
+    gated again: its sends are counted as expired or cancelled.
     """
     clock = now
     now = now or timezone.now()
@@ -211,6 +231,14 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
         SendJob.objects.filter(pk=job.pk, status=SendJob.Status.QUEUED).update(
             status=SendJob.Status.RUNNING
         )
+    if chunk.kind == SendChunk.Kind.DEFERRED:
+        ended = _waiting_end(job, clock or timezone.now())
+        if ended is not None:
+            # Its job expired, or its waiting sends were cancelled, while it waited: it is
+            # not gated again. An earlier run may have sent part of it (it died or raised).
+            outcomes = _closing_outcomes(chunk, ended, earlier_runs=chunk.runs > 1)
+            _close(chunk, ended, outcomes)
+            return dict(outcomes)
     # Before gating: a missing template or a dispatcher that cannot start fails the chunk
     # without charging anybody's quota.
     renderer = Renderer(channel=job.channel, template=job.template, campaign=job.campaign)
@@ -226,6 +254,9 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
         time_zones=[r.get("time_zone") for r in recipients],
         now=clock.timestamp() if clock is not None else None,
     )
+    # What `retry_after` counts from: the gate's clock (taken after it answered, so that a
+    # release read from it is never early).
+    gated_at = clock or timezone.now()
     charged = {d.message_id for d in decisions if d.reason == "allowed"}
     run = _Run(chunk, dispatcher, charged)
     admitted = [r for r, d in zip(recipients, decisions, strict=True) if d.allowed]
@@ -240,17 +271,17 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
     if run.released and job.category == MARKETING:
         gate_release(channel=job.channel, requests=run.released)
     outcomes = run.outcomes
-    capped: list[tuple[dict[str, Any], float]] = []
+    deferred: list[tuple[dict[str, Any], datetime]] = []  # (recipient, its release)
     unavailable: list[dict[str, Any]] = []
     for recipient, decision in zip(recipients, decisions, strict=True):
         if decision.allowed:
             continue
         if (
-            decision.reason in CAPPED_REASONS
+            decision.reason in DEFERRABLE_REASONS
             and job.on_capped == SendJob.OnCapped.DEFER
             and decision.retry_after is not None
         ):
-            capped.append((recipient, decision.retry_after))
+            deferred.append((recipient, gated_at + timedelta(seconds=decision.retry_after)))
         elif decision.reason == "unavailable" and not run.last_attempt:
             # Redis or the snapshot is missing: try again soon instead of dropping the send.
             unavailable.append(recipient)
@@ -261,14 +292,12 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
             # retry_after: a reserve keeps every slot from this priority): deferring that
             # would wait forever.
             outcomes["capped"] += 1
-    follow_ups: list[tuple[list[dict[str, Any]], float, int]] = []
+    retries: list[tuple[list[dict[str, Any]], float, int]] = []
     if run.retry:  # transient failures: backoff, and an attempt spent
-        follow_ups.append((run.retry, 5 * 2**chunk.attempts, chunk.attempts + 1))
+        retries.append((run.retry, 5 * 2**chunk.attempts, chunk.attempts + 1))
     if unavailable:  # Redis or the snapshot missing: soon, and an attempt spent
-        follow_ups.append((unavailable, float(REDIS_DOWN_DELAY), chunk.attempts + 1))
-    if capped:  # waiting for a slot is not a failure: no attempt spent
-        follow_ups.append(([r for r, _ in capped], max(d for _, d in capped), chunk.attempts))
-    _settle(chunk, decisions, outcomes, follow_ups, clock or timezone.now())
+        retries.append((unavailable, float(REDIS_DOWN_DELAY), chunk.attempts + 1))
+    _settle(chunk, decisions, outcomes, retries, deferred, clock or timezone.now())
     return dict(outcomes)
 
 
@@ -289,16 +318,38 @@ def _count_on_job(job: SendJob, outcomes: Counter[str]) -> None:
     job.save()
 
 
+def release_groups(
+    deferred: Iterable[tuple[dict[str, Any], datetime]],
+) -> list[tuple[datetime, list[dict[str, Any]]]]:
+    """Deferred recipients grouped by the minute of their release, each group with the latest
+    release in it: (not_before, recipients), earliest first. Nobody of a group goes before their
+    own release, and nobody more than a minute after it; a spread of releases (quiet hours'
+    morning) stays a spread instead of one burst at its end."""
+    groups: dict[int, list[tuple[dict[str, Any], datetime]]] = {}
+    for recipient, release in deferred:
+        groups.setdefault(int(release.timestamp() // 60), []).append((recipient, release))
+    return [
+        (max(release for _, release in group), [recipient for recipient, _ in group])
+        for _, group in sorted(groups.items())
+    ]
+
+
 def _settle(
     chunk: SendChunk,
     decisions: list[Any],
     outcomes: Counter[str],
-    follow_ups: list[tuple[list[dict[str, Any]], float, int]],
+    retries: list[tuple[list[dict[str, Any]], float, int]],
+    deferred: list[tuple[dict[str, Any], datetime]],
     now: Any,
 ) -> None:
-    """Record the chunk's results on the job and store its follow-up chunks (recipients, delay
-    from `now`, attempts), in one transaction. Follow-ups wait in the database, not in the
-    broker: `send_chunks_due` queues each when its `not_before` comes."""
+    """Record the chunk's results on the job and store its follow-up chunks, in one
+    transaction: retries (recipients, delay from `now`, attempts) and the deferred sends
+    (recipient, release), grouped by release minute. Follow-ups wait in the database, not in
+    the broker: `send_chunks_due` queues each when its `not_before` comes.
+
+    Read under the job's lock, so that a cancel or an expiry never misses a deferral made at the
+    same moment: once the job's waiting sends are cancelled, a deferral is cancelled at once; a
+    release after the job's expiry is expired at once (it could never go out)."""
     with transaction.atomic():
         job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
         if not _still_queued(chunk.pk):
@@ -307,14 +358,41 @@ def _settle(
         reasons.update(d.reason for d in decisions)
         segments = Counter(job.segments)
         segments.update(d.segment or "unknown" for d in decisions)
+        waiting = []
+        ended = _waiting_end(job, now)
+        for recipient, release in deferred:
+            if ended is not None:
+                outcomes[ended] += 1
+            elif release > job.expires_at:
+                outcomes[EXPIRED] += 1
+            else:
+                waiting.append((recipient, release))
+        reasons.update({o: outcomes[o] for o in (EXPIRED, CANCELLED) if outcomes[o]})
         job.reasons, job.segments = dict(reasons), dict(segments)
-        for recipients, delay, attempts in follow_ups:
-            SendChunk.objects.create(
+        follow_ups = [
+            SendChunk(
                 job=job,
+                kind=SendChunk.Kind.RETRY,
                 recipients=recipients,
+                size=len(recipients),
                 attempts=attempts,
                 not_before=now + timedelta(seconds=delay),
             )
+            for recipients, delay, attempts in retries
+        ]
+        follow_ups.extend(
+            # Waiting for a slot or the morning is not a failure: no attempt spent.
+            SendChunk(
+                job=job,
+                kind=SendChunk.Kind.DEFERRED,
+                recipients=recipients,
+                size=len(recipients),
+                attempts=chunk.attempts,
+                not_before=not_before,
+            )
+            for not_before, recipients in release_groups(waiting)
+        )
+        SendChunk.objects.bulk_create(follow_ups)
         chunk.status = SendChunk.Status.DONE
         chunk.lease_until = None
         chunk.save(update_fields=["status", "lease_until"])
@@ -338,6 +416,144 @@ def chunks_due(*, now: Any = None) -> list[int]:
     return ids
 
 
+# --- waiting sends: expiry and cancelling ----------------------------------------------------
+
+
+def _waiting_end(job: SendJob, now: Any) -> str | None:
+    """How the job's waiting sends end at `now`: EXPIRED, CANCELLED, or None (they still wait).
+    Whichever came first decides."""
+    cancelled_at = job.waiting_cancelled_at
+    if job.expires_at <= now and (cancelled_at is None or job.expires_at < cancelled_at):
+        return EXPIRED
+    return CANCELLED if cancelled_at is not None else None
+
+
+def _ended(now: Any) -> Q:
+    """Jobs whose waiting sends end at `now` (a SendChunk lookup)."""
+    return Q(job__expires_at__lte=now) | Q(job__waiting_cancelled_at__isnull=False)
+
+
+def waiting_close(*, now: Any = None, job_id: int | None = None) -> Counter[str]:
+    """End the waiting sends of jobs that expired or whose waiting was cancelled (of one job
+    with `job_id`), whatever their chunks' `not_before`. Returns how many ended as what.
+
+    A waiting chunk no run ever took (the usual case) is closed in bulk in the database: none
+    of it was gated or sent, every recipient is expired or cancelled. One an earlier run took
+    (it died or raised midway) is closed by its claims, as a given-up chunk is: what went out
+    counts as sent, what another job sent as a duplicate, what was cut off as ambiguous; Redis
+    must answer for that, else it is left for the next call. A chunk a live run holds is left
+    to that run, which settles it (its new deferrals are expired or cancelled then)."""
+    now = now or timezone.now()
+    waiting = SendChunk.objects.filter(
+        _ended(now), kind=SendChunk.Kind.DEFERRED, status=SendChunk.Status.QUEUED
+    )
+    if job_id is not None:
+        waiting = waiting.filter(job_id=job_id)
+    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    ended: Counter[str] = Counter()
+    for job in list(waiting.values_list("job_id", flat=True).distinct()[:1000]):
+        ended.update(_close_never_run(job, waiting.filter(free, job_id=job, runs=0), now))
+    for chunk_id in list(waiting.filter(free, runs__gt=0).values_list("pk", flat=True)[:100]):
+        lease = _Lease(chunk_id)
+        if not lease.take_to_close(now):
+            continue
+        chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
+        how = _waiting_end(chunk.job, now)
+        if how is None:  # cannot be: the job's expiry and cancel are never undone
+            lease.give_back()
+            continue
+        try:
+            outcomes = _closing_outcomes(chunk, how, earlier_runs=True)
+        except redis.RedisError as exc:
+            logger.warning("Chunk %s stays waiting until Redis answers: %s", chunk_id, exc)
+            lease.give_back()
+            continue
+        _close(chunk, how, outcomes)
+        ended[how] += outcomes[how]
+    return ended
+
+
+def _close_never_run(job_id: int, chunks: Any, now: Any) -> Counter[str]:
+    """Close a job's waiting chunks that no run took, in one transaction under the job's lock.
+    Their rows are locked too: a run taking one meanwhile finds it closed and does nothing."""
+    with transaction.atomic():
+        job = SendJob.objects.select_for_update().get(pk=job_id)
+        how = _waiting_end(job, now)
+        if how is None:
+            return Counter()
+        found = list(chunks.select_for_update().values_list("pk", "size"))
+        if not found:
+            return Counter()
+        status = SendChunk.Status.EXPIRED if how == EXPIRED else SendChunk.Status.CANCELLED
+        SendChunk.objects.filter(pk__in=[pk for pk, _ in found]).update(
+            status=status, lease_until=None
+        )
+        outcomes = Counter({how: sum(size for _, size in found)})
+        reasons = Counter(job.reasons)
+        reasons.update(outcomes)
+        job.reasons = dict(reasons)
+        _count_on_job(job, outcomes)
+    logger.info("Job %s: %d waiting sends %s", job_id, outcomes[how], how)
+    return outcomes
+
+
+def _closing_outcomes(chunk: SendChunk, how: str, *, earlier_runs: bool) -> Counter[str]:
+    """The outcomes of a waiting chunk that ends as `how` (EXPIRED, CANCELLED). With no earlier
+    run, every recipient ends so; otherwise each by its claim (raises redis errors)."""
+    if not earlier_runs:
+        return Counter({how: len(chunk.recipients)})
+    outcomes, unclaimed = _by_claims(chunk, unclaimed_as=how)
+    _give_back(chunk.job, unclaimed)  # an earlier run may have charged them
+    return outcomes
+
+
+def _give_back(job: SendJob, unclaimed: list[tuple[int, str]]) -> None:
+    """Release the quota of sends that did not go out; a failure is logged, not raised (the
+    sends' outcomes stand either way)."""
+    if not unclaimed or job.category != MARKETING:
+        return
+    try:
+        gate_release(channel=job.channel, requests=unclaimed)
+    except Exception:
+        logger.warning("Could not give back the quota of %d sends", len(unclaimed))
+
+
+def _close(chunk: SendChunk, how: str, outcomes: Counter[str]) -> None:
+    """Settle a waiting chunk as expired or cancelled, under the job's lock."""
+    with transaction.atomic():
+        job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
+        if not _still_queued(chunk.pk):
+            return
+        reasons = Counter(job.reasons)
+        reasons[how] += outcomes[how]
+        job.reasons = dict(reasons)
+        _count_on_job(job, outcomes)
+        status = SendChunk.Status.EXPIRED if how == EXPIRED else SendChunk.Status.CANCELLED
+        SendChunk.objects.filter(pk=chunk.pk).update(status=status, lease_until=None)
+
+
+def _by_claims(
+    chunk: SendChunk, *, unclaimed_as: str
+) -> tuple[Counter[str], list[tuple[int, str]]]:
+    """Each recipient of a chunk a run may have left midway, by what its claim says: sent (by
+    this job) as sent, sent or being sent by another job as a duplicate, `sending` by this job
+    as ambiguous (kept), unclaimed as `unclaimed_as`. Also the unclaimed (user id, message id)s,
+    whose quota the run may have charged. Raises redis errors."""
+    recipients = chunk.recipients
+    outcomes: Counter[str] = Counter()
+    unclaimed: list[tuple[int, str]] = []
+    claims = claims_read(chunk.job.channel, [r["message_id"] for r in recipients])
+    for r, claim in zip(recipients, claims, strict=True):
+        if claim is None:
+            outcomes[unclaimed_as] += 1
+            unclaimed.append((r["user_id"], r["message_id"]))
+        elif claim.job not in (None, chunk.job_id):
+            outcomes["duplicate"] += 1
+        else:
+            outcomes["sent" if claim.state == SENT else "ambiguous"] += 1
+    return outcomes, unclaimed
+
+
 def send_chunk_fail(*, chunk_id: int, error: str) -> None:
     """Give a chunk up after its task failed for good, so the job still finishes. What the
     claims say decides each recipient: sent (by this job) counts as sent, sent by another job
@@ -347,27 +563,12 @@ def send_chunk_fail(*, chunk_id: int, error: str) -> None:
     if not _Lease(chunk_id).take(timezone.now()):
         return  # finished, or held by a live run (a later delivery), which settles it
     chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
-    recipients = chunk.recipients
-    outcomes: Counter[str] = Counter()
-    unclaimed: list[tuple[int, str]] = []
     try:
-        claims = claims_read(chunk.job.channel, [r["message_id"] for r in recipients])
+        outcomes, unclaimed = _by_claims(chunk, unclaimed_as="failed")
     except redis.RedisError:
-        outcomes["failed"] = len(recipients)
+        outcomes = Counter({"failed": len(chunk.recipients)})
     else:
-        for r, claim in zip(recipients, claims, strict=True):
-            if claim is None:
-                outcomes["failed"] += 1
-                unclaimed.append((r["user_id"], r["message_id"]))
-            elif claim.job not in (None, chunk.job_id):
-                outcomes["duplicate"] += 1
-            else:
-                outcomes["sent" if claim.state == SENT else "ambiguous"] += 1
-        if unclaimed and chunk.job.category == MARKETING:
-            try:
-                gate_release(channel=chunk.job.channel, requests=unclaimed)
-            except Exception:
-                logger.warning("Could not give back the quota of %d sends", len(unclaimed))
+        _give_back(chunk.job, unclaimed)
     with transaction.atomic():
         job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
         if not _still_queued(chunk_id):

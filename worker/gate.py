@@ -9,6 +9,7 @@ per Redis node.
 """
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from typing import Protocol, cast
@@ -206,7 +207,9 @@ class Gate:
                     decision = _own(
                         user_id, message_id, segment=segment, allowed=False, reason=QUIET_HOURS
                     )
-                    decision.retry_after = round(release_at(end, spread, user_id) - clock, 3)
+                    # Rounded up to the millisecond: a send retried after it is never early.
+                    wait = release_at(end, spread, user_id) - clock
+                    decision.retry_after = math.ceil(wait * 1000) / 1000
                     decisions[i] = decision
                     continue
                 if not zoned:

@@ -1,6 +1,10 @@
+from datetime import timedelta
+from typing import Any
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.utils import timezone
 
 from gatekeeper.lib.words import count
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
@@ -9,14 +13,24 @@ MESSAGE_ID_MAX = 200  # characters; the gate's limit too
 # A send job's campaign leaves room in a message id for ":" and a 20-digit user id: the default
 # message id is <campaign>:<user_id>.
 CAMPAIGN_MAX = MESSAGE_ID_MAX - 21
+# A job's sends that wait (deferred by the gate) are dropped as `expired` at its expiry: by
+# default a day after it was created, at most EXPIRY_MAX after.
+EXPIRY_DEFAULT = timedelta(hours=24)
+EXPIRY_MAX = timedelta(days=90)
+
+
+def expiry_default() -> Any:
+    """A new job's expiry when its caller names none: EXPIRY_DEFAULT from now."""
+    return timezone.now() + EXPIRY_DEFAULT
 
 
 class SendJob(models.Model):
     """A campaign's sends handed to the worker: gated in chunks, dispatched, counted.
 
     Every recipient ends in exactly one outcome, so at every moment
-    sent + failed + capped + ambiguous + duplicate + invalid + pending == total, also after a
-    worker was killed (a chunk's outcomes are added in the transaction that closes it, once):
+    sent + failed + capped + ambiguous + duplicate + invalid + expired + cancelled + pending
+    == total, also after a worker was killed (a chunk's outcomes are added in the transaction
+    that closes it, once):
     - sent: went out (counted by the claim, so a send a killed run made still counts);
     - failed: did not go out and will not (its quota is given back);
     - capped: refused by the gate (caps, blocked) and not deferred;
@@ -25,7 +39,10 @@ class SendJob(models.Model):
     - duplicate: its message id had already gone out, by another job, or the job lists the
       same user with the same message id twice (one send);
     - invalid: refused when the job was created (`on_invalid: skip`), with the reason kept;
-    - pending: not settled yet (queued, or deferred until a slot frees).
+    - expired: deferred by the gate (caps, quiet hours) and still waiting at `expires_at`, or
+      released only after it;
+    - cancelled: deferred and waiting when its waiting sends were cancelled (or deferred after);
+    - pending: not settled yet (queued, retrying, or waiting: deferred until its release).
     """
 
     class Status(models.TextChoices):
@@ -42,7 +59,16 @@ class SendJob(models.Model):
         REJECT = "reject", "refuse the whole job"
         SKIP = "skip", "count bad rows as invalid and send the rest"
 
-    OUTCOMES = ("sent", "failed", "capped", "ambiguous", "duplicate", "invalid")
+    OUTCOMES = (
+        "sent",
+        "failed",
+        "capped",
+        "ambiguous",
+        "duplicate",
+        "invalid",
+        "expired",
+        "cancelled",
+    )
 
     channel = models.CharField(max_length=32)
     campaign = models.CharField(max_length=200)
@@ -70,6 +96,28 @@ class SendJob(models.Model):
         help_text="Already sent under its message id by another job, or listed twice.",
     )
     invalid = models.PositiveIntegerField(default=0, help_text="Rows refused at creation.")
+    expired = models.PositiveIntegerField(
+        default=0, help_text="Deferred sends still waiting when the job expired."
+    )
+    cancelled = models.PositiveIntegerField(
+        default=0, help_text="Deferred sends waiting when their waiting was cancelled."
+    )
+    expires_at = models.DateTimeField(
+        default=expiry_default,
+        help_text="Sends still waiting (deferred by the gate) then are dropped as expired.",
+    )
+    waiting_cancelled_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its waiting sends were cancelled (then every later deferral is too).",
+    )
+    waiting_cancelled_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
     invalid_rows = models.JSONField(
         default=list, blank=True, help_text="The first 100 invalid rows: row, field, message."
     )
@@ -83,6 +131,7 @@ class SendJob(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        permissions = [("cancel_sendjob", "Can cancel a send job's waiting sends")]
 
     def __str__(self) -> str:
         return f"{self.campaign} ({self.channel}, {count(self.total, 'recipient')})"
@@ -108,11 +157,20 @@ class SendChunk(models.Model):
         QUEUED = "queued"
         DONE = "done"
         FAILED = "failed"
+        EXPIRED = "expired"  # waiting when its job expired: its unsent recipients expired
+        CANCELLED = "cancelled"  # waiting when its job's waiting sends were cancelled
+
+    class Kind(models.TextChoices):
+        SEND = "send", "the job's first pass"
+        RETRY = "retry", "sends tried again (a transient failure, Redis missing)"
+        DEFERRED = "deferred", "sends the gate deferred (caps, quiet hours): waiting"
 
     job = models.ForeignKey(SendJob, on_delete=models.CASCADE, related_name="chunks")
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.SEND)
     recipients = models.JSONField(
         help_text="[{user_id, address, message_id, context, time_zone (when given)}]"
     )
+    size = models.PositiveIntegerField(default=0, help_text="How many recipients it holds.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     attempts = models.PositiveSmallIntegerField(default=0)
     not_before = models.DateTimeField(null=True, blank=True, help_text="Deferred until then.")
@@ -123,7 +181,18 @@ class SendChunk(models.Model):
     lease_until = models.DateTimeField(
         null=True, blank=True, help_text="A run holds the chunk until then (renewed as it runs)."
     )
+    runs = models.PositiveIntegerField(
+        default=0,
+        help_text="Runs that took it to gate and send (0: nothing of it was gated or sent, so it "
+        "can be expired or cancelled without asking Redis).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            # Waiting sends: a job's (its page, cancel), every job's (the dashboard, expiry).
+            models.Index(fields=["kind", "status", "not_before"], name="chunk_waiting"),
+        ]
 
     def __str__(self) -> str:
         return f"chunk {self.pk} of job {self.job_id}"

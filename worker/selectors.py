@@ -1,6 +1,8 @@
 """Reads that join the segment index, the rules and the limiter: a user's quota, their recent
-sends, and the what-if of a draft change of caps. None of them writes anything."""
+sends, their quiet hours, and the what-if of a draft change of caps; and send jobs' waiting
+sends. None of them writes anything."""
 
+import datetime as dt
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -9,11 +11,15 @@ from typing import Any
 
 import numpy as np
 import redis
+from django.db.models import Max, Min, Sum
+from django.db.models.functions import TruncHour
+from django.utils import timezone
 
 from limits.channels import ALL, channels, scopes
 from limits.limiter import RuleUsage, get_limiter
 from limits.log import short_hash
 from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, RuleView, counting_rule, encode
+from limits.quiet import quiet_describe, quiet_until, release_at
 from limits.rules import rule_describe
 from limits.selectors import policy_cache, policy_read
 from limits.windows import resolve_zone
@@ -21,7 +27,7 @@ from segments.index import SegmentIndex, get_index, index_status
 from segments.models import Segment
 from segments.parsing import UserListError, iter_ids
 from worker.gate import Gate
-from worker.models import SendJob
+from worker.models import SendChunk, SendJob
 from worker.stats import stats_for_days
 
 # Audience members evaluated per what-if: 4 dry runs of 100,000 take a few seconds (two
@@ -398,3 +404,75 @@ def dashboard_stats(*, days: int = 14, today: Any = None) -> dict[str, Any]:
         "admitted_today": sum(row["admitted"] for row in table),
         "refused_today": sum(row["refused"] for row in table),
     }
+
+
+# --- quiet hours and waiting sends ------------------------------------------------------------
+
+
+def user_quiet_hours(
+    user_id: int, *, segment: str, zone: str, now: float | None = None
+) -> list[dict[str, Any]]:
+    """Per channel, the quiet hours that apply to the user (their segment's and every
+    segment's, on the channel and `all`) in plain words, and whether they hold a marketing send
+    now: until when (`until`, epoch seconds) and when the user's own send would go
+    (`release`: the end plus their place in the spread), read in their `zone`."""
+    clock = time.time() if now is None else now
+    table = policy_cache().table()
+    names = _segment_names()
+    answer = []
+    for channel in channels():
+        entries = table.quiet_for(segment=segment, channel=channel)
+        end, spread = quiet_until(entries, zone, clock)
+        holds = end > clock
+        answer.append(
+            {
+                "channel": channel,
+                "entries": [quiet_describe(entry, segment_names=names) for entry in entries],
+                "quiet_now": holds,
+                "until": end if holds else None,
+                "release": release_at(end, spread, user_id) if holds else None,
+                "spread_seconds": spread if holds else 0,
+            }
+        )
+    return answer
+
+
+def _waiting() -> Any:
+    return SendChunk.objects.filter(kind=SendChunk.Kind.DEFERRED, status=SendChunk.Status.QUEUED)
+
+
+def send_job_waiting(job_id: int) -> dict[str, Any]:
+    """A job's waiting sends (deferred by the gate: caps, quiet hours): how many, and when the
+    first and the last group of them is released (null when none waits). Each group's time is
+    the latest release in it: nobody goes before their own, nobody a minute after."""
+    found = (
+        _waiting()
+        .filter(job_id=job_id)
+        .aggregate(sends=Sum("size"), next_at=Min("not_before"), last_at=Max("not_before"))
+    )
+    return {"sends": found["sends"] or 0, "next_at": found["next_at"], "last_at": found["last_at"]}
+
+
+def waiting_by_hour(*, now: Any = None, hours: int = 48) -> dict[str, Any]:
+    """Every job's waiting sends by the hour (UTC) they are released in, for the next `hours`
+    hours from this one: `due` (released already: queued at beat's next tick), `hours` (one row
+    per hour, zeros included), `later` and `total`."""
+    now = now or timezone.now()
+    first = now.replace(minute=0, second=0, microsecond=0)
+    end = first + dt.timedelta(hours=hours)
+    per_hour = {
+        row["hour"]: row["sends"]
+        for row in _waiting()
+        .filter(not_before__gt=now, not_before__lt=end)
+        .annotate(hour=TruncHour("not_before", tzinfo=dt.UTC))
+        .values("hour")
+        .annotate(sends=Sum("size"))
+    }
+    totals = _waiting().aggregate(total=Sum("size"))
+    due = _waiting().filter(not_before__lte=now).aggregate(n=Sum("size"))["n"] or 0
+    later = _waiting().filter(not_before__gte=end).aggregate(n=Sum("size"))["n"] or 0
+    rows = []
+    for i in range(hours):
+        hour = first + dt.timedelta(hours=i)
+        rows.append({"hour": hour, "sends": per_hour.get(hour, 0)})
+    return {"due": due, "hours": rows, "later": later, "total": totals["total"] or 0}

@@ -1,12 +1,16 @@
 """Shapes of the gate's and send jobs' REST answers, for the OpenAPI schema. Request bodies are
 msgspec structs (worker/bodies.py); the schema of each is generated from it."""
 
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from limits.bodies import Reserve, Window
 from limits.rules import MATCHES
 from limits.serializers import BodyShapedField
 from worker.models import SendJob
+from worker.selectors import send_job_waiting
 
 REASONS = [
     "allowed",
@@ -150,6 +154,20 @@ class InvalidRowSerializer(serializers.Serializer):
     message = serializers.CharField()
 
 
+class WaitingSerializer(serializers.Serializer):
+    """The job's sends deferred by the gate (caps, quiet hours) that wait for their release."""
+
+    sends = serializers.IntegerField(help_text="How many wait (part of `pending`).")
+    next_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="When the first of them is released (null: none waits). Sends are released "
+        "in groups by minute, each at the latest release in it: never before a send's own.",
+    )
+    last_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the last of them is released (null: none waits)."
+    )
+
+
 class SendJobSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     channel = serializers.CharField()
@@ -175,14 +193,34 @@ class SendJobSerializer(serializers.Serializer):
         "twice with the same message id (one send)."
     )
     invalid = serializers.IntegerField(help_text="Rows refused at creation (on_invalid: skip).")
+    expired = serializers.IntegerField(
+        help_text="Deferred sends still waiting at `expires_at`, or released only after it."
+    )
+    cancelled = serializers.IntegerField(
+        help_text="Deferred sends waiting when the job's waiting sends were cancelled (DELETE "
+        "/api/v1/sends/<id>/waiting/), or deferred after that."
+    )
     pending = serializers.IntegerField(
-        help_text="Not settled yet; sent + failed + capped + ambiguous + duplicate + invalid + "
-        "pending = total."
+        help_text="Not settled yet (queued, retrying or waiting); sent + failed + capped + "
+        "ambiguous + duplicate + invalid + expired + cancelled + pending = total."
+    )
+    waiting = serializers.SerializerMethodField()
+    expires_at = serializers.DateTimeField(
+        help_text="Deferred sends still waiting then are dropped (counted as `expired`)."
+    )
+    waiting_cancelled_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="When its waiting sends were cancelled (every later deferral is cancelled "
+        "too); null: never.",
     )
     invalid_rows = InvalidRowSerializer(many=True, help_text="The first 100 invalid rows.")
     reasons = serializers.DictField(child=serializers.IntegerField())
     segments = serializers.DictField(child=serializers.IntegerField())
     created_at = serializers.DateTimeField()
+
+    @extend_schema_field(WaitingSerializer)
+    def get_waiting(self, job: SendJob) -> dict[str, Any]:
+        return WaitingSerializer(send_job_waiting(job.pk)).data
 
 
 class SendJobCreatedSerializer(SendJobSerializer):

@@ -1,8 +1,11 @@
 """Writes of the worker app: send jobs handed over (validated, stored in chunks, queued on
-commit for `worker.tasks.send_chunk`, whose work is `worker.chunks`), and quota resets.
+commit for `worker.tasks.send_chunk`, whose work is `worker.chunks`), a job's waiting sends
+cancelled, and quota resets.
 """
 
+import logging
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -12,7 +15,7 @@ from django.db import transaction
 from django.template import TemplateDoesNotExist
 from django.utils import timezone
 
-from gatekeeper.lib.bodies import json_value_problem
+from gatekeeper.lib.bodies import DATETIME_WORDS, json_value_problem
 from gatekeeper.lib.ids import max_user_id, user_id_from_json
 from gatekeeper.lib.zones import UnknownTimeZone, zone
 from limits.channels import validate_channel
@@ -21,6 +24,7 @@ from limits.models import QuotaReset
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
 from limits.rules import tags_problem
 from worker import tasks
+from worker.chunks import waiting_close
 from worker.dispatchers import (
     TEMPLATE_NAME_RE,
     TEMPLATE_NAME_WORDS,
@@ -28,8 +32,17 @@ from worker.dispatchers import (
     template_check,
 )
 from worker.gate import MARKETING, validate_category
-from worker.models import CAMPAIGN_MAX, MESSAGE_ID_MAX, SendChunk, SendJob
+from worker.models import (
+    CAMPAIGN_MAX,
+    EXPIRY_MAX,
+    MESSAGE_ID_MAX,
+    SendChunk,
+    SendJob,
+    expiry_default,
+)
 from worker.selectors import Unavailable, user_quota
+
+logger = logging.getLogger(__name__)
 
 CONTEXT_DEPTH = 16  # levels of arrays and objects a recipient's template context may nest
 INVALID_ROWS_KEPT = 100  # invalid rows kept on a job (with on_invalid: skip) to show why
@@ -47,6 +60,7 @@ def send_job_create(
     on_invalid: str = SendJob.OnInvalid.REJECT,
     tags: Iterable[str] = (),
     priority: int = DEFAULT_PRIORITY,
+    expires_at: datetime | None = None,
     user: Any = None,
     queue: bool = True,
 ) -> SendJob:
@@ -54,6 +68,8 @@ def send_job_create(
 
     Every send of the job carries `tags` (tag rules count them) and `priority` (a rule's
     reserve reads it); a recipient may name its `time_zone`, which decides its calendar days.
+    `expires_at` (aware, in the future, at most EXPIRY_MAX ahead; default EXPIRY_DEFAULT after
+    now): sends the gate deferred that still wait then are dropped as expired.
     Raises ValidationError naming the field, or the recipient row (`recipients[3].address`).
     A bad row (not a user id, an address the channel cannot send to, a message id used twice,
     a context that cannot be stored, an unknown time zone) refuses the whole job with
@@ -80,6 +96,7 @@ def send_job_create(
             }
         )
     job_tags = _tags_checked(tags)
+    expiry = _expiry_checked(expires_at)
     low, high = PRIORITIES
     if type(priority) is not int or not low <= priority <= high:  # a bool is no priority
         raise ValidationError(
@@ -117,6 +134,7 @@ def send_job_create(
             priority=priority,
             on_capped=on_capped,
             on_invalid=on_invalid,
+            expires_at=expiry,
             total=len(rows) + len(invalid) + repeats,
             invalid=len(invalid),
             duplicate=repeats,
@@ -125,7 +143,8 @@ def send_job_create(
             created_by=user if user is not None and user.is_authenticated else None,
         )
         chunks = SendChunk.objects.bulk_create(
-            SendChunk(job=job, recipients=rows[i : i + size]) for i in range(0, len(rows), size)
+            SendChunk(job=job, recipients=rows[i : i + size], size=len(rows[i : i + size]))
+            for i in range(0, len(rows), size)
         )
         ids = [chunk.pk for chunk in chunks]
         # Handed over now (to the broker, or to the caller that runs them with queue=False):
@@ -136,6 +155,26 @@ def send_job_create(
             # an error after the job was stored.
             transaction.on_commit(lambda: tasks.send_chunks(ids), robust=True)
     return job
+
+
+def _expiry_checked(expires_at: Any) -> Any:
+    """The job's expiry: given, an aware instant in the future and at most EXPIRY_MAX ahead;
+    not given, EXPIRY_DEFAULT from now. A ValidationError naming `expires_at` otherwise."""
+    if expires_at is None:
+        return expiry_default()
+    days = EXPIRY_MAX.days
+    if not isinstance(expires_at, datetime) or timezone.is_naive(expires_at):
+        raise ValidationError({"expires_at": f"The UTC offset is missing. {DATETIME_WORDS}"})
+    now = timezone.now()
+    if expires_at <= now:
+        raise ValidationError(
+            {"expires_at": f"Must be in the future; {expires_at.isoformat()} has passed."}
+        )
+    if expires_at > now + EXPIRY_MAX:
+        raise ValidationError(
+            {"expires_at": f"At most {days} days ahead; {expires_at.isoformat()} is later."}
+        )
+    return expires_at
 
 
 def _tags_checked(tags: Iterable[str]) -> tuple[str, ...]:
@@ -236,6 +275,36 @@ def _recipient(
             raise _RowError("time_zone", str(exc)) from None
         recipient["time_zone"] = time_zone
     return recipient
+
+
+def send_job_cancel_waiting(*, job: SendJob, user: Any = None, now: Any = None) -> SendJob:
+    """Cancel a job's waiting sends (deferred by the gate, not yet gone out): each counts as
+    `cancelled`, and so does every send the job defers from now on. Sends being gated or sent
+    at this moment (a run holds their chunk) are not waiting and go on. Idempotent: a second
+    call cancels what was deferred since (nothing, unless a run settled meanwhile).
+
+    Who and when are kept on the job. Chunks that a run took before (it died or raised) are
+    closed by their claims, which needs Redis; without it they are left to beat's
+    `send_chunks_due`, which ends them within seconds of Redis answering. Returns the job, as
+    it is now."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        locked = SendJob.objects.select_for_update().get(pk=job.pk)
+        if locked.waiting_cancelled_at is None:
+            locked.waiting_cancelled_at = now
+            locked.waiting_cancelled_by = (
+                user if user is not None and user.is_authenticated else None
+            )
+            locked.save(update_fields=["waiting_cancelled_at", "waiting_cancelled_by"])
+    ended = waiting_close(now=now, job_id=job.pk)
+    logger.info(
+        "Job %s: waiting sends cancelled by %s (%s)",
+        job.pk,
+        getattr(user, "username", None) or "a command",
+        ", ".join(f"{n} {how}" for how, n in ended.items()) or "none were waiting",
+    )
+    job.refresh_from_db()
+    return job
 
 
 def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:

@@ -1,31 +1,45 @@
 """Celery tasks of the worker (queue `sends`): each calls the work in `worker.chunks`."""
 
 import logging
+from datetime import datetime
 from typing import Any
 
 from celery import shared_task
 
-from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run
+from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run, waiting_close
 
 logger = logging.getLogger(__name__)
 
 MAX_RETRIES = 8  # with the backoff below: about 25 minutes of trying before giving up
 
 
+def _instant(now: str | None) -> datetime | None:
+    """A task's `now` (ISO 8601 with its offset, as JSON carries it), or None: the clock."""
+    if now is None:
+        return None
+    instant = datetime.fromisoformat(now)
+    if instant.tzinfo is None:
+        raise ValueError(f"now={now!r} has no UTC offset")
+    return instant
+
+
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_RETRIES)
-def send_chunk(self: Any, chunk_id: int) -> dict[str, int]:
+def send_chunk(self: Any, chunk_id: int, now: str | None = None) -> dict[str, int]:
     """Gate and dispatch one chunk of a send job. Redelivered after a worker dies; the message
     ids make the rerun send only what had not gone out.
 
     An error (database or Redis gone mid-chunk) retries the chunk with backoff instead of
     dropping it; after the last retry its recipients are counted as failed on the job, so a
-    campaign never stalls with sends that silently went nowhere."""
+    campaign never stalls with sends that silently went nowhere.
+
+    `now` (tests, replays; ISO 8601 with its offset): the instant the chunk is run at, passed
+    to `send_chunk_run`, the gate's clock included. Production never passes it."""
     try:
-        return send_chunk_run(chunk_id=chunk_id)
+        return send_chunk_run(chunk_id=chunk_id, now=_instant(now))
     except ChunkBusy as busy:
         # Another delivery runs it (or ran it and died): look again when its lease ends. A new
         # message, not a retry, so it spends none of the retries.
-        send_chunk.apply_async((chunk_id,), countdown=busy.retry_in)
+        send_chunk.apply_async((chunk_id,), {"now": now}, countdown=busy.retry_in)
         return {}
     except Exception as exc:
         if self.request.retries >= MAX_RETRIES:
@@ -40,15 +54,25 @@ def send_chunk(self: Any, chunk_id: int) -> dict[str, int]:
         raise self.retry(exc=exc, countdown=min(600, 5 * 2**self.request.retries)) from exc
 
 
-def send_chunks(chunk_ids: list[int]) -> None:
-    """Queue a task per chunk."""
+def send_chunks(chunk_ids: list[int], *, now: str | None = None) -> None:
+    """Queue a task per chunk (with `now`, each is run at that instant)."""
     for chunk_id in chunk_ids:
-        send_chunk.delay(chunk_id)
+        if now is None:
+            send_chunk.delay(chunk_id)
+        else:
+            send_chunk.delay(chunk_id, now=now)
 
 
 @shared_task
-def send_chunks_due() -> int:
-    """Beat, every 10 s: queue deferred and retried chunks whose time has come, and lost ones."""
-    ids = chunks_due()
-    send_chunks(ids)
+def send_chunks_due(now: str | None = None) -> int:
+    """Beat, every 10 s: end the waiting sends of jobs that expired or were cancelled (whatever
+    their release), then queue deferred and retried chunks whose time has come, and lost ones.
+    Returns how many chunks it queued.
+
+    `now` (tests, replays; ISO 8601 with its offset) judges expiry and due dates at that instant
+    and runs the queued chunks at it too; beat passes none."""
+    instant = _instant(now)
+    waiting_close(now=instant)
+    ids = chunks_due(now=instant)
+    send_chunks(ids, now=now)
     return len(ids)

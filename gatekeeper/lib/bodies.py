@@ -126,7 +126,9 @@ _KINDS = {
     "null": "null",
     "object": "an object",
     "array": "a list",
+    "datetime": "a date and time",
 }
+DATETIME_WORDS = "An ISO 8601 date and time with its UTC offset: 2026-06-11T09:00:00+02:00 (or Z)."
 # What a pattern means, in words, for the patterns the bodies use (see `words_for_pattern`).
 _PATTERN_WORDS: dict[str, str] = {}
 
@@ -183,6 +185,8 @@ def _field_errors(spec: type, raw: bytes, text: str) -> dict[str, list[str]]:
         # msgspec shows the pattern with its backslashes doubled.
         pattern = m[1].replace("\\\\", "\\")
         return {field: [_PATTERN_WORDS.get(pattern, "Does not have the expected form.")]}
+    if message.startswith("Invalid RFC3339 encoded datetime"):
+        return {field: [f"Not a date and time. {DATETIME_WORDS}"]}
     if m := re.fullmatch(r"Invalid enum value (.+)", message):
         choices = _choices(_type_at(spec, path))
         listed = f"Choose one of: {', '.join(str(c) for c in choices)}" if choices else "Unknown"

@@ -1,7 +1,8 @@
 """The two admin groups marketers are put in, and what each may do.
 
-- Marketer: edit segments, user lists, caps and cap rules; build, publish and roll back
-  snapshots; reset a user's quota; read everything else the admin shows.
+- Marketer: edit segments, user lists, caps, cap rules and quiet hours; build, publish and roll
+  back snapshots; reset a user's quota; cancel a send job's waiting sends; read everything else the
+  admin shows.
 - Viewer: read-only.
 
 `groups_sync` creates the groups and gives them exactly these permissions. A migration runs it
@@ -24,6 +25,8 @@ _READ = [
     "limits.view_capchange",
     "limits.view_rule",
     "limits.view_rulechange",
+    "limits.view_quiethours",
+    "limits.view_quiethourschange",
     "limits.view_quotareset",
     "worker.view_sendjob",
 ]
@@ -44,7 +47,11 @@ GROUP_PERMISSIONS: dict[str, list[str]] = {
         "limits.add_rule",
         "limits.change_rule",
         "limits.delete_rule",
+        "limits.add_quiethours",
+        "limits.change_quiethours",
+        "limits.delete_quiethours",
         "limits.reset_quota",
+        "worker.cancel_sendjob",
     ],
 }
 

@@ -21,16 +21,19 @@ VIEW_USER_LISTS = ("segments.view_segment", "segments.view_userlist")
 VIEW_BUILDS = ("segments.view_build",)
 VIEW_CAPS = ("limits.view_cap",)
 VIEW_RULES = ("limits.view_rule",)
+VIEW_QUIET_HOURS = ("limits.view_quiethours",)
 VIEW_SEND_JOBS = ("worker.view_sendjob",)
 # Writing.
 ADD_SEGMENTS = ("segments.add_segment",)
 CHANGE_SEGMENTS = ("segments.change_segment",)
-# As in the admin, deleting a segment deletes its lists, caps and rules, so it needs their rights.
+# As in the admin, deleting a segment deletes its lists, caps, rules and quiet hours, so it needs
+# their rights.
 DELETE_SEGMENTS = (
     "segments.delete_segment",
     "segments.delete_userlist",
     "limits.delete_cap",
     "limits.delete_rule",
+    "limits.delete_quiethours",
 )
 # As in the admin, where a list is uploaded on the segment's form.
 REPLACE_USER_LISTS = (
@@ -42,13 +45,26 @@ SET_CAPS = ("limits.add_cap", "limits.change_cap")
 ADD_RULES = ("limits.add_rule",)
 CHANGE_RULES = ("limits.change_rule",)
 DELETE_RULES = ("limits.delete_rule",)
+ADD_QUIET_HOURS = ("limits.add_quiethours",)
+CHANGE_QUIET_HOURS = ("limits.change_quiethours",)
+DELETE_QUIET_HOURS = ("limits.delete_quiethours",)
 PUBLISH = ("segments.publish_snapshot",)
 RESET_QUOTA = ("limits.reset_quota",)
+# Cancelling a send job's waiting sends (deferred by the gate): marketers and campaign systems.
+CANCEL_SENDS = ("worker.cancel_sendjob",)
 # Calling the gate and handing over send jobs (campaign systems).
 GATE = ("limits.use_gate",)
 # What a campaign system's account needs: the gate and send jobs, and reading segments, quotas,
-# the rules its refusals name and its jobs' progress.
-CAMPAIGN_SYSTEM = (*GATE, *VIEW_SEGMENTS, *VIEW_CAPS, *VIEW_RULES, *VIEW_SEND_JOBS)
+# the rules and quiet hours its refusals come from and its jobs' progress.
+CAMPAIGN_SYSTEM = (
+    *GATE,
+    *VIEW_SEGMENTS,
+    *VIEW_CAPS,
+    *VIEW_RULES,
+    *VIEW_QUIET_HOURS,
+    *VIEW_SEND_JOBS,
+    *CANCEL_SENDS,
+)
 
 
 class HasRights(BasePermission):

@@ -6,9 +6,11 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from limits.models import Cap, CapChange, Rule, RuleChange
+from gatekeeper.lib.groups import MARKETER, VIEWER
+from limits.models import Cap, CapChange, QuietHours, QuietHoursChange, Rule, RuleChange
+from limits.quiet import QuietFields
 from limits.rules import RuleFields
-from limits.services import cap_set, rule_create
+from limits.services import cap_set, quiet_create, rule_create
 from segments.models import Build, Segment, UserList
 
 pytestmark = pytest.mark.django_db
@@ -38,6 +40,8 @@ def inline_data(segment, upload=None):
         "limits_capchange",
         "limits_rule",
         "limits_rulechange",
+        "limits_quiethours",
+        "limits_quiethourschange",
         "segments_build",
         "worker_sendjob",
     ],
@@ -381,3 +385,189 @@ def test_a_segment_time_zone_is_checked_and_empty_means_the_setting(admin_client
         "Asia/Kathmandu" in listing
         and f"default ({settings.GATEKEEPER_DEFAULT_TIME_ZONE})" in listing
     )
+
+
+# --- quiet hours -----------------------------------------------------------------------------
+
+
+def quiet_data(**changes):
+    """The quiet-hours add/change form as a browser posts it: every field, these ones changed."""
+    data = {
+        "enabled": "on", "segment": "", "channel": "email", "start": "21:00", "end": "08:00",
+        "spread_minutes": "0",
+    }  # fmt: skip
+    data.update(changes)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def make_quiet(segment=None, channel="email", start="21:00", end="08:00", spread=0, **more):
+    fields = QuietFields(
+        segment=segment, channel=channel, start=start, end=end, spread_minutes=spread, **more
+    )
+    return quiet_create(fields=fields, via="command")
+
+
+def form_errors(response) -> dict[str, list[str]]:
+    """The add/change form's errors by field, as the page shows them under each field."""
+    form = response.context["adminform"].form
+    return {field: list(errors) for field, errors in form.errors.items()}
+
+
+def test_quiet_hours_added_in_the_admin_read_in_plain_words_and_are_recorded_with_who(
+    admin_client, admin_user, vip
+):
+    response = admin_client.post(
+        reverse("admin:limits_quiethours_add"),
+        quiet_data(segment=str(vip.pk), channel="all", start=" 22:30 ", spread_minutes="45"),
+        follow=True,
+    )
+    page = response.content.decode()
+    reading = (
+        "VIP users: no marketing messages from 22:30 to 08:00 (the next morning), in their own "
+        "time zone; sends held until then go out over 45 minutes"
+    )
+    assert f"It reads: {reading}." in page
+    entry = QuietHours.objects.get()
+    assert (entry.segment, entry.channel, f"{entry.start:%H:%M}", entry.spread_minutes) == (
+        vip,
+        "all",
+        "22:30",
+        45,
+    )
+    assert (entry.enabled, entry.created_by, entry.changed_by) == (True, admin_user, admin_user)
+    (change,) = QuietHoursChange.objects.filter(quiet_hours=entry)
+    assert (change.action, change.via, change.changed_by) == ("created", "admin", admin_user)
+    assert (change.after or {})["start"] == "22:30"
+    listing = admin_client.get(reverse("admin:limits_quiethours_changelist")).content.decode()
+    assert reading in listing and "22:30 to 08:00 (next morning)" in listing
+    assert "Transactional sends (receipts, one-time codes) are never held." in listing
+    form = admin_client.get(reverse("admin:limits_quiethours_change", args=[entry.pk]))
+    shown = form.content.decode()
+    assert 'name="start" value="22:30"' in shown and 'name="end" value="08:00"' in shown
+    assert f"Created: {reading}" in shown
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "message"),
+    [
+        ({"start": "25:00"}, "start", "'25:00' is not a time of day. A time of day as HH:MM"),
+        ({"start": "9:00"}, "start", "'9:00' is not a time of day"),
+        ({"start": "21h"}, "start", "'21h' is not a time of day"),
+        ({"start": ""}, "start", "This field is required."),
+        ({"end": "24:00"}, "end", "'24:00' is not a time of day"),
+        ({"end": "21:00"}, "end", "The end must differ from the start"),
+        ({"spread_minutes": "721"}, "spread_minutes", "From 0 to 720 minutes (12 hours)."),
+        ({"spread_minutes": "-5"}, "spread_minutes", "'-5' is not a whole number"),
+        (
+            {"spread_minutes": "\u0663\u0660"},
+            "spread_minutes",
+            "is not a whole number (digits 0-9 only)",
+        ),
+        (
+            {"start": "08:00", "end": "21:00", "spread_minutes": "660"},
+            "spread_minutes",
+            "the day outside them is 11 hours long. Use less than 660.",
+        ),
+        ({"channel": "fax"}, "channel", "Select a valid choice. fax is not one of"),
+        ({"segment": "999999"}, "segment", "Select a valid choice."),
+    ],
+)
+def test_bad_quiet_hours_are_refused_naming_the_field_and_nothing_is_saved(
+    admin_client, changes, field, message
+):
+    response = admin_client.post(reverse("admin:limits_quiethours_add"), quiet_data(**changes))
+    assert response.status_code == 200
+    errors = form_errors(response)
+    assert list(errors) == [field], errors
+    assert any(message in error for error in errors[field]), errors
+    assert not QuietHours.objects.exists() and not QuietHoursChange.objects.exists()
+
+
+def test_quiet_hours_change_and_delete_go_through_the_services_and_show_in_the_history(
+    admin_client, admin_user, vip
+):
+    entry = make_quiet(segment="vip", spread=30)
+    url = reverse("admin:limits_quiethours_change", args=[entry.pk])
+    response = admin_client.post(
+        url, quiet_data(segment=str(vip.pk), end="07:00", spread_minutes="0"), follow=True
+    )
+    assert "It reads: VIP users: no marketing emails from 21:00 to 07:00" in (
+        response.content.decode()
+    )
+    entry.refresh_from_db()
+    assert (f"{entry.end:%H:%M}", entry.spread_minutes, entry.changed_by) == (
+        "07:00",
+        0,
+        admin_user,
+    )
+    change = QuietHoursChange.objects.get(quiet_hours=entry, action="changed")
+    assert ((change.before or {})["end"], (change.after or {})["end"], change.via) == (
+        "08:00",
+        "07:00",
+        "admin",
+    )
+    page = admin_client.get(url).content.decode()
+    assert "end: 08:00 → 07:00; spread: 30 min → at once" in page
+    # A refused change saves nothing.
+    refused = admin_client.post(url, quiet_data(segment=str(vip.pk), start="07:00", end="07:00"))
+    assert list(form_errors(refused)) == ["end"]
+    assert QuietHoursChange.objects.filter(quiet_hours=entry).count() == 2
+    admin_client.post(reverse("admin:limits_quiethours_delete", args=[entry.pk]), {"post": "yes"})
+    assert not QuietHours.objects.exists()
+    deleted = QuietHoursChange.objects.get(action="deleted")
+    assert (deleted.changed_by, deleted.via, deleted.quiet_hours) == (admin_user, "admin", None)
+    log = admin_client.get(reverse("admin:limits_quiethourschange_changelist")).content.decode()
+    assert "Deleted." in log and "end: 08:00 → 07:00" in log
+
+
+def test_bulk_delete_enable_and_disable_go_through_the_services(admin_client, admin_user):
+    night, lunch = make_quiet(), make_quiet(channel="push", start="12:00", end="14:00")
+    url = reverse("admin:limits_quiethours_changelist")
+    response = admin_client.post(
+        url, {"action": "disable_entries", "_selected_action": [night.pk, lunch.pk]}, follow=True
+    )
+    assert "Disabled 2 entries." in response.content.decode()
+    assert not QuietHours.objects.filter(enabled=True).exists()
+    assert QuietHoursChange.objects.filter(action="changed", changed_by=admin_user).count() == 2
+    admin_client.post(url, {"action": "enable_entries", "_selected_action": [lunch.pk]})
+    assert list(QuietHours.objects.filter(enabled=True)) == [lunch]
+    admin_client.post(
+        url, {"action": "delete_selected", "_selected_action": [night.pk, lunch.pk], "post": "yes"}
+    )
+    assert not QuietHours.objects.exists()
+    assert QuietHoursChange.objects.filter(action="deleted", via="admin").count() == 2
+
+
+def test_the_quiet_hours_history_is_read_only(admin_client):
+    change = QuietHoursChange.objects.get(quiet_hours=make_quiet())
+    assert admin_client.get(reverse("admin:limits_quiethourschange_add")).status_code == 403
+    url = reverse("admin:limits_quiethourschange_change", args=[change.pk])
+    page = admin_client.get(url).content.decode()
+    assert 'name="_save"' not in page
+    delete = reverse("admin:limits_quiethourschange_delete", args=[change.pk])
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 403
+    assert QuietHoursChange.objects.filter(pk=change.pk).exists()
+
+
+def test_viewers_read_quiet_hours_marketers_change_them_and_both_find_them(client, staff, vip):
+    entry = make_quiet(segment="vip")
+    staff("vic", VIEWER)
+    client.login(username="vic", password="a-long-test-password")
+    index = client.get(reverse("admin:index")).content.decode()
+    listing_url = reverse("admin:limits_quiethours_changelist")
+    assert f'href="{listing_url}"' in index and "Quiet hours" in index
+    assert "VIP users: no marketing emails" in client.get(listing_url).content.decode()
+    assert client.get(reverse("admin:limits_quiethours_add")).status_code == 403
+    change = reverse("admin:limits_quiethours_change", args=[entry.pk])
+    assert client.post(change, quiet_data(end="07:00")).status_code == 403
+    entry.refresh_from_db()
+    assert f"{entry.end:%H:%M}" == "08:00"
+    segment = client.get(reverse("admin:segments_segment_change", args=[vip.pk])).content.decode()
+    mine = f"{listing_url}?segment__id__exact={vip.pk}"
+    assert f'href="{mine}" class="quiet-hours-link"' in segment
+    staff("mia", MARKETER)
+    client.login(username="mia", password="a-long-test-password")
+    saved = client.post(change, quiet_data(segment=str(vip.pk), end="07:00"))
+    assert saved.status_code == 302
+    entry.refresh_from_db()
+    assert (f"{entry.end:%H:%M}", entry.changed_by.username) == ("07:00", "mia")

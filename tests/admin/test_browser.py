@@ -11,7 +11,7 @@ import pytest
 
 from gatekeeper.lib.groups import MARKETER
 from limits.log import message_hash
-from limits.models import Rule
+from limits.models import QuietHours, QuietHoursChange, Rule
 from segments.models import Segment
 from segments.selectors import snapshot_live_version
 from tests import broker
@@ -27,8 +27,18 @@ CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 PASSWORD = "a-long-test-password"
 
 
+@pytest.fixture(scope="session")
+def screenshots() -> Path:
+    """The screenshot folder, emptied once per run: numbered by step, an earlier run's would mix
+    with this one's (each test names its own with a prefix)."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    for old in SHOTS.glob("*.png"):
+        old.unlink()
+    return SHOTS
+
+
 @pytest.fixture
-def browser() -> Iterator[object]:
+def browser(screenshots) -> Iterator[object]:
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         pytest.skip("headless Chromium is not installed (scripts/system_deps.py installs it)")
     from selenium import webdriver
@@ -44,9 +54,6 @@ def browser() -> Iterator[object]:
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.implicitly_wait(0)
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    for old in SHOTS.glob("*.png"):
-        old.unlink()  # numbered by step: an earlier run's would mix with this one's
     yield driver
     driver.quit()
 
@@ -64,11 +71,11 @@ def build_worker(settings) -> Iterator[None]:
 class Page:
     """The few things a test does with the browser, named after what a user does."""
 
-    def __init__(self, driver, base_url: str) -> None:
+    def __init__(self, driver, base_url: str, prefix: str = "") -> None:
         from selenium.webdriver.common.by import By
 
         self.driver, self.base, self.by = driver, base_url, By
-        self.shots = 0
+        self.shots, self.prefix = 0, prefix
 
     def open(self, path: str) -> None:
         self.driver.get(self.base + path)
@@ -77,15 +84,14 @@ class Page:
         return self.driver.find_element(self.by.CSS_SELECTOR, css)
 
     def text(self) -> str:
-        from selenium.common.exceptions import (
-            NoSuchElementException,
-            StaleElementReferenceException,
-        )
+        from selenium.common.exceptions import WebDriverException
 
         try:
             return self.find("body").text
-        except (StaleElementReferenceException, NoSuchElementException):
-            return ""  # the page is being replaced: ask again
+        except WebDriverException:
+            # The page is being replaced: ask again. (Chromium says so as a stale element, a
+            # missing one, or "Node with given id does not belong to the document".)
+            return ""
 
     def type(self, css: str, value: str) -> None:
         element = self.find(css)
@@ -117,7 +123,7 @@ class Page:
         for _ in range(2):
             height = self.driver.execute_script("return document.documentElement.scrollHeight")
             self.driver.set_window_size(1400, max(1000, min(int(height) + 140, 4000)))
-        self.driver.save_screenshot(str(SHOTS / f"{self.shots:02d}-{name}.png"))
+        self.driver.save_screenshot(str(SHOTS / f"{self.prefix}{self.shots:02d}-{name}.png"))
         self.driver.set_window_size(1400, 1000)
 
 
@@ -322,3 +328,61 @@ def test_a_marketer_uploads_builds_edits_caps_and_rules_rolls_back_looks_up_and_
     assert reading in promo and "email 1 / 1 0 in " in promo, rules
     assert "promo" in page.find("#recent-sends").text
     page.shot("user-lookup-rules")
+
+
+def test_a_marketer_sets_quiet_hours_reads_them_in_plain_words_and_is_told_a_bad_time(
+    browser, live_server, staff
+):
+    owls = Segment.objects.create(slug="night-owls", name="Night owls", priority=5)
+    staff("mia", MARKETER)
+    page = Page(browser, live_server.url, prefix="quiet-")
+    page.open("/admin/login/?next=/admin/")
+    page.type("#id_username", "mia")
+    page.type("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for(lambda: "Marketing console" in page.text(), "the admin index")
+
+    # From the index's console to the quiet hours, then "Add".
+    page.click(".gk-cards a[href$='/limits/quiethours/']")
+    page.wait_for(lambda: "own clock" in page.text(), "the quiet hours page")
+    assert "Transactional sends (receipts, one-time codes) are never held." in page.text()
+    page.click(".object-tools a.addlink")
+    page.wait_for(lambda: "Add quiet hours" in page.text(), "the add form")
+    page.choose("#id_segment", "Night owls")
+    page.choose("#id_channel", "all channels together")
+    page.type("#id_start", "21:00")
+    page.type("#id_end", "25:00")
+    page.type("#id_spread_minutes", "30")
+    page.shot("add")
+    page.click("input[name='_save']")
+
+    # A time that is no time of day: refused, said under the field, nothing saved.
+    page.wait_for(lambda: "Please correct the error" in page.text(), "the refusal")
+    assert "'25:00' is not a time of day. A time of day as HH:MM, 00:00 to 23:59." in (
+        page.find(".field-end .errorlist").text
+    )
+    assert not browser.find_elements(page.by.CSS_SELECTOR, ".field-start .errorlist")
+    assert page.find("#id_start").get_attribute("value") == "21:00"  # what she typed stays
+    assert not QuietHours.objects.exists()
+    page.shot("add-bad-time")
+
+    page.type("#id_end", "08:00")
+    page.click("input[name='_save']")
+    reading = (
+        "Night owls users: no marketing messages from 21:00 to 08:00 (the next morning), in their "
+        "own time zone; sends held until then go out over 30 minutes"
+    )
+    page.wait_for(lambda: f"It reads: {reading}." in page.text(), "the quiet hours saved")
+    assert reading in page.find("#result_list").text
+    page.shot("added")
+    entry = QuietHours.objects.get()
+    assert (entry.segment, entry.channel, entry.spread_minutes) == (owls, "all", 30)
+    (change,) = QuietHoursChange.objects.all()
+    assert (change.action, change.via, change.changed_by.username) == ("created", "admin", "mia")
+
+    # Its page: the reading and the history in words, with who made it.
+    page.find("#result_list").find_element(page.by.PARTIAL_LINK_TEXT, "Night owls users").click()
+    page.wait_for(lambda: "Change quiet hours" in page.text(), "the entry's page")
+    assert f"Created: {reading}" in page.find("#quiet-hours-history").text
+    assert "mia" in page.find("#quiet-hours-history").text
+    page.shot("change")

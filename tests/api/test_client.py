@@ -18,6 +18,8 @@ from tests import broker
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 OPERATIONS = {
     "build_get", "build_start", "cap_set", "caps_list", "gate_check", "gate_release",
+    "quiet_hours_change", "quiet_hours_create", "quiet_hours_delete", "quiet_hours_get",
+    "quiet_hours_list",
     "rule_change", "rule_create", "rule_delete", "rule_get", "rules_list",
     "segment_change", "segment_create", "segment_delete", "segment_get", "segment_lookup",
     "segment_lookup_many", "segments_list", "send_job_create", "send_job_get",

@@ -19,6 +19,7 @@ RULE = {
     "window": {"kind": "rolling", "seconds": 86_400},
     "limit": 1,
 }
+QUIET = {"channel": "email", "start": "21:00", "end": "08:00"}
 # (method, path, body, the permissions it needs). Bodies are chosen so that a caller with the
 # right gets an answer without side effects beyond the test (a 400, a 404, a 409).
 ENDPOINTS = [
@@ -35,6 +36,7 @@ ENDPOINTS = [
             "segments.delete_userlist",
             "limits.delete_cap",
             "limits.delete_rule",
+            "limits.delete_quiethours",
         },
     ),
     (
@@ -58,6 +60,11 @@ ENDPOINTS = [
     ("GET", "/api/v1/rules/999999/", None, {"limits.view_rule"}),
     ("PATCH", "/api/v1/rules/999999/", {"limit": 1}, {"limits.change_rule"}),
     ("DELETE", "/api/v1/rules/999999/", None, {"limits.delete_rule"}),
+    ("GET", "/api/v1/quiet-hours/", None, {"limits.view_quiethours"}),
+    ("POST", "/api/v1/quiet-hours/", {}, {"limits.add_quiethours"}),
+    ("GET", "/api/v1/quiet-hours/999999/", None, {"limits.view_quiethours"}),
+    ("PATCH", "/api/v1/quiet-hours/999999/", {"enabled": False}, {"limits.change_quiethours"}),
+    ("DELETE", "/api/v1/quiet-hours/999999/", None, {"limits.delete_quiethours"}),
     ("POST", "/api/v1/gate/check/", {**GATE_BODY, "dry_run": True}, {"limits.use_gate"}),
     ("POST", "/api/v1/gate/release/", GATE_BODY, {"limits.use_gate"}),
     ("GET", "/api/v1/users/1/quota/", None, {"limits.view_cap"}),
@@ -67,6 +74,7 @@ ENDPOINTS = [
     ("GET", "/api/v1/builds/1/", None, {"segments.view_build"}),
     ("POST", "/api/v1/sends/", {}, {"limits.use_gate"}),
     ("GET", "/api/v1/sends/1/", None, {"worker.view_sendjob"}),
+    ("DELETE", "/api/v1/sends/999999/waiting/", None, {"worker.cancel_sendjob"}),
 ]
 
 
@@ -106,9 +114,16 @@ def test_every_endpoint_needs_exactly_its_documented_rights(live_server, snapsho
 
 def test_the_groups_and_the_campaign_system_account_have_the_rights_their_work_needs(api, snapshot):
     viewer, gate, marketer = api("viewer"), api("gate"), api("marketer")
-    for path in ("/api/v1/segments/", "/api/v1/limits/", "/api/v1/rules/", "/api/v1/snapshots/"):
+    for path in (
+        "/api/v1/segments/",
+        "/api/v1/limits/",
+        "/api/v1/rules/",
+        "/api/v1/quiet-hours/",
+        "/api/v1/snapshots/",
+    ):
         assert call(viewer, "GET", path).status_code == 200
     assert call(viewer, "POST", "/api/v1/rules/", json=RULE).status_code == 403
+    assert call(viewer, "POST", "/api/v1/quiet-hours/", json=QUIET).status_code == 403
     assert call(viewer, "POST", "/api/v1/gate/check/", json=GATE_BODY).status_code == 403
     assert call(viewer, "PUT", "/api/v1/limits/vip/email/", json={}).status_code == 403
     assert call(gate, "POST", "/api/v1/gate/check/", json=GATE_BODY).status_code == 200
@@ -116,6 +131,9 @@ def test_the_groups_and_the_campaign_system_account_have_the_rights_their_work_n
     # A refusal names its rule: the campaign system may read the rules, not change them.
     assert call(gate, "GET", "/api/v1/rules/").status_code == 200
     assert call(gate, "POST", "/api/v1/rules/", json=RULE).status_code == 403
+    # A refusal for quiet hours: it may read them too, not change them.
+    assert call(gate, "GET", "/api/v1/quiet-hours/").status_code == 200
+    assert call(gate, "POST", "/api/v1/quiet-hours/", json=QUIET).status_code == 403
     assert call(gate, "POST", "/api/v1/segments/", json={}).status_code == 403
     assert call(gate, "POST", "/api/v1/snapshots/").status_code == 403
     # A marketer edits and publishes, as in the admin, but does not call the gate.
@@ -125,5 +143,10 @@ def test_the_groups_and_the_campaign_system_account_have_the_rights_their_work_n
     assert rule.status_code == 201
     path = f"/api/v1/rules/{rule.json()['id']}/"
     assert call(marketer, "PATCH", path, json={"limit": 2}).status_code == 200
+    assert call(marketer, "DELETE", path).status_code == 204
+    quiet = call(marketer, "POST", "/api/v1/quiet-hours/", json=QUIET)
+    assert quiet.status_code == 201
+    path = f"/api/v1/quiet-hours/{quiet.json()['id']}/"
+    assert call(marketer, "PATCH", path, json={"spread_minutes": 30}).status_code == 200
     assert call(marketer, "DELETE", path).status_code == 204
     assert call(marketer, "POST", "/api/v1/gate/check/", json=GATE_BODY).status_code == 403

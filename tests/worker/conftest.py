@@ -3,11 +3,16 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from limits.services import cap_set
+from limits.quiet import QuietFields
+from limits.services import cap_set, quiet_create
 from segments.index import reset_index
 from segments.models import Segment
 from segments.publishing import build_run
 from segments.services import build_start, user_list_import
+from tests.worker.test_sends import smtp  # noqa: F401  (a fixture of the waiting tests too)
+
+# The users of `quiet_vip`.
+QUIET_USERS = list(range(1000, 1200))
 
 
 @pytest.fixture(autouse=True)
@@ -41,3 +46,17 @@ def published(db, redis_client) -> Callable[..., str]:
         return build_run(build_id=build_start(queue=False).pk).version
 
     return publish
+
+
+@pytest.fixture
+def quiet_vip(published):
+    """VIP users (QUIET_USERS) in Paris; no marketing email from 21:00 to 08:00, released over
+    30 minutes. Uncapped: only quiet hours hold their sends."""
+    published(vip=(10, QUIET_USERS, {}))
+    Segment.objects.filter(slug="vip").update(time_zone="Europe/Paris")
+    quiet_create(
+        fields=QuietFields(
+            segment="vip", channel="email", start="21:00", end="08:00", spread_minutes=30
+        ),
+        via="command",
+    )

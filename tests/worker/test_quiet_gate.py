@@ -6,11 +6,14 @@ from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 import pytest
+import redis
 
+from limits.limiter import Limiter
 from limits.quiet import QuietFields, user_offset
 from limits.services import cap_set, quiet_create, quiet_update
 from segments.models import Segment
-from worker.gate import gate_check
+from tests.redis_servers import RedisServer
+from worker.gate import Gate, gate_check
 
 PARIS = ZoneInfo("Europe/Paris")
 NIGHT = datetime(2026, 6, 10, 23, 0, tzinfo=PARIS).timestamp()  # 23:00 in Paris
@@ -94,17 +97,35 @@ def test_a_disabled_entry_holds_nobody(snapshot):
     assert gate_check(channel="email", requests=[(1, "a")], now=NIGHT)[0].reason == "allowed"
 
 
-def test_quiet_sends_cost_redis_nothing(snapshot, redis_client):
-    quiet(None, channel="all")
-    gate_check(channel="email", requests=[(9, "warm")], now=DAY)  # loads the library
-    redis_client.config_resetstat()
-    decisions = gate_check(
-        channel="email", requests=[(u, f"m{u}") for u in range(100, 200)], now=NIGHT
-    )
-    assert {d.reason for d in decisions} == {"quiet_hours"}
-    assert "cmdstat_fcall" not in redis_client.info("commandstats")
-    gate_check(channel="email", requests=[(100, "day")], now=DAY)
-    assert "cmdstat_fcall" in redis_client.info("commandstats")  # what a decision would cost
+def test_quiet_sends_cost_redis_nothing(snapshot, tmp_path):
+    # A redis-server of the test's own: its command counts are this test's alone.
+    server = RedisServer(tmp_path).start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        gate = Gate(limiter=Limiter(client, prefix="test:"), record_stats=False)
+        quiet(None, channel="all")
+        gate.check(channel="email", requests=[(9, "warm")], now=DAY)  # loads the library
+        client.config_resetstat()
+        decisions = gate.check(
+            channel="email", requests=[(u, f"m{u}") for u in range(100, 200)], now=NIGHT
+        )
+        assert {d.reason for d in decisions} == {"quiet_hours"}
+        assert "cmdstat_fcall" not in client.info("commandstats")
+        gate.check(channel="email", requests=[(100, "day")], now=DAY)
+        assert "cmdstat_fcall" in client.info("commandstats")  # what a decision would cost
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_retry_after_never_comes_before_the_release(snapshot):
+    quiet("vip", spread=30)
+    for second in range(0, 3600, 7):
+        now = NIGHT + second + 0.0004
+        for decision in gate_check(channel="email", requests=[(1, "a"), (2, "b")], now=now):
+            release = MORNING + user_offset(decision.user_id, 1800)
+            assert decision.retry_after is not None
+            assert release <= now + decision.retry_after < release + 0.001
 
 
 def test_cap_and_quiet_hours_together_in_one_batch_keep_request_order(snapshot):

@@ -2,17 +2,20 @@
 
 import csv
 from collections import Counter
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
+from gatekeeper.lib.bodies import DATETIME_WORDS
 from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from gatekeeper.lib.words import count
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
 from worker.chunks import ChunkBusy, send_chunk_run
-from worker.models import SendChunk, SendJob
+from worker.models import SendJob
+from worker.selectors import send_job_waiting
 from worker.services import send_job_create
 
 COLUMNS = ("user_id", "address", "message_id", "time_zone")
@@ -45,7 +48,17 @@ class Command(BaseCommand):
             help=f"{PRIORITIES[0]} to {PRIORITIES[1]}, higher is more important (default "
             f"{DEFAULT_PRIORITY}); only a rule's reserve reads it",
         )
-        parser.add_argument("--on-capped", default="drop", choices=["drop", "defer"])
+        parser.add_argument(
+            "--on-capped",
+            default="drop",
+            choices=["drop", "defer"],
+            help="defer: sends refused by a cap or quiet hours wait for their release",
+        )
+        parser.add_argument(
+            "--expires-at",
+            help="ISO 8601 with its UTC offset (2026-06-11T09:00:00+02:00): deferred sends "
+            "still waiting then are dropped as expired (default: 24 hours from now)",
+        )
         parser.add_argument(
             "--on-invalid",
             default="reject",
@@ -63,6 +76,15 @@ class Command(BaseCommand):
         except NotAWholeNumber as exc:
             raise CommandError(f"Nothing was sent. {exc}") from None
         tags = [tag.strip() for tag in options["tags"].split(",") if tag.strip()]
+        expires_at = None
+        if options["expires_at"]:
+            try:
+                expires_at = datetime.fromisoformat(options["expires_at"])
+            except ValueError:
+                raise CommandError(
+                    f"Nothing was sent. --expires-at: {options['expires_at'][:40]!r} is not a "
+                    f"date and time. {DATETIME_WORDS}"
+                ) from None
         self._lines: list[int] = []  # the file line of each recipient, for error messages
         rows = list(self._read(options["recipients"]))
         try:
@@ -75,6 +97,7 @@ class Command(BaseCommand):
                 priority=priority,
                 on_capped=options["on_capped"],
                 on_invalid=options["on_invalid"],
+                expires_at=expires_at,
                 recipients=rows,
                 queue=not options["wait"],
             )
@@ -91,12 +114,14 @@ class Command(BaseCommand):
             )
             return
         with tqdm(total=job.total, unit="recipient", desc="sending", disable=None) as bar:
-            for chunk in SendChunk.objects.filter(job=job).order_by("pk"):
+            bar.update(job.processed)  # invalid rows and repeats, settled at creation
+            for chunk_id in job.chunks.order_by("pk").values_list("pk", flat=True):
                 try:
-                    outcome = send_chunk_run(chunk_id=chunk.pk)
+                    outcome = send_chunk_run(chunk_id=chunk_id)
                 except ChunkBusy:
                     continue  # a worker is running this one
                 bar.update(sum(outcome.values()))
+                bar.set_postfix(waiting=send_job_waiting(job.pk)["sends"], refresh=False)
         job.refresh_from_db()
         self._summary(job)
 
@@ -170,8 +195,8 @@ class Command(BaseCommand):
     def _where(self, path: str, field: str) -> str:
         """`recipients[3].address` as the file's line: `recipients.csv line 5 (address)`;
         the job's fields as the options that set them (`--tags`)."""
-        if field in ("tags", "priority", "channel", "template", "campaign"):
-            return f"--{field}"
+        if field in ("tags", "priority", "channel", "template", "campaign", "expires_at"):
+            return f"--{field.replace('_', '-')}"
         if field.startswith("recipients["):
             index, _, rest = field[len("recipients[") :].partition("]")
             if index.isdigit() and int(index) < len(self._lines):
@@ -185,8 +210,11 @@ class Command(BaseCommand):
         self.stdout.write("\n  gate decisions by reason:")
         for reason, decisions in Counter(job.reasons).most_common():
             self.stdout.write(f"  {reason:<14}{decisions:>10,}")
-        pending = job.chunks.filter(status=SendChunk.Status.QUEUED).count()
-        if pending:
+        waiting = send_job_waiting(job.pk)
+        if waiting["sends"]:
             self.stdout.write(
-                f"\n  {pending} chunk(s) deferred: a worker sends them when slots free."
+                f"\n  {count(waiting['sends'], 'send')} waiting for release (a cap or quiet "
+                f"hours), from {waiting['next_at']:%Y-%m-%d %H:%M} to "
+                f"{waiting['last_at']:%Y-%m-%d %H:%M} UTC: the workers send them then; "
+                f"still waiting at {job.expires_at:%Y-%m-%d %H:%M} UTC, they expire."
             )

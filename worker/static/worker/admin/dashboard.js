@@ -45,5 +45,15 @@
       options: { maintainAspectRatio: false, animation: false, plugins: { legend: { position: "right" } } },
     });
   }
+  if (data.waiting && document.getElementById("chart-waiting")) {
+    new Chart(document.getElementById("chart-waiting"), {
+      type: "bar",
+      data: {
+        labels: data.waiting.labels,
+        datasets: [{ label: "sends released (UTC hour)", data: data.waiting.values, backgroundColor: palette.daily_cap }],
+      },
+      options: { maintainAspectRatio: false, animation: false, scales: { y: { beginAtZero: true, ticks: { precision: 0 } } } },
+    });
+  }
   document.documentElement.dataset.chartsDrawn = "1";
 })();
