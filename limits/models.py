@@ -62,7 +62,55 @@ class CapChange(models.Model):
         return f"{self.segment_slug}/{self.channel}: {self.old_daily}/{self.old_weekly} -> {self.new_daily}/{self.new_weekly}"
 
 
-class Rule(models.Model):
+class Authored(models.Model):
+    """Who created a row and who changed it last, and when (rules, quiet hours)."""
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="+",
+    )
+    changed_at = models.DateTimeField(auto_now=True)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="+",
+    )
+
+    class Meta:
+        abstract = True
+
+
+class ChangeRecord(models.Model):
+    """One change of an audited row: the action, the row before and after (as the REST API
+    shows it), who made it and when. Written by the services in the same transaction."""
+
+    class Action(models.TextChoices):
+        CREATED = "created"
+        CHANGED = "changed"
+        DELETED = "deleted"
+
+    action = models.CharField(max_length=8, choices=Action.choices)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    changed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        abstract = True
+        ordering = ["-changed_at", "-id"]
+
+
+class Rule(Authored):
     """A cap rule: for the users of one segment (or of every segment), on one channel (or all
     channels together), count the marketing sends that match over a window and admit at most
     `limit`. Validated by `limits.rules.rule_problems`; written through `limits.services`.
@@ -116,24 +164,6 @@ class Rule(models.Model):
     cap = models.ForeignKey(
         Cap, on_delete=models.CASCADE, null=True, blank=True, editable=False, related_name="rules"
     )
-    created_at = models.DateTimeField(auto_now_add=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.SET_NULL,
-        null=True,
-        blank=True,
-        editable=False,
-        related_name="+",
-    )
-    changed_at = models.DateTimeField(auto_now=True)
-    changed_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.SET_NULL,
-        null=True,
-        blank=True,
-        editable=False,
-        related_name="+",
-    )
 
     class Meta:
         ordering = ["id"]
@@ -163,36 +193,21 @@ class Rule(models.Model):
         return {"below_priority": self.reserve_below_priority, "slots": self.reserve_slots}
 
 
-class RuleChange(models.Model):
+class RuleChange(ChangeRecord):
     """One change of a rule: who, when, through what, and the rule before and after (as the
     REST API shows it). Written by the services in the same transaction as the change."""
-
-    class Action(models.TextChoices):
-        CREATED = "created"
-        CHANGED = "changed"
-        DELETED = "deleted"
 
     rule = models.ForeignKey(
         Rule, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
     )
     rule_name = models.CharField(max_length=100)
-    action = models.CharField(max_length=8, choices=Action.choices)
-    before = models.JSONField(null=True, blank=True)
-    after = models.JSONField(null=True, blank=True)
-    changed_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
-    )
     via = models.CharField(max_length=16, default="admin", help_text="admin, api, cap or command")
-    changed_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["-changed_at", "-id"]
 
     def __str__(self) -> str:
         return f"{self.rule_name}: {self.action}"
 
 
-class QuietHours(models.Model):
+class QuietHours(Authored):
     """Quiet hours: the local times at which the users of one segment (or of every segment)
     get no marketing on one channel (or `all` channels), and the spread over which sends held
     until the end go out. Validated by `limits.quiet.quiet_problems`; written through
@@ -214,24 +229,6 @@ class QuietHours(models.Model):
         default=0, help_text="Held sends go out over this many minutes after the end."
     )
     enabled = models.BooleanField(default=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.SET_NULL,
-        null=True,
-        blank=True,
-        editable=False,
-        related_name="+",
-    )
-    changed_at = models.DateTimeField(auto_now=True)
-    changed_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.SET_NULL,
-        null=True,
-        blank=True,
-        editable=False,
-        related_name="+",
-    )
 
     class Meta:
         ordering = ["id"]
@@ -243,30 +240,15 @@ class QuietHours(models.Model):
         return f"{who} / {self.channel}: {self.start:%H:%M}-{self.end:%H:%M}"
 
 
-class QuietHoursChange(models.Model):
+class QuietHoursChange(ChangeRecord):
     """One change of a quiet-hours entry: who, when, through what, and the entry before and
     after (as the REST API shows it). Written by the services in the same transaction."""
-
-    class Action(models.TextChoices):
-        CREATED = "created"
-        CHANGED = "changed"
-        DELETED = "deleted"
 
     quiet_hours = models.ForeignKey(
         QuietHours, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
     )
     label = models.CharField(max_length=100, help_text="The entry as it read at the change.")
-    action = models.CharField(max_length=8, choices=Action.choices)
-    before = models.JSONField(null=True, blank=True)
-    after = models.JSONField(null=True, blank=True)
-    changed_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
-    )
     via = models.CharField(max_length=16, default="admin", help_text="admin, api or command")
-    changed_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["-changed_at", "-id"]
 
     def __str__(self) -> str:
         return f"{self.label}: {self.action}"
