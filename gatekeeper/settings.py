@@ -163,6 +163,9 @@ CELERY_BEAT_SCHEDULE = {
     "user-lists-stalled": {"task": "segments.tasks.user_lists_stalled", "schedule": 300.0},
     # Users whose whole send log has aged out are dropped from their (still live) buckets.
     "send-logs-sweep": {"task": "limits.tasks.send_logs_sweep", "schedule": 60.0},
+    # The send ledger: decisions moved from the Redis stream into the database; old days dropped.
+    "ledger-drain": {"task": "limits.tasks.ledger_drain", "schedule": 2.0},
+    "ledger-upkeep": {"task": "limits.tasks.ledger_upkeep", "schedule": 3600.0},
 }
 CELERY_TIMEZONE = TIME_ZONE
 
@@ -199,6 +202,11 @@ GATEKEEPER_LOG_UPGRADE = env.bool("GATEKEEPER_LOG_UPGRADE", default=False)
 # Buckets the sweep task looks at per run (every minute): 1,000 a minute goes through the
 # 1M buckets of 270M users in about 17 hours, for about 0.3 s of Redis time a minute.
 GATEKEEPER_LOG_SWEEP_BUCKETS = env.int("GATEKEEPER_LOG_SWEEP_BUCKETS", default=1_000)
+# The send ledger (limits/ledger.py): every decision kept in the database for this many days.
+GATEKEEPER_LEDGER = env.bool("GATEKEEPER_LEDGER", default=True)
+GATEKEEPER_LEDGER_DAYS = env.int("GATEKEEPER_LEDGER_DAYS", default=90)
+# Gate calls the ledger's Redis stream holds at most, undrained (about: trimmed approximately).
+GATEKEEPER_LEDGER_BUFFER_MAX = env.int("GATEKEEPER_LEDGER_BUFFER_MAX", default=100_000)
 # Who sees /metrics and the details of /readyz (segment slugs and sizes, the store's address):
 # callers with `Authorization: Bearer <GATEKEEPER_METRICS_TOKEN>`, or from these networks (none
 # by default: behind a proxy on the same host every caller would come from loopback). Everyone

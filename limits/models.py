@@ -271,3 +271,40 @@ class QuotaReset(models.Model):
 
     def __str__(self) -> str:
         return f"quota of user {self.user_id} reset at {self.reset_at:%Y-%m-%d %H:%M}"
+
+
+class LedgerEntry(models.Model):
+    """One gate decision of a marketing send (or an exempt transactional one), kept durably:
+    the send ledger (limits/ledger.py). On PostgreSQL the table is partitioned by day (`at`),
+    and old days are dropped whole; its primary key there is (id, at)."""
+
+    id = models.BigAutoField(primary_key=True)
+    at = models.DateTimeField(help_text="When the gate decided.")
+    user_id = models.PositiveBigIntegerField()
+    channel = models.CharField(max_length=32)
+    campaign = models.CharField(max_length=200, blank=True)
+    tags = models.JSONField(default=list, blank=True)
+    priority = models.PositiveSmallIntegerField()
+    segment = models.CharField(max_length=64, blank=True)
+    snapshot_version = models.CharField(max_length=64, blank=True)
+    reason = models.CharField(max_length=16)
+    rule_id = models.IntegerField(null=True, blank=True, help_text="The deciding rule, if any.")
+    message_id = models.CharField(max_length=200)
+    category = models.CharField(max_length=16)
+
+    class Meta:
+        indexes = [models.Index(fields=["user_id", "at"], name="limits_ledger_user_at")]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.user_id} {self.channel} {self.reason}"
+
+
+class LedgerBatch(models.Model):
+    """The id of a ledger stream entry already written, in the transaction that wrote it: a
+    drainer that died before acknowledging the entry does not get it written twice."""
+
+    stream_id = models.CharField(max_length=40, unique=True)
+    drained_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    def __str__(self) -> str:
+        return self.stream_id

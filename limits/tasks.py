@@ -4,6 +4,8 @@ import logging
 
 from celery import shared_task
 
+from limits.ledger import ledger_drain as ledger_drain_run
+from limits.ledger import ledger_upkeep as ledger_upkeep_run
 from limits.upkeep import send_logs_sweep_run
 
 logger = logging.getLogger(__name__)
@@ -22,3 +24,30 @@ def send_logs_sweep() -> int:
         report.emptied,
     )
     return report.dropped
+
+
+@shared_task(expires=10)
+def ledger_drain() -> int:
+    """Beat, every 2 s: move the gate's decisions from the ledger's Redis stream into the
+    database, until the stream is empty or 10 rounds were made. Returns the decisions written."""
+    written = 0
+    for _ in range(10):
+        report = ledger_drain_run()
+        written += report.rows
+        if not report.entries:
+            break
+    return written
+
+
+@shared_task(expires=600)
+def ledger_upkeep() -> int:
+    """Beat, hourly: drop the ledger's days past GATEKEEPER_LEDGER_DAYS. Returns rows or days
+    dropped."""
+    report = ledger_upkeep_run()
+    if report.dropped_days or report.deleted_rows:
+        logger.info(
+            "Ledger upkeep: %d days dropped, %d rows deleted",
+            len(report.dropped_days),
+            report.deleted_rows,
+        )
+    return len(report.dropped_days) + report.deleted_rows

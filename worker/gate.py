@@ -17,6 +17,7 @@ from typing import Protocol, cast
 from django.core.exceptions import ValidationError
 
 from limits.channels import validate_channel
+from limits.ledger import ledger_append, ledger_enabled
 from limits.limiter import Decision, Limiter, get_limiter
 from limits.policy import DEFAULT_PRIORITY, PolicyTable, RuleSet
 from limits.quiet import QuietView, release_at
@@ -85,11 +86,14 @@ class Gate:
         policy: PolicyCache | None = None,
         index: SegmentResolver | None = None,
         record_stats: bool = True,
+        record_ledger: bool | None = None,
     ) -> None:
+        """`record_ledger`: keep decisions in the send ledger (None: as GATEKEEPER_LEDGER says)."""
         self._limiter = limiter
         self._policy = policy
         self._index = index
         self.record_stats = record_stats
+        self.record_ledger = record_ledger
 
     @property
     def limiter(self) -> Limiter:
@@ -152,8 +156,20 @@ class Gate:
                 dry_run=dry_run,
                 now=now,
             )
-        if self.record_stats and not dry_run:
-            stats.record(channel=channel, decisions=decisions)
+        if not dry_run:
+            if self.record_stats:
+                stats.record(channel=channel, decisions=decisions)
+            if self.record_ledger if self.record_ledger is not None else ledger_enabled():
+                ledger_append(
+                    at=time.time() if now is None else now,
+                    channel=channel,
+                    campaign=campaign,
+                    tags=tags,
+                    priority=priority,
+                    category=category,
+                    snapshot_version=index.version if index is not None else "",
+                    decisions=decisions,
+                )
         return decisions
 
     def _decide(
