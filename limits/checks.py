@@ -49,4 +49,14 @@ def limits_settings_check(app_configs: Any, **kwargs: Any) -> list[CheckMessage]
                 id="limits.E004",
             )
         )
+    for name, hint, check_id in (
+        ("GATEKEEPER_LEDGER_DAYS", "Days the send ledger keeps.", "limits.E005"),
+        (
+            "GATEKEEPER_LEDGER_BUFFER_MAX",
+            "Gate calls the ledger's Redis stream holds undrained.",
+            "limits.E006",
+        ),
+    ):
+        if int(getattr(settings, name)) < 1:
+            errors.append(Error(f"{name} must be at least 1.", hint=hint, id=check_id))
     return errors

@@ -20,7 +20,7 @@ Decided in Python, before Redis is asked: a quiet send costs Redis nothing.
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -68,11 +68,6 @@ class QuietView:
         if self.wraps:
             return minute >= self.start or minute < self.end
         return self.start <= minute < self.end
-
-    @property
-    def open_minutes(self) -> int:
-        """How long the day is outside the window."""
-        return (self.start - self.end) % DAY_MINUTES
 
 
 @dataclass
@@ -257,12 +252,3 @@ def quiet_until(entries: Sequence[QuietView], zone_name: str, now: float) -> tup
 def release_at(end: float, spread_seconds: int, user_id: int) -> float:
     """When a send held until `end` goes out to `user_id`: `end` plus the user's own offset."""
     return end + user_offset(user_id, spread_seconds)
-
-
-def local_now(zone_name: str, now: float) -> datetime:
-    """The user's local time, aware (the admin's user lookup)."""
-    return datetime.fromtimestamp(now, tz=zone(zone_name))
-
-
-def utc(instant: float) -> datetime:
-    return datetime.fromtimestamp(instant, tz=UTC)

@@ -4,7 +4,7 @@ import logging
 
 from celery import shared_task
 
-from limits.ledger import ledger_drain as ledger_drain_run
+from limits.ledger import ledger_drain_all
 from limits.ledger import ledger_upkeep as ledger_upkeep_run
 from limits.upkeep import send_logs_sweep_run
 
@@ -30,13 +30,7 @@ def send_logs_sweep() -> int:
 def ledger_drain() -> int:
     """Beat, every 2 s: move the gate's decisions from the ledger's Redis stream into the
     database, until the stream is empty or 10 rounds were made. Returns the decisions written."""
-    written = 0
-    for _ in range(10):
-        report = ledger_drain_run()
-        written += report.rows
-        if not report.entries:
-            break
-    return written
+    return ledger_drain_all(rounds=10)
 
 
 @shared_task(expires=600)

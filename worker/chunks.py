@@ -52,9 +52,14 @@ def _lease_end(now: Any) -> Any:
     return now + timedelta(seconds=float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS))
 
 
+def _free(now: Any) -> Q:
+    """Chunks no live run holds at `now`: never leased, or the lease ran out."""
+    return Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+
+
 def _runnable(now: Any) -> Q:
     """Chunks that may run at `now`: queued, due, and not leased by a live run."""
-    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    free = _free(now)
     due = Q(not_before__isnull=True) | Q(not_before__lte=now)
     return free & due & Q(status=SendChunk.Status.QUEUED)
 
@@ -82,8 +87,9 @@ class _Lease:
     def take_to_close(self, now: Any) -> bool:
         """For closing a waiting chunk (expired, cancelled) whatever its `not_before`: no run."""
         until = _lease_end(now)
-        free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-        queued = SendChunk.objects.filter(free, pk=self.chunk_id, status=SendChunk.Status.QUEUED)
+        queued = SendChunk.objects.filter(
+            _free(now), pk=self.chunk_id, status=SendChunk.Status.QUEUED
+        )
         if queued.update(lease_until=until):
             self.until = until
             return True
@@ -449,7 +455,7 @@ def waiting_close(*, now: Any = None, job_id: int | None = None) -> Counter[str]
     )
     if job_id is not None:
         waiting = waiting.filter(job_id=job_id)
-    free = Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    free = _free(now)
     ended: Counter[str] = Counter()
     for job in list(waiting.values_list("job_id", flat=True).distinct()[:1000]):
         ended.update(_close_never_run(job, waiting.filter(free, job_id=job, runs=0), now))
@@ -468,8 +474,8 @@ def waiting_close(*, now: Any = None, job_id: int | None = None) -> Counter[str]
             logger.warning("Chunk %s stays waiting until Redis answers: %s", chunk_id, exc)
             lease.give_back()
             continue
-        _close(chunk, how, outcomes)
-        ended[how] += outcomes[how]
+        if _close(chunk, how, outcomes):
+            ended[how] += outcomes[how]
     return ended
 
 
@@ -484,7 +490,7 @@ def _close_never_run(job_id: int, chunks: Any, now: Any) -> Counter[str]:
         found = list(chunks.select_for_update().values_list("pk", "size"))
         if not found:
             return Counter()
-        status = SendChunk.Status.EXPIRED if how == EXPIRED else SendChunk.Status.CANCELLED
+        status = SendChunk.Status(how)  # expired or cancelled, as the outcome
         SendChunk.objects.filter(pk__in=[pk for pk, _ in found]).update(
             status=status, lease_until=None
         )
@@ -518,18 +524,20 @@ def _give_back(job: SendJob, unclaimed: list[tuple[int, str]]) -> None:
         logger.warning("Could not give back the quota of %d sends", len(unclaimed))
 
 
-def _close(chunk: SendChunk, how: str, outcomes: Counter[str]) -> None:
-    """Settle a waiting chunk as expired or cancelled, under the job's lock."""
+def _close(chunk: SendChunk, how: str, outcomes: Counter[str]) -> bool:
+    """Settle a waiting chunk as expired or cancelled, under the job's lock. False when another
+    delivery settled it first (then its outcomes are not counted here)."""
     with transaction.atomic():
         job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
         if not _still_queued(chunk.pk):
-            return
+            return False
         reasons = Counter(job.reasons)
         reasons[how] += outcomes[how]
         job.reasons = dict(reasons)
         _count_on_job(job, outcomes)
-        status = SendChunk.Status.EXPIRED if how == EXPIRED else SendChunk.Status.CANCELLED
+        status = SendChunk.Status(how)  # expired or cancelled, as the outcome
         SendChunk.objects.filter(pk=chunk.pk).update(status=status, lease_until=None)
+    return True
 
 
 def _by_claims(

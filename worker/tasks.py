@@ -33,9 +33,11 @@ def send_chunk(self: Any, chunk_id: int, now: str | None = None) -> dict[str, in
     campaign never stalls with sends that silently went nowhere.
 
     `now` (tests, replays; ISO 8601 with its offset): the instant the chunk is run at, passed
-    to `send_chunk_run`, the gate's clock included. Production never passes it."""
+    to `send_chunk_run`, the gate's clock included. Production never passes it. A bad `now`
+    fails the task at once, before the chunk is touched: it is not the chunk's failure."""
+    instant = _instant(now)
     try:
-        return send_chunk_run(chunk_id=chunk_id, now=_instant(now))
+        return send_chunk_run(chunk_id=chunk_id, now=instant)
     except ChunkBusy as busy:
         # Another delivery runs it (or ran it and died): look again when its lease ends. A new
         # message, not a retry, so it spends none of the retries.
@@ -72,7 +74,11 @@ def send_chunks_due(now: str | None = None) -> int:
     `now` (tests, replays; ISO 8601 with its offset) judges expiry and due dates at that instant
     and runs the queued chunks at it too; beat passes none."""
     instant = _instant(now)
-    waiting_close(now=instant)
+    try:
+        waiting_close(now=instant)
+    except Exception:
+        # Closing ended waiting sends can wait for the next tick; queueing due chunks cannot.
+        logger.exception("Could not end the waiting sends of expired or cancelled jobs")
     ids = chunks_due(now=instant)
     send_chunks(ids, now=now)
     return len(ids)

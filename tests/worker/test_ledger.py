@@ -11,9 +11,9 @@ from limits.ledger import (
     CLAIM_IDLE_MS,
     GROUP,
     ledger_drain,
+    ledger_drain_all,
     ledger_rows,
     ledger_upkeep,
-    ledger_wait_drained,
     ledger_write,
     partitions_list,
     stream_key,
@@ -51,7 +51,7 @@ def test_every_decision_is_kept_with_what_decided_it(snapshot):
     gate_check(channel="email", requests=[(9, "otp")], category="transactional", now=NOW + 1)
     gate_check(channel="email", requests=[(9, "dry")], dry_run=True, now=NOW + 2)
     assert LedgerEntry.objects.count() == 0  # not yet drained: off the hot path
-    assert ledger_wait_drained() == 4
+    assert ledger_drain_all() == 4
     found = rows()
     daily = found[1][4]
     assert daily is not None  # the vip daily cap's rule id
@@ -80,7 +80,7 @@ def test_quiet_hours_refusals_are_kept_too(snapshot):
         )
     )
     gate_check(channel="email", requests=[(9, "q")], now=NOW)
-    ledger_wait_drained()
+    ledger_drain_all()
     assert [r[3] for r in rows()] == ["quiet_hours"]
 
 
@@ -116,7 +116,7 @@ def test_a_gate_process_that_dies_after_the_limiter_loses_only_that_calls_ledger
     # ledger never hears of them when the process dies before its XADD.
     Gate(record_ledger=False).check(channel="email", requests=[(1, "lost")], now=NOW)
     gate_check(channel="email", requests=[(1, "kept")], now=NOW + 1)
-    ledger_wait_drained()
+    ledger_drain_all()
     assert [(r[1], r[3]) for r in rows()] == [("kept", "daily_cap")]
 
 
@@ -129,7 +129,7 @@ def test_old_days_leave_whole(snapshot, settings):
             requests=[(9, f"m{ago}")],
             now=(now - timedelta(days=ago)).timestamp(),
         )
-    ledger_wait_drained()
+    ledger_drain_all()
     report = ledger_upkeep(now=now)
     assert sorted(r[1] for r in rows()) == ["m0", "m1"]
     if connection.vendor == "postgresql":
@@ -142,3 +142,13 @@ def test_old_days_leave_whole(snapshot, settings):
         assert (now + timedelta(days=2)).date() in days  # made ahead of time
     else:
         assert report.deleted_rows == 2
+
+
+def test_an_entry_no_drainer_can_read_is_dropped_and_holds_back_nothing(snapshot, redis_client):
+    gate_check(channel="email", requests=[(9, "before")], now=NOW)
+    redis_client.xadd(stream_key(), {"d": b"\x93not msgpack of a gate call"})
+    gate_check(channel="email", requests=[(9, "after")], now=NOW + 1)
+    report = ledger_drain()
+    assert (report.entries, report.unreadable, report.rows) == (3, 1, 2)
+    assert [r[1] for r in rows()] == ["before", "after"]
+    assert redis_client.xlen(stream_key()) == 0
