@@ -11,7 +11,7 @@ import sys
 
 import django
 
-SUITES = ["limiter", "segments", "gate", "api", "bodies", "memory"]
+SUITES = ["limiter", "segments", "gate", "ledger", "api", "bodies", "memory", "reports"]
 
 
 def main(argv: list[str]) -> None:

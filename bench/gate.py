@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import redis
@@ -56,6 +57,26 @@ def rate(step: Callable[[], int], seconds: float) -> float:
     while time.perf_counter() - started < seconds:
         done += step()
     return done / (time.perf_counter() - started)
+
+
+def alternated(
+    anchor: Callable[[], int],
+    measured: Callable[[], int],
+    seconds: float,
+    *,
+    rounds: int = 8,
+    between: Callable[[], Any] | None = None,
+) -> tuple[float, float, float]:
+    """Short runs of each alternated: the median rate of each, and the median of the ratios of
+    neighbouring runs (measured / anchor); a machine busy with something else slows both alike."""
+    rates: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for found, step in zip(rates, (anchor, measured), strict=True):
+            found.append(rate(step, seconds / rounds))
+            if between is not None:
+                between()
+    ratio = statistics.median(m / a for a, m in zip(*rates, strict=True))
+    return statistics.median(rates[0]), statistics.median(rates[1]), ratio
 
 
 def gate_beside_limiter(url: str, seconds: float) -> None:
@@ -161,16 +182,14 @@ def quiet_hours_beside_none(url: str, seconds: float) -> None:
         assert decisions[0].reason != "quiet_hours"
         return len(decisions)
 
-    # Short runs alternated, the median of each, and the median of the ratios of neighbouring
-    # runs: a machine busy with something else slows both alike.
     rounds = 8
-    rates: dict[str, list[float]] = {"without": [], "with": []}
-    for _ in range(rounds):
-        for name, gate in (("without", without), ("with", with_quiet)):
-            rates[name].append(rate(functools.partial(step, gate), seconds / rounds))
-            client.flushdb()
-    plain, configured = (statistics.median(rates[k]) for k in ("without", "with"))
-    ratio = statistics.median(w / o for w, o in zip(rates["with"], rates["without"], strict=True))
+    plain, configured, ratio = alternated(
+        functools.partial(step, without),
+        functools.partial(step, with_quiet),
+        seconds,
+        rounds=rounds,
+        between=client.flushdb,
+    )
     print(
         f"gate without quiet hours: {plain:,.0f} decisions/s; with {len(quiet)} quiet-hours "
         f"entries configured (none holding): {configured:,.0f} decisions/s "

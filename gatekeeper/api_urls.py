@@ -8,6 +8,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from limits.api import (
     CapDetailView,
     CapListView,
+    DecisionsReportView,
     QuietHoursDetailView,
     QuietHoursListView,
     RuleDetailView,
@@ -25,6 +26,7 @@ from segments.api import (
 from worker.api import (
     GateCheckView,
     GateReleaseView,
+    HistoryView,
     QuotaView,
     SendJobDetailView,
     SendJobListView,
@@ -50,6 +52,7 @@ v1 = [
     path("gate/check/", GateCheckView.as_view(), name="gate-check"),
     path("gate/release/", GateReleaseView.as_view(), name="gate-release"),
     path("users/<str:user_id>/quota/", QuotaView.as_view(), name="quota"),
+    path("users/<str:user_id>/history/", HistoryView.as_view(), name="history"),
     path("snapshots/", SnapshotListView.as_view(), name="snapshots"),
     path(
         "snapshots/<str:version>/activate/",
@@ -57,6 +60,7 @@ v1 = [
         name="snapshot-activate",
     ),
     path("builds/<int:build_id>/", BuildDetailView.as_view(), name="build"),
+    path("reports/decisions/", DecisionsReportView.as_view(), name="decisions-report"),
     path("sends/", SendJobListView.as_view(), name="sends"),
     path("sends/<int:job_id>/", SendJobDetailView.as_view(), name="send"),
     path("sends/<int:job_id>/waiting/", SendJobWaitingView.as_view(), name="send-waiting"),

@@ -1,17 +1,21 @@
-"""REST views of caps, cap rules and quiet hours."""
+"""REST views of caps, cap rules and quiet hours, and the decisions report."""
 
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 import msgspec
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_slug
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 
 from gatekeeper.lib.api import JsonAPIView, errors
-from gatekeeper.lib.bodies import decode
+from gatekeeper.lib.bodies import NO_NUL, decode
 from gatekeeper.lib.ids import DATABASE_MAX
 from gatekeeper.lib.permissions import (
     ADD_QUIET_HOURS,
@@ -23,6 +27,7 @@ from gatekeeper.lib.permissions import (
     SET_CAPS,
     VIEW_CAPS,
     VIEW_QUIET_HOURS,
+    VIEW_REPORTS,
     VIEW_RULES,
 )
 from limits.bodies import (
@@ -35,12 +40,26 @@ from limits.bodies import (
     RuleCreateBody,
     Window,
 )
-from limits.channels import scopes, validate_scope
+from limits.channels import channels, scopes, validate_scope
 from limits.models import Cap, QuietHours, Rule
+from limits.policy import REASONS
 from limits.quiet import SPREAD_MAX, QuietFields
+from limits.reports import (
+    CAMPAIGN_MAX,
+    DEFAULT_DAYS,
+    DEFAULT_GROUP_BY,
+    GROUPS,
+    SEGMENT_MAX,
+    SLUG,
+    decisions_csv,
+    decisions_query,
+    decisions_report,
+    report_filename,
+)
 from limits.rules import RuleFields
 from limits.serializers import (
     CapSerializer,
+    DecisionsReportSerializer,
     QuietHoursSerializer,
     RuleSerializer,
     quiet_hours_shown,
@@ -376,3 +395,161 @@ class QuietHoursDetailView(JsonAPIView):
     def delete(self, request: Request, quiet_hours_id: int) -> Response:
         quiet_delete(entry=_quiet_or_404(quiet_hours_id), user=request.user, via="api")
         return Response(status=204)
+
+
+# --- the decisions report ---------------------------------------------------------------------
+
+
+class DecisionsCsvRenderer(BaseRenderer):
+    """The decisions report as CSV: a header row (the grouped fields, then `count`), a line per
+    row."""
+
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(
+        self,
+        data: Any,
+        accepted_media_type: str | None = None,
+        renderer_context: Mapping[str, Any] | None = None,
+    ) -> bytes:
+        columns = [*data["group_by"], "count"]
+        return decisions_csv(data["results"], columns=columns).encode()
+
+
+# The API's renderers (JSON, the browsable API; classes once DRF has imported them), and CSV.
+REPORT_RENDERERS = [
+    *cast(Sequence[type[BaseRenderer]], api_settings.DEFAULT_RENDERER_CLASSES),
+    DecisionsCsvRenderer,
+]
+REPORT_FORMATS = ("json", "csv")
+GROUP = f"(?:{'|'.join(GROUPS)})"
+
+
+def _report_parameter(
+    name: str, schema: dict[str, Any], description: str, *, repeated: bool = False
+) -> OpenApiParameter:
+    if repeated:
+        schema = {"type": "array", "items": schema}
+        description += f" Repeat it for several: `?{name}=a&{name}=b`."
+    return OpenApiParameter(
+        name,
+        schema,
+        OpenApiParameter.QUERY,
+        description=description,
+        style="form" if repeated else None,
+        explode=True if repeated else None,
+    )
+
+
+class DecisionsReportView(JsonAPIView):
+    rights = {"GET": VIEW_REPORTS}
+    operation_ids = {"GET": "decisions_report"}
+    renderer_classes = REPORT_RENDERERS
+
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        # An unknown `?format=` is bad input, not DRF's 404 for a path that matches nothing.
+        wanted = request.query_params.get(api_settings.URL_FORMAT_OVERRIDE or "format")
+        if not force and wanted is not None and wanted not in REPORT_FORMATS:
+            raise ValidationError(
+                {"format": [f"Unknown format '{wanted[:40]}'. Choose json or csv."]}
+            )
+        return super().perform_content_negotiation(request, force)
+
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        # A refusal (400, 401, 403) is the API's JSON error body, also to a caller that asked
+        # for CSV: negotiation happens before the rights are checked.
+        if response.status_code >= 400 and isinstance(
+            getattr(request, "accepted_renderer", None), DecisionsCsvRenderer
+        ):
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = JSONRenderer.media_type
+        return super().finalize_response(request, response, *args, **kwargs)
+
+    @extend_schema(
+        summary="How many gate decisions there were, by UTC day, campaign, segment, channel and "
+        "reason",
+        description=(
+            "Counted from the send ledger's hourly counts: every decision of a marketing send "
+            "and every exempt transactional one (reason `exempt`), never dry runs; decisions "
+            "reach them within seconds of the gate's answer. Rows only for combinations that "
+            "have decisions, ordered by the grouped fields. As CSV with `?format=csv` or "
+            "`Accept: text/csv` (a header row, then a line per row; a campaign or segment that "
+            "a spreadsheet would read as a formula starts with an apostrophe)."
+        ),
+        parameters=[
+            _report_parameter(
+                "from",
+                {"type": "string", "format": "date"},
+                f"The first UTC day (YYYY-MM-DD). Without `from` and `to`: the last "
+                f"{DEFAULT_DAYS} days, today's included; with one of them, {DEFAULT_DAYS} days "
+                "from `from` or up to `to`. The ledger keeps GATEKEEPER_LEDGER_DAYS days "
+                "(today's included): a range is at most that long and starts no earlier.",
+            ),
+            _report_parameter(
+                "to", {"type": "string", "format": "date"}, "The last UTC day, included."
+            ),
+            _report_parameter(
+                "group_by",
+                {"type": "string", "pattern": f"^(?:{GROUP}(?:,{GROUP})*)?$"},
+                f"Comma-separated, any of {', '.join(GROUPS)}: the columns, in this order, and "
+                f"the rows sorted by them. Default: {','.join(DEFAULT_GROUP_BY)}. Empty: one "
+                "row, the total.",
+            ),
+            _report_parameter(
+                "campaign",
+                {"type": "string", "maxLength": CAMPAIGN_MAX, "pattern": NO_NUL},
+                "Only this campaign's decisions; empty: those of no campaign.",
+                repeated=True,
+            ),
+            _report_parameter(
+                "segment",
+                {"type": "string", "maxLength": SEGMENT_MAX, "pattern": SLUG},
+                "Only this segment's decisions (its slug).",
+                repeated=True,
+            ),
+            _report_parameter(
+                "channel",
+                {"type": "string", "enum": channels()},
+                "Only this channel's decisions.",
+                repeated=True,
+            ),
+            _report_parameter(
+                "reason",
+                {"type": "string", "enum": list(REASONS)},
+                "Only decisions of this reason.",
+                repeated=True,
+            ),
+            _report_parameter(
+                "format",
+                {"type": "string", "enum": list(REPORT_FORMATS)},
+                "csv: the rows as CSV, as `Accept: text/csv` asks.",
+            ),
+        ],
+        responses={
+            (200, "application/json"): OpenApiResponse(
+                DecisionsReportSerializer, description="The report."
+            ),
+            (200, "text/csv"): OpenApiResponse(
+                OpenApiTypes.STR, description="The report's rows as CSV, with a header row."
+            ),
+            # Refusals are JSON, whatever was asked for.
+            **{(code, "application/json"): error for code, error in errors(400).items()},
+        },
+    )
+    def get(self, request: Request) -> Response:
+        try:
+            query = decisions_query(dict(request.query_params.lists()))
+        except DjangoValidationError as exc:
+            raise ValidationError(exc.message_dict) from None
+        answer = {
+            "from": query.start.isoformat(),
+            "to": query.end.isoformat(),
+            "group_by": list(query.group_by),
+            "results": decisions_report(query=query),
+        }
+        response = Response(answer)
+        if isinstance(request.accepted_renderer, DecisionsCsvRenderer):
+            response["Content-Disposition"] = f'attachment; filename="{report_filename(query)}"'
+        return response

@@ -26,6 +26,7 @@ import logging
 import os
 import socket
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -37,15 +38,16 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from gatekeeper.lib.redis_client import RedisClient, get_redis
-from limits.models import LedgerBatch, LedgerEntry
+from limits.models import LedgerBatch, LedgerCount, LedgerEntry
 
 logger = logging.getLogger(__name__)
 
 STREAM = "ledger"
 GROUP = "drain"
-FORMAT = 1
+FORMAT = 1  # a stream entry of decisions
 CLAIM_IDLE_MS = 60_000  # a pending entry this long unacknowledged belongs to a dead drainer
 TABLE = LedgerEntry._meta.db_table
+COUNTS = LedgerCount._meta.db_table
 COLUMNS = (
     "at",
     "user_id",
@@ -59,7 +61,10 @@ COLUMNS = (
     "rule_id",
     "message_id",
     "category",
+    "outcome",
 )
+OUTCOMES = 2  # a stream entry of outcomes (sent, failed, ambiguous, released), not decisions
+OUTCOME_NAMES = ("sent", "failed", "ambiguous", "released")
 
 
 def stream_key() -> str:
@@ -97,18 +102,40 @@ def ledger_append(
         for d in decisions
     ]
     packed = msgspec.msgpack.encode(
-        (
-            FORMAT,
-            round(at * 1000),
-            channel,
-            campaign,
-            list(tags),
-            priority,
-            category,
-            snapshot_version,
-            rows,
+        Decided(
+            at_ms=round(at * 1000),
+            channel=channel,
+            campaign=campaign,
+            tags=list(tags),
+            priority=priority,
+            category=category,
+            version=snapshot_version,
+            rows=rows,
         )
     )
+    return _append(packed, f"{len(rows)} decisions", client)
+
+
+def ledger_outcomes(
+    *,
+    channel: str,
+    since: float,
+    outcomes: Sequence[tuple[int, str, str]],
+    client: RedisClient | None = None,
+) -> bool:
+    """Append what became of admitted sends: (user id, message id, outcome) with an outcome of
+    OUTCOME_NAMES. The drain writes it on the send's row: the newest decision admitting that
+    message to that user on `channel` at or after `since` (epoch seconds). `released` (its quota
+    given back) does not replace an outcome already known (a send that failed is released too)."""
+    if not outcomes:
+        return True
+    packed = msgspec.msgpack.encode(
+        Outcomes(since_ms=round(since * 1000), channel=channel, rows=list(outcomes))
+    )
+    return _append(packed, f"{len(outcomes)} send outcomes", client)
+
+
+def _append(packed: bytes, what: str, client: RedisClient | None) -> bool:
     try:
         (client or get_redis()).xadd(
             stream_key(),
@@ -117,36 +144,61 @@ def ledger_append(
             approximate=True,
         )
     except redis.RedisError as exc:
-        logger.warning("%d decisions could not be written to the ledger: %s", len(rows), exc)
+        logger.warning("%s could not be written to the ledger: %s", what, exc)
         return False
     return True
 
 
-def ledger_rows(packed: bytes) -> list[tuple[Any, ...]]:
-    """A stream entry's decisions as rows of COLUMNS."""
-    fmt, at_ms, channel, campaign, tags, priority, category, version, rows = msgspec.msgpack.decode(
-        packed
-    )
-    if fmt != FORMAT:
-        raise ValueError(f"ledger entry of format {fmt}; this version reads {FORMAT}")
-    at = datetime.fromtimestamp(at_ms / 1000, tz=UTC)
-    return [
-        (
-            at,
-            user_id,
-            channel,
-            campaign,
-            tags,
-            priority,
-            segment,
-            version,
-            reason,
-            rule_id,
-            message_id,
-            category,
-        )
-        for user_id, message_id, segment, reason, rule_id in rows
-    ]
+class Decided(msgspec.Struct, array_like=True, tag=FORMAT, frozen=True):
+    """A stream entry of one gate call's decisions, as ledger_append packs it."""
+
+    at_ms: int
+    channel: str
+    campaign: str
+    tags: list[str]
+    priority: int
+    category: str
+    version: str
+    rows: list[tuple[int, str, str, str, int | None]]  # user, message, segment, reason, rule
+
+    @property
+    def at(self) -> datetime:
+        return datetime.fromtimestamp(self.at_ms / 1000, tz=UTC)
+
+    def columns(self) -> list[tuple[Any, ...]]:
+        """Its decisions as rows of COLUMNS."""
+        at = self.at
+        return [
+            (at, user_id, self.channel, self.campaign, self.tags, self.priority, segment,
+             self.version, reason, rule_id, message_id, self.category, "")
+            for user_id, message_id, segment, reason, rule_id in self.rows
+        ]  # fmt: skip
+
+
+class Outcomes(msgspec.Struct, array_like=True, tag=OUTCOMES, frozen=True):
+    """A stream entry of send outcomes, as ledger_outcomes packs it."""
+
+    since_ms: int
+    channel: str
+    rows: list[tuple[int, str, str]]  # user, message, outcome
+
+    @property
+    def since(self) -> datetime:
+        return datetime.fromtimestamp(self.since_ms / 1000, tz=UTC)
+
+
+_ENTRY = msgspec.msgpack.Decoder(Decided | Outcomes)
+
+
+def ledger_entry(packed: bytes) -> Decided | Outcomes:
+    """A stream entry, its types checked: a gate call's decisions, or send outcomes. Raises
+    msgspec.DecodeError (or ValueError) for what no gate of this version writes."""
+    entry = _ENTRY.decode(packed)
+    if isinstance(entry, Outcomes):
+        for _, _, outcome in entry.rows:
+            if outcome not in OUTCOME_NAMES:
+                raise ValueError(f"unknown send outcome {outcome!r}")
+    return entry
 
 
 @dataclass
@@ -155,6 +207,8 @@ class Drained:
     rows: int = 0  # decisions written
     skipped: int = 0  # stream entries already written by a drainer that died before acking
     unreadable: int = 0  # stream entries no drainer can read (dropped, logged)
+    outcomes: int = 0  # send outcomes written on their rows
+    unmatched: int = 0  # send outcomes whose decision the ledger does not hold
 
 
 def _consumer() -> str:
@@ -190,13 +244,14 @@ def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drai
         done = set(
             LedgerBatch.objects.filter(stream_id__in=ids).values_list("stream_id", flat=True)
         )
-        rows: list[tuple[Any, ...]] = []
+        calls: list[Decided] = []
+        outcomes: list[Outcomes] = []
         for (_, fields), text_id in zip(entries, ids, strict=True):
             if text_id in done:
                 report.skipped += 1
                 continue
             try:
-                rows.extend(ledger_rows((fields or {}).get(b"d") or b""))
+                entry = ledger_entry((fields or {}).get(b"d") or b"")
             except (msgspec.DecodeError, ValueError, TypeError) as exc:
                 # Written by no gate of this version (or cut short): kept out, and marked
                 # written, so that it does not hold back the good entries around it for ever.
@@ -204,11 +259,22 @@ def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drai
                     "Ledger stream entry %s cannot be read and is dropped: %s", text_id, exc
                 )
                 report.unreadable += 1
-        ledger_write(rows)
+                continue
+            if isinstance(entry, Outcomes):
+                outcomes.append(entry)
+            else:
+                calls.append(entry)
+        ledger_write(calls)
+        counts_add(calls)
+        # After the decisions: an entry's outcomes follow its decisions in the stream.
+        for found in outcomes:
+            matched = outcomes_write(found)
+            report.outcomes += matched
+            report.unmatched += len(found.rows) - matched
         LedgerBatch.objects.bulk_create(
             [LedgerBatch(stream_id=text_id) for text_id in ids if text_id not in done]
         )
-        report.rows = len(rows)
+        report.rows = sum(len(call.rows) for call in calls)
     client.xack(key, GROUP, *ids)
     client.xdel(key, *ids)
     return report
@@ -221,22 +287,103 @@ def _text(value: Any) -> str:
 # --- the table ---------------------------------------------------------------------------------
 
 
-def ledger_write(rows: Sequence[tuple[Any, ...]]) -> None:
-    """Insert decisions (rows of COLUMNS) in the current transaction: COPY on PostgreSQL, into
-    the day partitions (made when missing), bulk inserts elsewhere."""
-    if not rows:
+def ledger_write(calls: Sequence[Decided]) -> None:
+    """Insert gate calls' decisions in the current transaction: COPY on PostgreSQL, into the
+    day partitions (made when missing), bulk inserts elsewhere."""
+    if not calls:
         return
     if connection.vendor == "postgresql":
-        partitions_ensure({row[0].date() for row in rows})
+        partitions_ensure({call.at.date() for call in calls})
         with connection.cursor() as cursor:
             sql = f"COPY {TABLE} ({', '.join(COLUMNS)}) FROM STDIN"
             with cursor.cursor.copy(sql) as copy:
-                for row in rows:
-                    copy.write_row((*row[:4], msgspec.json.encode(row[4]).decode(), *row[5:]))
+                for call in calls:
+                    copy.write(_copy_text(call))
         return
     LedgerEntry.objects.bulk_create(
-        [LedgerEntry(**dict(zip(COLUMNS, row, strict=True))) for row in rows], batch_size=500
+        [
+            LedgerEntry(**dict(zip(COLUMNS, row, strict=True)))
+            for call in calls
+            for row in call.columns()
+        ],
+        batch_size=500,
     )
+
+
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_text(call: Decided) -> str:
+    """A gate call's rows in COPY's text format (the call's own fields formatted once): about
+    five times cheaper than a row at a time."""
+    head = f"{call.at.isoformat()}\t"
+    tags = msgspec.json.encode(call.tags).decode()
+    middle = (
+        f"\t{call.channel.translate(_COPY_ESCAPES)}\t{call.campaign.translate(_COPY_ESCAPES)}"
+        f"\t{tags.translate(_COPY_ESCAPES)}\t{call.priority}\t"
+    )
+    version = f"\t{call.version.translate(_COPY_ESCAPES)}\t"
+    tail = f"\t{call.category.translate(_COPY_ESCAPES)}\t\n"  # outcome: not known yet
+    return "".join(
+        [
+            head + str(user_id) + middle + segment.translate(_COPY_ESCAPES) + version
+            + reason.translate(_COPY_ESCAPES) + "\t" + ("\\N" if rule_id is None else str(rule_id))
+            + "\t" + message_id.translate(_COPY_ESCAPES) + tail
+            for user_id, message_id, segment, reason, rule_id in call.rows
+        ]
+    )  # fmt: skip
+
+
+def counts_add(calls: Sequence[Decided]) -> None:
+    """Count gate calls' decisions into LedgerCount, per UTC hour, channel, campaign, segment
+    and reason, in the current transaction."""
+    counted: Counter[tuple[Any, ...]] = Counter()
+    for call in calls:
+        hour = call.at.replace(minute=0, second=0, microsecond=0)
+        per_call = Counter((segment, reason) for _, _, segment, reason, _ in call.rows)
+        for (segment, reason), n in per_call.items():
+            counted[(hour, call.channel, call.campaign, segment, reason)] += n
+    if not counted:
+        return
+    adapt = connection.ops.adapt_datetimefield_value
+    items = list(counted.items())
+    with connection.cursor() as cursor:
+        for start in range(0, len(items), 500):
+            part = items[start : start + 500]
+            values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(part))
+            cursor.execute(
+                f"INSERT INTO {COUNTS} (hour, channel, campaign, segment, reason, count) "
+                f"VALUES {values} ON CONFLICT (hour, channel, campaign, segment, reason) "
+                f"DO UPDATE SET count = {COUNTS}.count + excluded.count",
+                [value for (hour, *key), n in part for value in (adapt(hour), *key, n)],
+            )
+
+
+def outcomes_write(found: Outcomes) -> int:
+    """Write send outcomes on their rows (the admitting decisions of those messages at or after
+    `found.since`), in the current transaction. Returns how many rows took one."""
+    adapt = connection.ops.adapt_datetimefield_value
+    matched = 0
+    with connection.cursor() as cursor:
+        for start in range(0, len(found.rows), 500):
+            part = found.rows[start : start + 500]
+            values = ", ".join(["(%s, %s, %s)"] * len(part))
+            # `released` (quota given back) keeps an outcome already written: a failed send
+            # is released after its failure is known.
+            cursor.execute(
+                f"UPDATE {TABLE} SET outcome = CASE WHEN v.column3 = 'released' "
+                f"AND {TABLE}.outcome <> '' THEN {TABLE}.outcome ELSE v.column3 END "
+                f"FROM (VALUES {values}) AS v "
+                f"WHERE {TABLE}.user_id = v.column1 AND {TABLE}.message_id = v.column2 "
+                f"AND {TABLE}.channel = %s AND {TABLE}.reason IN ('allowed', 'exempt') AND {TABLE}.at >= %s",
+                [
+                    *(value for row in part for value in row),
+                    found.channel,
+                    adapt(found.since),
+                ],
+            )
+            matched += max(cursor.rowcount, 0)
+    return matched
 
 
 def _partition(day: date) -> str:
@@ -306,6 +453,9 @@ def ledger_upkeep(*, now: datetime | None = None) -> Upkeep:
             if not ids:
                 break
             report.deleted_rows += LedgerEntry.objects.filter(pk__in=ids).delete()[0]
+    LedgerCount.objects.filter(
+        hour__lt=datetime.combine(keep_from, datetime.min.time(), tzinfo=UTC)
+    ).delete()
     LedgerBatch.objects.filter(drained_at__lt=now - timedelta(days=1)).delete()
     return report
 

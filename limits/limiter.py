@@ -372,6 +372,64 @@ class Limiter:
         )
         return sum(added)
 
+    def restore(
+        self, entries: Sequence["Restored"], *, retention_ms: int, now: float | None = None
+    ) -> int:
+        """Put sends back into their users' logs (rebuild_logs, from the send ledger), unless
+        there already, by channel and message: running it twice adds nothing. Entries older than
+        `retention_ms` are left out. Returns how many were added."""
+        if not entries:
+            return 0
+        user_ids = [entry.user_id for entry in entries]
+        added: list[int] = []
+
+        def build(batches: list[list[int]]) -> Iterator[Call]:
+            for batch in batches:
+                by_key: dict[str, list[int]] = {}
+                for i in batch:
+                    by_key.setdefault(log.bucket_key(self.prefix, user_ids[i]), []).append(i)
+                for key, found in by_key.items():
+                    found.sort(key=lambda i: (user_ids[i], entries[i].at_ms))
+                    args: list[Any] = [_now_arg(now), retention_ms]
+                    for i in found:
+                        entry = entries[i]
+                        args.extend(
+                            (
+                                log.bucket_field(entry.user_id),
+                                entry.channel,
+                                entry.at_ms,
+                                log.message_hash(entry.message_id)
+                                + log.short_hash(entry.campaign)
+                                + bytes((entry.priority,))
+                                + log.tags_bytes(entry.tags),
+                            )
+                        )
+                    yield Call("gk_restore", [1, key, *args], found)
+
+        def collect(call: Call, reply: Any) -> None:
+            added.append(int(reply))
+
+        def fail(indexes: list[int]) -> None:
+            raise ConnectionError(
+                f"Redis is not answering: {len(indexes)} sends could not be put back"
+            )
+
+        self.transport.run(user_ids, build, collect, fail)
+        return sum(added)
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """A send to put back into a user's log (Limiter.restore)."""
+
+    user_id: int
+    channel: str
+    at_ms: int
+    message_id: str
+    campaign: str = ""
+    priority: int = DEFAULT_PRIORITY
+    tags: tuple[str, ...] = ()
+
 
 @cache
 def _limiter_for(url: str, cluster: bool, prefix: str, fail_open: bool, upgrade: bool) -> Limiter:

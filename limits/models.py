@@ -291,12 +291,44 @@ class LedgerEntry(models.Model):
     rule_id = models.IntegerField(null=True, blank=True, help_text="The deciding rule, if any.")
     message_id = models.CharField(max_length=200)
     category = models.CharField(max_length=16)
+    outcome = models.CharField(
+        max_length=16,
+        blank=True,
+        help_text="What became of an admitted send, when known: sent, failed or ambiguous "
+        "(dispatched by the worker), released (its quota given back before it went out).",
+    )
 
     class Meta:
         indexes = [models.Index(fields=["user_id", "at"], name="limits_ledger_user_at")]
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.user_id} {self.channel} {self.reason}"
+
+
+class LedgerCount(models.Model):
+    """How many decisions of one kind the ledger took in one UTC hour: the decisions report and
+    the dashboard's chart read these, never the ledger itself. Counted by the drain in the
+    transaction that writes the decisions, so a count is exact."""
+
+    hour = models.DateTimeField(help_text="The UTC hour's start.")
+    channel = models.CharField(max_length=32)
+    campaign = models.CharField(max_length=200, blank=True)
+    segment = models.CharField(max_length=64, blank=True)
+    reason = models.CharField(max_length=16)
+    count = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["hour", "channel", "campaign", "segment", "reason"],
+                name="limits_ledgercount_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.hour:%Y-%m-%d %H}h {self.channel} {self.campaign} {self.reason}: {self.count}"
+        )
 
 
 class LedgerBatch(models.Model):

@@ -23,6 +23,23 @@ MIN_RETENTION = timedelta(days=7)
 ROLLING_SECONDS = (60, 7_776_000)  # 1 minute to 90 days
 PRIORITIES = (0, 9)
 DEFAULT_PRIORITY = 5
+# Every reason a decision carries: the limiter's (allowed, duplicate), a refusing rule's
+# (`RuleView.reason`) and the gate's own (quiet_hours, exempt, unavailable). Admitted ones let
+# the send go; the others refused it. The REST schema, the dashboard and the decisions report
+# read these.
+REASONS = (
+    "allowed",
+    "duplicate",
+    "daily_cap",
+    "weekly_cap",
+    "cap",
+    "blocked",
+    "quiet_hours",
+    "exempt",
+    "unavailable",
+)
+ADMITTED = ("allowed", "duplicate", "exempt")
+REFUSED = tuple(reason for reason in REASONS if reason not in ADMITTED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,9 @@ from rest_framework import serializers
 from gatekeeper.lib.bodies import openapi_components
 from limits.bodies import Reserve, Window
 from limits.models import Cap, QuietHours, Rule
+from limits.policy import REASONS
 from limits.quiet import CLOCK, SPREAD_MAX, quiet_as_json, quiet_describe, quiet_view
+from limits.reports import GROUPS
 from limits.rules import MATCHES, rule_as_json, rule_describe
 from limits.selectors import rule_view, rules_findings
 from limits.services import cap_describe, cap_warnings
@@ -142,3 +144,33 @@ def quiet_hours_shown(entries: Iterable[QuietHours]) -> list[dict[str, Any]]:
         }
         for entry in entries
     ]
+
+
+# --- the decisions report ----------------------------------------------------------------------
+
+
+class DecisionsRowSerializer(serializers.Serializer):
+    """One combination of the grouped fields (only those grouped by are there) and its count."""
+
+    day = serializers.DateField(required=False, help_text="A UTC day.")
+    campaign = serializers.CharField(required=False, help_text="Empty: decisions of no campaign.")
+    segment = serializers.CharField(
+        required=False, help_text="Empty: decided without a snapshot (unavailable)."
+    )
+    channel = serializers.CharField(required=False)
+    reason = serializers.ChoiceField(choices=list(REASONS), required=False)
+    count = serializers.IntegerField(min_value=0)
+
+
+class DecisionsReportSerializer(serializers.Serializer):
+    from_ = serializers.DateField(help_text="The first UTC day counted.")
+    to = serializers.DateField(help_text="The last UTC day counted (included).")
+    group_by = serializers.ListField(
+        child=serializers.ChoiceField(choices=list(GROUPS)),
+        help_text="The grouped fields, in the order of each row's keys and of the rows.",
+    )
+    results = DecisionsRowSerializer(many=True)
+
+    def get_fields(self) -> dict[str, Any]:
+        # `from` is a keyword in Python and a field's name in the answer.
+        return {"from" if name == "from_" else name: f for name, f in super().get_fields().items()}

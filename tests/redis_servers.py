@@ -78,6 +78,13 @@ class RedisServer:
             self.process.wait(timeout=10)
             self.process = None
 
+    def kill(self) -> None:
+        """SIGKILL: nothing saved, nothing flushed, as in a crash."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+            self.process = None
+
 
 class RedisClusterProcesses:
     """Three masters, no replicas, slots split evenly by `redis-cli --cluster create`."""

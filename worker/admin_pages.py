@@ -1,26 +1,48 @@
-"""The gate's console pages: the dashboard (with the sends waiting, by hour of release), a
+"""The gate's console pages: the dashboard (with the sends waiting, by hour of release, and the
+refused sends of the last 30 days from the ledger, with their CSV download), a
 user's lookup (zone and local time, quiet hours per channel, classic caps, every rule's figures,
-recent sends) and the audited quota reset, and the what-if of a draft change of caps for one
+recent sends, the timeline of decisions from the ledger) and the audited quota reset, and the what-if of a draft change of caps for one
 more send of a campaign, tags and priority."""
 
 import datetime as dt
 import time
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import messages
 from django.contrib.admin import AdminSite
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseRedirect,
+)
 from django.urls import URLPattern, reverse
 
 from gatekeeper.lib.console import ConsoleLink, ago, page, render, require
 from gatekeeper.lib.ids import max_user_id
 from gatekeeper.lib.integers import WholeNumberField
+from gatekeeper.lib.permissions import VIEW_REPORTS
 from gatekeeper.lib.zones import UnknownTimeZone, zone
 from limits.channels import channels, scope_label, scopes
+from limits.history import position_from_text, user_history
+from limits.ledger import ledger_enabled
 from limits.models import Cap
-from limits.policy import DEFAULT_PRIORITY, PRIORITIES
+from limits.policy import DEFAULT_PRIORITY, PRIORITIES, REFUSED
+from limits.reports import (
+    DEFAULT_DAYS,
+    GROUPS,
+    day_series,
+    decisions_csv,
+    decisions_query,
+    decisions_report,
+    report_columns,
+    report_days,
+    report_filename,
+)
 from limits.rules import TAGS_MAX, tags_problem
 from limits.services import cap_from_text, cap_text
 from segments.index import get_index, index_status
@@ -72,6 +94,7 @@ LINKS = [
 def urls(site: AdminSite) -> list[URLPattern]:
     return [
         page(site, "dashboard/", dashboard, "dashboard"),
+        page(site, "dashboard/decisions.csv", decisions_csv_download, "decisions_csv"),
         page(site, "users/", user_lookup, "user_lookup"),
         page(site, "users/<int:user_id>/reset/", quota_reset, "quota_reset"),
         page(site, "what-if/", what_if_page, "what_if"),
@@ -153,6 +176,36 @@ class WhatIfAudienceForm(forms.Form):
 # --- dashboard -------------------------------------------------------------------------------
 
 WAITING_HOURS = 48  # the dashboard's view ahead of the sends waiting for release
+# The campaigns with the most refused sends get a colour each on the chart, the others one
+# together ("other campaigns"): the palette's 8 colours, the last grey.
+REFUSED_CAMPAIGNS_SHOWN = 7
+NO_CAMPAIGN = "(no campaign)"
+
+
+def refused_history() -> dict[str, Any] | None:
+    """The refused sends of the last DEFAULT_DAYS UTC days (the decisions report's default
+    range), per day, by reason and by campaign, from the ledger's counts; None when there were
+    none. One query: grouped by day, campaign and reason, both charts are sums of it."""
+    query = decisions_query({"reason": REFUSED, "group_by": ["day,campaign,reason"]})
+    rows = decisions_report(query=query)
+    days = report_days(query)
+    by_reason = day_series(rows, days=days, by="reason")
+    if not by_reason.total:
+        return None
+    by_campaign = day_series(rows, days=days, by="campaign", top=REFUSED_CAMPAIGNS_SHOWN)
+    campaigns = [
+        {"label": key or NO_CAMPAIGN, "values": values} for key, values in by_campaign.series
+    ]
+    if by_campaign.others is not None:
+        campaigns.append({"label": "other campaigns", "values": by_campaign.others})
+    return {
+        "days": [day.isoformat() for day in days],
+        "from": query.start.isoformat(),
+        "to": query.end.isoformat(),
+        "total": by_reason.total,
+        "reasons": [{"label": key, "values": values} for key, values in by_reason.series],
+        "campaigns": campaigns,
+    }
 
 
 def dashboard(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
@@ -189,6 +242,7 @@ def dashboard(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
             for slug in index.segments
         ]
     waiting = waiting_by_hour(hours=WAITING_HOURS)
+    refused = refused_history()
     chart_data = {
         "sizes": {"labels": [s["name"] for s in sizes], "values": [s["users"] for s in sizes]},
         "today": stats["today_by_segment"] if stats else None,
@@ -199,6 +253,7 @@ def dashboard(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         }
         if waiting["total"]
         else None,
+        "refused": refused,
     }
     return render(
         request,
@@ -212,9 +267,32 @@ def dashboard(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         sizes=sizes,
         waiting=waiting,
         waiting_hours=WAITING_HOURS,
+        refused=refused,
+        refused_days=DEFAULT_DAYS,
+        refused_csv=urlencode(
+            {"group_by": ",".join(GROUPS), "reason": REFUSED}, doseq=True, safe=","
+        ),
+        can_download=request.user.has_perms(VIEW_REPORTS),
         chart_data=chart_data,
         problems=problems,
     )
+
+
+def decisions_csv_download(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
+    """The decisions report as CSV, as `GET /api/v1/reports/decisions/?format=csv` has it (the
+    same query string, the same rows), with the dashboard's right."""
+    require(request, *VIEW_REPORTS)
+    try:
+        query = decisions_query(dict(request.GET.lists()))
+    except ValidationError as exc:
+        problems = "\n".join(f"{field}: {' '.join(m)}" for field, m in exc.message_dict.items())
+        return HttpResponseBadRequest(problems, content_type="text/plain; charset=utf-8")
+    rows = decisions_report(query=query)
+    response = HttpResponse(
+        decisions_csv(rows, columns=report_columns(query)), content_type="text/csv; charset=utf-8"
+    )
+    response["Content-Disposition"] = f'attachment; filename="{report_filename(query)}"'
+    return response
 
 
 # --- users -----------------------------------------------------------------------------------
@@ -280,13 +358,43 @@ def _quiet_rows(user_id: int, quota: dict[str, Any], now: float) -> list[dict[st
     return rows
 
 
+TIMELINE_PAGE = 50  # decisions from the ledger per page of a user's timeline
+
+
+def _timeline(user_id: int, before: str | None, now: float) -> dict[str, Any]:
+    """A page of the user's decisions from the ledger, newest first (older ones from `before`,
+    a position a previous page gave), with the links to the next older page and back to the
+    newest. The database alone: shown also when Redis or the snapshot is missing."""
+    problem, position = "", None
+    if before:
+        try:
+            position = position_from_text(before)
+        except ValueError as exc:
+            problem = f"{exc} The newest decisions are shown."
+    page = user_history(user_id=user_id, limit=TIMELINE_PAGE, before=position)
+    for decision in page.decisions:
+        decision["ago"] = ago(now - decision["at"].timestamp())
+    here = f"{reverse('admin:user_lookup')}?user_id={user_id}"
+    return {
+        "user_id": user_id,
+        "decisions": page.decisions,
+        "older": f"{here}&before={page.next.text()}#timeline" if page.next else None,
+        "newest": f"{here}#timeline" if position is not None else None,
+        "problem": problem,
+        "ledger_on": ledger_enabled(),
+        "page_size": TIMELINE_PAGE,
+    }
+
+
 def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     require(request, "limits.view_cap")
     form = UserLookupForm(request.GET or None)
     quota, sends, problem, user_zone = None, [], "", {}
     quiet: list[dict[str, Any]] = []
+    timeline = None
     if form.is_valid():
         user_id = form.cleaned_data["user_id"]
+        timeline = _timeline(user_id, request.GET.get("before"), time.time())
         try:
             quota = user_quota(user_id)
             sends = user_recent_sends(user_id)
@@ -315,6 +423,7 @@ def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         user_zone=user_zone,
         quiet=quiet,
         sends=sends,
+        timeline=timeline,
         problem=problem,
         can_reset=request.user.has_perm("limits.reset_quota"),
         can_see_rules=request.user.has_perm("limits.view_rule"),

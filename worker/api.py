@@ -1,4 +1,5 @@
-"""REST views of the gate: check, release, a user's quota, and send jobs."""
+"""REST views of the gate: check, release, a user's quota and decision history, and send
+jobs."""
 
 from typing import Any
 
@@ -11,15 +12,28 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
-from gatekeeper.lib.bodies import decode
-from gatekeeper.lib.ids import user_id_from_text, user_ids_checked
+from gatekeeper.lib.bodies import NO_NUL, decode
+from gatekeeper.lib.ids import max_user_id, user_id_from_text, user_ids_checked
+from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from gatekeeper.lib.permissions import CANCEL_SENDS, GATE, VIEW_CAPS, VIEW_SEND_JOBS
 from gatekeeper.lib.words import count
 from gatekeeper.lib.zones import UnknownTimeZone, zone
 from limits.bodies import tags_checked, window_from_text
-from limits.channels import validate_channel
+from limits.channels import channels, validate_channel
+from limits.history import (
+    INSTANT,
+    INSTANT_WORDS,
+    PAGE_DEFAULT,
+    PAGE_MAX,
+    POSITION,
+    POSITION_WORDS,
+    Position,
+    instant_from_text,
+    position_from_text,
+    user_history,
+)
 from limits.limiter import Decision
-from limits.policy import MIN_RETENTION
+from limits.policy import MIN_RETENTION, REASONS
 from limits.rules import DURATION, DURATION_WORDS
 from limits.selectors import policy_cache
 from segments.bodies import ZONE_MAX, ZONE_NAME
@@ -40,6 +54,7 @@ from worker.models import SendJob
 from worker.selectors import Unavailable, user_quota
 from worker.serializers import (
     GateResultsSerializer,
+    HistorySerializer,
     QuotaSerializer,
     ReleaseResultsSerializer,
     SendJobCreatedSerializer,
@@ -251,6 +266,151 @@ class QuotaView(JsonAPIView):
         except Unavailable as exc:
             return Response({"detail": str(exc)}, status=503)
         return Response(answer)
+
+
+def _history_limit(value: str | None) -> int:
+    if value is None:
+        return PAGE_DEFAULT
+    try:
+        return whole_number(value, maximum=PAGE_MAX, minimum=1, what="limit")
+    except NotAWholeNumber as exc:
+        raise ValidationError({"limit": [str(exc)]}) from None
+
+
+def _history_before(value: str | None) -> Position | None:
+    if value is None:
+        return None
+    try:
+        return position_from_text(value)
+    except ValueError as exc:
+        raise ValidationError({"before": [str(exc)]}) from None
+
+
+def _history_campaign(value: str | None) -> str | None:
+    """`?campaign=`: that campaign's decisions (empty: those of no campaign); None: any."""
+    if value is not None and "\x00" in value:
+        # PostgreSQL text cannot hold it: no decision has it, and the query could not be sent.
+        raise ValidationError({"campaign": ["Must not contain the NUL character (\\u0000)."]})
+    return None if value is None else _quota_campaign(value)
+
+
+def _history_reason(value: str | None) -> str | None:
+    if value is not None and value not in REASONS:
+        raise ValidationError(
+            {"reason": [f"Unknown reason '{value[:40]}'. Choose one of: {', '.join(REASONS)}."]}
+        )
+    return value
+
+
+def _history_interval(since: str | None, until: str | None) -> tuple[Any, Any]:
+    bounds = []
+    for field, value, end in (("from", since, False), ("to", until, True)):
+        try:
+            bounds.append(None if value is None else instant_from_text(value, end=end))
+        except ValueError as exc:
+            raise ValidationError({field: [str(exc)]}) from None
+    start, stop = bounds
+    if start is not None and stop is not None and stop <= start:
+        raise ValidationError({"to": [f"Ends before it starts: {until} is not after {since}."]})
+    return start, stop
+
+
+def _instant_text(at: Any) -> str:
+    # Ledger times are milliseconds (the gate's clock); more digits only when a row has them.
+    spec = "milliseconds" if at.microsecond % 1000 == 0 else "microseconds"
+    return str(at.isoformat(timespec=spec)).replace("+00:00", "Z")
+
+
+class HistoryView(JsonAPIView):
+    rights = {"GET": VIEW_CAPS}
+    operation_ids = {"GET": "user_history"}
+
+    @extend_schema(
+        summary="A user's decisions from the send ledger, newest first, a page at a time",
+        description=(
+            "Every gate decision kept for the user (marketing sends and exempt transactional "
+            "ones; never dry runs), as long as the ledger keeps them (GATEKEEPER_LEDGER_DAYS). "
+            "Decisions reach the ledger within seconds of the gate's answer. Follow `next` for "
+            "older ones: pages are cut by position, not by offset, so decisions written "
+            "meanwhile neither repeat nor shift a page. Reads the database only."
+        ),
+        parameters=[
+            user_id_parameter(OpenApiParameter.PATH),
+            OpenApiParameter(
+                "limit",
+                {"type": "integer", "minimum": 1, "maximum": PAGE_MAX, "default": PAGE_DEFAULT},
+                OpenApiParameter.QUERY,
+                description=f"Decisions per page: 1 to {PAGE_MAX} ({PAGE_DEFAULT} by default).",
+            ),
+            OpenApiParameter(
+                "before",
+                {"type": "string", "pattern": f"^{POSITION.pattern}$"},
+                OpenApiParameter.QUERY,
+                description=f"Only decisions after this position in the newest-first order. "
+                f"{POSITION_WORDS}",
+            ),
+            OpenApiParameter(
+                "channel",
+                {"type": "string", "enum": channels()},
+                OpenApiParameter.QUERY,
+                description="Only this channel's decisions.",
+            ),
+            OpenApiParameter(
+                "campaign",
+                {"type": "string", "maxLength": GATE_CAMPAIGN_MAX, "pattern": NO_NUL},
+                OpenApiParameter.QUERY,
+                description="Only this campaign's decisions; empty: those of no campaign.",
+            ),
+            OpenApiParameter(
+                "reason",
+                {"type": "string", "enum": list(REASONS)},
+                OpenApiParameter.QUERY,
+                description="Only decisions of this reason.",
+            ),
+            OpenApiParameter(
+                "from",
+                {"type": "string", "pattern": f"^{INSTANT.pattern}$"},
+                OpenApiParameter.QUERY,
+                description=f"Decisions at or after this. {INSTANT_WORDS} A day: its start.",
+            ),
+            OpenApiParameter(
+                "to",
+                {"type": "string", "pattern": f"^{INSTANT.pattern}$"},
+                OpenApiParameter.QUERY,
+                description=f"Decisions before this. {INSTANT_WORDS} A day: that whole day "
+                "included.",
+            ),
+        ],
+        responses={200: HistorySerializer, **errors(400)},
+    )
+    def get(self, request: Request, user_id: str) -> Response:
+        params = request.query_params
+        uid = user_id_from_text(user_id, field="user_id", maximum=max_user_id())
+        limit = _history_limit(params.get("limit"))
+        before = _history_before(params.get("before"))
+        channel = params.get("channel")
+        if channel is not None:
+            _channel(channel)
+        campaign = _history_campaign(params.get("campaign"))
+        reason = _history_reason(params.get("reason"))
+        since, until = _history_interval(params.get("from"), params.get("to"))
+        page = user_history(
+            user_id=uid,
+            limit=limit,
+            before=before,
+            channel=channel,
+            campaign=campaign,
+            reason=reason,
+            since=since,
+            until=until,
+        )
+        next_url = None
+        if page.next is not None:
+            following = params.copy()
+            following["before"] = page.next.text()
+            next_url = request.build_absolute_uri(f"{request.path}?{following.urlencode()}")
+        results = [{**d, "at": _instant_text(d["at"])} for d in page.decisions]
+        return Response({"user_id": uid, "results": results, "next": next_url})
 
 
 class SendJobListView(JsonAPIView):

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from worker.claims import SENT, RunClaims, claims_read
 from worker.dispatchers import AMBIGUOUS, PERMANENT, Renderer, dispatcher_for, send_many
-from worker.gate import MARKETING, QUIET_HOURS, gate_check, gate_release
+from worker.gate import MARKETING, QUIET_HOURS, gate_check, gate_outcomes, gate_release
 from worker.models import SendChunk, SendJob
 
 logger = logging.getLogger(__name__)
@@ -160,6 +160,7 @@ class _Run:
         self.last_attempt = chunk.attempts + 1 >= MAX_ATTEMPTS
         self.outcomes: Counter[str] = Counter()
         self.released: list[tuple[int, str]] = []  # quota to give back: did not go out
+        self.dispatched: list[tuple[int, str, str]] = []  # (user, message, outcome): the ledger's
         self.retry: list[dict[str, Any]] = []  # transient failures: a later chunk
 
     def send(self, recipients: list[dict[str, Any]], renderer: Renderer) -> None:
@@ -187,6 +188,7 @@ class _Run:
                 continue
             elif claim.state == SENT:
                 self.outcomes["sent"] += 1  # an earlier run sent it and died before counting
+                self.dispatched.append((recipient["user_id"], recipient["message_id"], "sent"))
                 continue
             elif self.resend_unknown:
                 taken_over.append(recipient["message_id"])
@@ -199,7 +201,7 @@ class _Run:
                     recipient["message_id"],
                     claim.run or "(unknown)",
                 )
-                self.outcomes["ambiguous"] += 1
+                self._ambiguous(recipient)
                 continue
             to_send.append(recipient)
             to_send_messages.append(message)
@@ -213,9 +215,10 @@ class _Run:
             if error is None:
                 sent.append(message_id)
                 self.outcomes["sent"] += 1
+                self.dispatched.append((recipient["user_id"], message_id, "sent"))
             elif error.kind == AMBIGUOUS and (not self.resend_unknown or self.last_attempt):
                 logger.warning("Send %s may or may not have gone out: %s", message_id, error)
-                self.outcomes["ambiguous"] += 1  # its claim stays: never sent again
+                self._ambiguous(recipient)  # its claim stays: never sent again
             else:
                 unsent.append(message_id)
                 if error.kind == PERMANENT or self.last_attempt:
@@ -228,6 +231,11 @@ class _Run:
     def _fail(self, recipient: dict[str, Any]) -> None:
         self.released.append((recipient["user_id"], recipient["message_id"]))
         self.outcomes["failed"] += 1
+        self.dispatched.append((recipient["user_id"], recipient["message_id"], "failed"))
+
+    def _ambiguous(self, recipient: dict[str, Any]) -> None:
+        self.outcomes["ambiguous"] += 1
+        self.dispatched.append((recipient["user_id"], recipient["message_id"], "ambiguous"))
 
 
 def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> dict[str, int]:
@@ -250,6 +258,8 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
     renderer = Renderer(channel=job.channel, template=job.template, campaign=job.campaign)
     dispatcher = dispatcher or dispatcher_for(job.channel)
     recipients = chunk.recipients
+    # No later than the gate's own time for the ledger (its outcomes are found from it).
+    gating = clock.timestamp() if clock is not None else time.time() - 1
     decisions = gate_check(
         channel=job.channel,
         requests=[(r["user_id"], r["message_id"]) for r in recipients],
@@ -274,6 +284,8 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
             lease.renew()
             renewed = time.monotonic()
         run.send(admitted[start : start + size], renderer)
+    # Outcomes before releases: `released` does not replace an outcome the ledger knows.
+    gate_outcomes(channel=job.channel, since=gating, outcomes=run.dispatched)
     if run.released and job.category == MARKETING:
         gate_release(channel=job.channel, requests=run.released)
     outcomes = run.outcomes

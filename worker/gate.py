@@ -17,7 +17,7 @@ from typing import Protocol, cast
 from django.core.exceptions import ValidationError
 
 from limits.channels import validate_channel
-from limits.ledger import ledger_append, ledger_enabled
+from limits.ledger import ledger_append, ledger_enabled, ledger_outcomes
 from limits.limiter import Decision, Limiter, get_limiter
 from limits.policy import DEFAULT_PRIORITY, PolicyTable, RuleSet
 from limits.quiet import QuietView, release_at
@@ -159,7 +159,7 @@ class Gate:
         if not dry_run:
             if self.record_stats:
                 stats.record(channel=channel, decisions=decisions)
-            if self.record_ledger if self.record_ledger is not None else ledger_enabled():
+            if self._ledger_on():
                 ledger_append(
                     at=time.time() if now is None else now,
                     channel=channel,
@@ -262,7 +262,32 @@ class Gate:
 
     def release(self, *, channel: str, requests: Sequence[tuple[int, str]]) -> list[bool]:
         _checked(channel)
-        return self.limiter.release(channel, requests)
+        removed = self.limiter.release(channel, requests)
+        if self._ledger_on():
+            # On the ledger's rows too, so that a rebuild of the logs leaves them out; a
+            # send older than the longest window has no entry to give back.
+            now = time.time()
+            self.outcomes(
+                channel=channel,
+                since=now - self.policy.table().retention_ms / 1000,
+                outcomes=[
+                    (user_id, message_id, "released")
+                    for (user_id, message_id), done in zip(requests, removed, strict=True)
+                    if done
+                ],
+            )
+        return removed
+
+    def outcomes(
+        self, *, channel: str, since: float, outcomes: Sequence[tuple[int, str, str]]
+    ) -> None:
+        """Keep what became of admitted sends in the ledger: (user id, message id, outcome),
+        an outcome of limits.ledger.OUTCOME_NAMES; `since`: no earlier than their decision."""
+        if self._ledger_on():
+            ledger_outcomes(channel=channel, since=since, outcomes=outcomes)
+
+    def _ledger_on(self) -> bool:
+        return self.record_ledger if self.record_ledger is not None else ledger_enabled()
 
 
 def _own(
@@ -315,3 +340,8 @@ def gate_check(
 def gate_release(*, channel: str, requests: Sequence[tuple[int, str]]) -> list[bool]:
     """Take recorded sends back out (their dispatch failed for good)."""
     return _default_gate.release(channel=channel, requests=requests)
+
+
+def gate_outcomes(*, channel: str, since: float, outcomes: Sequence[tuple[int, str, str]]) -> None:
+    """What became of admitted sends, for the ledger (Gate.outcomes)."""
+    _default_gate.outcomes(channel=channel, since=since, outcomes=outcomes)

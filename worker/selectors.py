@@ -18,7 +18,16 @@ from django.utils import timezone
 from limits.channels import ALL, channels, scopes
 from limits.limiter import RuleUsage, get_limiter
 from limits.log import short_hash
-from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, RuleView, counting_rule, encode
+from limits.policy import (
+    ADMITTED,
+    DAY_SECONDS,
+    REFUSED,
+    WEEK_SECONDS,
+    PolicyTable,
+    RuleView,
+    counting_rule,
+    encode,
+)
 from limits.quiet import quiet_describe, quiet_until, release_at
 from limits.rules import rule_describe
 from limits.selectors import policy_cache, policy_read
@@ -359,10 +368,6 @@ def draft_table(changes: Mapping[tuple[str, str], tuple[int | None, int | None]]
     classic = dict(live.classic)
     classic.update(changes)
     return PolicyTable(rules=tuple(rules), classic=classic, zones=live.zones, quiet=live.quiet)
-
-
-ADMITTED = ("allowed", "duplicate", "exempt")
-REFUSED = ("daily_cap", "weekly_cap", "cap", "blocked", "quiet_hours", "unavailable")
 
 
 def dashboard_stats(*, days: int = 14, today: Any = None) -> dict[str, Any]:

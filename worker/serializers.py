@@ -6,23 +6,14 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from limits import policy
 from limits.bodies import Reserve, Window
 from limits.rules import MATCHES
 from limits.serializers import BodyShapedField
 from worker.models import SendJob
 from worker.selectors import send_job_waiting
 
-REASONS = [
-    "allowed",
-    "duplicate",
-    "daily_cap",
-    "weekly_cap",
-    "cap",
-    "blocked",
-    "quiet_hours",
-    "exempt",
-    "unavailable",
-]
+REASONS = list(policy.REASONS)
 
 
 class WindowCountsSerializer(serializers.Serializer):
@@ -145,6 +136,47 @@ class QuotaSerializer(serializers.Serializer):
         child=serializers.IntegerField(),
         required=False,
         help_text="Only with ?window=: per channel, the marketing sends recorded in it.",
+    )
+
+
+class HistoryRuleSerializer(serializers.Serializer):
+    """The rule that decided (its id in GET /api/v1/rules/); name, description and classic
+    are null once the rule is deleted."""
+
+    id = serializers.IntegerField()
+    name = serializers.CharField(allow_null=True)
+    description = serializers.CharField(allow_null=True, help_text="The rule in plain words.")
+    classic = serializers.BooleanField(
+        allow_null=True, help_text="One of a classic cap's two rules."
+    )
+
+
+class HistoryDecisionSerializer(serializers.Serializer):
+    at = serializers.DateTimeField(help_text="When the gate decided (UTC).")
+    channel = serializers.CharField()
+    campaign = serializers.CharField(allow_blank=True)
+    category = serializers.ChoiceField(choices=["marketing", "transactional"])
+    tags = serializers.ListField(child=serializers.CharField())
+    priority = serializers.IntegerField()
+    segment = serializers.CharField(allow_null=True)
+    snapshot_version = serializers.CharField(allow_null=True)
+    reason = serializers.ChoiceField(choices=REASONS)
+    rule = HistoryRuleSerializer(
+        allow_null=True, help_text="The rule that decided a refusal; null otherwise."
+    )
+    message_id = serializers.CharField()
+    outcome = serializers.CharField(
+        allow_null=True,
+        help_text="What became of an admitted send, when known: sent, failed, ambiguous "
+        "(dispatched by the worker) or released (its quota given back). null: not known.",
+    )
+
+
+class HistorySerializer(serializers.Serializer):
+    user_id = serializers.IntegerField()
+    results = HistoryDecisionSerializer(many=True, help_text="Newest first.")
+    next = serializers.URLField(
+        allow_null=True, help_text="The next (older) page, with the same filters; null: no more."
     )
 
 

@@ -23,6 +23,9 @@ VIEW_CAPS = ("limits.view_cap",)
 VIEW_RULES = ("limits.view_rule",)
 VIEW_QUIET_HOURS = ("limits.view_quiethours",)
 VIEW_SEND_JOBS = ("worker.view_sendjob",)
+# The decisions report (REST) does what the dashboard's chart of refused sends and its CSV
+# download do: the dashboard's right (the dashboard already shows decisions by segment and reason).
+VIEW_REPORTS = ("segments.view_segment",)
 # Writing.
 ADD_SEGMENTS = ("segments.add_segment",)
 CHANGE_SEGMENTS = ("segments.change_segment",)

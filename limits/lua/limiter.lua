@@ -86,6 +86,12 @@ gk_import  (the upgrade from the two-sorted-set logs; idempotent)
            then 3 per entry: channel, time ms, message hash
   reply    the number of entries added (one already there, by channel and message, is not)
 
+gk_restore  (rebuild_logs: sends from the send ledger, after Redis lost its data; idempotent)
+  KEYS[1]  the bucket; ARGV[1] now or ""; ARGV[2] retention ms;
+           then 4 per entry, grouped by field: field, channel, time ms, and the entry's bytes
+           after its time: message hash (8), campaign hash (4), priority (1), tag hashes (4 each)
+  reply    the number of entries added (one already there, by channel and message, is not)
+
 gk_sweep
   KEYS[1]  a bucket; ARGV[1] now or ""; ARGV[2] retention ms
   reply    { users dropped (their newest entry has left the retention), 1 if the bucket was
@@ -923,6 +929,38 @@ local function import(keys, args)
   return added
 end
 
+local function restore(keys, args)
+  if not floor then bind() end
+  local now = clock(args[1])
+  local cutoff = now - tonumber(args[2])
+  local key = keys[1]
+  local expiry = redis.call('HGET', key, EXPIRY)
+  local flat, added = {}, 0
+  local field, log, changed = nil, nil, false
+  for p = 3, #args, 4 do
+    if args[p] ~= field then
+      if changed then flat[#flat + 1] = field; flat[#flat + 1] = log[1] end
+      field, changed = args[p], false
+      log = parse(redis.call('HGET', key, field) or nil)
+    end
+    local channel, at, rest = args[p + 1], tonumber(args[p + 2]), args[p + 3]
+    local message = sub(rest, 1, 8)
+    if at > cutoff and not entry_of(log, section_of(log, channel), message) then
+      local tags = sub(rest, 14)
+      local slots = log[2]
+      if #tags / 4 > slots then slots = #tags / 4 end
+      local entry = entry_bytes(at, message, sub(rest, 9, 12), byte(rest, 13), tags, slots)
+      log = parse(rebuilt(log, cutoff, channel, entry, at, slots, nil))
+      added, changed = added + 1, true
+    end
+  end
+  if changed then flat[#flat + 1] = field; flat[#flat + 1] = log[1] end
+  if #flat > 0 then
+    write_bucket(key, flat, expiry, now, tonumber(args[2]))
+  end
+  return added
+end
+
 local function sweep(keys, args)
   if not floor then bind() end
   local now = clock(args[1])
@@ -956,4 +994,5 @@ redis.register_function('gk_acquire', acquire)
 redis.register_function('gk_release', release)
 redis.register_function{function_name = 'gk_usage', callback = usage, flags = {'no-writes'}}
 redis.register_function('gk_import', import)
+redis.register_function('gk_restore', restore)
 redis.register_function('gk_sweep', sweep)

@@ -410,3 +410,44 @@ def test_counting_any_recent_interval(limiter: Limiter) -> None:
         1, [("email", rule_set(rule(0, limit=99, seconds=int(2.5 * 3600))))], now=NOW
     )
     assert figures is not None and figures[0].used == 3
+
+
+def test_restored_sends_are_the_sends_that_were_recorded(limiter: Limiter) -> None:
+    """rebuild_logs's half in Redis: logs emptied (Redis lost its data) and put back from the
+    ledger's view of each send are the same bytes, on one node and across a cluster's nodes."""
+    from limits.limiter import Restored
+
+    users = list(range(0, 300 * 131, 131))  # buckets on every node of a cluster
+    sent: list[Restored] = []
+    for k, (campaign, tags, priority) in enumerate(
+        [("spring", ("promo", "shoes"), 7), ("", (), 5), ("news", ("news",), 2)]
+    ):
+        at = NOW - 3600 * (3 - k)
+        decided = limiter.acquire(
+            "email" if k != 1 else "push",
+            [(u, f"m{k}:{u}") for u in users],
+            rule_set(),
+            campaign=campaign,
+            tags=tags,
+            priority=priority,
+            now=at,
+        )
+        assert all(d.allowed for d in decided)
+        sent += [
+            Restored(u, "email" if k != 1 else "push", round(at * 1000), f"m{k}:{u}", campaign,
+                     priority, tags)
+            for u in users
+        ]  # fmt: skip
+
+    def logs() -> dict[int, list]:  # sections may come in another order: the same sends
+        return {u: sorted(limiter.entries(u), key=lambda e: (e.channel, e.at_ms)) for u in users}
+
+    before = logs()
+    for u in users:
+        limiter.reset(u)
+    assert limiter.restore(list(reversed(sent)), retention_ms=8 * 86_400_000, now=NOW) == len(sent)
+    assert logs() == before
+    # Idempotent, and what the retention no longer holds is not put back.
+    assert limiter.restore(sent, retention_ms=8 * 86_400_000, now=NOW) == 0
+    limiter.reset(users[0])
+    assert limiter.restore(sent[:1], retention_ms=3600 * 1000, now=NOW) == 0

@@ -12,16 +12,18 @@ from limits.ledger import (
     GROUP,
     ledger_drain,
     ledger_drain_all,
-    ledger_rows,
+    ledger_entry,
     ledger_upkeep,
     ledger_write,
     partitions_list,
     stream_key,
 )
-from limits.models import LedgerBatch, LedgerEntry
+from limits.models import LedgerBatch, LedgerCount, LedgerEntry
 from limits.quiet import QuietFields
 from limits.services import quiet_create
-from worker.gate import Gate, gate_check
+from tests.worker.test_sends import make_job, relay  # noqa: F401  (a fixture)
+from worker.chunks import send_chunk_run
+from worker.gate import Gate, gate_check, gate_release
 
 NOW = 1_763_800_000.0  # 2025-11-22 08:26:40 UTC
 
@@ -90,13 +92,16 @@ def test_a_drainer_that_dies_before_acknowledging_doubles_nothing(snapshot, redi
     redis_client.xgroup_create(key, GROUP, id="0", mkstream=True)
     # A drainer read the entry, wrote it, committed, and died before XACK.
     [[_, [(entry_id, fields)]]] = redis_client.xreadgroup(GROUP, "dead", {key: ">"})
-    ledger_write(ledger_rows(fields[b"d"]))
+    ledger_write([ledger_entry(fields[b"d"])])  # type: ignore[list-item]
     LedgerBatch.objects.create(stream_id=entry_id.decode())
     # Another drainer, a minute later, claims the dead one's entry: acknowledged, not rewritten.
     redis_client.xclaim(key, GROUP, "dead", 0, [entry_id], idle=CLAIM_IDLE_MS + 1)
     report = ledger_drain()
     assert (report.entries, report.skipped, report.rows) == (1, 1, 0)
     assert [r[1] for r in rows()] == ["a", "b"]
+    # The dead drainer never counted them (its counts are the drain's, in the same
+    # transaction), and the one that took over did not count them again.
+    assert not LedgerCount.objects.exists()
     assert redis_client.xlen(key) == 0
 
 
@@ -152,3 +157,54 @@ def test_an_entry_no_drainer_can_read_is_dropped_and_holds_back_nothing(snapshot
     assert (report.entries, report.unreadable, report.rows) == (3, 1, 2)
     assert [r[1] for r in rows()] == ["before", "after"]
     assert redis_client.xlen(stream_key()) == 0
+
+
+def counts() -> list[tuple]:
+    return list(
+        LedgerCount.objects.order_by("hour", "campaign", "reason").values_list(
+            "hour", "channel", "campaign", "segment", "reason", "count"
+        )
+    )
+
+
+def test_each_hour_is_counted_by_campaign_segment_channel_and_reason(snapshot):
+    hour = datetime.fromtimestamp(NOW, tz=UTC).replace(minute=0, second=0, microsecond=0)
+    gate_check(channel="email", requests=[(1, "a"), (1, "b"), (9, "c")], campaign="x", now=NOW)
+    ledger_drain_all()
+    gate_check(channel="email", requests=[(2, "d"), (2, "e")], campaign="x", now=NOW + 60)
+    gate_check(channel="email", requests=[(9, "f")], campaign="y", now=NOW + 3600)
+    ledger_drain_all()
+    assert counts() == [
+        (hour, "email", "x", "default", "allowed", 1),
+        (hour, "email", "x", "vip", "allowed", 2),  # added to by the second drain
+        (hour, "email", "x", "vip", "daily_cap", 2),
+        (hour + timedelta(hours=1), "email", "y", "default", "allowed", 1),
+    ]
+
+
+def outcomes() -> dict[str, str]:
+    return dict(LedgerEntry.objects.values_list("message_id", "outcome"))
+
+
+def test_what_became_of_each_dispatched_send_is_on_its_row(snapshot, relay):  # noqa: F811
+    relay.statuses = [200, 400, 200]
+    job = make_job(1, 2, 9, channel="push", campaign="m")
+    assert send_chunk_run(chunk_id=job.chunks.get().pk) == {"sent": 2, "failed": 1}
+    report = ledger_drain()
+    # Four outcomes matched their rows: three dispatches, and the failed send's release,
+    # which leaves its outcome "failed".
+    assert (report.rows, report.outcomes, report.unmatched) == (3, 4, 0)
+    assert outcomes() == {"m:1": "sent", "m:2": "failed", "m:9": "sent"}
+
+
+def test_a_send_given_back_over_the_api_is_marked_released(snapshot):
+    # Now, not NOW: a release finds its decision within the longest window back from now.
+    gate_check(channel="email", requests=[(9, "kept"), (9, "back")])
+    ledger_drain_all()
+    assert gate_release(channel="email", requests=[(9, "back"), (9, "never-gated")]) == [
+        True,
+        False,
+    ]
+    report = ledger_drain()
+    assert (report.outcomes, report.unmatched) == (1, 0)  # nothing said of what was not there
+    assert outcomes() == {"kept": "", "back": "released"}

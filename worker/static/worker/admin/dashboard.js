@@ -9,7 +9,8 @@
   Chart.defaults.borderColor = style.getPropertyValue("--hairline-color").trim() || "#ddd";
   const palette = {
     allowed: "#3a9b5c", duplicate: "#8fc9a1", exempt: "#5b8bd0",
-    daily_cap: "#e0a030", weekly_cap: "#d0662b", blocked: "#b23b3b", unavailable: "#777777",
+    daily_cap: "#e0a030", weekly_cap: "#d0662b", cap: "#c4883a", blocked: "#b23b3b",
+    quiet_hours: "#8a63c9", unavailable: "#777777",
   };
   const colours = ["#5b8bd0", "#3a9b5c", "#e0a030", "#b23b3b", "#8a63c9", "#2aa5a5", "#d0662b", "#777777"];
 
@@ -54,6 +55,23 @@
       },
       options: { maintainAspectRatio: false, animation: false, scales: { y: { beginAtZero: true, ticks: { precision: 0 } } } },
     });
+  }
+  // Refused sends per day, stacked by reason and by campaign (the top ones, the rest together).
+  const refused = data.refused;
+  const stackedDays = (canvas, datasets) => new Chart(canvas, {
+    type: "bar",
+    data: { labels: refused.days.map((d) => d.slice(5)), datasets: datasets },
+    options: { maintainAspectRatio: false, animation: false, scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true, ticks: { precision: 0 } } } },
+  });
+  if (refused && document.getElementById("chart-refused-reasons")) {
+    stackedDays(document.getElementById("chart-refused-reasons"), refused.reasons.map((s) => ({
+      label: s.label, data: s.values, backgroundColor: palette[s.label] || "#999",
+    })));
+  }
+  if (refused && document.getElementById("chart-refused-campaigns")) {
+    stackedDays(document.getElementById("chart-refused-campaigns"), refused.campaigns.map((s, i) => ({
+      label: s.label, data: s.values, backgroundColor: colours[i % colours.length],
+    })));
   }
   document.documentElement.dataset.chartsDrawn = "1";
 })();

@@ -1,0 +1,292 @@
+"""The send ledger: what it costs the gate, what it costs PostgreSQL, how fast it is written, and
+how long rebuilding Redis's logs from it takes.
+
+python -m bench ledger [-- --seconds 8 --rows 1000000 --rebuild-users 1000000]
+
+Runs on PostgreSQL, in a database of its own (`gk_bench`, made and migrated when missing; the
+`--database-url` option names another), against Redis database 14.
+"""
+
+import argparse
+import functools
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DB = "postgres://postgres@127.0.0.1:5432/gk_bench"
+REDIS_URL = "redis://127.0.0.1:6379/14"
+CHILD = "GATEKEEPER_BENCH_LEDGER_CHILD"
+
+
+def _database(url: str) -> None:
+    """The bench database, made and migrated when missing."""
+    base, name = url.rsplit("/", 1)
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": REDIS_URL}
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
+    )
+
+
+def _reset_tables() -> None:
+    from django.db import connection
+
+    from limits.ledger import partitions_list
+
+    with connection.cursor() as cursor:
+        for day in partitions_list():
+            cursor.execute(f"DROP TABLE IF EXISTS limits_ledgerentry_p{day:%Y%m%d}")
+        cursor.execute("TRUNCATE limits_ledgercount, limits_ledgerbatch")
+
+
+def _gate(record_ledger: bool) -> Any:
+    from bench.gate import in_memory_index
+    from limits.limiter import Limiter
+    from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, counting_rule
+    from limits.selectors import PolicyCache, _Cached
+    from worker.gate import Gate
+
+    classic = (
+        counting_rule(channel="email", seconds=DAY_SECONDS, limit=3),
+        counting_rule(channel="email", seconds=WEEK_SECONDS, limit=10),
+        counting_rule(channel="all", seconds=DAY_SECONDS, limit=5),
+        counting_rule(channel="all", seconds=WEEK_SECONDS, limit=20),
+    )
+    cache = PolicyCache(ttl=float("inf"))
+    cache._cached = _Cached(
+        table=PolicyTable(rules=classic, classic={}, zones={}), read_at=time.monotonic()
+    )
+    return functools.partial(
+        Gate,
+        limiter=Limiter(redis.Redis.from_url(REDIS_URL), prefix="gk:"),
+        policy=cache,
+        record_stats=True,
+        record_ledger=record_ledger,
+    ), in_memory_index()
+
+
+def ledger_beside_none(seconds: float) -> None:
+    """Gate decisions/s with the ledger on against off, runs alternated, a drainer process
+    writing the stream into PostgreSQL all along, on beat's schedule (every 2 s)."""
+    from bench.gate import USERS, alternated
+
+    make, index = _gate(True)
+    on, off = make(index=index), make(index=index, record_ledger=False)
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    drainer = subprocess.Popen(
+        [sys.executable, "-c", _DRAINER],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "gatekeeper.settings"},
+    )
+    rng = random.Random(6)
+    counter = iter(range(10**9))
+
+    def step(gate: Any) -> int:
+        n = next(counter)
+        requests = [(u, f"l{n}-{u}") for u in rng.sample(range(USERS), 1000)]
+        return len(gate.check(channel="email", requests=requests, campaign="bench"))
+
+    rounds = 8
+    try:
+        plain, kept, ratio = alternated(
+            functools.partial(step, off), functools.partial(step, on), seconds, rounds=rounds
+        )
+        behind = client.xlen("gk:ledger")
+    finally:
+        drainer.terminate()
+        drainer.wait(timeout=30)
+    print(
+        f"gate with the ledger off: {plain:,.0f} decisions/s; on: {kept:,.0f} decisions/s "
+        f"(batches of 1,000, medians of {rounds} alternated runs, beat's drain every 2 s; "
+        f"{behind:,} gate calls left in the stream at the end)"
+    )
+    print(f"  ratio {ratio:.3f}x (median of run pairs)   (target >= 0.85x)")
+
+
+# Beat's schedule: the drain task every 2 s, up to 10 rounds of 200 gate calls each.
+_DRAINER = """
+import django, signal, sys, time
+django.setup()
+from limits.tasks import ledger_drain
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+while True:
+    started = time.monotonic()
+    ledger_drain()
+    time.sleep(max(0.0, 2.0 - (time.monotonic() - started)))
+"""
+
+
+def _fill_stream(client: redis.Redis, rows: int, *, users: int) -> None:
+    """`rows` decisions in the stream as the gate writes them: calls of 1,000, four campaigns,
+    six segments, the classic reasons in a marketing mix, over the last few days."""
+    from limits.ledger import ledger_append
+    from limits.limiter import Decision
+
+    reasons = ["allowed"] * 7 + ["daily_cap", "weekly_cap", "quiet_hours"]
+    segments = ["vip", "active", "new", "dormant", "churned", "default"]
+    now = time.time()
+    for call in range(0, rows, 1000):
+        size = min(1000, rows - call)
+        decisions = [
+            Decision(
+                user_id=(call + i) % users,
+                message_id=f"m{call + i}",
+                allowed=True,
+                reason=reasons[(call + i) % len(reasons)],
+                counts={},
+                limits={},
+                retry_after=None,
+                segment=segments[(call + i) % len(segments)],
+            )
+            for i in range(size)
+        ]
+        ledger_append(
+            at=now - 3 * 86_400 * (call / rows),
+            channel="email" if call % 3 else "push",
+            campaign=f"campaign-{call % 4}",
+            tags=("promo",),
+            priority=5,
+            category="marketing",
+            snapshot_version="20261124T000000Z-b0000001-1",
+            decisions=decisions,
+            client=client,
+        )
+
+
+def writer_and_storage(rows: int) -> None:
+    """Rows/s the drain writes (stream read, COPY into day partitions, hourly counts, stream
+    ids, acknowledgement), and the bytes a decision takes in PostgreSQL (table and indexes)."""
+    from django.db import connection
+
+    from limits.ledger import ledger_drain, partitions_list
+
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    _reset_tables()
+    _fill_stream(client, rows, users=rows)
+    started, written = time.perf_counter(), 0
+    while True:
+        report = ledger_drain(client=client)
+        written += report.rows
+        if not report.entries:
+            break
+    wall = time.perf_counter() - started
+    with connection.cursor() as cursor:
+        total = 0
+        for day in partitions_list():
+            cursor.execute(
+                "SELECT pg_total_relation_size(%s)", [f"limits_ledgerentry_p{day:%Y%m%d}"]
+            )
+            total += int(cursor.fetchone()[0])
+        cursor.execute("SELECT count(*) FROM limits_ledgercount")
+        counts = int(cursor.fetchone()[0])
+    print(
+        f"drain: {written:,} decisions in {wall:.1f} s: {written / wall:,.0f} rows/s "
+        f"(gate calls of 1,000; a 10M-a-day ledger needs 116 rows/s on average)"
+    )
+    print(
+        f"PostgreSQL: {total / written:.0f} bytes per decision (day partitions, table and "
+        f"indexes, {total / 2**20:,.0f} MiB for {written:,}); {counts:,} hourly count rows"
+    )
+
+
+def rebuild(users: int, per_user: int) -> None:
+    """rebuild_logs for `users` users with `per_user` countable sends each, Redis empty."""
+    from django.db import connection
+
+    from limits.ledger import ledger_drain
+    from limits.rebuild import logs_rebuild
+
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    _reset_tables()
+    rows = users * per_user
+    started = time.perf_counter()
+    # Straight into the ledger: the stream's way, 1,000 at a time, as in production.
+    step = 200_000
+    for start in range(0, rows, step):
+        _fill_batch(client, start, min(step, rows - start), users, per_user)
+        while ledger_drain(client=client).entries:
+            pass
+    filled = time.perf_counter() - started
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE limits_ledgerentry")
+    client.flushdb()  # Redis lost everything
+    report = logs_rebuild()
+    keys = client.dbsize()
+    print(
+        f"rebuild_logs: {report.users:,} users x {per_user} sends ({report.sends:,} sends, "
+        f"{report.added:,} put back into {keys:,} buckets) in {report.seconds:.1f} s: "
+        f"{report.sends / report.seconds:,.0f} sends/s   (ledger filled in {filled:.0f} s)"
+    )
+
+
+def _fill_batch(client: redis.Redis, start: int, count: int, users: int, per_user: int) -> None:
+    from limits.ledger import ledger_append
+    from limits.limiter import Decision
+
+    now = time.time()
+    for call in range(start, start + count, 1000):
+        size = min(1000, start + count - call)
+        k = call // users  # the round: each user's k-th send
+        ledger_append(
+            at=now - 3600 * (per_user - k),
+            channel="email",
+            campaign=f"campaign-{k}",
+            tags=("promo",) if k % 2 else (),
+            priority=5,
+            category="marketing",
+            snapshot_version="20261124T000000Z-b0000001-1",
+            decisions=[
+                Decision(
+                    user_id=(call + i) % users,
+                    message_id=f"m{call + i}",
+                    allowed=True,
+                    reason="allowed",
+                    counts={},
+                    limits={},
+                    retry_after=None,
+                    segment="default",
+                )
+                for i in range(size)
+            ],
+            client=client,
+        )
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="bench ledger")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--rebuild-users", type=int, default=1_000_000)
+    parser.add_argument("--sends-per-user", type=int, default=5)
+    parser.add_argument("--database-url", default=BENCH_DB)
+    args = parser.parse_args(argv)
+    if os.environ.get(CHILD) != "1":
+        # Django is set up on the caller's database: run again on the bench's PostgreSQL.
+        _database(args.database_url)
+        env = {
+            **os.environ,
+            CHILD: "1",
+            "DATABASE_URL": args.database_url,
+            "REDIS_URL": REDIS_URL,
+            "LOG_LEVEL": "WARNING",
+        }
+        subprocess.run(
+            [sys.executable, "-m", "bench", "ledger", "--", *argv], cwd=ROOT, env=env, check=True
+        )
+        return
+    ledger_beside_none(args.seconds)
+    writer_and_storage(args.rows)
+    rebuild(args.rebuild_users, args.sends_per_user)

@@ -1,0 +1,179 @@
+"""A user's decision history, read from the send ledger (limits.ledger): newest first, a page at
+a time, for `GET /api/v1/users/<id>/history/` and the admin's user lookup.
+
+Pages are keyset-paginated on (at, id), never by offset or COUNT(*): on PostgreSQL the ledger is
+partitioned by day with an index on (user_id, at), and a query that filters on user_id and
+orders by at descending walks that index in every partition (a merge of index scans) and stops
+after the page. `id` only breaks ties between decisions of the same millisecond (one gate call
+writes one `at` for the whole batch); on PostgreSQL it is unique only together with `at`, which
+the position always carries.
+"""
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+from django.db.models import Q
+
+from gatekeeper.lib.ids import DATABASE_MAX
+from limits.models import LedgerEntry, Rule
+from limits.rules import rule_describe
+from limits.selectors import rule_view
+
+PAGE_DEFAULT = 50
+PAGE_MAX = 500
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST_US = (datetime.max.replace(tzinfo=UTC) - EPOCH) // timedelta(microseconds=1)
+
+# Where a page ends: the last decision's time in microseconds since 1970 (UTC) and its id,
+# "1763800000123000.4521". Any digits are taken (a value past the year 9999 or a 64-bit id
+# reads as the largest there is), so that every string of this form is a valid position, as
+# the schema says.
+POSITION = re.compile(r"([0-9]{1,20})\.([0-9]{1,20})")
+POSITION_WORDS = "Take it from a page's `next`: microseconds since 1970 (UTC), a dot, an id."
+
+# `from` and `to`: a UTC day, or an instant with its UTC offset (ISO 8601). The form is checked
+# by this pattern (the schema states the same one), the calendar by datetime.
+DAY = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
+INSTANT = re.compile(
+    rf"{DAY}(?:T[0-9]{{2}}:[0-9]{{2}}(?::[0-9]{{2}}(?:\.[0-9]{{1,6}})?)?(?:Z|[+-][0-9]{{2}}:[0-9]{{2}}))?"
+)
+INSTANT_WORDS = (
+    "A UTC day (2026-11-24) or an instant with its UTC offset (2026-11-24T08:30:00Z, "
+    "2026-11-24T09:30:00+01:00)."
+)
+
+
+@dataclass(frozen=True)
+class Position:
+    """A decision's place in the newest-first order: a page ends at one, the next starts
+    after it."""
+
+    at: datetime
+    id: int
+
+    def text(self) -> str:
+        return f"{(self.at - EPOCH) // timedelta(microseconds=1)}.{self.id}"
+
+
+def position_from_text(text: str) -> Position:
+    """A position as `Position.text` writes it; ValueError (with the words) for any other
+    text."""
+    found = POSITION.fullmatch(text)
+    if found is None:
+        raise ValueError(f"Not a page position. {POSITION_WORDS}")
+    micros = min(int(found[1]), LATEST_US)
+    return Position(at=EPOCH + timedelta(microseconds=micros), id=min(int(found[2]), DATABASE_MAX))
+
+
+def instant_from_text(text: str, *, end: bool = False) -> datetime:
+    """`from` or `to` as an aware UTC datetime. A day is its start, or with `end` the start of
+    the next day (so that `to` takes the whole day in); an instant is itself. ValueError (with
+    the words) for anything else: no offset, no such date, out of range."""
+    if not INSTANT.fullmatch(text):
+        raise ValueError(f"'{text[:40]}' is not a day or an instant. {INSTANT_WORDS}")
+    try:
+        if len(text) == 10:
+            day = date.fromisoformat(text)
+            if end:
+                if day == date.max:
+                    return datetime.max.replace(tzinfo=UTC)
+                day += timedelta(days=1)
+            return datetime.combine(day, time(), tzinfo=UTC)
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    except (ValueError, OverflowError) as exc:
+        raise ValueError(f"'{text}' is not a date and time there is: {exc}.") from None
+
+
+@dataclass
+class HistoryPage:
+    decisions: list[dict[str, Any]]
+    next: Position | None  # where the next (older) page starts; None: this one is the last
+
+
+def user_history(
+    *,
+    user_id: int,
+    limit: int = PAGE_DEFAULT,
+    before: Position | None = None,
+    channel: str | None = None,
+    campaign: str | None = None,
+    reason: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> HistoryPage:
+    """Up to `limit` of the user's decisions, newest first, older than `before`, of `channel`,
+    `campaign` and `reason` when given, from `since` (inclusive) to `until` (exclusive). Each
+    with its deciding rule's name and description while the rule exists."""
+    entries = LedgerEntry.objects.filter(user_id=user_id)
+    if channel is not None:
+        entries = entries.filter(channel=channel)
+    if campaign is not None:
+        entries = entries.filter(campaign=campaign)
+    if reason is not None:
+        entries = entries.filter(reason=reason)
+    if since is not None:
+        entries = entries.filter(at__gte=since)
+    if until is not None:
+        entries = entries.filter(at__lt=until)
+    if before is not None:
+        # `at <= ...` on its own too: a range the (user_id, at) index answers, and that prunes
+        # the newer partitions; the OR only settles the ties at that very instant.
+        entries = entries.filter(at__lte=before.at).filter(
+            Q(at__lt=before.at) | Q(at=before.at, id__lt=before.id)
+        )
+    rows = list(entries.order_by("-at", "-id")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    rules = _rules({row.rule_id for row in rows if row.rule_id is not None})
+    return HistoryPage(
+        decisions=[_decision(row, rules) for row in rows],
+        next=Position(at=rows[-1].at, id=rows[-1].id) if more else None,
+    )
+
+
+def _rules(ids: set[int]) -> dict[int, dict[str, Any]]:
+    """The rules among `ids` that still exist: id, name and the rule in plain words."""
+    if not ids:
+        return {}
+    found = Rule.objects.filter(pk__in=ids).select_related("segment")
+    return {
+        rule.pk: {
+            "id": rule.pk,
+            "name": rule.name,
+            "description": rule_describe(
+                rule_view(rule),
+                segment_name=rule.segment.name if rule.segment is not None else None,
+            ),
+            "classic": rule.cap_id is not None,
+        }
+        for rule in found
+    }
+
+
+def _decision(row: LedgerEntry, rules: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    rule = None
+    if row.rule_id is not None:
+        # A deleted rule is still named by its id (its changes are kept: RuleChange).
+        rule = rules.get(row.rule_id) or {
+            "id": row.rule_id,
+            "name": None,
+            "description": None,
+            "classic": None,
+        }
+    return {
+        "at": row.at.astimezone(UTC),
+        "channel": row.channel,
+        "campaign": row.campaign,
+        "category": row.category,
+        "tags": list(row.tags or []),
+        "priority": row.priority,
+        "segment": row.segment or None,
+        "snapshot_version": row.snapshot_version or None,
+        "reason": row.reason,
+        "rule": rule,
+        "message_id": row.message_id,
+        "outcome": row.outcome or None,
+    }
