@@ -3,8 +3,7 @@ how long rebuilding Redis's logs from it takes.
 
 python -m bench ledger [-- --seconds 8 --rows 1000000 --rebuild-users 1000000]
 
-Runs on PostgreSQL, in a database of its own (`gk_bench`, made and migrated when missing; the
-`--database-url` option names another), against Redis database 14.
+Runs on PostgreSQL, in a database of its own (bench/postgres.py), against Redis database 14.
 """
 
 import argparse
@@ -14,28 +13,11 @@ import random
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-import psycopg
 import redis
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH_DB = "postgres://postgres@127.0.0.1:5432/gk_bench"
-REDIS_URL = "redis://127.0.0.1:6379/14"
-CHILD = "GATEKEEPER_BENCH_LEDGER_CHILD"
-
-
-def _database(url: str) -> None:
-    """The bench database, made and migrated when missing."""
-    base, name = url.rsplit("/", 1)
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-    env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": REDIS_URL}
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
-    )
+from bench.postgres import REDIS_URL, ROOT, on_bench_database
 
 
 def _reset_tables() -> None:
@@ -112,6 +94,35 @@ def ledger_beside_none(seconds: float) -> None:
         f"{behind:,} gate calls left in the stream at the end)"
     )
     print(f"  ratio {ratio:.3f}x (median of run pairs)   (target >= 0.85x)")
+    redis_cost(step, on, off, client)
+
+
+def _redis_cpu(client: redis.Redis) -> float:
+    found: Any = client.info("cpu")
+    return float(found["used_cpu_user"]) + float(found["used_cpu_sys"])
+
+
+def redis_cost(step: Any, on: Any, off: Any, client: redis.Redis) -> None:
+    """Redis's CPU per decision with the ledger off and on (the XADD, and the drain's reads,
+    acknowledgements and deletes, drained here in this process), and the stream's bytes per
+    decision while it waits to be drained. INFO cpu of the whole server: run it quiet."""
+    from limits.ledger import ledger_drain_all
+
+    calls = 300
+    client.delete("gk:ledger")
+    ledger_drain_all(client=client)  # the consumer group, made before measuring
+    figures = []
+    for gate in (off, on):
+        before = _redis_cpu(client)
+        decisions = sum(step(gate) for _ in range(calls))
+        waiting = client.memory_usage("gk:ledger") or 0
+        ledger_drain_all(client=client, seconds=600)
+        figures.append(((_redis_cpu(client) - before) / decisions * 1e6, waiting / decisions))
+    (plain, _), (kept, waiting) = figures
+    print(
+        f"Redis CPU per decision: {plain:.2f} us with the ledger off, {kept:.2f} us on, drained "
+        f"({kept / plain:.2f}x); the stream holds {waiting:.1f} bytes per decision until drained"
+    )
 
 
 # Beat's schedule: the drain task every 2 s, up to 10 rounds of 200 gate calls each.
@@ -267,25 +278,12 @@ def _fill_batch(client: redis.Redis, start: int, count: int, users: int, per_use
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="bench ledger")
-    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--seconds", type=float, default=24.0)
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--rebuild-users", type=int, default=1_000_000)
     parser.add_argument("--sends-per-user", type=int, default=5)
-    parser.add_argument("--database-url", default=BENCH_DB)
     args = parser.parse_args(argv)
-    if os.environ.get(CHILD) != "1":
-        # Django is set up on the caller's database: run again on the bench's PostgreSQL.
-        _database(args.database_url)
-        env = {
-            **os.environ,
-            CHILD: "1",
-            "DATABASE_URL": args.database_url,
-            "REDIS_URL": REDIS_URL,
-            "LOG_LEVEL": "WARNING",
-        }
-        subprocess.run(
-            [sys.executable, "-m", "bench", "ledger", "--", *argv], cwd=ROOT, env=env, check=True
-        )
+    if on_bench_database("ledger", argv):
         return
     ledger_beside_none(args.seconds)
     writer_and_storage(args.rows)

@@ -1,12 +1,12 @@
 """The decisions report on PostgreSQL: the ledger's hourly counts (LedgerCount) as 30 days of a
 10-million-decisions-a-day gate leave them, and how long the report takes for every grouping.
 
-DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_reports make bench BENCH_ARGS="reports"
+make bench BENCH_ARGS="reports"
     [-- --days 30 --per-day 10000000 --campaigns 40 --recurring 10 --hours 6 --segments 12
         --both-channels --runs 3]
 
-The database must be a bench database (its name holds "bench"): it is migrated, and its
-counts table emptied and refilled. The report reads LedgerCount only, so only the number of
+It runs on the benchmarks' own PostgreSQL database (bench/postgres.py): its counts table is
+emptied and refilled. The report reads LedgerCount only, so only the number of
 count rows matters, not the 10 million decisions a day they count; the mix:
 
 - `--campaigns` campaigns a day (`--recurring` of them every day, the others new each day),
@@ -34,6 +34,7 @@ from django.core.management import call_command
 from django.db import connection
 from rest_framework.renderers import JSONRenderer
 
+from bench.postgres import on_bench_database
 from limits.models import LedgerCount
 from limits.policy import REFUSED
 from limits.reports import GROUPS, decisions_query, decisions_report
@@ -131,15 +132,9 @@ def main(argv: list[str]) -> None:
     if not 1 <= args.hours <= 24 or not 0 <= args.recurring <= args.campaigns:
         raise SystemExit("--hours is 1 to 24, --recurring at most --campaigns")
 
-    settings = connection.settings_dict
-    if connection.vendor != "postgresql" or "bench" not in str(settings["NAME"]):
-        # Skipped, not failed: `make bench` runs every benchmark.
-        print(
-            "skipped: needs DATABASE_URL pointing at a PostgreSQL database whose name holds "
-            "'bench' (its counts table is emptied and refilled), e.g. "
-            "DATABASE_URL=postgres://postgres@127.0.0.1:5432/bench_reports"
-        )
+    if on_bench_database("reports", argv):
         return
+    settings = connection.settings_dict
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:
         cursor.execute("SELECT version(), current_setting('work_mem')")

@@ -208,3 +208,22 @@ def test_a_send_given_back_over_the_api_is_marked_released(snapshot):
     report = ledger_drain()
     assert (report.outcomes, report.unmatched) == (1, 0)  # nothing said of what was not there
     assert outcomes() == {"kept": "", "back": "released"}
+
+
+def test_entries_of_the_first_format_are_still_written(snapshot, redis_client):
+    # What an upgrade finds waiting in the stream: decisions packed a list per decision.
+    import msgspec
+
+    from limits.ledger import DecidedRows
+
+    old = DecidedRows(
+        at_ms=round(NOW * 1000), channel="email", campaign="c", tags=["t"], priority=5,
+        category="marketing", version="v1", rows=[(4, "old-a", "", "allowed", None),
+                                                   (5, "old-b", "vip", "daily_cap", 7)],
+    )  # fmt: skip
+    redis_client.xadd(stream_key(), {"d": msgspec.msgpack.encode(old)})
+    assert ledger_drain().rows == 2
+    assert rows() == [
+        (4, "old-a", "", "allowed", None, "marketing"),
+        (5, "old-b", "vip", "daily_cap", 7, "marketing"),
+    ]
