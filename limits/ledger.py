@@ -267,9 +267,14 @@ def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drai
     a dead drainer left pending are taken first."""
     client = client or get_redis()
     key = stream_key()
-    _group(client, key)
     consumer = _consumer()
-    claimed: Any = client.xautoclaim(key, GROUP, consumer, CLAIM_IDLE_MS, "0-0", count=count)
+    try:
+        claimed: Any = client.xautoclaim(key, GROUP, consumer, CLAIM_IDLE_MS, "0-0", count=count)
+    except redis.ResponseError as exc:
+        if "NOGROUP" not in str(exc):
+            raise
+        _group(client, key)  # the first drain, or Redis lost its data
+        claimed = client.xautoclaim(key, GROUP, consumer, CLAIM_IDLE_MS, "0-0", count=count)
     entries: list[Any] = list(claimed[1]) if claimed else []
     if len(entries) < count:
         read: Any = client.xreadgroup(GROUP, consumer, {key: ">"}, count=count - len(entries))
