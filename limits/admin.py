@@ -603,21 +603,26 @@ class RuleAdmin(admin.ModelAdmin):
         self._switch(request, queryset, enabled=False)
 
     def _switch(self, request: HttpRequest, queryset: QuerySet[Rule], *, enabled: bool) -> None:
-        switched, classic = 0, []
+        switched, classic, refused = 0, [], []
         for rule in queryset.select_related("segment"):
             try:
                 rule_update(rule=rule, changes={"enabled": enabled}, user=request.user)
             except ClassicRule:
                 classic.append(rule.name)
+            except ValidationError as exc:
+                # Stored before a setting changed (a channel removed): fixed on its own page.
+                refused.append(f"{rule.name} ({' '.join(exc.messages)})")
             else:
                 switched += 1
         word = "Enabled" if enabled else "Disabled"
-        messages.success(request, f"{word} {switched} rule{'s' if switched != 1 else ''}.")
+        messages.success(request, f"{word} {count(switched, 'rule')}.")
         if classic:
             messages.warning(
                 request,
                 f"Left alone (classic caps change in the cap grid): {', '.join(classic)}.",
             )
+        if refused:
+            messages.warning(request, f"Left alone: {'; '.join(refused)}.")
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         findings = enabled_findings()

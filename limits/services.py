@@ -99,10 +99,12 @@ def rule_update(
     A classic cap's rule is refused: it changes with its cap (cap_set)."""
     if rule.cap_id is not None:
         raise ClassicRule({"non_field_errors": [_classic_message(rule)]})
-    fields = RuleFields(**{**asdict(rule_fields(rule)), **changes})
-    segment = _checked(fields)
     with transaction.atomic():
         locked = Rule.objects.select_for_update().get(pk=rule.pk)
+        # The changes on the row as it is now, not as the caller read it: two changes of
+        # different fields at once both stay.
+        fields = RuleFields(**{**asdict(rule_fields(locked)), **changes})
+        segment = _checked(fields)
         before = rule_as_json(locked)
         _apply(locked, fields, segment)
         locked.changed_by = _who(user)
@@ -394,10 +396,11 @@ def quiet_update(
     *, entry: QuietHours, changes: dict[str, Any], user: Any = None, via: str = "admin"
 ) -> QuietHours:
     """Change some of an entry's fields (`changes`: QuietFields names); checked whole."""
-    fields = QuietFields(**{**asdict(quiet_fields(entry)), **changes})
-    segment = _quiet_checked(fields)
     with transaction.atomic():
         locked = QuietHours.objects.select_for_update().get(pk=entry.pk)
+        # The changes on the row as it is now, not as the caller read it (see rule_update).
+        fields = QuietFields(**{**asdict(quiet_fields(locked)), **changes})
+        segment = _quiet_checked(fields)
         before = quiet_as_json(locked)
         _quiet_apply(locked, fields, segment)
         locked.changed_by = _who(user)

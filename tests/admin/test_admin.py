@@ -571,3 +571,44 @@ def test_viewers_read_quiet_hours_marketers_change_them_and_both_find_them(clien
     assert saved.status_code == 302
     entry.refresh_from_db()
     assert (f"{entry.end:%H:%M}", entry.changed_by.username) == ("07:00", "mia")
+
+
+def test_a_rule_of_a_channel_no_longer_configured_is_left_alone_not_an_error(
+    admin_client, settings
+):
+    settings.GATEKEEPER_CHANNELS = ["email", "push", "sms"]
+    rule = make_rule("Texts 1 a day", channel="sms")
+    kept = make_rule("Mails")
+    settings.GATEKEEPER_CHANNELS = ["email", "push"]  # sms removed since
+    response = admin_client.post(
+        reverse("admin:limits_rule_changelist"),
+        {"action": "disable_rules", "_selected_action": [rule.pk, kept.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Disabled 1 rule." in page and "Left alone: Texts 1 a day (" in page
+    rule.refresh_from_db()
+    assert rule.enabled  # nothing half-written
+
+
+def test_two_changes_of_different_fields_made_at_once_both_stay(db):
+    from limits.services import quiet_update, rule_update
+
+    rule = make_rule("Mails", limit=3)
+    stale = Rule.objects.get(pk=rule.pk)  # read by one marketer's page
+    rule_update(rule=Rule.objects.get(pk=rule.pk), changes={"limit": 7}, via="api")
+    rule_update(rule=stale, changes={"name": "Mails, 7 a day"}, via="admin")
+    rule.refresh_from_db()
+    assert (rule.name, rule.limit) == ("Mails, 7 a day", 7)
+
+    entry = quiet_create(
+        fields=QuietFields(segment=None, channel="all", start="21:00", end="08:00",
+                           spread_minutes=0),
+        via="command",
+    )  # fmt: skip
+    stale_entry = QuietHours.objects.get(pk=entry.pk)
+    quiet_update(entry=QuietHours.objects.get(pk=entry.pk), changes={"end": "09:00"}, via="api")
+    quiet_update(entry=stale_entry, changes={"spread_minutes": 30}, via="admin")
+    entry.refresh_from_db()
+    assert (f"{entry.end:%H:%M}", entry.spread_minutes) == ("09:00", 30)

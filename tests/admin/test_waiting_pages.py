@@ -36,13 +36,15 @@ def waiting_job(published, redis_client) -> SendJob:
     released over 30 minutes; a job to them with on_capped=defer, run now: all three wait."""
     published(vip=(10, [1, 2, 3], {}))
     Segment.objects.filter(slug="vip").update(time_zone="Europe/Paris")
-    local = timezone.now().astimezone(PARIS)
+    # Counted in UTC, then read on Paris's clocks: arithmetic on a Paris time would be off by
+    # an hour across a change of summer time.
+    now = timezone.now()
     quiet_create(
         fields=QuietFields(
             segment="vip",
             channel="email",
-            start=f"{local - timedelta(hours=1):%H:%M}",
-            end=f"{local + timedelta(hours=3):%H:%M}",
+            start=f"{(now - timedelta(hours=1)).astimezone(PARIS):%H:%M}",
+            end=f"{(now + timedelta(hours=3)).astimezone(PARIS):%H:%M}",
             spread_minutes=30,
         ),
         via="command",
