@@ -36,19 +36,10 @@ from rest_framework.renderers import JSONRenderer
 
 from bench.postgres import on_bench_database
 from limits.models import LedgerCount
-from limits.policy import REFUSED
+from limits.policy import REASONS, REFUSED
 from limits.reports import GROUPS, decisions_query, decisions_report
 
-MARKETING_REASONS = (
-    "allowed",
-    "duplicate",
-    "daily_cap",
-    "weekly_cap",
-    "cap",
-    "blocked",
-    "quiet_hours",
-    "unavailable",
-)
+MARKETING_REASONS = tuple(reason for reason in REASONS if reason != "exempt")
 # Each reason's share of a campaign's decisions (most sends go through).
 SHARES = (0.78, 0.01, 0.09, 0.04, 0.02, 0.01, 0.04, 0.01)
 TRANSACTIONAL_SHARE = 0.05
