@@ -123,17 +123,14 @@ class CapDetailView(JsonAPIView):
         if target is None:
             raise NotFound(f"No segment '{segment}'.")
         body = decode(request.data, CapBody)
-        try:
-            cap = cap_set(
-                segment=target,
-                channel=channel,
-                daily=body.daily,
-                weekly=body.weekly,
-                user=request.user,
-                via="api",
-            )
-        except DjangoValidationError as exc:
-            raise ValidationError(exc.message_dict) from exc
+        cap = cap_set(
+            segment=target,
+            channel=channel,
+            daily=body.daily,
+            weekly=body.weekly,
+            user=request.user,
+            via="api",
+        )
         return Response(CapSerializer(cap).data)
 
 
@@ -243,10 +240,7 @@ class RuleListView(JsonAPIView):
     )
     def post(self, request: Request) -> Response:
         body = decode(request.data, RuleCreateBody)
-        try:
-            rule = rule_create(fields=_rule_fields(body), user=request.user, via="api")
-        except DjangoValidationError as exc:
-            raise ValidationError(exc.message_dict) from None
+        rule = rule_create(fields=_rule_fields(body), user=request.user, via="api")
         return Response(RuleSerializer(rules_shown([rule])[0]).data, status=201)
 
 
@@ -281,8 +275,6 @@ class RuleDetailView(JsonAPIView):
             )
         except ClassicRule as exc:
             return _classic(exc)
-        except DjangoValidationError as exc:
-            raise ValidationError(exc.message_dict) from None
         return Response(RuleSerializer(rules_shown([changed])[0]).data)
 
     @extend_schema(
@@ -341,10 +333,7 @@ class QuietHoursListView(JsonAPIView):
     def post(self, request: Request) -> Response:
         body = decode(request.data, QuietHoursCreateBody)
         fields = QuietFields(**msgspec.structs.asdict(body))
-        try:
-            entry = quiet_create(fields=fields, user=request.user, via="api")
-        except DjangoValidationError as exc:
-            raise ValidationError(exc.message_dict) from None
+        entry = quiet_create(fields=fields, user=request.user, via="api")
         return Response(QuietHoursSerializer(quiet_hours_shown([entry])[0]).data, status=201)
 
 
@@ -380,10 +369,7 @@ class QuietHoursDetailView(JsonAPIView):
             for name, value in msgspec.structs.asdict(body).items()
             if value is not msgspec.UNSET
         }
-        try:
-            changed = quiet_update(entry=entry, changes=changes, user=request.user, via="api")
-        except DjangoValidationError as exc:
-            raise ValidationError(exc.message_dict) from None
+        changed = quiet_update(entry=entry, changes=changes, user=request.user, via="api")
         return Response(QuietHoursSerializer(quiet_hours_shown([changed])[0]).data)
 
     @extend_schema(
@@ -539,10 +525,7 @@ class DecisionsReportView(JsonAPIView):
         },
     )
     def get(self, request: Request) -> Response:
-        try:
-            query = decisions_query(dict(request.query_params.lists()))
-        except DjangoValidationError as exc:
-            raise ValidationError(exc.message_dict) from None
+        query = decisions_query(dict(request.query_params.lists()))
         answer = {
             "from": query.start.isoformat(),
             "to": query.end.isoformat(),

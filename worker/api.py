@@ -426,24 +426,21 @@ class SendJobListView(JsonAPIView):
     )
     def post(self, request: Request) -> Response:
         body = decode(request.data, SendJobBody)
-        try:
-            job = send_job_create(
-                channel=_channel(body.channel),
-                campaign=body.campaign,
-                template=body.template,
-                category=body.category,
-                tags=tags_checked(body.tags),
-                priority=body.priority,
-                on_capped=body.on_capped,
-                on_invalid=body.on_invalid,
-                expires_at=body.expires_at,
-                # The service checks every row: an unknown time zone is that row's error,
-                # refusing the job or skipping the row as on_invalid says.
-                recipients=msgspec.to_builtins(body.recipients),
-                user=request.user,
-            )
-        except DjangoValidationError as exc:
-            raise ValidationError(exc.message_dict) from exc
+        job = send_job_create(
+            channel=_channel(body.channel),
+            campaign=body.campaign,
+            template=body.template,
+            category=body.category,
+            tags=tags_checked(body.tags),
+            priority=body.priority,
+            on_capped=body.on_capped,
+            on_invalid=body.on_invalid,
+            expires_at=body.expires_at,
+            # The service checks every row: an unknown time zone is that row's error,
+            # refusing the job or skipping the row as on_invalid says.
+            recipients=msgspec.to_builtins(body.recipients),
+            user=request.user,
+        )
         answer = SendJobSerializer(job).data
         url = request.build_absolute_uri(f"/api/v1/sends/{job.pk}/")
         return Response({**answer, "url": url}, status=202, headers={"Location": url})

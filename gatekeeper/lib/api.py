@@ -3,10 +3,13 @@
 import inspect
 from typing import Any, ClassVar, Literal
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gatekeeper.lib.bodies import DEFAULT_MAX_BODY_BYTES, JsonBodyParser, openapi_components
@@ -29,6 +32,16 @@ class JsonAPIView(APIView):
     # Bodies are read within this (a JSON 413 beyond it), stated with the reason.
     max_body_bytes: ClassVar[int] = DEFAULT_MAX_BODY_BYTES
     body_limit_reason: ClassVar[str] = ""
+
+    def handle_exception(self, exc: Exception) -> Response:
+        # A service's ValidationError names the fields (the API's names): the API's 400.
+        if isinstance(exc, DjangoValidationError):
+            exc = ValidationError(
+                exc.message_dict
+                if hasattr(exc, "error_dict")
+                else {"non_field_errors": exc.messages}
+            )
+        return super().handle_exception(exc)
 
 
 class ApiSchema(AutoSchema):
