@@ -1,19 +1,18 @@
 """The segment index: one published snapshot, in memory, read-only.
 
-`resolve` answers one user; `resolve_many` answers a batch with bitmap and numpy operations
-(one intersection per segment), never a Python loop over users. Every web and worker process
+`resolve` answers one user; `resolve_many` answers a batch with a few numpy operations over the
+snapshot's bytes (`segments.packed`), never a Python loop over users. Every web and worker process
 holds one through `get_index()`, which loads the live snapshot on first use, keeps the last good
 one on local disk for a start while the store is unreachable, and swaps newer versions in
 without a restart (`refresh()` is one polling step; `start_follower()` runs it in a thread).
 """
 
-import array
 import json
 import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,10 +20,10 @@ from typing import Any
 
 import numpy as np
 from django.conf import settings
-from pyroaring import BitMap, BitMap64
 
 from gatekeeper.lib.ids import max_user_id
-from segments.bitmaps import AnyFrozen, deserialize, sha256
+from segments.bitmaps import AnyFrozen, deserialize, empty_bitmap, sha256
+from segments.packed import PackedSegments, PortableFormatError
 from segments.store import (
     CURRENT,
     MANIFEST,
@@ -45,91 +44,87 @@ class SnapshotNotFound(SnapshotError):
     """No version of that name was ever published (or it was pruned)."""
 
 
+class PackedBitmaps(Mapping[str, AnyFrozen]):
+    """The segments' bitmaps, deserialised from the packed bytes when asked for. The index keeps
+    only the packed form, so that a process holds each snapshot once (0.63 bytes per user, not
+    twice that); the rare caller that needs a whole bitmap (the what-if audience) gets a copy."""
+
+    def __init__(self, packed: PackedSegments, slugs: Sequence[str]) -> None:
+        self._packed = packed
+        self._position = {slug: i for i, slug in enumerate(slugs)}
+
+    def __getitem__(self, slug: str) -> AnyFrozen:
+        data = self._packed.portable_bytes(self._position[slug])
+        return deserialize(data, width=self._packed.width)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._position)
+
+    def __len__(self) -> int:
+        return len(self._position)
+
+
 @dataclass
 class SegmentIndex:
+    """`bitmaps` may be given as pyroaring bitmaps (tests, benchmarks); `index_from_objects`
+    passes the snapshot's packed bytes instead, and `bitmaps` then deserialises on access."""
+
     version: str
     id_width: int
     segments: list[str]
     default_slug: str
-    bitmaps: dict[str, AnyFrozen]
+    bitmaps: dict[str, AnyFrozen] | PackedBitmaps
     cardinalities: dict[str, int]
     manifest: dict[str, Any] = field(default_factory=dict)
+    packed: PackedSegments | None = None
 
     def __post_init__(self) -> None:
-        # Segments with users, in priority order; they are disjoint, so order only matters for
-        # speed, and the largest first answers most single lookups with one membership test.
-        self._ordered = sorted(
-            ((slug, bm) for slug, bm in self.bitmaps.items() if len(bm)), key=lambda p: -len(p[1])
-        )
+        if self.packed is None:
+            empty = empty_bitmap(self.id_width)
+            blobs = [bytes(self.bitmaps.get(slug, empty).serialize()) for slug in self.segments]
+            self.packed = PackedSegments(blobs, width=self.id_width)
+        self._packed: PackedSegments = self.packed
         self._labels = np.array([*self.segments, self.default_slug], dtype=object)
-        self._position = {slug: i for i, slug in enumerate(self.segments)}
+        self._label_list = [*self.segments, self.default_slug]
+        self._first_one = self._packed.first_containing_one
+        self._max_id = 2**self.id_width - 1
 
     @property
     def total_users(self) -> int:
         return sum(self.cardinalities.values())
 
     def resolve(self, user_id: int) -> str:
-        if self.id_width == 32 and not 0 <= user_id <= _MAX_32:
-            return self.default_slug  # no list of a 32-bit snapshot can hold it
-        for slug, bitmap in self._ordered:
-            if user_id in bitmap:
-                return slug
-        return self.default_slug
+        """The highest-priority segment holding the id, else the default one."""
+        if not 0 <= user_id <= self._max_id:
+            return self.default_slug  # no list of this snapshot can hold it
+        return self._label_list[self._first_one(user_id)]
 
     def resolve_many(self, ids: Sequence[int] | np.ndarray) -> list[str]:
-        """The segment of each id, in the order given: one bitmap intersection per segment,
-        then each hit is placed back by a binary search in the sorted query."""
-        wide = self.id_width == 64
+        """The segment of each id, in the order given: each id's container is looked up in
+        every segment at once, with numpy (see `segments.packed`)."""
+        dtype = np.uint64 if self.id_width == 64 else np.uint32
+        # numpy would wrap a negative or too wide id silently: check before the cast
+        if (
+            isinstance(ids, np.ndarray)
+            and ids.dtype != dtype
+            and ids.size
+            and not (ids.min() >= 0 and ids.max() <= self._max_id)
+        ):
+            return self._resolve_beyond_width(ids)
         try:
-            values = np.asarray(ids, dtype=np.uint64 if wide else np.uint32)
+            values = np.asarray(ids, dtype=dtype)
         except OverflowError:
             return self._resolve_beyond_width(ids)
         if values.size == 0:
             return []
-        if wide:
-            order = np.argsort(values, kind="stable")
-            ordered = values[order]
-        else:
-            # Sorting (id << 32 | position) is twice as fast as argsort and gives both the
-            # sorted ids and where each came from.
-            keyed = np.sort(
-                (values.astype(np.uint64) << np.uint64(32))
-                | np.arange(values.size, dtype=np.uint64)
-            )
-            ordered = (keyed >> np.uint64(32)).astype(np.uint32)
-            order = (keyed & np.uint64(0xFFFFFFFF)).astype(np.intp)
-        # pyroaring builds fastest from a sorted array.array (a buffer it copies in one go).
-        query = (BitMap64 if wide else BitMap)(
-            array.array("Q" if wide else "I", ordered.tobytes()), optimize=False
-        )
-        found = np.full(values.size, len(self.segments), dtype=np.intp)
-        repeated = bool((ordered[1:] == ordered[:-1]).any())
-        for slug, bitmap in self._ordered:
-            hits = bitmap & query  # type: ignore[operator]
-            if not hits:
-                continue
-            members = np.frombuffer(hits.to_array(), dtype=ordered.dtype)
-            start = np.searchsorted(ordered, members, side="left")
-            if not repeated:
-                found[start] = self._position[slug]
-            else:  # an id asked for more than once: mark every copy
-                counts = np.searchsorted(ordered, members, side="right") - start
-                offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-                found[np.repeat(start, counts) + offsets] = self._position[slug]
-        labels = np.empty_like(found)
-        labels[order] = found
-        return self._labels[labels].tolist()
+        return self._labels[self._packed.first_containing(values.ravel())].tolist()
 
     def _resolve_beyond_width(self, ids: Sequence[int] | np.ndarray) -> list[str]:
-        """Ids a 32-bit snapshot cannot hold (wider, or negative) are in no list: default."""
-        wide = np.asarray([int(i) if 0 <= int(i) <= _MAX_32 else -1 for i in ids], dtype=np.int64)
-        inside = wide >= 0
-        labels = np.full(wide.size, self.default_slug, dtype=object)
-        labels[inside] = self.resolve_many(wide[inside].astype(np.uint32))
-        return labels.tolist()
-
-
-_MAX_32 = 2**32 - 1
+        """Ids the snapshot cannot hold (wider than its ids, or negative) are in no list."""
+        inside = [0 <= int(i) <= self._max_id for i in ids]
+        kept = [int(i) for i, ok in zip(ids, inside, strict=True) if ok]
+        answers = iter(self.resolve_many(np.array(kept, dtype=np.uint64)))
+        return [next(answers) if ok else self.default_slug for ok in inside]
 
 
 def _verify(data: bytes, entry: dict[str, Any]) -> None:
@@ -141,9 +136,12 @@ def _verify(data: bytes, entry: dict[str, Any]) -> None:
 
 def index_from_objects(manifest: dict[str, Any], read: Any) -> SegmentIndex:
     """Build an index from a manifest and a `read(key) -> bytes` function. Every object's size
-    and sha256 are checked before it is deserialised, and its cardinality after."""
+    and sha256 are checked before it is read as a bitmap, and its cardinality after. pyroaring
+    deserialises each one first, since it validates the format and every container (sorted,
+    in bounds, cardinalities right); the index then keeps the bytes, packed, not the bitmap."""
     width = int(manifest.get("id_width", 32))
-    bitmaps: dict[str, AnyFrozen] = {}
+    blobs: list[bytes] = []
+    seen: list[tuple[dict[str, int], int]] = []  # containers and users, as pyroaring read them
     cardinalities: dict[str, int] = {}
     default = None
     slugs = []
@@ -162,18 +160,40 @@ def index_from_objects(manifest: dict[str, Any], read: Any) -> SegmentIndex:
             raise SnapshotError(
                 f"{entry['key']}: {len(bitmap)} users, manifest says {entry['cardinality']}"
             )
-        bitmaps[entry["slug"]] = bitmap
+        stats = bitmap.get_statistics()
+        containers = {
+            "array": stats["n_array_containers"],
+            "bitmap": stats["n_bitset_containers"],
+            "run": stats["n_run_containers"],
+        }
+        seen.append((containers, stats["cardinality"]))
+        del bitmap  # one segment's bitmap at a time, never the whole snapshot twice
+        blobs.append(data)
         cardinalities[entry["slug"]] = entry["cardinality"]
     if default is None:
         raise SnapshotError("the manifest names no default segment")
+    try:
+        packed = PackedSegments(blobs, width=width)
+    except PortableFormatError as exc:
+        raise SnapshotError(f"not a portable Roaring bitmap this index can read ({exc})") from exc
+    for slug, (containers, users), count, cardinality in zip(
+        slugs, seen, packed.container_counts, packed.cardinalities, strict=True
+    ):
+        # The packed reader and pyroaring must have read the same containers.
+        if containers != count or cardinality != users:
+            raise SnapshotError(
+                f"{slug}: read {count} containers and {cardinality} users; "
+                f"pyroaring read {containers} and {users}"
+            )
     return SegmentIndex(
         version=manifest["version"],
         id_width=width,
         segments=slugs,
         default_slug=default,
-        bitmaps=bitmaps,
+        bitmaps=PackedBitmaps(packed, slugs),
         cardinalities=cardinalities,
         manifest=manifest,
+        packed=packed,
     )
 
 
