@@ -52,6 +52,22 @@ def in_memory_index() -> SegmentIndex:
     )
 
 
+# The classic caps of every segment: email 3 a day and 10 a week, 5 and 20 in all.
+CLASSIC = (
+    counting_rule(channel="email", seconds=DAY_SECONDS, limit=3),
+    counting_rule(channel="email", seconds=WEEK_SECONDS, limit=10),
+    counting_rule(channel="all", seconds=DAY_SECONDS, limit=5),
+    counting_rule(channel="all", seconds=WEEK_SECONDS, limit=20),
+)
+
+
+def fixed_policy(table: PolicyTable) -> PolicyCache:
+    """A policy cache that always answers `table` (no database)."""
+    cache = PolicyCache(ttl=float("inf"))
+    cache._cached = _Cached(table=table, read_at=time.monotonic())
+    return cache
+
+
 def rate(step: Callable[[], int], seconds: float) -> float:
     done, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
@@ -83,24 +99,14 @@ def gate_beside_limiter(url: str, seconds: float) -> None:
     client = redis.Redis.from_url(url)
     client.flushdb()
     limiter = Limiter(client, prefix="bench:")
-    # The classic caps of every segment: email 3 a day and 10 a week, 5 and 20 in all.
-    classic = [
-        counting_rule(channel="email", seconds=DAY_SECONDS, limit=3),
-        counting_rule(channel="email", seconds=WEEK_SECONDS, limit=10),
-        counting_rule(channel="all", seconds=DAY_SECONDS, limit=5),
-        counting_rule(channel="all", seconds=WEEK_SECONDS, limit=20),
-    ]
-    table = PolicyTable(rules=tuple(classic), classic={}, zones={})
-    cache = PolicyCache(ttl=float("inf"))
-    cache._cached = _Cached(table=table, read_at=time.monotonic())
     gate = Gate(
         limiter=limiter,
-        policy=cache,
+        policy=fixed_policy(PolicyTable(rules=CLASSIC, classic={}, zones={})),
         index=in_memory_index(),
         record_stats=True,
         record_ledger=False,  # as the figures before the ledger were measured
     )
-    rule_set = encode(classic, priority=5, zone="UTC", now_ms=0)
+    rule_set = encode(list(CLASSIC), priority=5, zone="UTC", now_ms=0)
     rng = random.Random(3)
     counter = iter(range(10**9))
 
@@ -139,12 +145,7 @@ def quiet_hours_beside_none(url: str, seconds: float) -> None:
     client = redis.Redis.from_url(url)
     client.flushdb()
     limiter = Limiter(client, prefix="bench:")
-    classic = (
-        counting_rule(channel="email", seconds=DAY_SECONDS, limit=3),
-        counting_rule(channel="email", seconds=WEEK_SECONDS, limit=10),
-        counting_rule(channel="all", seconds=DAY_SECONDS, limit=5),
-        counting_rule(channel="all", seconds=WEEK_SECONDS, limit=20),
-    )
+    classic = CLASSIC
     # Twelve hours away from the zones' clocks now: configured, asked, holding nobody.
     hour = (time.gmtime().tm_hour + 12) % 24
     quiet = tuple(
@@ -164,10 +165,12 @@ def quiet_hours_beside_none(url: str, seconds: float) -> None:
 
     def gate_with(entries: tuple[QuietView, ...]) -> Gate:
         table = PolicyTable(rules=classic, classic={}, zones={}, quiet=entries)
-        cache = PolicyCache(ttl=float("inf"))
-        cache._cached = _Cached(table=table, read_at=time.monotonic())
         return Gate(
-            limiter=limiter, policy=cache, index=index, record_stats=True, record_ledger=False
+            limiter=limiter,
+            policy=fixed_policy(table),
+            index=index,
+            record_stats=True,
+            record_ledger=False,
         )
 
     without, with_quiet = gate_with(()), gate_with(quiet)

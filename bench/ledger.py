@@ -23,47 +23,38 @@ from bench.postgres import REDIS_URL, ROOT, on_bench_database
 def _reset_tables() -> None:
     from django.db import connection
 
-    from limits.ledger import partitions_list
+    from limits.ledger import partition_name, partitions_list
 
     with connection.cursor() as cursor:
         for day in partitions_list():
-            cursor.execute(f"DROP TABLE IF EXISTS limits_ledgerentry_p{day:%Y%m%d}")
+            cursor.execute(f"DROP TABLE IF EXISTS {partition_name(day)}")
         cursor.execute("TRUNCATE limits_ledgercount, limits_ledgerbatch")
 
 
-def _gate(record_ledger: bool) -> Any:
-    from bench.gate import in_memory_index
+def _gates() -> tuple[Any, Any]:
+    """The same gate (classic caps, an in-memory index) with the ledger on, and off."""
+    from bench.gate import CLASSIC, fixed_policy, in_memory_index
     from limits.limiter import Limiter
-    from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, counting_rule
-    from limits.selectors import PolicyCache, _Cached
+    from limits.policy import PolicyTable
     from worker.gate import Gate
 
-    classic = (
-        counting_rule(channel="email", seconds=DAY_SECONDS, limit=3),
-        counting_rule(channel="email", seconds=WEEK_SECONDS, limit=10),
-        counting_rule(channel="all", seconds=DAY_SECONDS, limit=5),
-        counting_rule(channel="all", seconds=WEEK_SECONDS, limit=20),
-    )
-    cache = PolicyCache(ttl=float("inf"))
-    cache._cached = _Cached(
-        table=PolicyTable(rules=classic, classic={}, zones={}), read_at=time.monotonic()
-    )
-    return functools.partial(
+    make = functools.partial(
         Gate,
         limiter=Limiter(redis.Redis.from_url(REDIS_URL), prefix="gk:"),
-        policy=cache,
+        policy=fixed_policy(PolicyTable(rules=CLASSIC, classic={}, zones={})),
+        index=in_memory_index(),
         record_stats=True,
-        record_ledger=record_ledger,
-    ), in_memory_index()
+    )
+    return make(record_ledger=True), make(record_ledger=False)
 
 
 def ledger_beside_none(seconds: float) -> None:
     """Gate decisions/s with the ledger on against off, runs alternated, a drainer process
     writing the stream into PostgreSQL all along, on beat's schedule (every 2 s)."""
     from bench.gate import USERS, alternated
+    from limits.ledger import stream_key
 
-    make, index = _gate(True)
-    on, off = make(index=index), make(index=index, record_ledger=False)
+    on, off = _gates()
     client = redis.Redis.from_url(REDIS_URL)
     client.flushdb()
     drainer = subprocess.Popen(
@@ -84,7 +75,7 @@ def ledger_beside_none(seconds: float) -> None:
         plain, kept, ratio = alternated(
             functools.partial(step, off), functools.partial(step, on), seconds, rounds=rounds
         )
-        behind = client.xlen("gk:ledger")
+        behind = client.xlen(stream_key())
     finally:
         drainer.terminate()
         drainer.wait(timeout=30)
@@ -106,16 +97,16 @@ def redis_cost(step: Any, on: Any, off: Any, client: redis.Redis) -> None:
     """Redis's CPU per decision with the ledger off and on (the XADD, and the drain's reads,
     acknowledgements and deletes, drained here in this process), and the stream's bytes per
     decision while it waits to be drained. INFO cpu of the whole server: run it quiet."""
-    from limits.ledger import ledger_drain_all
+    from limits.ledger import ledger_drain_all, stream_key
 
     calls = 300
-    client.delete("gk:ledger")
+    client.delete(stream_key())
     ledger_drain_all(client=client)  # the consumer group, made before measuring
     figures = []
     for gate in (off, on):
         before = _redis_cpu(client)
         decisions = sum(step(gate) for _ in range(calls))
-        waiting = client.memory_usage("gk:ledger") or 0
+        waiting = client.memory_usage(stream_key()) or 0
         ledger_drain_all(client=client, seconds=600)
         figures.append(((_redis_cpu(client) - before) / decisions * 1e6, waiting / decisions))
     (plain, _), (kept, waiting) = figures
@@ -180,7 +171,7 @@ def writer_and_storage(rows: int) -> None:
     ids, acknowledgement), and the bytes a decision takes in PostgreSQL (table and indexes)."""
     from django.db import connection
 
-    from limits.ledger import ledger_drain, partitions_list
+    from limits.ledger import ledger_drain, partition_name, partitions_list
 
     client = redis.Redis.from_url(REDIS_URL)
     client.flushdb()
@@ -196,9 +187,7 @@ def writer_and_storage(rows: int) -> None:
     with connection.cursor() as cursor:
         total = 0
         for day in partitions_list():
-            cursor.execute(
-                "SELECT pg_total_relation_size(%s)", [f"limits_ledgerentry_p{day:%Y%m%d}"]
-            )
+            cursor.execute("SELECT pg_total_relation_size(%s)", [partition_name(day)])
             total += int(cursor.fetchone()[0])
         cursor.execute("SELECT count(*) FROM limits_ledgercount")
         counts = int(cursor.fetchone()[0])

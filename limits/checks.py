@@ -41,15 +41,12 @@ def limits_settings_check(app_configs: Any, **kwargs: Any) -> list[CheckMessage]
         errors.append(
             Error("GATEKEEPER_CHANNELS: name each channel once, at least one.", id="limits.E003")
         )
-    if int(settings.GATEKEEPER_LOG_SWEEP_BUCKETS) < 1:
-        errors.append(
-            Error(
-                "GATEKEEPER_LOG_SWEEP_BUCKETS must be at least 1.",
-                hint="Buckets the sweep of aged-out logs looks at per run (every minute).",
-                id="limits.E004",
-            )
-        )
     for name, hint, check_id in (
+        (
+            "GATEKEEPER_LOG_SWEEP_BUCKETS",
+            "Buckets the sweep of aged-out logs looks at per run (every minute).",
+            "limits.E004",
+        ),
         ("GATEKEEPER_LEDGER_DAYS", "Days the send ledger keeps.", "limits.E005"),
         (
             "GATEKEEPER_LEDGER_BUFFER_MAX",

@@ -2,9 +2,9 @@
 one; never a dry run) kept durably in the database, for a user's history, capped-send
 analytics and rebuilding Redis's logs after Redis lost them.
 
-Written off the hot path, in two steps:
+Written in two steps, the database kept off the hot path:
 
-1. **Append** (the gate, per call): one XADD to the Redis stream `<prefix>ledger` holding the
+1. **Append** (the gate, per call, the one cost it pays): one XADD to the Redis stream `<prefix>ledger` holding the
    whole batch packed with msgpack (the call's own fields once, then per decision its user id,
    message id, segment, reason and deciding rule): one round trip and about 30 bytes per
    decision, however large the batch.
@@ -39,12 +39,13 @@ from django.db import connection, transaction
 
 from gatekeeper.lib.redis_client import RedisClient, get_redis
 from limits.models import LedgerBatch, LedgerCount, LedgerEntry
+from limits.transport import REDIS_DOWN
 
 logger = logging.getLogger(__name__)
 
 STREAM = "ledger"
 GROUP = "drain"
-FORMAT = 1  # a stream entry of decisions, a list per decision (the first version)
+DECIDED_ROWS = 1  # a stream entry of decisions, a list per decision (the first version)
 DECIDED = 3  # a stream entry of decisions, a column at a time
 CLAIM_IDLE_MS = 60_000  # a pending entry this long unacknowledged belongs to a dead drainer
 TABLE = LedgerEntry._meta.db_table
@@ -119,11 +120,15 @@ def ledger_outcomes(
     client: RedisClient | None = None,
 ) -> bool:
     """Append what became of admitted sends: (user id, message id, outcome) with an outcome of
-    OUTCOME_NAMES. The drain writes it on the send's row: the newest decision admitting that
-    message to that user on `channel` at or after `since` (epoch seconds). `released` (its quota
-    given back) does not replace an outcome already known (a send that failed is released too)."""
+    OUTCOME_NAMES. The drain writes it on the send's rows: every decision admitting that message
+    to that user on `channel` at or after `since` (epoch seconds). `released` (its quota given
+    back) does not replace an outcome already known (a send that failed is released too).
+    ValueError for an outcome of another name, before anything is appended."""
     if not outcomes:
         return True
+    for _, _, outcome in outcomes:
+        if outcome not in OUTCOME_NAMES:
+            raise ValueError(f"unknown send outcome {outcome!r}; one of {', '.join(OUTCOME_NAMES)}")
     packed = msgspec.msgpack.encode(
         Outcomes(since_ms=round(since * 1000), channel=channel, rows=list(outcomes))
     )
@@ -138,7 +143,7 @@ def _append(packed: bytes, what: str, client: RedisClient | None) -> bool:
             maxlen=settings.GATEKEEPER_LEDGER_BUFFER_MAX,
             approximate=True,
         )
-    except redis.RedisError as exc:
+    except REDIS_DOWN as exc:
         logger.warning("%s could not be written to the ledger: %s", what, exc)
         return False
     return True
@@ -180,7 +185,7 @@ class Decided(msgspec.Struct, array_like=True, tag=DECIDED, frozen=True):
         ]  # fmt: skip
 
 
-class DecidedRows(msgspec.Struct, array_like=True, tag=FORMAT, frozen=True):
+class DecidedRows(msgspec.Struct, array_like=True, tag=DECIDED_ROWS, frozen=True):
     """The first version's entry of decisions (a list per decision): still read, so that an
     upgrade loses none of what was waiting in the stream."""
 
@@ -246,7 +251,7 @@ class Drained:
     rows: int = 0  # decisions written
     skipped: int = 0  # stream entries already written by a drainer that died before acking
     unreadable: int = 0  # stream entries no drainer can read (dropped, logged)
-    outcomes: int = 0  # send outcomes written on their rows
+    outcomes: int = 0  # rows that took a send outcome (a message admitted twice: two rows)
     unmatched: int = 0  # send outcomes whose decision the ledger does not hold
 
 
@@ -314,13 +319,15 @@ def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drai
         for found in outcomes:
             matched = outcomes_write(found)
             report.outcomes += matched
-            report.unmatched += len(found.rows) - matched
+            report.unmatched += max(len(found.rows) - matched, 0)
         LedgerBatch.objects.bulk_create(
             [LedgerBatch(stream_id=text_id) for text_id in ids if text_id not in done]
         )
         report.rows = sum(len(call.users) for call in calls)
-    client.xack(key, GROUP, *ids)
-    client.xdel(key, *ids)
+    pipe = client.pipeline(transaction=False)  # one round trip; one slot (the stream's key)
+    pipe.xack(key, GROUP, *ids)
+    pipe.xdel(key, *ids)
+    pipe.execute()
     return report
 
 
@@ -430,7 +437,7 @@ def outcomes_write(found: Outcomes) -> int:
     return matched
 
 
-def _partition(day: date) -> str:
+def partition_name(day: date) -> str:
     return f"{TABLE}_p{day:%Y%m%d}"
 
 
@@ -440,7 +447,7 @@ def partitions_ensure(days: set[date]) -> None:
     made one and rolled back, must not be taken for there."""
     with connection.cursor() as cursor:
         for day in sorted(days):
-            name = _partition(day)
+            name = partition_name(day)
             cursor.execute("SELECT to_regclass(%s)", [name])
             if cursor.fetchone()[0] is not None:
                 continue
@@ -479,6 +486,7 @@ def ledger_upkeep(*, now: datetime | None = None) -> Upkeep:
     Also forgets the ids of stream entries drained more than a day ago."""
     now = now or datetime.now(tz=UTC)
     keep_from = (now - timedelta(days=int(settings.GATEKEEPER_LEDGER_DAYS))).date()
+    cutoff = datetime.combine(keep_from, datetime.min.time(), tzinfo=UTC)
     report = Upkeep(dropped_days=[], deleted_rows=0)
     if connection.vendor == "postgresql":
         today = now.date()
@@ -486,10 +494,9 @@ def ledger_upkeep(*, now: datetime | None = None) -> Upkeep:
         for day in partitions_list():
             if day < keep_from:
                 with connection.cursor() as cursor:
-                    cursor.execute(f"DROP TABLE IF EXISTS {_partition(day)}")
+                    cursor.execute(f"DROP TABLE IF EXISTS {partition_name(day)}")
                 report.dropped_days.append(day)
     else:
-        cutoff = datetime.combine(keep_from, datetime.min.time(), tzinfo=UTC)
         while True:
             ids = list(
                 LedgerEntry.objects.filter(at__lt=cutoff).values_list("pk", flat=True)[:10_000]
@@ -497,9 +504,7 @@ def ledger_upkeep(*, now: datetime | None = None) -> Upkeep:
             if not ids:
                 break
             report.deleted_rows += LedgerEntry.objects.filter(pk__in=ids).delete()[0]
-    LedgerCount.objects.filter(
-        hour__lt=datetime.combine(keep_from, datetime.min.time(), tzinfo=UTC)
-    ).delete()
+    LedgerCount.objects.filter(hour__lt=cutoff).delete()
     LedgerBatch.objects.filter(drained_at__lt=now - timedelta(days=1)).delete()
     return report
 

@@ -352,25 +352,14 @@ class Limiter:
     ) -> int:
         """Add (channel, time ms, message id) entries to a user's log unless there already (the
         upgrade from the earlier format). Returns how many were added."""
-        args: list[Any] = [_now_arg(now), retention_ms, log.bucket_field(user_id)]
-        for channel, at_ms, message_id in entries:
-            args.extend((channel, at_ms, log.message_hash(message_id)))
-        key = log.bucket_key(self.prefix, user_id)
-        added: list[int] = []
-
-        def collect(call: Call, reply: Any) -> None:
-            added.append(int(reply))
-
-        def fail(indexes: list[int]) -> None:
-            raise ConnectionError("Redis is not answering: nothing was imported")
-
-        self.transport.run(
-            [user_id],
-            lambda batches: [Call("gk_import", [1, key, *args], batch) for batch in batches],
-            collect,
-            fail,
+        return self.restore(
+            [
+                Restored(user_id, channel, at_ms, message_id)
+                for channel, at_ms, message_id in entries
+            ],
+            retention_ms=retention_ms,
+            now=now,
         )
-        return sum(added)
 
     def restore(
         self, entries: Sequence["Restored"], *, retention_ms: int, now: float | None = None

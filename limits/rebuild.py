@@ -7,8 +7,8 @@ given back (outcome `failed` or `released`). Sends the gate charged as duplicate
 exempt transactional sends were never in a log.
 
 Users are taken in order of id, a few thousand at a time, each user whole; the limiter puts a
-batch back with one function call per bucket, grouped per node (so a cluster is rebuilt node by
-node in parallel pipelines). Putting back is idempotent (a send already in its log, by channel
+batch back with one function call per bucket, the calls of a node pipelined together (on a
+cluster, node after node). Putting back is idempotent (a send already in its log, by channel
 and message, is not added again), so a rebuild may run while the gate admits new sends, and may
 be run again.
 
@@ -23,8 +23,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
-
-from django.db.models import Q
 
 from limits.limiter import Limiter, Restored, get_limiter
 from limits.models import LedgerEntry
@@ -65,7 +63,7 @@ def _sends(since: datetime, after: int | None, limit: int) -> list[tuple[Any, ..
     whole = [row for row in rows if row[0] != last]
     if whole:
         return whole
-    return list(countable.filter(Q(user_id=last)).values_list(*fields))  # one user, whole
+    return list(countable.filter(user_id=last).values_list(*fields))  # one user, whole
 
 
 def _batches(since: datetime, after: int | None, limit: int) -> Iterator[list[tuple[Any, ...]]]:

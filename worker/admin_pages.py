@@ -4,6 +4,7 @@ user's lookup (zone and local time, quiet hours per channel, classic caps, every
 recent sends, the timeline of decisions from the ledger) and the audited quota reset, and the what-if of a draft change of caps for one
 more send of a campaign, tags and priority."""
 
+import contextlib
 import datetime as dt
 import time
 from typing import Any
@@ -305,8 +306,7 @@ def _next_slot(usage: dict[str, Any], now: float) -> str:
     wait = usage["next_slot_in"]
     if wait is None or wait <= 0:
         return "a slot is free now"
-    at = dt.datetime.fromtimestamp(now + wait, dt.UTC)
-    return f"in {ago(wait)} ({at:%Y-%m-%d %H:%M} UTC)"
+    return _wait_words(wait, now)
 
 
 def _rule_next_slot(rule: dict[str, Any], now: float, time_zone: str) -> str:
@@ -316,11 +316,16 @@ def _rule_next_slot(rule: dict[str, Any], now: float, time_zone: str) -> str:
     wait = rule["next_slot_in"]
     if rule["remaining"] > 0 or wait is None or wait <= 0:
         return "a slot is free now"
+    return _wait_words(wait, now, time_zone)
+
+
+def _wait_words(wait: float, now: float, time_zone: str | None = None) -> str:
+    """ "in 3 h 10 min (2026-11-24 21:40 UTC)", with the user's own time when `time_zone`."""
     at = dt.datetime.fromtimestamp(now + wait, dt.UTC)
-    try:
-        local = f", {at.astimezone(zone(time_zone)):%H:%M} their time"
-    except UnknownTimeZone:
-        local = ""
+    local = ""
+    if time_zone is not None:
+        with contextlib.suppress(UnknownTimeZone):  # an unknown zone: UTC alone
+            local = f", {at.astimezone(zone(time_zone)):%H:%M} their time"
     return f"in {ago(wait)} ({at:%Y-%m-%d %H:%M} UTC{local})"
 
 

@@ -263,19 +263,16 @@ class Gate:
     def release(self, *, channel: str, requests: Sequence[tuple[int, str]]) -> list[bool]:
         _checked(channel)
         removed = self.limiter.release(channel, requests)
-        if self._ledger_on():
+        released = [
+            (user_id, message_id, "released")
+            for (user_id, message_id), done in zip(requests, removed, strict=True)
+            if done
+        ]
+        if released and self._ledger_on():
             # On the ledger's rows too, so that a rebuild of the logs leaves them out; a
             # send older than the longest window has no entry to give back.
-            now = time.time()
-            self.outcomes(
-                channel=channel,
-                since=now - self.policy.table().retention_ms / 1000,
-                outcomes=[
-                    (user_id, message_id, "released")
-                    for (user_id, message_id), done in zip(requests, removed, strict=True)
-                    if done
-                ],
-            )
+            since = time.time() - self.policy.table().retention_ms / 1000
+            ledger_outcomes(channel=channel, since=since, outcomes=released)
         return removed
 
     def outcomes(

@@ -6,6 +6,7 @@ from typing import Any
 
 from celery import shared_task
 
+from gatekeeper.lib.bodies import datetime_from_text
 from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run, waiting_close
 
 logger = logging.getLogger(__name__)
@@ -17,7 +18,7 @@ def _instant(now: str | None) -> datetime | None:
     """A task's `now` (ISO 8601 with its offset, as JSON carries it), or None: the clock."""
     if now is None:
         return None
-    instant = datetime.fromisoformat(now)
+    instant = datetime_from_text(now)
     if instant.tzinfo is None:
         raise ValueError(f"now={now!r} has no UTC offset")
     return instant

@@ -20,6 +20,7 @@ Limits on what a caller sends, the same on every endpoint (docs/api.md, "Errors"
 import json
 import re
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from functools import cache
 from typing import Any, TypeVar
 
@@ -129,6 +130,17 @@ _KINDS = {
     "datetime": "a date and time",
 }
 DATETIME_WORDS = "An ISO 8601 date and time with its UTC offset: 2026-06-11T09:00:00+02:00 (or Z)."
+
+
+def datetime_from_text(text: str) -> datetime:
+    """A date and time as ISO 8601 text, as it is when it has no UTC offset (the caller refuses
+    that in its own words); ValueError naming the text when it is no date and time."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text[:40]!r} is not a date and time. {DATETIME_WORDS}") from None
+
+
 # What a pattern means, in words, for the patterns the bodies use (see `words_for_pattern`).
 _PATTERN_WORDS: dict[str, str] = {}
 

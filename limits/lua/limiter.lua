@@ -81,10 +81,11 @@ gk_usage  (flags: no-writes; one user)
   reply    { now, then per rule of each pair, in order: used, retry (ms; -1: it has room or
              never will) }
 
-gk_import  (the upgrade from the two-sorted-set logs; idempotent)
+gk_import  (the upgrade from the two-sorted-set logs, as the previous version calls it: this
+           version's processes call gk_restore; idempotent)
   KEYS[1]  the bucket; ARGV[1] now or ""; ARGV[2] retention ms; ARGV[3] field;
            then 3 per entry: channel, time ms, message hash
-  reply    the number of entries added (one already there, by channel and message, is not)
+  reply    gk_restore's, for those entries with no campaign, priority 5 and no tags
 
 gk_restore  (rebuild_logs: sends from the send ledger, after Redis lost its data; idempotent)
   KEYS[1]  the bucket; ARGV[1] now or ""; ARGV[2] retention ms;
@@ -907,28 +908,6 @@ local function usage(keys, args)
   return reply
 end
 
-local function import(keys, args)
-  if not floor then bind() end
-  local now = clock(args[1])
-  local retention, field = tonumber(args[2]), args[3]
-  local key = keys[1]
-  local values = redis.call('HMGET', key, field, EXPIRY)
-  local log = parse(values[1] or nil)
-  local added = 0
-  for p = 4, #args, 3 do
-    local channel, at, message = args[p], tonumber(args[p + 1]), message_hash(args[p + 2])
-    if at > now - retention and not entry_of(log, section_of(log, channel), message) then
-      local entry = entry_bytes(at, message, NONE, 5, '', log[2])
-      log = parse(rebuilt(log, now - retention, channel, entry, at, log[2], nil))
-      added = added + 1
-    end
-  end
-  if added > 0 then
-    write_bucket(key, {field, log[1]}, values[2] or nil, now, retention)
-  end
-  return added
-end
-
 local function restore(keys, args)
   if not floor then bind() end
   local now = clock(args[1])
@@ -959,6 +938,20 @@ local function restore(keys, args)
     write_bucket(key, flat, expiry, now, tonumber(args[2]))
   end
   return added
+end
+
+-- The earlier format's entries as gk_restore's: no campaign, priority 5, no tags. Kept for
+-- processes of the previous version still converting logs while this library is loaded.
+local function import(keys, args)
+  if not floor then bind() end
+  local rest, field = {args[1], args[2]}, args[3]
+  for p = 4, #args, 3 do
+    rest[#rest + 1] = field
+    rest[#rest + 1] = args[p]
+    rest[#rest + 1] = args[p + 1]
+    rest[#rest + 1] = message_hash(args[p + 2]) .. NONE .. char(5)
+  end
+  return restore(keys, rest)
 end
 
 local function sweep(keys, args)

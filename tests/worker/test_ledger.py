@@ -99,8 +99,8 @@ def test_a_drainer_that_dies_before_acknowledging_doubles_nothing(snapshot, redi
     report = ledger_drain()
     assert (report.entries, report.skipped, report.rows) == (1, 1, 0)
     assert [r[1] for r in rows()] == ["a", "b"]
-    # The dead drainer never counted them (its counts are the drain's, in the same
-    # transaction), and the one that took over did not count them again.
+    # The drainer that took over counted nothing again (the simulated dead one above wrote
+    # the rows only; a real one commits its counts in the same transaction as its rows).
     assert not LedgerCount.objects.exists()
     assert redis_client.xlen(key) == 0
 

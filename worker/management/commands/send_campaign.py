@@ -2,14 +2,13 @@
 
 import csv
 from collections import Counter
-from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
-from gatekeeper.lib.bodies import DATETIME_WORDS
+from gatekeeper.lib.bodies import datetime_from_text
 from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from gatekeeper.lib.words import count
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
@@ -79,12 +78,10 @@ class Command(BaseCommand):
         expires_at = None
         if options["expires_at"]:
             try:
-                expires_at = datetime.fromisoformat(options["expires_at"])
-            except ValueError:
-                raise CommandError(
-                    f"Nothing was sent. --expires-at: {options['expires_at'][:40]!r} is not a "
-                    f"date and time. {DATETIME_WORDS}"
-                ) from None
+                # Without a UTC offset, send_job_create refuses it (in the words of the API).
+                expires_at = datetime_from_text(options["expires_at"])
+            except ValueError as exc:
+                raise CommandError(f"Nothing was sent. --expires-at: {exc}") from None
         self._lines: list[int] = []  # the file line of each recipient, for error messages
         rows = list(self._read(options["recipients"]))
         try:
