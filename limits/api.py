@@ -470,7 +470,8 @@ class DecisionsReportView(JsonAPIView):
                 {"type": "string", "format": "date"},
                 f"The first UTC day (YYYY-MM-DD). Without `from` and `to`: the last "
                 f"{DEFAULT_DAYS} days, today's included; with one of them, {DEFAULT_DAYS} days "
-                "from `from` or up to `to`. The ledger keeps GATEKEEPER_LEDGER_DAYS days "
+                "from `from` or up to `to` (fewer when the ledger keeps fewer). The ledger "
+                "keeps GATEKEEPER_LEDGER_DAYS days "
                 "(today's included): a range is at most that long and starts no earlier.",
             ),
             _report_parameter(

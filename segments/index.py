@@ -57,6 +57,9 @@ class PackedBitmaps(Mapping[str, AnyFrozen]):
         data = self._packed.portable_bytes(self._position[slug])
         return deserialize(data, width=self._packed.width)
 
+    def __contains__(self, slug: object) -> bool:  # without deserialising (Mapping's would)
+        return slug in self._position
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._position)
 

@@ -124,6 +124,8 @@ def _parse_chunk(view: memoryview, start: int, limit: int, high: int) -> _Chunk:
                 if position + 2 > limit:
                     raise PortableFormatError("truncated run container")
                 run_counts[i] = _u16(view, position)
+                if run_counts[i] == 0:  # as pyroaring: a run container holds at least one run
+                    raise PortableFormatError("run container with zero runs")
                 sizes[i] = 2 + 4 * run_counts[i]
             position += int(sizes[i])
     if position > limit:

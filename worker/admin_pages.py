@@ -32,7 +32,7 @@ from limits.channels import channels, scope_label, scopes
 from limits.history import position_from_text, user_history
 from limits.ledger import ledger_enabled
 from limits.models import Cap
-from limits.policy import DEFAULT_PRIORITY, PRIORITIES, REFUSED
+from limits.policy import ADMITTED, DEFAULT_PRIORITY, PRIORITIES, REFUSED
 from limits.reports import (
     DEFAULT_DAYS,
     GROUPS,
@@ -210,7 +210,7 @@ def refused_history() -> dict[str, Any] | None:
 
 
 def dashboard(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
-    require(request, "segments.view_segment")
+    require(request, *VIEW_REPORTS)  # the dashboard: its charts and the report's download
     index = get_index()
     problems: list[str] = []
     try:
@@ -273,7 +273,6 @@ def dashboard(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         refused_csv=urlencode(
             {"group_by": ",".join(GROUPS), "reason": REFUSED}, doseq=True, safe=","
         ),
-        can_download=request.user.has_perms(VIEW_REPORTS),
         chart_data=chart_data,
         problems=problems,
     )
@@ -379,6 +378,7 @@ def _timeline(user_id: int, before: str | None, now: float) -> dict[str, Any]:
     page = user_history(user_id=user_id, limit=TIMELINE_PAGE, before=position)
     for decision in page.decisions:
         decision["ago"] = ago(now - decision["at"].timestamp())
+        decision["admitted"] = decision["reason"] in ADMITTED
     here = f"{reverse('admin:user_lookup')}?user_id={user_id}"
     return {
         "user_id": user_id,

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import redis
-from django.db.models import Max, Min, Sum
+from django.db.models import Max, Min, Q, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
@@ -473,11 +473,18 @@ def waiting_by_hour(*, now: Any = None, hours: int = 48) -> dict[str, Any]:
         .values("hour")
         .annotate(sends=Sum("size"))
     }
-    totals = _waiting().aggregate(total=Sum("size"))
-    due = _waiting().filter(not_before__lte=now).aggregate(n=Sum("size"))["n"] or 0
-    later = _waiting().filter(not_before__gte=end).aggregate(n=Sum("size"))["n"] or 0
+    totals = _waiting().aggregate(
+        total=Sum("size"),
+        due=Sum("size", filter=Q(not_before__lte=now)),
+        later=Sum("size", filter=Q(not_before__gte=end)),
+    )
     rows = []
     for i in range(hours):
         hour = first + dt.timedelta(hours=i)
         rows.append({"hour": hour, "sends": per_hour.get(hour, 0)})
-    return {"due": due, "hours": rows, "later": later, "total": totals["total"] or 0}
+    return {
+        "due": totals["due"] or 0,
+        "hours": rows,
+        "later": totals["later"] or 0,
+        "total": totals["total"] or 0,
+    }

@@ -268,3 +268,14 @@ def test_bytes_that_are_not_one_bitmap_are_refused():
     }
     with pytest.raises(SnapshotError, match="not a Roaring bitmap"):
         index_from_objects(manifest, lambda key: good[:6])
+
+
+def test_a_run_container_without_runs_is_refused():
+    import struct
+
+    # One container (cookie 12347, run flag set), key 0, cardinality 1, then zero runs.
+    empty_runs = struct.pack("<IBHHH", 12347, 1, 0, 0, 0)
+    with pytest.raises(PortableFormatError, match="zero runs"):
+        parse_portable(empty_runs, width=32)
+    one_run = struct.pack("<IBHHHHH", 12347, 1, 0, 0, 1, 5, 0)  # [5, 5]
+    assert parse_portable(one_run, width=32) is not None
