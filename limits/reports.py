@@ -170,6 +170,8 @@ def _reason_problem(value: str) -> str | None:
     return None
 
 
+# What is wrong with a value of a filter of the ledger's decisions (the report's and a user's
+# history's), in words; None: nothing.
 FILTER_PROBLEMS: dict[str, Callable[[str], str | None]] = {
     "campaign": _campaign_problem,
     "segment": _segment_problem,

@@ -1,7 +1,7 @@
 """REST views of the gate: check, release, a user's quota and decision history, and send
 jobs."""
 
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -34,6 +34,7 @@ from limits.history import (
 )
 from limits.limiter import Decision
 from limits.policy import MIN_RETENTION, REASONS
+from limits.reports import FILTER_PROBLEMS
 from limits.rules import DURATION, DURATION_WORDS
 from limits.selectors import policy_cache
 from segments.bodies import ZONE_MAX, ZONE_NAME
@@ -286,20 +287,13 @@ def _history_before(value: str | None) -> Position | None:
         raise ValidationError({"before": [str(exc)]}) from None
 
 
-def _history_campaign(value: str | None) -> str | None:
-    """`?campaign=`: that campaign's decisions (empty: those of no campaign); None: any."""
-    if value is not None and "\x00" in value:
-        # PostgreSQL text cannot hold it: no decision has it, and the query could not be sent.
-        raise ValidationError({"campaign": ["Must not contain the NUL character (\\u0000)."]})
-    return None if value is None else _quota_campaign(value)
-
-
-def _history_reason(value: str | None) -> str | None:
-    if value is not None and value not in REASONS:
-        raise ValidationError(
-            {"reason": [f"Unknown reason '{value[:40]}'. Choose one of: {', '.join(REASONS)}."]}
-        )
-    return value
+def _history_filter(params: Any, name: str) -> str | None:
+    """`?campaign=` (empty: decisions of no campaign) or `?reason=`, checked as the decisions
+    report checks them; None: any."""
+    value = params.get(name)
+    if value is not None and (problem := FILTER_PROBLEMS[name](value)):
+        raise ValidationError({name: [problem]})
+    return cast(str | None, value)
 
 
 def _history_interval(since: str | None, until: str | None) -> tuple[Any, Any]:
@@ -391,8 +385,8 @@ class HistoryView(JsonAPIView):
         channel = params.get("channel")
         if channel is not None:
             _channel(channel)
-        campaign = _history_campaign(params.get("campaign"))
-        reason = _history_reason(params.get("reason"))
+        campaign = _history_filter(params, "campaign")
+        reason = _history_filter(params, "reason")
         since, until = _history_interval(params.get("from"), params.get("to"))
         page = user_history(
             user_id=uid,
