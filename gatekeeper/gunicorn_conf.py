@@ -1,7 +1,7 @@
 """gunicorn settings for the web process (`make run`, Procfile).
 
 The app is preloaded in the master so the segment snapshot is loaded once and its bitmaps
-(C memory that Python's reference counting never touches) stay shared copy-on-write by every
+(numpy buffers that Python's reference counting never touches) stay shared copy-on-write by every
 worker. Threads do not survive fork, so each worker starts its own snapshot follower and opens
 its own Redis connections.
 """

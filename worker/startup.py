@@ -1,8 +1,8 @@
 """Start-up of processes that gate sends: load the snapshot once, follow new versions.
 
 The snapshot is loaded in the parent before it forks (gunicorn's master with preload_app,
-Celery's prefork parent), so the children share the bitmaps' memory copy-on-write: pyroaring
-keeps them in C memory that Python's reference counting never writes to. Threads and
+Celery's prefork parent), so the children share the bitmaps' memory copy-on-write: the index
+keeps them in numpy buffers that Python's reference counting never writes to. Threads and
 connection pools do not survive a fork, so each child starts its own follower and opens its
 own Redis connections.
 """
