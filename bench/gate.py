@@ -223,7 +223,7 @@ def campaign(recipients: int) -> None:
         )
         csv = Path(tmp) / "recipients.csv"
         # One send per user: ids past the demo's 200,000 listed users fall in the default segment.
-        csv.write_text("".join(f"{i},token-{i},bench-{i}\n" for i in range(recipients)))
+        csv.write_text("".join(f"{i},token-{i}\n" for i in range(recipients)))
         worker = subprocess.Popen(
             [str(Path(python).parent / "celery"), "-A", "gatekeeper", "worker", "-Q", "sends", "-c", "2",
              "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],

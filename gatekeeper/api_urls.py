@@ -28,8 +28,11 @@ from worker.api import (
     GateReleaseView,
     HistoryView,
     QuotaView,
+    SendJobCancelView,
     SendJobDetailView,
     SendJobListView,
+    SendJobPauseView,
+    SendJobResumeView,
     SendJobWaitingView,
 )
 from worker.health import healthz, readyz
@@ -64,6 +67,9 @@ v1 = [
     path("sends/", SendJobListView.as_view(), name="sends"),
     path("sends/<int:job_id>/", SendJobDetailView.as_view(), name="send"),
     path("sends/<int:job_id>/waiting/", SendJobWaitingView.as_view(), name="send-waiting"),
+    path("sends/<int:job_id>/pause/", SendJobPauseView.as_view(), name="send-pause"),
+    path("sends/<int:job_id>/resume/", SendJobResumeView.as_view(), name="send-resume"),
+    path("sends/<int:job_id>/cancel/", SendJobCancelView.as_view(), name="send-cancel"),
 ]
 
 

@@ -243,6 +243,11 @@ GATEKEEPER_PUSH_BACKEND = env.str(
 GATEKEEPER_PUSH_WEBHOOK_URL = env.str("GATEKEEPER_PUSH_WEBHOOK_URL", default="")
 # Recipients gated per gate call and per Celery task.
 GATEKEEPER_SEND_CHUNK_SIZE = env.int("GATEKEEPER_SEND_CHUNK_SIZE", default=1000)
+# A campaign file uploaded to POST /api/v1/sends/ or the admin, as sent (gzip counts compressed):
+# refused beyond this from its Content-Length. 100M recipients are about 4 GB of plain CSV.
+GATEKEEPER_SEND_FILE_MAX_UPLOAD_BYTES = env.int(
+    "GATEKEEPER_SEND_FILE_MAX_UPLOAD_BYTES", default=16 * 2**30
+)
 # A run holds its chunk this long, renewed as it goes; a killed worker's chunk is free after it.
 GATEKEEPER_CHUNK_LEASE_SECONDS = env.float("GATEKEEPER_CHUNK_LEASE_SECONDS", default=60.0)
 # A chunk handed to the broker this long ago and still not run is queued again (a lost task).

@@ -15,7 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
-from gatekeeper.lib.bodies import RequestTooLarge, decode
+from gatekeeper.lib.bodies import declared_size_checked, decode
 from gatekeeper.lib.ids import user_id_from_text, user_ids_checked
 from gatekeeper.lib.permissions import (
     ADD_SEGMENTS,
@@ -168,13 +168,11 @@ class RawListParser(BaseParser):
     media_type = "*/*"
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        request = (parser_context or {}).get("request")
-        limit = int(settings.GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES)
-        declared = request.META.get("CONTENT_LENGTH") if request is not None else None
-        if declared and declared.isascii() and declared.isdigit() and int(declared) > limit:
-            raise RequestTooLarge(
-                limit=limit, size=int(declared), reason="GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES"
-            )
+        declared_size_checked(
+            (parser_context or {}).get("request"),
+            limit=int(settings.GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES),
+            reason="GATEKEEPER_USER_LIST_MAX_UPLOAD_BYTES",
+        )
         return stream
 
 

@@ -27,6 +27,27 @@ CURRENT = "CURRENT"
 MANIFEST = "manifest.json"
 
 
+KEY_MAX = 1024  # S3's own limit on a key, in bytes
+
+
+def key_problem(key: Any) -> str | None:
+    """Why `key` cannot name an object of the store (a caller's key, such as a campaign file's),
+    or None. Keys are relative to the store's root (under its prefix): no leading slash, no `.`
+    or `..` parts, no backslash or control characters."""
+    words = (
+        f"A key in the store, relative to its root (such as campaigns/2026-11-25/blast.csv.gz), "
+        f"of at most {KEY_MAX} bytes, without . or .. parts"
+    )
+    if not isinstance(key, str) or not key or len(key.encode("utf-8", "replace")) > KEY_MAX:
+        return f"{words}."
+    parts = key.split("/")
+    if key.startswith("/") or any(part in ("", ".", "..") for part in parts):
+        return f"{words}; '{key[:80]}' is not one."
+    if "\\" in key or any(ord(c) < 32 or ord(c) == 127 for c in key):
+        return f"{words}; '{key[:80]!r}' holds a backslash or a control character."
+    return None
+
+
 class StoreError(Exception):
     """The store could not be reached or refused the operation."""
 
@@ -57,6 +78,11 @@ class SnapshotStore(ABC):
     @abstractmethod
     def get_if_changed(self, key: str, etag: str | None) -> tuple[bytes, str] | None:
         """(bytes, etag) when the object differs from `etag`, None when it is unchanged."""
+
+    @abstractmethod
+    def open(self, key: str) -> tuple[Any, int]:
+        """(a readable binary stream of the object, its size in bytes), for objects too large
+        to hold in memory (a campaign's recipients file). Raises NotFound, StoreError."""
 
     @abstractmethod
     def list_versions(self) -> list[str]:
@@ -102,6 +128,16 @@ class LocalStore(SnapshotStore):
         data = self.get(key)
         tag = hashlib.md5(data, usedforsecurity=False).hexdigest()
         return None if tag == etag else (data, tag)
+
+    def open(self, key: str) -> tuple[Any, int]:
+        path = self._path(key)
+        try:
+            handle = path.open("rb")
+            return handle, os.fstat(handle.fileno()).st_size
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise NotFound(f"{path} does not exist") from exc
+        except OSError as exc:
+            raise StoreError(f"Could not read {path}: {exc}") from exc
 
     def list_versions(self) -> list[str]:
         directory = self.root / "snapshots"
@@ -155,6 +191,10 @@ class S3Store(SnapshotStore):
             return None
         return bytes(response["Body"].read()), str(response["ETag"])
 
+    def open(self, key: str) -> tuple[Any, int]:
+        response = self._call("get_object", key)
+        return _Streamed(response["Body"], f"{self.url}/{key}"), int(response["ContentLength"])
+
     def list_versions(self) -> list[str]:
         prefix = self._key("snapshots/")
         versions: set[str] = set()
@@ -173,6 +213,26 @@ class S3Store(SnapshotStore):
         objects = [{"Key": item["Key"]} for item in response.get("Contents", [])]
         if objects:
             self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects})
+
+
+class _Streamed:
+    """An S3 object's body read in pieces; a broken connection is a StoreError, as any store
+    failure is."""
+
+    def __init__(self, body: Any, where: str) -> None:
+        self.body, self.where = body, where
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            return bytes(self.body.read(None if n is None or n < 0 else n))
+        except (BotoCoreError, OSError) as exc:
+            raise StoreError(f"Reading {self.where} failed: {exc}") from exc
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.body.close()
 
 
 def s3_client() -> Any:

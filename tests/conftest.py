@@ -8,8 +8,12 @@ so they never touch the data of a running gatekeeper.
 import os
 from collections.abc import Iterator
 
+import boto3
 import pytest
 import redis
+from moto.server import ThreadedMotoServer
+
+from tests.redis_servers import free_port
 
 TEST_REDIS_URL = os.environ.get("GATEKEEPER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server", "admin_client"}
@@ -49,3 +53,32 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     yield client
     client.flushdb()
     client.close()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_settings(settings, s3_endpoint: str, request: pytest.FixtureRequest) -> str:
+    """Point the project's settings at a fresh bucket on the S3 server; returns the store URL."""
+    bucket = f"gk-{request.node.name.lower().replace('_', '-')[:40].strip('-[]')}-{free_port()}"
+    settings.GATEKEEPER_S3_ENDPOINT_URL = s3_endpoint
+    settings.GATEKEEPER_S3_REGION = "us-east-1"
+    settings.GATEKEEPER_S3_ACCESS_KEY_ID = "test"
+    settings.GATEKEEPER_S3_SECRET_ACCESS_KEY = "test"
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
+    client.create_bucket(Bucket=bucket)
+    settings.GATEKEEPER_STORE_URL = f"s3://{bucket}/gatekeeper"
+    return settings.GATEKEEPER_STORE_URL

@@ -1,19 +1,93 @@
-"""Admin for send jobs: progress and counts, read-only; a job's waiting sends, which a user with
-`worker.cancel_sendjob` may cancel (audited in the job's history)."""
+"""Admin for send jobs: a campaign file handed over (`worker.add_sendjob`), a job's live
+progress and counts; pause, resume, cancel, and its waiting sends cancelled
+(`worker.cancel_sendjob`, each audited in the job's history)."""
 
-from typing import Any
+from typing import Any, cast
 
+from django import forms
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+    JsonResponse,
+)
 from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from gatekeeper.lib.permissions import CANCEL_SENDS
+from gatekeeper.lib.bodies import datetime_from_text
+from gatekeeper.lib.permissions import CANCEL_SENDS, SEND_CAMPAIGNS, VIEW_SEND_JOBS
 from gatekeeper.lib.words import count
-from worker.models import SendJob
-from worker.selectors import send_job_waiting
-from worker.services import send_job_cancel_waiting
+from limits.channels import channels
+from limits.policy import DEFAULT_PRIORITY, PRIORITIES
+from worker.dispatchers import template_names
+from worker.models import CAMPAIGN_MAX, SendJob
+from worker.recipients import FILE_FORMAT
+from worker.selectors import Unavailable, send_job_waiting
+from worker.services import (
+    send_job_cancel,
+    send_job_cancel_waiting,
+    send_job_from_file,
+    send_job_pause,
+    send_job_resume,
+)
+
+CONTROLS = {"pause": send_job_pause, "resume": send_job_resume, "cancel": send_job_cancel}
+
+
+class SendFileForm(forms.Form):
+    """A campaign file and its job's fields, as the REST API's multipart upload takes them."""
+
+    recipients_file = forms.FileField(
+        label="Recipients file", help_text=f"CSV, plain or gzip: {FILE_FORMAT}."
+    )
+    channel = forms.ChoiceField(choices=())
+    campaign = forms.CharField(
+        max_length=CAMPAIGN_MAX,
+        help_text="Also the start of each send's message id, <campaign>:<user_id>: a user gets "
+        "one send of a campaign.",
+    )
+    template = forms.ChoiceField(choices=(), help_text="templates/<channel>/<template>/")
+    tags = forms.CharField(
+        required=False, help_text="Comma separated; tag rules count the sends carrying them."
+    )
+    priority = forms.IntegerField(
+        min_value=PRIORITIES[0],
+        max_value=PRIORITIES[1],
+        initial=DEFAULT_PRIORITY,
+        help_text="Higher is more important; only a rule's reserve reads it.",
+    )
+    on_capped = forms.ChoiceField(choices=SendJob.OnCapped.choices, label="Capped sends")
+    on_invalid = forms.ChoiceField(choices=SendJob.OnInvalid.choices, label="Bad rows")
+    expires_at = forms.CharField(
+        required=False,
+        label="Waiting sends expire at",
+        help_text="ISO 8601 with its UTC offset (2026-06-11T09:00:00+02:00); empty: 24 hours "
+        "from now.",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cast(forms.ChoiceField, self.fields["channel"]).choices = [(c, c) for c in channels()]
+        cast(forms.ChoiceField, self.fields["template"]).choices = [
+            (t, t) for t in template_names()
+        ]
+
+    def clean_tags(self) -> list[str]:
+        return [tag.strip() for tag in self.cleaned_data["tags"].split(",") if tag.strip()]
+
+    def clean_expires_at(self) -> Any:
+        text = self.cleaned_data["expires_at"].strip()
+        if not text:
+            return None
+        try:
+            return datetime_from_text(text)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
 
 
 @admin.register(SendJob)
@@ -33,7 +107,12 @@ class SendJobAdmin(admin.ModelAdmin):
         "created_at",
     ]
     list_filter = ["status", "channel", "priority"]
-    readonly_fields = [*(f.name for f in SendJob._meta.fields), "pending"]
+    # The lease is the reading run's bookkeeping; the progress box says what it means.
+    exclude = ["prepare_lease_until"]
+    readonly_fields = [
+        *(f.name for f in SendJob._meta.fields if f.name not in ("prepare_lease_until",)),
+        "pending",
+    ]
 
     @admin.display(description="tags")
     def tags_shown(self, job: SendJob) -> str:
@@ -44,18 +123,92 @@ class SendJobAdmin(admin.ModelAdmin):
         return job.pending
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
+        return bool(request.user.has_perms(SEND_CAMPAIGNS))
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
     def get_urls(self) -> list[URLPattern]:
-        cancel = path(
-            "<int:job_id>/cancel-waiting/",
-            self.admin_site.admin_view(self.cancel_waiting_view),
-            name="worker_sendjob_cancel_waiting",
-        )
-        return [cancel, *super().get_urls()]
+        view = self.admin_site.admin_view
+        return [
+            path(
+                "<int:job_id>/cancel-waiting/",
+                view(self.cancel_waiting_view),
+                name="worker_sendjob_cancel_waiting",
+            ),
+            path(
+                "<int:job_id>/progress/",
+                view(self.progress_view),
+                name="worker_sendjob_progress",
+            ),
+            path(
+                "<int:job_id>/control/<str:action>/",
+                view(self.control_view),
+                name="worker_sendjob_control",
+            ),
+            *super().get_urls(),
+        ]
+
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Send a campaign file: the job is stored at once and read in the background; its page
+        shows the progress."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        form = SendFileForm(request.POST or None, request.FILES or None)
+        if request.method == "POST" and form.is_valid():
+            data = dict(form.cleaned_data)
+            upload = data.pop("recipients_file")
+            try:
+                job = send_job_from_file(
+                    fileobj=upload, name=upload.name, user=request.user, **data
+                )
+            except ValidationError as exc:
+                for field, problems in exc.message_dict.items():
+                    form.add_error(field if field in form.fields else None, problems)
+            except Unavailable as exc:
+                form.add_error(None, str(exc))
+            else:
+                self.log_addition(request, job, f"Sent the file {upload.name}")
+                messages.success(
+                    request,
+                    f"Send job #{job.pk}: its file is being read; nothing goes out before all "
+                    "of it is valid.",
+                )
+                return HttpResponseRedirect(reverse("admin:worker_sendjob_change", args=[job.pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Send a campaign file",
+            "form": form,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/gatekeeper/sendjob_upload.html", context)
+
+    def progress_view(self, request: HttpRequest, job_id: int) -> JsonResponse:
+        """What the job's page polls: its status, progress and counts."""
+        if not request.user.has_perms(VIEW_SEND_JOBS):
+            raise PermissionDenied
+        return JsonResponse(job_progress(get_object_or_404(SendJob, pk=job_id)))
+
+    def control_view(self, request: HttpRequest, job_id: int, action: str) -> HttpResponse:
+        """POST only (the buttons on the job's page): pause, resume or cancel the job."""
+        if action not in CONTROLS:
+            raise Http404
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not request.user.has_perms(CANCEL_SENDS):
+            raise PermissionDenied
+        job = get_object_or_404(SendJob, pk=job_id)
+        try:
+            job = CONTROLS[action](job=job, user=request.user)
+        except ValidationError as exc:
+            messages.error(request, " ".join(exc.messages))
+        else:
+            done = {"pause": "Paused", "resume": "Resumed", "cancel": "Cancelled"}[action]
+            self.log_change(request, job, f"{done} the job")
+            messages.success(request, f"{done} send job #{job.pk}: it is {job.status} now.")
+        return HttpResponseRedirect(reverse("admin:worker_sendjob_change", args=[job.pk]))
 
     def change_view(
         self,
@@ -68,6 +221,10 @@ class SendJobAdmin(admin.ModelAdmin):
         if object_id.isascii() and object_id.isdigit():
             context["waiting"] = send_job_waiting(int(object_id))
             context["can_cancel_waiting"] = request.user.has_perms(CANCEL_SENDS)
+            job = SendJob.objects.filter(pk=int(object_id)).first()
+            if job is not None:
+                context["job_progress"] = job_progress(job)
+                context["progress_url"] = reverse("admin:worker_sendjob_progress", args=[job.pk])
         return super().change_view(request, object_id, form_url, context)
 
     def cancel_waiting_view(self, request: HttpRequest, job_id: int) -> HttpResponse:
@@ -91,3 +248,29 @@ class SendJobAdmin(admin.ModelAdmin):
         self.log_change(request, job, what)  # the job's history, with who and when
         messages.success(request, f"{what}.")
         return HttpResponseRedirect(reverse("admin:worker_sendjob_change", args=[job.pk]))
+
+
+def job_progress(job: SendJob) -> dict[str, Any]:
+    """A job's progress as its page shows it (and polls it)."""
+    if job.status == SendJob.Status.PREPARING:
+        stage = (
+            f"reading the file: {job.read_bytes:,} of {job.source_bytes:,} bytes; nothing is "
+            "queued before all of it is valid"
+        )
+    elif job.status == SendJob.Status.FAILED:
+        stage = "the file was refused: nothing was sent"
+    else:
+        stage = f"{job.processed:,} of {count(job.total, 'recipient')} settled"
+        waiting = send_job_waiting(job.pk)["sends"] if not job.ended else 0
+        if waiting:
+            stage += f"; {count(waiting, 'send')} waiting for release"
+    return {
+        "id": job.pk,
+        "status": job.status,
+        "progress": job.progress,
+        "stage": stage,
+        "error": job.error,
+        "done": job.ended,
+        "paused": job.paused_at is not None,
+        "counts": {name: getattr(job, name) for name in (*SendJob.OUTCOMES, "pending")},
+    }

@@ -15,6 +15,7 @@ from gatekeeper.lib.ids import JsonUserId
 from limits.bodies import Channel, Priority, Tags
 from limits.policy import DEFAULT_PRIORITY
 from segments.bodies import TimeZone
+from segments.store import KEY_MAX
 from worker.dispatchers import TEMPLATE_NAME, template_names
 from worker.models import CAMPAIGN_MAX, EXPIRY_DEFAULT, EXPIRY_MAX, MESSAGE_ID_MAX
 
@@ -137,4 +138,53 @@ class SendJobBody(Body, kw_only=True):
             "rows are counted as `invalid`, with their reasons, and the rest is sent."
         ),
     ] = "reject"
-    recipients: Annotated[list[RecipientBody], Meta(min_length=1, max_length=SEND_LIMIT)]
+    recipients: (
+        Annotated[
+            list[RecipientBody],
+            Meta(
+                min_length=1,
+                max_length=SEND_LIMIT,
+                description="The recipients, or (for more) a file: `recipients_key`, or a "
+                "multipart/form-data upload.",
+            ),
+        ]
+        | None
+    ) = None
+    recipients_key: (
+        Annotated[
+            str,
+            Meta(
+                min_length=1,
+                max_length=KEY_MAX,
+                description="Instead of `recipients`: the key of a campaign file (CSV, plain or "
+                "gzip; docs/worker.md) in the configured store, relative to its root "
+                "(GATEKEEPER_STORE_URL), such as campaigns/2026-11-25/blast.csv.gz.",
+            ),
+        ]
+        | None
+    ) = None
+
+
+# A multipart/form-data upload: the job's fields as form fields (tags comma separated or
+# repeated), the file as the part `recipients_file`.
+FILE_PART = "recipients_file"
+FORM_LISTS = ("tags",)
+FORM_INTEGERS = ("priority",)
+
+
+def form_fields(form: Any, files: Any) -> dict[str, Any]:
+    """A multipart form's fields (a QueryDict, without its `files`) as the JSON object
+    SendJobBody reads: lists split on commas, integers as numbers when they are digits (else
+    left for the 400 to name)."""
+    fields: dict[str, Any] = {}
+    for name in form:
+        if name in files:
+            continue
+        values = form.getlist(name)
+        if name in FORM_LISTS:
+            fields[name] = [v.strip() for value in values for v in value.split(",") if v.strip()]
+        elif name in FORM_INTEGERS and len(values) == 1 and values[0].strip().isdigit():
+            fields[name] = int(values[0])
+        else:
+            fields[name] = values[-1] if len(values) == 1 else values
+    return fields

@@ -58,10 +58,11 @@ def _free(now: Any) -> Q:
 
 
 def _runnable(now: Any) -> Q:
-    """Chunks that may run at `now`: queued, due, and not leased by a live run."""
+    """Chunks that may run at `now`: queued, due, not leased by a live run, their job not
+    paused."""
     free = _free(now)
     due = Q(not_before__isnull=True) | Q(not_before__lte=now)
-    return free & due & Q(status=SendChunk.Status.QUEUED)
+    return free & due & Q(status=SendChunk.Status.QUEUED, job__paused_at__isnull=True)
 
 
 class LeaseLost(Exception):
@@ -132,6 +133,8 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None, now: Any = None) ->
             return {}
         if chunk.not_before is not None and chunk.not_before > now:
             return {}
+        if SendJob.objects.filter(pk=chunk.job_id, paused_at__isnull=False).exists():
+            return {}  # its job is paused: resuming it hands the chunk out again
         until = chunk.lease_until or now
         raise ChunkBusy(max(1.0, (until - now).total_seconds() + 1))
     try:
@@ -245,14 +248,14 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
         SendJob.objects.filter(pk=job.pk, status=SendJob.Status.QUEUED).update(
             status=SendJob.Status.RUNNING
         )
-    if chunk.kind == SendChunk.Kind.DEFERRED:
-        ended = _waiting_end(job, clock or timezone.now())
-        if ended is not None:
-            # Its job expired, or its waiting sends were cancelled, while it waited: it is
-            # not gated again. An earlier run may have sent part of it (it died or raised).
-            outcomes = _closing_outcomes(chunk, ended, earlier_runs=chunk.runs > 1)
-            _close(chunk, ended, outcomes)
-            return dict(outcomes)
+    ended = _chunk_end(job, chunk.kind, clock or timezone.now())
+    if ended is not None:
+        # Its job was cancelled, or (a waiting chunk) expired or had its waiting sends
+        # cancelled: it is not gated again. An earlier run may have sent part of it (it died or
+        # raised).
+        outcomes = _closing_outcomes(chunk, ended, earlier_runs=chunk.runs > 1)
+        _close(chunk, ended, outcomes)
+        return dict(outcomes)
     # Before gating: a missing template or a dispatcher that cannot start fails the chunk
     # without charging anybody's quota.
     renderer = Renderer(channel=job.channel, template=job.template, campaign=job.campaign)
@@ -332,7 +335,7 @@ def _count_on_job(job: SendJob, outcomes: Counter[str]) -> None:
     for outcome, count in outcomes.items():
         setattr(job, outcome, getattr(job, outcome) + count)
     if job.processed >= job.total:
-        job.status = SendJob.Status.DONE
+        job.status = SendJob.Status.CANCELLED if job.cancelled_at else SendJob.Status.DONE
     job.save()
 
 
@@ -434,6 +437,15 @@ def chunks_due(*, now: Any = None) -> list[int]:
     return ids
 
 
+def chunks_runnable(*, job_id: int, now: Any = None) -> list[int]:
+    """A job's chunks that may run now (a resumed job's), marked as handed out now."""
+    now = now or timezone.now()
+    runnable = SendChunk.objects.filter(_runnable(now), job_id=job_id)
+    ids = list(runnable.order_by("pk").values_list("pk", flat=True))
+    SendChunk.objects.filter(pk__in=ids).update(queued_at=now)
+    return ids
+
+
 # --- waiting sends: expiry and cancelling ----------------------------------------------------
 
 
@@ -446,9 +458,19 @@ def _waiting_end(job: SendJob, now: Any) -> str | None:
     return CANCELLED if cancelled_at is not None else None
 
 
+def _chunk_end(job: SendJob, kind: str, now: Any) -> str | None:
+    """How a chunk of `kind` ends at `now` without being gated: every chunk of a cancelled job
+    as CANCELLED; a waiting one as its waiting sends end (_waiting_end); else None."""
+    if kind == SendChunk.Kind.DEFERRED:
+        return _waiting_end(job, now)
+    return CANCELLED if job.cancelled_at is not None else None
+
+
 def _ended(now: Any) -> Q:
-    """Jobs whose waiting sends end at `now` (a SendChunk lookup)."""
-    return Q(job__expires_at__lte=now) | Q(job__waiting_cancelled_at__isnull=False)
+    """Chunks that end at `now` without being gated (a SendChunk lookup): the waiting ones of
+    jobs that expired or had their waiting sends cancelled, and every chunk of a cancelled job."""
+    waiting_ended = Q(job__expires_at__lte=now) | Q(job__waiting_cancelled_at__isnull=False)
+    return Q(kind=SendChunk.Kind.DEFERRED) & waiting_ended | Q(job__cancelled_at__isnull=False)
 
 
 def waiting_close(*, now: Any = None, job_id: int | None = None) -> Counter[str]:
@@ -462,9 +484,7 @@ def waiting_close(*, now: Any = None, job_id: int | None = None) -> Counter[str]
     must answer for that, else it is left for the next call. A chunk a live run holds is left
     to that run, which settles it (its new deferrals are expired or cancelled then)."""
     now = now or timezone.now()
-    waiting = SendChunk.objects.filter(
-        _ended(now), kind=SendChunk.Kind.DEFERRED, status=SendChunk.Status.QUEUED
-    )
+    waiting = SendChunk.objects.filter(_ended(now), status=SendChunk.Status.QUEUED)
     if job_id is not None:
         waiting = waiting.filter(job_id=job_id)
     free = _free(now)
@@ -476,8 +496,8 @@ def waiting_close(*, now: Any = None, job_id: int | None = None) -> Counter[str]
         if not lease.take_to_close(now):
             continue
         chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
-        how = _waiting_end(chunk.job, now)
-        if how is None:  # cannot be: the job's expiry and cancel are never undone
+        how = _chunk_end(chunk.job, chunk.kind, now)
+        if how is None:  # cannot be: the job's expiry and cancels are never undone
             lease.give_back()
             continue
         try:
@@ -496,22 +516,23 @@ def _close_never_run(job_id: int, chunks: Any, now: Any) -> Counter[str]:
     Their rows are locked too: a run taking one meanwhile finds it closed and does nothing."""
     with transaction.atomic():
         job = SendJob.objects.select_for_update().get(pk=job_id)
-        how = _waiting_end(job, now)
-        if how is None:
+        outcomes: Counter[str] = Counter()
+        closing: dict[str, list[int]] = {}  # how -> chunk ids
+        for pk, size, kind in chunks.select_for_update().values_list("pk", "size", "kind"):
+            how = _chunk_end(job, kind, now)
+            if how is not None:
+                closing.setdefault(how, []).append(pk)
+                outcomes[how] += size
+        if not outcomes:
             return Counter()
-        found = list(chunks.select_for_update().values_list("pk", "size"))
-        if not found:
-            return Counter()
-        status = SendChunk.Status(how)  # expired or cancelled, as the outcome
-        SendChunk.objects.filter(pk__in=[pk for pk, _ in found]).update(
-            status=status, lease_until=None
-        )
-        outcomes = Counter({how: sum(size for _, size in found)})
+        for how, ids in closing.items():
+            status = SendChunk.Status(how)  # expired or cancelled, as the outcome
+            SendChunk.objects.filter(pk__in=ids).update(status=status, lease_until=None)
         reasons = Counter(job.reasons)
         reasons.update(outcomes)
         job.reasons = dict(reasons)
         _count_on_job(job, outcomes)
-    logger.info("Job %s: %d waiting sends %s", job_id, outcomes[how], how)
+    logger.info("Job %s: %s", job_id, ", ".join(f"{n} sends {how}" for how, n in outcomes.items()))
     return outcomes
 
 

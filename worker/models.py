@@ -46,10 +46,13 @@ class SendJob(models.Model):
     """
 
     class Status(models.TextChoices):
+        PREPARING = "preparing", "preparing: its file is being read; nothing is queued yet"
         QUEUED = "queued"
         RUNNING = "running"
+        PAUSED = "paused", "paused: no chunk is handed out until it is resumed"
         DONE = "done"
-        FAILED = "failed"
+        CANCELLED = "cancelled", "cancelled: what had not gone out never will"
+        FAILED = "failed", "failed: its file was refused and nothing was sent"
 
     class OnCapped(models.TextChoices):
         DROP = "drop", "drop capped sends"
@@ -119,7 +122,43 @@ class SendJob(models.Model):
         related_name="+",
     )
     invalid_rows = models.JSONField(
-        default=list, blank=True, help_text="The first 100 invalid rows: row, field, message."
+        default=list,
+        blank=True,
+        help_text="The first 100 invalid rows: row, field, message (and line, from a file).",
+    )
+    # A job handed over as a file (an upload, or an object in the store): read in the
+    # background while the job is `preparing`, its recipients staged in chunks that are queued
+    # only once the whole file is read and valid.
+    file = models.FileField(
+        upload_to="send-files/",
+        blank=True,
+        help_text="An uploaded recipients file, kept until it is read.",
+    )
+    source = models.CharField(
+        max_length=1024,
+        blank=True,
+        help_text="Where the recipients came from: the uploaded file's name, or store:<key>.",
+    )
+    source_bytes = models.BigIntegerField(
+        default=0, help_text="The recipients file's size, as handed over (0: not a file)."
+    )
+    read_bytes = models.BigIntegerField(default=0, help_text="Of it, read so far.")
+    error = models.TextField(blank=True, help_text="Why the job failed (its file was refused).")
+    prepare_lease_until = models.DateTimeField(
+        null=True, blank=True, help_text="A run reads the file until then (renewed as it reads)."
+    )
+    paused_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the whole job was cancelled: nothing more of it goes out.",
+    )
+    cancelled_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
     )
     reasons = models.JSONField(default=dict, blank=True, help_text="Gate decisions by reason.")
     segments = models.JSONField(default=dict, blank=True, help_text="Gate decisions by segment.")
@@ -131,7 +170,9 @@ class SendJob(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        permissions = [("cancel_sendjob", "Can cancel a send job's waiting sends")]
+        permissions = [
+            ("cancel_sendjob", "Can pause, resume and cancel a send job, or its waiting sends")
+        ]
 
     def __str__(self) -> str:
         return f"{self.campaign} ({self.channel}, {count(self.total, 'recipient')})"
@@ -147,7 +188,16 @@ class SendJob(models.Model):
 
     @property
     def progress(self) -> int:
+        """Percent: of the file read while the job is preparing, else of its recipients settled."""
+        if self.status == self.Status.PREPARING:
+            return (
+                min(99, int(100 * self.read_bytes / self.source_bytes)) if self.source_bytes else 0
+            )
         return 100 if not self.total else min(100, int(100 * self.processed / self.total))
+
+    @property
+    def ended(self) -> bool:
+        return self.status in (self.Status.DONE, self.Status.CANCELLED, self.Status.FAILED)
 
 
 class SendChunk(models.Model):
@@ -157,6 +207,7 @@ class SendChunk(models.Model):
         QUEUED = "queued"
         DONE = "done"
         FAILED = "failed"
+        STAGED = "staged"  # read from its job's file, which is still being read: not queued yet
         EXPIRED = "expired"  # waiting when its job expired: its unsent recipients expired
         CANCELLED = "cancelled"  # waiting when its job's waiting sends were cancelled
 

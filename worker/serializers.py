@@ -181,7 +181,12 @@ class HistorySerializer(serializers.Serializer):
 
 
 class InvalidRowSerializer(serializers.Serializer):
-    row = serializers.IntegerField(help_text="Its position in `recipients`, from 0.")
+    row = serializers.IntegerField(
+        help_text="Its position in `recipients` (or the file's), from 0."
+    )
+    line = serializers.IntegerField(
+        required=False, help_text="From a file: its line, from 1 (a header line counts)."
+    )
     field = serializers.CharField()
     message = serializers.CharField()
 
@@ -211,9 +216,24 @@ class SendJobSerializer(serializers.Serializer):
     on_capped = serializers.ChoiceField(choices=SendJob.OnCapped.choices)
     on_invalid = serializers.ChoiceField(choices=SendJob.OnInvalid.choices)
     status = serializers.ChoiceField(choices=SendJob.Status.choices)
-    total = serializers.IntegerField(help_text="Recipients handed over, invalid rows included.")
+    total = serializers.IntegerField(
+        help_text="Recipients handed over, invalid rows included (0 while a file is read)."
+    )
     processed = serializers.IntegerField(help_text="Recipients with a final outcome.")
-    progress = serializers.IntegerField(help_text="Percent of recipients with a final outcome.")
+    progress = serializers.IntegerField(
+        help_text="Percent: while `preparing`, of the file read; then of recipients with a final "
+        "outcome."
+    )
+    source = serializers.CharField(  # type: ignore[assignment]
+        help_text="A file's name as uploaded, or store:<key>; empty for recipients listed in JSON."
+    )
+    source_bytes = serializers.IntegerField(help_text="The file's size as handed over.")
+    read_bytes = serializers.IntegerField(help_text="Of it, read so far.")
+    error = serializers.CharField(
+        help_text="Why a `failed` job's file was refused (the lines named); nothing was sent."
+    )
+    paused_at = serializers.DateTimeField(allow_null=True, help_text="null: not paused.")
+    cancelled_at = serializers.DateTimeField(allow_null=True, help_text="null: not cancelled.")
     sent = serializers.IntegerField()
     failed = serializers.IntegerField(help_text="Did not go out and will not; quota given back.")
     capped = serializers.IntegerField(help_text="Refused by the gate and not deferred.")

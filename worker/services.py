@@ -11,42 +11,39 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.files import File
 from django.db import transaction
 from django.template import TemplateDoesNotExist
 from django.utils import timezone
 
-from gatekeeper.lib.bodies import DATETIME_WORDS, json_value_problem
-from gatekeeper.lib.ids import max_user_id, user_id_from_json
-from gatekeeper.lib.zones import UnknownTimeZone, zone
+from gatekeeper.lib.bodies import DATETIME_WORDS
 from limits.channels import validate_channel
 from limits.limiter import get_limiter
 from limits.models import QuotaReset
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
 from limits.rules import tags_problem
+from segments.store import NotFound, StoreError, key_problem, store_from_settings
 from worker import tasks
-from worker.chunks import waiting_close
-from worker.dispatchers import (
-    TEMPLATE_NAME_RE,
-    TEMPLATE_NAME_WORDS,
-    dispatcher_class,
-    template_check,
-)
+from worker.chunks import chunks_runnable, waiting_close
+from worker.dispatchers import TEMPLATE_NAME_RE, TEMPLATE_NAME_WORDS, template_check
 from worker.gate import MARKETING, validate_category
 from worker.models import (
     CAMPAIGN_MAX,
     EXPIRY_MAX,
-    MESSAGE_ID_MAX,
     SendChunk,
     SendJob,
     expiry_default,
 )
+from worker.preparing import (
+    INVALID_ROWS_KEPT,
+    REJECTED_ROWS_SHOWN,
+    STORE_PREFIX,
+    file_removed_on_commit,
+)
+from worker.recipients import FileError, RecipientRules, RowError, line_words, recipient_lines
 from worker.selectors import Unavailable, user_quota
 
 logger = logging.getLogger(__name__)
-
-CONTEXT_DEPTH = 16  # levels of arrays and objects a recipient's template context may nest
-INVALID_ROWS_KEPT = 100  # invalid rows kept on a job (with on_invalid: skip) to show why
-REJECTED_ROWS_SHOWN = 20  # bad rows named in a 400 (with on_invalid: reject)
 
 
 def send_job_create(
@@ -76,6 +73,242 @@ def send_job_create(
     `on_invalid="reject"`; with "skip" it is counted as `invalid`, its reason kept on the job,
     and the rest goes out.
     """
+    fields = _job_fields(
+        channel=channel,
+        campaign=campaign,
+        template=template,
+        category=category,
+        on_capped=on_capped,
+        on_invalid=on_invalid,
+        tags=tags,
+        priority=priority,
+        expires_at=expires_at,
+        user=user,
+    )
+    rows, invalid, repeats = _rows(recipients, campaign=campaign, channel=channel)
+    if not rows and not invalid:
+        raise ValidationError({"recipients": "There are no recipients."})
+    if invalid and on_invalid == SendJob.OnInvalid.REJECT:
+        raise ValidationError(
+            {
+                f"recipients[{bad['row']}].{bad['field']}": bad["message"]
+                for bad in invalid[:REJECTED_ROWS_SHOWN]
+            }
+        )
+    size = settings.GATEKEEPER_SEND_CHUNK_SIZE
+    with transaction.atomic():
+        job = SendJob.objects.create(
+            **fields,
+            total=len(rows) + len(invalid) + repeats,
+            invalid=len(invalid),
+            duplicate=repeats,
+            invalid_rows=invalid[:INVALID_ROWS_KEPT],
+            status=SendJob.Status.QUEUED if rows else SendJob.Status.DONE,
+        )
+        chunks = SendChunk.objects.bulk_create(
+            SendChunk(job=job, recipients=rows[i : i + size], size=len(rows[i : i + size]))
+            for i in range(0, len(rows), size)
+        )
+        ids = [chunk.pk for chunk in chunks]
+        # Handed over now (to the broker, or to the caller that runs them with queue=False):
+        # send_chunks_due leaves them alone unless they are still waiting much later.
+        SendChunk.objects.filter(pk__in=ids).update(queued_at=timezone.now())
+        if queue and ids:
+            # robust: a broker outage here leaves the chunks for beat's send_chunks_due, not
+            # an error after the job was stored.
+            transaction.on_commit(lambda: tasks.send_chunks(ids), robust=True)
+    return job
+
+
+HEAD_LINES = 1000  # lines of a file checked while its caller waits (the rest in the background)
+
+
+def send_job_from_file(
+    *,
+    fileobj: Any = None,
+    name: str = "",
+    key: str | None = None,
+    queue: bool = True,
+    keep_upload: bool = True,
+    **job: Any,
+) -> SendJob:
+    """Hand over a campaign whose recipients are a file (worker/recipients.py says its format):
+    an upload (`fileobj`, a binary stream such as an uploaded file, with its `name`), or `key`, an
+    object in the configured store. `job` takes send_job_create's other arguments.
+
+    The job's fields and the file's first HEAD_LINES lines are checked here (a ValidationError
+    naming `recipients_file` or `recipients_key` with the line); the job is stored as
+    `preparing` and, with `queue`, `send_job_prepare` is queued once the transaction commits.
+    That reads the whole file in the background, staging it in chunks, and queues them once all
+    of it is valid; a bad line found then fails the job with its line named (nothing is sent).
+    An upload is kept (in the media storage) until it is read; with `keep_upload=False` the
+    caller reads it itself (`send_job_prepare_run(stream=...)`, as `send_campaign` does)."""
+    job.setdefault("category", MARKETING)
+    job.setdefault("on_capped", SendJob.OnCapped.DROP)
+    job.setdefault("on_invalid", SendJob.OnInvalid.REJECT)
+    job.setdefault("tags", ())
+    job.setdefault("priority", DEFAULT_PRIORITY)
+    job.setdefault("expires_at", None)
+    job.setdefault("user", None)
+    fields = _job_fields(**job)
+    if (fileobj is None) == (key is None):
+        raise ValidationError({"recipients_file": "Give the recipients as a file or a store key."})
+    field = "recipients_key" if key is not None else "recipients_file"
+    if key is not None:
+        problem = key_problem(key)
+        if problem:
+            raise ValidationError({field: problem})
+        try:
+            stream, size = store_from_settings().open(key)
+        except NotFound:
+            raise ValidationError({field: f"There is no object '{key}' in the store."}) from None
+        except StoreError as exc:
+            raise Unavailable(f"The store could not be read: {exc}") from exc
+        try:
+            _head_checked(stream, fields, field)
+        finally:
+            stream.close()
+        source = f"{STORE_PREFIX}{key}"
+    else:
+        size = _size(fileobj)
+        _head_checked(fileobj, fields, field)
+        fileobj.seek(0)
+        source = (name or "recipients.csv")[:1024]
+    with transaction.atomic():
+        job_row = SendJob(
+            **fields, status=SendJob.Status.PREPARING, source=source, source_bytes=size
+        )
+        if fileobj is not None and keep_upload:
+            job_row.file.save(_storage_name(source), File(fileobj), save=False)
+        job_row.save()
+        if queue:
+            transaction.on_commit(lambda: tasks.send_job_prepare.delay(job_row.pk), robust=True)
+    return job_row
+
+
+def _size(fileobj: Any) -> int:
+    size = getattr(fileobj, "size", None)
+    if size is None:
+        fileobj.seek(0, 2)
+        size = fileobj.tell()
+        fileobj.seek(0)
+    return int(size)
+
+
+def _storage_name(name: str) -> str:
+    base = "".join(c if c.isalnum() or c in "._-" else "_" for c in name.rsplit("/", 1)[-1])
+    return base[-100:] or "recipients.csv"
+
+
+def _head_checked(stream: Any, fields: dict[str, Any], field: str) -> None:
+    """The first HEAD_LINES lines of a campaign file, as its reading will check them: a
+    ValidationError naming `field` and the lines (bad rows only with on_invalid: reject)."""
+    rules = RecipientRules(channel=fields["channel"], campaign=fields["campaign"])
+    bad: list[str] = []
+    try:
+        for i, line in enumerate(recipient_lines(stream, rules)):
+            if line.error is not None and fields["on_invalid"] == SendJob.OnInvalid.REJECT:
+                bad.append(line_words(line.number, line.error.field, line.error.message))
+            if i + 1 >= HEAD_LINES or len(bad) >= REJECTED_ROWS_SHOWN:
+                break
+    except FileError as exc:
+        raise ValidationError({field: exc.messages}) from None
+    if bad:
+        raise ValidationError({field: bad})
+
+
+def send_job_pause(*, job: SendJob, user: Any = None) -> SendJob:
+    """Stop handing out the job's chunks until it is resumed: a chunk being gated or sent at
+    this moment finishes; the others stay queued (a job still being read is read to the end and
+    then waits). Waiting sends still expire at the job's expiry. Idempotent."""
+    with transaction.atomic():
+        locked = SendJob.objects.select_for_update().get(pk=job.pk)
+        _not_ended(locked, "paused")
+        if locked.paused_at is None:
+            locked.paused_at = timezone.now()
+            if locked.status != SendJob.Status.PREPARING:
+                locked.status = SendJob.Status.PAUSED
+            locked.save(update_fields=["paused_at", "status", "updated_at"])
+    logger.info("Job %s paused by %s", job.pk, _who(user))
+    return locked
+
+
+def send_job_resume(*, job: SendJob, user: Any = None, queue: bool = True) -> SendJob:
+    """Hand out a paused job's chunks again (those due now; deferred ones at their release)."""
+    now = timezone.now()
+    with transaction.atomic():
+        locked = SendJob.objects.select_for_update().get(pk=job.pk)
+        _not_ended(locked, "resumed")
+        ids: list[int] = []
+        if locked.paused_at is not None:
+            locked.paused_at = None
+            if locked.status == SendJob.Status.PAUSED:
+                locked.status = (
+                    SendJob.Status.RUNNING if locked.processed else SendJob.Status.QUEUED
+                )
+            locked.save(update_fields=["paused_at", "status", "updated_at"])
+            ids = chunks_runnable(job_id=locked.pk, now=now)
+        if queue and ids:
+            transaction.on_commit(lambda: tasks.send_chunks(ids), robust=True)
+    logger.info("Job %s resumed by %s: %d chunks handed out", job.pk, _who(user), len(ids))
+    return locked
+
+
+def send_job_cancel(*, job: SendJob, user: Any = None) -> SendJob:
+    """Cancel the whole job: nothing of it goes out from now on. Its queued and waiting sends
+    count as `cancelled` (a chunk a run took before is settled by its claims, as a given-up
+    chunk is); a chunk being gated or sent at this moment finishes, and its deferrals are
+    cancelled. A job still being read stops reading. Idempotent; the job is `cancelled` once
+    every send has its outcome."""
+    now = timezone.now()
+    with transaction.atomic():
+        locked = SendJob.objects.select_for_update().get(pk=job.pk)
+        if locked.status in (SendJob.Status.DONE, SendJob.Status.FAILED):
+            raise ValidationError({"status": f"The job is {locked.status}: nothing to cancel."})
+        if locked.cancelled_at is None:
+            locked.cancelled_at = now
+            locked.cancelled_by = user if user is not None and user.is_authenticated else None
+            if locked.waiting_cancelled_at is None:
+                locked.waiting_cancelled_at = now
+                locked.waiting_cancelled_by = locked.cancelled_by
+            locked.paused_at = None
+            reading = locked.prepare_lease_until is not None and locked.prepare_lease_until > now
+            if locked.status == SendJob.Status.PREPARING and not reading:
+                # No run reads its file: cancelled here (a run would stop at its next stage).
+                SendChunk.objects.filter(job=locked, status=SendChunk.Status.STAGED).delete()
+                locked.status = SendJob.Status.CANCELLED
+                file_removed_on_commit(locked)
+            locked.save()
+    if locked.status != SendJob.Status.PREPARING:
+        waiting_close(now=now, job_id=job.pk)
+    logger.info("Job %s cancelled by %s", job.pk, _who(user))
+    job.refresh_from_db()
+    return job
+
+
+def _not_ended(job: SendJob, what: str) -> None:
+    if job.ended or job.cancelled_at is not None:
+        raise ValidationError({"status": f"The job is {job.status}: it cannot be {what}."})
+
+
+def _who(user: Any) -> str:
+    return getattr(user, "username", None) or "a command"
+
+
+def _job_fields(
+    *,
+    channel: str,
+    campaign: str,
+    template: str,
+    category: str,
+    on_capped: str,
+    on_invalid: str,
+    tags: Iterable[str],
+    priority: int,
+    expires_at: datetime | None,
+    user: Any,
+) -> dict[str, Any]:
+    """A new job's fields, each checked: a ValidationError naming the first bad one."""
     try:
         validate_channel(channel)
     except ValidationError as exc:
@@ -113,48 +346,18 @@ def send_job_create(
         raise ValidationError(
             {"template": f"No {channel} template '{template}' (missing {exc})."}
         ) from exc
-    rows, invalid, repeats = _rows(recipients, campaign=campaign, channel=channel)
-    if not rows and not invalid:
-        raise ValidationError({"recipients": "There are no recipients."})
-    if invalid and on_invalid == SendJob.OnInvalid.REJECT:
-        raise ValidationError(
-            {
-                f"recipients[{bad['row']}].{bad['field']}": bad["message"]
-                for bad in invalid[:REJECTED_ROWS_SHOWN]
-            }
-        )
-    size = settings.GATEKEEPER_SEND_CHUNK_SIZE
-    with transaction.atomic():
-        job = SendJob.objects.create(
-            channel=channel,
-            campaign=campaign,
-            template=template,
-            category=category,
-            tags=list(job_tags),
-            priority=priority,
-            on_capped=on_capped,
-            on_invalid=on_invalid,
-            expires_at=expiry,
-            total=len(rows) + len(invalid) + repeats,
-            invalid=len(invalid),
-            duplicate=repeats,
-            invalid_rows=invalid[:INVALID_ROWS_KEPT],
-            status=SendJob.Status.QUEUED if rows else SendJob.Status.DONE,
-            created_by=user if user is not None and user.is_authenticated else None,
-        )
-        chunks = SendChunk.objects.bulk_create(
-            SendChunk(job=job, recipients=rows[i : i + size], size=len(rows[i : i + size]))
-            for i in range(0, len(rows), size)
-        )
-        ids = [chunk.pk for chunk in chunks]
-        # Handed over now (to the broker, or to the caller that runs them with queue=False):
-        # send_chunks_due leaves them alone unless they are still waiting much later.
-        SendChunk.objects.filter(pk__in=ids).update(queued_at=timezone.now())
-        if queue and ids:
-            # robust: a broker outage here leaves the chunks for beat's send_chunks_due, not
-            # an error after the job was stored.
-            transaction.on_commit(lambda: tasks.send_chunks(ids), robust=True)
-    return job
+    return {
+        "channel": channel,
+        "campaign": campaign,
+        "template": template,
+        "category": category,
+        "tags": list(job_tags),
+        "priority": priority,
+        "on_capped": on_capped,
+        "on_invalid": on_invalid,
+        "expires_at": expiry,
+        "created_by": user if user is not None and user.is_authenticated else None,
+    }
 
 
 def _expiry_checked(expires_at: Any) -> Any:
@@ -196,85 +399,38 @@ def _rows(
     A row repeating an earlier row's message id for the same user is a repeat: the user gets
     one send, and the repeat counts as a duplicate. The same message id for another user is
     invalid: one of the two sends would be lost."""
-    address_problem = dispatcher_class(channel).address_problem
-    maximum = max_user_id()
+    rules = RecipientRules(channel=channel, campaign=campaign)
     first_use: dict[str, tuple[int, int]] = {}  # message id -> (row, user id)
     rows: list[dict[str, Any]] = []
     invalid: list[dict[str, Any]] = []
     repeats = 0
     for i, row in enumerate(recipients):
         try:
-            recipient = _recipient(row, campaign, address_problem, maximum)
+            if not isinstance(row, Mapping):
+                raise RowError("user_id", "A recipient is an object with user_id and address.")
+            recipient = rules.recipient(
+                row.get("user_id"),
+                row.get("address"),
+                message_id=row.get("message_id"),
+                context=row.get("context"),
+                time_zone=row.get("time_zone"),
+            )
             message_id, user_id = recipient["message_id"], recipient["user_id"]
             if message_id in first_use:
                 first, first_user = first_use[message_id]
                 if first_user == user_id:
                     repeats += 1
                     continue
-                raise _RowError(
+                raise RowError(
                     "message_id",
                     f"'{message_id}' is the message id of recipients[{first}], another user; "
                     "each send needs its own.",
                 )
             first_use[message_id] = (i, user_id)
             rows.append(recipient)
-        except _RowError as exc:
+        except RowError as exc:
             invalid.append({"row": i, "field": exc.field, "message": exc.message})
     return rows, invalid, repeats
-
-
-class _RowError(Exception):
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field, self.message = field, message
-
-
-def _recipient(
-    row: Mapping[str, Any], campaign: str, address_problem: Any, maximum: int
-) -> dict[str, Any]:
-    if not isinstance(row, Mapping):
-        raise _RowError("user_id", "A recipient is an object with user_id and address.")
-    try:
-        user_id = user_id_from_json(row.get("user_id"), maximum=maximum)
-    except ValueError as exc:
-        raise _RowError("user_id", str(exc)) from None
-    address = row.get("address")
-    if not isinstance(address, str) or not address:
-        raise _RowError("address", "An email address or push token is required.")
-    problem = address_problem(address)
-    if problem:
-        raise _RowError("address", problem)
-    message_id = row.get("message_id") or f"{campaign}:{user_id}"
-    if not isinstance(message_id, str) or len(message_id) > MESSAGE_ID_MAX:
-        raise _RowError(
-            "message_id", f"A message id is a string of at most {MESSAGE_ID_MAX} characters."
-        )
-    if "\x00" in message_id:
-        raise _RowError("message_id", "Must not contain the NUL character (\\u0000).")
-    context = row.get("context") or {}
-    if not isinstance(context, dict):
-        raise _RowError("context", "Must be an object (the template's variables).")
-    # Most sends of a campaign carry no variables of their own: nothing to walk.
-    problem = json_value_problem(context, max_depth=CONTEXT_DEPTH) if context else None
-    if problem:
-        raise _RowError("context", problem)
-    recipient = {
-        "user_id": user_id,
-        "address": address,
-        "message_id": message_id,
-        "context": context,
-    }
-    time_zone = row.get("time_zone")
-    if time_zone is not None:
-        # Kept only when given: most rows have none, and chunks stay small without it.
-        if not isinstance(time_zone, str):
-            raise _RowError("time_zone", "An IANA time zone name, such as Europe/Paris.")
-        try:
-            zone(time_zone)
-        except UnknownTimeZone as exc:
-            raise _RowError("time_zone", str(exc)) from None
-        recipient["time_zone"] = time_zone
-    return recipient
 
 
 def send_job_cancel_waiting(*, job: SendJob, user: Any = None, now: Any = None) -> SendJob:

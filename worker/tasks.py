@@ -8,6 +8,7 @@ from celery import shared_task
 
 from gatekeeper.lib.bodies import datetime_from_text
 from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run, waiting_close
+from worker.preparing import jobs_preparing_stalled, send_job_prepare_run
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,16 @@ def send_chunk(self: Any, chunk_id: int, now: str | None = None) -> dict[str, in
         raise self.retry(exc=exc, countdown=min(600, 5 * 2**self.request.retries)) from exc
 
 
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def send_job_prepare(job_id: int) -> int:
+    """Read a job's recipients file into staged chunks, then queue them (worker.preparing).
+    Redelivered after a worker dies: the next run reads the file again from the start. Returns
+    how many chunks it queued."""
+    ids = send_job_prepare_run(job_id=job_id)
+    send_chunks(ids)
+    return len(ids)
+
+
 def send_chunks(chunk_ids: list[int], *, now: str | None = None) -> None:
     """Queue a task per chunk (with `now`, each is run at that instant)."""
     for chunk_id in chunk_ids:
@@ -69,7 +80,8 @@ def send_chunks(chunk_ids: list[int], *, now: str | None = None) -> None:
 @shared_task
 def send_chunks_due(now: str | None = None) -> int:
     """Beat, every 10 s: end the waiting sends of jobs that expired or were cancelled (whatever
-    their release), then queue deferred and retried chunks whose time has come, and lost ones.
+    their release), hand out again the files no run reads, then queue deferred and retried
+    chunks whose time has come, and lost ones.
     Returns how many chunks it queued.
 
     `now` (tests, replays; ISO 8601 with its offset) judges expiry and due dates at that instant
@@ -80,6 +92,8 @@ def send_chunks_due(now: str | None = None) -> int:
     except Exception:
         # Closing ended waiting sends can wait for the next tick; queueing due chunks cannot.
         logger.exception("Could not end the waiting sends of expired or cancelled jobs")
+    for job_id in jobs_preparing_stalled(now=instant):
+        send_job_prepare.delay(job_id)
     ids = chunks_due(now=instant)
     send_chunks(ids, now=now)
     return len(ids)

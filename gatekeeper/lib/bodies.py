@@ -52,6 +52,14 @@ class RequestTooLarge(APIException):
         super().__init__(f"{size_text}this endpoint takes at most {limit:,} bytes{reason_text}.")
 
 
+def declared_size_checked(request: Any, *, limit: int, reason: str) -> None:
+    """Refuse (413) a body whose Content-Length says it is larger than `limit`, before a byte
+    of it is read; `reason` names the setting or limit."""
+    declared = request.META.get("CONTENT_LENGTH") if request is not None else None
+    if declared and declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise RequestTooLarge(limit=limit, size=int(declared), reason=reason)
+
+
 class JsonBodyParser(BaseParser):
     """Hands the view the body as bytes, read only up to the view's `max_body_bytes`: a body
     above it is refused from its Content-Length before a byte is read, and one that lies about

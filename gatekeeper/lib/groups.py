@@ -1,8 +1,8 @@
 """The two admin groups marketers are put in, and what each may do.
 
 - Marketer: edit segments, user lists, caps, cap rules and quiet hours; build, publish and roll
-  back snapshots; reset a user's quota; cancel a send job's waiting sends; read everything else the
-  admin shows.
+  back snapshots; reset a user's quota; send a campaign file; pause, resume and cancel send jobs
+  and their waiting sends; read everything else the admin shows.
 - Viewer: read-only.
 
 `groups_sync` creates the groups and gives them exactly these permissions. A migration runs it
@@ -51,6 +51,7 @@ GROUP_PERMISSIONS: dict[str, list[str]] = {
         "limits.change_quiethours",
         "limits.delete_quiethours",
         "limits.reset_quota",
+        "worker.add_sendjob",
         "worker.cancel_sendjob",
     ],
 }

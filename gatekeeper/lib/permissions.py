@@ -53,6 +53,8 @@ CHANGE_QUIET_HOURS = ("limits.change_quiethours",)
 DELETE_QUIET_HOURS = ("limits.delete_quiethours",)
 PUBLISH = ("segments.publish_snapshot",)
 RESET_QUOTA = ("limits.reset_quota",)
+# Handing a campaign file to the worker from the admin (marketers).
+SEND_CAMPAIGNS = ("worker.add_sendjob",)
 # Cancelling a send job's waiting sends (deferred by the gate): marketers and campaign systems.
 CANCEL_SENDS = ("worker.cancel_sendjob",)
 # Calling the gate and handing over send jobs (campaign systems).

@@ -386,3 +386,76 @@ def test_a_marketer_sets_quiet_hours_reads_them_in_plain_words_and_is_told_a_bad
     assert f"Created: {reading}" in page.find("#quiet-hours-history").text
     assert "mia" in page.find("#quiet-hours-history").text
     page.shot("change")
+
+
+def test_a_marketer_sends_a_campaign_file_watches_it_go_out_and_cancels_another(
+    browser, live_server, published, staff, settings, tmp_path
+):
+    from worker.models import SendChunk, SendJob
+
+    published(vip=(10, [1, 2], {"push": (5, 10)}))
+    staff("mia", MARKETER)
+    broker.clear("sends")
+    page = Page(browser, live_server.url, prefix="send-file-")
+    page.open("/admin/login/?next=/admin/worker/sendjob/add/")
+    page.type("#id_username", "mia")
+    page.type("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for(lambda: "Send a campaign file" in page.text(), "the upload form")
+
+    def send(path: Path, campaign: str) -> None:
+        page.open("/admin/worker/sendjob/add/")
+        page.wait_for(lambda: "Send a campaign file" in page.text(), "the upload form")
+        page.find("#id_recipients_file").send_keys(str(path))
+        page.choose("#id_channel", "push")
+        page.type("#id_campaign", campaign)
+        page.choose("#id_template", "welcome")
+        page.click("#send-file")
+
+    # A file whose header names an unknown column: refused under the field, nothing stored.
+    bad = tmp_path / "bad.csv"
+    bad.write_text("user_id,adress\n1,token-1\n")
+    send(bad, "oops")
+    page.wait_for(lambda: "unknown column 'adress'" in page.text(), "the refusal")
+    assert "line 1" in page.find(".errorlist").text
+    page.shot("refused")
+    assert not SendJob.objects.exists()
+
+    # No worker runs yet: the file waits to be read, and she cancels the job.
+    spring = tmp_path / "spring.csv"
+    spring.write_text("user_id,address\n" + "".join(f"{i},token-{i}\n" for i in range(1, 3001)))
+    send(spring, "spring")
+    page.wait_for(lambda: "its file is being read" in page.text(), "the job's page")
+    assert page.find("#job-status").text == "preparing"
+    assert "reading the file: 0 of" in page.find("#job-stage").text
+    page.shot("preparing")
+    page.click("#job-cancel")
+    page.wait_for(lambda: "Cancelled send job" in page.text(), "the cancel")
+    job = SendJob.objects.get(campaign="spring")
+    assert job.status == "cancelled" and not SendChunk.objects.filter(job=job).exists()
+    assert page.find("#job-status").text == "cancelled"
+    page.shot("cancelled")
+
+    # With a worker: the next file is read, sent, and the bar fills without a reload.
+    worker = start_celery_worker(
+        "sends",
+        worker_env(
+            settings.CELERY_BROKER_URL, GATEKEEPER_PUSH_BACKEND="worker.dispatchers.NullPushBackend"
+        ),
+    )
+    try:
+        summer = tmp_path / "summer.csv"
+        summer.write_text("".join(f"{i},token-{i}\n" for i in range(1, 2501)))
+        send(summer, "summer")
+        page.wait_for(lambda: "its file is being read" in page.text(), "the job's page")
+        page.wait_for(
+            lambda: page.find("#job-status").text == "done", "the job to finish", seconds=120
+        )
+    finally:
+        stop_celery_worker(worker)
+    assert page.find("#job-percent").text == "100%"
+    assert "2,500 of 2,500 recipients settled" in page.find("#job-stage").text
+    page.shot("done")
+    job = SendJob.objects.get(campaign="summer")
+    assert (job.total, job.sent + job.capped, job.pending) == (2500, 2500, 0)
+    assert SendJob.objects.get(campaign="spring").status == "cancelled"  # its task did nothing

@@ -1,45 +1,14 @@
-"""Segment fixtures: both snapshot stores, the S3 one a real S3 API over HTTP (moto's server)."""
+"""Segment fixtures: both snapshot stores, the S3 one a real S3 API over HTTP (moto's server,
+tests/conftest.py)."""
 
 import io
 from collections.abc import Callable, Iterator
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from segments.models import Segment
 from segments.services import user_list_import
 from segments.store import LocalStore, S3Store, SnapshotStore
-from tests.redis_servers import free_port
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def s3_settings(settings, s3_endpoint: str, request: pytest.FixtureRequest) -> str:
-    """Point the project's settings at a fresh bucket on the S3 server; returns the store URL."""
-    bucket = f"gk-{request.node.name.lower().replace('_', '-')[:40].strip('-[]')}-{free_port()}"
-    settings.GATEKEEPER_S3_ENDPOINT_URL = s3_endpoint
-    settings.GATEKEEPER_S3_REGION = "us-east-1"
-    settings.GATEKEEPER_S3_ACCESS_KEY_ID = "test"
-    settings.GATEKEEPER_S3_SECRET_ACCESS_KEY = "test"
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="test",
-        aws_secret_access_key="test",
-    )
-    client.create_bucket(Bucket=bucket)
-    settings.GATEKEEPER_STORE_URL = f"s3://{bucket}/gatekeeper"
-    return settings.GATEKEEPER_STORE_URL
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -1,7 +1,8 @@
 """manage.py send_campaign: hand a campaign's recipients (a CSV file) to the gate and send them."""
 
-import csv
+import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -12,20 +13,22 @@ from gatekeeper.lib.bodies import datetime_from_text
 from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from gatekeeper.lib.words import count
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
+from worker import tasks
 from worker.chunks import ChunkBusy, send_chunk_run
 from worker.models import SendJob
+from worker.preparing import send_job_prepare_run
+from worker.recipients import FILE_FORMAT
 from worker.selectors import send_job_waiting
-from worker.services import send_job_create
+from worker.services import send_job_from_file
 
-COLUMNS = ("user_id", "address", "message_id", "time_zone")
-POSITIONAL = ("user_id", "address", "message_id")  # a file without a header line
+JOB_OPTIONS = ("tags", "priority", "channel", "template", "campaign", "expires_at")
 
 
 class Command(BaseCommand):
     help = (
-        "Send a campaign to the recipients in a CSV file: user_id,address[,message_id], or the "
-        "columns a header line names (user_id, address, message_id, time_zone, in any order). "
-        "Queues it for the worker, or with --wait sends it here."
+        f"Send a campaign to the recipients in a CSV file (plain or gzip): {FILE_FORMAT}. Reads "
+        "and checks the whole file here, then queues it for the workers (--follow shows their "
+        "progress), or with --wait sends it here."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -65,6 +68,11 @@ class Command(BaseCommand):
             help="reject: a bad row sends nothing; skip: bad rows are counted as invalid",
         )
         parser.add_argument("--wait", action="store_true", help="gate and send in this process")
+        parser.add_argument(
+            "--follow",
+            action="store_true",
+            help="after queueing, show the workers' progress until the job ends",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         campaign = options["campaign"] or options["template"]
@@ -82,10 +90,17 @@ class Command(BaseCommand):
                 expires_at = datetime_from_text(options["expires_at"])
             except ValueError as exc:
                 raise CommandError(f"Nothing was sent. --expires-at: {exc}") from None
-        self._lines: list[int] = []  # the file line of each recipient, for error messages
-        rows = list(self._read(options["recipients"]))
+        path = options["recipients"]
         try:
-            job = send_job_create(
+            handle = Path(path).open("rb")  # noqa: SIM115 (closed by the reading below)
+        except OSError as exc:
+            raise CommandError(f"Cannot read {path}: {exc}") from exc
+        try:
+            job = send_job_from_file(
+                fileobj=handle,
+                name=path,
+                queue=False,
+                keep_upload=False,
                 channel=options["channel"],
                 campaign=campaign,
                 template=options["template"],
@@ -95,24 +110,38 @@ class Command(BaseCommand):
                 on_capped=options["on_capped"],
                 on_invalid=options["on_invalid"],
                 expires_at=expires_at,
-                recipients=rows,
-                queue=not options["wait"],
             )
         except ValidationError as exc:
+            handle.close()
             problems = "; ".join(
-                f"{self._where(options['recipients'], k)}: {' '.join(v)}"
-                for k, v in exc.message_dict.items()
+                f"{self._where(path, k)}: {' '.join(v)}" for k, v in exc.message_dict.items()
             )
             raise CommandError(f"Nothing was sent. {problems}") from exc
+        with tqdm(
+            total=job.source_bytes, unit="B", unit_scale=True, desc="reading", disable=None
+        ) as bar:
+
+            def progress(read: int, _size: int) -> None:
+                bar.update(read - bar.n)
+
+            ids = send_job_prepare_run(
+                job_id=job.pk, stream=(handle, job.source_bytes), progress=progress
+            )
+        job.refresh_from_db()
+        if job.status == SendJob.Status.FAILED:
+            raise CommandError(f"Nothing was sent. {path}: {job.error}")
         if not options["wait"]:
+            tasks.send_chunks(ids)
             self.stdout.write(
                 f"Send job #{job.pk} queued: {count(job.total, 'recipient')} in "
-                f"{count(job.chunks.count(), 'chunk')}."
+                f"{count(len(ids), 'chunk')}."
             )
+            if options["follow"]:
+                self._follow(job)
             return
         with tqdm(total=job.total, unit="recipient", desc="sending", disable=None) as bar:
-            bar.update(job.processed)  # invalid rows and repeats, settled at creation
-            for chunk_id in job.chunks.order_by("pk").values_list("pk", flat=True):
+            bar.update(job.processed)  # invalid rows and repeats, settled when read
+            for chunk_id in ids:
                 try:
                     outcome = send_chunk_run(chunk_id=chunk_id)
                 except ChunkBusy:
@@ -122,82 +151,31 @@ class Command(BaseCommand):
         job.refresh_from_db()
         self._summary(job)
 
-    def _read(self, path: str) -> Any:
-        """Rows as the service takes them. Values are left as the file wrote them: the service
-        applies the one rule for ids, addresses and time zones (and names the row) like for any
-        caller. An empty message id or time zone cell is no value."""
-        columns: tuple[str, ...] = POSITIONAL
-        at = {name: i for i, name in enumerate(columns)}  # a column's position in a row
-        try:
-            with open(path, newline="", encoding="utf-8") as handle:
-                for line_no, row in enumerate(csv.reader(handle), start=1):
-                    first = row[0].strip() if row else ""
-                    if not first and not any(cell.strip() for cell in row):
-                        continue  # a blank line
-                    if line_no == 1 and not (first.isascii() and first.isdigit()):
-                        columns = self._header(path, row)
-                        at = {name: i for i, name in enumerate(columns)}
-                        continue
-                    if columns is POSITIONAL and len(row) < 2:
-                        raise CommandError(
-                            f"{path} line {line_no}: expected user_id,address[,message_id], "
-                            f"got {row!r}."
-                        )
-                    if columns is not POSITIONAL and len(row) != len(columns):
-                        raise CommandError(
-                            f"{path} line {line_no}: expected {','.join(columns)} (as the "
-                            f"header says), got {row!r}."
-                        )
-                    # Per row: only the cells there are, by position (a million rows: no dicts
-                    # built to be read once).
-                    message_id = (
-                        row[at["message_id"]].strip()
-                        if "message_id" in at and len(row) > at["message_id"]
-                        else ""
-                    )
-                    recipient: dict[str, Any] = {
-                        "user_id": row[at["user_id"]].strip(),
-                        "address": row[at["address"]].strip(),
-                        "message_id": message_id or None,
-                    }
-                    if "time_zone" in at:
-                        zone_name = row[at["time_zone"]].strip()
-                        if zone_name:
-                            recipient["time_zone"] = zone_name
-                    self._lines.append(line_no)
-                    yield recipient
-        except (OSError, UnicodeDecodeError, csv.Error) as exc:
-            raise CommandError(f"Cannot read {path}: {exc}") from exc
+    def _follow(self, job: SendJob) -> None:
+        """The workers' progress on the job, until every send has an outcome (or only waiting
+        sends are left); Ctrl-C stops watching, not the job."""
+        with tqdm(total=job.total, unit="recipient", desc="sending", disable=None) as bar:
+            try:
+                while True:
+                    job.refresh_from_db()
+                    bar.update(job.processed - bar.n)
+                    waiting = send_job_waiting(job.pk)["sends"]
+                    bar.set_postfix(status=job.status, waiting=waiting, refresh=False)
+                    if job.ended or (job.pending and job.pending == waiting):
+                        break
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                self.stdout.write(f"\nStopped watching; job #{job.pk} goes on.")
+                return
+        self._summary(job)
 
     @staticmethod
-    def _header(path: str, row: list[str]) -> tuple[str, ...]:
-        """The columns a header line names; every name known, user_id and address present."""
-        names = tuple(cell.strip().lower() for cell in row)
-        unknown = [name for name in names if name not in COLUMNS]
-        repeated = [name for name in names if names.count(name) > 1]
-        missing = [name for name in ("user_id", "address") if name not in names]
-        if unknown:
-            problem = f"unknown column '{unknown[0][:40]}'"
-        elif repeated:
-            problem = f"the column {repeated[0]} is named twice"
-        elif missing:
-            problem = f"no {missing[0]} column"
-        else:
-            return names
-        raise CommandError(
-            f"{path} line 1 (the header): {problem}. Columns: {', '.join(COLUMNS)} "
-            "(user_id and address required, in any order)."
-        )
-
-    def _where(self, path: str, field: str) -> str:
-        """`recipients[3].address` as the file's line: `recipients.csv line 5 (address)`;
-        the job's fields as the options that set them (`--tags`)."""
-        if field in ("tags", "priority", "channel", "template", "campaign", "expires_at"):
+    def _where(path: str, field: str) -> str:
+        """The job's fields as the options that set them (`--tags`); the file by its path."""
+        if field in JOB_OPTIONS:
             return f"--{field.replace('_', '-')}"
-        if field.startswith("recipients["):
-            index, _, rest = field[len("recipients[") :].partition("]")
-            if index.isdigit() and int(index) < len(self._lines):
-                return f"{path} line {self._lines[int(index)]} ({rest.lstrip('.')})"
+        if field == "recipients_file":
+            return path
         return field
 
     def _summary(self, job: SendJob) -> None:

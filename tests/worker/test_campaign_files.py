@@ -1,0 +1,266 @@
+"""Send jobs handed over as a campaign file: read as a stream, staged in chunks, queued only once
+the whole file is valid; paused, resumed and cancelled as one job."""
+
+import gzip
+import io
+import tracemalloc
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from segments.store import store_from_settings
+from tests import broker
+from worker import services
+from worker.chunks import chunks_due, send_chunk_run
+from worker.models import SendChunk, SendJob
+from worker.preparing import send_job_prepare_run
+from worker.recipients import RecipientRules, SeenUsers, recipient_lines
+from worker.services import (
+    send_job_cancel,
+    send_job_from_file,
+    send_job_pause,
+    send_job_resume,
+)
+
+pytestmark = pytest.mark.django_db
+
+JOB: dict[str, Any] = {"channel": "push", "campaign": "blast", "template": "welcome"}
+
+
+@pytest.fixture
+def push(published, settings):
+    published(vip=(10, [1, 2], {"push": (5, 10)}))
+    settings.GATEKEEPER_PUSH_BACKEND = "worker.dispatchers.NullPushBackend"
+
+
+def upload(text: str, *, gz: bool = False, **options) -> SendJob:
+    data = text.encode()
+    return send_job_from_file(
+        fileobj=io.BytesIO(gzip.compress(data) if gz else data),
+        name="list.csv.gz" if gz else "list.csv",
+        queue=False,
+        **{**JOB, **options},
+    )
+
+
+def staged_or_queued(job: SendJob) -> list[SendChunk]:
+    return list(SendChunk.objects.filter(job=job).order_by("pk"))
+
+
+def test_a_gzip_file_is_staged_while_read_and_queued_once_all_of_it_is_valid(push, settings):
+    settings.GATEKEEPER_SEND_CHUNK_SIZE = 2
+    text = (
+        "time_zone,address,user_id,context\n"
+        'Asia/Tokyo,token-1,1,"{""name"": ""Ann""}"\n'
+        ",token-2,2,\n"
+        "\n"
+        ",token-again,1,\n"  # user 1 again: one send, the repeat a duplicate
+        "Europe/Paris,token-9,9,\n"
+        ",token-10,10,\n"
+    )
+    job = upload(text, gz=True)
+    assert (job.status, job.total, job.source, job.progress) == ("preparing", 0, "list.csv.gz", 0)
+    assert job.file and not staged_or_queued(job)  # nothing staged, nothing queued yet
+    seen = []
+    ids = send_job_prepare_run(job_id=job.pk, progress=lambda read, size: seen.append(read))
+    job.refresh_from_db()
+    assert (job.status, job.total, job.duplicate, job.invalid) == ("queued", 5, 1, 0)
+    assert seen[-1] == job.read_bytes == job.source_bytes
+    assert not job.file  # the upload is removed once read
+    chunks = staged_or_queued(job)
+    assert ids == [c.pk for c in chunks] and {c.status for c in chunks} == {"queued"}
+    first = chunks[0].recipients
+    assert first[0] == {
+        "user_id": 1,
+        "address": "token-1",
+        "message_id": "blast:1",
+        "context": {"name": "Ann"},
+        "time_zone": "Asia/Tokyo",
+    }
+    assert [r["user_id"] for c in chunks for r in c.recipients] == [1, 2, 9, 10]
+    for chunk_id in ids:
+        send_chunk_run(chunk_id=chunk_id)
+    job.refresh_from_db()
+    assert (job.status, job.sent, job.duplicate, job.pending) == ("done", 4, 1, 0)
+
+
+def test_a_bad_line_deep_in_the_file_fails_the_job_and_nothing_is_queued(push, monkeypatch):
+    monkeypatch.setattr(services, "HEAD_LINES", 5)
+    lines = [f"{i},token-{i}" for i in range(1, 60)]
+    lines[48] = "49,not a token"
+    lines[52] = "x,token-x"
+    job = upload("\n".join(lines) + "\n")  # the first five lines are fine: the job is stored
+    assert send_job_prepare_run(job_id=job.pk) == []
+    job.refresh_from_db()
+    assert job.status == "failed" and not job.file
+    assert "line 49 (address)" in job.error and "line 53 (user_id)" in job.error
+    assert "nothing was sent" in job.error
+    assert [(r["line"], r["field"]) for r in job.invalid_rows] == [(49, "address"), (53, "user_id")]
+    assert not SendChunk.objects.filter(job=job).exists()
+    assert job.total == job.processed == 0
+
+    skipping = upload("\n".join(lines) + "\n", on_invalid="skip", campaign="again")
+    assert len(send_job_prepare_run(job_id=skipping.pk)) == 1
+    skipping.refresh_from_db()
+    assert (skipping.status, skipping.total, skipping.invalid) == ("queued", 59, 2)
+    assert skipping.invalid_rows[0] == {
+        "row": 48,
+        "line": 49,
+        "field": "address",
+        "message": "'not a token' is not a push token (visible ASCII characters, no spaces).",
+    }
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"user_id,adress\n1,token-1\n", "line 1: (the header) unknown column 'adress'"),
+        (b"user_id,message_id,address\n", "message id <campaign>:<user_id>"),
+        (b"user_id,time_zone\n1,UTC\n", "no address column"),
+        (b"1,token-1\n2\n", "line 2: expected user_id,address[,time_zone]"),
+        (b"1,token-1,UTC,{},extra\n", "got 5 fields"),
+        (b"1,token-1,Mars/Olympus\n", "line 1 (time_zone): Unknown time zone"),
+        (b'1,token-1,,"[1]"\n', "line 1 (context): Must be a JSON object"),
+        (b'1,token-1,,"{nope"\n', "line 1 (context): Not JSON"),
+        (b"1,token-1\n2,tok\xe9n\n", "line 2: The file is not UTF-8 text"),
+        (gzip.compress(b"1,token-1\n" * 1000)[:-30], "could not be read to its end"),
+        (b'1,"token\n', "Not CSV"),
+    ],
+)
+def test_the_head_of_a_file_is_checked_before_the_job_is_stored(push, data, problem):
+    with pytest.raises(ValidationError) as caught:
+        send_job_from_file(fileobj=io.BytesIO(data), name="bad.csv", queue=False, **JOB)
+    (messages,) = caught.value.message_dict.values()
+    assert "recipients_file" in caught.value.message_dict
+    assert problem in " ".join(messages)
+    assert not SendJob.objects.exists()
+
+
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_a_file_in_the_store_is_read_where_a_pipeline_left_it(push, store, request):
+    if store == "s3":
+        request.getfixturevalue("s3_settings")
+    key = "campaigns/2026-11-25/blast.csv.gz"
+    store_from_settings().put(key, gzip.compress(b"user_id,address\n1,token-1\n9,token-9\n"))
+    job = send_job_from_file(key=key, queue=False, **JOB)
+    assert (job.source, job.status) == (f"store:{key}", "preparing")
+    assert len(send_job_prepare_run(job_id=job.pk)) == 1
+    job.refresh_from_db()
+    assert (job.status, job.total) == ("queued", 2)
+    assert store_from_settings().get(key)  # the pipeline's object stays
+    for bad, words in (
+        ("campaigns/missing.csv", "There is no object 'campaigns/missing.csv'"),
+        ("../etc/passwd", "without . or .. parts"),
+        ("/campaigns/x.csv", "without . or .. parts"),
+    ):
+        with pytest.raises(ValidationError) as caught:
+            send_job_from_file(key=bad, queue=False, **JOB)
+        assert words in caught.value.message_dict["recipients_key"][0]
+
+
+def test_a_paused_job_hands_out_nothing_until_resumed_and_a_cancel_ends_the_rest(push, settings):
+    settings.GATEKEEPER_SEND_CHUNK_SIZE = 2
+    job = upload("".join(f"{i},token-{i}\n" for i in range(1, 7)))
+    first, second, third = send_job_prepare_run(job_id=job.pk)
+    assert send_chunk_run(chunk_id=first) == {"sent": 2}
+    job = send_job_pause(job=job)
+    assert job.status == "paused"
+    assert send_chunk_run(chunk_id=second) == {}  # a delivery while paused does nothing
+    assert chunks_due() == []  # and beat does not hand it out either
+    broker.clear("sends")
+    job = send_job_resume(job=job)
+    assert job.status == "running" and job.paused_at is None
+    assert send_chunk_run(chunk_id=second) == {"sent": 2}
+    job = send_job_cancel(job=job)
+    assert (job.status, job.sent, job.cancelled, job.pending) == ("cancelled", 4, 2, 0)
+    assert SendChunk.objects.get(pk=third).status == "cancelled"
+    assert send_chunk_run(chunk_id=third) == {}
+    for control in (send_job_pause, send_job_resume):
+        with pytest.raises(ValidationError, match="The job is cancelled"):
+            control(job=job)
+    assert send_job_cancel(job=job).cancelled == 2  # idempotent
+
+
+def test_a_job_cancelled_while_its_file_is_read_queues_nothing(push, settings):
+    settings.GATEKEEPER_SEND_CHUNK_SIZE = 2
+    text = "".join(f"{i},token-{i}\n" for i in range(1, 200))
+    job = upload(text)
+
+    def cancel_midway(read: int, size: int) -> None:
+        send_job_cancel(job=job)  # after the first chunks were staged
+
+    assert send_job_prepare_run(job_id=job.pk, progress=cancel_midway) == []
+    job.refresh_from_db()
+    assert job.status == "cancelled" and 0 < job.total < 199
+    assert job.cancelled == job.total and job.pending == 0
+    assert not SendChunk.objects.filter(job=job).exists()
+    # Cancelled before any run read it: cancelled at once.
+    waiting = upload(text, campaign="other")
+    assert send_job_cancel(job=waiting).status == "cancelled"
+    assert send_job_prepare_run(job_id=waiting.pk) == []
+
+
+def test_a_paused_file_is_read_to_the_end_and_waits_for_its_resume(push):
+    job = upload("1,token-1\n2,token-2\n")
+    send_job_pause(job=job)
+    assert send_job_prepare_run(job_id=job.pk) == []
+    job.refresh_from_db()
+    assert (job.status, job.total) == ("paused", 2)
+    assert len(SendChunk.objects.filter(job=job, status="queued")) == 1
+    job = send_job_resume(job=job)
+    assert job.status == "queued"
+
+
+def test_a_run_that_died_is_read_again_from_the_start_and_two_runs_never_read_at_once(push):
+    job = upload("1,token-1\n2,token-2\n")
+    # What a run that died midway left: a staged chunk, and its lease long gone.
+    SendChunk.objects.create(job=job, recipients=[{"user_id": 5}], size=1, status="staged")
+    SendJob.objects.filter(pk=job.pk).update(prepare_lease_until=None)
+    ids = send_job_prepare_run(job_id=job.pk)
+    (chunk,) = SendChunk.objects.filter(job=job)
+    assert ids == [chunk.pk] and [r["user_id"] for r in chunk.recipients] == [1, 2]
+    # A second delivery of a job another run reads (its lease is live) does nothing.
+    other = upload("3,token-3\n", campaign="other")
+    from django.utils import timezone
+
+    later = timezone.now() + timedelta(minutes=1)
+    SendJob.objects.filter(pk=other.pk).update(prepare_lease_until=later)
+    assert send_job_prepare_run(job_id=other.pk) == []
+    assert SendJob.objects.get(pk=other.pk).status == "preparing"
+
+
+def test_reading_a_file_takes_the_same_memory_for_200k_lines_as_for_20k(
+    push,
+):
+    """Lines are never held: a file is read in pieces, and the only thing that grows is the
+    bitmap of user ids seen (a few bits per user)."""
+
+    class Lines:
+        def __init__(self, n: int) -> None:
+            self.left, self.next = n, 0
+
+        def read(self, size: int = -1) -> bytes:
+            out: list[bytes] = []
+            size, filled = max(size, 1 << 16), 0
+            while self.left and filled < size:
+                out.append(f"{self.next},token-{self.next}\n".encode())
+                filled += len(out[-1])
+                self.next, self.left = self.next + 1, self.left - 1
+            return b"".join(out)
+
+    rules = RecipientRules(channel="push", campaign="blast")
+    peaks = []
+    for n in (20_000, 200_000):
+        seen = SeenUsers()
+        tracemalloc.start()
+        read = sum(
+            1
+            for line in recipient_lines(Lines(n), rules)
+            if line.recipient is not None and seen.first_time(line.recipient["user_id"])
+        )
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        assert read == n
+    assert peaks[1] < peaks[0] * 1.5 and peaks[1] < 16 * 2**20

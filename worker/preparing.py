@@ -1,0 +1,289 @@
+"""Preparing a send job handed over as a file: read it once (a stream, in bounded memory), stage
+its recipients in chunks as they are read, and queue the chunks only once the whole file is read
+and valid. The work of `worker.tasks.send_job_prepare` (and of `manage.py send_campaign`, which
+does it in its own process).
+
+A file that is refused (`on_invalid: reject` and a bad line, or a file that cannot be read) fails
+the job with the lines named, its staged chunks deleted: nothing of it was queued. A run that
+dies midway leaves its staged chunks to the next run, which deletes them and reads the file
+again from the start (the job's lease keeps two runs from reading at once). A job cancelled
+while it is read stops at the next stage; one paused is staged to the end and waits for its
+resume.
+"""
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from segments.store import NotFound, StoreError, store_from_settings
+from worker.models import SendChunk, SendJob
+from worker.recipients import FileError, RecipientRules, SeenUsers, line_words, recipient_lines
+
+logger = logging.getLogger(__name__)
+
+STORE_PREFIX = "store:"  # a job's `source` when its file is an object in the store
+INVALID_ROWS_KEPT = 100  # invalid rows kept on a job (with on_invalid: skip) to show why
+REJECTED_ROWS_SHOWN = 20  # bad rows named when a job is refused (with on_invalid: reject)
+STAGE_EVERY = 20  # chunks written to the database at a time (and progress noted)
+
+
+def _lease_end(now: Any) -> Any:
+    return now + timedelta(seconds=float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS))
+
+
+class _Lease:
+    """A run's hold on a preparing job, taken and renewed with one atomic UPDATE."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id, self.until = job_id, None
+
+    def take(self) -> bool:
+        now = timezone.now()
+        free = Q(prepare_lease_until__isnull=True) | Q(prepare_lease_until__lt=now)
+        until = _lease_end(now)
+        preparing = SendJob.objects.filter(free, pk=self.job_id, status=SendJob.Status.PREPARING)
+        if preparing.update(prepare_lease_until=until, updated_at=now):
+            self.until = until
+            return True
+        return False
+
+    def renew(self, read_bytes: int) -> bool:
+        """Note the progress; False when the job was cancelled or another run took it over."""
+        now = timezone.now()
+        until = _lease_end(now)
+        mine = SendJob.objects.filter(
+            pk=self.job_id, prepare_lease_until=self.until, cancelled_at__isnull=True
+        )
+        if not mine.update(prepare_lease_until=until, read_bytes=read_bytes):
+            return False
+        self.until = until
+        return True
+
+
+class _Staging:
+    """The recipients read so far: valid ones in chunks (written STAGE_EVERY at a time),
+    repeats and invalid rows counted."""
+
+    def __init__(self, job: SendJob) -> None:
+        self.job = job
+        self.size = int(settings.GATEKEEPER_SEND_CHUNK_SIZE)
+        self.batch: list[dict[str, Any]] = []
+        self.full: list[list[dict[str, Any]]] = []
+        self.rows = self.staged = self.repeats = self.invalid = 0
+        self.invalid_rows: list[dict[str, Any]] = []
+        self.seen = SeenUsers()
+
+    def add(self, recipient: dict[str, Any]) -> None:
+        self.rows += 1
+        if not self.seen.first_time(recipient["user_id"]):
+            self.repeats += 1
+            return
+        self.batch.append(recipient)
+        if len(self.batch) == self.size:
+            self.full.append(self.batch)
+            self.batch = []
+
+    def bad(self, number: int, field: str, message: str) -> None:
+        if len(self.invalid_rows) < INVALID_ROWS_KEPT:
+            self.invalid_rows.append(
+                {"row": self.rows, "line": number, "field": field, "message": message}
+            )
+        self.rows += 1
+        self.invalid += 1
+
+    def flush(self, *, last: bool = False) -> None:
+        if last and self.batch:
+            self.full.append(self.batch)
+            self.batch = []
+        if not self.full:
+            return
+        SendChunk.objects.bulk_create(
+            SendChunk(
+                job_id=self.job.pk,
+                recipients=recipients,
+                size=len(recipients),
+                status=SendChunk.Status.STAGED,
+            )
+            for recipients in self.full
+        )
+        self.staged += sum(len(recipients) for recipients in self.full)
+        self.full = []
+
+
+def _open(job: SendJob) -> tuple[Any, int]:
+    """(the job's file as a binary stream, its size). Raises FileError."""
+    if job.source.startswith(STORE_PREFIX):
+        key = job.source[len(STORE_PREFIX) :]
+        try:
+            return store_from_settings().open(key)
+        except NotFound:
+            raise FileError(f"There is no object '{key}' in the store (it was removed).") from None
+        except StoreError as exc:
+            raise FileError(f"The store could not be read: {exc}") from None
+    if not job.file:
+        raise FileError("The job's file is gone (it was read already, or deleted).")
+    try:
+        handle = job.file.open("rb")
+        return handle, job.file.size
+    except OSError as exc:
+        raise FileError(f"The uploaded file could not be read: {exc}") from None
+
+
+def send_job_prepare_run(
+    *,
+    job_id: int,
+    progress: Callable[[int, int], None] | None = None,
+    stream: tuple[Any, int] | None = None,
+) -> list[int]:
+    """Read a preparing job's file and stage its recipients; then queue the job (its status
+    `queued`, or `paused` when it was paused meanwhile) or fail it. Returns the ids of the chunks
+    to hand to the broker now (none when the job is paused, failed, cancelled, or another run
+    reads it). `progress(read_bytes, source_bytes)` is called as it goes. `stream` (a binary
+    stream and its size): the file, when the caller holds it (`send_campaign`) instead of the
+    job's upload or store object."""
+    lease = _Lease(job_id)
+    if not lease.take():
+        return []
+    job = SendJob.objects.get(pk=job_id)
+    # An earlier run that died left what it staged: this run reads the file from the start.
+    SendChunk.objects.filter(job_id=job_id, status=SendChunk.Status.STAGED).delete()
+    staging = _Staging(job)
+    rules = RecipientRules(channel=job.channel, campaign=job.campaign)
+    reject = job.on_invalid == SendJob.OnInvalid.REJECT
+    handle: Any = None
+    try:
+        if stream is not None:
+            handle, size = stream
+        else:
+            handle, size = _open(job)
+        counting = _Counting(handle)
+        for line in recipient_lines(counting, rules):
+            if line.error is not None:
+                staging.bad(line.number, line.error.field, line.error.message)
+                if reject and staging.invalid >= REJECTED_ROWS_SHOWN:
+                    break
+            else:
+                staging.add(line.recipient)  # type: ignore[arg-type]
+            if len(staging.full) >= STAGE_EVERY:
+                staging.flush()
+                if progress is not None:
+                    progress(counting.count, size)
+                if not lease.renew(counting.count):
+                    break  # cancelled (finished below), or taken over by another run
+        staging.flush(last=True)
+        if progress is not None:
+            progress(counting.count, size)
+    except FileError as exc:
+        return _fail(job_id, str(exc.message), staging.invalid_rows)
+    finally:
+        if handle is not None:
+            handle.close()
+    if reject and staging.invalid:
+        return _fail(job_id, _rejected_words(staging.invalid_rows), staging.invalid_rows)
+    return _finish(job_id, staging, lease, counting.count)
+
+
+def _rejected_words(rows: list[dict[str, Any]]) -> str:
+    shown = "; ".join(line_words(r["line"], r["field"], r["message"]) for r in rows[:5])
+    more = f"; and {len(rows) - 5} more" if len(rows) > 5 else ""
+    return f"The file was refused (on_invalid: reject), nothing was sent: {shown}{more}."
+
+
+def _fail(job_id: int, error: str, invalid_rows: list[dict[str, Any]]) -> list[int]:
+    with transaction.atomic():
+        job = SendJob.objects.select_for_update().get(pk=job_id)
+        SendChunk.objects.filter(job_id=job_id, status=SendChunk.Status.STAGED).delete()
+        job.status = SendJob.Status.FAILED
+        job.error = error[:4000]
+        job.invalid_rows = invalid_rows[:INVALID_ROWS_KEPT]
+        job.prepare_lease_until = None
+        job.save()
+        file_removed_on_commit(job)
+    logger.info("Job %s refused: %s", job_id, error)
+    return []
+
+
+def _finish(job_id: int, staging: _Staging, lease: _Lease, read_bytes: int) -> list[int]:
+    now = timezone.now()
+    with transaction.atomic():
+        job = SendJob.objects.select_for_update().get(pk=job_id)
+        if job.status != SendJob.Status.PREPARING:
+            return []  # cancelled while no run held it (this one was too slow to renew)
+        if job.prepare_lease_until != lease.until and job.cancelled_at is None:
+            return []  # another run took it over (this one was too slow to renew)
+        staged = SendChunk.objects.filter(job_id=job_id, status=SendChunk.Status.STAGED)
+        job.total = staging.rows
+        job.invalid, job.duplicate = staging.invalid, staging.repeats
+        job.invalid_rows = staging.invalid_rows
+        job.read_bytes = read_bytes
+        job.prepare_lease_until = None
+        ids: list[int] = []
+        if job.cancelled_at is not None:
+            staged.delete()
+            # Read up to where it was cancelled: what was valid is cancelled, never queued.
+            job.cancelled = staging.staged
+            job.status = SendJob.Status.CANCELLED
+        elif not staging.staged:
+            job.status = SendJob.Status.DONE
+        else:
+            ids = list(staged.order_by("pk").values_list("pk", flat=True))
+            paused = job.paused_at is not None
+            staged.update(status=SendChunk.Status.QUEUED, queued_at=None if paused else now)
+            job.status = SendJob.Status.PAUSED if paused else SendJob.Status.QUEUED
+            ids = [] if paused else ids
+        job.save()
+        file_removed_on_commit(job)
+    logger.info(
+        "Job %s read: %d recipients (%d invalid, %d repeated), %s",
+        job_id,
+        staging.rows,
+        staging.invalid,
+        staging.repeats,
+        job.status,
+    )
+    return ids
+
+
+def file_removed_on_commit(job: SendJob) -> None:
+    """An uploaded file is removed once it is read (its recipients are in chunks now, or the job
+    was refused); an object in the store is the caller's and stays."""
+    if not job.file:
+        return
+    storage, name = job.file.storage, job.file.name
+    SendJob.objects.filter(pk=job.pk).update(file="")
+    if name:
+        transaction.on_commit(lambda: storage.delete(name))
+
+
+def jobs_preparing_stalled(*, now: Any = None) -> list[int]:
+    """Preparing jobs that no run reads (their task was lost, or its worker died and the broker
+    has not handed it out again): their lease ran out, or none was taken long after they were
+    queued. Marked as handed out now; `send_chunks_due` queues them again."""
+    now = now or timezone.now()
+    stale = now - timedelta(seconds=settings.GATEKEEPER_CHUNK_REQUEUE_SECONDS)
+    lapsed = Q(prepare_lease_until__lt=now) | Q(
+        prepare_lease_until__isnull=True, updated_at__lt=stale
+    )
+    jobs = SendJob.objects.filter(lapsed, status=SendJob.Status.PREPARING)
+    ids = list(jobs.values_list("pk", flat=True)[:100])
+    SendJob.objects.filter(pk__in=ids).update(updated_at=now)
+    return ids
+
+
+class _Counting:
+    """A binary stream that counts the bytes read from it (as handed over: compressed, when it
+    is gzip), for the progress of reading against the file's size."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw, self.count = raw, 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n)
+        self.count += len(data)
+        return bytes(data)

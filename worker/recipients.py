@@ -1,0 +1,277 @@
+"""A send job's recipients: the one set of rules a recipient row is checked by (a JSON body's or a
+file's), and campaign files read as a stream.
+
+A campaign file is CSV, plain or gzip (recognised by its bytes): `user_id,address[,time_zone]
+[,context]`, or the columns a header line names, in any order (user_id and address required).
+`context` is a JSON object (the template's variables), CSV-quoted. Every send of a file has the
+message id `<campaign>:<user_id>`: a user listed twice gets one send and the repeat counts as a
+duplicate, which a bitmap of the user ids seen finds in bounded memory (about 1.2 bits per user
+of a dense list), so a file of any length is read in constant memory apart from that bitmap.
+Per-send message ids are for JSON bodies.
+
+Reading is done by `recipient_lines`, which yields each line's recipient or its problem with the
+line number; `worker.preparing` stages what it reads in chunks and queues them once the whole
+file is valid.
+"""
+
+import csv
+import io
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from pyroaring import BitMap, BitMap64
+
+from gatekeeper.lib.bodies import json_value_problem
+from gatekeeper.lib.ids import max_user_id, user_id_from_json
+from gatekeeper.lib.zones import UnknownTimeZone, zone
+from segments.parsing import open_list
+from worker.dispatchers import dispatcher_class
+from worker.models import MESSAGE_ID_MAX
+
+READ_BYTES = 1 << 20  # read and decoded a MiB at a time
+CONTEXT_DEPTH = 16  # levels of arrays and objects a recipient's template context may nest
+COLUMNS = ("user_id", "address", "time_zone", "context")
+REQUIRED = ("user_id", "address")
+FILE_FORMAT = (
+    "user_id,address[,time_zone][,context as a JSON object], or a header line naming the "
+    "columns (user_id and address required) in any order"
+)
+# csv's own limit on a cell is 128 KiB; a context may be as large as a JSON body allows one.
+csv.field_size_limit(1 << 20)
+
+
+class RowError(Exception):
+    """A recipient that cannot be sent to: the field at fault and why."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
+class FileError(ValidationError):
+    """A campaign file that cannot be read as one (not UTF-8, a broken gzip, a bad header): the
+    whole file is refused, whatever `on_invalid` says. `line` is where, when known."""
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        where = f"line {line:,}: " if line is not None else ""
+        super().__init__(f"{where}{message}", code="recipients_file")
+        self.line = line
+
+
+class RecipientRules:
+    """The checks of one job's recipients (its channel's addresses, the id width), built once
+    per job: `recipient` applies them to one row's values."""
+
+    def __init__(self, *, channel: str, campaign: str) -> None:
+        self.campaign = campaign
+        self.address_problem: Callable[[str], str | None] = dispatcher_class(
+            channel
+        ).address_problem
+        self.maximum = max_user_id()
+
+    def recipient(
+        self,
+        user_id: Any,
+        address: Any,
+        *,
+        message_id: Any = None,
+        context: Any = None,
+        time_zone: Any = None,
+    ) -> dict[str, Any]:
+        """The recipient as a chunk stores it; raises RowError naming the field. `user_id` as
+        JSON gives it (an integer or its digits), `context` a dict (or None: no variables)."""
+        try:
+            user = user_id_from_json(user_id, maximum=self.maximum)
+        except ValueError as exc:
+            raise RowError("user_id", str(exc)) from None
+        if not isinstance(address, str) or not address:
+            raise RowError("address", "An email address or push token is required.")
+        problem = self.address_problem(address)
+        if problem:
+            raise RowError("address", problem)
+        message_id = message_id or f"{self.campaign}:{user}"
+        if not isinstance(message_id, str) or len(message_id) > MESSAGE_ID_MAX:
+            raise RowError(
+                "message_id", f"A message id is a string of at most {MESSAGE_ID_MAX} characters."
+            )
+        if "\x00" in message_id:
+            raise RowError("message_id", "Must not contain the NUL character (\\u0000).")
+        context = context or {}
+        if not isinstance(context, dict):
+            raise RowError("context", "Must be an object (the template's variables).")
+        # Most sends of a campaign carry no variables of their own: nothing to walk.
+        problem = json_value_problem(context, max_depth=CONTEXT_DEPTH) if context else None
+        if problem:
+            raise RowError("context", problem)
+        recipient = {"user_id": user, "address": address, "message_id": message_id}
+        recipient["context"] = context
+        if time_zone is not None:
+            # Kept only when given: most rows have none, and chunks stay small without it.
+            if not isinstance(time_zone, str):
+                raise RowError("time_zone", "An IANA time zone name, such as Europe/Paris.")
+            try:
+                zone(time_zone)
+            except UnknownTimeZone as exc:
+                raise RowError("time_zone", str(exc)) from None
+            recipient["time_zone"] = time_zone
+        return recipient
+
+
+class SeenUsers:
+    """The user ids a file has listed so far, in a roaring bitmap (64-bit ids in a 64-bit one)."""
+
+    def __init__(self) -> None:
+        self.ids: Any = BitMap() if max_user_id() < 2**32 else BitMap64()
+
+    def first_time(self, user_id: int) -> bool:
+        """True the first time a user id is seen (and remembers it)."""
+        if user_id in self.ids:
+            return False
+        self.ids.add(user_id)
+        return True
+
+
+@dataclass
+class Line:
+    """One recipient line of a file: its number, and its recipient or what is wrong with it."""
+
+    number: int
+    recipient: dict[str, Any] | None
+    error: RowError | None = None
+
+
+def recipient_lines(raw: Any, rules: RecipientRules) -> Iterator[Line]:
+    """Every recipient line of a campaign file (`raw`: its bytes, plain or gzip) in order,
+    checked. Blank lines are skipped. Raises FileError for what makes the whole file unreadable:
+    not UTF-8, a broken gzip, a bad header, a line the CSV reader cannot split."""
+    rows: Any = None
+    try:
+        binary = io.BufferedReader(_Binary(open_list(raw)), READ_BYTES)
+        # Bytes that are not UTF-8 are kept as lone surrogates, to be named with their line.
+        text = io.TextIOWrapper(binary, encoding="utf-8", errors="surrogateescape", newline="")
+        rows = csv.reader(text, strict=True)
+        at: dict[str, int] = {name: i for i, name in enumerate(COLUMNS)}
+        positional = True
+        for row in rows:
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue  # a blank line
+            # The line a record ends on (a quoted context may span several).
+            number = rows.line_num
+            if not "".join(row).isascii():
+                _utf8_checked(row, number)
+            first = row[0].strip()
+            if number == 1 and not (first.isascii() and first.isdigit()):
+                at, positional = _header(row), False
+                continue
+            yield _line(number, row, at, positional, rules)
+    except csv.Error as exc:
+        raise FileError(f"Not CSV: {exc}.", line=_after(rows)) from None
+    except (OSError, EOFError, ValueError) as exc:
+        # A gzip cut short or corrupt (EOFError, BadGzipFile), a stream that broke.
+        raise FileError(f"The file could not be read to its end: {exc}.") from None
+
+
+def _utf8_checked(row: list[str], number: int) -> None:
+    for cell in row:
+        try:
+            cell.encode("utf-8")
+        except UnicodeEncodeError:
+            raise FileError("The file is not UTF-8 text.", line=number) from None
+
+
+def _after(rows: Any) -> int | None:
+    return rows.line_num + 1 if rows is not None else None
+
+
+def _line(
+    number: int, row: list[str], at: dict[str, int], positional: bool, rules: RecipientRules
+) -> Line:
+    if positional and not 2 <= len(row) <= len(COLUMNS):
+        error = RowError("line", f"expected {FILE_FORMAT}; got {_fields(len(row))}.")
+        return Line(number, None, error)
+    if not positional and len(row) != len(at):
+        names = ",".join(sorted(at, key=at.__getitem__))
+        error = RowError("line", f"expected {names} (as the header says); got {_fields(len(row))}.")
+        return Line(number, None, error)
+    try:
+        context = None
+        if "context" in at and len(row) > at["context"]:
+            cell = row[at["context"]].strip()
+            if cell:
+                try:
+                    context = json.loads(cell)
+                except ValueError as exc:
+                    raise RowError("context", f"Not JSON: {exc}.") from None
+                if not isinstance(context, dict):
+                    raise RowError("context", "Must be a JSON object (the template's variables).")
+        zone_at = at.get("time_zone")
+        zone_name = row[zone_at].strip() if zone_at is not None and len(row) > zone_at else ""
+        recipient = rules.recipient(
+            row[at["user_id"]].strip(),
+            row[at["address"]].strip(),
+            context=context,
+            time_zone=zone_name or None,
+        )
+    except RowError as exc:
+        return Line(number, None, exc)
+    return Line(number, recipient)
+
+
+def _fields(n: int) -> str:
+    return "1 field" if n == 1 else f"{n} fields"
+
+
+def line_words(number: int, field: str, message: str) -> str:
+    """A bad line in words: `line 3 (address): ...`, or `line 3: expected ...` when the line as
+    a whole is at fault."""
+    return (
+        f"line {number:,}: {message}"
+        if field == "line"
+        else f"line {number:,} ({field}): {message}"
+    )
+
+
+def _header(row: list[str]) -> dict[str, int]:
+    """The columns a header line names, by position; every name known, the required present."""
+    names = [cell.strip().lower() for cell in row]
+    unknown = [name for name in names if name not in COLUMNS]
+    repeated = [name for name in names if names.count(name) > 1]
+    missing = [name for name in REQUIRED if name not in names]
+    if "message_id" in unknown:
+        problem = (
+            "a file's sends have the message id <campaign>:<user_id> (one per user); per-send "
+            "message ids go in a JSON body's recipients"
+        )
+    elif unknown:
+        problem = f"unknown column '{unknown[0][:40]}'"
+    elif repeated:
+        problem = f"the column {repeated[0]} is named twice"
+    elif missing:
+        problem = f"no {missing[0]} column"
+    else:
+        return {name: i for i, name in enumerate(names)}
+    raise FileError(
+        f"(the header) {problem}. Columns: {', '.join(COLUMNS)} (user_id and address required, "
+        "in any order).",
+        line=1,
+    )
+
+
+class _Binary(io.RawIOBase):
+    """A plain `read(n)` stream as io.TextIOWrapper wants one (readinto, readable)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source, self.left = source, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.left or self.source.read(len(buffer))
+        # A source may hand back more than asked for: the rest waits for the next call.
+        data, self.left = data[: len(buffer)], data[len(buffer) :]
+        buffer[: len(data)] = data
+        return len(data)
