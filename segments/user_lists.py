@@ -6,7 +6,6 @@ is the way in, and queues the background validation (`segments.tasks.user_list_v
 import logging
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from typing import IO, Any
 
@@ -15,6 +14,7 @@ from django.core.files import File
 from django.db import transaction
 from django.utils import timezone
 
+from gatekeeper.lib.files import remover, storage_name
 from segments.bitmaps import bitmap_from_chunks
 from segments.models import Segment, UserList
 from segments.parsing import ListSummary, ParseStopped, UserListError, iter_ids
@@ -84,7 +84,7 @@ def user_list_store(
                 user_list.checked_at = timezone.now()
             else:
                 _count(user_list, summary, distinct=len(bitmap))
-            user_list.file.save(_storage_name(name), File(copy), save=False)
+            user_list.file.save(storage_name(name, "user-list.txt"), File(copy), save=False)
             user_list.save()
             if bitmap is not None:
                 _replace_older(user_list)
@@ -106,7 +106,7 @@ def _replace_older(user_list: UserList) -> None:
         return
     for previous in UserList.objects.filter(segment=user_list.segment_id, pk__lt=user_list.pk):
         previous.delete()
-        transaction.on_commit(_file_remover(previous.file))
+        transaction.on_commit(remover(previous.file))
 
 
 def user_list_validate(*, user_list_id: int, progress_every: float = 5.0) -> UserList | None:
@@ -176,7 +176,7 @@ def _validation_failed(
             locked.error = reason
             locked.error_line = line
             locked.line_count = summary.lines
-            transaction.on_commit(_file_remover(locked.file))
+            transaction.on_commit(remover(locked.file))
             locked.file = None
             locked.save()
     logger.info("User list %s refused: %s", user_list_id, reason)
@@ -192,12 +192,6 @@ def user_lists_stalled(*, now: Any = None, after: timedelta = timedelta(minutes=
     ids = list(stale.values_list("pk", flat=True)[:100])
     UserList.objects.filter(pk__in=ids).update(checked_at=now)
     return ids
-
-
-def _file_remover(field_file: Any) -> Callable[[], None]:
-    # After commit: a rolled-back replace must not lose the file of a list that stays.
-    storage, name = field_file.storage, field_file.name
-    return lambda: storage.delete(name) if name else None
 
 
 class _Tee:
@@ -227,8 +221,3 @@ class _Tee:
 
     def readable(self) -> bool:
         return True
-
-
-def _storage_name(name: str) -> str:
-    base = "".join(c if c.isalnum() or c in "._-" else "_" for c in name.rsplit("/", 1)[-1])
-    return base or "user-list.txt"

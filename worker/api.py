@@ -464,12 +464,9 @@ class SendJobListView(JsonAPIView):
             upload = request.FILES.get(FILE_PART)
             if upload is None:
                 raise ValidationError({FILE_PART: ["Attach the recipients file in this part."]})
-            fields = form_fields(request.data, request.FILES)
-            if "recipients" in fields or "recipients_key" in fields:
-                raise ValidationError(
-                    {FILE_PART: ["Give the recipients once: a file, or a JSON body."]}
-                )
-            body = decode(msgspec.json.encode(fields), SendJobBody)
+            body = decode(
+                msgspec.json.encode(form_fields(request.data, request.FILES)), SendJobBody
+            )
         given = [body.recipients is not None, body.recipients_key is not None, upload is not None]
         if sum(given) != 1:
             raise ValidationError(

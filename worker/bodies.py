@@ -186,5 +186,5 @@ def form_fields(form: Any, files: Any) -> dict[str, Any]:
         elif name in FORM_INTEGERS and len(values) == 1 and values[0].strip().isdigit():
             fields[name] = int(values[0])
         else:
-            fields[name] = values[-1] if len(values) == 1 else values
+            fields[name] = values[0] if len(values) == 1 else values
     return fields

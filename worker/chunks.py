@@ -48,7 +48,8 @@ class ChunkBusy(Exception):
         self.retry_in = retry_in
 
 
-def _lease_end(now: Any) -> Any:
+def lease_end(now: Any) -> Any:
+    """When a lease taken at `now` runs out (a chunk's, or a job's file being read)."""
     return now + timedelta(seconds=float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS))
 
 
@@ -78,7 +79,7 @@ class _Lease:
 
     def take(self, now: Any) -> bool:
         """For a run, which may gate and send: counted in the chunk's `runs`."""
-        until = _lease_end(now)
+        until = lease_end(now)
         runnable = SendChunk.objects.filter(_runnable(now), pk=self.chunk_id)
         if runnable.update(lease_until=until, runs=F("runs") + 1):
             self.until = until
@@ -87,7 +88,7 @@ class _Lease:
 
     def take_to_close(self, now: Any) -> bool:
         """For closing a waiting chunk (expired, cancelled) whatever its `not_before`: no run."""
-        until = _lease_end(now)
+        until = lease_end(now)
         queued = SendChunk.objects.filter(
             _free(now), pk=self.chunk_id, status=SendChunk.Status.QUEUED
         )
@@ -97,7 +98,7 @@ class _Lease:
         return False
 
     def renew(self) -> None:
-        until = _lease_end(timezone.now())
+        until = lease_end(timezone.now())
         mine = SendChunk.objects.filter(pk=self.chunk_id, lease_until=self.until)
         if not mine.update(lease_until=until):
             raise LeaseLost(f"chunk {self.chunk_id}: the lease ran out and was taken over")
@@ -442,8 +443,15 @@ def chunks_runnable(*, job_id: int, now: Any = None) -> list[int]:
     now = now or timezone.now()
     runnable = SendChunk.objects.filter(_runnable(now), job_id=job_id)
     ids = list(runnable.order_by("pk").values_list("pk", flat=True))
-    SendChunk.objects.filter(pk__in=ids).update(queued_at=now)
+    _update(ids, queued_at=now)
     return ids
+
+
+def _update(ids: list[int], **fields: Any) -> None:
+    """Set `fields` on the chunks `ids`, a few thousand at a time: a job of 100M recipients has
+    100,000 chunks, more than a database takes as parameters of one statement."""
+    for start in range(0, len(ids), 5000):
+        SendChunk.objects.filter(pk__in=ids[start : start + 5000]).update(**fields)
 
 
 # --- waiting sends: expiry and cancelling ----------------------------------------------------
@@ -526,8 +534,8 @@ def _close_never_run(job_id: int, chunks: Any, now: Any) -> Counter[str]:
         if not outcomes:
             return Counter()
         for how, ids in closing.items():
-            status = SendChunk.Status(how)  # expired or cancelled, as the outcome
-            SendChunk.objects.filter(pk__in=ids).update(status=status, lease_until=None)
+            # expired or cancelled, as the outcome
+            _update(ids, status=SendChunk.Status(how), lease_until=None)
         reasons = Counter(job.reasons)
         reasons.update(outcomes)
         job.reasons = dict(reasons)

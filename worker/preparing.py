@@ -21,7 +21,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from gatekeeper.lib.files import remover
 from segments.store import NotFound, StoreError, store_from_settings
+from worker.chunks import lease_end
 from worker.models import SendChunk, SendJob
 from worker.recipients import FileError, RecipientRules, SeenUsers, line_words, recipient_lines
 
@@ -33,10 +35,6 @@ REJECTED_ROWS_SHOWN = 20  # bad rows named when a job is refused (with on_invali
 STAGE_EVERY = 20  # chunks written to the database at a time (and progress noted)
 
 
-def _lease_end(now: Any) -> Any:
-    return now + timedelta(seconds=float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS))
-
-
 class _Lease:
     """A run's hold on a preparing job, taken and renewed with one atomic UPDATE."""
 
@@ -46,7 +44,7 @@ class _Lease:
     def take(self) -> bool:
         now = timezone.now()
         free = Q(prepare_lease_until__isnull=True) | Q(prepare_lease_until__lt=now)
-        until = _lease_end(now)
+        until = lease_end(now)
         preparing = SendJob.objects.filter(free, pk=self.job_id, status=SendJob.Status.PREPARING)
         if preparing.update(prepare_lease_until=until, updated_at=now):
             self.until = until
@@ -56,7 +54,7 @@ class _Lease:
     def renew(self, read_bytes: int) -> bool:
         """Note the progress; False when the job was cancelled or another run took it over."""
         now = timezone.now()
-        until = _lease_end(now)
+        until = lease_end(now)
         mine = SendJob.objects.filter(
             pk=self.job_id, prepare_lease_until=self.until, cancelled_at__isnull=True
         )
@@ -231,12 +229,13 @@ def _finish(job_id: int, staging: _Staging, lease: _Lease, read_bytes: int) -> l
             job.status = SendJob.Status.CANCELLED
         elif not staging.staged:
             job.status = SendJob.Status.DONE
+        elif job.paused_at is not None:  # queued when it is resumed
+            staged.update(status=SendChunk.Status.QUEUED)
+            job.status = SendJob.Status.PAUSED
         else:
             ids = list(staged.order_by("pk").values_list("pk", flat=True))
-            paused = job.paused_at is not None
-            staged.update(status=SendChunk.Status.QUEUED, queued_at=None if paused else now)
-            job.status = SendJob.Status.PAUSED if paused else SendJob.Status.QUEUED
-            ids = [] if paused else ids
+            staged.update(status=SendChunk.Status.QUEUED, queued_at=now)
+            job.status = SendJob.Status.QUEUED
         job.save()
         file_removed_on_commit(job)
     logger.info(
@@ -255,10 +254,9 @@ def file_removed_on_commit(job: SendJob) -> None:
     was refused); an object in the store is the caller's and stays."""
     if not job.file:
         return
-    storage, name = job.file.storage, job.file.name
+    transaction.on_commit(remover(job.file))
+    job.file = ""  # a later save of `job` keeps it gone
     SendJob.objects.filter(pk=job.pk).update(file="")
-    if name:
-        transaction.on_commit(lambda: storage.delete(name))
 
 
 def jobs_preparing_stalled(*, now: Any = None) -> list[int]:

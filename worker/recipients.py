@@ -106,8 +106,12 @@ class RecipientRules:
         problem = json_value_problem(context, max_depth=CONTEXT_DEPTH) if context else None
         if problem:
             raise RowError("context", problem)
-        recipient = {"user_id": user, "address": address, "message_id": message_id}
-        recipient["context"] = context
+        recipient = {
+            "user_id": user,
+            "address": address,
+            "message_id": message_id,
+            "context": context,
+        }
         if time_zone is not None:
             # Kept only when given: most rows have none, and chunks stay small without it.
             if not isinstance(time_zone, str):

@@ -17,6 +17,7 @@ from django.template import TemplateDoesNotExist
 from django.utils import timezone
 
 from gatekeeper.lib.bodies import DATETIME_WORDS
+from gatekeeper.lib.files import storage_name
 from limits.channels import validate_channel
 from limits.limiter import get_limiter
 from limits.models import QuotaReset
@@ -143,13 +144,6 @@ def send_job_from_file(
     of it is valid; a bad line found then fails the job with its line named (nothing is sent).
     An upload is kept (in the media storage) until it is read; with `keep_upload=False` the
     caller reads it itself (`send_job_prepare_run(stream=...)`, as `send_campaign` does)."""
-    job.setdefault("category", MARKETING)
-    job.setdefault("on_capped", SendJob.OnCapped.DROP)
-    job.setdefault("on_invalid", SendJob.OnInvalid.REJECT)
-    job.setdefault("tags", ())
-    job.setdefault("priority", DEFAULT_PRIORITY)
-    job.setdefault("expires_at", None)
-    job.setdefault("user", None)
     fields = _job_fields(**job)
     if (fileobj is None) == (key is None):
         raise ValidationError({"recipients_file": "Give the recipients as a file or a store key."})
@@ -179,7 +173,7 @@ def send_job_from_file(
             **fields, status=SendJob.Status.PREPARING, source=source, source_bytes=size
         )
         if fileobj is not None and keep_upload:
-            job_row.file.save(_storage_name(source), File(fileobj), save=False)
+            job_row.file.save(storage_name(source, "recipients.csv"), File(fileobj), save=False)
         job_row.save()
         if queue:
             transaction.on_commit(lambda: tasks.send_job_prepare.delay(job_row.pk), robust=True)
@@ -193,11 +187,6 @@ def _size(fileobj: Any) -> int:
         size = fileobj.tell()
         fileobj.seek(0)
     return int(size)
-
-
-def _storage_name(name: str) -> str:
-    base = "".join(c if c.isalnum() or c in "._-" else "_" for c in name.rsplit("/", 1)[-1])
-    return base[-100:] or "recipients.csv"
 
 
 def _head_checked(stream: Any, fields: dict[str, Any], field: str) -> None:
@@ -288,7 +277,8 @@ def send_job_cancel(*, job: SendJob, user: Any = None) -> SendJob:
 
 def _not_ended(job: SendJob, what: str) -> None:
     if job.ended or job.cancelled_at is not None:
-        raise ValidationError({"status": f"The job is {job.status}: it cannot be {what}."})
+        state = "cancelled" if job.cancelled_at is not None else job.status
+        raise ValidationError({"status": f"The job is {state}: it cannot be {what}."})
 
 
 def _who(user: Any) -> str:
@@ -300,13 +290,13 @@ def _job_fields(
     channel: str,
     campaign: str,
     template: str,
-    category: str,
-    on_capped: str,
-    on_invalid: str,
-    tags: Iterable[str],
-    priority: int,
-    expires_at: datetime | None,
-    user: Any,
+    category: str = MARKETING,
+    on_capped: str = SendJob.OnCapped.DROP,
+    on_invalid: str = SendJob.OnInvalid.REJECT,
+    tags: Iterable[str] = (),
+    priority: int = DEFAULT_PRIORITY,
+    expires_at: datetime | None = None,
+    user: Any = None,
 ) -> dict[str, Any]:
     """A new job's fields, each checked: a ValidationError naming the first bad one."""
     try:

@@ -101,6 +101,15 @@ class Page:
     def click(self, css: str) -> None:
         self.find(css).click()
 
+    def log_in(self, username: str, then: str, *, shot: bool = False) -> None:
+        """Log in on the admin's login page, which then goes to `then`."""
+        self.open(f"/admin/login/?next={then}")
+        self.type("#id_username", username)
+        self.type("#id_password", PASSWORD)
+        if shot:
+            self.shot("login")
+        self.click("input[type=submit]")
+
     def choose(self, css: str, text: str) -> None:
         from selenium.webdriver.support.ui import Select
 
@@ -144,11 +153,7 @@ def test_a_marketer_uploads_builds_edits_caps_and_rules_rolls_back_looks_up_and_
     page = Page(browser, live_server.url)
 
     # Log in as a marketer (staff in the Marketer group, not a superuser).
-    page.open("/admin/login/?next=/admin/")
-    page.type("#id_username", "mia")
-    page.type("#id_password", PASSWORD)
-    page.shot("login")
-    page.click("input[type=submit]")
+    page.log_in("mia", "/admin/", shot=True)
     page.wait_for(lambda: "Marketing console" in page.text(), "the admin index")
     page.shot("index")
 
@@ -336,10 +341,7 @@ def test_a_marketer_sets_quiet_hours_reads_them_in_plain_words_and_is_told_a_bad
     owls = Segment.objects.create(slug="night-owls", name="Night owls", priority=5)
     staff("mia", MARKETER)
     page = Page(browser, live_server.url, prefix="quiet-")
-    page.open("/admin/login/?next=/admin/")
-    page.type("#id_username", "mia")
-    page.type("#id_password", PASSWORD)
-    page.click("input[type=submit]")
+    page.log_in("mia", "/admin/")
     page.wait_for(lambda: "Marketing console" in page.text(), "the admin index")
 
     # From the index's console to the quiet hours, then "Add".
@@ -397,10 +399,7 @@ def test_a_marketer_sends_a_campaign_file_watches_it_go_out_and_cancels_another(
     staff("mia", MARKETER)
     broker.clear("sends")
     page = Page(browser, live_server.url, prefix="send-file-")
-    page.open("/admin/login/?next=/admin/worker/sendjob/add/")
-    page.type("#id_username", "mia")
-    page.type("#id_password", PASSWORD)
-    page.click("input[type=submit]")
+    page.log_in("mia", "/admin/worker/sendjob/add/")
     page.wait_for(lambda: "Send a campaign file" in page.text(), "the upload form")
 
     def send(path: Path, campaign: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
 from segments.store import store_from_settings
 from tests import broker
@@ -199,6 +200,7 @@ def test_a_job_cancelled_while_its_file_is_read_queues_nothing(push, settings):
     # Cancelled before any run read it: cancelled at once.
     waiting = upload(text, campaign="other")
     assert send_job_cancel(job=waiting).status == "cancelled"
+    assert not SendJob.objects.get(pk=waiting.pk).file  # its upload is removed
     assert send_job_prepare_run(job_id=waiting.pk) == []
 
 
@@ -223,8 +225,6 @@ def test_a_run_that_died_is_read_again_from_the_start_and_two_runs_never_read_at
     assert ids == [chunk.pk] and [r["user_id"] for r in chunk.recipients] == [1, 2]
     # A second delivery of a job another run reads (its lease is live) does nothing.
     other = upload("3,token-3\n", campaign="other")
-    from django.utils import timezone
-
     later = timezone.now() + timedelta(minutes=1)
     SendJob.objects.filter(pk=other.pk).update(prepare_lease_until=later)
     assert send_job_prepare_run(job_id=other.pk) == []
