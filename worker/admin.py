@@ -20,6 +20,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from gatekeeper.lib.bodies import datetime_from_text
+from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.permissions import CANCEL_SENDS, SEND_CAMPAIGNS, VIEW_SEND_JOBS
 from gatekeeper.lib.words import count
 from limits.channels import channels
@@ -202,8 +203,8 @@ class SendJobAdmin(admin.ModelAdmin):
         job = get_object_or_404(SendJob, pk=job_id)
         try:
             job = CONTROLS[action](job=job, user=request.user)
-        except ValidationError as exc:
-            messages.error(request, " ".join(exc.messages))
+        except Conflict as exc:
+            messages.error(request, str(exc))
         else:
             done = {"pause": "Paused", "resume": "Resumed", "cancel": "Cancelled"}[action]
             self.log_change(request, job, f"{done} the job")

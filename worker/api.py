@@ -558,7 +558,7 @@ _CONTROLS = {
         "Cancel a send job",
         "Nothing more of it goes out: its queued and waiting sends count as `cancelled`; a "
         "chunk being gated or sent at this moment finishes. A job still being read stops. The "
-        "job is `cancelled` once every send has its outcome. Idempotent; a 400 for a job that "
+        "job is `cancelled` once every send has its outcome. Idempotent; a 409 for a job that "
         "is done or failed.",
     ),
 }
@@ -575,7 +575,7 @@ def _control_view(action: str) -> type[JsonAPIView]:
             summary=f"{summary}; the job, as it is now",
             description=description,
             request=None,
-            responses={200: SendJobSerializer, **errors(400, 404)},
+            responses={200: SendJobSerializer, **errors(404, 409)},
         )
         def post(self, request: Request, job_id: int) -> Response:
             job = get_object_or_404(SendJob, pk=job_id)

@@ -17,6 +17,7 @@ from django.template import TemplateDoesNotExist
 from django.utils import timezone
 
 from gatekeeper.lib.bodies import DATETIME_WORDS
+from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.files import storage_name
 from limits.channels import validate_channel
 from limits.limiter import get_limiter
@@ -253,7 +254,7 @@ def send_job_cancel(*, job: SendJob, user: Any = None) -> SendJob:
     with transaction.atomic():
         locked = SendJob.objects.select_for_update().get(pk=job.pk)
         if locked.status in (SendJob.Status.DONE, SendJob.Status.FAILED):
-            raise ValidationError({"status": f"The job is {locked.status}: nothing to cancel."})
+            raise Conflict(f"The job is {locked.status}: nothing to cancel.", field="status")
         if locked.cancelled_at is None:
             locked.cancelled_at = now
             locked.cancelled_by = user if user is not None and user.is_authenticated else None
@@ -278,7 +279,7 @@ def send_job_cancel(*, job: SendJob, user: Any = None) -> SendJob:
 def _not_ended(job: SendJob, what: str) -> None:
     if job.ended or job.cancelled_at is not None:
         state = "cancelled" if job.cancelled_at is not None else job.status
-        raise ValidationError({"status": f"The job is {state}: it cannot be {what}."})
+        raise Conflict(f"The job is {state}: it cannot be {what}.", field="status")
 
 
 def _who(user: Any) -> str:

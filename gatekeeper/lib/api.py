@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from gatekeeper.lib.bodies import DEFAULT_MAX_BODY_BYTES, JsonBodyParser, openapi_components
+from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.ids import max_user_id
 from gatekeeper.lib.permissions import API_AUTHENTICATION, HasRights
 
@@ -34,6 +35,9 @@ class JsonAPIView(APIView):
     body_limit_reason: ClassVar[str] = ""
 
     def handle_exception(self, exc: Exception) -> Response:
+        if isinstance(exc, Conflict):
+            body = {"detail": str(exc), **({"field": exc.field} if exc.field else {})}
+            return Response(body, status=409)
         # A service's ValidationError names the fields (the API's names): the API's 400.
         if isinstance(exc, DjangoValidationError):
             exc = ValidationError(

@@ -77,6 +77,16 @@ def may_refuse_valid_data(case: schemathesis.Case) -> bool:
     return case.operation.label == REPORT and bool({"from", "to"} & set(case.query or {}))
 
 
+def skips_bad_rows(case: schemathesis.Case) -> bool:
+    body = case.body
+    return (
+        case.operation.label == "POST /api/v1/sends/"
+        and isinstance(body, dict)
+        and body.get("on_invalid") == "skip"
+        and isinstance(body.get("recipients"), list)
+    )
+
+
 def names_a_time_zone(value: Any) -> bool:
     if isinstance(value, dict):
         return bool(value.get("time_zone")) or any(names_a_time_zone(v) for v in value.values())
@@ -111,6 +121,10 @@ def fuzz(operation: Any, mode: GenerationMode, base: str, headers: dict) -> None
     def run(case: schemathesis.Case) -> None:
         note(f"{case.method} {case.formatted_path} ({mode.value})")
         checks = list(CHECKS)
+        if skips_bad_rows(case):
+            # A send job with on_invalid: skip takes a recipient row that breaks the schema (a
+            # user id out of range, say) and counts it as invalid: a 202, by design.
+            checks.remove(negative_data_rejection)
         if not may_refuse_valid_data(case):
             checks.append(positive_data_acceptance)
         case.call_and_validate(base_url=base, headers=headers, checks=checks)

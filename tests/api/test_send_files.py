@@ -119,5 +119,8 @@ def test_a_campaign_system_pauses_resumes_and_cancels_its_job(api, snapshot, set
         0,
     )
     again = call(s, "POST", f"{url}/pause/")
-    assert again.status_code == 400 and "The job is cancelled" in again.json()["status"][0]
+    assert again.status_code == 409 and again.json() == {
+        "detail": "The job is cancelled: it cannot be paused.",
+        "field": "status",
+    }
     assert call(s, "POST", "/api/v1/sends/999999/cancel/").status_code == 404

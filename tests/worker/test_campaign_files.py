@@ -11,6 +11,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
+from gatekeeper.lib.conflicts import Conflict
 from segments.store import store_from_settings
 from tests import broker
 from worker import services
@@ -179,7 +180,7 @@ def test_a_paused_job_hands_out_nothing_until_resumed_and_a_cancel_ends_the_rest
     assert SendChunk.objects.get(pk=third).status == "cancelled"
     assert send_chunk_run(chunk_id=third) == {}
     for control in (send_job_pause, send_job_resume):
-        with pytest.raises(ValidationError, match="The job is cancelled"):
+        with pytest.raises(Conflict, match="The job is cancelled"):
             control(job=job)
     assert send_job_cancel(job=job).cancelled == 2  # idempotent
 
