@@ -1,10 +1,12 @@
 """The gate: end-to-end throughput beside the limiter alone, and a campaign through workers.
 
 python -m bench gate [-- --recipients 1000000 --seconds 4]
+python -m bench gate -- --cluster [--recipients N]: the campaign alone, on a 3-master cluster
 """
 
 import argparse
 import array
+import contextlib
 import functools
 import os
 import random
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 import redis
 from pyroaring import FrozenBitMap
+from redis.cluster import RedisCluster
 
 from limits.limiter import Limiter
 from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, counting_rule, encode
@@ -61,6 +65,12 @@ CLASSIC = (
 )
 
 
+def _redis(url: str) -> redis.Redis:
+    """A client that waits for slow commands: flushing a 10M-recipient campaign's keys takes
+    seconds."""
+    return redis.Redis.from_url(url, socket_timeout=600)
+
+
 def fixed_policy(table: PolicyTable) -> PolicyCache:
     """A policy cache that always answers `table` (no database)."""
     cache = PolicyCache(ttl=float("inf"))
@@ -96,7 +106,7 @@ def alternated(
 
 
 def gate_beside_limiter(url: str, seconds: float) -> None:
-    client = redis.Redis.from_url(url)
+    client = _redis(url)
     client.flushdb()
     limiter = Limiter(client, prefix="bench:")
     gate = Gate(
@@ -142,7 +152,7 @@ def quiet_hours_beside_none(url: str, seconds: float) -> None:
     """Gate decisions/s with quiet hours configured (every segment, each channel and `all`,
     none holding at the moment, so every send still reaches Redis) against none configured,
     on the same users, sends and per-request zones, runs alternated."""
-    client = redis.Redis.from_url(url)
+    client = _redis(url)
     client.flushdb()
     limiter = Limiter(client, prefix="bench:")
     classic = CLASSIC
@@ -201,8 +211,63 @@ def quiet_hours_beside_none(url: str, seconds: float) -> None:
     print(f"  ratio {ratio:.3f}x (median of run pairs)   (target >= 0.95x)")
 
 
-def campaign(recipients: int) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
+def _group(pgid: int) -> list[int]:
+    """The live processes of a process group (a Celery worker and its pool)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                found.append(int(entry.name))
+    return sorted(found)
+
+
+def _process_figures(pid: int) -> tuple[float, float]:
+    """(peak resident memory in MB, CPU seconds so far) of a live process."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    peak_kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM"))
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return peak_kb / 1024, cpu
+
+
+def _redis_cpu(servers: list[redis.Redis]) -> float:
+    """CPU seconds the Redis servers have used, summed."""
+    total = 0.0
+    for server in servers:
+        info = server.info("cpu")
+        total += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+    return total
+
+
+def _hash(client: Any, key: str) -> dict[bytes, bytes]:
+    found: dict[bytes, bytes] = client.hgetall(key)
+    return found
+
+
+def _command_usec(servers: list[redis.Redis]) -> Counter[str]:
+    """Microseconds the Redis servers spent per command so far (INFO commandstats; every
+    database), summed."""
+    found: Counter[str] = Counter()
+    for server in servers:
+        for name, v in server.info("commandstats").items():
+            found[name.removeprefix("cmdstat_")] += int(v["usec"])
+    return found
+
+
+def campaign(recipients: int, *, cluster: bool = False) -> None:
+    """A campaign file of `recipients` through `send_campaign` and 2 worker processes: wall
+    time from the file handed over to the last send settled, each process's peak memory, and
+    where the time went (worker.timings' steps, Redis CPU).
+
+    `cluster`: the gate's Redis is a 3-master Redis Cluster started on loopback for the run
+    (the broker stays on the machine's Redis); Redis CPU is the masters' summed."""
+    from worker.timings import STEPS, timings_key
+
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         env = {
             **os.environ,
             "DATABASE_URL": f"sqlite:///{tmp}/bench.sqlite3",
@@ -214,52 +279,122 @@ def campaign(recipients: int) -> None:
             "GATEKEEPER_PUSH_BACKEND": "worker.dispatchers.NullPushBackend",
             "LOG_LEVEL": "WARNING",
         }
-        for url in (env["REDIS_URL"], env["CELERY_BROKER_URL"]):
-            redis.Redis.from_url(url).flushdb()
+        broker = _redis(env["CELERY_BROKER_URL"])
+        data: Any = _redis(env["REDIS_URL"])
+        servers = [data]  # the gate's Redis servers (one also holds the broker's database)
+        if cluster:
+            from tests.redis_servers import RedisClusterProcesses
+
+            nodes = RedisClusterProcesses(Path(tmp) / "cluster").start()
+            stack.callback(nodes.stop)
+            env |= {"REDIS_URL": nodes.url, "REDIS_CLUSTER": "true"}
+            data = RedisCluster.from_url(nodes.url)
+            servers = [redis.Redis(port=node.port, socket_timeout=600) for node in nodes.nodes]
+        for db in (*servers, broker):
+            db.flushdb()
         python = sys.executable
         subprocess.run([python, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
         subprocess.run(
             [python, "manage.py", "seed_demo"], cwd=ROOT, env=env, check=True, capture_output=True
         )
+        data.delete(timings_key())  # the demo's own small campaigns
         csv = Path(tmp) / "recipients.csv"
         # One send per user: ids past the demo's 200,000 listed users fall in the default segment.
-        csv.write_text("".join(f"{i},token-{i}\n" for i in range(recipients)))
+        with csv.open("w") as lines:
+            for start in range(0, recipients, 100_000):
+                stop = min(recipients, start + 100_000)
+                lines.write("".join(f"{i},token-{i}\n" for i in range(start, stop)))
         worker = subprocess.Popen(
             [str(Path(python).parent / "celery"), "-A", "gatekeeper", "worker", "-Q", "sends", "-c", "2",
              "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
             cwd=ROOT, env=env, start_new_session=True,
         )  # fmt: skip
+        time.sleep(3)  # the worker's start-up (snapshot loaded, pool forked) is not the campaign's
+        redis_cpu = _redis_cpu(servers)
+        broker_cpu = _redis_cpu([broker])
+        before = _command_usec(servers)
+        peaks: dict[int, tuple[float, float]] = {}
         try:
             started = time.perf_counter()
-            subprocess.run(
+            sender = subprocess.Popen(
                 [python, "manage.py", "send_campaign", "--channel", "push", "--template", "offer", "--recipients", str(csv)],
-                cwd=ROOT, env=env, check=True, capture_output=True,
+                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             )  # fmt: skip
+            _, status, usage = os.wait4(sender.pid, 0)
+            sender.returncode = os.waitstatus_to_exitcode(status)
+            if sender.returncode:
+                raise SystemExit(f"send_campaign failed: {sender.stderr.read().decode()}")  # type: ignore[union-attr]
             queued = time.perf_counter() - started
             script = (
                 "import time;from worker.models import SendJob\n"
                 "while SendJob.objects.get(campaign='offer').status != 'done': time.sleep(0.2)\n"
                 "job=SendJob.objects.get(campaign='offer');print(job.sent, job.reasons)"
             )
-            out = subprocess.run(
+            waiter = subprocess.Popen(
                 [python, "manage.py", "shell", "-v", "0", "-c", script],
-                cwd=ROOT,
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
+                cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            while waiter.poll() is None:
+                for pid in _group(worker.pid):
+                    with contextlib.suppress(OSError, StopIteration):
+                        peaks[pid] = _process_figures(pid)
+                time.sleep(0.5)
             wall = time.perf_counter() - started
+            out = waiter.stdout.read() if waiter.stdout else ""
+            redis_cpu = _redis_cpu(servers) - redis_cpu
+            broker_cpu = _redis_cpu([broker]) - broker_cpu
+            for pid in _group(worker.pid):
+                with contextlib.suppress(OSError, StopIteration):
+                    peaks[pid] = _process_figures(pid)
         finally:
             os.killpg(worker.pid, 15)
-            worker.wait(timeout=30)
+            worker.wait(timeout=60)
+        spent = {k.decode(): float(v) for k, v in _hash(data, timings_key()).items()}
+        commands = _command_usec(servers)
+        commands.subtract(before)
+        memory = sum(int(server.info("memory")["used_memory"]) for server in servers)
+        for db in (*servers, broker):
+            db.flushdb()  # gigabytes at 10M: not left to the next benchmark
+        where = "a 3-master Redis Cluster" if cluster else "one Redis"
         print(
-            f"campaign of {recipients:,} push recipients through 2 worker processes (null dispatcher): {wall:.1f} s, {recipients / wall:,.0f} recipients/s"
+            f"campaign of {recipients:,} push recipients through 2 worker processes (null dispatcher), {where}: {wall:.1f} s, {recipients / wall:,.0f} recipients/s"
         )
         print(f"  of which send_campaign reading, validating and queueing the file: {queued:.1f} s")
         print(f"  sent and gate reasons: {out.strip()}")
         print(
             f"  at this rate 1M recipients take {1_000_000 / (recipients / wall):.0f} s   (target < 60 s)"
+        )
+        print(
+            f"  at this rate 10M recipients take {10_000_000 / (recipients / wall):.0f} s   (target <= 360 s)"
+        )
+        print(f"  send_campaign peak memory: {usage.ru_maxrss / 1024:,.0f} MB")
+        for pid, (peak, cpu) in sorted(peaks.items()):
+            role = "worker parent" if pid == worker.pid else "worker process"
+            print(
+                f"  {role} {pid}: peak memory {peak:,.0f} MB, CPU {cpu:,.1f} s   (target <= 1 GB)"
+            )
+        print(
+            f"  Redis CPU: {redis_cpu:,.1f} s ({1e6 * redis_cpu / recipients:.1f} us per recipient)"
+            + (
+                f"; the broker's Redis: {broker_cpu:,.1f} s"
+                if cluster
+                else " (the broker's database included)"
+            )
+        )
+        top = sorted(commands.items(), key=lambda item: -item[1])[:6]
+        print(
+            "    by command: "
+            + ", ".join(f"{name} {1e-6 * usec:,.1f} s" for name, usec in top if usec > 0)
+        )
+        print(f"  Redis memory at the end: {memory / 2**30:.2f} GiB (claims, logs, ledger stream)")
+        print("  where the time went (wall seconds summed over processes, per recipient):")
+        for step in STEPS:
+            seconds = spent.get(step, 0.0)
+            print(f"    {step:<10} {seconds:8.1f} s  {1e6 * seconds / recipients:6.1f} us")
+        busy = sum(cpu for pid, (_, cpu) in peaks.items() if pid != worker.pid)
+        timed = sum(v for k, v in spent.items() if k not in ("reading", "chunking"))
+        print(
+            f"    worker processes' CPU {busy:,.1f} s against {timed:,.1f} s timed in their steps"
         )
 
 
@@ -268,7 +403,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--recipients", type=int, default=1_000_000)
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="only the campaign, its gate's Redis a 3-master cluster started on loopback",
+    )
     args = parser.parse_args(argv)
+    if args.cluster:
+        campaign(args.recipients, cluster=True)
+        return
     gate_beside_limiter(args.redis_url, args.seconds)
     quiet_hours_beside_none(args.redis_url, 2 * args.seconds)
     campaign(args.recipients)

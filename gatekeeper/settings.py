@@ -110,6 +110,11 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     )
+# Connections are kept between requests and worker tasks (a worker runs thousands of chunks
+# a minute; opening a PostgreSQL connection for each costs milliseconds), checked before
+# reuse, and closed after DATABASE_CONN_MAX_AGE seconds or an error.
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -145,6 +150,9 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_TASK_DEFAULT_QUEUE = "sends"
+# Celery closes the database connections around every task unless told to reuse them; the
+# worker then closes only unusable or old ones before each task (worker/celery_hooks.py).
+CELERY_DB_REUSE_MAX = 1000
 CELERY_TASK_ROUTES = {"segments.tasks.*": {"queue": "builds"}}
 # Above the longest task, so a task still running is never handed to a second worker.
 CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -242,7 +250,7 @@ GATEKEEPER_PUSH_BACKEND = env.str(
 # Where WebhookPushBackend posts each push (a relay to APNs/FCM, say).
 GATEKEEPER_PUSH_WEBHOOK_URL = env.str("GATEKEEPER_PUSH_WEBHOOK_URL", default="")
 # Recipients gated per gate call and per Celery task.
-GATEKEEPER_SEND_CHUNK_SIZE = env.int("GATEKEEPER_SEND_CHUNK_SIZE", default=1000)
+GATEKEEPER_SEND_CHUNK_SIZE = env.int("GATEKEEPER_SEND_CHUNK_SIZE", default=5000)
 # A campaign file uploaded to POST /api/v1/sends/ or the admin, as sent (gzip counts compressed):
 # refused beyond this from its Content-Length. 100M recipients are about 4 GB of plain CSV.
 GATEKEEPER_SEND_FILE_MAX_UPLOAD_BYTES = env.int(

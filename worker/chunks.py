@@ -29,6 +29,7 @@ from worker.claims import SENT, RunClaims, claims_read
 from worker.dispatchers import AMBIGUOUS, PERMANENT, Renderer, dispatcher_for, send_many
 from worker.gate import MARKETING, QUIET_HOURS, gate_check, gate_outcomes, gate_release
 from worker.models import SendChunk, SendJob
+from worker.timings import timed
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +129,9 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None, now: Any = None) ->
     clock = now
     now = now or timezone.now()
     lease = _Lease(chunk_id)
-    if not lease.take(now):
+    with timed("fetch"):
+        taken = lease.take(now)
+    if not taken:
         chunk = SendChunk.objects.filter(pk=chunk_id).first()
         if chunk is None or chunk.status != SendChunk.Status.QUEUED:
             return {}
@@ -170,15 +173,17 @@ class _Run:
     def send(self, recipients: list[dict[str, Any]], renderer: Renderer) -> None:
         """Claim, send and settle one dispatcher batch (three round trips at most)."""
         batch, messages = [], []
-        for recipient in recipients:
-            # Rendered before claiming: a message that cannot be rendered never went out.
-            try:
-                messages.append(renderer(recipient))
-                batch.append(recipient)
-            except Exception as exc:
-                logger.warning("Send %s cannot be rendered: %s", recipient["message_id"], exc)
-                self._fail(recipient)
-        found = self.claims.take([r["message_id"] for r in batch])
+        with timed("rendering"):
+            for recipient in recipients:
+                # Rendered before claiming: a message that cannot be rendered never went out.
+                try:
+                    messages.append(renderer(recipient))
+                    batch.append(recipient)
+                except Exception as exc:
+                    logger.warning("Send %s cannot be rendered: %s", recipient["message_id"], exc)
+                    self._fail(recipient)
+        with timed("claims"):
+            found = self.claims.take([r["message_id"] for r in batch])
         to_send, to_send_messages, taken_over = [], [], []
         for recipient, message, claim in zip(batch, messages, found, strict=True):
             if claim is None:
@@ -210,11 +215,12 @@ class _Run:
             to_send.append(recipient)
             to_send_messages.append(message)
         if taken_over:
-            self.claims.take_over(taken_over)
+            with timed("claims"):
+                self.claims.take_over(taken_over)
         sent, unsent = [], []
-        for recipient, error in zip(
-            to_send, send_many(self.dispatcher, to_send_messages), strict=True
-        ):
+        with timed("dispatch"):
+            errors = send_many(self.dispatcher, to_send_messages)
+        for recipient, error in zip(to_send, errors, strict=True):
             message_id = recipient["message_id"]
             if error is None:
                 sent.append(message_id)
@@ -230,7 +236,8 @@ class _Run:
                 else:
                     self.retry.append(recipient)
         # At once, not with the next batch: a worker killed now leaves these sends known.
-        self.claims.settle(sent=sent, unsent=unsent)
+        with timed("claims"):
+            self.claims.settle(sent=sent, unsent=unsent)
 
     def _fail(self, recipient: dict[str, Any]) -> None:
         self.released.append((recipient["user_id"], recipient["message_id"]))
@@ -243,7 +250,8 @@ class _Run:
 
 
 def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> dict[str, int]:
-    chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
+    with timed("fetch"):
+        chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
     job = chunk.job
     if job.status == SendJob.Status.QUEUED:
         SendJob.objects.filter(pk=job.pk, status=SendJob.Status.QUEUED).update(
@@ -264,16 +272,17 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
     recipients = chunk.recipients
     # No later than the gate's own time for the ledger (its outcomes are found from it).
     gating = clock.timestamp() if clock is not None else time.time() - 1
-    decisions = gate_check(
-        channel=job.channel,
-        requests=[(r["user_id"], r["message_id"]) for r in recipients],
-        campaign=job.campaign,
-        category=job.category,
-        tags=tuple(job.tags),
-        priority=job.priority,
-        time_zones=[r.get("time_zone") for r in recipients],
-        now=clock.timestamp() if clock is not None else None,
-    )
+    with timed("gate"):
+        decisions = gate_check(
+            channel=job.channel,
+            requests=[(r["user_id"], r["message_id"]) for r in recipients],
+            campaign=job.campaign,
+            category=job.category,
+            tags=tuple(job.tags),
+            priority=job.priority,
+            time_zones=[r.get("time_zone") for r in recipients],
+            now=clock.timestamp() if clock is not None else None,
+        )
     # What `retry_after` counts from: the gate's clock (taken after it answered, so that a
     # release read from it is never early).
     gated_at = clock or timezone.now()
@@ -288,10 +297,11 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
             lease.renew()
             renewed = time.monotonic()
         run.send(admitted[start : start + size], renderer)
-    # Outcomes before releases: `released` does not replace an outcome the ledger knows.
-    gate_outcomes(channel=job.channel, since=gating, outcomes=run.dispatched)
-    if run.released and job.category == MARKETING:
-        gate_release(channel=job.channel, requests=run.released)
+    with timed("ledger"):
+        # Outcomes before releases: `released` does not replace an outcome the ledger knows.
+        gate_outcomes(channel=job.channel, since=gating, outcomes=run.dispatched)
+        if run.released and job.category == MARKETING:
+            gate_release(channel=job.channel, requests=run.released)
     outcomes = run.outcomes
     deferred: list[tuple[dict[str, Any], datetime]] = []  # (recipient, its release)
     unavailable: list[dict[str, Any]] = []
@@ -319,7 +329,8 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
         retries.append((run.retry, 5 * 2**chunk.attempts, chunk.attempts + 1))
     if unavailable:  # Redis or the snapshot missing: soon, and an attempt spent
         retries.append((unavailable, float(REDIS_DOWN_DELAY), chunk.attempts + 1))
-    _settle(chunk, decisions, outcomes, retries, deferred, clock or timezone.now())
+    with timed("settle"):
+        _settle(chunk, decisions, outcomes, retries, deferred, clock or timezone.now())
     return dict(outcomes)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.conf import settings
 
-from gatekeeper.lib.redis_client import get_redis
+from gatekeeper.lib.redis_client import get_redis, pipelined
 
 CLAIM_TTL = 8 * 86400
 SENDING, SENT = "sending", "sent"
@@ -54,10 +54,13 @@ def _parse(reply: Any) -> Claim | None:
 
 def claims_read(channel: str, message_ids: Sequence[str]) -> list[Claim | None]:
     """The claims of `message_ids`, in one round trip (raises redis errors)."""
-    pipe = get_redis().pipeline(transaction=False)
-    for message_id in message_ids:
-        pipe.get(claim_key(channel, message_id))
-    return [_parse(reply) for reply in pipe.execute()]
+    return [_parse(reply) for reply in _run([("GET", claim_key(channel, m)) for m in message_ids])]
+
+
+def _run(commands: list[tuple[Any, ...]]) -> list[Any]:
+    """Replies to `commands` (GET, SET with GET, SET, DEL), in one round trip per node, packed
+    by hand (gatekeeper.lib.redis_client.pipelined)."""
+    return pipelined(get_redis(), commands)
 
 
 class RunClaims:
@@ -69,14 +72,11 @@ class RunClaims:
 
     def take(self, message_ids: Sequence[str]) -> list[Claim | None]:
         """Claim each id for sending; per id None (claimed now) or the claim found there."""
-        if not message_ids:
-            return []
-        pipe = get_redis().pipeline(transaction=False)
-        for message_id in message_ids:
-            pipe.set(
-                claim_key(self.channel, message_id), self.sending, nx=True, ex=CLAIM_TTL, get=True
-            )
-        return [_parse(reply) for reply in pipe.execute()]
+        commands = [
+            ("SET", claim_key(self.channel, m), self.sending, "NX", "EX", CLAIM_TTL, "GET")
+            for m in message_ids
+        ]
+        return [_parse(reply) for reply in _run(commands)]
 
     def take_over(self, message_ids: Sequence[str]) -> None:
         """Claim ids a dead run left `sending`, to send them again with the same key (only for
@@ -88,11 +88,8 @@ class RunClaims:
         self._write([(message_id, f"{SENT}:{self.job_id}") for message_id in sent], unsent)
 
     def _write(self, values: list[tuple[str, str]], deleted: Sequence[str]) -> None:
-        if not values and not deleted:
-            return
-        pipe = get_redis().pipeline(transaction=False)
-        for message_id, value in values:
-            pipe.set(claim_key(self.channel, message_id), value, ex=CLAIM_TTL)
-        for message_id in deleted:
-            pipe.delete(claim_key(self.channel, message_id))
-        pipe.execute()
+        commands: list[tuple[Any, ...]] = [
+            ("SET", claim_key(self.channel, m), value, "EX", CLAIM_TTL) for m, value in values
+        ]
+        commands.extend(("DEL", claim_key(self.channel, m)) for m in deleted)
+        _run(commands)

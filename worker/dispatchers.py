@@ -37,6 +37,7 @@ from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
 from django.core.mail.message import sanitize_address
 from django.core.validators import validate_email
 from django.template import TemplateDoesNotExist
+from django.template.base import TextNode, Variable, VariableNode
 from django.template.loader import get_template, render_to_string
 from django.utils.module_loading import import_string
 
@@ -107,29 +108,100 @@ def template_names() -> list[str]:
     return sorted(found)
 
 
+# Filters whose output is not a function of their input alone: a template using one is
+# rendered for every recipient.
+_UNSTABLE_FILTERS = frozenset({"random"})
+_REMEMBERED = 4096  # outputs one template keeps, per chunk
+_MISSING = object()  # a name the context lacks (renders unlike None)
+
+
+class _Template:
+    """A compiled template that remembers its outputs when it can.
+
+    A template made only of text and `{{ variables|filters }}` renders the same text for the
+    same values of the names it reads, and a campaign's texts mostly repeat (the same offer,
+    a handful of cities or first names): such a template is rendered once per distinct set of
+    values, then read from a dictionary (at most _REMEMBERED outputs; afterwards the rest are
+    rendered). Any other template (tags), or other values than texts, is rendered every time."""
+
+    def __init__(self, template: Any) -> None:
+        self.template = template
+        self.names = _names_read(template)
+        self.outputs: dict[tuple[Any, ...], str] = {}
+
+    def render(self, context: dict[str, Any]) -> str:
+        if self.names is None:
+            return self.template.render(context)
+        key = tuple([context.get(name, _MISSING) for name in self.names])
+        # Only texts and absent names make keys: 1, 1.0 and True are equal keys that render
+        # differently, and a list is no key at all.
+        if not all(type(value) is str or value is _MISSING for value in key):
+            return self.template.render(context)
+        output = self.outputs.get(key)
+        if output is None:
+            output = self.template.render(context)
+            if len(self.outputs) < _REMEMBERED:
+                self.outputs[key] = output
+        return output
+
+
+def _names_read(template: Any) -> tuple[str, ...] | None:
+    """The context names a template of text and variables reads, or None when its output may
+    depend on more than their values (tags, unstable filters, another engine)."""
+    nodelist = getattr(getattr(template, "template", None), "nodelist", None)
+    if nodelist is None:
+        return None
+    names: set[str] = set()
+
+    def read(value: Any) -> None:
+        if isinstance(value, Variable) and value.lookups:
+            names.add(value.lookups[0])
+
+    for node in nodelist:
+        if isinstance(node, TextNode):
+            continue
+        if not isinstance(node, VariableNode):
+            return None
+        expression = node.filter_expression
+        read(expression.var)
+        for function, arguments in expression.filters:
+            if getattr(function, "_filter_name", None) in _UNSTABLE_FILTERS:
+                return None
+            for _lookup, argument in arguments:
+                read(argument)
+    return tuple(sorted(names))
+
+
 class Renderer:
     """A job's templates, loaded and compiled once, rendered per recipient."""
 
     def __init__(self, *, channel: str, template: str, campaign: str) -> None:
         self.channel, self.campaign = channel, campaign
         title = "subject.txt" if channel == "email" else "title.txt"
-        self.title = get_template(f"{channel}/{template}/{title}")
-        self.body = get_template(f"{channel}/{template}/body.txt")
+        self.title = _Template(get_template(f"{channel}/{template}/{title}"))
+        self.body = _Template(get_template(f"{channel}/{template}/body.txt"))
         self.html = None
         if channel == "email":
             try:
-                self.html = get_template(f"email/{template}/body.html")
+                self.html = _Template(get_template(f"email/{template}/body.html"))
             except TemplateDoesNotExist:
                 self.html = None
+        self.subjects: dict[str, str] = {}  # a title as rendered: its spaces made one
 
     def __call__(self, recipient: dict[str, Any]) -> Message:
         data = recipient.get("context") or {}
         context = {**data, "user_id": recipient["user_id"], "campaign": self.campaign}
+        title = self.title.render(context)
+        subject = self.subjects.get(title)
+        if subject is None:
+            subject = " ".join(title.split())
+            if len(self.subjects) < _REMEMBERED:
+                self.subjects[title] = subject
         return Message(
             message_id=recipient["message_id"],
             user_id=recipient["user_id"],
             address=recipient["address"],
-            subject=" ".join(self.title.render(context).split()),
+            subject=subject,
             body=self.body.render(context),
             html=self.html.render(context) if self.html is not None else None,
             data=data,

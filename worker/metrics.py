@@ -9,12 +9,12 @@ from collections.abc import Iterator
 
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gatekeeper.lib.probes import operator_allowed
 from segments.index import index_status
-from worker import stats
+from worker import stats, timings
 
 
 class GatekeeperCollector(Collector):
@@ -41,6 +41,18 @@ class GatekeeperCollector(Collector):
             [status["version"] or "", status["source"] or ""], 1.0 if status["loaded"] else 0.0
         )
         yield loaded
+        seconds = CounterMetricFamily(
+            "gatekeeper_worker_seconds",
+            "Seconds the workers spent per step of a send (wall clock, every process).",
+            labels=["step"],
+        )
+        try:
+            spent = timings.timings_read()
+        except Exception:
+            spent = {}
+        for step, value in spent.items():
+            seconds.add_metric([step], value)
+        yield seconds
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
@@ -53,6 +65,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         )
         return response
     stats.flush()
+    timings.flush()
     registry = CollectorRegistry()
     registry.register(GatekeeperCollector())
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

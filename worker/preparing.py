@@ -11,7 +11,9 @@ while it is read stops at the next stage; one paused is staged to the end and wa
 resume.
 """
 
+import gc
 import logging
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -23,6 +25,7 @@ from django.utils import timezone
 
 from gatekeeper.lib.files import remover
 from segments.store import NotFound, StoreError, store_from_settings
+from worker import timings
 from worker.chunks import lease_end
 from worker.models import SendChunk, SendJob
 from worker.recipients import FileError, RecipientRules, SeenUsers, line_words, recipient_lines
@@ -74,6 +77,7 @@ class _Staging:
         self.batch: list[dict[str, Any]] = []
         self.full: list[list[dict[str, Any]]] = []
         self.rows = self.staged = self.repeats = self.invalid = 0
+        self.seconds = 0.0  # spent storing chunks
         self.invalid_rows: list[dict[str, Any]] = []
         self.seen = SeenUsers()
 
@@ -101,6 +105,7 @@ class _Staging:
             self.batch = []
         if not self.full:
             return
+        started = time.perf_counter()
         SendChunk.objects.bulk_create(
             SendChunk(
                 job_id=self.job.pk,
@@ -112,6 +117,9 @@ class _Staging:
         )
         self.staged += sum(len(recipients) for recipients in self.full)
         self.full = []
+        seconds = time.perf_counter() - started
+        self.seconds += seconds
+        timings.add("chunking", seconds)
 
 
 def _open(job: SendJob) -> tuple[Any, int]:
@@ -161,6 +169,13 @@ def send_job_prepare_run(
         else:
             handle, size = _open(job)
         counting = _Counting(handle)
+        # Reading makes millions of short-lived objects, and each of the collector's full
+        # walks would also walk everything the process held before (Django, the snapshot):
+        # freezing that first (after collecting what is garbage now) made reading a 1M-line
+        # file in `send_campaign` 25% faster. What is frozen is still freed when unreferenced.
+        gc.collect()
+        gc.freeze()
+        started = time.perf_counter()
         for line in recipient_lines(counting, rules):
             if line.error is not None:
                 staging.bad(line.number, line.error.field, line.error.message)
@@ -169,12 +184,13 @@ def send_job_prepare_run(
             else:
                 staging.add(line.recipient)  # type: ignore[arg-type]
             if len(staging.full) >= STAGE_EVERY:
-                staging.flush()
+                staging.flush()  # timed as chunking: the rest of the loop is reading
                 if progress is not None:
                     progress(counting.count, size)
                 if not lease.renew(counting.count):
                     break  # cancelled (finished below), or taken over by another run
         staging.flush(last=True)
+        timings.add("reading", time.perf_counter() - started - staging.seconds)
         if progress is not None:
             progress(counting.count, size)
     except FileError as exc:
@@ -184,7 +200,8 @@ def send_job_prepare_run(
             handle.close()
     if reject and staging.invalid:
         return _fail(job_id, _rejected_words(staging.invalid_rows), staging.invalid_rows)
-    return _finish(job_id, staging, lease, counting.count)
+    with timings.timed("chunking"):
+        return _finish(job_id, staging, lease, counting.count)
 
 
 def _rejected_words(rows: list[dict[str, Any]]) -> str:

@@ -9,6 +9,7 @@ from celery import shared_task
 from gatekeeper.lib.bodies import datetime_from_text
 from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run, waiting_close
 from worker.preparing import jobs_preparing_stalled, send_job_prepare_run
+from worker.timings import timed
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +71,12 @@ def send_job_prepare(job_id: int) -> int:
 
 def send_chunks(chunk_ids: list[int], *, now: str | None = None) -> None:
     """Queue a task per chunk (with `now`, each is run at that instant)."""
-    for chunk_id in chunk_ids:
-        if now is None:
-            send_chunk.delay(chunk_id)
-        else:
-            send_chunk.delay(chunk_id, now=now)
+    with timed("chunking"):
+        for chunk_id in chunk_ids:
+            if now is None:
+                send_chunk.delay(chunk_id)
+            else:
+                send_chunk.delay(chunk_id, now=now)
 
 
 @shared_task

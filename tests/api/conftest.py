@@ -19,10 +19,11 @@ from segments.services import build_start, user_list_import
 
 @pytest.fixture(autouse=True)
 def _fresh_index() -> Iterator[None]:
-    from worker import stats
+    from worker import stats, timings
 
     reset_index()
     stats.discard_pending()
+    timings.discard_pending()
     yield
     reset_index()
 

@@ -25,3 +25,5 @@ def test_metrics_report_todays_decisions_from_redis(api, snapshot):
     text = call(api("anonymous"), "GET", "/metrics").text
     assert 'gatekeeper_decisions_today{channel="email",reason="allowed",segment="vip"} 1.0' in text
     assert f'gatekeeper_snapshot_loaded{{source="store",version="{snapshot}"}} 1.0' in text
+    # Seconds per step of a send: the gate call above is timed only by workers' runs.
+    assert 'gatekeeper_worker_seconds_total{step="gate"}' in text

@@ -12,11 +12,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 FIELDS = {"channel": "push", "campaign": "blast", "template": "welcome"}
 
 
-def test_a_campaign_system_uploads_a_gzip_file_and_follows_one_job(api, snapshot):
+def test_a_campaign_system_uploads_a_gzip_file_and_follows_one_job(api, snapshot, settings):
     from tests import broker
     from worker.chunks import send_chunk_run
     from worker.preparing import send_job_prepare_run
 
+    settings.GATEKEEPER_SEND_CHUNK_SIZE = 1000
     broker.clear("sends")
     s = api("gate")
     text = "user_id,address\n" + "".join(f"{i},token-{i}\n" for i in range(1, 2501))
@@ -96,6 +97,7 @@ def test_a_campaign_system_pauses_resumes_and_cancels_its_job(api, snapshot, set
     from worker.chunks import send_chunk_run
     from worker.preparing import send_job_prepare_run
 
+    settings.GATEKEEPER_SEND_CHUNK_SIZE = 1000
     s = api("gate")
     text = "".join(f"{i},token-{i}\n" for i in range(1, 3001))
     job = call(

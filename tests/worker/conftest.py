@@ -18,11 +18,12 @@ QUIET_USERS = list(range(1000, 1200))
 @pytest.fixture(autouse=True)
 def _fresh_index() -> Iterator[None]:
     from tests import broker
-    from worker import stats
+    from worker import stats, timings
 
     broker.clear("sends", "builds")  # what earlier tests queued on the tests' broker
     reset_index()
     stats.discard_pending()
+    timings.discard_pending()
     yield
     reset_index()
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 from gatekeeper.lib.conflicts import Conflict
 from segments.store import store_from_settings
 from tests import broker
-from worker import services
+from worker import services, timings
 from worker.chunks import chunks_due, send_chunk_run
 from worker.models import SendChunk, SendJob
 from worker.preparing import send_job_prepare_run
@@ -265,3 +265,21 @@ def test_reading_a_file_takes_the_same_memory_for_200k_lines_as_for_20k(
         tracemalloc.stop()
         assert read == n
     assert peaks[1] < peaks[0] * 1.5 and peaks[1] < 16 * 2**20
+
+
+def test_the_seconds_of_each_step_are_counted_for_metrics(push, settings):
+    settings.GATEKEEPER_SEND_CHUNK_SIZE = 2
+    job = upload("".join(f"{user},token-{user}\n" for user in range(1, 6)))
+    ids = send_job_prepare_run(job_id=job.pk)
+    for chunk_id in ids:
+        send_chunk_run(chunk_id=chunk_id)
+    timings.flush()
+    spent = timings.timings_read()
+    assert set(spent) == set(timings.STEPS)
+    worked = {step for step, seconds in spent.items() if seconds > 0}
+    # The null dispatcher's calls are timed too, but take no measurable time.
+    assert worked >= {
+        "reading", "chunking", "fetch", "gate", "rendering", "claims", "ledger", "settle"
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="'sleeping' is not a worker step"):
+        timings.add("sleeping", 1.0)

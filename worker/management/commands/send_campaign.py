@@ -13,7 +13,7 @@ from gatekeeper.lib.bodies import datetime_from_text
 from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from gatekeeper.lib.words import count
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
-from worker import tasks
+from worker import tasks, timings
 from worker.chunks import ChunkBusy, send_chunk_run
 from worker.models import SendJob
 from worker.preparing import send_job_prepare_run
@@ -132,6 +132,7 @@ class Command(BaseCommand):
             raise CommandError(f"Nothing was sent. {path}: {job.error}")
         if not options["wait"]:
             tasks.send_chunks(ids)
+            timings.flush()  # this process's reading and chunking, for /metrics
             self.stdout.write(
                 f"Send job #{job.pk} queued: {count(job.total, 'recipient')} in "
                 f"{count(len(ids), 'chunk')}."
@@ -148,6 +149,7 @@ class Command(BaseCommand):
                     continue  # a worker is running this one
                 bar.update(sum(outcome.values()))
                 bar.set_postfix(waiting=send_job_waiting(job.pk)["sends"], refresh=False)
+        timings.flush()
         job.refresh_from_db()
         self._summary(job)
 
