@@ -11,7 +11,17 @@ import sys
 
 import django
 
-SUITES = ["limiter", "segments", "gate", "ledger", "api", "bodies", "memory", "reports"]
+SUITES = [
+    "limiter",
+    "segments",
+    "gate",
+    "ledger",
+    "api",
+    "bodies",
+    "memory",
+    "reports",
+    "providers",
+]
 
 
 def main(argv: list[str]) -> None:

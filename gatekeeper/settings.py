@@ -249,6 +249,9 @@ GATEKEEPER_PUSH_BACKEND = env.str(
 )
 # Where WebhookPushBackend posts each push (a relay to APNs/FCM, say).
 GATEKEEPER_PUSH_WEBHOOK_URL = env.str("GATEKEEPER_PUSH_WEBHOOK_URL", default="")
+# Sends a second per provider, kept by every worker together (worker/throttle.py):
+# "smtp=14,webhook=500"; a provider not named is not throttled.
+GATEKEEPER_PROVIDER_RATES = env.str("GATEKEEPER_PROVIDER_RATES", default="")
 # Recipients gated per gate call and per Celery task.
 GATEKEEPER_SEND_CHUNK_SIZE = env.int("GATEKEEPER_SEND_CHUNK_SIZE", default=5000)
 # A campaign file uploaded to POST /api/v1/sends/ or the admin, as sent (gzip counts compressed):

@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,9 +26,19 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from worker.claims import SENT, RunClaims, claims_read
-from worker.dispatchers import AMBIGUOUS, PERMANENT, Renderer, dispatcher_for, send_many
+from worker.dispatchers import (
+    AMBIGUOUS,
+    PERMANENT,
+    THROTTLED,
+    DispatchError,
+    Message,
+    Renderer,
+    dispatcher_for,
+    send_many,
+)
 from worker.gate import MARKETING, QUIET_HOURS, gate_check, gate_outcomes, gate_release
 from worker.models import SendChunk, SendJob
+from worker.throttle import RETHROTTLED_MAX, Throttle, paced, throttle_for
 from worker.timings import timed
 
 logger = logging.getLogger(__name__)
@@ -152,6 +162,29 @@ def send_chunk_run(*, chunk_id: int, dispatcher: Any = None, now: Any = None) ->
         raise
 
 
+class _Keeper:
+    """Keeps a run's lease while it sends and while it waits for its provider's rate."""
+
+    def __init__(self, lease: "_Lease", throttle: Throttle | None) -> None:
+        self.lease, self.throttle = lease, throttle
+        self.every = float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS) / 3
+        self.renewed = time.monotonic()
+
+    def renew_if_due(self) -> None:
+        if time.monotonic() - self.renewed > self.every:
+            self.lease.renew()
+            self.renewed = time.monotonic()
+
+    def wait(self, seconds: float) -> None:
+        """Wait `seconds` (the throttle's sleep), renewing the lease as often as due."""
+        sleep = self.throttle.sleep if self.throttle is not None else time.sleep
+        while seconds > 0:
+            self.renew_if_due()
+            step = min(seconds, self.every)
+            sleep(step)
+            seconds -= step
+
+
 class _Run:
     """One run of one chunk: its outcomes so far, and what is left to settle after sending."""
 
@@ -164,6 +197,8 @@ class _Run:
         )
         # A provider that deduplicates by message id gets unknown outcomes sent again.
         self.resend_unknown = bool(getattr(dispatcher, "idempotent", False))
+        self.throttle = throttle_for(getattr(dispatcher, "provider", None))
+        self.waiting: Any = None  # how to wait for the provider's rate (the lease kept)
         self.last_attempt = chunk.attempts + 1 >= MAX_ATTEMPTS
         self.outcomes: Counter[str] = Counter()
         self.released: list[tuple[int, str]] = []  # quota to give back: did not go out
@@ -219,7 +254,7 @@ class _Run:
                 self.claims.take_over(taken_over)
         sent, unsent = [], []
         with timed("dispatch"):
-            errors = send_many(self.dispatcher, to_send_messages)
+            errors = self._dispatch(to_send_messages)
         for recipient, error in zip(to_send, errors, strict=True):
             message_id = recipient["message_id"]
             if error is None:
@@ -238,6 +273,34 @@ class _Run:
         # At once, not with the next batch: a worker killed now leaves these sends known.
         with timed("claims"):
             self.claims.settle(sent=sent, unsent=unsent)
+
+    def _dispatch(self, messages: list[Message]) -> list[DispatchError | None]:
+        """Send at the provider's rate; sends it refused for its rate are sent again after
+        the pause it asked for (every worker pauses), RETHROTTLED_MAX times at most."""
+
+        def send(part: Sequence[Message]) -> list[DispatchError | None]:
+            return send_many(self.dispatcher, list(part))
+
+        errors = paced(self.throttle, messages, send, waiting=self.waiting)
+        for _round in range(RETHROTTLED_MAX):
+            refused = [i for i, e in enumerate(errors) if e is not None and e.kind == THROTTLED]
+            if not refused:
+                break
+            pause = max(errors[i].retry_after or 1.0 for i in refused)  # type: ignore[union-attr]
+            logger.info(
+                "Provider %s refused %d sends for its rate; all workers pause %.1f s",
+                getattr(self.dispatcher, "provider", "?"),
+                len(refused),
+                pause,
+            )
+            if self.throttle is not None:
+                self.throttle.hold(pause)  # the next tokens come after it, for every worker
+            else:
+                (self.waiting or time.sleep)(pause)
+            again = paced(self.throttle, [messages[i] for i in refused], send, waiting=self.waiting)
+            for i, error in zip(refused, again, strict=True):
+                errors[i] = error
+        return errors
 
     def _fail(self, recipient: dict[str, Any]) -> None:
         self.released.append((recipient["user_id"], recipient["message_id"]))
@@ -290,12 +353,10 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
     run = _Run(chunk, dispatcher, charged)
     admitted = [r for r, d in zip(recipients, decisions, strict=True) if d.allowed]
     size = max(1, int(getattr(run.dispatcher, "batch_size", 1)))
-    renew_every = float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS) / 3
-    renewed = time.monotonic()
+    keeper = _Keeper(lease, run.throttle)
+    run.waiting = keeper.wait
     for start in range(0, len(admitted), size):
-        if time.monotonic() - renewed > renew_every:
-            lease.renew()
-            renewed = time.monotonic()
+        keeper.renew_if_due()
         run.send(admitted[start : start + size], renderer)
     with timed("ledger"):
         # Outcomes before releases: `released` does not replace an outcome the ledger knows.

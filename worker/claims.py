@@ -71,12 +71,16 @@ class RunClaims:
         self.sending = f"{SENDING}:{job_id}:{run}"
 
     def take(self, message_ids: Sequence[str]) -> list[Claim | None]:
-        """Claim each id for sending; per id None (claimed now) or the claim found there."""
+        """Claim each id for sending; per id None (claimed now) or the claim found there.
+
+        A claim of this very run is found only when the commands were sent again after a
+        connection broke (the first sending took it): it is this run's, claimed now."""
         commands = [
             ("SET", claim_key(self.channel, m), self.sending, "NX", "EX", CLAIM_TTL, "GET")
             for m in message_ids
         ]
-        return [_parse(reply) for reply in _run(commands)]
+        mine = self.sending.encode()
+        return [None if reply == mine else _parse(reply) for reply in _run(commands)]
 
     def take_over(self, message_ids: Sequence[str]) -> None:
         """Claim ids a dead run left `sending`, to send them again with the same key (only for

@@ -7,6 +7,11 @@ A failed send raises DispatchError saying what a retry is worth:
 - AMBIGUOUS: it may have been delivered (the connection broke after the request went out):
   the worker keeps the quota and does not send again, because a double send is worse than a
   lost one for marketing.
+- THROTTLED: the provider refused it for its rate (HTTP 429), nothing was delivered: every
+  worker holds off the provider for `retry_after` seconds (or one), then it is sent again
+  (worker/throttle.py).
+
+`provider` names the provider for its sending rate (`GATEKEEPER_PROVIDER_RATES`).
 
 `batch_size` says how many sends the worker claims at once before handing them over. A
 dispatcher that makes one provider call per message keeps 1, so a worker killed mid-chunk leaves
@@ -21,12 +26,14 @@ None; send jobs check every recipient with it when they are created.
 """
 
 import contextlib
+import email.utils
 import json
 import logging
 import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -46,13 +53,16 @@ from limits.channels import channels as dispatch_channels
 
 logger = logging.getLogger(__name__)
 
-TRANSIENT, PERMANENT, AMBIGUOUS = "transient", "permanent", "ambiguous"
+TRANSIENT, PERMANENT, AMBIGUOUS, THROTTLED = "transient", "permanent", "ambiguous", "throttled"
 
 
 class DispatchError(Exception):
-    def __init__(self, message: str, *, kind: str = TRANSIENT) -> None:
+    def __init__(
+        self, message: str, *, kind: str = TRANSIENT, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.kind = kind
+        self.retry_after = retry_after  # THROTTLED: seconds the provider asked for
 
     @property
     def permanent(self) -> bool:
@@ -112,6 +122,7 @@ def template_names() -> list[str]:
 # rendered for every recipient.
 _UNSTABLE_FILTERS = frozenset({"random"})
 _REMEMBERED = 4096  # outputs one template keeps, per chunk
+_REMEMBERED_CHARACTERS = 1_000_000  # and characters: personal HTML bodies seldom repeat
 _MISSING = object()  # a name the context lacks (renders unlike None)
 
 
@@ -121,13 +132,14 @@ class _Template:
     A template made only of text and `{{ variables|filters }}` renders the same text for the
     same values of the names it reads, and a campaign's texts mostly repeat (the same offer,
     a handful of cities or first names): such a template is rendered once per distinct set of
-    values, then read from a dictionary (at most _REMEMBERED outputs; afterwards the rest are
-    rendered). Any other template (tags), or other values than texts, is rendered every time."""
+    values, then read from a dictionary (at most _REMEMBERED outputs and _REMEMBERED_CHARACTERS;
+    afterwards the rest are rendered). Any other template (tags), or other values than texts, is rendered every time."""
 
     def __init__(self, template: Any) -> None:
         self.template = template
         self.names = _names_read(template)
         self.outputs: dict[tuple[Any, ...], str] = {}
+        self.room = _REMEMBERED_CHARACTERS
 
     def render(self, context: dict[str, Any]) -> str:
         if self.names is None:
@@ -140,8 +152,9 @@ class _Template:
         output = self.outputs.get(key)
         if output is None:
             output = self.template.render(context)
-            if len(self.outputs) < _REMEMBERED:
+            if len(self.outputs) < _REMEMBERED and len(output) <= self.room:
                 self.outputs[key] = output
+                self.room -= len(output)
         return output
 
 
@@ -240,6 +253,7 @@ class EmailDispatcher:
 
     batch_size: ClassVar[int] = 1
     idempotent: ClassVar[bool] = False
+    provider: ClassVar[str] = "smtp"
 
     @classmethod
     def address_problem(cls, address: str) -> str | None:
@@ -356,6 +370,7 @@ def _shown(text: str) -> str:
 class PushBackend:
     batch_size: ClassVar[int] = 1
     idempotent: ClassVar[bool] = False
+    provider: ClassVar[str] = "push"
 
     @classmethod
     def address_problem(cls, address: str) -> str | None:
@@ -377,6 +392,8 @@ class PushBackend:
 class ConsolePushBackend(PushBackend):
     """Prints each push (development)."""
 
+    provider: ClassVar[str] = "console"
+
     def send(self, message: Message) -> None:
         print(
             f"push to {message.address} (user {message.user_id}): {message.subject} | {message.body.strip()}"
@@ -388,6 +405,7 @@ class MemoryPushBackend(PushBackend):
 
     outbox: ClassVar[list[Message]] = []
     batch_size: ClassVar[int] = 1000
+    provider: ClassVar[str] = "memory"
 
     def send(self, message: Message) -> None:
         self.outbox.append(message)
@@ -397,6 +415,7 @@ class NullPushBackend(PushBackend):
     """Drops every push (benchmarks)."""
 
     batch_size: ClassVar[int] = 1000
+    provider: ClassVar[str] = "null"
 
     def send(self, message: Message) -> None:
         return None
@@ -411,6 +430,7 @@ class WebhookPushBackend(PushBackend):
     unknown (a worker died during it, the relay timed out) is sent again with the same key."""
 
     idempotent: ClassVar[bool] = True
+    provider: ClassVar[str] = "webhook"
 
     def __init__(self, url: str | None = None, timeout: float = 5.0) -> None:
         self.url = url or settings.GATEKEEPER_PUSH_WEBHOOK_URL
@@ -439,13 +459,36 @@ class WebhookPushBackend(PushBackend):
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 response.read()
         except urllib.error.HTTPError as exc:
-            kind = PERMANENT if 400 <= exc.code < 500 and exc.code not in (408, 429) else TRANSIENT
+            if exc.code == 429:
+                raise DispatchError(
+                    "push relay answered 429 (too many requests)",
+                    kind=THROTTLED,
+                    retry_after=retry_after_seconds(exc.headers.get("Retry-After")),
+                ) from exc
+            kind = PERMANENT if 400 <= exc.code < 500 and exc.code != 408 else TRANSIENT
             raise DispatchError(f"push relay answered {exc.code}", kind=kind) from exc
         except urllib.error.URLError as exc:
             raise DispatchError(f"push relay unreachable: {exc.reason}", kind=TRANSIENT) from exc
         except TimeoutError as exc:
             # The request went out; the relay may have delivered it.
             raise DispatchError("push relay timed out", kind=AMBIGUOUS) from exc
+
+
+def retry_after_seconds(header: str | None) -> float | None:
+    """An HTTP Retry-After header's delay in seconds (delta-seconds or an HTTP date), at most
+    an hour; None when absent or unreadable."""
+    if not header:
+        return None
+    header = header.strip()
+    if header.isascii() and header.isdigit():
+        return float(min(int(header), 3600))
+    try:
+        when = email.utils.parsedate_to_datetime(header)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return min(3600.0, max(0.0, (when - datetime.now(UTC)).total_seconds()))
 
 
 def dispatcher_class(channel: str) -> Any:

@@ -214,7 +214,10 @@ class CompactJSONDecoder(json.JSONDecoder):
     """JSON read by msgspec (twice as fast as `json.loads` on a chunk's recipients)."""
 
     def decode(self, s: str, *args: Any) -> Any:
-        return msgspec.json.decode(s)
+        try:
+            return msgspec.json.decode(s)
+        except msgspec.DecodeError:
+            return json.loads(s)  # rows written before: json.dumps also wrote NaN
 
 
 class SendChunk(models.Model):

@@ -17,6 +17,7 @@ file is valid.
 import csv
 import io
 import json
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -147,6 +148,17 @@ class Line:
     error: RowError | None = None
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is beyond the numbers JSON can carry")
+    return value
+
+
 def recipient_lines(raw: Any, rules: RecipientRules) -> Iterator[Line]:
     """Every recipient line of a campaign file (`raw`: its bytes, plain or gzip) in order,
     checked. Blank lines are skipped. Raises FileError for what makes the whole file unreadable:
@@ -206,7 +218,7 @@ def _line(
             cell = row[at["context"]].strip()
             if cell:
                 try:
-                    context = json.loads(cell)
+                    context = json.loads(cell, parse_constant=_no_constant, parse_float=_finite)
                 except ValueError as exc:
                     raise RowError("context", f"Not JSON: {exc}.") from None
                 if not isinstance(context, dict):

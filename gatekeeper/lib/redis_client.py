@@ -5,6 +5,7 @@ process that forks (gunicorn, Celery prefork) calls `reset_redis_clients()` in t
 """
 
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -48,9 +49,8 @@ def reset_redis_clients() -> None:
         _clients.clear()
 
 
-# Replies that mean a cluster's slot is served elsewhere now, or not at the moment: the command
-# ran nothing and can be sent again once the cluster's map is read again.
-_REDIRECTED = (redis.exceptions.AskError, redis.exceptions.TryAgainError, ClusterDownError)
+_BROKEN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+ATTEMPTS = 3  # per command: a broken connection, a moved slot, a cluster busy failing over
 
 
 def pipelined(client: RedisClient, commands: Iterable[Sequence[Any]]) -> list[Any]:
@@ -60,32 +60,78 @@ def pipelined(client: RedisClient, commands: Iterable[Sequence[Any]]) -> list[An
 
     The commands are packed and written in one go, the replies read back: redis-py's own
     pipeline spends about as long in Python per command (its command stack, its reply
-    callbacks) as Redis spends running a SET, and its cluster pipeline more. On a cluster each
-    command goes to the node that serves its key's slot; one refused because the slot moved
-    ran nothing and is sent again after the cluster's map is read again (twice at most)."""
+    callbacks) as Redis spends running a SET, and its cluster pipeline more.
+
+    Every command must be safe to run twice: as redis-py's pipeline does, a broken connection
+    or a timeout sends a node's commands again (ATTEMPTS in all), and some of them may have run
+    before it broke. On a cluster each command goes to the node that serves its key's slot; a
+    command refused because its slot moved (MOVED: the cluster's map is read again), is being
+    moved (ASK: sent to the importing node after ASKING) or is briefly unserved (TRYAGAIN,
+    CLUSTERDOWN: after a quarter second) ran nothing and is sent again."""
     commands = list(commands)
     if not isinstance(client, RedisCluster):
-        return _raised(_packed(client, commands))
+        for attempt in range(ATTEMPTS):
+            try:
+                return _raised(_packed(client, commands))
+            except _BROKEN:
+                if attempt == ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
     replies: list[Any] = [None] * len(commands)
-    todo = list(range(len(commands)))
-    for _attempt in range(3):
-        groups: dict[str, tuple[Any, list[int]]] = {}
-        for i in todo:
-            node = client.get_node_from_key(commands[i][1])
-            groups.setdefault(node.name, (node, []))[1].append(i)
-        todo = []
-        for node, indexes in groups.values():
-            answers = _packed(client.get_redis_connection(node), [commands[i] for i in indexes])
-            for i, answer in zip(indexes, answers, strict=True):
-                if isinstance(answer, _REDIRECTED):
-                    todo.append(i)
+    # Where each command still to run goes: (node, sent after ASKING).
+    todo: dict[int, tuple[Any, bool]] = {
+        i: (client.get_node_from_key(command[1]), False) for i, command in enumerate(commands)
+    }
+    for attempt in range(ATTEMPTS):
+        groups: dict[tuple[str, bool], list[int]] = {}
+        for i, (node, asking) in todo.items():
+            groups.setdefault((node.name, asking), []).append(i)
+        again: dict[int, tuple[Any, bool]] = {}
+        refresh = pause = False
+        for (_name, asking), indexes in groups.items():
+            node = todo[indexes[0]][0]
+            sent = [commands[i] for i in indexes]
+            if asking:
+                sent = [c for command in sent for c in (("ASKING",), command)]
+            try:
+                answers = _packed(client.get_redis_connection(node), sent)
+            except _BROKEN:
+                if attempt == ATTEMPTS - 1:
+                    raise
+                refresh = True  # the node may have failed over
+                again.update((i, (node, False)) for i in indexes)
+                continue
+            for i, answer in zip(indexes, answers[1::2] if asking else answers, strict=True):
+                if isinstance(answer, redis.exceptions.MovedError):
+                    refresh = True
+                    again[i] = (node, False)
+                elif isinstance(answer, redis.exceptions.AskError):
+                    target = client.get_node(host=answer.host, port=answer.port)
+                    if target is None:
+                        refresh = True
+                        again[i] = (node, False)
+                    else:
+                        again[i] = (target, True)
+                elif isinstance(answer, (redis.exceptions.TryAgainError, ClusterDownError)):
+                    pause = True
+                    refresh = refresh or isinstance(answer, ClusterDownError)
+                    again[i] = (node, False)
                 else:
                     replies[i] = answer
-        if not todo:
+        if not again:
             return _raised(replies)
-        client.nodes_manager.initialize()
+        if attempt == ATTEMPTS - 1:
+            break
+        if pause:
+            time.sleep(0.25)
+        if refresh:
+            client.nodes_manager.initialize()
+        todo = {
+            i: (target, True) if asking else (client.get_node_from_key(commands[i][1]), False)
+            for i, (target, asking) in again.items()
+        }
     raise redis.exceptions.ClusterError(
-        f"{len(todo)} commands were refused three times: their slots kept moving"
+        f"{len(again)} commands were refused {ATTEMPTS} times: their slots kept moving"
     )
 
 
@@ -103,10 +149,8 @@ def _packed(client: redis.Redis, commands: list[Sequence[Any]]) -> list[Any]:
     pool = client.connection_pool
     connection = pool.get_connection()
     try:
-        packed: list[bytes] = []
-        for command in commands:
-            packed.extend(connection.pack_command(*command))
-        connection.send_packed_command(packed)
+        # Packed into a few large writes, not one per command.
+        connection.send_packed_command(connection.pack_commands(commands))
         replies: list[Any] = []
         for _ in commands:
             try:

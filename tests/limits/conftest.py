@@ -2,11 +2,13 @@
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from gatekeeper.lib.redis_client import get_redis, reset_redis_clients
 from limits.limiter import Limiter
 from tests.redis_servers import RedisClusterProcesses, RedisServer
 
@@ -44,3 +46,21 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.cluster)])
+def settings_redis(
+    request: pytest.FixtureRequest, redis_client: redis.Redis, settings: Any
+) -> Iterator[Any]:
+    """Settings (REDIS_URL, REDIS_CLUSTER) pointing at the test's Redis, then at a 3-master
+    cluster; the process's client is built from them."""
+    if request.param == "cluster":
+        cluster: RedisCluster = request.getfixturevalue("cluster_client")
+        cluster.flushall(target_nodes=RedisCluster.PRIMARIES)
+        node = cluster.get_default_node()
+        settings.REDIS_URL = f"redis://{node.host}:{node.port}/0"
+        settings.REDIS_CLUSTER = True
+    settings.GATEKEEPER_KEY_PREFIX = "test:"
+    reset_redis_clients()
+    yield get_redis()
+    reset_redis_clients()

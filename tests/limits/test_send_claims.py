@@ -1,35 +1,17 @@
-"""Send claims (worker/claims.py) on one Redis node and on a Redis Cluster: one node gets its
-commands packed by hand, a cluster through its pipeline; both answer alike."""
+"""Send claims (worker/claims.py) on one Redis node and on a Redis Cluster: commands packed by
+hand, one burst per node; both answer alike."""
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from gatekeeper.lib.redis_client import get_redis, pipelined, reset_redis_clients
+from gatekeeper.lib.redis_client import pipelined
 from worker.claims import SENDING, SENT, Claim, RunClaims, claim_key, claims_read
 
 
-@pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.cluster)])
-def claims_redis(
-    request: pytest.FixtureRequest, redis_client: redis.Redis, settings: Any
-) -> Iterator[Any]:
-    """Settings pointing at the test's Redis, then at a 3-master cluster."""
-    if request.param == "cluster":
-        cluster: RedisCluster = request.getfixturevalue("cluster_client")
-        cluster.flushall(target_nodes=RedisCluster.PRIMARIES)
-        node = cluster.get_default_node()
-        settings.REDIS_URL = f"redis://{node.host}:{node.port}/0"
-        settings.REDIS_CLUSTER = True
-    settings.GATEKEEPER_KEY_PREFIX = "test:"
-    reset_redis_clients()
-    yield get_redis()
-    reset_redis_clients()
-
-
-def test_a_run_claims_sends_and_settles_them(claims_redis: Any) -> None:
+def test_a_run_claims_sends_and_settles_them(settings_redis: Any) -> None:
     ids = [f"spring:{user}" for user in range(200)]  # spread over every node of a cluster
     first = RunClaims(channel="push", job_id=7, run="a1")
     assert first.take(ids) == [None] * len(ids)
@@ -44,12 +26,12 @@ def test_a_run_claims_sends_and_settles_them(claims_redis: Any) -> None:
     other = RunClaims(channel="push", job_id=8, run="c3")
     assert other.take([ids[0], ids[199]]) == [Claim(state=SENT, job=7, run=None), None]
     # Claims expire (longer than the week the limiter remembers a message id for).
-    assert 7 * 86400 < claims_redis.ttl(claim_key("push", ids[0])) <= 8 * 86400
+    assert 7 * 86400 < settings_redis.ttl(claim_key("push", ids[0])) <= 8 * 86400
     # Another channel's claims are its own.
     assert claims_read("email", ids[:1]) == [None]
 
 
-def test_take_over_claims_again_for_this_run(claims_redis: Any) -> None:
+def test_take_over_claims_again_for_this_run(settings_redis: Any) -> None:
     RunClaims(channel="email", job_id=3, run="dead").take(["m:1"])
     RunClaims(channel="email", job_id=3, run="live").take_over(["m:1"])
     assert claims_read("email", ["m:1"]) == [Claim(state=SENDING, job=3, run="live")]
@@ -87,3 +69,51 @@ def test_a_command_sent_to_a_node_that_lost_its_slot_is_sent_again_to_the_new_on
     assert client.get_node_from_key(key).name == owner.name  # the map was read again
     assert cluster_client.get(key) == b"1"  # set once
     client.close()
+
+
+def test_a_run_that_takes_its_own_claim_again_has_it(settings_redis: Any) -> None:
+    # As after a connection broke and the claims were sent again: the first sending took them.
+    run = RunClaims(channel="push", job_id=4, run="r1")
+    assert run.take(["m:1", "m:2"]) == [None, None]
+    assert run.take(["m:1", "m:2"]) == [None, None]
+    assert RunClaims(channel="push", job_id=4, run="r2").take(["m:1"]) == [
+        Claim(state=SENDING, job=4, run="r1")
+    ]
+
+
+def test_commands_are_sent_again_on_a_new_connection_when_theirs_broke(
+    redis_client: redis.Redis,
+) -> None:
+    kwargs = redis_client.connection_pool.connection_kwargs
+    client = redis.Redis(host=kwargs["host"], port=kwargs["port"], db=kwargs["db"])
+    assert pipelined(client, [("SET", "test:broken", "1"), ("GET", "test:broken")]) == [b"OK", b"1"]
+    (pooled,) = client.connection_pool._available_connections  # the one the pool reuses next
+    pooled.send_command("CLIENT", "ID")
+    assert redis_client.client_kill_filter(_id=pooled.read_response()) == 1
+    # The pool does not know it is gone: the commands meet a closed socket, then go again.
+    assert pipelined(client, [("GET", "test:broken")]) == [b"1"]
+    client.close()
+
+
+@pytest.mark.cluster
+def test_a_command_for_a_slot_being_moved_follows_the_ask_to_the_importing_node(
+    cluster_client: RedisCluster,
+) -> None:
+    cluster_client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    key = "test:asked:{b}"
+    slot = cluster_client.keyslot(key)
+    source = cluster_client.get_node_from_key(key)
+    target = next(n for n in cluster_client.get_primaries() if n.name != source.name)
+    source_redis = cluster_client.get_redis_connection(source)
+    target_redis = cluster_client.get_redis_connection(target)
+    source_id, target_id = source_redis.cluster("myid"), target_redis.cluster("myid")
+    target_redis.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source_id)
+    source_redis.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target_id)
+    try:
+        # The source no longer has keys of the slot it has not moved yet: ASK, to the target.
+        assert pipelined(cluster_client, [("SET", key, "1", "NX", "GET")]) == [None]
+        assert pipelined(cluster_client, [("GET", key), ("DEL", key)]) == [b"1", 1]
+        assert source_redis.cluster("countkeysinslot", slot) == 0
+    finally:
+        for node in (source_redis, target_redis):
+            node.execute_command("CLUSTER SETSLOT", slot, "STABLE")

@@ -1,0 +1,212 @@
+"""Provider rate limits: one sending rate per provider that every worker together keeps.
+
+A provider takes so many sends a second (Amazon SES: the account's maximum send rate, 14 by
+default; FCM and APNs: a few hundred to thousands) and answers more with throttling errors.
+`GATEKEEPER_PROVIDER_RATES` (`smtp=14,webhook=500`) names the providers that have one, by the
+dispatcher's `provider`; each gets a token bucket in Redis (`<prefix>rate:{<provider>}`, one
+key, so one slot on a cluster) that every worker process takes from before handing sends over:
+
+- the bucket fills at `rate` tokens a second up to a burst of 4% of a second's worth (at
+  least 1), so the rate holds, within 4%, over any second a provider counts in;
+- a worker asks for as many tokens as it has sends and is granted what is there; for the rest
+  it is told how long until the next token, waits, and asks again (the chunk's lease renewed
+  while it waits);
+- a provider that answers "too many" anyway (HTTP 429, SES Throttling) holds the bucket for
+  every worker for the time it asked (`Retry-After`) or a second, and the refused sends are
+  sent again after it, as often as RETHROTTLED_MAX times, before they count as transient
+  failures (a later chunk);
+- the clock is Redis's (`TIME`), one for every worker; tests pass `now_ms`.
+
+A provider without a rate is not throttled and costs no round trip.
+"""
+
+import functools
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, register
+from django.core.exceptions import ImproperlyConfigured
+
+from gatekeeper.lib.redis_client import get_redis
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+PROVIDER = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+RATE_MAX = 1_000_000  # sends a second
+# The burst: 4% of a second's sends, so that no second a provider counts in sees more than
+# the rate and 4%.
+BURST_SECONDS = 0.04
+RETHROTTLED_MAX = 5  # times a send the provider refused for its rate is sent again in a run
+
+# KEYS[1]: the bucket. ARGV: rate (tokens a second), burst (tokens), tokens wanted, the fewest
+# worth granting, now in ms (negative: Redis's clock), hold in ms (0: none). Returns {tokens
+# granted, ms until the fewest worth granting are there}.
+# State: `tokens` (a float, as text) at `at` (ms), and `held` (ms): no token before it.
+_TAKE = """
+local rate, burst, want = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local least = math.min(tonumber(ARGV[4]), want, burst)
+local now, hold = tonumber(ARGV[5]), tonumber(ARGV[6])
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at', 'held')
+local tokens = tonumber(state[1]) or burst
+local at = tonumber(state[2]) or now
+local held = tonumber(state[3]) or 0
+if now > at then
+  tokens = math.min(burst, tokens + (now - at) * rate / 1000)
+  at = now
+end
+if hold > 0 and now + hold > held then
+  held = now + hold
+  tokens = 0
+end
+local granted, wait = 0, 0
+if now < held then
+  wait = held - now
+elseif tokens < least then
+  wait = math.ceil((least - tokens) * 1000 / rate)
+else
+  granted = math.min(want, math.floor(tokens))
+  tokens = tokens - granted
+  if granted < want then
+    wait = math.ceil((math.min(least, want - granted) - tokens) * 1000 / rate)
+  end
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', at, 'held', held)
+redis.call('PEXPIRE', KEYS[1], math.max(held - now, 0) + math.ceil(burst * 1000 / rate) + 60000)
+return {granted, wait}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    per_second: float
+    burst: int
+
+
+@functools.lru_cache(maxsize=8)
+def parse_rates(text: str) -> dict[str, Rate]:
+    """`GATEKEEPER_PROVIDER_RATES`: `provider=rate` pairs separated by commas (`smtp=14,
+    webhook=500`; a rate may have decimals: `smtp=0.5`). Raises ImproperlyConfigured naming
+    the pair that is wrong."""
+    rates: dict[str, Rate] = {}
+    for pair in (p.strip() for p in text.split(",")):
+        if not pair:
+            continue
+        name, equals, value = (part.strip() for part in pair.partition("="))
+        if not equals or not PROVIDER.fullmatch(name):
+            raise ImproperlyConfigured(
+                f"GATEKEEPER_PROVIDER_RATES: {pair!r} is not provider=rate (a provider is "
+                "lowercase letters, digits, '-' and '_', starting with a letter; e.g. smtp=14)."
+            )
+        try:
+            per_second = float(value)
+        except ValueError:
+            per_second = float("nan")
+        if not 0 < per_second <= RATE_MAX:  # also refuses nan
+            raise ImproperlyConfigured(
+                f"GATEKEEPER_PROVIDER_RATES: the rate of {name!r} is {value!r}; a rate is sends "
+                f"a second, more than 0 and at most {RATE_MAX:,}."
+            )
+        if name in rates:
+            raise ImproperlyConfigured(f"GATEKEEPER_PROVIDER_RATES names {name!r} twice.")
+        rates[name] = Rate(per_second, max(1, int(per_second * BURST_SECONDS)))
+    return rates
+
+
+def bucket_key(provider: str) -> str:
+    return f"{settings.GATEKEEPER_KEY_PREFIX}rate:{{{provider}}}"
+
+
+class Throttle:
+    """One provider's bucket, shared by every process through Redis."""
+
+    def __init__(
+        self,
+        provider: str,
+        rate: Rate,
+        *,
+        client: Any = None,
+        clock: Callable[[], int] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """`clock()` (tests): the time in ms, instead of Redis's; `sleep(seconds)` then is
+        what moves it on."""
+        self.provider, self.rate = provider, rate
+        self.client = client or get_redis()
+        self.script = self.client.register_script(_TAKE)
+        self.clock, self.sleep = clock, sleep
+
+    def take(self, want: int, least: int = 1) -> tuple[int, float]:
+        """(tokens granted, at most `want`: none, or at least `least` (capped at the burst);
+        seconds until `least` more are there when short)."""
+        return self._call(want, least, 0)
+
+    def hold(self, seconds: float) -> None:
+        """No tokens for anyone for `seconds` (the provider said "too many")."""
+        self._call(0, 0, max(1, round(seconds * 1000)))
+
+    def _call(self, want: int, least: int, hold_ms: int) -> tuple[int, float]:
+        now_ms = -1 if self.clock is None else self.clock()
+        granted, wait = self.script(
+            keys=[bucket_key(self.provider)],
+            args=[repr(self.rate.per_second), self.rate.burst, want, least, now_ms, hold_ms],
+        )
+        return int(granted), int(wait) / 1000
+
+
+def throttle_for(provider: str | None) -> Throttle | None:
+    """The provider's throttle, or None when GATEKEEPER_PROVIDER_RATES gives it no rate."""
+    rate = parse_rates(settings.GATEKEEPER_PROVIDER_RATES).get(provider or "")
+    return None if rate is None else Throttle(provider or "", rate)
+
+
+def paced(
+    throttle: Throttle | None,
+    items: Sequence[T],
+    send: Callable[[Sequence[T]], list[R]],
+    *,
+    waiting: Callable[[float], None] | None = None,
+) -> list[R]:
+    """`send` over `items` in the order given, no faster than the throttle grants tokens, in
+    parts of at least half a burst (2% of a second of the rate) or what is left, so that a
+    provider's batch calls stay batches. `waiting(seconds)` waits (the worker renews its
+    chunk's lease in it); the throttle's `sleep` by default. Without a throttle, one call."""
+    if throttle is None or not items:
+        return send(items)
+    wait_for = waiting or throttle.sleep
+    results: list[R] = []
+    start = 0
+    while start < len(items):
+        left = len(items) - start
+        # Half a burst at least: a bucket waited on until full would lose what came while
+        # the worker woke and asked.
+        granted, wait = throttle.take(left, least=min(left, max(1, throttle.rate.burst // 2)))
+        if granted:
+            results.extend(send(items[start : start + granted]))
+            start += granted
+        if start < len(items) and wait > 0:
+            wait_for(wait)
+    return results
+
+
+@register()
+def provider_rates_check(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
+    try:
+        parse_rates(str(settings.GATEKEEPER_PROVIDER_RATES))
+    except ImproperlyConfigured as exc:
+        return [
+            Error(
+                str(exc),
+                hint="e.g. GATEKEEPER_PROVIDER_RATES=smtp=14,webhook=500",
+                id="worker.E001",
+            )
+        ]
+    return []
