@@ -205,20 +205,52 @@ class _Run:
         self.dispatched: list[tuple[int, str, str]] = []  # (user, message, outcome): the ledger's
         self.retry: list[dict[str, Any]] = []  # transient failures: a later chunk
 
-    def send(self, recipients: list[dict[str, Any]], renderer: Renderer) -> None:
-        """Claim, send and settle one dispatcher batch (three round trips at most)."""
+    def send_all(
+        self, batches: list[list[dict[str, Any]]], renderer: Renderer, keeper: "_Keeper"
+    ) -> None:
+        """Claim, send and settle the dispatcher batches in turn: one round trip to claim the
+        first, then one per batch that settles it and claims the next (the next batch is
+        rendered while this one is still unsent, so that its claims go in the same write)."""
+        if not batches:
+            return
+        batch, messages = self._rendered(batches[0], renderer)
+        with timed("claims"):
+            found = self.claims.take([r["message_id"] for r in batch])
+        for k in range(len(batches)):
+            keeper.renew_if_due()
+            to_send, to_send_messages = self._claimed(batch, messages, found)
+            coming = self._rendered(batches[k + 1], renderer) if k + 1 < len(batches) else None
+            sent, unsent = self._sent(to_send, to_send_messages)
+            # At once, not after the next batch: a worker killed now leaves these sends known.
+            with timed("claims"):
+                if coming is None:
+                    self.claims.settle(sent=sent, unsent=unsent)
+                    return
+                batch, messages = coming
+                found = self.claims.settle(
+                    sent=sent, unsent=unsent, take=[r["message_id"] for r in batch]
+                )
+
+    def _rendered(
+        self, recipients: list[dict[str, Any]], renderer: Renderer
+    ) -> tuple[list[dict[str, Any]], list[Message]]:
+        """The recipients whose message renders, and their messages; the others failed.
+        Rendered before claiming: a message that cannot be rendered never went out."""
         batch, messages = [], []
         with timed("rendering"):
             for recipient in recipients:
-                # Rendered before claiming: a message that cannot be rendered never went out.
                 try:
                     messages.append(renderer(recipient))
                     batch.append(recipient)
                 except Exception as exc:
                     logger.warning("Send %s cannot be rendered: %s", recipient["message_id"], exc)
                     self._fail(recipient)
-        with timed("claims"):
-            found = self.claims.take([r["message_id"] for r in batch])
+        return batch, messages
+
+    def _claimed(
+        self, batch: list[dict[str, Any]], messages: list[Message], found: list[Any]
+    ) -> tuple[list[dict[str, Any]], list[Message]]:
+        """What to send of a claimed batch, by the claims found: the rest is counted."""
         to_send, to_send_messages, taken_over = [], [], []
         for recipient, message, claim in zip(batch, messages, found, strict=True):
             if claim is None:
@@ -252,9 +284,15 @@ class _Run:
         if taken_over:
             with timed("claims"):
                 self.claims.take_over(taken_over)
+        return to_send, to_send_messages
+
+    def _sent(
+        self, to_send: list[dict[str, Any]], messages: list[Message]
+    ) -> tuple[list[str], list[str]]:
+        """Dispatch and count: (message ids sent, message ids not sent whose claims go)."""
         sent, unsent = [], []
         with timed("dispatch"):
-            errors = self._dispatch(to_send_messages)
+            errors = self._dispatch(messages)
         for recipient, error in zip(to_send, errors, strict=True):
             message_id = recipient["message_id"]
             if error is None:
@@ -270,9 +308,7 @@ class _Run:
                     self._fail(recipient)
                 else:
                     self.retry.append(recipient)
-        # At once, not with the next batch: a worker killed now leaves these sends known.
-        with timed("claims"):
-            self.claims.settle(sent=sent, unsent=unsent)
+        return sent, unsent
 
     def _dispatch(self, messages: list[Message]) -> list[DispatchError | None]:
         """Send at the provider's rate; sends it refused for its rate are sent again after
@@ -355,9 +391,7 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
     size = max(1, int(getattr(run.dispatcher, "batch_size", 1)))
     keeper = _Keeper(lease, run.throttle)
     run.waiting = keeper.wait
-    for start in range(0, len(admitted), size):
-        keeper.renew_if_due()
-        run.send(admitted[start : start + size], renderer)
+    run.send_all([admitted[i : i + size] for i in range(0, len(admitted), size)], renderer, keeper)
     with timed("ledger"):
         # Outcomes before releases: `released` does not replace an outcome the ledger knows.
         gate_outcomes(channel=job.channel, since=gating, outcomes=run.dispatched)

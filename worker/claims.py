@@ -3,7 +3,8 @@
 Right before a send goes to its provider, the run claims `<prefix>sent:{<channel>:<message id>}`
 in Redis with SET NX: `sending:<job>:<run>`. A message id names one send per channel, as in the
 limiter (the campaign "spring" may send `spring:42` by email and by push). Right after the provider answers, the claim becomes
-`sent:<job>` (it went out) or is deleted (it did not, and may be tried again). A run that finds
+`sent:<job>` (it went out) or is deleted (it did not, and may be tried again), in the same
+round trip as the next batch's claims. A run that finds
 a claim already there knows, without asking anyone:
 
 - `sent:<this job>`: an earlier run of this chunk sent it and died before counting it: count it
@@ -21,7 +22,7 @@ id for. The hash tag puts each claim in its message id's slot, so claims work on
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from django.conf import settings
 
@@ -75,25 +76,51 @@ class RunClaims:
 
         A claim of this very run is found only when the commands were sent again after a
         connection broke (the first sending took it): it is this run's, claimed now."""
-        commands = [
+        return self._found(_run(self._taking(message_ids)))
+
+    def _taking(self, message_ids: Sequence[str]) -> list[tuple[Any, ...]]:
+        return [
             ("SET", claim_key(self.channel, m), self.sending, "NX", "EX", CLAIM_TTL, "GET")
             for m in message_ids
         ]
+
+    def _found(self, replies: list[Any]) -> list[Claim | None]:
         mine = self.sending.encode()
-        return [None if reply == mine else _parse(reply) for reply in _run(commands)]
+        return [None if reply == mine else _parse(reply) for reply in replies]
 
     def take_over(self, message_ids: Sequence[str]) -> None:
         """Claim ids a dead run left `sending`, to send them again with the same key (only for
         providers that deduplicate by it)."""
         self._write([(message_id, self.sending) for message_id in message_ids], [])
 
-    def settle(self, *, sent: Sequence[str], unsent: Sequence[str]) -> None:
-        """Mark `sent` as gone out (by this job) and drop the claims of `unsent`."""
-        self._write([(message_id, f"{SENT}:{self.job_id}") for message_id in sent], unsent)
+    @overload
+    def settle(self, *, sent: Sequence[str], unsent: Sequence[str]) -> None: ...
+
+    @overload
+    def settle(
+        self, *, sent: Sequence[str], unsent: Sequence[str], take: Sequence[str]
+    ) -> list[Claim | None]: ...
+
+    def settle(
+        self, *, sent: Sequence[str], unsent: Sequence[str], take: Sequence[str] | None = None
+    ) -> list[Claim | None] | None:
+        """Mark `sent` as gone out (by this job) and drop the claims of `unsent`; with `take`,
+        claim those in the same round trip, after (as `take` answers)."""
+        commands = self._writing([(m, f"{SENT}:{self.job_id}") for m in sent], unsent)
+        if take is None:
+            _run(commands)
+            return None
+        replies = _run(commands + self._taking(take))
+        return self._found(replies[len(commands) :])
 
     def _write(self, values: list[tuple[str, str]], deleted: Sequence[str]) -> None:
+        _run(self._writing(values, deleted))
+
+    def _writing(
+        self, values: list[tuple[str, str]], deleted: Sequence[str]
+    ) -> list[tuple[Any, ...]]:
         commands: list[tuple[Any, ...]] = [
             ("SET", claim_key(self.channel, m), value, "EX", CLAIM_TTL) for m, value in values
         ]
         commands.extend(("DEL", claim_key(self.channel, m)) for m in deleted)
-        _run(commands)
+        return commands

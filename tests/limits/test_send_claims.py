@@ -117,3 +117,16 @@ def test_a_command_for_a_slot_being_moved_follows_the_ask_to_the_importing_node(
     finally:
         for node in (source_redis, target_redis):
             node.execute_command("CLUSTER SETSLOT", slot, "STABLE")
+
+
+def test_a_batch_is_settled_and_the_next_claimed_in_one_round_trip(settings_redis: Any) -> None:
+    run = RunClaims(channel="push", job_id=6, run="r6")
+    assert run.take(["m:1", "m:2"]) == [None, None]
+    # The settling comes first: a claim settled as sent is found as such by the taking after it.
+    found = run.settle(sent=["m:1"], unsent=["m:2"], take=["m:3", "m:1", "m:2"])
+    assert found == [None, Claim(state=SENT, job=6, run=None), None]
+    assert claims_read("push", ["m:1", "m:2", "m:3"]) == [
+        Claim(state=SENT, job=6, run=None),
+        Claim(state=SENDING, job=6, run="r6"),
+        Claim(state=SENDING, job=6, run="r6"),
+    ]
