@@ -188,7 +188,9 @@ class _Keeper:
 class _Run:
     """One run of one chunk: its outcomes so far, and what is left to settle after sending."""
 
-    def __init__(self, chunk: SendChunk, dispatcher: Any, charged: set[str]) -> None:
+    def __init__(
+        self, chunk: SendChunk, dispatcher: Any, charged: set[str], lease: "_Lease"
+    ) -> None:
         self.chunk, self.job = chunk, chunk.job
         self.dispatcher = dispatcher
         self.charged = charged  # message ids this run's gate call recorded (charged) anew
@@ -198,16 +200,15 @@ class _Run:
         # A provider that deduplicates by message id gets unknown outcomes sent again.
         self.resend_unknown = bool(getattr(dispatcher, "idempotent", False))
         self.throttle = throttle_for(getattr(dispatcher, "provider", None))
-        self.waiting: Any = None  # how to wait for the provider's rate (the lease kept)
+        # Keeps the lease while sending and while waiting for the provider's rate.
+        self.keeper = _Keeper(lease, self.throttle)
         self.last_attempt = chunk.attempts + 1 >= MAX_ATTEMPTS
         self.outcomes: Counter[str] = Counter()
         self.released: list[tuple[int, str]] = []  # quota to give back: did not go out
         self.dispatched: list[tuple[int, str, str]] = []  # (user, message, outcome): the ledger's
         self.retry: list[dict[str, Any]] = []  # transient failures: a later chunk
 
-    def send_all(
-        self, batches: list[list[dict[str, Any]]], renderer: Renderer, keeper: "_Keeper"
-    ) -> None:
+    def send_all(self, batches: list[list[dict[str, Any]]], renderer: Renderer) -> None:
         """Claim, send and settle the dispatcher batches in turn: one round trip to claim the
         first, then one per batch that settles it and claims the next (the next batch is
         rendered while this one is still unsent, so that its claims go in the same write)."""
@@ -217,7 +218,7 @@ class _Run:
         with timed("claims"):
             found = self.claims.take([r["message_id"] for r in batch])
         for k in range(len(batches)):
-            keeper.renew_if_due()
+            self.keeper.renew_if_due()
             to_send, to_send_messages = self._claimed(batch, messages, found)
             coming = self._rendered(batches[k + 1], renderer) if k + 1 < len(batches) else None
             sent, unsent = self._sent(to_send, to_send_messages)
@@ -317,7 +318,7 @@ class _Run:
         def send(part: Sequence[Message]) -> list[DispatchError | None]:
             return send_many(self.dispatcher, list(part))
 
-        errors = paced(self.throttle, messages, send, waiting=self.waiting)
+        errors = paced(self.throttle, messages, send, waiting=self.keeper.wait)
         for _round in range(RETHROTTLED_MAX):
             refused = [i for i, e in enumerate(errors) if e is not None and e.kind == THROTTLED]
             if not refused:
@@ -332,8 +333,10 @@ class _Run:
             if self.throttle is not None:
                 self.throttle.hold(pause)  # the next tokens come after it, for every worker
             else:
-                (self.waiting or time.sleep)(pause)
-            again = paced(self.throttle, [messages[i] for i in refused], send, waiting=self.waiting)
+                self.keeper.wait(pause)
+            again = paced(
+                self.throttle, [messages[i] for i in refused], send, waiting=self.keeper.wait
+            )
             for i, error in zip(refused, again, strict=True):
                 errors[i] = error
         return errors
@@ -386,12 +389,10 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
     # release read from it is never early).
     gated_at = clock or timezone.now()
     charged = {d.message_id for d in decisions if d.reason == "allowed"}
-    run = _Run(chunk, dispatcher, charged)
+    run = _Run(chunk, dispatcher, charged, lease)
     admitted = [r for r, d in zip(recipients, decisions, strict=True) if d.allowed]
     size = max(1, int(getattr(run.dispatcher, "batch_size", 1)))
-    keeper = _Keeper(lease, run.throttle)
-    run.waiting = keeper.wait
-    run.send_all([admitted[i : i + size] for i in range(0, len(admitted), size)], renderer, keeper)
+    run.send_all([admitted[i : i + size] for i in range(0, len(admitted), size)], renderer)
     with timed("ledger"):
         # Outcomes before releases: `released` does not replace an outcome the ledger knows.
         gate_outcomes(channel=job.channel, since=gating, outcomes=run.dispatched)

@@ -49,21 +49,11 @@ logger = logging.getLogger(__name__)
 
 
 def send_job_create(
-    *,
-    channel: str,
-    campaign: str,
-    template: str,
-    recipients: Iterable[Mapping[str, Any]],
-    category: str = MARKETING,
-    on_capped: str = SendJob.OnCapped.DROP,
-    on_invalid: str = SendJob.OnInvalid.REJECT,
-    tags: Iterable[str] = (),
-    priority: int = DEFAULT_PRIORITY,
-    expires_at: datetime | None = None,
-    user: Any = None,
-    queue: bool = True,
+    *, recipients: Iterable[Mapping[str, Any]], queue: bool = True, **given: Any
 ) -> SendJob:
     """Validate a campaign's recipients, store them in chunks and queue one task per chunk.
+    `given`: the job's fields, as `_job_fields` takes them (channel, campaign, template; category,
+    on_capped, on_invalid, tags, priority, expires_at and user have defaults there).
 
     Every send of the job carries `tags` (tag rules count them) and `priority` (a rule's
     reserve reads it); a recipient may name its `time_zone`, which decides its calendar days.
@@ -75,22 +65,13 @@ def send_job_create(
     `on_invalid="reject"`; with "skip" it is counted as `invalid`, its reason kept on the job,
     and the rest goes out.
     """
-    fields = _job_fields(
-        channel=channel,
-        campaign=campaign,
-        template=template,
-        category=category,
-        on_capped=on_capped,
-        on_invalid=on_invalid,
-        tags=tags,
-        priority=priority,
-        expires_at=expires_at,
-        user=user,
+    fields = _job_fields(**given)
+    rows, invalid, repeats = _rows(
+        recipients, campaign=fields["campaign"], channel=fields["channel"]
     )
-    rows, invalid, repeats = _rows(recipients, campaign=campaign, channel=channel)
     if not rows and not invalid:
         raise ValidationError({"recipients": "There are no recipients."})
-    if invalid and on_invalid == SendJob.OnInvalid.REJECT:
+    if invalid and fields["on_invalid"] == SendJob.OnInvalid.REJECT:
         raise ValidationError(
             {
                 f"recipients[{bad['row']}].{bad['field']}": bad["message"]

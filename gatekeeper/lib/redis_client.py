@@ -70,13 +70,12 @@ def pipelined(client: RedisClient, commands: Iterable[Sequence[Any]]) -> list[An
     CLUSTERDOWN: after a quarter second) ran nothing and is sent again."""
     commands = list(commands)
     if not isinstance(client, RedisCluster):
-        for attempt in range(ATTEMPTS):
+        for _attempt in range(ATTEMPTS - 1):
             try:
                 return _raised(_packed(client, commands))
             except _BROKEN:
-                if attempt == ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+                pass  # on a new connection
+        return _raised(_packed(client, commands))
     replies: list[Any] = [None] * len(commands)
     # Where each command still to run goes: (node, sent after ASKING).
     todo: dict[int, tuple[Any, bool]] = {

@@ -6,20 +6,8 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from tests.clocks import Clock
 from worker.throttle import Rate, Throttle, paced, parse_rates, provider_rates_check
-
-
-class Clock:
-    """Milliseconds that move only when a worker waits."""
-
-    def __init__(self) -> None:
-        self.ms = 1_000_000
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def sleep(self, seconds: float) -> None:
-        self.ms += round(seconds * 1000)
 
 
 def throttle(clock: Clock, per_second: float = 500, provider: str = "fcm") -> Throttle:

@@ -5,6 +5,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from tests.clocks import Clock
 from worker import chunks
 from worker.chunks import send_chunk_run
 from worker.dispatchers import (
@@ -20,19 +21,6 @@ from worker.services import send_job_create
 from worker.throttle import Throttle, parse_rates
 
 pytestmark = pytest.mark.django_db
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 5_000_000
-        self.waits: list[float] = []
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def sleep(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        self.ms += round(seconds * 1000)
 
 
 class RefusingOncePushBackend(MemoryPushBackend):
