@@ -22,13 +22,14 @@ from typing import Any
 
 import numpy as np
 import redis
-from pyroaring import FrozenBitMap
+from pyroaring import BitMap64, FrozenBitMap
 from redis.cluster import RedisCluster
 
 from limits.limiter import Limiter
 from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, counting_rule, encode
 from limits.quiet import QuietView
 from limits.selectors import PolicyCache, _Cached
+from limits.suppression import SuppressionCache
 from segments.index import SegmentIndex
 from worker.gate import Gate
 
@@ -78,6 +79,13 @@ def fixed_policy(table: PolicyTable) -> PolicyCache:
     return cache
 
 
+def fixed_suppressions(**scopes: Any) -> SuppressionCache:
+    """A suppression list that always answers `scopes` (channel -> BitMap64; no database)."""
+    cache = SuppressionCache(ttl=float("inf"))
+    cache._scopes, cache._read_at = dict(scopes), time.monotonic()
+    return cache
+
+
 def rate(step: Callable[[], int], seconds: float) -> float:
     done, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
@@ -113,6 +121,7 @@ def gate_beside_limiter(url: str, seconds: float) -> None:
         limiter=limiter,
         policy=fixed_policy(PolicyTable(rules=CLASSIC, classic={}, zones={})),
         index=in_memory_index(),
+        suppressions=fixed_suppressions(),
         record_stats=True,
         record_ledger=False,  # as the figures before the ledger were measured
     )
@@ -179,6 +188,7 @@ def quiet_hours_beside_none(url: str, seconds: float) -> None:
             limiter=limiter,
             policy=fixed_policy(table),
             index=index,
+            suppressions=fixed_suppressions(),
             record_stats=True,
             record_ledger=False,
         )
@@ -209,6 +219,87 @@ def quiet_hours_beside_none(url: str, seconds: float) -> None:
         f"(medians of {rounds} alternated runs)"
     )
     print(f"  ratio {ratio:.3f}x (median of run pairs)   (target >= 0.95x)")
+
+
+def suppressions_beside_none(seconds: float, suppressed: int) -> None:
+    """Gate decisions/s with `suppressed` users on the email list (none of them among the
+    gated users: every lookup misses, so both sides ask Redis the same) against an empty list,
+    runs alternated; and the Redis calls per batch of each (the list costs none), counted on a
+    Redis server of the benchmark's own (its command counts are the server's, every database's)."""
+    from tests.redis_servers import RedisServer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = RedisServer(Path(tmp)).start()
+        try:
+            _suppressions_beside_none(_redis(server.url), seconds, suppressed)
+        finally:
+            server.stop()
+
+
+def _suppressions_beside_none(client: redis.Redis, seconds: float, suppressed: int) -> None:
+    limiter = Limiter(client, prefix="bench:")
+    index = in_memory_index()
+    table = PolicyTable(rules=CLASSIC, classic={}, zones={})
+    # Spread over 200M ids beyond the gated users, as opt-outs are over a large user base.
+    spread = np.random.default_rng(7).integers(USERS, USERS + 200_000_000, suppressed)
+    listed = BitMap64(array.array("Q", np.sort(spread).astype(np.uint64).tobytes()))
+    gates = [
+        Gate(
+            limiter=limiter,
+            policy=fixed_policy(table),
+            index=index,
+            suppressions=fixed_suppressions(**lists),
+            record_stats=True,
+            record_ledger=False,
+        )
+        for lists in ({}, {"email": listed})
+    ]
+    rng = random.Random(6)
+    counter = iter(range(10**9))
+
+    def step(gate: Gate) -> int:
+        n = next(counter)
+        requests = [(u, f"s{n}-{u}") for u in rng.sample(range(USERS), 1000)]
+        decisions = gate.check(channel="email", requests=requests)
+        assert decisions[0].reason != "suppressed"
+        return len(decisions)
+
+    def calls() -> Counter[str]:
+        return Counter({k: int(v["calls"]) for k, v in client.info("commandstats").items()})
+
+    per_batch = []  # (function calls, commands in all) per batch, each side from an empty Redis
+    for gate in gates:
+        client.flushdb()
+        client.config_resetstat()
+        for _ in range(20):
+            step(gate)
+        counted = calls()
+        per_batch.append((counted["cmdstat_fcall"] / 20, counted.total() / 20))
+    rounds = 8
+    plain, listed_rate, ratio = alternated(
+        functools.partial(step, gates[0]),
+        functools.partial(step, gates[1]),
+        seconds,
+        rounds=rounds,
+        between=client.flushdb,
+    )
+    started = time.perf_counter()
+    lookups = 200
+    probe = [u for u in range(0, USERS, USERS // 5000)][:5000]
+    for _ in range(lookups):
+        gates[1].suppressions.suppressed("email", probe)
+    lookup_us = (time.perf_counter() - started) / lookups * 1e6
+    print(
+        f"gate with an empty suppression list: {plain:,.0f} decisions/s; with {suppressed:,} "
+        f"users suppressed: {listed_rate:,.0f} decisions/s (medians of {rounds} alternated runs)"
+    )
+    print(f"  ratio {ratio:.3f}x (median of run pairs)")
+    print(
+        f"  Redis per batch of 1,000, from an empty Redis: {per_batch[0][0]:.1f} function calls "
+        f"({per_batch[0][1]:,.0f} commands in all) without the list, {per_batch[1][0]:.1f} "
+        f"({per_batch[1][1]:,.0f}) with it; a lookup of 5,000 users against it: {lookup_us:,.0f} us; the list "
+        f"of {len(listed):,} takes {len(listed.serialize()):,} bytes serialized"
+    )
 
 
 def _group(pgid: int) -> list[int]:
@@ -403,6 +494,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/14")
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--recipients", type=int, default=1_000_000)
+    parser.add_argument("--suppressed", type=int, default=1_000_000)
+    parser.add_argument(
+        "--only", choices=["suppressions"], help="run only this part (with its figures)"
+    )
     parser.add_argument(
         "--cluster",
         action="store_true",
@@ -412,6 +507,10 @@ def main(argv: list[str]) -> None:
     if args.cluster:
         campaign(args.recipients, cluster=True)
         return
+    if args.only == "suppressions":
+        suppressions_beside_none(2 * args.seconds, args.suppressed)
+        return
     gate_beside_limiter(args.redis_url, args.seconds)
     quiet_hours_beside_none(args.redis_url, 2 * args.seconds)
+    suppressions_beside_none(2 * args.seconds, args.suppressed)
     campaign(args.recipients)

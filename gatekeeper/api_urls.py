@@ -13,6 +13,10 @@ from limits.api import (
     QuietHoursListView,
     RuleDetailView,
     RuleListView,
+    SuppressionDetailView,
+    SuppressionImportView,
+    SuppressionListView,
+    SuppressionRemoveView,
 )
 from segments.api import (
     BuildDetailView,
@@ -51,6 +55,18 @@ v1 = [
         "quiet-hours/<int:quiet_hours_id>/",
         QuietHoursDetailView.as_view(),
         name="quiet-hours-entry",
+    ),
+    path("suppressions/", SuppressionListView.as_view(), name="suppressions"),
+    path("suppressions/remove/", SuppressionRemoveView.as_view(), name="suppressions-remove"),
+    path(
+        "suppressions/<str:channel>/import/",
+        SuppressionImportView.as_view(),
+        name="suppressions-import",
+    ),
+    path(
+        "suppressions/<str:channel>/<str:user_id>/",
+        SuppressionDetailView.as_view(),
+        name="suppression",
     ),
     path("gate/check/", GateCheckView.as_view(), name="gate-check"),
     path("gate/release/", GateReleaseView.as_view(), name="gate-release"),

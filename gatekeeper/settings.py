@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_beat",
+    "anymail",
     "segments",
     "limits",
     "worker",
@@ -174,6 +175,14 @@ CELERY_BEAT_SCHEDULE = {
     # The send ledger: decisions moved from the Redis stream into the database; old days dropped.
     "ledger-drain": {"task": "limits.tasks.ledger_drain", "schedule": 2.0},
     "ledger-upkeep": {"task": "limits.tasks.ledger_upkeep", "schedule": 3600.0},
+    # The suppression list's journal: changes older than 30 days dropped (the list stays).
+    "suppression-journal-prune": {
+        "task": "limits.tasks.suppression_journal_prune",
+        "schedule": 86400.0,
+    },
+    # Dead push tokens and mailboxes POSTed to GATEKEEPER_DEAD_ADDRESS_WEBHOOK (when set);
+    # those the receiver did not take go again on the next run.
+    "dead-addresses-report": {"task": "worker.tasks.dead_addresses_report_due", "schedule": 30.0},
 }
 CELERY_TIMEZONE = TIME_ZONE
 
@@ -202,6 +211,12 @@ GATEKEEPER_ID_WIDTH = env.int("GATEKEEPER_ID_WIDTH", default=32)
 GATEKEEPER_SNAPSHOT_POLL_SECONDS = env.float("GATEKEEPER_SNAPSHOT_POLL_SECONDS", default=5.0)
 # How long a process may use cached caps and rules before reading them again (seconds).
 GATEKEEPER_CAPS_TTL_SECONDS = env.float("GATEKEEPER_CAPS_TTL_SECONDS", default=2.0)
+# How long a process may decide by its in-memory suppression list before reading the changes
+# made since (seconds; the process that made a change reads it at once).
+GATEKEEPER_SUPPRESSION_TTL_SECONDS = env.float("GATEKEEPER_SUPPRESSION_TTL_SECONDS", default=2.0)
+# The address where recipients reach this gatekeeper: the unsubscribe links in marketing
+# emails point here (https in production: mailbox providers ignore other one-click links).
+GATEKEEPER_PUBLIC_URL = env.str("GATEKEEPER_PUBLIC_URL", default="http://127.0.0.1:8000")
 # Users' time zone when neither the send nor their segment names one (calendar windows).
 GATEKEEPER_DEFAULT_TIME_ZONE = env.str("GATEKEEPER_DEFAULT_TIME_ZONE", default="UTC")
 # True while logs of the earlier two-sorted-set format may remain (docs/limiter.md, upgrading):
@@ -243,12 +258,76 @@ vars().update(env.email_url("EMAIL_URL", default="consolemail://"))
 # chunk's lease, GATEKEEPER_CHUNK_LEASE_SECONDS) for ever.
 EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=20.0)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Gatekeeper <marketing@example.com>")
+
+# Email providers (django-anymail)
+# `smtp` sends through EMAIL_URL above; the name of an anymail ESP module (amazon_ses, sendgrid,
+# mailgun, postmark, resend, ...) sends through that provider's API (worker/email_providers.py)
+# and its tracking webhooks feed the suppression list (worker/tracking.py). A name anymail has
+# no backend for stops start-up (check worker.E002).
+GATEKEEPER_EMAIL_PROVIDER = env.str("GATEKEEPER_EMAIL_PROVIDER", default="smtp").strip()
+if GATEKEEPER_EMAIL_PROVIDER != "smtp":
+    EMAIL_BACKEND = f"anymail.backends.{GATEKEEPER_EMAIL_PROVIDER}.EmailBackend"
+# ANYMAIL_<NAME> is ANYMAIL["<NAME>"]: ANYMAIL_POSTMARK_SERVER_TOKEN, ANYMAIL_WEBHOOK_SECRET
+# (user:password), ... A JSON object or array is decoded (ANYMAIL_AMAZON_SES_CLIENT_PARAMS=
+# '{"region_name": "eu-west-1"}'), and so are numbers and true/false, except in a key, token,
+# secret or password (all digits is still text there).
+_ANYMAIL_TEXT = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
+
+
+def _anymail_value(name: str) -> object:
+    text = env.str(name).strip()
+    if text[:1] in ("{", "["):
+        try:
+            return env.json(name)
+        except ValueError as exc:
+            raise ValueError(f"{name} is not valid JSON: {exc}") from None
+    if name.endswith(_ANYMAIL_TEXT):
+        return text
+    try:
+        value = env.json(name)
+    except ValueError:
+        return text
+    return value if isinstance(value, bool | int | float) else text
+
+
+ANYMAIL = {
+    name.removeprefix("ANYMAIL_"): _anymail_value(name)
+    for name in sorted(env.ENVIRON)
+    if name.startswith("ANYMAIL_")
+}
+
 # The push backend: a dotted path to a class in worker/dispatchers.py (or your own).
 GATEKEEPER_PUSH_BACKEND = env.str(
     "GATEKEEPER_PUSH_BACKEND", default="worker.dispatchers.ConsolePushBackend"
 )
 # Where WebhookPushBackend posts each push (a relay to APNs/FCM, say).
 GATEKEEPER_PUSH_WEBHOOK_URL = env.str("GATEKEEPER_PUSH_WEBHOOK_URL", default="")
+# Push providers: FCM and APNs straight (worker/push_providers.py; pick one as
+# GATEKEEPER_PUSH_BACKEND: worker.push_providers.FCMPushBackend or .APNsPushBackend).
+# Seconds one request to FCM or APNs may take: a stalled provider must not outlive the lease.
+GATEKEEPER_PUSH_TIMEOUT_SECONDS = env.float("GATEKEEPER_PUSH_TIMEOUT_SECONDS", default=10.0)
+# FCM: a service-account JSON file (empty: Application Default Credentials), and the project
+# (empty: the credentials' own).
+GATEKEEPER_FCM_CREDENTIALS = env.str("GATEKEEPER_FCM_CREDENTIALS", default="")
+GATEKEEPER_FCM_PROJECT_ID = env.str("GATEKEEPER_FCM_PROJECT_ID", default="")
+# FCM's endpoint, and a CA bundle trusted for it and for the credentials' token_uri (empty: the
+# system's): both for a local stand-in in tests.
+GATEKEEPER_FCM_URL = env.str("GATEKEEPER_FCM_URL", default="https://fcm.googleapis.com")
+GATEKEEPER_FCM_CA_BUNDLE = env.str("GATEKEEPER_FCM_CA_BUNDLE", default="")
+# APNs with token-based authentication: the .p8 signing key's path, its key id, the team id and
+# the app's bundle id (the topic); the sandbox is for development builds of the app.
+GATEKEEPER_APNS_KEY = env.str("GATEKEEPER_APNS_KEY", default="")
+GATEKEEPER_APNS_KEY_ID = env.str("GATEKEEPER_APNS_KEY_ID", default="")
+GATEKEEPER_APNS_TEAM_ID = env.str("GATEKEEPER_APNS_TEAM_ID", default="")
+GATEKEEPER_APNS_TOPIC = env.str("GATEKEEPER_APNS_TOPIC", default="")
+GATEKEEPER_APNS_SANDBOX = env.bool("GATEKEEPER_APNS_SANDBOX", default=False)
+# APNs' endpoint (empty: Apple's, production or sandbox) and a CA bundle to trust for it (empty:
+# the system's): both for a local stand-in in tests.
+GATEKEEPER_APNS_URL = env.str("GATEKEEPER_APNS_URL", default="")
+GATEKEEPER_APNS_CA_BUNDLE = env.str("GATEKEEPER_APNS_CA_BUNDLE", default="")
+# Where the push tokens and mailboxes a provider said are dead are POSTed, per send job, as
+# JSON (worker/dead_addresses.py); empty: only listed on the job (GET /api/v1/sends/<id>/).
+GATEKEEPER_DEAD_ADDRESS_WEBHOOK = env.str("GATEKEEPER_DEAD_ADDRESS_WEBHOOK", default="")
 # Sends a second per provider, kept by every worker together (worker/throttle.py):
 # "smtp=14,webhook=500"; a provider not named is not throttled.
 GATEKEEPER_PROVIDER_RATES = env.str("GATEKEEPER_PROVIDER_RATES", default="")
@@ -292,6 +371,9 @@ SPECTACULAR_SETTINGS = {
         # A channel, and a channel or `all` (rules, caps): both are fields named `channel`.
         "ChannelEnum": "limits.channels.channels",
         "ScopeEnum": "limits.channels.scopes",
+        # A decision's reason, and why a user is on the suppression list: both `reason`.
+        "ReasonEnum": "limits.policy.REASONS",
+        "SuppressionReasonEnum": "limits.suppression.REASONS",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from limits.unsubscribe import unsubscribe_view
 from worker.metrics import metrics_view
 
 urlpatterns = [
@@ -8,4 +9,8 @@ urlpatterns = [
     # REST API v1, its schema and docs, /healthz and /readyz.
     path("", include("gatekeeper.api_urls")),
     path("metrics", metrics_view, name="metrics"),
+    # One-click unsubscribe (RFC 8058): the signed link in every marketing email; no login.
+    path("u/<str:token>/", unsubscribe_view, name="unsubscribe"),
+    # The email providers' tracking webhooks (/anymail/<esp>/tracking/, ANYMAIL_WEBHOOK_SECRET).
+    path("anymail/", include("anymail.urls")),
 ]

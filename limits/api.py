@@ -14,21 +14,25 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
-from gatekeeper.lib.api import JsonAPIView, errors
+from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
 from gatekeeper.lib.bodies import NO_NUL, decode
-from gatekeeper.lib.ids import DATABASE_MAX
+from gatekeeper.lib.ids import DATABASE_MAX, max_user_id, user_id_from_text, user_ids_checked
+from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from gatekeeper.lib.permissions import (
     ADD_QUIET_HOURS,
     ADD_RULES,
+    ADD_SUPPRESSIONS,
     CHANGE_QUIET_HOURS,
     CHANGE_RULES,
     DELETE_QUIET_HOURS,
     DELETE_RULES,
+    DELETE_SUPPRESSIONS,
     SET_CAPS,
     VIEW_CAPS,
     VIEW_QUIET_HOURS,
     VIEW_REPORTS,
     VIEW_RULES,
+    VIEW_SUPPRESSIONS,
 )
 from limits.bodies import (
     CapBody,
@@ -38,10 +42,12 @@ from limits.bodies import (
     RollingWindow,
     RuleChangeBody,
     RuleCreateBody,
+    SuppressionAddBody,
+    SuppressionRemoveBody,
     Window,
 )
 from limits.channels import channels, scopes, validate_scope
-from limits.models import Cap, QuietHours, Rule
+from limits.models import Cap, QuietHours, Rule, Suppression
 from limits.policy import REASONS
 from limits.quiet import SPREAD_MAX, QuietFields
 from limits.reports import (
@@ -62,6 +68,12 @@ from limits.serializers import (
     DecisionsReportSerializer,
     QuietHoursSerializer,
     RuleSerializer,
+    SuppressionAddedSerializer,
+    SuppressionImportedSerializer,
+    SuppressionImportErrorSerializer,
+    SuppressionPageSerializer,
+    SuppressionRemovedSerializer,
+    SuppressionSerializer,
     quiet_hours_shown,
     rules_shown,
 )
@@ -75,6 +87,10 @@ from limits.services import (
     rule_delete,
     rule_update,
 )
+from limits.suppression import REASONS as SUPPRESSION_REASONS
+from limits.suppression import suppress, suppression_import, unsuppress
+from segments.api import RAW_LIST_BODY, RawListParser
+from segments.parsing import UserListError
 from segments.selectors import segment_by_slug
 
 
@@ -537,3 +553,231 @@ class DecisionsReportView(JsonAPIView):
         if isinstance(request.accepted_renderer, DecisionsCsvRenderer):
             response["Content-Disposition"] = f'attachment; filename="{report_filename(query)}"'
         return response
+
+
+# --- the suppression list ---------------------------------------------------------------------
+
+SUPPRESSIONS_PAGE_DEFAULT, SUPPRESSIONS_PAGE_MAX = 100, 1000
+SUPPRESSION_EFFECT = (
+    "Every process's gate decides by the new list within GATEKEEPER_SUPPRESSION_TTL_SECONDS "
+    "(this one at once); each change is journalled with who made it."
+)
+SUPPRESSION_SCOPE = OpenApiParameter(
+    "channel", {"type": "string", "enum": scopes()}, OpenApiParameter.PATH
+)
+
+
+def _suppression_shown(row: Suppression) -> dict[str, Any]:
+    return {
+        "channel": row.channel,
+        "user_id": row.user_id,
+        "reason": row.reason,
+        "source": row.source,
+        "note": row.note,
+        "created_at": row.created_at,
+    }
+
+
+def _scope_checked(channel: str) -> None:
+    try:
+        validate_scope(channel)
+    except DjangoValidationError as exc:
+        raise ValidationError({"channel": exc.messages}) from None
+
+
+def _page_limit(text: str | None) -> int:
+    if text is None:
+        return SUPPRESSIONS_PAGE_DEFAULT
+    try:
+        return whole_number(text, maximum=SUPPRESSIONS_PAGE_MAX, minimum=1, what="A page size")
+    except NotAWholeNumber as exc:
+        raise ValidationError({"limit": [str(exc)]}) from None
+
+
+class SuppressionListView(JsonAPIView):
+    rights = {"GET": VIEW_SUPPRESSIONS, "POST": ADD_SUPPRESSIONS}
+    bodies = {"POST": SuppressionAddBody}
+    operation_ids = {"GET": "suppressions_list", "POST": "suppressions_add"}
+
+    @extend_schema(
+        summary="The suppression list, newest first, a page at a time",
+        parameters=[
+            OpenApiParameter(
+                "channel",
+                {"type": "string", "enum": scopes()},
+                OpenApiParameter.QUERY,
+                description="Only this channel's (or `all`'s) entries.",
+            ),
+            OpenApiParameter(
+                "user_id",
+                {"type": "integer", "minimum": 0, "maximum": max_user_id()},
+                OpenApiParameter.QUERY,
+                description="Only this user's entries.",
+            ),
+            OpenApiParameter(
+                "reason",
+                {"type": "string", "enum": list(SUPPRESSION_REASONS)},
+                OpenApiParameter.QUERY,
+                description="Only entries of this reason.",
+            ),
+            OpenApiParameter(
+                "limit",
+                {"type": "integer", "minimum": 1, "maximum": SUPPRESSIONS_PAGE_MAX},
+                OpenApiParameter.QUERY,
+                description=f"Entries per page: 1 to {SUPPRESSIONS_PAGE_MAX} "
+                f"({SUPPRESSIONS_PAGE_DEFAULT} by default).",
+            ),
+            OpenApiParameter(
+                "before",
+                {"type": "integer", "minimum": 1, "maximum": DATABASE_MAX},
+                OpenApiParameter.QUERY,
+                description="Where the page starts (from `next`).",
+            ),
+        ],
+        responses={200: SuppressionPageSerializer, **errors(400)},
+    )
+    def get(self, request: Request) -> Response:
+        params = request.query_params
+        rows = Suppression.objects.order_by("-id")
+        channel = params.get("channel")
+        if channel is not None:
+            _scope_checked(channel)
+            rows = rows.filter(channel=channel)
+        if params.get("user_id") is not None:
+            user_id = user_id_from_text(params["user_id"], field="user_id", maximum=max_user_id())
+            rows = rows.filter(user_id=user_id)
+        reason = params.get("reason")
+        if reason is not None:
+            if reason not in SUPPRESSION_REASONS:
+                raise ValidationError(
+                    {"reason": [f"Choose one of: {', '.join(SUPPRESSION_REASONS)}."]}
+                )
+            rows = rows.filter(reason=reason)
+        if params.get("before") is not None:
+            try:
+                before = whole_number(
+                    params["before"], maximum=DATABASE_MAX, minimum=1, what="A position"
+                )
+            except NotAWholeNumber as exc:
+                raise ValidationError({"before": [str(exc)]}) from None
+            rows = rows.filter(id__lt=before)
+        limit = _page_limit(params.get("limit"))
+        page = list(rows[: limit + 1])
+        next_url = None
+        if len(page) > limit:
+            page = page[:limit]
+            following = params.copy()
+            following["before"] = str(page[-1].pk)
+            next_url = request.build_absolute_uri(f"{request.path}?{following.urlencode()}")
+        results = [_suppression_shown(row) for row in page]
+        return Response(SuppressionPageSerializer({"results": results, "next": next_url}).data)
+
+    @extend_schema(
+        summary="Put users on the suppression list of a channel (or of all channels)",
+        description="Users already on it keep their first reason. " + SUPPRESSION_EFFECT,
+        responses={200: SuppressionAddedSerializer, **errors(400, 413)},
+    )
+    def post(self, request: Request) -> Response:
+        body = decode(request.data, SuppressionAddBody)
+        ids = set(user_ids_checked(body.user_ids, field="user_ids", maximum=max_user_id()))
+        added = suppress(
+            channel=body.channel,
+            user_ids=ids,
+            reason=body.reason,
+            source="api",
+            by=request.user,
+            note=body.note,
+        )
+        return Response({"channel": body.channel, "added": added, "already": len(ids) - added})
+
+
+class SuppressionRemoveView(JsonAPIView):
+    rights = {"POST": DELETE_SUPPRESSIONS}
+    bodies = {"POST": SuppressionRemoveBody}
+    operation_ids = {"POST": "suppressions_remove"}
+
+    @extend_schema(
+        summary="Take users off the suppression list of a channel (or of all channels)",
+        description="Their marketing is gated by the caps again. " + SUPPRESSION_EFFECT,
+        responses={200: SuppressionRemovedSerializer, **errors(400, 413)},
+    )
+    def post(self, request: Request) -> Response:
+        body = decode(request.data, SuppressionRemoveBody)
+        ids = set(user_ids_checked(body.user_ids, field="user_ids", maximum=max_user_id()))
+        removed = unsuppress(channel=body.channel, user_ids=ids, source="api", by=request.user)
+        return Response({"channel": body.channel, "removed": removed, "absent": len(ids) - removed})
+
+
+class SuppressionDetailView(JsonAPIView):
+    rights = {"GET": VIEW_SUPPRESSIONS, "DELETE": DELETE_SUPPRESSIONS}
+    operation_ids = {"GET": "suppression_get", "DELETE": "suppression_delete"}
+
+    def _row(self, channel: str, user_id: str) -> Suppression:
+        _scope_checked(channel)
+        uid = user_id_from_text(user_id, field="user_id", maximum=max_user_id())
+        row = Suppression.objects.filter(channel=channel, user_id=uid).first()
+        if row is None:
+            raise NotFound(f"User {uid} is not on the suppression list of {channel}.")
+        return row
+
+    @extend_schema(
+        summary="Whether a user is on a channel's suppression list, and why",
+        parameters=[SUPPRESSION_SCOPE, user_id_parameter(OpenApiParameter.PATH)],
+        responses={200: SuppressionSerializer, **errors(400, 404)},
+    )
+    def get(self, request: Request, channel: str, user_id: str) -> Response:
+        return Response(SuppressionSerializer(_suppression_shown(self._row(channel, user_id))).data)
+
+    @extend_schema(
+        summary="Take a user off a channel's suppression list",
+        description=SUPPRESSION_EFFECT,
+        parameters=[SUPPRESSION_SCOPE, user_id_parameter(OpenApiParameter.PATH)],
+        responses={204: None, **errors(400, 404)},
+    )
+    def delete(self, request: Request, channel: str, user_id: str) -> Response:
+        row = self._row(channel, user_id)
+        unsuppress(channel=row.channel, user_ids=[row.user_id], source="api", by=request.user)
+        return Response(status=204)
+
+
+class SuppressionImportView(JsonAPIView):
+    rights = {"PUT": ADD_SUPPRESSIONS}
+    operation_ids = {"PUT": "suppressions_import"}
+    parser_classes = [RawListParser]
+
+    @extend_schema(
+        summary="Add a file of user ids to a channel's suppression list (one id a line, text or "
+        "gzip)",
+        description=(
+            "The file is read like a user list (a header line, blank lines and repeats allowed); "
+            "the first bad line refuses the whole file and nothing is added (400, naming the "
+            "line). ?reason= (default manual) is kept for the users added. " + SUPPRESSION_EFFECT
+        ),
+        parameters=[
+            SUPPRESSION_SCOPE,
+            OpenApiParameter(
+                "reason",
+                {"type": "string", "enum": list(SUPPRESSION_REASONS)},
+                OpenApiParameter.QUERY,
+            ),
+        ],
+        request=RAW_LIST_BODY,
+        responses={
+            200: SuppressionImportedSerializer,
+            400: SuppressionImportErrorSerializer,
+            **errors(413),
+        },
+    )
+    def put(self, request: Request, channel: str) -> Response:
+        _scope_checked(channel)
+        reason = request.query_params.get("reason", Suppression.Reason.MANUAL)
+        stream = request.data if hasattr(request.data, "read") else None
+        if stream is None:
+            return Response({"file": ["Send the list as the request body."], "line": None}, 400)
+        try:
+            imported = suppression_import(
+                channel=channel, fileobj=stream, reason=reason, source="import", by=request.user
+            )
+        except UserListError as exc:
+            return Response({"file": exc.messages, "line": exc.line}, status=400)
+        return Response({"channel": channel, **imported})

@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 from msgspec import UNSET, Meta, UnsetType
 from rest_framework.exceptions import ValidationError
 
-from gatekeeper.lib.bodies import Body, schema_fill, words_for_pattern
+from gatekeeper.lib.bodies import NO_NUL, Body, schema_fill, words_for_pattern
+from gatekeeper.lib.ids import JsonUserId
 from gatekeeper.lib.integers import INT32_MAX
 from limits.channels import channels, scopes
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES, ROLLING_SECONDS
@@ -21,6 +22,7 @@ from limits.rules import (
     duration_words,
     tags_problem,
 )
+from limits.suppression import REASONS as SUPPRESSION_REASONS
 from segments.bodies import Slug
 
 Limit = Annotated[int, Meta(ge=0, le=INT32_MAX)] | None
@@ -250,3 +252,36 @@ class QuietHoursChangeBody(Body, kw_only=True):
     end: QuietEnd | UnsetType = UNSET
     spread_minutes: Spread | UnsetType = UNSET
     enabled: bool | UnsetType = UNSET
+
+
+# --- the suppression list -----------------------------------------------------------------------
+
+SUPPRESSION_IDS_MAX = 10_000  # ids per request; a file (PUT .../import/) for more
+SuppressionIds = Annotated[
+    list[JsonUserId],
+    Meta(
+        min_length=1,
+        max_length=SUPPRESSION_IDS_MAX,
+        description=f"1 to {SUPPRESSION_IDS_MAX:,} user ids (repeats count once).",
+    ),
+]
+# Checked after decoding by limits.suppression.validate_reason, the one rule for reasons.
+SuppressionReason = Annotated[
+    str,
+    Meta(
+        description="Why they get no marketing (default: manual).",
+        extra_json_schema={"enum": list(SUPPRESSION_REASONS)},
+    ),
+]
+
+
+class SuppressionAddBody(Body, kw_only=True):
+    channel: Scope
+    user_ids: SuppressionIds
+    reason: SuppressionReason = "manual"
+    note: Annotated[str, Meta(max_length=300, pattern=NO_NUL)] = ""
+
+
+class SuppressionRemoveBody(Body, kw_only=True):
+    channel: Scope
+    user_ids: SuppressionIds

@@ -3,9 +3,10 @@ error with a stable id."""
 
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, register
+from django.core.checks import CheckMessage, Error, Warning, register
 
 from gatekeeper.lib.zones import UnknownTimeZone, zone
 from limits.channels import ALL
@@ -56,4 +57,37 @@ def limits_settings_check(app_configs: Any, **kwargs: Any) -> list[CheckMessage]
     ):
         if int(getattr(settings, name)) < 1:
             errors.append(Error(f"{name} must be at least 1.", hint=hint, id=check_id))
+    if float(settings.GATEKEEPER_SUPPRESSION_TTL_SECONDS) < 0:
+        errors.append(
+            Error(
+                "GATEKEEPER_SUPPRESSION_TTL_SECONDS must be 0 or more.",
+                hint="How long a process decides by its suppression list before reading changes.",
+                id="limits.E007",
+            )
+        )
+    errors.extend(_public_url_problems(str(settings.GATEKEEPER_PUBLIC_URL)))
     return errors
+
+
+def _public_url_problems(url: str) -> list[CheckMessage]:
+    """The unsubscribe links' base: an absolute http(s) URL, https unless on loopback."""
+    parts = urlsplit(url)
+    hint = "Where recipients reach this gatekeeper, as https://gate.example.com."
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        return [
+            Error(
+                f"GATEKEEPER_PUBLIC_URL: '{url[:80]}' is not an http(s) address.",
+                hint=hint,
+                id="limits.E008",
+            )
+        ]
+    if parts.scheme == "http" and parts.hostname not in ("127.0.0.1", "localhost", "::1"):
+        return [
+            Warning(
+                f"GATEKEEPER_PUBLIC_URL is {url[:80]}: mailbox providers only honour one-click "
+                "unsubscribe links over https (RFC 8058).",
+                hint=hint,
+                id="limits.W001",
+            )
+        ]
+    return []

@@ -340,3 +340,77 @@ class LedgerBatch(models.Model):
 
     def __str__(self) -> str:
         return self.stream_id
+
+
+class Suppression(models.Model):
+    """A user who must get no marketing on a channel (or on any channel: `all`): they opted out,
+    their address bounced for good, or they complained. The gate refuses their marketing sends
+    with reason `suppressed` before any cap is asked (limits/suppression.py). Changed only
+    through limits/suppression.py, which journals every change in SuppressionChange."""
+
+    class Reason(models.TextChoices):
+        UNSUBSCRIBED = "unsubscribed", "unsubscribed"
+        BOUNCED = "bounced", "hard bounce"
+        COMPLAINED = "complained", "complaint"
+        MANUAL = "manual", "added by hand"
+
+    channel = models.CharField(max_length=32, validators=[validate_scope])
+    user_id = models.PositiveBigIntegerField()
+    reason = models.CharField(max_length=16, choices=Reason.choices)
+    source = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="Where it came from: link, api, admin, import, esp:<name>.",
+    )
+    note = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["channel", "user_id"], name="limits_suppression_key")
+        ]
+        indexes = [models.Index(fields=["user_id"], name="limits_suppression_user")]
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"user {self.user_id} on {self.channel}: {self.reason}"
+
+
+class SuppressionChange(models.Model):
+    """One suppression added or removed, in commit order (writers take SuppressionLock first):
+    every process keeps the suppression list in memory and reads the changes after the last
+    one it has, every few seconds. Also the list's audit trail."""
+
+    class Action(models.TextChoices):
+        ADDED = "added"
+        REMOVED = "removed"
+
+    id = models.BigAutoField(primary_key=True)
+    channel = models.CharField(max_length=32)
+    user_id = models.PositiveBigIntegerField()
+    action = models.CharField(max_length=8, choices=Action.choices)
+    reason = models.CharField(max_length=16, blank=True)
+    source = models.CharField(max_length=64, blank=True)
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"user {self.user_id} on {self.channel}: {self.action}"
+
+
+class SuppressionLock(models.Model):
+    """One row that every suppression write locks first, so that changes commit in the order
+    of their ids and a reader that has seen change N has seen every change before it."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+
+    def __str__(self) -> str:
+        return "suppression lock"

@@ -24,8 +24,8 @@ ROLLING_SECONDS = (60, 7_776_000)  # 1 minute to 90 days
 PRIORITIES = (0, 9)
 DEFAULT_PRIORITY = 5
 # Every reason a decision carries: the limiter's (allowed, duplicate), a refusing rule's
-# (`RuleView.reason`) and the gate's own (quiet_hours, exempt, unavailable). Admitted ones let
-# the send go; the others refused it. The REST schema, the dashboard and the decisions report
+# (`RuleView.reason`) and the gate's own (quiet_hours, suppressed, exempt, unavailable).
+# Admitted ones let the send go; the others refused it. The REST schema, the dashboard and the decisions report
 # read these.
 REASONS = (
     "allowed",
@@ -35,6 +35,7 @@ REASONS = (
     "cap",
     "blocked",
     "quiet_hours",
+    "suppressed",
     "exempt",
     "unavailable",
 )

@@ -16,6 +16,7 @@ from limits.reports import GROUPS
 from limits.rules import MATCHES, rule_as_json, rule_describe
 from limits.selectors import rule_view, rules_findings
 from limits.services import cap_describe, cap_warnings
+from limits.suppression import REASONS as SUPPRESSION_REASONS
 
 
 class CapSerializer(serializers.ModelSerializer):
@@ -174,3 +175,52 @@ class DecisionsReportSerializer(serializers.Serializer):
     def get_fields(self) -> dict[str, Any]:
         # `from` is a keyword in Python and a field's name in the answer.
         return {"from" if name == "from_" else name: f for name, f in super().get_fields().items()}
+
+
+# --- the suppression list ----------------------------------------------------------------------
+
+
+class SuppressionSerializer(serializers.Serializer):
+    channel = serializers.CharField(help_text='A channel, or "all": every channel.')
+    user_id = serializers.IntegerField(min_value=0)
+    reason = serializers.ChoiceField(choices=list(SUPPRESSION_REASONS))
+    source = serializers.CharField(  # type: ignore[assignment]  # a field named source
+        help_text="Where it came from: link (the unsubscribe link), api, admin, import, "
+        "esp:<provider> (a tracking webhook)."
+    )
+    note = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField()
+
+
+class SuppressionPageSerializer(serializers.Serializer):
+    results = SuppressionSerializer(many=True)
+    next = serializers.URLField(allow_null=True, help_text="The next page, or null.")
+
+
+class SuppressionAddedSerializer(serializers.Serializer):
+    channel = serializers.CharField()
+    added = serializers.IntegerField(help_text="Users put on the list.")
+    already = serializers.IntegerField(help_text="Users who were on it (their reason kept).")
+
+
+class SuppressionImportedSerializer(SuppressionAddedSerializer):
+    lines = serializers.IntegerField(help_text="Lines read, header and blank lines included.")
+
+
+class SuppressionImportErrorSerializer(serializers.Serializer):
+    """A refused import: the file's first bad line, or the parameter that is wrong."""
+
+    file = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text="What is wrong with the file."
+    )
+    line = serializers.IntegerField(
+        allow_null=True, required=False, help_text="The first bad line (null: none)."
+    )
+    channel = serializers.ListField(child=serializers.CharField(), required=False)
+    reason = serializers.ListField(child=serializers.CharField(), required=False)
+
+
+class SuppressionRemovedSerializer(serializers.Serializer):
+    channel = serializers.CharField()
+    removed = serializers.IntegerField(help_text="Users taken off the list.")
+    absent = serializers.IntegerField(help_text="Users who were not on it.")

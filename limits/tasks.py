@@ -6,6 +6,7 @@ from celery import shared_task
 
 from limits.ledger import ledger_drain_all
 from limits.ledger import ledger_upkeep as ledger_upkeep_run
+from limits.suppression import journal_prune
 from limits.upkeep import send_logs_sweep_run
 
 logger = logging.getLogger(__name__)
@@ -45,3 +46,10 @@ def ledger_upkeep() -> int:
             report.deleted_rows,
         )
     return len(report.dropped_days) + report.deleted_rows
+
+
+@shared_task(expires=3600)
+def suppression_journal_prune() -> int:
+    """Beat, daily: drop the suppression journal's changes older than 30 days (the list stays;
+    processes only ever read its last seconds)."""
+    return journal_prune()

@@ -160,6 +160,13 @@ class SegmentDetailView(JsonAPIView):
         return Response(status=204)
 
 
+# A file of user ids as a request body, in the schema: plain text or gzip, as raw bytes.
+RAW_LIST_BODY = {
+    media: {"type": "string", "format": "binary"}
+    for media in ("text/plain", "application/gzip", "application/octet-stream")
+}
+
+
 class RawListParser(BaseParser):
     """Hands the request body over as a stream: a list may be large, and gzip is detected by
     its bytes, so any content type is taken as-is. A body declared larger than
@@ -205,11 +212,7 @@ class SegmentUsersView(JsonAPIView):
             "the segment's lists once it is `ready`, and a `failed` one says why. The next build "
             "publishes it."
         ),
-        request={
-            "text/plain": {"type": "string", "format": "binary"},
-            "application/gzip": {"type": "string", "format": "binary"},
-            "application/octet-stream": {"type": "string", "format": "binary"},
-        },
+        request=RAW_LIST_BODY,
         responses={
             200: UserListStoredSerializer,
             202: UserListStoredSerializer,

@@ -8,7 +8,15 @@ class WorkerConfig(AppConfig):
     def ready(self) -> None:
         # Connects the Celery worker signals. Imported here: the hooks' modules import models,
         # which the app registry allows only once it is ready.
+        from anymail.signals import tracking as anymail_tracking
+
         from worker import (
             celery_hooks,  # noqa: F401
+            checks_email,  # noqa: F401  (registers the email provider's check)
             throttle,  # noqa: F401  (registers the provider rates' check)
         )
+        from worker.tracking import tracking_received
+
+        # The ESPs' tracking webhooks (bounces, complaints, unsubscribes) feed the suppression
+        # list; the uid keeps it connected once however often ready() runs.
+        anymail_tracking.connect(tracking_received, dispatch_uid="worker.tracking")

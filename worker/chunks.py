@@ -26,6 +26,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from worker.claims import SENT, RunClaims, claims_read
+from worker.dead_addresses import dead_addresses_record
 from worker.dispatchers import (
     AMBIGUOUS,
     PERMANENT,
@@ -207,6 +208,7 @@ class _Run:
         self.released: list[tuple[int, str]] = []  # quota to give back: did not go out
         self.dispatched: list[tuple[int, str, str]] = []  # (user, message, outcome): the ledger's
         self.retry: list[dict[str, Any]] = []  # transient failures: a later chunk
+        self.dead: list[tuple[int, str, str]] = []  # (user, address, why): the provider's word
 
     def send_all(self, batches: list[list[dict[str, Any]]], renderer: Renderer) -> None:
         """Claim, send and settle the dispatcher batches in turn: one round trip to claim the
@@ -305,6 +307,8 @@ class _Run:
                 self._ambiguous(recipient)  # its claim stays: never sent again
             else:
                 unsent.append(message_id)
+                if error.kind == PERMANENT and error.invalid:
+                    self.dead.append((recipient["user_id"], recipient["address"], str(error)))
                 if error.kind == PERMANENT or self.last_attempt:
                     self._fail(recipient)
                 else:
@@ -369,8 +373,31 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
         return dict(outcomes)
     # Before gating: a missing template or a dispatcher that cannot start fails the chunk
     # without charging anybody's quota.
-    renderer = Renderer(channel=job.channel, template=job.template, campaign=job.campaign)
+    renderer = Renderer(
+        channel=job.channel, template=job.template, campaign=job.campaign, category=job.category
+    )
+    own = dispatcher is None  # built for this run: closed once its sends are done
     dispatcher = dispatcher or dispatcher_for(job.channel)
+    try:
+        return _run_gated(chunk, dispatcher, renderer, lease, clock)
+    finally:
+        if own:
+            _closed(dispatcher)
+
+
+def _closed(dispatcher: Any) -> None:
+    """Let a dispatcher go (its connections, a provider client's app); a failure to close
+    loses no send."""
+    try:
+        dispatcher.close()
+    except Exception:
+        logger.warning("Closing the %s dispatcher failed", type(dispatcher).__name__, exc_info=True)
+
+
+def _run_gated(
+    chunk: SendChunk, dispatcher: Any, renderer: Renderer, lease: _Lease, clock: Any
+) -> dict[str, int]:
+    job = chunk.job
     recipients = chunk.recipients
     # No later than the gate's own time for the ledger (its outcomes are found from it).
     gating = clock.timestamp() if clock is not None else time.time() - 1
@@ -393,6 +420,8 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
     admitted = [r for r, d in zip(recipients, decisions, strict=True) if d.allowed]
     size = max(1, int(getattr(run.dispatcher, "batch_size", 1)))
     run.send_all([admitted[i : i + size] for i in range(0, len(admitted), size)], renderer)
+    if run.dead:
+        dead_addresses_record(job, run.dead)
     with timed("ledger"):
         # Outcomes before releases: `released` does not replace an outcome the ledger knows.
         gate_outcomes(channel=job.channel, since=gating, outcomes=run.dispatched)

@@ -7,6 +7,8 @@ A failed send raises DispatchError saying what a retry is worth:
 - AMBIGUOUS: it may have been delivered (the connection broke after the request went out):
   the worker keeps the quota and does not send again, because a double send is worse than a
   lost one for marketing.
+  With `invalid=True` the provider said the address or push token itself is dead
+  (unregistered, uninstalled app, unknown mailbox): the send job lists it for its caller.
 - THROTTLED: the provider refused it for its rate (HTTP 429), nothing was delivered: every
   worker holds off the provider for `retry_after` seconds (or one), then it is sent again
   (worker/throttle.py).
@@ -50,6 +52,8 @@ from django.utils.module_loading import import_string
 
 from gatekeeper.lib.bodies import words_for_pattern
 from limits.channels import channels as dispatch_channels
+from limits.unsubscribe import unsubscribe_headers
+from worker.gate import MARKETING
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +62,19 @@ TRANSIENT, PERMANENT, AMBIGUOUS, THROTTLED = "transient", "permanent", "ambiguou
 
 class DispatchError(Exception):
     def __init__(
-        self, message: str, *, kind: str = TRANSIENT, retry_after: float | None = None
+        self,
+        message: str,
+        *,
+        kind: str = TRANSIENT,
+        retry_after: float | None = None,
+        invalid: bool = False,
     ) -> None:
         super().__init__(message)
         self.kind = kind
         self.retry_after = retry_after  # THROTTLED: seconds the provider asked for
+        # PERMANENT only: the provider says the address or token is dead (unregistered push
+        # token, unknown mailbox); the job reports it back to its caller.
+        self.invalid = invalid
 
     @property
     def permanent(self) -> bool:
@@ -80,6 +92,7 @@ class Message:
     body: str
     html: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # email: added to the message's own
 
 
 TEMPLATE_NAME_WORDS = (
@@ -188,8 +201,12 @@ def _names_read(template: Any) -> tuple[str, ...] | None:
 class Renderer:
     """A job's templates, loaded and compiled once, rendered per recipient."""
 
-    def __init__(self, *, channel: str, template: str, campaign: str) -> None:
+    def __init__(
+        self, *, channel: str, template: str, campaign: str, category: str = MARKETING
+    ) -> None:
         self.channel, self.campaign = channel, campaign
+        # Marketing email carries its one-click unsubscribe link (RFC 8058); receipts do not.
+        self.unsubscribable = channel == "email" and category == MARKETING
         title = "subject.txt" if channel == "email" else "title.txt"
         self.title = _Template(get_template(f"{channel}/{template}/{title}"))
         self.body = _Template(get_template(f"{channel}/{template}/body.txt"))
@@ -218,6 +235,11 @@ class Renderer:
             body=self.body.render(context),
             html=self.html.render(context) if self.html is not None else None,
             data=data,
+            headers=(
+                unsubscribe_headers(user_id=recipient["user_id"], channel=self.channel)
+                if self.unsubscribable
+                else {}
+            ),
         )
 
 
@@ -239,6 +261,19 @@ def send_many(dispatcher: Any, messages: list[Message]) -> list[DispatchError | 
             logger.exception("Send %s failed unexpectedly", message.message_id)
             outcomes.append(DispatchError(f"{type(exc).__name__}: {exc}", kind=AMBIGUOUS))
     return outcomes
+
+
+class SendsInBatches:
+    """A dispatcher whose provider takes a batch in one call (`send_many`): `send` is a batch of
+    one, raising its DispatchError."""
+
+    def send(self, message: Message) -> None:
+        (outcome,) = self.send_many([message])
+        if outcome is not None:
+            raise outcome
+
+    def send_many(self, messages: list[Message]) -> list[DispatchError | None]:
+        raise NotImplementedError
 
 
 class EmailDispatcher:
@@ -274,7 +309,7 @@ class EmailDispatcher:
             body=message.body,
             from_email=settings.DEFAULT_FROM_EMAIL,
             to=[message.address],
-            headers={"X-Gatekeeper-Message-Id": message.message_id},
+            headers={"X-Gatekeeper-Message-Id": message.message_id, **message.headers},
             connection=self.connection,
         )
         if message.html:
@@ -493,6 +528,12 @@ def retry_after_seconds(header: str | None) -> float | None:
 
 def dispatcher_class(channel: str) -> Any:
     if channel == "email":
+        backend = str(settings.EMAIL_BACKEND)
+        if backend.startswith("anymail.backends."):
+            # An email service provider's API (GATEKEEPER_EMAIL_PROVIDER): its dispatcher is
+            # found by name, as push backends are, since worker.email_providers builds on this
+            # module.
+            return import_string("worker.email_providers.anymail_dispatcher_class")(backend)
         return EmailDispatcher
     return import_string(settings.GATEKEEPER_PUSH_BACKEND)
 

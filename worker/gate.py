@@ -22,6 +22,7 @@ from limits.limiter import Decision, Limiter, get_limiter
 from limits.policy import DEFAULT_PRIORITY, PolicyTable, RuleSet
 from limits.quiet import QuietView, release_at
 from limits.selectors import PolicyCache, policy_cache
+from limits.suppression import SuppressionCache, suppression_cache
 from limits.windows import resolve_zone
 from segments.index import get_index
 from worker import stats
@@ -34,6 +35,7 @@ CATEGORIES = (MARKETING, TRANSACTIONAL)
 UNAVAILABLE = "unavailable"
 EXEMPT = "exempt"
 QUIET_HOURS = "quiet_hours"
+SUPPRESSED = "suppressed"
 _UNKNOWN: object = object()
 
 
@@ -85,6 +87,7 @@ class Gate:
         limiter: Limiter | None = None,
         policy: PolicyCache | None = None,
         index: SegmentResolver | None = None,
+        suppressions: SuppressionCache | None = None,
         record_stats: bool = True,
         record_ledger: bool | None = None,
     ) -> None:
@@ -92,6 +95,7 @@ class Gate:
         self._limiter = limiter
         self._policy = policy
         self._index = index
+        self._suppressions = suppressions
         self.record_stats = record_stats
         self.record_ledger = record_ledger
 
@@ -102,6 +106,10 @@ class Gate:
     @property
     def policy(self) -> PolicyCache:
         return self._policy or policy_cache()
+
+    @property
+    def suppressions(self) -> SuppressionCache:
+        return self._suppressions or suppression_cache()
 
     def index(self) -> SegmentResolver | None:
         return self._index if self._index is not None else get_index()
@@ -138,17 +146,12 @@ class Gate:
                 _own(u, m, segment=s, allowed=True, reason=EXEMPT)
                 for (u, m), s in zip(requests, segments, strict=True)
             ]
-        elif index is None:
-            _log_no_snapshot()
-            decisions = [
-                _own(u, m, segment=None, allowed=False, reason=UNAVAILABLE) for u, m in requests
-            ]
         else:
-            decisions = self._decide(
-                table or self.policy.table(),
+            decisions = self._marketing(
                 channel,
                 requests,
-                segments,
+                segments if index is not None else None,
+                table=table,
                 campaign=campaign,
                 tags=tags,
                 priority=priority,
@@ -171,6 +174,66 @@ class Gate:
                     decisions=decisions,
                 )
         return decisions
+
+    def _marketing(
+        self,
+        channel: str,
+        requests: Sequence[tuple[int, str]],
+        segments: Sequence[str | None] | None,
+        *,
+        table: PolicyTable | None,
+        campaign: str,
+        tags: tuple[str, ...],
+        priority: int,
+        time_zones: Sequence[str | None] | None,
+        dry_run: bool,
+        now: float | None,
+    ) -> list[Decision]:
+        """Suppressed users first (in memory; they are refused and charged nothing, snapshot
+        or not), then the rest by quiet hours and rules (`segments` None: no snapshot)."""
+        suppressed = self.suppressions.suppressed(channel, [user_id for user_id, _ in requests])
+        decisions: list[Decision | None] = [None] * len(requests)
+        rest = list(range(len(requests)))
+        if suppressed is not None:
+            rest = []
+            for i, (user_id, message_id) in enumerate(requests):
+                if suppressed[i]:
+                    segment = segments[i] if segments is not None else None
+                    decisions[i] = _own(
+                        user_id, message_id, segment=segment, allowed=False, reason=SUPPRESSED
+                    )
+                else:
+                    rest.append(i)
+        if not rest:
+            return decisions  # type: ignore[return-value]
+        if segments is None:
+            _log_no_snapshot()
+            for i in rest:
+                user_id, message_id = requests[i]
+                decisions[i] = _own(
+                    user_id, message_id, segment=None, allowed=False, reason=UNAVAILABLE
+                )
+            return decisions  # type: ignore[return-value]
+        whole = len(rest) == len(requests)
+        decided = self._decide(
+            table or self.policy.table(),
+            channel,
+            requests if whole else [requests[i] for i in rest],
+            segments if whole else [segments[i] for i in rest],
+            campaign=campaign,
+            tags=tags,
+            priority=priority,
+            time_zones=(
+                time_zones if whole or time_zones is None else [time_zones[i] for i in rest]
+            ),
+            dry_run=dry_run,
+            now=now,
+        )
+        if whole:
+            return decided
+        for i, decision in zip(rest, decided, strict=True):
+            decisions[i] = decision
+        return decisions  # type: ignore[return-value]
 
     def _decide(
         self,

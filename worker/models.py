@@ -269,3 +269,22 @@ class SendChunk(models.Model):
 
     def __str__(self) -> str:
         return f"chunk {self.pk} of job {self.job_id}"
+
+
+class DeadAddress(models.Model):
+    """An address or push token the provider said is dead (an unregistered token, an unknown
+    mailbox) during one of the job's sends: the send failed for good, and the campaign system
+    should stop sending to it. Listed on the job (GET /api/v1/sends/<id>/) and pushed to
+    GATEKEEPER_DEAD_ADDRESS_WEBHOOK when set."""
+
+    job = models.ForeignKey(SendJob, on_delete=models.CASCADE, related_name="dead_addresses")
+    user_id = models.PositiveBigIntegerField()
+    address = models.CharField(max_length=4096)
+    reason = models.CharField(max_length=300, help_text="What the provider said.")
+    at = models.DateTimeField(auto_now_add=True)
+    reported = models.BooleanField(
+        default=False, help_text="Delivered to GATEKEEPER_DEAD_ADDRESS_WEBHOOK."
+    )
+
+    def __str__(self) -> str:
+        return f"{self.address[:40]} (user {self.user_id}): {self.reason[:60]}"

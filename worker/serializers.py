@@ -10,6 +10,7 @@ from limits import policy
 from limits.bodies import Reserve, Window
 from limits.rules import MATCHES
 from limits.serializers import BodyShapedField
+from worker.dead_addresses import dead_addresses_shown
 from worker.models import SendJob
 from worker.selectors import send_job_waiting
 
@@ -205,6 +206,21 @@ class WaitingSerializer(serializers.Serializer):
     )
 
 
+class DeadAddressSerializer(serializers.Serializer):
+    user_id = serializers.IntegerField(min_value=0)
+    address = serializers.CharField()
+    reason = serializers.CharField(help_text="What the provider said.")
+    at = serializers.DateTimeField()
+
+
+class DeadAddressesSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    first = DeadAddressSerializer(many=True, help_text="The first 100, in the order met.")
+
+    def to_representation(self, instance: Any) -> Any:
+        return super().to_representation(dead_addresses_shown(instance))
+
+
 class SendJobSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     channel = serializers.CharField()
@@ -266,6 +282,11 @@ class SendJobSerializer(serializers.Serializer):
         "too); null: never.",
     )
     invalid_rows = InvalidRowSerializer(many=True, help_text="The first 100 invalid rows.")
+    dead_addresses = DeadAddressesSerializer(
+        source="*",
+        help_text="Push tokens and mailboxes the provider said are dead (those sends failed); "
+        "every one is also POSTed to GATEKEEPER_DEAD_ADDRESS_WEBHOOK when it is set.",
+    )
     reasons = serializers.DictField(child=serializers.IntegerField())
     segments = serializers.DictField(child=serializers.IntegerField())
     created_at = serializers.DateTimeField()

@@ -7,6 +7,7 @@ from typing import Any
 from celery import shared_task
 
 from gatekeeper.lib.bodies import datetime_from_text
+from worker import dead_addresses
 from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run, waiting_close
 from worker.preparing import jobs_preparing_stalled, send_job_prepare_run
 from worker.timings import timed
@@ -99,3 +100,9 @@ def send_chunks_due(now: str | None = None) -> int:
     ids = chunks_due(now=instant)
     send_chunks(ids, now=now)
     return len(ids)
+
+
+@shared_task
+def dead_addresses_report_due() -> int:
+    """POST the dead addresses not reported yet to GATEKEEPER_DEAD_ADDRESS_WEBHOOK (beat)."""
+    return dead_addresses.dead_addresses_report_due()

@@ -1,7 +1,7 @@
 """The two admin groups marketers are put in, and what each may do.
 
 - Marketer: edit segments, user lists, caps, cap rules and quiet hours; build, publish and roll
-  back snapshots; reset a user's quota; send a campaign file; pause, resume and cancel send jobs
+  back snapshots; add users to the suppression list and take them off; reset a user's quota; send a campaign file; pause, resume and cancel send jobs
   and their waiting sends; read everything else the admin shows.
 - Viewer: read-only.
 
@@ -28,6 +28,8 @@ _READ = [
     "limits.view_quiethours",
     "limits.view_quiethourschange",
     "limits.view_quotareset",
+    "limits.view_suppression",
+    "limits.view_suppressionchange",
     "worker.view_sendjob",
 ]
 GROUP_PERMISSIONS: dict[str, list[str]] = {
@@ -51,6 +53,8 @@ GROUP_PERMISSIONS: dict[str, list[str]] = {
         "limits.change_quiethours",
         "limits.delete_quiethours",
         "limits.reset_quota",
+        "limits.add_suppression",
+        "limits.delete_suppression",
         "worker.add_sendjob",
         "worker.cancel_sendjob",
     ],

@@ -23,6 +23,7 @@ VIEW_CAPS = ("limits.view_cap",)
 VIEW_RULES = ("limits.view_rule",)
 VIEW_QUIET_HOURS = ("limits.view_quiethours",)
 VIEW_SEND_JOBS = ("worker.view_sendjob",)
+VIEW_SUPPRESSIONS = ("limits.view_suppression",)
 # The decisions report (REST) does what the dashboard's chart of refused sends and its CSV
 # download do: the dashboard's right (the dashboard already shows decisions by segment and reason).
 VIEW_REPORTS = ("segments.view_segment",)
@@ -51,6 +52,9 @@ DELETE_RULES = ("limits.delete_rule",)
 ADD_QUIET_HOURS = ("limits.add_quiethours",)
 CHANGE_QUIET_HOURS = ("limits.change_quiethours",)
 DELETE_QUIET_HOURS = ("limits.delete_quiethours",)
+# The suppression list: adding (an import too) and taking users off it.
+ADD_SUPPRESSIONS = ("limits.add_suppression",)
+DELETE_SUPPRESSIONS = ("limits.delete_suppression",)
 PUBLISH = ("segments.publish_snapshot",)
 RESET_QUOTA = ("limits.reset_quota",)
 # Handing a campaign file to the worker from the admin (marketers).
@@ -60,7 +64,8 @@ CANCEL_SENDS = ("worker.cancel_sendjob",)
 # Calling the gate and handing over send jobs (campaign systems).
 GATE = ("limits.use_gate",)
 # What a campaign system's account needs: the gate and send jobs, and reading segments, quotas,
-# the rules and quiet hours its refusals come from and its jobs' progress.
+# the rules and quiet hours its refusals come from and its jobs' progress; and keeping the
+# suppression list (opt-outs and opt-ins from its own preference centre).
 CAMPAIGN_SYSTEM = (
     *GATE,
     *VIEW_SEGMENTS,
@@ -69,6 +74,9 @@ CAMPAIGN_SYSTEM = (
     *VIEW_QUIET_HOURS,
     *VIEW_SEND_JOBS,
     *CANCEL_SENDS,
+    *VIEW_SUPPRESSIONS,
+    *ADD_SUPPRESSIONS,
+    *DELETE_SUPPRESSIONS,
 )
 
 

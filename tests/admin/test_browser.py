@@ -11,7 +11,8 @@ import pytest
 
 from gatekeeper.lib.groups import MARKETER
 from limits.log import message_hash
-from limits.models import QuietHours, QuietHoursChange, Rule
+from limits.models import QuietHours, QuietHoursChange, Rule, Suppression, SuppressionChange
+from limits.suppression import suppress
 from segments.models import Segment
 from segments.selectors import snapshot_live_version
 from tests import broker
@@ -458,3 +459,51 @@ def test_a_marketer_sends_a_campaign_file_watches_it_go_out_and_cancels_another(
     job = SendJob.objects.get(campaign="summer")
     assert (job.total, job.sent + job.capped, job.pending) == (2500, 2500, 0)
     assert SendJob.objects.get(campaign="spring").status == "cancelled"  # its task did nothing
+
+
+def test_a_marketer_looks_a_user_up_on_the_suppression_list_adds_one_and_takes_one_off(
+    browser, live_server, staff, published
+):
+    published(vip=(10, [1], {}))
+    suppress(channel="email", user_ids=[41, 42], reason="bounced", source="esp:postmark")
+    staff("mia", MARKETER)
+    page = Page(browser, live_server.url, prefix="suppress-")
+    page.log_in("mia", "/admin/limits/suppression/")
+    page.wait_for(lambda: "Select suppression to view" in page.text(), "the list")
+
+    # A search by user id finds the one user; anything else is refused with a message.
+    page.type("#searchbar", "42")
+    page.click("#changelist-search input[type='submit']")
+    page.wait_for(lambda: "q=42" in browser.current_url and "1 result" in page.text(), "user 42")
+    assert "esp:postmark" in page.find("#result_list").text
+    page.shot("found")
+    page.type("#searchbar", "forty-two")
+    page.click("#changelist-search input[type='submit']")
+    page.wait_for(lambda: "is not a whole number" in page.text(), "the refusal")
+    page.shot("bad-search")
+
+    # Add: a user on every channel; the gate refuses their push at once (this process).
+    page.open("/admin/limits/suppression/add/")
+    page.choose("#id_channel", "all channels together")
+    page.type("#id_user_id", "7")
+    page.choose("#id_reason", "added by hand")
+    page.type("#id_note", "asked by phone")
+    page.shot("add")
+    page.click("input[name='_save']")
+    page.wait_for(lambda: "was added successfully" in page.text(), "the entry saved")
+    row = Suppression.objects.get(user_id=7)
+    assert (row.channel, row.source, row.created_by.username) == ("all", "admin", "mia")
+    assert gate_check(channel="push", requests=[(7, "p7")])[0].reason == "suppressed"
+
+    # Take user 41 off: through the service, journalled.
+    page.open("/admin/limits/suppression/?q=41")
+    page.wait_for(lambda: "1 result" in page.text(), "user 41")
+    page.click("#result_list tbody input.action-select")
+    page.choose("select[name='action']", "Delete selected suppressions")
+    page.click("button[name='index']")
+    page.wait_for(lambda: "Are you sure" in page.text(), "the confirmation")
+    page.click("input[type='submit']")
+    page.wait_for(lambda: "Successfully deleted 1 suppression" in page.text(), "the deletion")
+    page.shot("deleted")
+    assert set(Suppression.objects.values_list("user_id", flat=True)) == {7, 42}
+    assert SuppressionChange.objects.filter(user_id=41, action="removed", by__username="mia")

@@ -37,7 +37,8 @@ CHECKS = [
     negative_data_rejection,
 ]
 # Where valid data may be refused, because OpenAPI 3.0 cannot say what the server checks: a
-# user list's lines (the body is a binary file, maybe gzip); a send job's addresses, whose rule
+# user list's lines, and those of a file of ids to suppress (the body is a binary file, maybe
+# gzip); a send job's addresses, whose rule
 # depends on the job's channel (an email address, a push token), as its templates do, and its
 # recipients' time zones (an unknown one is a row's error, refused or skipped as on_invalid
 # says); a rule's fields as a whole (a tag rule needs its tag and only it takes one, a
@@ -46,6 +47,7 @@ CHECKS = [
 # the segment must exist).
 NOT_EXPRESSIBLE = {
     "PUT /api/v1/segments/{slug}/users/",
+    "PUT /api/v1/suppressions/{channel}/import/",
     "POST /api/v1/sends/",
     "POST /api/v1/rules/",
     "PATCH /api/v1/rules/{rule_id}/",

@@ -26,3 +26,13 @@ def test_bad_channel_names_are_errors(settings) -> None:
 
 def test_the_sweep_needs_a_budget(settings) -> None:
     assert ids({"GATEKEEPER_LOG_SWEEP_BUCKETS": 0}, settings) == {"limits.E004"}
+
+
+def test_the_unsubscribe_links_base_is_an_http_address_and_https_off_loopback(settings) -> None:
+    assert ids({"GATEKEEPER_PUBLIC_URL": "gate.example.com"}, settings) == {"limits.E008"}
+    assert ids({"GATEKEEPER_PUBLIC_URL": "https://gate.example.com/?a=1"}, settings) == {
+        "limits.E008"
+    }
+    assert ids({"GATEKEEPER_PUBLIC_URL": "http://gate.example.com"}, settings) == {"limits.W001"}
+    assert ids({"GATEKEEPER_PUBLIC_URL": "https://gate.example.com/"}, settings) == set()
+    assert ids({"GATEKEEPER_SUPPRESSION_TTL_SECONDS": -1}, settings) == {"limits.E007"}

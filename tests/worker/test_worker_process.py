@@ -9,11 +9,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 import pytest
 from aiosmtpd.controller import Controller
+from django.test import Client
 
 from limits.services import cap_set
+from limits.unsubscribe import unsubscribe_url
 from segments.models import Segment
 from tests.celery_workers import start_celery_worker, stop_celery_worker, worker_env
 from tests.redis_servers import free_port
@@ -140,6 +143,38 @@ def test_a_cap_edit_governs_a_running_worker_within_five_seconds(published, star
     took = time.monotonic() - edited
     assert job.reasons == {"blocked": 1}
     assert took < 5, f"the edit took {took:.1f} s to govern"
+
+
+def test_an_unsubscribe_governs_a_running_worker_within_seconds(published, start_worker, inbox):
+    """The one-click POST is made in this process; the worker's process has its own list in
+    memory and must see the change by reading the journal, within its TTL (2 s)."""
+    published(vip=(10, [1], {}))
+    start_worker()
+
+    def job_for(n: int) -> SendJob:
+        job = send_job_create(
+            channel="email",
+            campaign=f"u{n}",
+            template="welcome",
+            recipients=[{"user_id": 9, "address": "nine@example.com"}],
+        )
+        wait_for(lambda: job_done(job), seconds=60, what=f"job {n}")
+        return job
+
+    assert job_for(0).reasons == {"allowed": 1}
+    link = unsubscribe_url(user_id=9, channel="email")
+    clicked = time.monotonic()
+    answer = Client().post(urlsplit(link).path, {"List-Unsubscribe": "One-Click"})
+    assert answer.status_code == 200
+    for n in range(1, 100):
+        job = job_for(n)
+        if job.reasons == {"suppressed": 1}:
+            break
+    took = time.monotonic() - clicked
+    assert job.reasons == {"suppressed": 1} and (job.sent, job.capped) == (0, 1)
+    assert took < 5, f"the unsubscribe took {took:.1f} s to govern"
+    # Every job before the one refused sent its email, once.
+    assert inbox[0].recipients == ["nine@example.com"] * n
 
 
 def kill(process: subprocess.Popen[bytes]) -> None:
