@@ -82,7 +82,7 @@ def fixed_policy(table: PolicyTable) -> PolicyCache:
 def fixed_suppressions(**scopes: Any) -> SuppressionCache:
     """A suppression list that always answers `scopes` (channel -> BitMap64; no database)."""
     cache = SuppressionCache(ttl=float("inf"))
-    cache._scopes, cache._read_at = dict(scopes), time.monotonic()
+    cache._scopes, cache._read_at, cache._loaded = dict(scopes), time.monotonic(), True
     return cache
 
 

@@ -209,6 +209,11 @@ def journal_prune(*, now: Any = None) -> int:
     return deleted
 
 
+class SuppressionUnavailable(Exception):
+    """The list has never been read in this process (the database is away): nobody can be
+    told not suppressed, so the gate refuses marketing as `unavailable` (fail closed)."""
+
+
 class SuppressionCache:
     """The list in memory: per scope (a channel, or `all`) a bitmap of user ids."""
 
@@ -220,6 +225,7 @@ class SuppressionCache:
         self._last_change = 0  # the journal id read up to
         self._read_at: float | None = None  # monotonic time of the last read
         self._full_at = 0.0
+        self._loaded = False  # read whole at least once
 
     def read_now(self) -> None:
         """Read the journal on the next lookup (this process just changed the list)."""
@@ -229,10 +235,12 @@ class SuppressionCache:
         """Forget everything: the next lookup reads the whole list (tests, a flushed database)."""
         with self._lock:
             self._scopes, self._last_change, self._read_at, self._full_at = {}, 0, None, 0.0
+            self._loaded = False
 
     def suppressed(self, channel: str, user_ids: Sequence[int]) -> list[bool] | None:
         """Per user id, whether it is suppressed on `channel` (or on all channels); None when
-        nobody of them is (the usual case, and free when the list is empty)."""
+        nobody of them is (the usual case, and free when the list is empty). Raises
+        SuppressionUnavailable while the list has never been read."""
         scopes = self._current()
         own, every = scopes.get(channel), scopes.get(ALL)
         lists = [bitmap for bitmap in (own, every) if bitmap]
@@ -258,10 +266,13 @@ class SuppressionCache:
                 try:
                     self._read(now)
                 except Exception:
-                    # The database is away: decide by the list as last read (a stale list is
-                    # better than refusing everyone); try again after the TTL.
+                    # The database is away: decide by the list as last read (a few seconds
+                    # stale beats refusing everyone), try again after the TTL. Never read at
+                    # all: nobody can be told not suppressed.
                     logger.exception("Suppression list not read; deciding by the last one read")
                     self._read_at = now
+        if not self._loaded:
+            raise SuppressionUnavailable("the suppression list could not be read")
         return self._scopes
 
     def _read(self, now: float) -> None:
@@ -285,6 +296,7 @@ class SuppressionCache:
             bitmap.add(user_id)
         self._scopes, self._last_change = scopes, last or 0
         self._read_changes()
+        self._loaded = True
 
     def _read_changes(self) -> None:
         changes = (

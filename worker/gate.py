@@ -22,7 +22,7 @@ from limits.limiter import Decision, Limiter, get_limiter
 from limits.policy import DEFAULT_PRIORITY, PolicyTable, RuleSet
 from limits.quiet import QuietView, release_at
 from limits.selectors import PolicyCache, policy_cache
-from limits.suppression import SuppressionCache, suppression_cache
+from limits.suppression import SuppressionCache, SuppressionUnavailable, suppression_cache
 from limits.windows import resolve_zone
 from segments.index import get_index
 from worker import stats
@@ -190,9 +190,17 @@ class Gate:
         now: float | None,
     ) -> list[Decision]:
         """Suppressed users first (in memory; they are refused and charged nothing, snapshot
-        or not), then the rest by quiet hours and rules (`segments` None: no snapshot)."""
-        suppressed = self.suppressions.suppressed(channel, [user_id for user_id, _ in requests])
+        or not), then the rest by quiet hours and rules (`segments` None: no snapshot). A
+        process that could never read the suppression list refuses all as `unavailable`."""
         decisions: list[Decision | None] = [None] * len(requests)
+        try:
+            suppressed = self.suppressions.suppressed(channel, [user_id for user_id, _ in requests])
+        except SuppressionUnavailable:
+            # Never read in this process: a send to someone who opted out is worse than a
+            # send refused for now (the worker tries `unavailable` sends again).
+            return [
+                _own(u, m, segment=None, allowed=False, reason=UNAVAILABLE) for u, m in requests
+            ]
         rest = list(range(len(requests)))
         if suppressed is not None:
             rest = []

@@ -25,7 +25,7 @@ from limits.suppression import unsuppress as unsuppress_now
 from limits.unsubscribe import token_reader, unsubscribe_token, unsubscribe_url
 from segments.models import Segment
 from tests.worker.test_sends import make_job, run_all, smtp  # noqa: F401  (a fixture)
-from worker.gate import gate_check
+from worker.gate import Gate, gate_check
 
 NIGHT = datetime(2026, 6, 10, 23, 0, tzinfo=ZoneInfo("Europe/Paris")).timestamp()
 
@@ -220,3 +220,32 @@ def test_a_forged_or_damaged_link_is_refused_and_records_nothing(db):
         assert response.status_code == 400 and b"not valid" in response.content
     assert client.get(f"/u/{forged}/").status_code == 400
     assert not Suppression.objects.exists()
+
+
+def test_a_process_that_never_read_the_list_refuses_marketing_until_it_can(snapshot, monkeypatch):
+    """Fail closed: without the list nobody can be told not suppressed. Once read, a database
+    that goes away leaves the list as last read in force."""
+    clock = Clock()
+    cache = SuppressionCache(ttl=2.0, clock=clock)
+    gate = Gate(suppressions=cache, record_stats=False, record_ledger=False)
+
+    def away(self) -> None:
+        raise OSError("database unreachable")
+
+    reading = SuppressionCache._read_all
+    monkeypatch.setattr(SuppressionCache, "_read_all", away)
+    decisions = gate.check(channel="email", requests=[(1, "a"), (2, "b")])
+    assert [d.reason for d in decisions] == ["unavailable", "unavailable"]
+    assert [
+        d.reason for d in gate.check(channel="email", requests=[(1, "t")], category="transactional")
+    ] == ["exempt"]
+    monkeypatch.setattr(SuppressionCache, "_read_all", reading)
+    suppress_now(channel="email", user_ids=[1], reason="manual", source="test")
+    clock.now = 2.0
+    assert [d.reason for d in gate.check(channel="email", requests=[(1, "c"), (2, "d")])] == [
+        "suppressed",
+        "allowed",
+    ]
+    monkeypatch.setattr(SuppressionCache, "_read_changes", away)
+    clock.now = 4.0  # due for a read that fails: the list as last read stands
+    assert gate.check(channel="email", requests=[(1, "e")])[0].reason == "suppressed"
