@@ -943,24 +943,23 @@ class QuietHoursChangeAdmin(AuditLogAdmin):
 
 
 class SuppressionForm(forms.ModelForm):
-    """One user put on a channel's list; the user id read by the one rule for ids."""
+    """One user put on a channel's list; the user id read by the one rule for whole numbers."""
 
     channel = forms.ChoiceField(
         choices=lambda: [(scope, scope_label(scope)) for scope in scopes()],
         help_text="“all channels together”: no marketing on any channel.",
     )
-    user_id = forms.CharField(label="User id", max_length=24)
+    user_id = forms.CharField(label="User id")  # replaced in __init__: the bound is a setting
 
     class Meta:
         model = Suppression
         fields = ["channel", "user_id", "reason", "note"]
 
-    def clean_user_id(self) -> int:
-        raw = self.cleaned_data["user_id"]
-        try:
-            return whole_number(raw, maximum=max_user_id(), what="A user id")
-        except NotAWholeNumber as exc:
-            raise ValidationError(str(exc)) from None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["user_id"] = WholeNumberField(
+            maximum=max_user_id(), what="A user id", label="User id"
+        )
 
 
 @admin.register(Suppression)

@@ -46,7 +46,7 @@ from limits.bodies import (
     SuppressionRemoveBody,
     Window,
 )
-from limits.channels import channels, scopes, validate_scope
+from limits.channels import ALL, channels, scopes, validate_scope
 from limits.models import Cap, QuietHours, Rule, Suppression
 from limits.policy import REASONS
 from limits.quiet import SPREAD_MAX, QuietFields
@@ -88,7 +88,7 @@ from limits.services import (
     rule_update,
 )
 from limits.suppression import REASONS as SUPPRESSION_REASONS
-from limits.suppression import suppress, suppression_import, unsuppress
+from limits.suppression import suppress, suppression_checked, suppression_import, unsuppress
 from segments.api import RAW_LIST_BODY, RawListParser
 from segments.parsing import UserListError
 from segments.selectors import segment_by_slug
@@ -578,13 +578,6 @@ def _suppression_shown(row: Suppression) -> dict[str, Any]:
     }
 
 
-def _scope_checked(channel: str) -> None:
-    try:
-        validate_scope(channel)
-    except DjangoValidationError as exc:
-        raise ValidationError({"channel": exc.messages}) from None
-
-
 def _page_limit(text: str | None) -> int:
     if text is None:
         return SUPPRESSIONS_PAGE_DEFAULT
@@ -641,17 +634,14 @@ class SuppressionListView(JsonAPIView):
         rows = Suppression.objects.order_by("-id")
         channel = params.get("channel")
         if channel is not None:
-            _scope_checked(channel)
+            suppression_checked(channel)
             rows = rows.filter(channel=channel)
         if params.get("user_id") is not None:
             user_id = user_id_from_text(params["user_id"], field="user_id", maximum=max_user_id())
             rows = rows.filter(user_id=user_id)
         reason = params.get("reason")
         if reason is not None:
-            if reason not in SUPPRESSION_REASONS:
-                raise ValidationError(
-                    {"reason": [f"Choose one of: {', '.join(SUPPRESSION_REASONS)}."]}
-                )
+            suppression_checked(ALL, reason)
             rows = rows.filter(reason=reason)
         if params.get("before") is not None:
             try:
@@ -713,7 +703,7 @@ class SuppressionDetailView(JsonAPIView):
     operation_ids = {"GET": "suppression_get", "DELETE": "suppression_delete"}
 
     def _row(self, channel: str, user_id: str) -> Suppression:
-        _scope_checked(channel)
+        suppression_checked(channel)
         uid = user_id_from_text(user_id, field="user_id", maximum=max_user_id())
         row = Suppression.objects.filter(channel=channel, user_id=uid).first()
         if row is None:
@@ -769,7 +759,7 @@ class SuppressionImportView(JsonAPIView):
         },
     )
     def put(self, request: Request, channel: str) -> Response:
-        _scope_checked(channel)
+        suppression_checked(channel)
         reason = request.query_params.get("reason", Suppression.Reason.MANUAL)
         stream = request.data if hasattr(request.data, "read") else None
         if stream is None:

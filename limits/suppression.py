@@ -52,8 +52,9 @@ def validate_reason(value: str) -> None:
         )
 
 
-def _checked(channel: str, reason: str | None = None) -> None:
-    """The channel (or `all`) and reason, or a ValidationError naming the field."""
+def suppression_checked(channel: str, reason: str | None = None) -> None:
+    """The channel (or `all`) and reason, or a ValidationError naming the field (`channel`,
+    `reason`): the writes below and the REST views' parameters check by this."""
     try:
         validate_scope(channel)
     except ValidationError as exc:
@@ -76,6 +77,22 @@ def _locked() -> None:
         SuppressionLock.objects.select_for_update().filter(pk=1).exists()
 
 
+def _journal(
+    action: str, channel: str, user_ids: Sequence[int], reason: str, source: str, who: Any
+) -> None:
+    SuppressionChange.objects.bulk_create(
+        SuppressionChange(
+            channel=channel,
+            user_id=user_id,
+            action=action,
+            reason=reason,
+            source=source[:64],
+            by=who,
+        )
+        for user_id in user_ids
+    )
+
+
 def _batches(ids: Sequence[int]) -> Iterable[Sequence[int]]:
     for start in range(0, len(ids), _BATCH):
         yield ids[start : start + _BATCH]
@@ -92,7 +109,7 @@ def suppress(
 ) -> int:
     """Put users on the list for `channel` (a channel or `all`); returns how many were not
     on it already. Users already on it keep their first reason. All or nothing."""
-    _checked(channel, reason)
+    suppression_checked(channel, reason)
     ids = sorted(set(user_ids))
     who = _who(by)
     added = 0
@@ -120,19 +137,7 @@ def suppress(
                     for user_id in new
                 ]
             )
-            SuppressionChange.objects.bulk_create(
-                [
-                    SuppressionChange(
-                        channel=channel,
-                        user_id=user_id,
-                        action=SuppressionChange.Action.ADDED,
-                        reason=reason,
-                        source=source[:64],
-                        by=who,
-                    )
-                    for user_id in new
-                ]
-            )
+            _journal(SuppressionChange.Action.ADDED, channel, new, reason, source, who)
             added += len(new)
         if added:
             _read_after_commit()
@@ -141,7 +146,7 @@ def suppress(
 
 def unsuppress(*, channel: str, user_ids: Iterable[int], source: str, by: Any = None) -> int:
     """Take users off the list for `channel`; returns how many were on it."""
-    _checked(channel)
+    suppression_checked(channel)
     ids = sorted(set(user_ids))
     who = _who(by)
     removed = 0
@@ -153,18 +158,7 @@ def unsuppress(*, channel: str, user_ids: Iterable[int], source: str, by: Any = 
             if not gone:
                 continue
             rows.delete()
-            SuppressionChange.objects.bulk_create(
-                [
-                    SuppressionChange(
-                        channel=channel,
-                        user_id=user_id,
-                        action=SuppressionChange.Action.REMOVED,
-                        source=source[:64],
-                        by=who,
-                    )
-                    for user_id in gone
-                ]
-            )
+            _journal(SuppressionChange.Action.REMOVED, channel, gone, "", source, who)
             removed += len(gone)
         if removed:
             _read_after_commit()
@@ -177,7 +171,7 @@ def suppression_import(
     """Add a user-list file's ids (read as segments read user lists: text or gzip, a header
     line, blank lines and repeats allowed; UserListError names the first bad line, and then
     nothing is added). Returns {"added", "already", "lines"}."""
-    _checked(channel, reason)
+    suppression_checked(channel, reason)
     summary = ListSummary()
     chunks = list(
         iter_ids(
