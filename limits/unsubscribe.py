@@ -11,6 +11,8 @@ A GET (a person clicking the link in the body, or a scanner fetching it) only sh
 a button: scanners follow links, and RFC 8058 forbids unsubscribing on a GET.
 """
 
+import functools
+
 from django.conf import settings
 from django.core import signing
 from django.http import HttpRequest, HttpResponse
@@ -47,9 +49,18 @@ def token_reader(token: str) -> tuple[int, str] | None:
     return int(user_text), channel
 
 
+@functools.cache
+def _around_token() -> tuple[str, str]:
+    """The link's path before and after its token, reversed once: every marketing email has
+    a link, and `reverse` cost three times the signing."""
+    before, _, after = reverse("unsubscribe", args=["TOKEN"]).partition("TOKEN")
+    return before, after
+
+
 def unsubscribe_url(*, user_id: int, channel: str) -> str:
-    path = reverse("unsubscribe", args=[unsubscribe_token(user_id=user_id, channel=channel)])
-    return settings.GATEKEEPER_PUBLIC_URL.rstrip("/") + path
+    before, after = _around_token()
+    token = unsubscribe_token(user_id=user_id, channel=channel)
+    return f"{settings.GATEKEEPER_PUBLIC_URL.rstrip('/')}{before}{token}{after}"
 
 
 def unsubscribe_headers(*, user_id: int, channel: str) -> dict[str, str]:
