@@ -30,9 +30,12 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# Everything on SQLite, then the database tests once more on PostgreSQL.
-test: lint test-sqlite test-postgres
+# Everything on SQLite and, side by side with it, the database tests once more on PostgreSQL.
+test: lint $(STAMP)
+	$(BIN)/python scripts/system_deps.py
+	PG_TEST_URL=$(PG_TEST_URL) scripts/test_both.sh $(PYTEST_ARGS)
 
+# Either run alone.
 test-sqlite: $(STAMP)
 	$(BIN)/python scripts/system_deps.py
 	$(BIN)/pytest $(PYTEST_ARGS)
