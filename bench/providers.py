@@ -1,11 +1,16 @@
-"""Provider rate limits: two worker processes sending through one provider's shared rate.
+"""Provider rate limits: two worker processes sending through one provider's shared rate; and
+what the one-click unsubscribe link adds to rendering a marketing email.
 
-python -m bench providers [-- --rate 500 --seconds 10 --batch 200]
+python -m bench providers [-- --rate 500 --seconds 10 --batch 200 --emails 50000]
 
 Each process sends batches of `--batch` through `worker.throttle.paced` with the provider's
 token bucket in Redis (database 14), as a worker's chunk run does, for `--seconds`; the sends'
 times are gathered and the rate they kept is compared with the one set: over the whole run, and
 in the busiest second (a provider counting per second sees that one).
+
+The same email template is then rendered for `--emails` recipients as marketing (with its
+signed `List-Unsubscribe` link) and as a receipt (without), alternated, and the difference per
+email printed: the link's whole cost, since nothing else differs.
 """
 
 import argparse
@@ -15,6 +20,8 @@ from typing import Any
 
 import redis
 
+from worker.dispatchers import Renderer
+from worker.gate import MARKETING, TRANSACTIONAL
 from worker.throttle import Throttle, bucket_key, paced, parse_rates
 
 PROVIDER = "bench"
@@ -51,7 +58,39 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--rate", type=float, default=500.0)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--batch", type=int, default=200)
+    parser.add_argument("--emails", type=int, default=50_000)
     args = parser.parse_args(argv)
+    _rate_kept(args)
+    _unsubscribe_link_cost(args.emails)
+
+
+def _rendering_seconds(category: str, recipients: list[dict[str, Any]]) -> float:
+    render = Renderer(channel="email", template="welcome", campaign="bench", category=category)
+    started = time.perf_counter()
+    for recipient in recipients:
+        render(recipient)
+    return time.perf_counter() - started
+
+
+def _unsubscribe_link_cost(emails: int) -> None:
+    recipients = [
+        {"user_id": 1_000_000 + n, "address": f"u{n}@example.com", "message_id": f"bench:{n}"}
+        for n in range(emails)
+    ]
+    runs: dict[str, list[float]] = {MARKETING: [], TRANSACTIONAL: []}
+    for _ in range(5):  # alternated, the medians compared
+        for category in runs:
+            runs[category].append(_rendering_seconds(category, recipients) / emails * 1e6)
+    marketing, receipt = (sorted(runs[c])[len(runs[c]) // 2] for c in runs)
+    print(
+        f"rendering an email ({emails:,} recipients, medians of 5 alternated runs): "
+        f"{marketing:.1f} us as marketing with its one-click unsubscribe link, "
+        f"{receipt:.1f} us as a receipt without"
+    )
+    print(f"  the link adds {marketing - receipt:.1f} us per marketing email")
+
+
+def _rate_kept(args: argparse.Namespace) -> None:
     redis.Redis.from_url(args.redis_url).delete(bucket_key(PROVIDER))
     context = multiprocessing.get_context("fork")
     out = context.Queue()

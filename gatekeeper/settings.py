@@ -20,6 +20,9 @@ environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 # The default key is only good for a laptop; set DJANGO_SECRET_KEY anywhere else.
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="gatekeeper-insecure-development-key-change-me")
+# Keys rotated out that signatures are still checked with (the unsubscribe links of emails sent
+# before the rotation, sessions); signing always uses SECRET_KEY. Comma separated.
+SECRET_KEY_FALLBACKS = env.list("DJANGO_SECRET_KEY_FALLBACKS", default=[])
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 

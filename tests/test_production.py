@@ -30,11 +30,19 @@ def test_check_deploy_is_clean_with_production_settings(tmp_path):
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
         "DJANGO_ALLOWED_HOSTS": "gatekeeper.example.com",
         "DATABASE_URL": f"sqlite:///{tmp_path / 'deploy.sqlite3'}",
+        # A key rotated out, still trusted for the links of emails already sent.
+        "DJANGO_SECRET_KEY_FALLBACKS": secrets.token_urlsafe(50),
     }
     env.pop("DJANGO_HTTPS", None)  # the production default: on
     done = check_deploy(env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "System check identified no issues (0 silenced)." in done.stdout
+    # A weak fallback is refused as a weak key is.
+    weak_fallback = check_deploy(
+        {**env, "DJANGO_SECRET_KEY_FALLBACKS": f"{secrets.token_urlsafe(50)},short"}
+    )
+    assert weak_fallback.returncode != 0
+    assert "security.W025" in weak_fallback.stdout + weak_fallback.stderr
     # The development key is refused as a production secret.
     env.pop("DJANGO_SECRET_KEY")
     weak = check_deploy(env)

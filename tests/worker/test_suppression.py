@@ -12,6 +12,7 @@ from email.policy import default as default_policy
 from zoneinfo import ZoneInfo
 
 import pytest
+from django.core import signing
 from django.core.exceptions import ValidationError
 from django.test import Client
 
@@ -208,6 +209,20 @@ def test_marketing_email_carries_a_one_click_link_that_suppresses_the_user(
     )
     assert decide(1)[0].reason == "suppressed"  # this process: at once
     assert client.post(path).status_code == 200  # clicking twice is fine
+
+
+def test_a_link_is_signed_as_djangos_signer_signs_it_and_follows_the_secret_key(settings):
+    for user_id, channel in [(0, "email"), (4_294_967_295, "push"), (12, "all")]:
+        expected = signing.Signer(salt="gatekeeper.unsubscribe").sign(f"{user_id}-{channel}")
+        assert unsubscribe_token(user_id=user_id, channel=channel) == expected
+    first = unsubscribe_token(user_id=7, channel="email")
+    settings.SECRET_KEY = "a-second-secret-key-" + "x" * 40
+    second = unsubscribe_token(user_id=7, channel="email")
+    assert second != first and token_reader(second) == (7, "email")
+    assert token_reader(first) is None  # a key dropped is trusted no more ...
+    settings.SECRET_KEY_FALLBACKS = [settings.SECRET_KEY]
+    settings.SECRET_KEY = "a-third-secret-key-" + "y" * 40
+    assert token_reader(second) == (7, "email")  # ... a key kept as a fallback still is
 
 
 def test_a_forged_or_damaged_link_is_refused_and_records_nothing(db):
