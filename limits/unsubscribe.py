@@ -11,7 +11,6 @@ A GET (a person clicking the link in the body, or a scanner fetching it) only sh
 a button: scanners follow links, and RFC 8058 forbids unsubscribing on a GET.
 """
 
-import base64
 import functools
 import hashlib
 import hmac
@@ -49,7 +48,7 @@ def unsubscribe_token(*, user_id: int, channel: str) -> str:
     call: every marketing email signs a link, and the Signer derived its key again for each."""
     value = f"{user_id}-{channel}"
     mac = hmac.digest(_signing_key(settings.SECRET_KEY), value.encode(), "sha256")
-    return f"{value}:{base64.urlsafe_b64encode(mac).rstrip(b'=').decode()}"
+    return f"{value}:{signing.b64_encode(mac).decode()}"
 
 
 def token_reader(token: str) -> tuple[int, str] | None:

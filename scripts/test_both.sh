@@ -3,11 +3,11 @@
 # database tests again on PostgreSQL, its output once both have ended. Most tests wait on other
 # processes (Redis, Celery workers, web servers, Chromium), so the two together take little more
 # than the longer one. Each run has its own Redis databases (and the PostgreSQL one no SQLite
-# file), as the README's "two runs side by side" says. Arguments go to both pytest runs.
+# file), so that neither flushes the other's data. Arguments go to both pytest runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-PG_URL="${PG_TEST_URL:-postgres://postgres@127.0.0.1:5432/test}"
+PG_URL="${PG_TEST_URL:?the PostgreSQL database for the tests: make test sets PG_TEST_URL}"
 PG_REDIS_URL="${GATEKEEPER_TEST_PG_REDIS_URL:-redis://127.0.0.1:6379/13}"
 PG_BROKER_URL="${GATEKEEPER_TEST_PG_BROKER_URL:-redis://127.0.0.1:6379/12}"
 mkdir -p var
