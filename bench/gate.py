@@ -367,7 +367,7 @@ def campaign(recipients: int, *, cluster: bool = False) -> None:
             "GATEKEEPER_STORE_URL": f"{tmp}/store",
             "GATEKEEPER_SNAPSHOT_CACHE_DIR": f"{tmp}/cache",
             "MEDIA_ROOT": f"{tmp}/media",
-            "GATEKEEPER_PUSH_BACKEND": "worker.dispatchers.NullPushBackend",
+            "GATEKEEPER_DISPATCHERS": '{"push": "null"}',
             "LOG_LEVEL": "WARNING",
         }
         broker = _redis(env["CELERY_BROKER_URL"])

@@ -23,7 +23,7 @@ from bench.postgres import REDIS_URL, ROOT, on_bench_database
 def _reset_tables() -> None:
     from django.db import connection
 
-    from limits.ledger import partition_name, partitions_list
+    from limits.ledger.drain import partition_name, partitions_list
 
     with connection.cursor() as cursor:
         for day in partitions_list():
@@ -52,7 +52,7 @@ def ledger_beside_none(seconds: float) -> None:
     """Gate decisions/s with the ledger on against off, runs alternated, a drainer process
     writing the stream into PostgreSQL all along, on beat's schedule (every 2 s)."""
     from bench.gate import USERS, alternated
-    from limits.ledger import stream_key
+    from limits.ledger.stream import stream_key
 
     on, off = _gates()
     client = redis.Redis.from_url(REDIS_URL)
@@ -97,7 +97,8 @@ def redis_cost(step: Any, on: Any, off: Any, client: redis.Redis) -> None:
     """Redis's CPU per decision with the ledger off and on (the XADD, and the drain's reads,
     acknowledgements and deletes, drained here in this process), and the stream's bytes per
     decision while it waits to be drained. INFO cpu of the whole server: run it quiet."""
-    from limits.ledger import ledger_drain_all, stream_key
+    from limits.ledger.drain import ledger_drain_all
+    from limits.ledger.stream import stream_key
 
     calls = 300
     client.delete(stream_key())
@@ -132,7 +133,7 @@ while True:
 def _fill_stream(client: redis.Redis, rows: int, *, users: int) -> None:
     """`rows` decisions in the stream as the gate writes them: calls of 1,000, four campaigns,
     six segments, the classic reasons in a marketing mix, over the last few days."""
-    from limits.ledger import ledger_append
+    from limits.ledger.stream import ledger_append
     from limits.limiter import Decision
 
     reasons = ["allowed"] * 7 + ["daily_cap", "weekly_cap", "quiet_hours"]
@@ -171,7 +172,7 @@ def writer_and_storage(rows: int) -> None:
     ids, acknowledgement), and the bytes a decision takes in PostgreSQL (table and indexes)."""
     from django.db import connection
 
-    from limits.ledger import ledger_drain, partition_name, partitions_list
+    from limits.ledger.drain import ledger_drain, partition_name, partitions_list
 
     client = redis.Redis.from_url(REDIS_URL)
     client.flushdb()
@@ -205,8 +206,8 @@ def rebuild(users: int, per_user: int) -> None:
     """rebuild_logs for `users` users with `per_user` countable sends each, Redis empty."""
     from django.db import connection
 
-    from limits.ledger import ledger_drain
-    from limits.rebuild import logs_rebuild
+    from limits.ledger.drain import ledger_drain
+    from limits.ledger.rebuild import logs_rebuild
 
     client = redis.Redis.from_url(REDIS_URL)
     client.flushdb()
@@ -233,7 +234,7 @@ def rebuild(users: int, per_user: int) -> None:
 
 
 def _fill_batch(client: redis.Redis, start: int, count: int, users: int, per_user: int) -> None:
-    from limits.ledger import ledger_append
+    from limits.ledger.stream import ledger_append
     from limits.limiter import Decision
 
     now = time.time()

@@ -21,9 +21,9 @@ from typing import Any
 import redis
 
 from bench.gate import alternated
-from worker.dispatchers import Renderer
+from worker.delivery.rendering import Renderer
+from worker.delivery.throttle import Throttle, bucket_key, paced, parse_rates
 from worker.gate import MARKETING, TRANSACTIONAL
-from worker.throttle import Throttle, bucket_key, paced, parse_rates
 
 PROVIDER = "bench"
 

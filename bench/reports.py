@@ -35,9 +35,9 @@ from django.db import connection
 from rest_framework.renderers import JSONRenderer
 
 from bench.postgres import on_bench_database
+from limits.ledger.reports import GROUPS, decisions_query, decisions_report
 from limits.models import LedgerCount
 from limits.policy import REASONS, REFUSED
-from limits.reports import GROUPS, decisions_query, decisions_report
 
 MARKETING_REASONS = tuple(reason for reason in REASONS if reason != "exempt")
 # Each reason's share of a campaign's decisions (most sends go through).

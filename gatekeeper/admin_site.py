@@ -1,8 +1,8 @@
 """The admin site marketers work in: Django's admin, plus the marketing console's pages, which
 each app keeps in its `admin_pages` module (URLs and index links):
 
-- worker: the dashboard, looking up a user (with the audited quota reset), the what-if;
-- limits: a segment's cap grid;
+- worker: the dashboard, the what-if;
+- limits: looking up a user (with the audited quota reset), a segment's cap grid;
 - segments: snapshots (build and publish, make live) and a build's progress.
 
 Every page checks a Django permission (gatekeeper/lib/groups.py), so a staff user without a

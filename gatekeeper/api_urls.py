@@ -5,19 +5,16 @@ from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from limits.api import (
-    CapDetailView,
-    CapListView,
-    DecisionsReportView,
-    QuietHoursDetailView,
-    QuietHoursListView,
-    RuleDetailView,
-    RuleListView,
+from limits.api.caps import CapDetailView, CapListView
+from limits.api.quota import QuotaView
+from limits.api.rules import QuietHoursDetailView, QuietHoursListView, RuleDetailView, RuleListView
+from limits.api.suppressions import (
     SuppressionDetailView,
     SuppressionImportView,
     SuppressionListView,
     SuppressionRemoveView,
 )
+from limits.ledger.api import DecisionsReportView, HistoryView
 from segments.api import (
     BuildDetailView,
     LookupView,
@@ -30,8 +27,6 @@ from segments.api import (
 from worker.api import (
     GateCheckView,
     GateReleaseView,
-    HistoryView,
-    QuotaView,
     SendJobCancelView,
     SendJobDetailView,
     SendJobListView,

@@ -228,7 +228,7 @@ GATEKEEPER_LOG_UPGRADE = env.bool("GATEKEEPER_LOG_UPGRADE", default=False)
 # Buckets the sweep task looks at per run (every minute): 1,000 a minute goes through the
 # 1M buckets of 270M users in about 17 hours, for about 0.3 s of Redis time a minute.
 GATEKEEPER_LOG_SWEEP_BUCKETS = env.int("GATEKEEPER_LOG_SWEEP_BUCKETS", default=1_000)
-# The send ledger (limits/ledger.py): every decision kept in the database for this many days.
+# The send ledger (limits/ledger/): every decision kept in the database for this many days.
 GATEKEEPER_LEDGER = env.bool("GATEKEEPER_LEDGER", default=True)
 GATEKEEPER_LEDGER_DAYS = env.int("GATEKEEPER_LEDGER_DAYS", default=90)
 # Gate calls the ledger's Redis stream holds at most, undrained (about: trimmed approximately).
@@ -262,11 +262,18 @@ vars().update(env.email_url("EMAIL_URL", default="consolemail://"))
 EMAIL_TIMEOUT = env.float("EMAIL_TIMEOUT", default=20.0)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Gatekeeper <marketing@example.com>")
 
-# Email providers (django-anymail)
-# `smtp` sends through EMAIL_URL above; the name of an anymail ESP module (amazon_ses, sendgrid,
-# mailgun, postmark, resend, ...) sends through that provider's API (worker/email_providers.py)
-# and its tracking webhooks feed the suppression list (worker/tracking.py). A name anymail has
-# no backend for stops start-up (check worker.E002).
+# One dispatcher per channel (worker/delivery/registry.py), a JSON object:
+# {"email": "smtp", "push": "fcm", "sms": "twilio"}. `smtp` sends through EMAIL_URL above; the
+# name of an anymail ESP module (amazon_ses, sendgrid, mailgun, postmark, resend, ...) through
+# that provider's API (worker/delivery/esp.py), its tracking webhooks feeding the suppression
+# list (worker/delivery/tracking.py); `fcm`, `apns`, `webhook` send push; `console`, `memory`,
+# `null` any channel. A channel left out keeps the earlier settings' choice (email:
+# GATEKEEPER_EMAIL_PROVIDER, push: GATEKEEPER_PUSH_BACKEND, others: console). Anything wrong with
+# it stops start-up with a message naming it (check worker.E002).
+GATEKEEPER_DISPATCHERS = env.str("GATEKEEPER_DISPATCHERS", default="")
+
+# Email providers (django-anymail), as earlier versions chose one (GATEKEEPER_DISPATCHERS' email
+# wins): `smtp`, or the name of an anymail ESP module, which also makes it Django's EMAIL_BACKEND.
 GATEKEEPER_EMAIL_PROVIDER = env.str("GATEKEEPER_EMAIL_PROVIDER", default="smtp").strip()
 if GATEKEEPER_EMAIL_PROVIDER != "smtp":
     EMAIL_BACKEND = f"anymail.backends.{GATEKEEPER_EMAIL_PROVIDER}.EmailBackend"
@@ -299,14 +306,12 @@ ANYMAIL = {
     if name.startswith("ANYMAIL_")
 }
 
-# The push backend: a dotted path to a class in worker/dispatchers.py (or your own).
-GATEKEEPER_PUSH_BACKEND = env.str(
-    "GATEKEEPER_PUSH_BACKEND", default="worker.dispatchers.ConsolePushBackend"
-)
-# Where WebhookPushBackend posts each push (a relay to APNs/FCM, say).
+# The push dispatcher as earlier versions named it (a dotted path such as
+# worker.dispatchers.ConsolePushBackend, still read): GATEKEEPER_DISPATCHERS above says it now.
+GATEKEEPER_PUSH_BACKEND = env.str("GATEKEEPER_PUSH_BACKEND", default="")
+# Where the `webhook` push dispatcher posts each push (a relay to APNs/FCM, say).
 GATEKEEPER_PUSH_WEBHOOK_URL = env.str("GATEKEEPER_PUSH_WEBHOOK_URL", default="")
-# Push providers: FCM and APNs straight (worker/push_providers.py; pick one as
-# GATEKEEPER_PUSH_BACKEND: worker.push_providers.FCMPushBackend or .APNsPushBackend).
+# Push providers: FCM and APNs straight (worker/delivery/fcm.py, apns.py).
 # Seconds one request to FCM or APNs may take: a stalled provider must not outlive the lease.
 GATEKEEPER_PUSH_TIMEOUT_SECONDS = env.float("GATEKEEPER_PUSH_TIMEOUT_SECONDS", default=10.0)
 # FCM: a service-account JSON file (empty: Application Default Credentials), and the project
@@ -329,9 +334,9 @@ GATEKEEPER_APNS_SANDBOX = env.bool("GATEKEEPER_APNS_SANDBOX", default=False)
 GATEKEEPER_APNS_URL = env.str("GATEKEEPER_APNS_URL", default="")
 GATEKEEPER_APNS_CA_BUNDLE = env.str("GATEKEEPER_APNS_CA_BUNDLE", default="")
 # Where the push tokens and mailboxes a provider said are dead are POSTed, per send job, as
-# JSON (worker/dead_addresses.py); empty: only listed on the job (GET /api/v1/sends/<id>/).
+# JSON (worker/delivery/dead_addresses.py); empty: only listed on the job (GET /api/v1/sends/<id>/).
 GATEKEEPER_DEAD_ADDRESS_WEBHOOK = env.str("GATEKEEPER_DEAD_ADDRESS_WEBHOOK", default="")
-# Sends a second per provider, kept by every worker together (worker/throttle.py):
+# Sends a second per provider, kept by every worker together (worker/delivery/throttle.py):
 # "smtp=14,webhook=500"; a provider not named is not throttled.
 GATEKEEPER_PROVIDER_RATES = env.str("GATEKEEPER_PROVIDER_RATES", default="")
 # Recipients gated per gate call and per Celery task.

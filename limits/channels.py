@@ -16,18 +16,23 @@ def scopes() -> list[str]:
     return [*channels(), ALL]
 
 
-def validate_scope(value: str) -> None:
-    if value not in scopes():
-        raise ValidationError(
-            f"Unknown channel '{value}'. Choose one of: {', '.join(scopes())}.", code="channel"
-        )
+def validate_scope(value: str, *, field: str | None = None) -> None:
+    """The one rule for a scope (a channel or `all`). With `field`, the ValidationError names it
+    (the REST API's base answers it as that field's 400)."""
+    _known(value, scopes(), field)
 
 
-def validate_channel(value: str) -> None:
-    if value not in channels():
-        raise ValidationError(
-            f"Unknown channel '{value}'. Choose one of: {', '.join(channels())}.", code="channel"
-        )
+def validate_channel(value: str, *, field: str | None = None) -> None:
+    """The one rule for a delivery channel (see validate_scope for `field`)."""
+    _known(value, channels(), field)
+
+
+def _known(value: str, known: list[str], field: str | None) -> None:
+    if value not in known:
+        message = f"Unknown channel '{value}'. Choose one of: {', '.join(known)}."
+        if field is not None:
+            raise ValidationError({field: [message]})
+        raise ValidationError(message, code="channel")
 
 
 def scope_label(scope: str) -> str:

@@ -275,7 +275,7 @@ class QuotaReset(models.Model):
 
 class LedgerEntry(models.Model):
     """One gate decision of a marketing send (or an exempt transactional one), kept durably:
-    the send ledger (limits/ledger.py). On PostgreSQL the table is partitioned by day (`at`),
+    the send ledger (limits/ledger/). On PostgreSQL the table is partitioned by day (`at`),
     and old days are dropped whole; its primary key there is (id, at)."""
 
     id = models.BigAutoField(primary_key=True)

@@ -21,6 +21,8 @@ NAME_MAX = 100
 
 
 TAGS_MAX = 8  # tags on one send
+# A send's campaign (per-campaign rules count each on its own; the ledger keeps it whole).
+CAMPAIGN_MAX = 200
 
 
 def validate_tag(value: str) -> str | None:

@@ -1,4 +1,4 @@
-"""Shapes of the REST answers of caps, rules and quiet hours (see limits/api.py)."""
+"""Shapes of the REST answers of caps, rules and quiet hours (see limits/api/)."""
 
 from collections.abc import Iterable
 from typing import Any
@@ -10,9 +10,7 @@ from rest_framework import serializers
 from gatekeeper.lib.bodies import openapi_components
 from limits.bodies import Reserve, Window
 from limits.models import Cap, QuietHours, Rule
-from limits.policy import REASONS
 from limits.quiet import CLOCK, SPREAD_MAX, quiet_as_json, quiet_describe, quiet_view
-from limits.reports import GROUPS
 from limits.rules import MATCHES, rule_as_json, rule_describe
 from limits.selectors import rule_view, rules_findings
 from limits.services import cap_describe, cap_warnings
@@ -150,33 +148,6 @@ def quiet_hours_shown(entries: Iterable[QuietHours]) -> list[dict[str, Any]]:
 # --- the decisions report ----------------------------------------------------------------------
 
 
-class DecisionsRowSerializer(serializers.Serializer):
-    """One combination of the grouped fields (only those grouped by are there) and its count."""
-
-    day = serializers.DateField(required=False, help_text="A UTC day.")
-    campaign = serializers.CharField(required=False, help_text="Empty: decisions of no campaign.")
-    segment = serializers.CharField(
-        required=False, help_text="Empty: decided without a snapshot (unavailable)."
-    )
-    channel = serializers.CharField(required=False)
-    reason = serializers.ChoiceField(choices=list(REASONS), required=False)
-    count = serializers.IntegerField(min_value=0)
-
-
-class DecisionsReportSerializer(serializers.Serializer):
-    from_ = serializers.DateField(help_text="The first UTC day counted.")
-    to = serializers.DateField(help_text="The last UTC day counted (included).")
-    group_by = serializers.ListField(
-        child=serializers.ChoiceField(choices=list(GROUPS)),
-        help_text="The grouped fields, in the order of each row's keys and of the rows.",
-    )
-    results = DecisionsRowSerializer(many=True)
-
-    def get_fields(self) -> dict[str, Any]:
-        # `from` is a keyword in Python and a field's name in the answer.
-        return {"from" if name == "from_" else name: f for name, f in super().get_fields().items()}
-
-
 # --- the suppression list ----------------------------------------------------------------------
 
 
@@ -224,3 +195,59 @@ class SuppressionRemovedSerializer(serializers.Serializer):
     channel = serializers.CharField()
     removed = serializers.IntegerField(help_text="Users taken off the list.")
     absent = serializers.IntegerField(help_text="Users who were not on it.")
+
+
+class WindowQuotaSerializer(serializers.Serializer):
+    used = serializers.IntegerField()
+    limit = serializers.IntegerField(allow_null=True)
+    remaining = serializers.IntegerField(allow_null=True)
+
+
+class ScopeQuotaSerializer(serializers.Serializer):
+    daily = WindowQuotaSerializer()
+    weekly = WindowQuotaSerializer()
+    next_slot_in = serializers.FloatField(
+        allow_null=True, help_text="Seconds until a slot frees, when full."
+    )
+
+
+class RuleQuotaSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    channel = serializers.CharField(help_text='A channel, or "all".')
+    description = serializers.CharField(help_text="The rule in plain words.")
+    match = serializers.ChoiceField(choices=MATCHES)
+    tag = serializers.CharField(allow_null=True)
+    window = BodyShapedField(Window)
+    limit = serializers.IntegerField()
+    used = serializers.IntegerField(
+        help_text="Sends it counts now (a per-campaign rule: of ?campaign=, else of the "
+        "campaign that used most)."
+    )
+    remaining = serializers.IntegerField()
+    next_slot_in = serializers.FloatField(
+        allow_null=True, help_text="Seconds until a slot frees, when full."
+    )
+    reserve = BodyShapedField(Reserve, allow_null=True)
+    classic = serializers.BooleanField(help_text="One of a classic cap's two rules.")
+
+
+class QuotaSerializer(serializers.Serializer):
+    user_id = serializers.IntegerField()
+    segment = serializers.CharField()
+    snapshot_version = serializers.CharField()
+    time_zone = serializers.CharField(
+        help_text="The zone its calendar windows are read in: ?time_zone=, else the segment's, "
+        "else GATEKEEPER_DEFAULT_TIME_ZONE."
+    )
+    scopes = serializers.DictField(
+        child=ScopeQuotaSerializer(), help_text="The classic caps: each channel, and `all`."
+    )
+    rules = RuleQuotaSerializer(
+        many=True, help_text="Every enabled rule that applies to the user, on every channel."
+    )
+    sent = serializers.DictField(
+        child=serializers.IntegerField(),
+        required=False,
+        help_text="Only with ?window=: per channel, the marketing sends recorded in it.",
+    )

@@ -6,13 +6,16 @@ from dataclasses import asdict, dataclass, field
 from datetime import time
 from typing import Any
 
+import redis
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from gatekeeper.lib.integers import INT32_MAX, NotAWholeNumber, whole_number
 from limits.channels import noun, scope_label, validate_scope
-from limits.models import Cap, CapChange, QuietHours, QuietHoursChange, Rule, RuleChange
+from limits.limiter import get_limiter
+from limits.models import Cap, CapChange, QuietHours, QuietHoursChange, QuotaReset, Rule, RuleChange
 from limits.quiet import QuietFields, minutes_from_text, quiet_as_json, quiet_problems
+from limits.quota import Unavailable, user_quota
 from limits.rules import RuleFields, rule_as_json, rule_problems, window_seconds_of
 from limits.selectors import policy_cache
 from segments.models import Segment
@@ -417,3 +420,30 @@ def quiet_delete(*, entry: QuietHours, user: Any = None, via: str = "admin") -> 
         _quiet_record(entry, QuietHoursChange.Action.DELETED, quiet_as_json(entry), None, user, via)
         entry.delete()
     transaction.on_commit(policy_cache().invalidate)
+
+
+def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
+    """Forget a user's send log, every channel (an audited admin action): records
+    who, when, why and what was used, in the same transaction as the reset, so a failed reset
+    leaves no record and a record always means the reset happened. Raises Unavailable."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationError({"reason": "Say why the quota is reset (kept in the audit log)."})
+    quota = user_quota(user_id)
+    usage = {
+        scope: {"daily": values["daily"]["used"], "weekly": values["weekly"]["used"]}
+        for scope, values in quota["scopes"].items()
+    }
+    with transaction.atomic():
+        record = QuotaReset.objects.create(
+            user_id=user_id,
+            segment_slug=quota["segment"],
+            usage=usage,
+            reason=reason[:300],
+            reset_by=user if user is not None and user.is_authenticated else None,
+        )
+        try:
+            get_limiter().reset(user_id)
+        except redis.RedisError as exc:  # the audit row is rolled back with the transaction
+            raise Unavailable(f"Redis is not answering ({exc}); nothing was reset.") from exc
+    return record

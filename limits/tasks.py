@@ -4,8 +4,8 @@ import logging
 
 from celery import shared_task
 
-from limits.ledger import ledger_drain_all
-from limits.ledger import ledger_upkeep as ledger_upkeep_run
+from limits.ledger.drain import ledger_drain_all
+from limits.ledger.drain import ledger_upkeep as ledger_upkeep_run
 from limits.suppression import journal_prune
 from limits.upkeep import send_logs_sweep_run
 

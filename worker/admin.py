@@ -25,10 +25,11 @@ from gatekeeper.lib.permissions import CANCEL_SENDS, SEND_CAMPAIGNS, VIEW_SEND_J
 from gatekeeper.lib.words import count
 from limits.channels import channels
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
-from worker.dispatchers import template_names
-from worker.models import CAMPAIGN_MAX, SendJob
+from limits.quota import Unavailable
+from worker.delivery.rendering import template_names
+from worker.models import JOB_CAMPAIGN_MAX, SendJob
 from worker.recipients import FILE_FORMAT
-from worker.selectors import Unavailable, send_job_waiting
+from worker.selectors import send_job_waiting
 from worker.services import (
     send_job_cancel,
     send_job_cancel_waiting,
@@ -48,7 +49,7 @@ class SendFileForm(forms.Form):
     )
     channel = forms.ChoiceField(choices=())
     campaign = forms.CharField(
-        max_length=CAMPAIGN_MAX,
+        max_length=JOB_CAMPAIGN_MAX,
         help_text="Also the start of each send's message id, <campaign>:<user_id>: a user gets "
         "one send of a campaign.",
     )

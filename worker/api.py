@@ -1,50 +1,30 @@
 """REST views of the gate: check, release, a user's quota and decision history, and send
 jobs."""
 
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 from django.conf import settings
-from django.core.exceptions import ValidationError as DjangoValidationError
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
-from gatekeeper.lib.bodies import NO_NUL, JsonBodyParser, declared_size_checked, decode
-from gatekeeper.lib.ids import max_user_id, user_id_from_text, user_ids_checked
-from gatekeeper.lib.integers import NotAWholeNumber, whole_number
-from gatekeeper.lib.permissions import CANCEL_SENDS, GATE, VIEW_CAPS, VIEW_SEND_JOBS
-from gatekeeper.lib.words import count
+from gatekeeper.lib.api import JsonAPIView, errors
+from gatekeeper.lib.bodies import JsonBodyParser, declared_size_checked, decode
+from gatekeeper.lib.ids import user_ids_checked
+from gatekeeper.lib.permissions import CANCEL_SENDS, GATE, VIEW_SEND_JOBS
 from gatekeeper.lib.zones import UnknownTimeZone, zone
-from limits.bodies import tags_checked, window_from_text
-from limits.channels import channels, validate_channel
-from limits.history import (
-    INSTANT,
-    INSTANT_WORDS,
-    PAGE_DEFAULT,
-    PAGE_MAX,
-    POSITION,
-    POSITION_WORDS,
-    Position,
-    instant_from_text,
-    position_from_text,
-    user_history,
-)
+from limits.bodies import tags_checked
+from limits.channels import validate_channel
 from limits.limiter import Decision
-from limits.policy import MIN_RETENTION, REASONS
-from limits.reports import FILTER_PROBLEMS
-from limits.rules import DURATION, DURATION_WORDS
-from limits.selectors import policy_cache
-from segments.bodies import ZONE_MAX, ZONE_NAME
+from limits.quota import Unavailable
 from segments.index import max_answerable_user_id
 from worker.bodies import (
     FILE_PART,
     GATE_BODY_BYTES,
-    GATE_CAMPAIGN_MAX,
     GATE_LIMIT,
     SEND_BODY_BYTES,
     SEND_LIMIT,
@@ -54,13 +34,10 @@ from worker.bodies import (
     SendJobBody,
     form_fields,
 )
-from worker.gate import GateError, gate_check, gate_release
+from worker.gate import gate_check, gate_release
 from worker.models import SendJob
-from worker.selectors import Unavailable, user_quota
 from worker.serializers import (
     GateResultsSerializer,
-    HistorySerializer,
-    QuotaSerializer,
     ReleaseResultsSerializer,
     SendJobCreatedSerializer,
     SendJobSerializer,
@@ -73,14 +50,6 @@ from worker.services import (
     send_job_pause,
     send_job_resume,
 )
-
-
-def _channel(value: str) -> str:
-    try:
-        validate_channel(value)
-    except DjangoValidationError as exc:
-        raise ValidationError({"channel": exc.messages}) from None
-    return value
 
 
 def _requests(requests: list[GateRequest]) -> list[tuple[int, str]]:
@@ -143,23 +112,20 @@ class GateCheckView(JsonAPIView):
     )
     def post(self, request: Request) -> Response:
         body = decode(request.data, GateCheckBody)
-        channel = _channel(body.channel)
+        validate_channel(body.channel, field="channel")
         tags = tags_checked(body.tags)
         requests = _requests(body.requests)
         time_zones = _time_zones(body.requests)
-        try:
-            decisions = gate_check(
-                channel=channel,
-                requests=requests,
-                campaign=body.campaign,
-                category=body.category,
-                tags=tags,
-                priority=body.priority,
-                time_zones=time_zones,
-                dry_run=body.dry_run,
-            )
-        except GateError as exc:
-            raise ValidationError({"channel": [str(exc)]}) from exc
+        decisions = gate_check(
+            channel=body.channel,
+            requests=requests,
+            campaign=body.campaign,
+            category=body.category,
+            tags=tags,
+            priority=body.priority,
+            time_zones=time_zones,
+            dry_run=body.dry_run,
+        )
         return Response({"results": [_decision(d) for d in decisions]})
 
 
@@ -176,12 +142,12 @@ class GateReleaseView(JsonAPIView):
     )
     def post(self, request: Request) -> Response:
         body = decode(request.data, GateReleaseBody)
-        channel = _channel(body.channel)
+        validate_channel(body.channel, field="channel")
         requests = _requests(body.requests)
         # A send is taken back by its message id alone; a time zone the request still carries
         # (the requests as checked) is held to the same rule, not ignored.
         _time_zones(body.requests)
-        released = gate_release(channel=channel, requests=requests)
+        released = gate_release(channel=body.channel, requests=requests)
         return Response(
             {
                 "results": [
@@ -190,232 +156,6 @@ class GateReleaseView(JsonAPIView):
                 ]
             }
         )
-
-
-def _quota_time_zone(value: str | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        zone(value)
-    except UnknownTimeZone as exc:
-        raise ValidationError({"time_zone": [str(exc)]}) from None
-    return value
-
-
-def _quota_window(value: str | None) -> int | None:
-    """The seconds of `?window=`: by the one rule for it, and within what the log keeps."""
-    if value is None:
-        return None
-    try:
-        seconds = window_from_text(value)
-    except ValueError as exc:
-        raise ValidationError({"window": [str(exc)]}) from None
-    kept = policy_cache().table().retention_ms // 1000
-    if seconds > kept:
-        days = count(kept // 86_400, "day")
-        least = count(MIN_RETENTION.days, "day")
-        raise ValidationError(
-            {
-                "window": [
-                    f"The log keeps sends for {days} (the longest window of the enabled rules, "
-                    f"{least} at least); {value} reaches further back."
-                ]
-            }
-        )
-    return seconds
-
-
-def _quota_campaign(value: str | None) -> str:
-    if value is not None and len(value) > GATE_CAMPAIGN_MAX:
-        raise ValidationError({"campaign": [f"At most {GATE_CAMPAIGN_MAX} characters."]})
-    return value or ""
-
-
-class QuotaView(JsonAPIView):
-    rights = {"GET": VIEW_CAPS}
-    operation_ids = {"GET": "user_quota"}
-
-    @extend_schema(
-        summary="A user's segment and time zone, the classic caps per channel and `all`, and "
-        "every rule that applies: used, limit, remaining, next slot",
-        description="Reads only: nothing is recorded. 503 when Redis or the snapshot is missing.",
-        parameters=[
-            user_id_parameter(OpenApiParameter.PATH),
-            OpenApiParameter(
-                "time_zone",
-                {"type": "string", "pattern": f"^{ZONE_NAME}$", "maxLength": ZONE_MAX},
-                OpenApiParameter.QUERY,
-                description="Read calendar windows in this IANA zone (Europe/Paris) instead of "
-                "the user's segment's (or GATEKEEPER_DEFAULT_TIME_ZONE).",
-            ),
-            OpenApiParameter(
-                "window",
-                {"type": "string", "pattern": f"^(?:{DURATION.pattern})$"},
-                OpenApiParameter.QUERY,
-                description=f"Adds `sent`: the marketing sends per channel recorded in this "
-                f"recent interval. {DURATION_WORDS} At most as far back as the log keeps "
-                "sends (the longest window of the enabled rules, 7 days at least).",
-            ),
-            OpenApiParameter(
-                "campaign",
-                {"type": "string", "maxLength": GATE_CAMPAIGN_MAX},
-                OpenApiParameter.QUERY,
-                description="The campaign that per-campaign rules count; without it they show "
-                "the campaign that used most.",
-            ),
-        ],
-        responses={200: QuotaSerializer, **errors(400, 404, 503)},
-    )
-    def get(self, request: Request, user_id: str) -> Response:
-        uid = user_id_from_text(user_id, field="user_id", maximum=max_answerable_user_id())
-        time_zone = _quota_time_zone(request.query_params.get("time_zone"))
-        window_seconds = _quota_window(request.query_params.get("window"))
-        campaign = _quota_campaign(request.query_params.get("campaign"))
-        try:
-            answer = user_quota(
-                uid, time_zone=time_zone, window_seconds=window_seconds, campaign=campaign
-            )
-        except Unavailable as exc:
-            return Response({"detail": str(exc)}, status=503)
-        return Response(answer)
-
-
-def _history_limit(value: str | None) -> int:
-    if value is None:
-        return PAGE_DEFAULT
-    try:
-        return whole_number(value, maximum=PAGE_MAX, minimum=1, what="limit")
-    except NotAWholeNumber as exc:
-        raise ValidationError({"limit": [str(exc)]}) from None
-
-
-def _history_before(value: str | None) -> Position | None:
-    if value is None:
-        return None
-    try:
-        return position_from_text(value)
-    except ValueError as exc:
-        raise ValidationError({"before": [str(exc)]}) from None
-
-
-def _history_filter(params: Any, name: str) -> str | None:
-    """`?campaign=` (empty: decisions of no campaign) or `?reason=`, checked as the decisions
-    report checks them; None: any."""
-    value = params.get(name)
-    if value is not None and (problem := FILTER_PROBLEMS[name](value)):
-        raise ValidationError({name: [problem]})
-    return cast(str | None, value)
-
-
-def _history_interval(since: str | None, until: str | None) -> tuple[Any, Any]:
-    bounds = []
-    for field, value, end in (("from", since, False), ("to", until, True)):
-        try:
-            bounds.append(None if value is None else instant_from_text(value, end=end))
-        except ValueError as exc:
-            raise ValidationError({field: [str(exc)]}) from None
-    start, stop = bounds
-    if start is not None and stop is not None and stop <= start:
-        raise ValidationError({"to": [f"Ends before it starts: {until} is not after {since}."]})
-    return start, stop
-
-
-def _instant_text(at: Any) -> str:
-    # Ledger times are milliseconds (the gate's clock); more digits only when a row has them.
-    spec = "milliseconds" if at.microsecond % 1000 == 0 else "microseconds"
-    return str(at.isoformat(timespec=spec)).replace("+00:00", "Z")
-
-
-class HistoryView(JsonAPIView):
-    rights = {"GET": VIEW_CAPS}
-    operation_ids = {"GET": "user_history"}
-
-    @extend_schema(
-        summary="A user's decisions from the send ledger, newest first, a page at a time",
-        description=(
-            "Every gate decision kept for the user (marketing sends and exempt transactional "
-            "ones; never dry runs), as long as the ledger keeps them (GATEKEEPER_LEDGER_DAYS). "
-            "Decisions reach the ledger within seconds of the gate's answer. Follow `next` for "
-            "older ones: pages are cut by position, not by offset, so decisions written "
-            "meanwhile neither repeat nor shift a page. Reads the database only."
-        ),
-        parameters=[
-            user_id_parameter(OpenApiParameter.PATH),
-            OpenApiParameter(
-                "limit",
-                {"type": "integer", "minimum": 1, "maximum": PAGE_MAX, "default": PAGE_DEFAULT},
-                OpenApiParameter.QUERY,
-                description=f"Decisions per page: 1 to {PAGE_MAX} ({PAGE_DEFAULT} by default).",
-            ),
-            OpenApiParameter(
-                "before",
-                {"type": "string", "pattern": f"^{POSITION.pattern}$"},
-                OpenApiParameter.QUERY,
-                description=f"Only decisions after this position in the newest-first order. "
-                f"{POSITION_WORDS}",
-            ),
-            OpenApiParameter(
-                "channel",
-                {"type": "string", "enum": channels()},
-                OpenApiParameter.QUERY,
-                description="Only this channel's decisions.",
-            ),
-            OpenApiParameter(
-                "campaign",
-                {"type": "string", "maxLength": GATE_CAMPAIGN_MAX, "pattern": NO_NUL},
-                OpenApiParameter.QUERY,
-                description="Only this campaign's decisions; empty: those of no campaign.",
-            ),
-            OpenApiParameter(
-                "reason",
-                {"type": "string", "enum": list(REASONS)},
-                OpenApiParameter.QUERY,
-                description="Only decisions of this reason.",
-            ),
-            OpenApiParameter(
-                "from",
-                {"type": "string", "pattern": f"^{INSTANT.pattern}$"},
-                OpenApiParameter.QUERY,
-                description=f"Decisions at or after this. {INSTANT_WORDS} A day: its start.",
-            ),
-            OpenApiParameter(
-                "to",
-                {"type": "string", "pattern": f"^{INSTANT.pattern}$"},
-                OpenApiParameter.QUERY,
-                description=f"Decisions before this. {INSTANT_WORDS} A day: that whole day "
-                "included.",
-            ),
-        ],
-        responses={200: HistorySerializer, **errors(400)},
-    )
-    def get(self, request: Request, user_id: str) -> Response:
-        params = request.query_params
-        uid = user_id_from_text(user_id, field="user_id", maximum=max_user_id())
-        limit = _history_limit(params.get("limit"))
-        before = _history_before(params.get("before"))
-        channel = params.get("channel")
-        if channel is not None:
-            _channel(channel)
-        campaign = _history_filter(params, "campaign")
-        reason = _history_filter(params, "reason")
-        since, until = _history_interval(params.get("from"), params.get("to"))
-        page = user_history(
-            user_id=uid,
-            limit=limit,
-            before=before,
-            channel=channel,
-            campaign=campaign,
-            reason=reason,
-            since=since,
-            until=until,
-        )
-        next_url = None
-        if page.next is not None:
-            following = params.copy()
-            following["before"] = page.next.text()
-            next_url = request.build_absolute_uri(f"{request.path}?{following.urlencode()}")
-        results = [{**d, "at": _instant_text(d["at"])} for d in page.decisions]
-        return Response({"user_id": uid, "results": results, "next": next_url})
 
 
 class SendFileParser(MultiPartParser):
@@ -478,7 +218,7 @@ class SendJobListView(JsonAPIView):
                 }
             )
         job_fields: dict[str, Any] = {
-            "channel": _channel(body.channel),
+            "channel": body.channel,
             "campaign": body.campaign,
             "template": body.template,
             "category": body.category,

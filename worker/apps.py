@@ -10,12 +10,12 @@ class WorkerConfig(AppConfig):
         # which the app registry allows only once it is ready.
         from anymail.signals import tracking as anymail_tracking
 
-        from worker import (
-            celery_hooks,  # noqa: F401
-            checks_email,  # noqa: F401  (registers the email provider's check)
+        from worker import celery_hooks  # noqa: F401
+        from worker.delivery import (
+            registry,  # noqa: F401  (registers the dispatchers' check)
             throttle,  # noqa: F401  (registers the provider rates' check)
         )
-        from worker.tracking import tracking_received
+        from worker.delivery.tracking import tracking_received
 
         # The ESPs' tracking webhooks (bounces, complaints, unsubscribes) feed the suppression
         # list; the uid keeps it connected once however often ready() runs.

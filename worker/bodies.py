@@ -14,10 +14,11 @@ from gatekeeper.lib.bodies import Body, schema_fill
 from gatekeeper.lib.ids import JsonUserId
 from limits.bodies import Channel, Priority, Tags
 from limits.policy import DEFAULT_PRIORITY
+from limits.rules import CAMPAIGN_MAX
 from segments.bodies import TimeZone
 from segments.store import KEY_MAX
-from worker.dispatchers import TEMPLATE_NAME, template_names
-from worker.models import CAMPAIGN_MAX, EXPIRY_DEFAULT, EXPIRY_MAX, MESSAGE_ID_MAX
+from worker.delivery.rendering import TEMPLATE_NAME, template_names
+from worker.models import EXPIRY_DEFAULT, EXPIRY_MAX, JOB_CAMPAIGN_MAX, MESSAGE_ID_MAX
 
 GATE_LIMIT = 10_000
 SEND_LIMIT = 100_000
@@ -26,9 +27,6 @@ SEND_LIMIT = 100_000
 GATE_BODY_BYTES = 16 * 2**20
 SEND_BODY_BYTES = 64 * 2**20
 
-# A gate call's campaign (per-campaign rules count each on its own; a send job's is shorter:
-# it starts the default message ids).
-GATE_CAMPAIGN_MAX = 200
 MessageId = Annotated[str, Meta(min_length=1, max_length=MESSAGE_ID_MAX)]
 Category = Literal["marketing", "transactional"]
 
@@ -50,7 +48,7 @@ class GateRequest(Body, kw_only=True):
 
 class GateCheckBody(Body, kw_only=True):
     channel: Channel
-    campaign: Annotated[str, Meta(max_length=GATE_CAMPAIGN_MAX)] = ""
+    campaign: Annotated[str, Meta(max_length=CAMPAIGN_MAX)] = ""
     category: Category = "marketing"
     tags: Tags = []
     priority: Priority = DEFAULT_PRIORITY
@@ -97,7 +95,7 @@ class SendJobBody(Body, kw_only=True):
         str,
         Meta(
             min_length=1,
-            max_length=CAMPAIGN_MAX,
+            max_length=JOB_CAMPAIGN_MAX,
             description="Also the start of the default message ids, <campaign>:<user_id>.",
         ),
     ]

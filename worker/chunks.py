@@ -26,20 +26,13 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from worker.claims import SENT, RunClaims, claims_read
-from worker.dead_addresses import dead_addresses_record
-from worker.dispatchers import (
-    AMBIGUOUS,
-    PERMANENT,
-    THROTTLED,
-    DispatchError,
-    Message,
-    Renderer,
-    dispatcher_for,
-    send_many,
-)
+from worker.delivery.base import AMBIGUOUS, PERMANENT, THROTTLED, Dispatcher, DispatchError, Message
+from worker.delivery.dead_addresses import dead_addresses_record
+from worker.delivery.registry import dispatcher_for
+from worker.delivery.rendering import Renderer
+from worker.delivery.throttle import RETHROTTLED_MAX, Throttle, paced, throttle_for
 from worker.gate import MARKETING, QUIET_HOURS, gate_check, gate_outcomes, gate_release
 from worker.models import SendChunk, SendJob
-from worker.throttle import RETHROTTLED_MAX, Throttle, paced, throttle_for
 from worker.timings import timed
 
 logger = logging.getLogger(__name__)
@@ -123,7 +116,9 @@ class _Lease:
         ).update(lease_until=None)
 
 
-def send_chunk_run(*, chunk_id: int, dispatcher: Any = None, now: Any = None) -> dict[str, int]:
+def send_chunk_run(
+    *, chunk_id: int, dispatcher: Dispatcher | None = None, now: Any = None
+) -> dict[str, int]:
     """Gate one chunk, dispatch the admitted sends, and settle the rest. Returns outcome counts.
 
     Safe to run again for the same chunk (a redelivered task): a finished chunk does nothing, a
@@ -190,7 +185,7 @@ class _Run:
     """One run of one chunk: its outcomes so far, and what is left to settle after sending."""
 
     def __init__(
-        self, chunk: SendChunk, dispatcher: Any, charged: set[str], lease: "_Lease"
+        self, chunk: SendChunk, dispatcher: Dispatcher, charged: set[str], lease: "_Lease"
     ) -> None:
         self.chunk, self.job = chunk, chunk.job
         self.dispatcher = dispatcher
@@ -199,8 +194,8 @@ class _Run:
             channel=self.job.channel, job_id=self.job.pk, run=uuid.uuid4().hex[:16]
         )
         # A provider that deduplicates by message id gets unknown outcomes sent again.
-        self.resend_unknown = bool(getattr(dispatcher, "idempotent", False))
-        self.throttle = throttle_for(getattr(dispatcher, "provider", None))
+        self.resend_unknown = dispatcher.idempotent
+        self.throttle = throttle_for(dispatcher.provider)
         # Keeps the lease while sending and while waiting for the provider's rate.
         self.keeper = _Keeper(lease, self.throttle)
         self.last_attempt = chunk.attempts + 1 >= MAX_ATTEMPTS
@@ -320,7 +315,7 @@ class _Run:
         the pause it asked for (every worker pauses), RETHROTTLED_MAX times at most."""
 
         def send(part: Sequence[Message]) -> list[DispatchError | None]:
-            return send_many(self.dispatcher, list(part))
+            return self.dispatcher.send_many(part)
 
         errors = paced(self.throttle, messages, send, waiting=self.keeper.wait)
         for _round in range(RETHROTTLED_MAX):
@@ -330,7 +325,7 @@ class _Run:
             pause = max(errors[i].retry_after or 1.0 for i in refused)  # type: ignore[union-attr]
             logger.info(
                 "Provider %s refused %d sends for its rate; all workers pause %.1f s",
-                getattr(self.dispatcher, "provider", "?"),
+                self.dispatcher.provider,
                 len(refused),
                 pause,
             )
@@ -355,7 +350,9 @@ class _Run:
         self.dispatched.append((recipient["user_id"], recipient["message_id"], "ambiguous"))
 
 
-def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> dict[str, int]:
+def _run_leased(
+    chunk_id: int, dispatcher: Dispatcher | None, lease: _Lease, clock: Any
+) -> dict[str, int]:
     with timed("fetch"):
         chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
     job = chunk.job
@@ -376,16 +373,16 @@ def _run_leased(chunk_id: int, dispatcher: Any, lease: _Lease, clock: Any) -> di
     renderer = Renderer(
         channel=job.channel, template=job.template, campaign=job.campaign, category=job.category
     )
-    own = dispatcher is None  # built for this run: closed once its sends are done
-    dispatcher = dispatcher or dispatcher_for(job.channel)
-    try:
+    if dispatcher is not None:
         return _run_gated(chunk, dispatcher, renderer, lease, clock)
+    own = dispatcher_for(job.channel)  # built for this run: closed once its sends are done
+    try:
+        return _run_gated(chunk, own, renderer, lease, clock)
     finally:
-        if own:
-            _closed(dispatcher)
+        _closed(own)
 
 
-def _closed(dispatcher: Any) -> None:
+def _closed(dispatcher: Dispatcher) -> None:
     """Let a dispatcher go (its connections, a provider client's app); a failure to close
     loses no send."""
     try:
@@ -395,7 +392,7 @@ def _closed(dispatcher: Any) -> None:
 
 
 def _run_gated(
-    chunk: SendChunk, dispatcher: Any, renderer: Renderer, lease: _Lease, clock: Any
+    chunk: SendChunk, dispatcher: Dispatcher, renderer: Renderer, lease: _Lease, clock: Any
 ) -> dict[str, int]:
     job = chunk.job
     recipients = chunk.recipients
@@ -418,7 +415,7 @@ def _run_gated(
     charged = {d.message_id for d in decisions if d.reason == "allowed"}
     run = _Run(chunk, dispatcher, charged, lease)
     admitted = [r for r, d in zip(recipients, decisions, strict=True) if d.allowed]
-    size = max(1, int(getattr(run.dispatcher, "batch_size", 1)))
+    size = max(1, dispatcher.batch_size)
     run.send_all([admitted[i : i + size] for i in range(0, len(admitted), size)], renderer)
     if run.dead:
         dead_addresses_record(job, run.dead)

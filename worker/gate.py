@@ -17,7 +17,7 @@ from typing import Protocol, cast
 from django.core.exceptions import ValidationError
 
 from limits.channels import validate_channel
-from limits.ledger import ledger_append, ledger_enabled, ledger_outcomes
+from limits.ledger.stream import ledger_append, ledger_enabled, ledger_outcomes
 from limits.limiter import Decision, Limiter, get_limiter
 from limits.policy import DEFAULT_PRIORITY, PolicyTable, RuleSet
 from limits.quiet import QuietView, release_at
@@ -45,25 +45,27 @@ class SegmentResolver(Protocol):
     def resolve_many(self, ids: Sequence[int]) -> list[str]: ...
 
 
-class GateError(ValueError):
-    """A request the gate cannot decide at all (unknown channel or category)."""
+class GateError(ValidationError):
+    """A request the gate cannot decide at all (unknown channel or category), naming the field
+    (the REST API's base answers it as that field's 400)."""
 
 
-def validate_category(value: str) -> None:
-    """The one rule for a send's category (the REST bodies spell the same two as a Literal)."""
+def validate_category(value: str, *, field: str | None = None) -> None:
+    """The one rule for a send's category (the REST bodies spell the same two as a Literal).
+    With `field`, the ValidationError names it."""
     if value not in CATEGORIES:
-        raise ValidationError(
-            f"Unknown category '{value}'. Choose one of: {', '.join(CATEGORIES)}.",
-            code="category",
-        )
+        message = f"Unknown category '{value}'. Choose one of: {', '.join(CATEGORIES)}."
+        if field is not None:
+            raise ValidationError({field: [message]})
+        raise ValidationError(message, code="category")
 
 
 def _checked(channel: str, category: str = MARKETING) -> None:
     try:
-        validate_channel(channel)
-        validate_category(category)
+        validate_channel(channel, field="channel")
+        validate_category(category, field="category")
     except ValidationError as exc:
-        raise GateError(exc.messages[0]) from None
+        raise GateError(exc.message_dict) from None
 
 
 _last_unavailable_log = 0.0
@@ -350,7 +352,7 @@ class Gate:
         self, *, channel: str, since: float, outcomes: Sequence[tuple[int, str, str]]
     ) -> None:
         """Keep what became of admitted sends in the ledger: (user id, message id, outcome),
-        an outcome of limits.ledger.OUTCOME_NAMES; `since`: no earlier than their decision."""
+        an outcome of limits.ledger.stream.OUTCOME_NAMES; `since`: no earlier than their decision."""
         if self._ledger_on():
             ledger_outcomes(channel=channel, since=since, outcomes=outcomes)
 

@@ -14,7 +14,7 @@ from limits.policy import DEFAULT_PRIORITY, PRIORITIES
 MESSAGE_ID_MAX = 200  # characters; the gate's limit too
 # A send job's campaign leaves room in a message id for ":" and a 20-digit user id: the default
 # message id is <campaign>:<user_id>.
-CAMPAIGN_MAX = MESSAGE_ID_MAX - 21
+JOB_CAMPAIGN_MAX = MESSAGE_ID_MAX - 21
 # A job's sends that wait (deferred by the gate) are dropped as `expired` at its expiry: by
 # default a day after it was created, at most EXPIRY_MAX after.
 EXPIRY_DEFAULT = timedelta(hours=24)

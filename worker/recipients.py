@@ -15,6 +15,7 @@ file is valid.
 """
 
 import csv
+import functools
 import io
 import json
 import math
@@ -29,7 +30,7 @@ from gatekeeper.lib.bodies import json_value_problem
 from gatekeeper.lib.ids import max_user_id, user_id_from_json
 from gatekeeper.lib.zones import UnknownTimeZone, zone
 from segments.parsing import open_list
-from worker.dispatchers import dispatcher_class
+from worker.delivery.registry import address_problem
 from worker.models import MESSAGE_ID_MAX
 
 READ_BYTES = 1 << 20  # read and decoded a MiB at a time
@@ -68,9 +69,9 @@ class RecipientRules:
 
     def __init__(self, *, channel: str, campaign: str) -> None:
         self.campaign = campaign
-        self.address_problem: Callable[[str], str | None] = dispatcher_class(
-            channel
-        ).address_problem
+        self.address_problem: Callable[[str], str | None] = functools.partial(
+            address_problem, channel
+        )
         self.maximum = max_user_id()
 
     def recipient(

@@ -3,21 +3,17 @@ sends, their quiet hours, and the what-if of a draft change of caps; and send jo
 sends. None of them writes anything."""
 
 import datetime as dt
-import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import redis
 from django.db.models import Max, Min, Q, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from limits.channels import ALL, channels, scopes
-from limits.limiter import RuleUsage, get_limiter
-from limits.log import short_hash
+from limits.channels import channels
 from limits.policy import (
     ADMITTED,
     DAY_SECONDS,
@@ -26,17 +22,13 @@ from limits.policy import (
     PolicyTable,
     RuleView,
     counting_rule,
-    encode,
 )
-from limits.quiet import quiet_describe, quiet_until, release_at
-from limits.rules import rule_describe
-from limits.selectors import policy_cache, policy_read
-from limits.windows import resolve_zone
-from segments.index import SegmentIndex, get_index, index_status
-from segments.models import Segment
+from limits.quota import Unavailable, live_index
+from limits.selectors import policy_read
+from segments.index import SegmentIndex, get_index
 from segments.parsing import UserListError, iter_ids
 from worker.gate import Gate
-from worker.models import SendChunk, SendJob
+from worker.models import SendChunk
 from worker.stats import stats_for_days
 
 # Audience members evaluated per what-if: 4 dry runs of 100,000 take a few seconds (two
@@ -47,172 +39,6 @@ WHAT_IF_LIMIT = 100_000
 WHAT_IF_MAX_BYTES = 100 * 2**20
 WHAT_IF_MAX_INFLATED = 128 * 2**20
 WHAT_IF_MAX_IDS = 5_000_000
-# The quota reads rules as a send of the highest priority would meet them: every limit whole.
-QUOTA_PRIORITY = 9
-
-
-class Unavailable(Exception):
-    """The snapshot or Redis is missing: the read cannot be answered (the message says why)."""
-
-
-def _index() -> SegmentIndex:
-    index = get_index()
-    if index is None:
-        raise Unavailable(f"No segment snapshot is loaded: {index_status()['error']}")
-    return index
-
-
-def _redis_down(exc: Exception) -> Unavailable:
-    return Unavailable(f"Redis is not answering ({type(exc).__name__}: {exc}).")
-
-
-def user_quota(
-    user_id: int,
-    *,
-    now: float | None = None,
-    time_zone: str | None = None,
-    window_seconds: int | None = None,
-    campaign: str = "",
-) -> dict[str, Any]:
-    """The user's segment and time zone; per channel and `all`, the classic caps (used, limit,
-    remaining, next slot); every rule that applies, with the same figures; and with
-    `window_seconds`, the sends per channel recorded in that recent interval."""
-    try:
-        return _user_quota(
-            user_id, now=now, time_zone=time_zone, window_seconds=window_seconds, campaign=campaign
-        )
-    except redis.RedisError as exc:
-        raise _redis_down(exc) from exc
-
-
-def _user_quota(
-    user_id: int,
-    *,
-    now: float | None,
-    time_zone: str | None,
-    window_seconds: int | None,
-    campaign: str,
-) -> dict[str, Any]:
-    index = _index()
-    segment = index.resolve(user_id)
-    table = policy_cache().table()
-    zone = resolve_zone(requested=time_zone, segment_zone=table.zone_of(segment))
-    now_ms = round((time.time() if now is None else now) * 1000)
-    groups = []
-    for scope in scopes():
-        daily, weekly = table.classic_limits(segment=segment, channel=scope).values()
-        counters = [
-            counting_rule(channel=scope, seconds=DAY_SECONDS, limit=_or_max(daily)),
-            counting_rule(channel=scope, seconds=WEEK_SECONDS, limit=_or_max(weekly)),
-        ]
-        if window_seconds is not None and scope != ALL:
-            counters.append(counting_rule(channel=scope, seconds=window_seconds))
-        own = [r for r in table.candidates(segment=segment, channel=scope) if r.channel == scope]
-        rule_set = encode([*counters, *own], priority=QUOTA_PRIORITY, zone=zone, now_ms=now_ms)
-        groups.append((scope, rule_set))
-    figures = get_limiter().usage(user_id, groups, campaign=campaign, now=now)
-    if figures is None:
-        raise Unavailable("Redis is not answering; quotas cannot be read.")
-    by_scope: dict[str, list[RuleUsage]] = {}
-    for usage in figures:
-        by_scope.setdefault(usage.channel, []).append(usage)
-    answer: dict[str, Any] = {
-        "user_id": user_id,
-        "segment": segment,
-        "snapshot_version": index.version,
-        "time_zone": zone,
-        "scopes": {},
-        "rules": [],
-    }
-    sent: dict[str, int] = {}
-    names = _segment_names()
-    for scope, usages in by_scope.items():
-        daily, weekly = table.classic_limits(segment=segment, channel=scope).values()
-        day, week = usages[0], usages[1]
-        waits = [u.next_slot_in for u in (day, week) if u.next_slot_in is not None]
-        answer["scopes"][scope] = {
-            "daily": _window(day.used, daily),
-            "weekly": _window(week.used, weekly),
-            "next_slot_in": max(waits) if waits else None,
-        }
-        rest = usages[2:]
-        if window_seconds is not None and scope != ALL:
-            sent[scope] = rest[0].used
-            rest = rest[1:]
-        for usage in rest:
-            answer["rules"].append(_rule_figures(usage, names))
-    if window_seconds is not None:
-        answer["sent"] = sent
-    return answer
-
-
-def _or_max(limit: int | None) -> int:
-    return 2**31 - 1 if limit is None else limit
-
-
-def _window(used: int, limit: int | None) -> dict[str, int | None]:
-    return {
-        "used": used,
-        "limit": limit,
-        "remaining": None if limit is None else max(limit - used, 0),
-    }
-
-
-def _segment_names() -> dict[str, str]:
-    return dict(Segment.objects.values_list("slug", "name"))
-
-
-def _rule_figures(usage: RuleUsage, names: Mapping[str, str]) -> dict[str, Any]:
-    rule = usage.rule
-    return {
-        "id": rule.id,
-        "name": rule.name,
-        "channel": rule.channel,
-        "description": rule_describe(rule, segment_name=names.get(rule.segment or "")),
-        "match": rule.match,
-        "tag": rule.tag or None,
-        "window": rule.window(),
-        "limit": rule.limit,
-        "used": usage.used,
-        "remaining": usage.remaining,
-        "next_slot_in": usage.next_slot_in if usage.used >= usage.limit else None,
-        "reserve": (
-            {"below_priority": rule.reserve_below, "slots": rule.reserve_slots}
-            if rule.reserve_below is not None
-            else None
-        ),
-        "classic": rule.classic,
-    }
-
-
-def user_recent_sends(
-    user_id: int, *, now: float | None = None, limit: int = 50
-) -> list[dict[str, Any]]:
-    """Recorded sends of the last 7 days, newest first: channel, time, priority, and the
-    campaign's and tags' names where a recent send job or a rule names them (the log keeps
-    hashes)."""
-    try:
-        entries = get_limiter().history(user_id, now=now)[:limit]
-    except redis.RedisError as exc:
-        raise _redis_down(exc) from exc
-    campaigns = {
-        short_hash(name): name
-        for name in SendJob.objects.order_by("-created_at").values_list("campaign", flat=True)[
-            :1000
-        ]
-    }
-    tags = {short_hash(t): t for t in policy_cache().table().tags()}
-    return [
-        {
-            "channel": entry.channel,
-            "at": entry.at_ms / 1000,
-            "priority": entry.priority,
-            "campaign": campaigns.get(entry.campaign, "" if entry.campaign == b"\0" * 4 else "?"),
-            "tags": [tags.get(t, "?") for t in entry.tags],
-            "message": entry.message.hex(),
-        }
-        for entry in entries
-    ]
 
 
 def what_if(
@@ -233,7 +59,7 @@ def what_if(
     Dry runs only: nothing is recorded. Ids are de-duplicated; an audience above WHAT_IF_LIMIT
     is estimated from a uniform random sample of that many, scaled up (`sampled` says so).
     `audience_size`: the caller already sampled `ids` from an audience of that many."""
-    index = _index()
+    index = live_index()
     unique = np.unique(np.asarray(ids, dtype=np.uint64))
     total = max(int(unique.size), audience_size or 0)
     if unique.size > WHAT_IF_LIMIT:
@@ -412,34 +238,6 @@ def dashboard_stats(*, days: int = 14, today: Any = None) -> dict[str, Any]:
 
 
 # --- quiet hours and waiting sends ------------------------------------------------------------
-
-
-def user_quiet_hours(
-    user_id: int, *, segment: str, zone: str, now: float | None = None
-) -> list[dict[str, Any]]:
-    """Per channel, the quiet hours that apply to the user (their segment's and every
-    segment's, on the channel and `all`) in plain words, and whether they hold a marketing send
-    now: until when (`until`, epoch seconds) and when the user's own send would go
-    (`release`: the end plus their place in the spread), read in their `zone`."""
-    clock = time.time() if now is None else now
-    table = policy_cache().table()
-    names = _segment_names()
-    answer = []
-    for channel in channels():
-        entries = table.quiet_for(segment=segment, channel=channel)
-        end, spread = quiet_until(entries, zone, clock)
-        holds = end > clock
-        answer.append(
-            {
-                "channel": channel,
-                "entries": [quiet_describe(entry, segment_names=names) for entry in entries],
-                "quiet_now": holds,
-                "until": end if holds else None,
-                "release": release_at(end, spread, user_id) if holds else None,
-                "spread_seconds": spread if holds else 0,
-            }
-        )
-    return answer
 
 
 def _waiting() -> Any:

@@ -7,10 +7,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from limits import policy
-from limits.bodies import Reserve, Window
-from limits.rules import MATCHES
+from limits.bodies import Window
 from limits.serializers import BodyShapedField
-from worker.dead_addresses import dead_addresses_shown
+from worker.delivery.dead_addresses import dead_addresses_shown
 from worker.models import SendJob
 from worker.selectors import send_job_waiting
 
@@ -82,103 +81,6 @@ class ReleaseResultSerializer(serializers.Serializer):
 
 class ReleaseResultsSerializer(serializers.Serializer):
     results = ReleaseResultSerializer(many=True)
-
-
-class WindowQuotaSerializer(serializers.Serializer):
-    used = serializers.IntegerField()
-    limit = serializers.IntegerField(allow_null=True)
-    remaining = serializers.IntegerField(allow_null=True)
-
-
-class ScopeQuotaSerializer(serializers.Serializer):
-    daily = WindowQuotaSerializer()
-    weekly = WindowQuotaSerializer()
-    next_slot_in = serializers.FloatField(
-        allow_null=True, help_text="Seconds until a slot frees, when full."
-    )
-
-
-class RuleQuotaSerializer(serializers.Serializer):
-    id = serializers.IntegerField()
-    name = serializers.CharField()
-    channel = serializers.CharField(help_text='A channel, or "all".')
-    description = serializers.CharField(help_text="The rule in plain words.")
-    match = serializers.ChoiceField(choices=MATCHES)
-    tag = serializers.CharField(allow_null=True)
-    window = BodyShapedField(Window)
-    limit = serializers.IntegerField()
-    used = serializers.IntegerField(
-        help_text="Sends it counts now (a per-campaign rule: of ?campaign=, else of the "
-        "campaign that used most)."
-    )
-    remaining = serializers.IntegerField()
-    next_slot_in = serializers.FloatField(
-        allow_null=True, help_text="Seconds until a slot frees, when full."
-    )
-    reserve = BodyShapedField(Reserve, allow_null=True)
-    classic = serializers.BooleanField(help_text="One of a classic cap's two rules.")
-
-
-class QuotaSerializer(serializers.Serializer):
-    user_id = serializers.IntegerField()
-    segment = serializers.CharField()
-    snapshot_version = serializers.CharField()
-    time_zone = serializers.CharField(
-        help_text="The zone its calendar windows are read in: ?time_zone=, else the segment's, "
-        "else GATEKEEPER_DEFAULT_TIME_ZONE."
-    )
-    scopes = serializers.DictField(
-        child=ScopeQuotaSerializer(), help_text="The classic caps: each channel, and `all`."
-    )
-    rules = RuleQuotaSerializer(
-        many=True, help_text="Every enabled rule that applies to the user, on every channel."
-    )
-    sent = serializers.DictField(
-        child=serializers.IntegerField(),
-        required=False,
-        help_text="Only with ?window=: per channel, the marketing sends recorded in it.",
-    )
-
-
-class HistoryRuleSerializer(serializers.Serializer):
-    """The rule that decided (its id in GET /api/v1/rules/); name, description and classic
-    are null once the rule is deleted."""
-
-    id = serializers.IntegerField()
-    name = serializers.CharField(allow_null=True)
-    description = serializers.CharField(allow_null=True, help_text="The rule in plain words.")
-    classic = serializers.BooleanField(
-        allow_null=True, help_text="One of a classic cap's two rules."
-    )
-
-
-class HistoryDecisionSerializer(serializers.Serializer):
-    at = serializers.DateTimeField(help_text="When the gate decided (UTC).")
-    channel = serializers.CharField()
-    campaign = serializers.CharField(allow_blank=True)
-    category = serializers.ChoiceField(choices=["marketing", "transactional"])
-    tags = serializers.ListField(child=serializers.CharField())
-    priority = serializers.IntegerField()
-    segment = serializers.CharField(allow_null=True)
-    snapshot_version = serializers.CharField(allow_null=True)
-    reason = serializers.ChoiceField(choices=REASONS)
-    rule = HistoryRuleSerializer(
-        allow_null=True, help_text="The rule that decided a refusal; null otherwise."
-    )
-    message_id = serializers.CharField()
-    outcome = serializers.CharField(
-        allow_null=True,
-        help_text="What became of an admitted send, when known: sent, failed, ambiguous "
-        "(dispatched by the worker) or released (its quota given back). null: not known.",
-    )
-
-
-class HistorySerializer(serializers.Serializer):
-    user_id = serializers.IntegerField()
-    results = HistoryDecisionSerializer(many=True, help_text="Newest first.")
-    next = serializers.URLField(
-        allow_null=True, help_text="The next (older) page, with the same filters; null: no more."
-    )
 
 
 class InvalidRowSerializer(serializers.Serializer):

@@ -8,7 +8,6 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.files import File
@@ -20,18 +19,17 @@ from gatekeeper.lib.bodies import DATETIME_WORDS
 from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.files import storage_name
 from limits.channels import validate_channel
-from limits.limiter import get_limiter
-from limits.models import QuotaReset
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
+from limits.quota import Unavailable
 from limits.rules import tags_problem
 from segments.store import NotFound, StoreError, key_problem, store_from_settings
 from worker import tasks
 from worker.chunks import chunks_runnable, waiting_close
-from worker.dispatchers import TEMPLATE_NAME_RE, TEMPLATE_NAME_WORDS, template_check
+from worker.delivery.rendering import TEMPLATE_NAME_RE, TEMPLATE_NAME_WORDS, template_check
 from worker.gate import MARKETING, validate_category
 from worker.models import (
-    CAMPAIGN_MAX,
     EXPIRY_MAX,
+    JOB_CAMPAIGN_MAX,
     SendChunk,
     SendJob,
     expiry_default,
@@ -43,7 +41,6 @@ from worker.preparing import (
     file_removed_on_commit,
 )
 from worker.recipients import FileError, RecipientRules, RowError, line_words, recipient_lines
-from worker.selectors import Unavailable, user_quota
 
 logger = logging.getLogger(__name__)
 
@@ -281,22 +278,16 @@ def _job_fields(
     user: Any = None,
 ) -> dict[str, Any]:
     """A new job's fields, each checked: a ValidationError naming the first bad one."""
-    try:
-        validate_channel(channel)
-    except ValidationError as exc:
-        raise ValidationError({"channel": exc.messages}) from None
-    try:
-        validate_category(category)
-    except ValidationError as exc:
-        raise ValidationError({"category": exc.messages}) from None
+    validate_channel(channel, field="channel")
+    validate_category(category, field="category")
     if on_capped not in SendJob.OnCapped.values:
         raise ValidationError({"on_capped": "Choose drop or defer."})
     if on_invalid not in SendJob.OnInvalid.values:
         raise ValidationError({"on_invalid": "Choose reject or skip."})
-    if not campaign or len(campaign) > CAMPAIGN_MAX:
+    if not campaign or len(campaign) > JOB_CAMPAIGN_MAX:
         raise ValidationError(
             {
-                "campaign": f"Name the campaign in at most {CAMPAIGN_MAX} characters (it starts "
+                "campaign": f"Name the campaign in at most {JOB_CAMPAIGN_MAX} characters (it starts "
                 "the default message ids, <campaign>:<user_id>)."
             }
         )
@@ -433,30 +424,3 @@ def send_job_cancel_waiting(*, job: SendJob, user: Any = None, now: Any = None) 
     )
     job.refresh_from_db()
     return job
-
-
-def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
-    """Forget a user's send log, every channel (an audited admin action): records
-    who, when, why and what was used, in the same transaction as the reset, so a failed reset
-    leaves no record and a record always means the reset happened. Raises Unavailable."""
-    reason = (reason or "").strip()
-    if not reason:
-        raise ValidationError({"reason": "Say why the quota is reset (kept in the audit log)."})
-    quota = user_quota(user_id)
-    usage = {
-        scope: {"daily": values["daily"]["used"], "weekly": values["weekly"]["used"]}
-        for scope, values in quota["scopes"].items()
-    }
-    with transaction.atomic():
-        record = QuotaReset.objects.create(
-            user_id=user_id,
-            segment_slug=quota["segment"],
-            usage=usage,
-            reason=reason[:300],
-            reset_by=user if user is not None and user.is_authenticated else None,
-        )
-        try:
-            get_limiter().reset(user_id)
-        except redis.RedisError as exc:  # the audit row is rolled back with the transaction
-            raise Unavailable(f"Redis is not answering ({exc}); nothing was reset.") from exc
-    return record

@@ -7,8 +7,8 @@ from typing import Any
 from celery import shared_task
 
 from gatekeeper.lib.bodies import datetime_from_text
-from worker import dead_addresses
 from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run, waiting_close
+from worker.delivery import dead_addresses
 from worker.preparing import jobs_preparing_stalled, send_job_prepare_run
 from worker.timings import timed
 

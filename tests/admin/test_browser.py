@@ -439,9 +439,7 @@ def test_a_marketer_sends_a_campaign_file_watches_it_go_out_and_cancels_another(
     # With a worker: the next file is read, sent, and the bar fills without a reload.
     worker = start_celery_worker(
         "sends",
-        worker_env(
-            settings.CELERY_BROKER_URL, GATEKEEPER_PUSH_BACKEND="worker.dispatchers.NullPushBackend"
-        ),
+        worker_env(settings.CELERY_BROKER_URL, GATEKEEPER_DISPATCHERS='{"push": "null"}'),
     )
     try:
         summer = tmp_path / "summer.csv"

@@ -11,7 +11,7 @@ import pytest
 from django.urls import reverse
 
 from gatekeeper.lib.groups import MARKETER
-from limits.ledger import ledger_drain_all
+from limits.ledger.drain import ledger_drain_all
 from limits.models import LedgerCount
 from limits.policy import REFUSED
 from tests.admin.test_browser import PASSWORD, Page, browser, screenshots  # noqa: F401

@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.urls import reverse
 
-from limits.ledger import ledger_drain_all
+from limits.ledger.drain import ledger_drain_all
 from limits.models import LedgerEntry, Rule
 from limits.rules import RuleFields
 from limits.services import rule_create, rule_delete

@@ -188,7 +188,7 @@ def test_a_100000_recipient_job_is_taken_and_finishes(api, snapshot, settings):
     from worker.chunks import send_chunk_run
     from worker.models import SendChunk
 
-    settings.GATEKEEPER_PUSH_BACKEND = "worker.dispatchers.NullPushBackend"
+    settings.GATEKEEPER_DISPATCHERS = {"push": "null"}
     recipients = [
         {"user_id": u, "address": f"fcm-token-{u:012d}-abcdefghijklmnop", "context": {"n": u}}
         for u in range(100_000)

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from limits.ledger import ledger_drain_all
+from limits.ledger.drain import ledger_drain_all
 from limits.models import LedgerEntry, Rule
 from limits.rules import RuleFields
 from limits.services import rule_create, rule_delete

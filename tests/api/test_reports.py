@@ -10,9 +10,8 @@ from itertools import combinations
 import pytest
 from django.core.exceptions import ValidationError
 
-from limits.ledger import ledger_drain_all
-from limits.models import LedgerCount
-from limits.reports import (
+from limits.ledger.drain import ledger_drain_all
+from limits.ledger.reports import (
     GROUPS,
     DecisionsQuery,
     day_series,
@@ -21,6 +20,7 @@ from limits.reports import (
     decisions_report,
     report_days,
 )
+from limits.models import LedgerCount
 from tests.api.conftest import call
 from worker.gate import gate_check
 

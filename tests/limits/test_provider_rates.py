@@ -7,7 +7,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from tests.clocks import Clock
-from worker.throttle import Rate, Throttle, paced, parse_rates, provider_rates_check
+from worker.delivery.throttle import Rate, Throttle, paced, parse_rates, provider_rates_check
 
 
 def throttle(clock: Clock, per_second: float = 500, provider: str = "fcm") -> Throttle:

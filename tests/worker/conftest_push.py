@@ -67,7 +67,7 @@ def fcm_server(
 
 @pytest.fixture
 def fcm(fcm_server: tuple[FakeFCM, Path], local_tls: LocalTLS, settings) -> FakeFCM:
-    """The FCM fake, empty, with the settings of FCMPushBackend pointed at it."""
+    """The FCM fake, empty, with the settings of FCMDispatcher pointed at it."""
     fake, credentials = fcm_server
     fake.reset()
     settings.GATEKEEPER_FCM_CREDENTIALS = str(credentials)
@@ -98,7 +98,7 @@ def apns_server(
 
 @pytest.fixture
 def apns(apns_server: tuple[FakeAPNs, Path], local_tls: LocalTLS, settings) -> FakeAPNs:
-    """The APNs fake, empty, with the settings of APNsPushBackend pointed at it."""
+    """The APNs fake, empty, with the settings of APNsDispatcher pointed at it."""
     fake, p8 = apns_server
     fake.reset()
     settings.GATEKEEPER_APNS_KEY = str(p8)

@@ -20,12 +20,7 @@ from worker.chunks import chunks_due, send_chunk_run
 from worker.models import SendChunk, SendJob
 from worker.preparing import send_job_prepare_run
 from worker.recipients import RecipientRules, SeenUsers, recipient_lines
-from worker.services import (
-    send_job_cancel,
-    send_job_from_file,
-    send_job_pause,
-    send_job_resume,
-)
+from worker.services import send_job_cancel, send_job_from_file, send_job_pause, send_job_resume
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +30,7 @@ JOB: dict[str, Any] = {"channel": "push", "campaign": "blast", "template": "welc
 @pytest.fixture
 def push(published, settings):
     published(vip=(10, [1, 2], {"push": (5, 10)}))
-    settings.GATEKEEPER_PUSH_BACKEND = "worker.dispatchers.NullPushBackend"
+    settings.GATEKEEPER_DISPATCHERS = {"push": "null"}
 
 
 def upload(text: str, *, gz: bool = False, **options) -> SendJob:

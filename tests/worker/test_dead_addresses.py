@@ -11,18 +11,18 @@ import pytest
 from tests.redis_servers import free_port
 from tests.worker.test_sends import campaign, make_job  # noqa: F401  (a fixture)
 from worker.chunks import send_chunk_run
-from worker.dead_addresses import (
+from worker.delivery.base import PERMANENT, DispatchError, Message, OneAtATime
+from worker.delivery.dead_addresses import (
     ReportFailed,
     dead_addresses_record,
     dead_addresses_report,
     dead_addresses_report_due,
 )
-from worker.dispatchers import PERMANENT, DispatchError, Message, PushBackend
 from worker.models import DeadAddress
 from worker.serializers import SendJobSerializer
 
 
-class DeadTokenBackend(PushBackend):
+class DeadTokenBackend(OneAtATime):
     """A provider to whom the tokens of users 2 and 9 are unregistered."""
 
     provider = "test-dead"

@@ -38,16 +38,10 @@ from tests.fakes.esp import (
     closed_port_url,
 )
 from worker.chunks import send_chunk_run
-from worker.dispatchers import (
-    AMBIGUOUS,
-    PERMANENT,
-    THROTTLED,
-    TRANSIENT,
-    Renderer,
-    dispatcher_class,
-    dispatcher_for,
-)
-from worker.email_providers import message_id_header
+from worker.delivery.base import AMBIGUOUS, PERMANENT, THROTTLED, TRANSIENT
+from worker.delivery.esp import AnymailDispatcher, message_id_header
+from worker.delivery.registry import dispatcher_class, dispatcher_for
+from worker.delivery.rendering import Renderer
 from worker.gate import gate_check
 from worker.models import SendChunk
 from worker.services import send_job_create
@@ -168,6 +162,7 @@ def test_a_batch_groups_identical_sends_and_names_each_address_once_a_call(esp):
     welcome = rendered("welcome", 3, name="Rider {u}")
     messages = [offers[0], welcome[0], offers[1], again[0], offers[2]]
     dispatcher = dispatcher_for("email")
+    assert isinstance(dispatcher, AnymailDispatcher)
     assert dispatcher.calls(messages) == [[0, 2, 4], [1], [3]]
     assert dispatcher.send_many(messages) == [None] * 5
     assert [r.path for r in esp.requests] == ["/email/batch", "/email", "/email"]
@@ -258,6 +253,7 @@ def test_resend_is_idempotent_a_send_again_after_a_lost_answer_goes_out_once(esp
 def test_an_esp_anymail_has_no_dispatcher_of_ours_for_sends_one_message_a_call(settings):
     settings.EMAIL_BACKEND = "anymail.backends.sparkpost.EmailBackend"
     cls = dispatcher_class("email")
+    assert issubclass(cls, AnymailDispatcher)
     assert (cls.provider, cls.batch_size, cls.idempotent, cls.batches) == (
         "sparkpost",
         1,
@@ -690,7 +686,7 @@ def test_a_bad_email_provider_stops_start_up_with_a_clear_message(settings):
     from django.core.management.base import SystemCheckError
 
     settings.GATEKEEPER_EMAIL_PROVIDER = "postmrk"
-    with pytest.raises(SystemCheckError, match=r"worker\.E002.*'postmrk' is neither smtp"):
+    with pytest.raises(SystemCheckError, match=r"worker\.E002.*'postmrk' is no dispatcher"):
         call_command("check")
     settings.GATEKEEPER_EMAIL_PROVIDER = "postmark"
     settings.ANYMAIL = {"WEBHOOK_SECRET": WEBHOOK_SECRET}

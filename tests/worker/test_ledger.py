@@ -7,17 +7,16 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
-from limits.ledger import (
+from limits.ledger.drain import (
     CLAIM_IDLE_MS,
     GROUP,
     ledger_drain,
     ledger_drain_all,
-    ledger_entry,
     ledger_upkeep,
     ledger_write,
     partitions_list,
-    stream_key,
 )
+from limits.ledger.stream import ledger_entry, stream_key
 from limits.models import LedgerBatch, LedgerCount, LedgerEntry
 from limits.quiet import QuietFields
 from limits.services import quiet_create
@@ -214,7 +213,7 @@ def test_entries_of_the_first_format_are_still_written(snapshot, redis_client):
     # What an upgrade finds waiting in the stream: decisions packed a list per decision.
     import msgspec
 
-    from limits.ledger import DecidedRows
+    from limits.ledger.stream import DecidedRows
 
     old = DecidedRows(
         at_ms=round(NOW * 1000), channel="email", campaign="c", tags=["t"], priority=5,

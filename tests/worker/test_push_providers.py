@@ -16,21 +16,15 @@ from tests.redis_servers import free_port
 from tests.worker import conftest_push
 from tests.worker.conftest_push import APNS_KEY_ID, APNS_TEAM_ID, APNS_TOPIC, FCM_CLIENT_EMAIL, pem
 from worker.chunks import send_chunk_run
-from worker.dispatchers import (
-    AMBIGUOUS,
-    PERMANENT,
-    THROTTLED,
-    TRANSIENT,
-    DispatchError,
-    Message,
-    dispatcher_for,
-)
+from worker.delivery.apns import APNsDispatcher, apns_id
+from worker.delivery.base import AMBIGUOUS, PERMANENT, THROTTLED, TRANSIENT, DispatchError, Message
+from worker.delivery.fcm import FCMDispatcher
+from worker.delivery.registry import dispatcher_for
 from worker.models import SendChunk
-from worker.push_providers import APNsPushBackend, FCMPushBackend, apns_id
 from worker.services import send_job_create
 
 # firebase-admin 7.7 deprecates Message.token for Firebase installation ids (FIDs); the
-# addresses here are registration tokens, which FCM still takes (see FCMPushBackend).
+# addresses here are registration tokens, which FCM still takes (see FCMDispatcher).
 pytestmark = pytest.mark.filterwarnings("ignore:Message.token is deprecated:DeprecationWarning")
 
 # The fakes' fixtures, for this module's tests.
@@ -64,7 +58,7 @@ def outcome(error: DispatchError | None) -> tuple[str, bool, float | None] | Non
 
 @pytest.fixture
 def fcm_backend(fcm: FakeFCM):
-    backend = FCMPushBackend()
+    backend = FCMDispatcher()
     yield backend
     backend.close()
 
@@ -148,7 +142,7 @@ def test_an_fcm_connection_lost_after_the_request_is_ambiguous_and_never_resent(
 
 def test_an_fcm_endpoint_that_refuses_connections_is_transient(fcm, settings):
     settings.GATEKEEPER_FCM_URL = f"https://127.0.0.1:{free_port()}"
-    backend = FCMPushBackend()
+    backend = FCMDispatcher()
     try:
         outcomes = backend.send_many([message(1, registration_token(1))] * 2)
     finally:
@@ -163,7 +157,7 @@ def test_fcm_credentials_the_token_endpoint_refuses_send_nothing(fcm, settings, 
     path = tmp_path / "forged.json"
     path.write_text(json.dumps(forged))
     settings.GATEKEEPER_FCM_CREDENTIALS = str(path)
-    backend = FCMPushBackend()
+    backend = FCMDispatcher()
     try:
         outcomes = backend.send_many([message(1, registration_token(1))])
     finally:
@@ -177,7 +171,7 @@ def test_fcm_credentials_the_token_endpoint_refuses_send_nothing(fcm, settings, 
 
 @pytest.fixture
 def apns_backend(apns: FakeAPNs):
-    backend = APNsPushBackend()
+    backend = APNsDispatcher()
     yield backend
     backend.close()
 
@@ -254,7 +248,7 @@ def test_an_apns_connection_lost_after_the_request_is_ambiguous_and_never_resent
 
 def test_an_apns_endpoint_that_refuses_connections_is_transient_for_the_whole_batch(apns, settings):
     settings.GATEKEEPER_APNS_URL = f"https://127.0.0.1:{free_port()}"
-    backend = APNsPushBackend()
+    backend = APNsDispatcher()
     try:
         outcomes = backend.send_many([message(n, device_token(n)) for n in range(3)])
     finally:
@@ -266,7 +260,7 @@ def test_a_provider_token_apns_cannot_verify_is_refused_permanently(apns, settin
     other_key = tmp_path / "other.p8"
     other_key.write_bytes(pem(ec.generate_private_key(ec.SECP256R1())))
     settings.GATEKEEPER_APNS_KEY = str(other_key)
-    backend = APNsPushBackend()
+    backend = APNsDispatcher()
     try:
         (error,) = backend.send_many([message(1, device_token(1))])
     finally:
@@ -277,11 +271,11 @@ def test_a_provider_token_apns_cannot_verify_is_refused_permanently(apns, settin
 
 
 def test_apns_device_tokens_are_whole_bytes_in_hex():
-    assert APNsPushBackend.address_problem(device_token(1)) is None
-    assert APNsPushBackend.address_problem("AB" * 100) is None  # longer tokens Apple may issue
+    assert APNsDispatcher.address_problem(device_token(1)) is None
+    assert APNsDispatcher.address_problem("AB" * 100) is None  # longer tokens Apple may issue
     for bad in ("ab" * 31, "ab" * 101, "a" * 65, "g" * 64, "<" + "ab" * 32 + ">", ""):
-        assert APNsPushBackend.address_problem(bad)
-    assert FCMPushBackend.address_problem(registration_token(1)) is None
+        assert APNsDispatcher.address_problem(bad)
+    assert FCMDispatcher.address_problem(registration_token(1)) is None
 
 
 # --- through the worker -------------------------------------------------------------------------
@@ -293,6 +287,7 @@ def test_a_send_job_through_the_worker_counts_the_dead_tokens_as_failed(
     provider, request, published, settings
 ):
     fake = request.getfixturevalue(provider)
+    # As earlier versions documented the setting: still read.
     settings.GATEKEEPER_PUSH_BACKEND = {
         "fcm": "worker.push_providers.FCMPushBackend",
         "apns": "worker.push_providers.APNsPushBackend",

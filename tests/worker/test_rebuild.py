@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from limits.ledger import ledger_drain_all
+from limits.ledger.drain import ledger_drain_all
+from limits.ledger.rebuild import logs_rebuild, mark_key
 from limits.limiter import get_limiter
 from limits.log import message_hash
-from limits.rebuild import logs_rebuild, mark_key
 from limits.rules import RuleFields
 from limits.services import rule_create
 from tests.redis_servers import RedisServer

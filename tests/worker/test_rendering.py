@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.template import engines
 
-from worker.dispatchers import _Template
+from worker.delivery.rendering import _Template
 
 TEMPLATES = [
     "Hi {{ name }}!",

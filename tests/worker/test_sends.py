@@ -21,6 +21,7 @@ from tests import broker
 from tests.redis_servers import free_port
 from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run
 from worker.claims import claim_key
+from worker.delivery.base import OneAtATime
 from worker.gate import gate_check
 from worker.models import SendChunk, SendJob
 from worker.services import send_job_create
@@ -88,7 +89,7 @@ class Relay:
 @pytest.fixture
 def relay(settings) -> Iterator[Relay]:
     relay = Relay()
-    settings.GATEKEEPER_PUSH_BACKEND = "worker.dispatchers.WebhookPushBackend"
+    settings.GATEKEEPER_DISPATCHERS = {"push": "webhook"}
     settings.GATEKEEPER_PUSH_WEBHOOK_URL = relay.url
     yield relay
     relay.server.shutdown()
@@ -391,16 +392,16 @@ def test_a_failed_send_between_two_good_ones_is_unclaimed_and_released(
 
 
 def test_a_batch_dispatcher_claims_its_batch_in_one_go(campaign, settings, redis_client):
-    from worker.dispatchers import MemoryPushBackend
+    from worker.delivery.local import MemoryDispatcher
 
-    settings.GATEKEEPER_PUSH_BACKEND = "worker.dispatchers.MemoryPushBackend"
-    MemoryPushBackend.outbox.clear()
+    settings.GATEKEEPER_DISPATCHERS = {"push": "memory"}
+    MemoryDispatcher.outbox.clear()
     job = make_job(1, 2, 9, channel="push", campaign="b")
     redis_client.set(claim_key("push", "b:2"), f"sent:{job.pk}")  # a redelivery: it went out before
     redis_client.set(claim_key("push", "b:9"), "sending")  # cut off by a dead worker (an old claim)
     outcome = send_chunk_run(chunk_id=job.chunks.get().pk)
     assert outcome == {"sent": 2, "ambiguous": 1}
-    assert [m.user_id for m in MemoryPushBackend.outbox] == [1]
+    assert [m.user_id for m in MemoryDispatcher.outbox] == [1]
     assert redis_client.get(claim_key("push", "b:1")) == f"sent:{job.pk}".encode()
 
 
@@ -496,9 +497,7 @@ def test_a_chunk_given_up_counts_each_recipient_by_its_claim_and_gives_quota_bac
 
 
 def test_an_unexpected_dispatcher_error_is_ambiguous_not_repeated(campaign, redis_client):
-    class Broken:
-        batch_size = 1
-
+    class Broken(OneAtATime):
         def send(self, message):
             raise RuntimeError("the provider's library fell over")
 
@@ -520,10 +519,10 @@ def test_a_message_id_another_job_is_sending_is_a_duplicate_and_no_crash_is_repo
 
 
 def test_a_campaign_sent_by_email_and_then_by_push_sends_both(campaign, smtp, settings):
-    from worker.dispatchers import MemoryPushBackend
+    from worker.delivery.local import MemoryDispatcher
 
-    settings.GATEKEEPER_PUSH_BACKEND = "worker.dispatchers.MemoryPushBackend"
-    MemoryPushBackend.outbox.clear()
+    settings.GATEKEEPER_DISPATCHERS = {"push": "memory"}
+    MemoryDispatcher.outbox.clear()
     # The same campaign name, so the same default message ids ("launch:1"), on two channels.
     for channel in ("email", "push"):
         job = make_job(1, channel=channel, campaign="launch")
@@ -531,7 +530,7 @@ def test_a_campaign_sent_by_email_and_then_by_push_sends_both(campaign, smtp, se
         job.refresh_from_db()
         assert (job.sent, job.duplicate) == (1, 0), channel
     assert smtp.per_recipient() == {"u1@example.com": 1}
-    assert [m.user_id for m in MemoryPushBackend.outbox] == [1]
+    assert [m.user_id for m in MemoryDispatcher.outbox] == [1]
 
 
 class StagedInbox(Inbox):
@@ -598,8 +597,7 @@ def test_a_run_whose_lease_was_taken_over_stops_and_leaves_the_chunk_to_the_new_
     job = make_job(1, 2, channel="push", campaign="t")
     chunk = job.chunks.get()
 
-    class Stalling:
-        batch_size = 1
+    class Stalling(OneAtATime):
         sent: list[int] = []
 
         def send(self, message):

@@ -1,6 +1,7 @@
 """A chunk sent through a provider with a rate: at that rate, and a provider's "too many"
 pauses every worker and the refused sends go again, each once. The clock is passed in."""
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import pytest
@@ -8,29 +9,24 @@ import pytest
 from tests.clocks import Clock
 from worker import chunks
 from worker.chunks import send_chunk_run
-from worker.dispatchers import (
-    THROTTLED,
-    DispatchError,
-    MemoryPushBackend,
-    Message,
-    WebhookPushBackend,
-    retry_after_seconds,
-)
+from worker.delivery.base import THROTTLED, DispatchError, Message, retry_after_seconds
+from worker.delivery.local import MemoryDispatcher
+from worker.delivery.throttle import Throttle, parse_rates
+from worker.delivery.webhook import WebhookDispatcher
 from worker.models import SendChunk
 from worker.services import send_job_create
-from worker.throttle import Throttle, parse_rates
 
 pytestmark = pytest.mark.django_db
 
 
-class RefusingOncePushBackend(MemoryPushBackend):
+class RefusingOncePushBackend(MemoryDispatcher):
     """A provider that answers its first batch "too many, come back in 3 s" (HTTP 429)."""
 
     batch_size: ClassVar[int] = 10
     calls: ClassVar[list[tuple[int, list[str]]]] = []  # (ms, message ids) per call
     clock: ClassVar[Clock]
 
-    def send_many(self, messages: list[Message]) -> list[DispatchError | None]:
+    def send_many(self, messages: Sequence[Message]) -> list[DispatchError | None]:
         self.calls.append((self.clock.ms, [m.message_id for m in messages]))
         if len(self.calls) == 1:
             return [DispatchError("429", kind=THROTTLED, retry_after=3.0)] * len(messages)
@@ -43,7 +39,7 @@ def provider(published, settings, monkeypatch) -> Clock:
     published(vip=(10, list(range(1, 100)), {"push": (None, None)}))
     clock = Clock()
     RefusingOncePushBackend.calls, RefusingOncePushBackend.clock = [], clock
-    MemoryPushBackend.outbox.clear()
+    MemoryDispatcher.outbox.clear()
     settings.GATEKEEPER_PUSH_BACKEND = f"{__name__}.RefusingOncePushBackend"
     settings.GATEKEEPER_PROVIDER_RATES = "memory=250"  # a burst of 10
 
@@ -77,7 +73,7 @@ def test_a_chunk_goes_at_its_provider_rate_and_a_refusal_pauses_it(provider: Clo
     assert [ms - calls[1][0] for ms, _ in calls[1:]] == [0, 20, 40, 60, 80, 100, 120]
     sent = [message_id for _, ids in calls[1:] for message_id in ids]
     assert sorted(sent) == sorted(f"rated:{u}" for u in range(1, 41))  # each once
-    assert len(MemoryPushBackend.outbox) == 40
+    assert len(MemoryDispatcher.outbox) == 40
     assert provider.ms - started == 3000 + 120  # the pause, then 30 sends at 250 a second
 
 
@@ -98,7 +94,7 @@ def test_a_push_relay_that_answers_429_throttles_with_its_retry_after() -> None:
     server = http.server.HTTPServer(("127.0.0.1", 0), TooMany)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        backend = WebhookPushBackend(url=f"http://127.0.0.1:{server.server_port}/push")
+        backend = WebhookDispatcher(url=f"http://127.0.0.1:{server.server_port}/push")
         with pytest.raises(DispatchError) as refused:
             backend.send(Message(message_id="m:1", user_id=1, address="t", subject="s", body="b"))
         assert (refused.value.kind, refused.value.retry_after) == (THROTTLED, 7.0)

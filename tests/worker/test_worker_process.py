@@ -274,7 +274,7 @@ def test_a_push_cut_off_by_a_killed_worker_is_sent_again_with_its_key_and_nothin
     relay = DedupingRelay()
     env = worker_env(
         TEST_BROKER_URL,
-        GATEKEEPER_PUSH_BACKEND="worker.dispatchers.WebhookPushBackend",
+        GATEKEEPER_PUSH_BACKEND="worker.dispatchers.WebhookPushBackend",  # the earlier setting
         GATEKEEPER_PUSH_WEBHOOK_URL=relay.url,
         CELERY_VISIBILITY_TIMEOUT="5",
         CELERY_UNACKED_RESTORE_INTERVAL="2",

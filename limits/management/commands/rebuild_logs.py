@@ -10,7 +10,7 @@ from django.db import DatabaseError
 from tqdm import tqdm
 
 from gatekeeper.lib.words import count
-from limits.rebuild import Rebuilt, logs_rebuild
+from limits.ledger.rebuild import Rebuilt, logs_rebuild
 
 
 class Command(BaseCommand):

@@ -18,7 +18,7 @@ from segments.models import Segment
 from segments.publishing import build_run
 from segments.services import build_start, user_list_import
 from worker.chunks import send_chunk_run
-from worker.dispatchers import NullPushBackend
+from worker.delivery.local import NullDispatcher
 from worker.gate import gate_check
 from worker.services import send_job_create
 from worker.stats import flush
@@ -176,7 +176,7 @@ class Command(BaseCommand):
             queue=False,
         )
         for chunk_id in job.chunks.order_by("pk").values_list("pk", flat=True):
-            send_chunk_run(chunk_id=chunk_id, dispatcher=NullPushBackend())
+            send_chunk_run(chunk_id=chunk_id, dispatcher=NullDispatcher())
         job.refresh_from_db()
         self.stdout.write(
             f"Ran demo send job #{job.pk}: {job.sent:,} sent, {job.capped:,} capped, "

@@ -11,7 +11,7 @@ for good reasons only:
   Brevo's and Mandrill's soft_bounce): a soft bounce says nothing about the address, so each
   ESP's own field decides (`_HARD_BOUNCE`); a bounce from an ESP not listed there suppresses
   nobody and is logged.
-The user is the one in the event's metadata, which every send carries (worker/email_providers.py).
+The user is the one in the event's metadata, which every send carries (worker/delivery/esp.py).
 An event without it (a message sent some other way) is logged and ignored: the address alone
 does not say which user it is.
 

@@ -25,6 +25,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -43,46 +44,9 @@ RATE_MAX = 1_000_000  # sends a second
 BURST_SECONDS = 0.04
 RETHROTTLED_MAX = 5  # times a send the provider refused for its rate is sent again in a run
 
-# KEYS[1]: the bucket. ARGV: rate (tokens a second), burst (tokens), tokens wanted, the fewest
-# worth granting, now in ms (negative: Redis's clock), hold in ms (0: none). Returns {tokens
-# granted, ms until the fewest worth granting are there}.
-# State: `tokens` (a float, as text) at `at` (ms), and `held` (ms): no token before it.
-_TAKE = """
-local rate, burst, want = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local least = math.min(tonumber(ARGV[4]), want, burst)
-local now, hold = tonumber(ARGV[5]), tonumber(ARGV[6])
-if now < 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local state = redis.call('HMGET', KEYS[1], 'tokens', 'at', 'held')
-local tokens = tonumber(state[1]) or burst
-local at = tonumber(state[2]) or now
-local held = tonumber(state[3]) or 0
-if now > at then
-  tokens = math.min(burst, tokens + (now - at) * rate / 1000)
-  at = now
-end
-if hold > 0 and now + hold > held then
-  held = now + hold
-  tokens = 0
-end
-local granted, wait = 0, 0
-if now < held then
-  wait = held - now
-elseif tokens < least then
-  wait = math.ceil((least - tokens) * 1000 / rate)
-else
-  granted = math.min(want, math.floor(tokens))
-  tokens = tokens - granted
-  if granted < want then
-    wait = math.ceil((math.min(least, want - granted) - tokens) * 1000 / rate)
-  end
-end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', at, 'held', held)
-redis.call('PEXPIRE', KEYS[1], math.max(held - now, 0) + math.ceil(burst * 1000 / rate) + 60000)
-return {granted, wait}
-"""
+# The bucket's script, loaded once per client (register_script: EVALSHA, EVAL when Redis lost
+# it); its header says what it takes and answers.
+TAKE = (Path(__file__).parent / "lua" / "throttle.lua").read_text()
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +105,7 @@ class Throttle:
         what moves it on."""
         self.provider, self.rate = provider, rate
         self.client = client or get_redis()
-        self.script = self.client.register_script(_TAKE)
+        self.script = self.client.register_script(TAKE)
         self.clock, self.sleep = clock, sleep
 
     def take(self, want: int, least: int = 1) -> tuple[int, float]:

@@ -1,8 +1,8 @@
-"""Push straight to the platforms: Firebase Cloud Messaging (HTTP v1, through firebase_admin) and
-the Apple Push Notification service (HTTP/2 with a provider token, through httpx).
+"""Push straight to Firebase Cloud Messaging (HTTP v1, through firebase_admin); Apple's is
+worker/delivery/apns.py.
 
 Both hand a whole batch to their provider at once (`send_many`) and say, per message, what a
-retry is worth (worker/dispatchers.py). Neither provider deduplicates, so neither library may
+retry is worth (worker/delivery/base.py). Neither provider deduplicates, so neither library may
 send a request again once it could have reached the provider: a send whose answer was lost is
 AMBIGUOUS, and the worker does not send it again. The libraries send again only what cannot
 have reached the provider (a connection that could not be made); everything else (5xx, 429
@@ -12,45 +12,35 @@ A token the provider calls dead (unregistered, not a token of this app) fails PE
 `invalid=True`: the send job reports it as an invalid address.
 """
 
-import asyncio
 import contextlib
 import functools
 import json
 import re
 import ssl
-import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import firebase_admin
-import httpx
-import jwt
 import requests
 import urllib3
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from django.conf import settings
 from firebase_admin import _http_client, credentials, exceptions, messaging
 from google.auth.transport.requests import AuthorizedSession
 from google.auth.transport.requests import Request as GoogleAuthRequest
 from requests.adapters import HTTPAdapter
 
-from worker.dispatchers import (
+from worker.delivery.base import (
     AMBIGUOUS,
     PERMANENT,
     THROTTLED,
     TRANSIENT,
     DispatchError,
     Message,
-    PushBackend,
     SendsInBatches,
+    causes,
     retry_after_seconds,
 )
-
-# ---------------------------------------------------------------------------------------------
-# Firebase Cloud Messaging
 
 # Data keys FCM refuses the whole message for ("from", "message_type", any key starting with
 # "google" or "gcm"): left out of the data, not allowed to sink the send.
@@ -65,7 +55,7 @@ FCM_RETRIES = urllib3.Retry(
 )
 
 
-class FCMPushBackend(SendsInBatches, PushBackend):
+class FCMDispatcher(SendsInBatches):
     """FCM HTTP v1 through firebase_admin: `messaging.send_each`, up to 500 messages (FCM's
     limit), each its own request, sent in parallel by the library.
 
@@ -82,6 +72,7 @@ class FCMPushBackend(SendsInBatches, PushBackend):
     batch_size: ClassVar[int] = 500
     idempotent: ClassVar[bool] = False
     provider: ClassVar[str] = "fcm"
+    channels: ClassVar[tuple[str, ...]] = ("push",)
 
     def __init__(self) -> None:
         path = settings.GATEKEEPER_FCM_CREDENTIALS
@@ -122,7 +113,7 @@ class FCMPushBackend(SendsInBatches, PushBackend):
             self.close()
             raise
 
-    def send_many(self, messages: list[Message]) -> list[DispatchError | None]:
+    def send_many(self, messages: Sequence[Message]) -> list[DispatchError | None]:
         if not messages:
             return []
         # An access token first: when it cannot be had, nothing has gone out and the whole
@@ -177,7 +168,7 @@ def _messaging_service(app: firebase_admin.App) -> Any:
     if not all(hasattr(service, name) for name in ("_fcm_url", "_client")):
         raise RuntimeError(
             "firebase_admin's messaging service has no _fcm_url or _client any more: check "
-            "FCMPushBackend (worker/push_providers.py) against this firebase-admin version"
+            "FCMDispatcher (worker/push_providers.py) against this firebase-admin version"
         )
     return service
 
@@ -244,7 +235,7 @@ def _concerns_token(exc: Exception, response: Any) -> bool:
 def _may_have_reached_server(exc: BaseException | None) -> bool:
     """False when the error chain shows no connection was ever made (refused, unresolvable,
     connect timeout, server certificate refused); True otherwise, to be safe."""
-    for cause in _causes(exc):
+    for cause in causes(exc):
         if isinstance(
             cause,
             urllib3.exceptions.ConnectTimeoutError  # and NewConnectionError, NameResolutionError
@@ -255,188 +246,5 @@ def _may_have_reached_server(exc: BaseException | None) -> bool:
     return True
 
 
-def _causes(exc: BaseException | None) -> Iterator[BaseException]:
-    """An error and what it wraps: firebase's `cause`, Python's chain, urllib3's `reason` and
-    requests' wrapped exception (its first argument)."""
-    seen: set[int] = set()
-    pending = [exc]
-    while pending:
-        current = pending.pop()
-        if current is None or id(current) in seen or len(seen) > 50:
-            continue
-        seen.add(id(current))
-        yield current
-        pending.extend([current.__cause__, current.__context__])
-        for wrapped in (getattr(current, "cause", None), getattr(current, "reason", None)):
-            if isinstance(wrapped, BaseException):
-                pending.append(wrapped)
-        pending.extend(arg for arg in current.args if isinstance(arg, BaseException))
-
-
 # ---------------------------------------------------------------------------------------------
 # Apple Push Notification service
-
-APNS_PRODUCTION_URL = "https://api.push.apple.com"
-APNS_SANDBOX_URL = "https://api.sandbox.push.apple.com"
-# apns-id: a UUID derived from the message id, the same for every attempt of one send, so that
-# Apple's and our logs name a push alike.
-APNS_ID_NAMESPACE = uuid.UUID("7c0cd4bf-e70f-44da-8a9e-83c94a990778")
-# A device token is 32 bytes in hex today (64 characters); Apple has said tokens may grow, so up
-# to 100 bytes (200 characters) are taken, whole bytes only.
-APNS_DEVICE_TOKEN = re.compile(r"(?:[0-9a-fA-F]{2}){32,100}")
-# Apple refuses provider tokens refreshed more often than every 20 minutes or older than 60.
-APNS_PROVIDER_TOKEN_SECONDS = 30 * 60
-# Reasons that say the device token is dead or not this app's.
-APNS_INVALID_TOKEN_REASONS = {"BadDeviceToken", "DeviceTokenNotForTopic", "Unregistered"}
-
-
-def apns_id(message_id: str) -> str:
-    return str(uuid.uuid5(APNS_ID_NAMESPACE, message_id))
-
-
-class APNsPushBackend(SendsInBatches, PushBackend):
-    """APNs over one HTTP/2 connection, with token-based authentication (a .p8 signing key).
-
-    httpx (http2=True) and PyJWT rather than aioapns. aioapns 4.0 cannot be pointed at another
-    host and port (they are class constants of its protocol classes, picked inside its
-    connection pool). It also sends a request again on a new connection when the connection is
-    lost after writing it (a second push); with max_connection_attempts=1 it does not, but then
-    a connection lost and one never made end in the same MaxAttemptsExceeded. A batch larger
-    than the 64 KiB HTTP/2 window hits FlowControlError, slept off a second at a time, instead
-    of waiting for the window; and an error answer without a JSON body is waited for for ever.
-    httpcore waits for the window and for the server's stream limit, and sends again on another
-    connection only requests the server never took (refused streams, GOAWAY past them).
-
-    The worker is synchronous: the backend owns an event loop, runs each batch on it (all the
-    batch's pushes in flight at once over the one connection) and closes it in `close()`.
-    """
-
-    batch_size: ClassVar[int] = 1000
-    idempotent: ClassVar[bool] = False
-    provider: ClassVar[str] = "apns"
-
-    @classmethod
-    def address_problem(cls, address: str) -> str | None:
-        if not APNS_DEVICE_TOKEN.fullmatch(address):
-            return "An APNs device token is 64 to 200 hexadecimal characters (32 to 100 bytes)."
-        return None
-
-    def __init__(self) -> None:
-        self.key_id = settings.GATEKEEPER_APNS_KEY_ID
-        self.team_id = settings.GATEKEEPER_APNS_TEAM_ID
-        self.topic = settings.GATEKEEPER_APNS_TOPIC
-        if not (settings.GATEKEEPER_APNS_KEY and self.key_id and self.team_id and self.topic):
-            raise DispatchError(
-                "GATEKEEPER_APNS_KEY, GATEKEEPER_APNS_KEY_ID, GATEKEEPER_APNS_TEAM_ID and "
-                "GATEKEEPER_APNS_TOPIC must be set",
-                kind=TRANSIENT,
-            )
-        key = load_pem_private_key(Path(settings.GATEKEEPER_APNS_KEY).read_bytes(), None)
-        if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise DispatchError("GATEKEEPER_APNS_KEY is not an APNs (P-256) key", kind=TRANSIENT)
-        self.key = key
-        default_url = APNS_SANDBOX_URL if settings.GATEKEEPER_APNS_SANDBOX else APNS_PRODUCTION_URL
-        verify: ssl.SSLContext | bool = True
-        if settings.GATEKEEPER_APNS_CA_BUNDLE:
-            verify = ssl.create_default_context(cafile=settings.GATEKEEPER_APNS_CA_BUNDLE)
-        self.provider_token: tuple[float, str] | None = None  # (issued at, JWT)
-        self.client = httpx.AsyncClient(
-            base_url=settings.GATEKEEPER_APNS_URL or default_url,
-            http1=False,  # APNs speaks HTTP/2 only
-            http2=True,
-            verify=verify,
-            timeout=settings.GATEKEEPER_PUSH_TIMEOUT_SECONDS,
-            limits=httpx.Limits(max_connections=1),
-        )
-        self.loop = asyncio.new_event_loop()
-
-    def send_many(self, messages: list[Message]) -> list[DispatchError | None]:
-        if not messages:
-            return []
-        return self.loop.run_until_complete(self._send_batch(messages))
-
-    async def _send_batch(self, messages: list[Message]) -> list[DispatchError | None]:
-        # The first goes alone: it opens the connection if there is none, and when that cannot
-        # be done nothing is tried again per message (a connect timeout would otherwise be
-        # waited out by each in turn).
-        first = await self._send_one(messages[0])
-        if isinstance(first, _NoConnection):
-            return [first] * len(messages)
-        rest = await asyncio.gather(*(self._send_one(m) for m in messages[1:]))
-        return [first, *rest]
-
-    async def _send_one(self, message: Message) -> DispatchError | None:
-        problem = self.address_problem(message.address)
-        if problem:  # also keeps anything but a token out of the request's path
-            return DispatchError(problem, kind=PERMANENT, invalid=True)
-        headers = {
-            "authorization": f"bearer {self._provider_token()}",
-            "apns-topic": self.topic,
-            "apns-push-type": "alert",
-            "apns-id": apns_id(message.message_id),
-        }
-        try:
-            response = await self.client.post(
-                f"/3/device/{message.address}", content=apns_payload(message), headers=headers
-            )
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            return _NoConnection(f"APNs unreachable: {exc!r}", kind=TRANSIENT)
-        except httpx.TransportError as exc:
-            # Written, then the connection broke or the answer was late: Apple may have it.
-            return DispatchError(f"APNs: no answer to a sent push: {exc!r}", kind=AMBIGUOUS)
-        return apns_failure(response)
-
-    def _provider_token(self) -> str:
-        now = time.time()
-        if (
-            self.provider_token is None
-            or now - self.provider_token[0] > APNS_PROVIDER_TOKEN_SECONDS
-        ):
-            token = jwt.encode(
-                {"iss": self.team_id, "iat": int(now)},
-                self.key,
-                algorithm="ES256",
-                headers={"kid": self.key_id},
-            )
-            self.provider_token = (now, token)
-        return self.provider_token[1]
-
-    def close(self) -> None:
-        if self.loop.is_closed():
-            return
-        with contextlib.suppress(Exception):
-            self.loop.run_until_complete(self.client.aclose())
-        self.loop.close()
-
-
-class _NoConnection(DispatchError):
-    """No connection could be made: the push never left."""
-
-
-def apns_payload(message: Message) -> bytes:
-    """The alert (title and body), and the message's data as custom keys beside `aps`."""
-    payload = {key: value for key, value in message.data.items() if key != "aps"}
-    payload["aps"] = {"alert": {"title": message.subject, "body": message.body.strip()}}
-    return json.dumps(payload, ensure_ascii=False, default=str).encode()
-
-
-def apns_failure(response: httpx.Response) -> DispatchError | None:
-    """What an APNs answer is worth: None when it took the push."""
-    status = response.status_code
-    if status == 200:
-        return None
-    try:
-        reason = str(response.json().get("reason", ""))
-    except (ValueError, AttributeError):
-        reason = ""
-    text = f"APNs answered {status} {reason or '(no reason)'}"
-    if status == 410 or reason in APNS_INVALID_TOKEN_REASONS:
-        return DispatchError(text, kind=PERMANENT, invalid=True)
-    if status == 429:
-        # TooManyRequests is about one device ("too many requests to the same device token"),
-        # not the provider's rate: that send waits for a later chunk, the others go on (a
-        # THROTTLED answer would pause every worker).
-        return DispatchError(text, kind=TRANSIENT)
-    if 400 <= status < 500:
-        return DispatchError(text, kind=PERMANENT)
-    return DispatchError(text, kind=TRANSIENT)

@@ -26,14 +26,14 @@ from django.db.models.functions import Cast, TruncDate
 
 from limits.channels import validate_channel
 from limits.models import LedgerCount
-from limits.policy import REASONS
+from limits.policy import REASONS, REFUSED
+from limits.rules import CAMPAIGN_MAX
 
 # What a report can group by, in the order of its columns unless `group_by` gives another.
 GROUPS = ("day", "campaign", "segment", "channel", "reason")
 DEFAULT_GROUP_BY = ("day", "reason")
 DEFAULT_DAYS = 30
 DAY = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
-CAMPAIGN_MAX = LedgerCount._meta.get_field("campaign").max_length or 200
 SEGMENT_MAX = LedgerCount._meta.get_field("segment").max_length or 64
 # Filters a query string may repeat for several values (`?reason=cap&reason=blocked`).
 FILTERS = ("campaign", "segment", "channel", "reason")
@@ -344,3 +344,35 @@ def day_series(
     rest = order[len(shown) :]
     others = [sum(per_key[key][n] for key in rest) for n in range(len(days))] if rest else None
     return DaySeries(days=list(days), series=[(key, per_key[key]) for key in shown], others=others)
+
+
+# The campaigns with the most refused sends get a colour each on the chart, the others one
+# together ("other campaigns"): the palette's 8 colours, the last grey.
+REFUSED_CAMPAIGNS_SHOWN = 7
+NO_CAMPAIGN = "(no campaign)"
+
+
+def refused_history() -> dict[str, Any] | None:
+    """The refused sends of the last DEFAULT_DAYS UTC days (the decisions report's default
+    range), per day, by reason and by campaign, from the ledger's counts; None when there were
+    none. One query: grouped by day, campaign and reason, both charts are sums of it."""
+    query = decisions_query({"reason": REFUSED, "group_by": ["day,campaign,reason"]})
+    rows = decisions_report(query=query)
+    days = report_days(query)
+    by_reason = day_series(rows, days=days, by="reason")
+    if not by_reason.total:
+        return None
+    by_campaign = day_series(rows, days=days, by="campaign", top=REFUSED_CAMPAIGNS_SHOWN)
+    campaigns = [
+        {"label": key or NO_CAMPAIGN, "values": values} for key, values in by_campaign.series
+    ]
+    if by_campaign.others is not None:
+        campaigns.append({"label": "other campaigns", "values": by_campaign.others})
+    return {
+        "days": [day.isoformat() for day in days],
+        "from": query.start.isoformat(),
+        "to": query.end.isoformat(),
+        "total": by_reason.total,
+        "reasons": [{"label": key, "values": values} for key, values in by_reason.series],
+        "campaigns": campaigns,
+    }

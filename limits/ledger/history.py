@@ -1,4 +1,4 @@
-"""A user's decision history, read from the send ledger (limits.ledger): newest first, a page at
+"""A user's decision history, read from the send ledger's table: newest first, a page at
 a time, for `GET /api/v1/users/<id>/history/` and the admin's user lookup.
 
 Pages are keyset-paginated on (at, id), never by offset or COUNT(*): on PostgreSQL the ledger is

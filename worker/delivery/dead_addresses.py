@@ -14,7 +14,7 @@ for the campaign system to stop sending to it:
 
 A dead push token says nothing about the user (they may have a new phone), so it does not put
 them on the suppression list; a mailbox that bounced for good does, through the email
-provider's tracking webhook (worker/tracking.py).
+provider's tracking webhook (worker/delivery/tracking.py).
 """
 
 import json

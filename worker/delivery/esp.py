@@ -1,12 +1,12 @@
 """Email through an email service provider's HTTP API (django-anymail), one small class per ESP.
 
-Used for the email channel whenever EMAIL_BACKEND is an anymail backend
-(GATEKEEPER_EMAIL_PROVIDER=postmark, sendgrid, mailgun, amazon_ses, resend, or any other module
-of anymail.backends). Every send carries `X-Gatekeeper-Message-Id`, a `Message-ID` derived from
+Used for the email channel when its dispatcher is an ESP (worker/delivery/registry.py:
+GATEKEEPER_DISPATCHERS='{"email": "postmark"}', or GATEKEEPER_EMAIL_PROVIDER=postmark; sendgrid,
+mailgun, amazon_ses, resend, or any other module of anymail.backends). Every send carries `X-Gatekeeper-Message-Id`, a `Message-ID` derived from
 its message id (a copy sent again is recognisable, and receivers drop a second copy; Amazon SES
 replaces it with its own), its own `List-Unsubscribe` headers (marketing), and the anymail
 metadata {"user_id", "message_id"} that ties the provider's tracking events back to the user
-(worker/tracking.py).
+(worker/delivery/tracking.py).
 
 Batches. Sends of one dispatcher batch whose rendered subject, text and HTML are the same go
 as one API call in anymail's batch mode (`merge_headers` and `merge_metadata`: each recipient
@@ -24,7 +24,7 @@ A batch call fails or succeeds for every recipient in it; its per-recipient stat
 rest (sent/queued: sent; rejected/invalid: the address is dead; failed: permanent; anything
 else: unknown, so ambiguous).
 
-Errors, as DispatchError kinds (worker/dispatchers.py): HTTP 429 (or SES's throttling codes) is
+Errors, as DispatchError kinds (worker/delivery/base.py): HTTP 429 (or SES's throttling codes) is
 THROTTLED with the Retry-After; 408 and 5xx are TRANSIENT; other 4xx are PERMANENT. Anymail
 raises requests' transport errors as AnymailRequestsAPIError *from* the requests exception, and
 botocore's as AnymailAPIError from it: connection refused, a name that does not resolve, a
@@ -52,7 +52,7 @@ import hashlib
 import logging
 import ssl
 import string
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from email.utils import parseaddr
 from typing import Any, ClassVar
 
@@ -74,15 +74,15 @@ from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, get_connection
 from urllib3.exceptions import MaxRetryError, NewConnectionError
 
-from worker.dispatchers import (
+from worker.delivery.base import (
     AMBIGUOUS,
     PERMANENT,
     THROTTLED,
     TRANSIENT,
     DispatchError,
-    EmailDispatcher,
     Message,
     SendsInBatches,
+    causes,
     retry_after_seconds,
 )
 
@@ -98,24 +98,23 @@ _METADATA_VALUE_MAX = 80  # Postmark's limit for a metadata value, the strictest
 
 
 class AnymailDispatcher(SendsInBatches):
-    """Email through the anymail backend EMAIL_BACKEND names (see the module's docstring)."""
+    """Email through the anymail backend of `esp` (see the module's docstring)."""
 
     esp: ClassVar[str] = ""  # the anymail.backends module
     provider: ClassVar[str] = "anymail"
+    channels: ClassVar[tuple[str, ...]] = ("email",)
     batch_size: ClassVar[int] = 1
     idempotent: ClassVar[bool] = False
     # Identical sends go as one call in anymail's batch mode, carrying per-recipient headers
     # and metadata (merge_headers, merge_metadata) without a stored template.
     batches: ClassVar[bool] = False
 
-    @classmethod
-    def address_problem(cls, address: str) -> str | None:
-        return EmailDispatcher.address_problem(address)
-
     def __init__(self) -> None:
         # Per-recipient statuses are read here, not raised when all of a call's are refused.
         self.connection: Any = get_connection(
-            ignore_recipient_status=True, **self.connection_options()
+            f"{ANYMAIL_BACKENDS}{self.esp}.EmailBackend",
+            ignore_recipient_status=True,
+            **self.connection_options(),
         )
         self.from_email = settings.DEFAULT_FROM_EMAIL
         self.domain = _domain(self.from_email)
@@ -341,16 +340,10 @@ DISPATCHERS: dict[str, type[AnymailDispatcher]] = {
 }
 
 
-def esp_of(backend: str) -> str:
-    """The ESP of an anymail backend's dotted path: anymail.backends.<esp>.EmailBackend."""
-    return backend.removeprefix(ANYMAIL_BACKENDS).partition(".")[0]
-
-
 @functools.cache
-def anymail_dispatcher_class(backend: str) -> type[AnymailDispatcher]:
-    """The dispatcher for EMAIL_BACKEND `backend`: its ESP's own, or, for an ESP without one,
-    one API call per message (every anymail backend makes those), rated under its name."""
-    esp = esp_of(backend)
+def anymail_dispatcher_class(esp: str) -> type[AnymailDispatcher]:
+    """The dispatcher of an ESP (a module of anymail.backends): its own, or, for an ESP without
+    one, one API call per message (every anymail backend makes those), rated under its name."""
     known = DISPATCHERS.get(esp)
     if known is not None:
         return known
@@ -480,31 +473,10 @@ def _botocore_failure(provider: str, err: BotoCoreError) -> DispatchError:
     return DispatchError(f"{provider}: no complete answer: {err}", kind=AMBIGUOUS)
 
 
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    """An exception and every exception it wraps (args, reason, cause, context, botocore's
-    keyword arguments), each once."""
-    seen: set[int] = set()
-    todo = [exc]
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        linked = [
-            *current.args,
-            getattr(current, "reason", None),
-            current.__cause__,
-            current.__context__,
-            *(getattr(current, "kwargs", None) or {}).values(),
-        ]
-        todo.extend(e for e in linked if isinstance(e, BaseException))
-
-
 def _certificate_refused(err: BaseException) -> bool:
     """A certificate failing verification is refused in the handshake: nothing was sent. Other
     TLS failures may come after the request."""
-    return any(isinstance(e, ssl.SSLCertVerificationError) for e in _causes(err))
+    return any(isinstance(e, ssl.SSLCertVerificationError) for e in causes(err))
 
 
 def _key(address: str) -> str:

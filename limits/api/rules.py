@@ -1,0 +1,299 @@
+"""REST views of cap rules and quiet hours."""
+
+from typing import Any, TypeVar
+
+import msgspec
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.exceptions import NotFound
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from gatekeeper.lib.api import JsonAPIView, errors
+from gatekeeper.lib.bodies import decode
+from gatekeeper.lib.ids import DATABASE_MAX
+from gatekeeper.lib.permissions import (
+    ADD_QUIET_HOURS,
+    ADD_RULES,
+    CHANGE_QUIET_HOURS,
+    CHANGE_RULES,
+    DELETE_QUIET_HOURS,
+    DELETE_RULES,
+    VIEW_QUIET_HOURS,
+    VIEW_RULES,
+)
+from limits.bodies import (
+    QuietHoursChangeBody,
+    QuietHoursCreateBody,
+    Reserve,
+    RollingWindow,
+    RuleChangeBody,
+    RuleCreateBody,
+    Window,
+)
+from limits.models import QuietHours, Rule
+from limits.quiet import SPREAD_MAX, QuietFields
+from limits.rules import RuleFields
+from limits.serializers import QuietHoursSerializer, RuleSerializer, quiet_hours_shown, rules_shown
+from limits.services import (
+    ClassicRule,
+    quiet_create,
+    quiet_delete,
+    quiet_update,
+    rule_create,
+    rule_delete,
+    rule_update,
+)
+
+# --- rules ------------------------------------------------------------------------------------
+
+
+def _window_fields(window: Window) -> dict[str, Any]:
+    if isinstance(window, RollingWindow):
+        return {"window_kind": "rolling", "window_seconds": window.seconds, "window_unit": ""}
+    return {"window_kind": "calendar", "window_seconds": None, "window_unit": window.unit}
+
+
+def _reserve_fields(reserve: Reserve | None) -> dict[str, Any]:
+    return {
+        "reserve_below_priority": reserve.below_priority if reserve is not None else None,
+        "reserve_slots": reserve.slots if reserve is not None else None,
+    }
+
+
+def _rule_fields(body: RuleCreateBody) -> RuleFields:
+    return RuleFields(
+        name=body.name,
+        segment=body.segment,
+        channel=body.channel,
+        match=body.match,
+        tag=body.tag or "",
+        limit=body.limit,
+        enabled=body.enabled,
+        **_window_fields(body.window),
+        **_reserve_fields(body.reserve),
+    )
+
+
+def _rule_changes(body: RuleChangeBody) -> dict[str, Any]:
+    """The body's fields as changes of RuleFields (only those it has)."""
+    given = {
+        name: value
+        for name, value in msgspec.structs.asdict(body).items()
+        if value is not msgspec.UNSET
+    }
+    changes: dict[str, Any] = {}
+    for name, value in given.items():
+        if name == "window":
+            changes.update(_window_fields(value))
+        elif name == "reserve":
+            changes.update(_reserve_fields(value))
+        elif name == "tag":
+            changes["tag"] = value or ""
+        else:
+            changes[name] = value
+    if "match" in given and given["match"] != "tag" and "tag" not in given:
+        # A rule that stops counting a tag forgets it, rather than being refused for keeping it.
+        changes["tag"] = ""
+    return changes
+
+
+RowT = TypeVar("RowT", Rule, QuietHours)
+
+
+def _classic(exc: ClassicRule) -> Response:
+    return Response({"detail": exc.message_dict["non_field_errors"][0]}, status=409)
+
+
+def _row_or_404(model: type[RowT], row_id: int, what: str) -> RowT:
+    # Ids beyond what the database holds (a 64-bit column) are no row, not an overflow.
+    row = None
+    if 0 < row_id <= DATABASE_MAX:
+        row = model.objects.select_related("segment").filter(pk=row_id).first()
+    if row is None:
+        raise NotFound(f"No {what} {row_id}.")
+    return row
+
+
+def _rule_or_404(rule_id: int) -> Rule:
+    return _row_or_404(Rule, rule_id, "rule")
+
+
+RULE_ID = OpenApiParameter(
+    "rule_id",
+    {"type": "integer", "minimum": 1, "maximum": DATABASE_MAX},
+    OpenApiParameter.PATH,
+    description="The rule's id.",
+)
+
+
+class RuleListView(JsonAPIView):
+    rights = {"GET": VIEW_RULES, "POST": ADD_RULES}
+    bodies = {"POST": RuleCreateBody}
+    operation_ids = {"GET": "rules_list", "POST": "rule_create"}
+
+    @extend_schema(
+        summary="Every cap rule (the classic caps' included), in the rules list's order",
+        responses={200: RuleSerializer(many=True), **errors()},
+    )
+    def get(self, request: Request) -> Response:
+        rules = Rule.objects.select_related("segment").order_by("id")
+        return Response(RuleSerializer(rules_shown(rules), many=True).data)
+
+    @extend_schema(
+        summary="Create a cap rule",
+        description=(
+            "Checked whole: a tag rule needs its tag (and only a tag rule takes one), a "
+            "reserve keeps at most the limit, the segment must exist. Recorded in the rule's "
+            "history."
+        ),
+        responses={201: RuleSerializer, **errors(400, 413)},
+    )
+    def post(self, request: Request) -> Response:
+        body = decode(request.data, RuleCreateBody)
+        rule = rule_create(fields=_rule_fields(body), user=request.user, via="api")
+        return Response(RuleSerializer(rules_shown([rule])[0]).data, status=201)
+
+
+class RuleDetailView(JsonAPIView):
+    rights = {"GET": VIEW_RULES, "PATCH": CHANGE_RULES, "DELETE": DELETE_RULES}
+    bodies = {"PATCH": RuleChangeBody}
+    operation_ids = {"GET": "rule_get", "PATCH": "rule_change", "DELETE": "rule_delete"}
+
+    @extend_schema(
+        summary="One cap rule",
+        parameters=[RULE_ID],
+        responses={200: RuleSerializer, **errors(404)},
+    )
+    def get(self, request: Request, rule_id: int) -> Response:
+        return Response(RuleSerializer(rules_shown([_rule_or_404(rule_id)])[0]).data)
+
+    @extend_schema(
+        summary="Change some of a rule's fields (a classic cap's rule: 409)",
+        description=(
+            "The rule is checked whole after the change. A classic cap's rule changes only with "
+            "its cap: PUT /api/v1/limits/<segment>/<channel>/."
+        ),
+        parameters=[RULE_ID],
+        responses={200: RuleSerializer, **errors(400, 404, 409, 413)},
+    )
+    def patch(self, request: Request, rule_id: int) -> Response:
+        rule = _rule_or_404(rule_id)
+        body = decode(request.data, RuleChangeBody)
+        try:
+            changed = rule_update(
+                rule=rule, changes=_rule_changes(body), user=request.user, via="api"
+            )
+        except ClassicRule as exc:
+            return _classic(exc)
+        return Response(RuleSerializer(rules_shown([changed])[0]).data)
+
+    @extend_schema(
+        summary="Delete a cap rule (a classic cap's rule: 409)",
+        parameters=[RULE_ID],
+        responses={204: None, **errors(404, 409)},
+    )
+    def delete(self, request: Request, rule_id: int) -> Response:
+        try:
+            rule_delete(rule=_rule_or_404(rule_id), user=request.user, via="api")
+        except ClassicRule as exc:
+            return _classic(exc)
+        return Response(status=204)
+
+
+# --- quiet hours ------------------------------------------------------------------------------
+
+
+def _quiet_or_404(entry_id: int) -> QuietHours:
+    return _row_or_404(QuietHours, entry_id, "quiet hours")
+
+
+QUIET_HOURS_ID = OpenApiParameter(
+    "quiet_hours_id",
+    {"type": "integer", "minimum": 1, "maximum": DATABASE_MAX},
+    OpenApiParameter.PATH,
+    description="The quiet hours' id.",
+)
+QUIET_HOURS_CHECKS = (
+    "Checked whole by the one rule for quiet hours (limits.quiet.quiet_problems): the segment "
+    "must exist, times are HH:MM, the end differs from the start, and the spread is 0 to "
+    f"{SPREAD_MAX} minutes and shorter than the part of the day outside the quiet hours. "
+    "Recorded in the quiet hours' history; governs every process within "
+    "GATEKEEPER_CAPS_TTL_SECONDS."
+)
+
+
+class QuietHoursListView(JsonAPIView):
+    rights = {"GET": VIEW_QUIET_HOURS, "POST": ADD_QUIET_HOURS}
+    bodies = {"POST": QuietHoursCreateBody}
+    operation_ids = {"GET": "quiet_hours_list", "POST": "quiet_hours_create"}
+
+    @extend_schema(
+        summary="Every quiet-hours entry, by id",
+        responses={200: QuietHoursSerializer(many=True), **errors()},
+    )
+    def get(self, request: Request) -> Response:
+        entries = QuietHours.objects.select_related("segment").order_by("id")
+        return Response(QuietHoursSerializer(quiet_hours_shown(entries), many=True).data)
+
+    @extend_schema(
+        summary="Create quiet hours",
+        description=QUIET_HOURS_CHECKS,
+        responses={201: QuietHoursSerializer, **errors(400, 413)},
+    )
+    def post(self, request: Request) -> Response:
+        body = decode(request.data, QuietHoursCreateBody)
+        fields = QuietFields(**msgspec.structs.asdict(body))
+        entry = quiet_create(fields=fields, user=request.user, via="api")
+        return Response(QuietHoursSerializer(quiet_hours_shown([entry])[0]).data, status=201)
+
+
+class QuietHoursDetailView(JsonAPIView):
+    rights = {"GET": VIEW_QUIET_HOURS, "PATCH": CHANGE_QUIET_HOURS, "DELETE": DELETE_QUIET_HOURS}
+    bodies = {"PATCH": QuietHoursChangeBody}
+    operation_ids = {
+        "GET": "quiet_hours_get",
+        "PATCH": "quiet_hours_change",
+        "DELETE": "quiet_hours_delete",
+    }
+
+    @extend_schema(
+        summary="One quiet-hours entry",
+        parameters=[QUIET_HOURS_ID],
+        responses={200: QuietHoursSerializer, **errors(404)},
+    )
+    def get(self, request: Request, quiet_hours_id: int) -> Response:
+        entry = _quiet_or_404(quiet_hours_id)
+        return Response(QuietHoursSerializer(quiet_hours_shown([entry])[0]).data)
+
+    @extend_schema(
+        summary="Change some of a quiet-hours entry's fields",
+        description=QUIET_HOURS_CHECKS.replace("Checked whole", "Checked whole after the change"),
+        parameters=[QUIET_HOURS_ID],
+        responses={200: QuietHoursSerializer, **errors(400, 404, 413)},
+    )
+    def patch(self, request: Request, quiet_hours_id: int) -> Response:
+        entry = _quiet_or_404(quiet_hours_id)
+        body = decode(request.data, QuietHoursChangeBody)
+        changes = {
+            name: value
+            for name, value in msgspec.structs.asdict(body).items()
+            if value is not msgspec.UNSET
+        }
+        changed = quiet_update(entry=entry, changes=changes, user=request.user, via="api")
+        return Response(QuietHoursSerializer(quiet_hours_shown([changed])[0]).data)
+
+    @extend_schema(
+        summary="Delete a quiet-hours entry",
+        description="Recorded in the quiet hours' history.",
+        parameters=[QUIET_HOURS_ID],
+        responses={204: None, **errors(404)},
+    )
+    def delete(self, request: Request, quiet_hours_id: int) -> Response:
+        quiet_delete(entry=_quiet_or_404(quiet_hours_id), user=request.user, via="api")
+        return Response(status=204)
+
+
+# --- the decisions report ---------------------------------------------------------------------
+
+
+# --- the suppression list ---------------------------------------------------------------------

@@ -1,0 +1,231 @@
+"""The send ledger's Redis stream: what the gate and the worker append, and the format of its
+entries.
+
+The ledger keeps every gate decision of a marketing send (and every exempt transactional one;
+never a dry run) durably in the database, for a user's history, capped-send analytics and
+rebuilding Redis's logs after Redis lost them. It is written in two steps, the database kept off
+the hot path:
+
+1. **Append** (here; the gate, per call, the one cost it pays): one XADD to the Redis stream
+   `<prefix>ledger` holding the whole batch packed with msgpack (the call's own fields once,
+   then per decision its user id, message id, segment, reason and deciding rule): one round trip
+   and about 30 bytes per decision, however large the batch. The worker appends what became of
+   the admitted sends (sent, failed, ambiguous, released) the same way.
+2. **Drain** (limits/ledger/drain.py, beat every 2 s): the entries written into the database
+   exactly once.
+
+What a crash can lose (docs/ledger.md): a gate process that dies between the limiter's answer
+and the XADD loses that call's decisions from the ledger (Redis's logs have them); Redis losing
+its data loses the entries not drained yet (a few seconds' worth) together with its logs.
+Nothing else.
+"""
+
+import logging
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from django.conf import settings
+
+from gatekeeper.lib.redis_client import RedisClient, get_redis
+from limits.transport import REDIS_DOWN
+
+logger = logging.getLogger(__name__)
+
+STREAM = "ledger"
+DECIDED_ROWS = 1  # a stream entry of decisions, a list per decision (the first version)
+DECIDED = 3  # a stream entry of decisions, a column at a time
+COLUMNS = (
+    "at",
+    "user_id",
+    "channel",
+    "campaign",
+    "tags",
+    "priority",
+    "segment",
+    "snapshot_version",
+    "reason",
+    "rule_id",
+    "message_id",
+    "category",
+    "outcome",
+)
+OUTCOMES = 2  # a stream entry of outcomes (sent, failed, ambiguous, released), not decisions
+OUTCOME_NAMES = ("sent", "failed", "ambiguous", "released")
+
+
+def stream_key() -> str:
+    return f"{settings.GATEKEEPER_KEY_PREFIX}{STREAM}"
+
+
+def ledger_enabled() -> bool:
+    return bool(settings.GATEKEEPER_LEDGER)
+
+
+def ledger_append(
+    *,
+    at: float,
+    channel: str,
+    campaign: str,
+    tags: Sequence[str],
+    priority: int,
+    category: str,
+    snapshot_version: str,
+    decisions: Sequence[Any],
+    client: RedisClient | None = None,
+) -> bool:
+    """Append one gate call's decisions to the ledger's stream. False (and a warning) when Redis
+    cannot take them: the decisions stand, the ledger misses them."""
+    if not decisions:
+        return True
+    packed = msgspec.msgpack.encode(
+        Decided(
+            at_ms=round(at * 1000),
+            channel=channel,
+            campaign=campaign,
+            tags=list(tags),
+            priority=priority,
+            category=category,
+            version=snapshot_version,
+            users=[d.user_id for d in decisions],
+            messages=[d.message_id for d in decisions],
+            segments=[d.segment or "" for d in decisions],
+            reasons=[d.reason for d in decisions],
+            rules=[d.rule["id"] if d.rule else None for d in decisions],
+        )
+    )
+    return _append(packed, f"{len(decisions)} decisions", client)
+
+
+def ledger_outcomes(
+    *,
+    channel: str,
+    since: float,
+    outcomes: Sequence[tuple[int, str, str]],
+    client: RedisClient | None = None,
+) -> bool:
+    """Append what became of admitted sends: (user id, message id, outcome) with an outcome of
+    OUTCOME_NAMES. The drain writes it on the send's rows: every decision admitting that message
+    to that user on `channel` at or after `since` (epoch seconds). `released` (its quota given
+    back) does not replace an outcome already known (a send that failed is released too).
+    ValueError for an outcome of another name, before anything is appended."""
+    if not outcomes:
+        return True
+    for _, _, outcome in outcomes:
+        if outcome not in OUTCOME_NAMES:
+            raise ValueError(f"unknown send outcome {outcome!r}; one of {', '.join(OUTCOME_NAMES)}")
+    packed = msgspec.msgpack.encode(
+        Outcomes(since_ms=round(since * 1000), channel=channel, rows=list(outcomes))
+    )
+    return _append(packed, f"{len(outcomes)} send outcomes", client)
+
+
+def _append(packed: bytes, what: str, client: RedisClient | None) -> bool:
+    try:
+        (client or get_redis()).xadd(
+            stream_key(),
+            {"d": packed},
+            maxlen=settings.GATEKEEPER_LEDGER_BUFFER_MAX,
+            approximate=True,
+        )
+    except REDIS_DOWN as exc:
+        logger.warning("%s could not be written to the ledger: %s", what, exc)
+        return False
+    return True
+
+
+class Decided(msgspec.Struct, array_like=True, tag=DECIDED, frozen=True):
+    """A stream entry of one gate call's decisions, as ledger_append packs it: the call's own
+    fields once, then its decisions a column at a time (cheaper to pack and unpack than a list
+    per decision)."""
+
+    at_ms: int
+    channel: str
+    campaign: str
+    tags: list[str]
+    priority: int
+    category: str
+    version: str
+    users: list[int]
+    messages: list[str]
+    segments: list[str]
+    reasons: list[str]
+    rules: list[int | None]  # the deciding rule's id
+
+    @property
+    def at(self) -> datetime:
+        return datetime.fromtimestamp(self.at_ms / 1000, tz=UTC)
+
+    def rows(self) -> Iterator[tuple[int, str, str, str, int | None]]:
+        """(user id, message id, segment, reason, rule id) per decision."""
+        return zip(self.users, self.messages, self.segments, self.reasons, self.rules, strict=True)
+
+    def columns(self) -> list[tuple[Any, ...]]:
+        """Its decisions as rows of COLUMNS."""
+        at = self.at
+        return [
+            (at, user_id, self.channel, self.campaign, self.tags, self.priority, segment,
+             self.version, reason, rule_id, message_id, self.category, "")
+            for user_id, message_id, segment, reason, rule_id in self.rows()
+        ]  # fmt: skip
+
+
+class DecidedRows(msgspec.Struct, array_like=True, tag=DECIDED_ROWS, frozen=True):
+    """The first version's entry of decisions (a list per decision): still read, so that an
+    upgrade loses none of what was waiting in the stream."""
+
+    at_ms: int
+    channel: str
+    campaign: str
+    tags: list[str]
+    priority: int
+    category: str
+    version: str
+    rows: list[tuple[int, str, str, str, int | None]]
+
+    def decided(self) -> Decided:
+        users, messages, segments, reasons, rules = (
+            [list(column) for column in zip(*self.rows, strict=True)] if self.rows else [[]] * 5
+        )
+        return Decided(
+            self.at_ms, self.channel, self.campaign, self.tags, self.priority, self.category,
+            self.version, users, messages, segments, reasons, rules,
+        )  # fmt: skip
+
+
+class Outcomes(msgspec.Struct, array_like=True, tag=OUTCOMES, frozen=True):
+    """A stream entry of send outcomes, as ledger_outcomes packs it."""
+
+    since_ms: int
+    channel: str
+    rows: list[tuple[int, str, str]]  # user, message, outcome
+
+    @property
+    def since(self) -> datetime:
+        return datetime.fromtimestamp(self.since_ms / 1000, tz=UTC)
+
+
+_ENTRY = msgspec.msgpack.Decoder(Decided | DecidedRows | Outcomes)
+
+
+def ledger_entry(packed: bytes) -> Decided | Outcomes:
+    """A stream entry, its types checked: a gate call's decisions, or send outcomes. Raises
+    msgspec.DecodeError (or ValueError) for what no gate of this version writes."""
+    entry = _ENTRY.decode(packed)
+    if isinstance(entry, DecidedRows):
+        return entry.decided()
+    if isinstance(entry, Outcomes):
+        for _, _, outcome in entry.rows:
+            if outcome not in OUTCOME_NAMES:
+                raise ValueError(f"unknown send outcome {outcome!r}")
+        return entry
+    if not (
+        len(entry.users)
+        == len(entry.messages)
+        == len(entry.segments)
+        == len(entry.reasons)
+        == len(entry.rules)
+    ):
+        raise ValueError("a ledger entry's columns are not of one length")
+    return entry
