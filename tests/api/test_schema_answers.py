@@ -18,7 +18,9 @@ from openapi_schema_validator import (
 
 from limits.ledger import ledger_drain_all
 from segments.models import Build
+from segments.store import snapshot_key, store_from_settings
 from tests.api.conftest import call, check_body
+from tests.segments.conftest import delete_object
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -198,6 +200,9 @@ def test_segments_lists_lookups_builds_and_snapshots(api, snapshot, answers, set
     Build.objects.filter(pk=started["id"]).delete()
     answers(m, "POST", f"/api/v1/snapshots/{snapshot}/activate/", 200)
     answers(m, "POST", "/api/v1/snapshots/nope/activate/", 404)
+    delete_object(store_from_settings(), snapshot_key(snapshot, "vip.roaring"))
+    incomplete = answers(m, "POST", f"/api/v1/snapshots/{snapshot}/activate/", 400)
+    assert "is incomplete" in incomplete["detail"]
     answers(m, "DELETE", "/api/v1/segments/gold/", 204)
 
 
