@@ -443,8 +443,9 @@ def schema_fill(name: str, fill: Callable[[], dict[str, Any]]) -> dict[str, Any]
 def openapi_components(spec: type) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """(the schema of a body of `spec`: a `$ref`, or a union of them; the component schemas it
     refers to, by name), in OpenAPI 3.0 form: msgspec's JSON Schema with `anyOf [X, null]`
-    written as OpenAPI 3.0.3 takes null (`nullable_schema`), a tagged union as `oneOf` with its discriminator, marked values
-    filled from settings, and every plain string refusing NUL, as the server does."""
+    written in a form that takes null in OpenAPI 3.0.3 (`nullable_schema`), a tagged union as
+    `oneOf` with its discriminator, marked values filled from settings, and every plain string
+    refusing NUL, as the server does."""
     (ref,), components = msgspec.json.schema_components((spec,), ref_template=REF)
     return _openapi(ref), {name: _openapi(node) for name, node in components.items()}
 
@@ -485,10 +486,10 @@ def _openapi(node: Any) -> Any:
 # with `type: object` added: the referenced schema is an object and null is not one. A client
 # that validates answers by the specification rejects every null sent for it.
 #
-# The one form that takes null in 3.0.3 for a reference (or any combination) is a choice between
-# it and a schema that takes only null: {"oneOf": [{"$ref": Rule}, NULL]}. `nullable_schema` makes
-# that form; gatekeeper.lib.api's schema hook puts every nullable of the served document through
-# it, and the struct converter above does the same, so no nullable can come out in another form.
+# What takes null in 3.0.3 for a reference (or any combination) is a choice between it and a
+# schema that takes only null: {"oneOf": [{"$ref": Rule}, NULL]}. `nullable_schema` makes that
+# form; gatekeeper.lib.api's schema hook puts every nullable of the served document through it,
+# and the struct converter above does the same, so no nullable can come out in another form.
 
 # Null and nothing else: typed, so that `nullable` counts, and `enum` leaves only null.
 NULL: dict[str, Any] = {"type": "object", "nullable": True, "enum": [None]}
