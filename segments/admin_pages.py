@@ -10,7 +10,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import URLPattern, reverse
 
 from gatekeeper.lib.console import ConsoleLink, page, render, require
-from segments.index import index_status
+from segments.index import SnapshotError, index_status
 from segments.models import Build
 from segments.publishing import BuildBusy, BuildInProgress, snapshot_rollback
 from segments.selectors import build_active, snapshot_versions
@@ -93,10 +93,18 @@ def snapshot_make_live(request: HttpRequest, *, site: AdminSite, version: str) -
     live = next((v for v in versions.values() if v["is_live"]), None)
     entry["segments_text"] = _segments_text(entry)
     if request.method == "POST":
+        # In the REST API's words (segments/api.py, SnapshotActivateView): an incomplete or
+        # corrupt version says what is wrong with it, a store that does not answer says so.
         try:
             snapshot_rollback(version=version)
         except (BuildInProgress, BuildBusy) as exc:
             messages.warning(request, f"{version} was not made live: {exc}")
+        except SnapshotError as exc:
+            messages.error(request, f"{version} was not made live: {exc}")
+        except StoreError as exc:
+            messages.error(
+                request, f"{version} was not made live: the snapshot store is unreachable: {exc}"
+            )
         except Exception as exc:
             messages.error(request, f"{version} was not made live: {exc}")
         else:

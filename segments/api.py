@@ -7,14 +7,14 @@ import redis
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
+from gatekeeper.lib.api import ErrorSerializer, JsonAPIView, errors, user_id_parameter
 from gatekeeper.lib.bodies import declared_size_checked, decode
 from gatekeeper.lib.ids import user_id_from_text, user_ids_checked
 from gatekeeper.lib.permissions import (
@@ -326,7 +326,16 @@ class SnapshotActivateView(JsonAPIView):
     @extend_schema(
         summary="Make a published version live again (rollback)",
         request=None,
-        responses={200: LiveVersionSerializer, **errors(400, 404, 409, 503)},
+        responses={
+            200: LiveVersionSerializer,
+            400: OpenApiResponse(
+                ErrorSerializer,
+                description="The version is incomplete (an object of it is missing from the "
+                "store) or corrupt: said which. It will never load; 503 is a store that does "
+                "not answer.",
+            ),
+            **errors(404, 409, 503),
+        },
     )
     def post(self, request: Request, version: str) -> Response:
         try:

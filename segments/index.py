@@ -27,6 +27,7 @@ from segments.packed import PackedSegments, PortableFormatError
 from segments.store import (
     CURRENT,
     MANIFEST,
+    NotFound,
     SnapshotStore,
     StoreError,
     snapshot_key,
@@ -42,6 +43,11 @@ class SnapshotError(Exception):
 
 class SnapshotNotFound(SnapshotError):
     """No version of that name was ever published (or it was pruned)."""
+
+
+class SnapshotIncomplete(SnapshotError):
+    """A published version lacking one of its objects (deleted from the store): it can never be
+    loaded, however often it is tried; unlike a store that does not answer, which may later."""
 
 
 class PackedBitmaps(Mapping[str, AnyFrozen]):
@@ -201,18 +207,26 @@ def index_from_objects(manifest: dict[str, Any], read: Any) -> SegmentIndex:
 
 
 def load_version(store: SnapshotStore, version: str) -> tuple[SegmentIndex, dict[str, bytes]]:
-    """An index of one version from the store, and its raw objects (for the local cache)."""
-    try:
-        manifest_bytes = store.get(snapshot_key(version, MANIFEST))
-        manifest = json.loads(manifest_bytes)
-    except ValueError as exc:
-        raise SnapshotError(f"manifest of {version} is not valid JSON") from exc
-    objects = {snapshot_key(version, MANIFEST): manifest_bytes}
+    """An index of one version from the store, and its raw objects (for the local cache).
+    SnapshotIncomplete when one of its objects is not in the store, SnapshotError when one is
+    corrupt, StoreError when the store cannot be read."""
+    objects: dict[str, bytes] = {}
 
     def read(key: str) -> bytes:
-        objects[key] = store.get(key)
+        try:
+            objects[key] = store.get(key)
+        except NotFound as exc:
+            raise SnapshotIncomplete(
+                f"Snapshot version {version} is incomplete: its object {key} is missing from "
+                f"the store ({store.url}), so it can never be loaded. Make another version "
+                "live, or build and publish a new one."
+            ) from exc
         return objects[key]
 
+    try:
+        manifest = json.loads(read(snapshot_key(version, MANIFEST)))
+    except ValueError as exc:
+        raise SnapshotError(f"manifest of {version} is not valid JSON") from exc
     return index_from_objects(manifest, read), objects
 
 

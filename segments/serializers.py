@@ -56,8 +56,25 @@ class LookupManySerializer(serializers.Serializer):
     results = LookupResultSerializer(many=True, help_text="In request order.")
 
 
+class SegmentBuildStatsSerializer(serializers.Serializer):
+    listed = serializers.IntegerField(help_text="Distinct ids in the segment's lists.")
+    cardinality = serializers.IntegerField(
+        allow_null=True,
+        help_text="Users it holds after overlaps (null for the default segment: everyone the "
+        "others do not hold).",
+    )
+    lost_to_higher_priority = serializers.IntegerField(
+        help_text="Listed ids a segment of higher priority holds."
+    )
+    bytes = serializers.IntegerField(help_text="Its bitmap's size in the snapshot.")
+
+
 class BuildSerializer(serializers.ModelSerializer):
     duration_seconds = serializers.FloatField(read_only=True, allow_null=True)
+    stats = serializers.DictField(
+        child=SegmentBuildStatsSerializer(),
+        help_text="Per segment, by slug; {} until the build has published its snapshot.",
+    )
 
     class Meta:
         model = Build

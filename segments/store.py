@@ -141,9 +141,12 @@ class LocalStore(SnapshotStore):
 
     def list_versions(self) -> list[str]:
         directory = self.root / "snapshots"
-        if not directory.is_dir():
-            return []
-        return sorted(p.name for p in directory.iterdir() if p.is_dir())
+        try:
+            if not directory.is_dir():
+                return []
+            return sorted(p.name for p in directory.iterdir() if p.is_dir())
+        except OSError as exc:
+            raise StoreError(f"Could not list {directory}: {exc}") from exc
 
     def delete_version(self, version: str) -> None:
         directory = self.root / "snapshots" / version

@@ -12,7 +12,12 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gatekeeper.lib.bodies import DEFAULT_MAX_BODY_BYTES, JsonBodyParser, openapi_components
+from gatekeeper.lib.bodies import (
+    DEFAULT_MAX_BODY_BYTES,
+    JsonBodyParser,
+    nullable_schema,
+    openapi_components,
+)
 from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.ids import max_user_id
 from gatekeeper.lib.permissions import API_AUTHENTICATION, HasRights
@@ -78,10 +83,19 @@ class ApiSchema(AutoSchema):
 
 def postprocess_schema(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     """drf-spectacular's last step: one `FieldErrors` component for every 400 (not the same
-    body inlined per operation), and JSON request bodies marked required."""
+    body inlined per operation), JSON request bodies marked required, and every nullable
+    schema of the document in a form OpenAPI 3.0.3 takes null by (`nullable_schema`)."""
     result.setdefault("components", {}).setdefault("schemas", {})["FieldErrors"] = (
         FIELD_ERRORS_SCHEMA
     )
+    components = result["components"]["schemas"]
+
+    def resolve(ref: str) -> dict[str, Any] | None:
+        prefix, _, name = ref.rpartition("/")
+        return components.get(name) if prefix == "#/components/schemas" else None
+
+    result["paths"] = _nullables_written(result.get("paths", {}), resolve)
+    result["components"] = _nullables_written(result["components"], resolve)
     for path in result.get("paths", {}).values():
         for operation in path.values():
             body = operation.get("requestBody")
@@ -92,6 +106,49 @@ def postprocess_schema(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
                     if media.get("schema") == FIELD_ERRORS_SCHEMA:
                         media["schema"] = {"$ref": "#/components/schemas/FieldErrors"}
     return result
+
+
+def _nullables_written(node: Any, resolve: Any) -> Any:
+    """`node` (a part of the document) with each of its schemas through `_schema_written`: the
+    values of `schema` (parameters, media types, headers) and of `components.schemas`; examples
+    are data, left as they are."""
+    if isinstance(node, list):
+        return [_nullables_written(item, resolve) for item in node]
+    if not isinstance(node, dict):
+        return node
+    written = {}
+    for key, value in node.items():
+        if key == "schema":
+            written[key] = _schema_written(value, resolve)
+        elif key == "schemas" and isinstance(value, dict):
+            written[key] = {name: _schema_written(item, resolve) for name, item in value.items()}
+        elif key in ("example", "examples"):
+            written[key] = value
+        else:
+            written[key] = _nullables_written(value, resolve)
+    return written
+
+
+def _schema_written(schema: Any, resolve: Any, depth: int = 0) -> Any:
+    """`schema` and the schemas in it with every one marked `nullable: true` put through
+    `nullable_schema`. drf-spectacular writes a nullable nested serializer, or a nullable field
+    described by a `$ref`, as `allOf: [$ref]` + `nullable`, which refuses null in OpenAPI 3.0.3
+    (its issue 925; no setting of its changes that)."""
+    if not isinstance(schema, dict) or depth > 64:  # ours nest a few levels: a bound all the same
+        return schema
+    written = dict(schema)
+    for key in ("items", "additionalProperties", "not"):
+        if isinstance(written.get(key), dict):
+            written[key] = _schema_written(written[key], resolve, depth + 1)
+    for key in ("allOf", "oneOf", "anyOf"):
+        if isinstance(written.get(key), list):
+            written[key] = [_schema_written(item, resolve, depth + 1) for item in written[key]]
+    if isinstance(written.get("properties"), dict):
+        written["properties"] = {
+            name: _schema_written(item, resolve, depth + 1)
+            for name, item in written["properties"].items()
+        }
+    return nullable_schema(written, resolve) if written.get("nullable") is True else written
 
 
 class ErrorSerializer(serializers.Serializer):

@@ -443,8 +443,9 @@ def schema_fill(name: str, fill: Callable[[], dict[str, Any]]) -> dict[str, Any]
 def openapi_components(spec: type) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """(the schema of a body of `spec`: a `$ref`, or a union of them; the component schemas it
     refers to, by name), in OpenAPI 3.0 form: msgspec's JSON Schema with `anyOf [X, null]`
-    written as `nullable`, a tagged union as `oneOf` with its discriminator, marked values
-    filled from settings, and every plain string refusing NUL, as the server does."""
+    written in a form that takes null in OpenAPI 3.0.3 (`nullable_schema`), a tagged union as
+    `oneOf` with its discriminator, marked values filled from settings, and every plain string
+    refusing NUL, as the server does."""
     (ref,), components = msgspec.json.schema_components((spec,), ref_template=REF)
     return _openapi(ref), {name: _openapi(node) for name, node in components.items()}
 
@@ -468,15 +469,87 @@ def _openapi(node: Any) -> Any:
     if options and {"type": "null"} in options:
         rest = [option for option in options if option != {"type": "null"}]
         node.pop("anyOf")
-        only = rest[0] if len(rest) == 1 else {"anyOf": rest}
-        if "$ref" in only:
-            # OpenAPI 3.0 ignores keywords beside a $ref (`nullable` among them): wrap it.
-            only = {"allOf": [only]}
-        node.update(only)
-        node["nullable"] = True
+        node.update(rest[0] if len(rest) == 1 else {"anyOf": rest})
+        node = nullable_schema(node)
     if node.get("type") == "string" and not {"pattern", "enum", "format"} & set(node):
         node["pattern"] = NO_NUL
     return node
+
+
+# --- null in OpenAPI 3.0.3 ----------------------------------------------------------------------
+#
+# OpenAPI 3.0.3 has no null type: `nullable: true` adds null to the `type` beside it, and only to
+# it ("only if type is explicitly defined within the same Schema Object"). Beside no `type` it
+# does nothing; and it cannot loosen what an `allOf`, `oneOf` or `anyOf` beside it or a `$ref`
+# requires, each of which keeps its veto. So `{"allOf": [{"$ref": Rule}], "nullable": true}`
+# (drf-spectacular's form for a nullable nested serializer) refuses null, and so does the same
+# with `type: object` added: the referenced schema is an object and null is not one. A client
+# that validates answers by the specification rejects every null sent for it.
+#
+# What takes null in 3.0.3 for a reference (or any combination) is a choice between it and a
+# schema that takes only null: {"oneOf": [{"$ref": Rule}, NULL]}. `nullable_schema` makes that
+# form; gatekeeper.lib.api's schema hook puts every nullable of the served document through it,
+# and the struct converter above does the same, so no nullable can come out in another form.
+
+# Null and nothing else: typed, so that `nullable` counts, and `enum` leaves only null.
+NULL: dict[str, Any] = {"type": "object", "nullable": True, "enum": [None]}
+_APPLICATORS = ("allOf", "oneOf", "anyOf")
+# Keys that say what a value is for, not what it must be: kept beside the choice.
+_DESCRIPTIVE = frozenset(
+    {"title", "description", "default", "example", "readOnly", "writeOnly", "deprecated"}
+)
+
+
+def nullable_schema(
+    schema: dict[str, Any], resolve: Callable[[str], dict[str, Any] | None] | None = None
+) -> dict[str, Any]:
+    """`schema` (marked `nullable: true`, or not) also taking null, in a form OpenAPI 3.0.3
+    honours: `nullable` beside the `type` it widens (null added to an `enum` beside it), or, for
+    a `$ref` or an `allOf`/`oneOf`/`anyOf`, typed or not, a `oneOf` between it and NULL; its
+    descriptive keys (description, readOnly, default, ...) stay beside it. `resolve` gives a
+    component's schema by its `$ref`, so that an option already taking null is not doubled (a
+    `oneOf` would then match null twice)."""
+    node = {key: value for key, value in schema.items() if key != "nullable"}
+    if "$ref" in node:
+        node["allOf"] = [{"$ref": node.pop("$ref")}]
+    if not any(key in node for key in _APPLICATORS):
+        widened = {**schema, "nullable": True} if "type" in schema else node
+        if "enum" in widened and None not in widened["enum"]:
+            widened["enum"] = [*widened["enum"], None]
+        # Typed: `nullable` adds null to the type. Untyped: every value is taken, null too.
+        return widened
+    if _takes_null({**node, "nullable": True}, resolve):
+        return {**schema, "nullable": True} if "type" in node else node
+    described = {key: node.pop(key) for key in list(node) if key in _DESCRIPTIVE}
+    if set(node) == {"oneOf"}:
+        # A plain choice: null is one more option.
+        return {**described, "oneOf": [*node["oneOf"], NULL]}
+    if set(node) == {"allOf"} and len(node["allOf"]) == 1:
+        node = node["allOf"][0]  # a lone reference as itself
+    return {**described, "oneOf": [node, NULL]}
+
+
+def _takes_null(
+    schema: Any, resolve: Callable[[str], dict[str, Any] | None] | None, depth: int = 0
+) -> bool:
+    """Whether null is valid against `schema` in OpenAPI 3.0.3 (references followed by
+    `resolve`; False when one cannot be)."""
+    if not isinstance(schema, dict) or depth > 32:
+        return False
+    if "$ref" in schema:
+        target = resolve(schema["$ref"]) if resolve is not None else None
+        return target is not None and _takes_null(target, resolve, depth + 1)
+    if "type" in schema and schema.get("nullable") is not True:
+        return False
+    if "enum" in schema and None not in schema["enum"]:
+        return False
+    if not all(_takes_null(option, resolve, depth + 1) for option in schema.get("allOf", [])):
+        return False
+    return all(
+        any(_takes_null(option, resolve, depth + 1) for option in schema[key])
+        for key in ("oneOf", "anyOf")
+        if key in schema
+    )
 
 
 def json_value_problem(value: Any, *, max_depth: int) -> str | None:

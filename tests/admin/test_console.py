@@ -161,6 +161,29 @@ def test_snapshots_list_versions_and_a_confirmed_make_live_rolls_back(marketer_c
     assert "There is no snapshot version" in text(missing) and snapshot_live_version() == first
 
 
+def test_make_live_of_a_version_missing_an_object_says_so_in_the_apis_words(
+    marketer_client, demo, settings
+):
+    from segments.store import snapshot_key, store_from_settings
+    from tests.segments.conftest import delete_object, unreadable
+
+    second = build_run(build_id=build_start(queue=False).pk).version
+    store = store_from_settings()
+    delete_object(store, snapshot_key(demo, "vip.roaring"))
+    done = text(marketer_client.post(reverse("admin:snapshot_make_live", args=[demo]), follow=True))
+    assert (
+        f"{demo} was not made live: Snapshot version {demo} is incomplete: its object "
+        f"snapshots/{demo}/vip.roaring is missing from the store ({store.url}), so it can never "
+        "be loaded. Make another version live, or build and publish a new one."
+    ) in done
+    assert snapshot_live_version() == second
+    unreadable(store, snapshot_key(second, "vip.roaring"), settings)
+    done = text(
+        marketer_client.post(reverse("admin:snapshot_make_live", args=[second]), follow=True)
+    )
+    assert f"{second} was not made live: the snapshot store is unreachable: " in done
+
+
 def test_build_and_publish_goes_to_the_build_page_whose_progress_is_json(
     marketer_client, demo, django_capture_on_commit_callbacks
 ):

@@ -49,3 +49,24 @@ def _fresh_index() -> Iterator[None]:
     reset_index()
     yield
     reset_index()
+
+
+def delete_object(store: SnapshotStore, key: str) -> None:
+    """Delete one object from the store behind the project's back (as an operator's slip or a
+    lifecycle rule would): the stores themselves never delete a single object."""
+    if isinstance(store, S3Store):
+        store.client.delete_object(Bucket=store.bucket, Key=store._key(key))
+    else:
+        assert isinstance(store, LocalStore)
+        (store.root / key).unlink()
+
+
+def unreadable(store: SnapshotStore, key: str, settings) -> None:
+    """Make the store fail to answer for `key`: S3 at an address where nothing listens; a
+    directory whose object cannot be read (a directory where the file was: EISDIR)."""
+    if isinstance(store, S3Store):
+        settings.GATEKEEPER_S3_ENDPOINT_URL = "http://127.0.0.1:9"
+    else:
+        assert isinstance(store, LocalStore)
+        (store.root / key).unlink()
+        (store.root / key).mkdir()

@@ -318,3 +318,42 @@ def test_a_build_task_for_a_build_that_is_gone_ends_quietly_and_holds_no_lock(st
     make_segments(vip=(10, [1]))
     assert build_snapshot.apply(args=(10**9,)).state == "SUCCESS"  # a stale task: nothing to do
     assert publish().status == "succeeded"  # and the next build is not kept waiting
+
+
+def test_a_version_missing_an_object_is_incomplete_and_is_not_made_live(store, make_segments):
+    from segments.index import SnapshotIncomplete
+    from tests.segments.conftest import delete_object
+
+    segments = make_segments(vip=(10, [1]), active=(20, [2]))
+    first = publish().version
+    user_list_import(
+        segment=segments["vip"], fileobj=io.BytesIO(b"3\n"), name="b.txt", replace=True
+    )
+    second = publish().version
+    delete_object(store, snapshot_key(first, "active.roaring"))
+    with pytest.raises(SnapshotIncomplete) as refused:
+        snapshot_rollback(version=first)
+    assert str(refused.value).startswith(
+        f"Snapshot version {first} is incomplete: its object "
+        f"snapshots/{first}/active.roaring is missing from the store ({store.url})"
+    )
+    assert snapshot_live_version() == second
+    # Without its manifest, the same.
+    delete_object(store, snapshot_key(first, MANIFEST))
+    with pytest.raises(SnapshotIncomplete, match=f"snapshots/{first}/manifest.json is missing"):
+        snapshot_rollback(version=first)
+    assert snapshot_live_version() == second
+
+
+def test_a_store_that_does_not_answer_is_not_an_incomplete_version(store, make_segments, settings):
+    from segments.index import SnapshotError
+    from tests.segments.conftest import unreadable
+
+    make_segments(vip=(10, [1]))
+    first = publish().version
+    second = publish().version
+    unreadable(store, snapshot_key(first, "vip.roaring"), settings)
+    with pytest.raises(StoreError) as failed:
+        snapshot_rollback(version=first)
+    assert not isinstance(failed.value, SnapshotError)
+    assert snapshot_live_version(store=store) == second  # (the fixture's store still answers)
