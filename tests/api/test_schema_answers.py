@@ -16,7 +16,7 @@ from openapi_schema_validator import (
     oas30_format_checker,
 )
 
-from limits.ledger import ledger_drain_all
+from limits.ledger.drain import ledger_drain_all
 from segments.models import Build
 from segments.store import snapshot_key, store_from_settings
 from tests.api.conftest import call, check_body
