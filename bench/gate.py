@@ -28,6 +28,7 @@ from redis.cluster import RedisCluster
 from limits.limiter import Limiter
 from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, counting_rule, encode
 from limits.quiet import QuietView
+from limits.reasons import Reason
 from limits.selectors import PolicyCache, _Cached
 from limits.suppression import SuppressionCache
 from segments.index import SegmentIndex
@@ -202,7 +203,7 @@ def quiet_hours_beside_none(url: str, seconds: float) -> None:
         n = next(counter)
         requests = [(u, f"q{n}-{u}") for u in rng.sample(range(USERS), 1000)]
         decisions = gate.check(channel="email", requests=requests, time_zones=zones)
-        assert decisions[0].reason != "quiet_hours"
+        assert decisions[0].reason != Reason.QUIET_HOURS
         return len(decisions)
 
     rounds = 8
@@ -261,7 +262,7 @@ def _suppressions_beside_none(client: redis.Redis, seconds: float, suppressed: i
         n = next(counter)
         requests = [(u, f"s{n}-{u}") for u in rng.sample(range(USERS), 1000)]
         decisions = gate.check(channel="email", requests=requests)
-        assert decisions[0].reason != "suppressed"
+        assert decisions[0].reason != Reason.SUPPRESSED
         return len(decisions)
 
     def calls() -> Counter[str]:

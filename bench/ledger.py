@@ -135,6 +135,7 @@ def _fill_stream(client: redis.Redis, rows: int, *, users: int) -> None:
     six segments, the classic reasons in a marketing mix, over the last few days."""
     from limits.ledger.stream import ledger_append
     from limits.limiter import Decision
+    from limits.reasons import Category
 
     reasons = ["allowed"] * 7 + ["daily_cap", "weekly_cap", "quiet_hours"]
     segments = ["vip", "active", "new", "dormant", "churned", "default"]
@@ -160,7 +161,7 @@ def _fill_stream(client: redis.Redis, rows: int, *, users: int) -> None:
             campaign=f"campaign-{call % 4}",
             tags=("promo",),
             priority=5,
-            category="marketing",
+            category=Category.MARKETING,
             snapshot_version="20261124T000000Z-b0000001-1",
             decisions=decisions,
             client=client,
@@ -236,6 +237,7 @@ def rebuild(users: int, per_user: int) -> None:
 def _fill_batch(client: redis.Redis, start: int, count: int, users: int, per_user: int) -> None:
     from limits.ledger.stream import ledger_append
     from limits.limiter import Decision
+    from limits.reasons import Category, Reason
 
     now = time.time()
     for call in range(start, start + count, 1000):
@@ -247,14 +249,14 @@ def _fill_batch(client: redis.Redis, start: int, count: int, users: int, per_use
             campaign=f"campaign-{k}",
             tags=("promo",) if k % 2 else (),
             priority=5,
-            category="marketing",
+            category=Category.MARKETING,
             snapshot_version="20261124T000000Z-b0000001-1",
             decisions=[
                 Decision(
                     user_id=(call + i) % users,
                     message_id=f"m{call + i}",
                     allowed=True,
-                    reason="allowed",
+                    reason=Reason.ALLOWED,
                     counts={},
                     limits={},
                     retry_after=None,

@@ -32,6 +32,7 @@ from hiredis import pack_command
 from limits import log
 from limits.limiter import Limiter
 from limits.policy import RuleSet, RuleView, counting_rule, encode
+from limits.reasons import Reason
 from limits.transport import LIBRARY
 from tests.redis_servers import RedisServer
 
@@ -160,7 +161,7 @@ def run_log(
             retention_ms=RETENTION_MS,
             now=now / 1000,
         )
-        admitted += sum(1 for d in decisions if d.reason == "allowed")
+        admitted += sum(1 for d in decisions if d.reason == Reason.ALLOWED)
     return admitted
 
 
@@ -276,7 +277,7 @@ def throughput(server: RedisServer, client: redis.Redis, seconds: float) -> None
         decisions = limiter.acquire("email", [(u, f"b{batch_no}-{u}") for u in users], rules)
         decided += len(decisions)
     batched = decided / (time.perf_counter() - started)
-    assert all(d.reason != "unavailable" for d in decisions), "Redis did not answer"
+    assert all(d.reason != Reason.UNAVAILABLE for d in decisions), "Redis did not answer"
     client.flushall()
     client.function_load(LIBRARY, replace=True)
     top = pipe_ceiling(server, requests=max(int(batched * 3), 100_000))

@@ -21,9 +21,9 @@ from typing import Any
 import redis
 
 from bench.gate import alternated
+from limits.reasons import Category
 from worker.delivery.rendering import Renderer
 from worker.delivery.throttle import Throttle, bucket_key, paced, parse_rates
-from worker.gate import MARKETING, TRANSACTIONAL
 
 PROVIDER = "bench"
 
@@ -80,7 +80,10 @@ def _unsubscribe_link_cost(emails: int) -> None:
     # Five runs of each, alternated; a run is one pass over the recipients (it lasts far
     # longer than the 1 ms asked for).
     receipt, marketing, _ = alternated(
-        lambda: render_all(TRANSACTIONAL), lambda: render_all(MARKETING), 0.005, rounds=5
+        lambda: render_all(Category.TRANSACTIONAL),
+        lambda: render_all(Category.MARKETING),
+        0.005,
+        rounds=5,
     )
     per_marketing, per_receipt = 1e6 / marketing, 1e6 / receipt
     print(

@@ -37,9 +37,9 @@ from rest_framework.renderers import JSONRenderer
 from bench.postgres import on_bench_database
 from limits.ledger.reports import GROUPS, decisions_query, decisions_report
 from limits.models import LedgerCount
-from limits.policy import REASONS, REFUSED
+from limits.reasons import REASONS, REFUSED, Reason
 
-MARKETING_REASONS = tuple(reason for reason in REASONS if reason != "exempt")
+MARKETING_REASONS = tuple(reason for reason in REASONS if reason != Reason.EXEMPT)
 # Each reason's share of a campaign's decisions (most sends go through).
 SHARES = (0.78, 0.01, 0.09, 0.04, 0.02, 0.01, 0.04, 0.01)
 TRANSACTIONAL_SHARE = 0.05

@@ -380,7 +380,7 @@ SPECTACULAR_SETTINGS = {
         "ChannelEnum": "limits.channels.channels",
         "ScopeEnum": "limits.channels.scopes",
         # A decision's reason, and why a user is on the suppression list: both `reason`.
-        "ReasonEnum": "limits.policy.REASONS",
+        "ReasonEnum": "limits.reasons.REASONS",
         "SuppressionReasonEnum": "limits.suppression.REASONS",
     },
     "POSTPROCESSING_HOOKS": [

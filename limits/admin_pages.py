@@ -30,8 +30,8 @@ from limits.channels import scope_label, scopes
 from limits.ledger.history import position_from_text, user_history
 from limits.ledger.stream import ledger_enabled
 from limits.models import Cap, CapChange, Rule
-from limits.policy import ADMITTED
 from limits.quota import Unavailable, user_quiet_hours, user_quota, user_recent_sends
+from limits.reasons import ADMITTED
 from limits.services import cap_describe, cap_from_text, cap_grid_save, cap_text, cap_warnings
 from limits.services import quota_reset as quota_reset_service
 from segments.models import Segment

@@ -21,11 +21,12 @@ from limits import log
 from limits.channels import ALL
 from limits.legacy import LegacyLogs
 from limits.policy import DEFAULT_PRIORITY, RuleSet, RuleView
+from limits.reasons import Reason
 from limits.transport import REDIS_DOWN, Call, FunctionTransport
 
 logger = logging.getLogger(__name__)
 
-UNAVAILABLE = "unavailable"
+# The library's answers for an admitted request (limits/lua/limiter.lua).
 ALLOWED, DUPLICATE = 1, 2
 _REQUEST = struct.Struct(">HB")
 
@@ -121,7 +122,7 @@ class Limiter:
                     user_id=user_id,
                     message_id=message_id,
                     allowed=self.fail_open,
-                    reason=UNAVAILABLE,
+                    reason=Reason.UNAVAILABLE,
                     counts={},
                     limits=sets[i].limits,
                     retry_after=None,
@@ -182,7 +183,7 @@ class Limiter:
                 user_id=user_id,
                 message_id=message_id,
                 allowed=True,
-                reason="allowed" if outcome == ALLOWED else "duplicate",
+                reason=Reason.ALLOWED if outcome == ALLOWED else Reason.DUPLICATE,
                 counts=counts,
                 limits=rule_set.limits,
                 retry_after=None,

@@ -16,6 +16,7 @@ from gatekeeper.lib.integers import INT32_MAX
 from limits.channels import ALL
 from limits.log import calendar_record, rolling_record
 from limits.quiet import QuietView, quiet_until
+from limits.reasons import Reason
 from limits.windows import LONGEST, period_starts
 
 DAY_SECONDS, WEEK_SECONDS = 86_400, 604_800
@@ -23,24 +24,6 @@ MIN_RETENTION = timedelta(days=7)
 ROLLING_SECONDS = (60, 7_776_000)  # 1 minute to 90 days
 PRIORITIES = (0, 9)
 DEFAULT_PRIORITY = 5
-# Every reason a decision carries: the limiter's (allowed, duplicate), a refusing rule's
-# (`RuleView.reason`) and the gate's own (quiet_hours, suppressed, exempt, unavailable).
-# Admitted ones let the send go; the others refused it. The REST schema, the dashboard and the decisions report
-# read these.
-REASONS = (
-    "allowed",
-    "duplicate",
-    "daily_cap",
-    "weekly_cap",
-    "cap",
-    "blocked",
-    "quiet_hours",
-    "suppressed",
-    "exempt",
-    "unavailable",
-)
-ADMITTED = ("allowed", "duplicate", "exempt")
-REFUSED = tuple(reason for reason in REASONS if reason not in ADMITTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,15 +53,15 @@ class RuleView:
             return {"kind": "calendar", "unit": self.window_unit}
         return {"kind": "rolling", "seconds": self.window_seconds}
 
-    def reason(self) -> str:
+    def reason(self) -> Reason:
         """The reason of a refusal by this rule (DESIGN.md, Gate)."""
         if self.limit == 0:
-            return "blocked"
+            return Reason.BLOCKED
         if self.window_seconds == DAY_SECONDS or self.window_unit == "day":
-            return "daily_cap"
+            return Reason.DAILY_CAP
         if self.window_seconds == WEEK_SECONDS or self.window_unit == "week":
-            return "weekly_cap"
-        return "cap"
+            return Reason.WEEKLY_CAP
+        return Reason.CAP
 
     def limit_for(self, priority: int) -> int:
         """The limit a send of `priority` must fit: less the reserve when it is below it."""

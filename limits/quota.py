@@ -13,12 +13,7 @@ from limits.channels import ALL, channels, scopes
 from limits.limiter import RuleUsage, get_limiter
 from limits.log import NO_HASH, short_hash
 from limits.models import LedgerCount
-from limits.policy import (
-    DAY_SECONDS,
-    WEEK_SECONDS,
-    counting_rule,
-    encode,
-)
+from limits.policy import DAY_SECONDS, WEEK_SECONDS, counting_rule, encode
 from limits.quiet import quiet_describe, quiet_until, release_at
 from limits.rules import rule_describe
 from limits.selectors import policy_cache

@@ -31,8 +31,9 @@ from limits.ledger.reports import (
     report_filename,
 )
 from limits.models import Cap
-from limits.policy import DEFAULT_PRIORITY, PRIORITIES, REFUSED
+from limits.policy import DEFAULT_PRIORITY, PRIORITIES
 from limits.quota import Unavailable
+from limits.reasons import COLOURS, REFUSED
 from limits.rules import TAGS_MAX, tags_problem
 from limits.services import cap_from_text, cap_text
 from segments.index import get_index, index_status
@@ -185,6 +186,7 @@ def dashboard(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         if waiting["total"]
         else None,
         "refused": refused,
+        "palette": {str(reason): colour for reason, colour in COLOURS.items()},
     }
     return render(
         request,

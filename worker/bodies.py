@@ -14,6 +14,7 @@ from gatekeeper.lib.bodies import Body, schema_fill
 from gatekeeper.lib.ids import JsonUserId
 from limits.bodies import Channel, Priority, Tags
 from limits.policy import DEFAULT_PRIORITY
+from limits.reasons import Category
 from limits.rules import CAMPAIGN_MAX
 from segments.bodies import TimeZone
 from segments.store import KEY_MAX
@@ -28,7 +29,6 @@ GATE_BODY_BYTES = 16 * 2**20
 SEND_BODY_BYTES = 64 * 2**20
 
 MessageId = Annotated[str, Meta(min_length=1, max_length=MESSAGE_ID_MAX)]
-Category = Literal["marketing", "transactional"]
 
 
 UserTimeZone = Annotated[
@@ -49,7 +49,7 @@ class GateRequest(Body, kw_only=True):
 class GateCheckBody(Body, kw_only=True):
     channel: Channel
     campaign: Annotated[str, Meta(max_length=CAMPAIGN_MAX)] = ""
-    category: Category = "marketing"
+    category: Category = Category.MARKETING
     tags: Tags = []
     priority: Priority = DEFAULT_PRIORITY
     dry_run: bool = False
@@ -109,7 +109,7 @@ class SendJobBody(Body, kw_only=True):
             ),
         ),
     ]
-    category: Category = "marketing"
+    category: Category = Category.MARKETING
     tags: Tags = []
     priority: Priority = DEFAULT_PRIORITY
     on_capped: Annotated[

@@ -25,13 +25,14 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from limits.reasons import DEFERRABLE, Category, JobOutcome, Outcome, Reason
 from worker.claims import SENT, RunClaims, claims_read
 from worker.delivery.base import AMBIGUOUS, PERMANENT, THROTTLED, Dispatcher, DispatchError, Message
 from worker.delivery.dead_addresses import dead_addresses_record
 from worker.delivery.registry import dispatcher_for
 from worker.delivery.rendering import Renderer
 from worker.delivery.throttle import RETHROTTLED_MAX, Throttle, paced, throttle_for
-from worker.gate import MARKETING, QUIET_HOURS, gate_check, gate_outcomes, gate_release
+from worker.gate import gate_check, gate_outcomes, gate_release
 from worker.models import SendChunk, SendJob
 from worker.timings import timed
 
@@ -39,10 +40,8 @@ logger = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5  # transient failures and Redis outages: then the recipient fails visibly
 REDIS_DOWN_DELAY = 30  # seconds before a chunk that met an unavailable Redis is tried again
-CAPPED_REASONS = ("daily_cap", "weekly_cap", "cap")
-# Refusals that `on_capped: defer` waits out: a slot frees, or the user's quiet hours end.
-DEFERRABLE_REASONS = (*CAPPED_REASONS, QUIET_HOURS)
-EXPIRED, CANCELLED = "expired", "cancelled"  # what a waiting send ends as, when it never went
+# What a waiting send ends as, when it never went.
+EXPIRED, CANCELLED = JobOutcome.EXPIRED, JobOutcome.CANCELLED
 
 
 class ChunkBusy(Exception):
@@ -256,13 +255,17 @@ class _Run:
             elif claim.job not in (None, self.job.pk):
                 # Another job has sent (or is sending) this message id: not this job's send,
                 # and not this job's quota either, if the gate charged it just now.
-                self.outcomes["duplicate"] += 1
+                self.outcomes[JobOutcome.DUPLICATE] += 1
                 if recipient["message_id"] in self.charged:
                     self.released.append((recipient["user_id"], recipient["message_id"]))
                 continue
             elif claim.state == SENT:
-                self.outcomes["sent"] += 1  # an earlier run sent it and died before counting
-                self.dispatched.append((recipient["user_id"], recipient["message_id"], "sent"))
+                self.outcomes[JobOutcome.SENT] += (
+                    1  # an earlier run sent it and died before counting
+                )
+                self.dispatched.append(
+                    (recipient["user_id"], recipient["message_id"], Outcome.SENT)
+                )
                 continue
             elif self.resend_unknown:
                 taken_over.append(recipient["message_id"])
@@ -295,8 +298,8 @@ class _Run:
             message_id = recipient["message_id"]
             if error is None:
                 sent.append(message_id)
-                self.outcomes["sent"] += 1
-                self.dispatched.append((recipient["user_id"], message_id, "sent"))
+                self.outcomes[JobOutcome.SENT] += 1
+                self.dispatched.append((recipient["user_id"], message_id, Outcome.SENT))
             elif error.kind == AMBIGUOUS and (not self.resend_unknown or self.last_attempt):
                 logger.warning("Send %s may or may not have gone out: %s", message_id, error)
                 self._ambiguous(recipient)  # its claim stays: never sent again
@@ -342,12 +345,12 @@ class _Run:
 
     def _fail(self, recipient: dict[str, Any]) -> None:
         self.released.append((recipient["user_id"], recipient["message_id"]))
-        self.outcomes["failed"] += 1
-        self.dispatched.append((recipient["user_id"], recipient["message_id"], "failed"))
+        self.outcomes[JobOutcome.FAILED] += 1
+        self.dispatched.append((recipient["user_id"], recipient["message_id"], Outcome.FAILED))
 
     def _ambiguous(self, recipient: dict[str, Any]) -> None:
-        self.outcomes["ambiguous"] += 1
-        self.dispatched.append((recipient["user_id"], recipient["message_id"], "ambiguous"))
+        self.outcomes[JobOutcome.AMBIGUOUS] += 1
+        self.dispatched.append((recipient["user_id"], recipient["message_id"], Outcome.AMBIGUOUS))
 
 
 def _run_leased(
@@ -412,7 +415,7 @@ def _run_gated(
     # What `retry_after` counts from: the gate's clock (taken after it answered, so that a
     # release read from it is never early).
     gated_at = clock or timezone.now()
-    charged = {d.message_id for d in decisions if d.reason == "allowed"}
+    charged = {d.message_id for d in decisions if d.reason == Reason.ALLOWED}
     run = _Run(chunk, dispatcher, charged, lease)
     admitted = [r for r, d in zip(recipients, decisions, strict=True) if d.allowed]
     size = max(1, dispatcher.batch_size)
@@ -422,7 +425,7 @@ def _run_gated(
     with timed("ledger"):
         # Outcomes before releases: `released` does not replace an outcome the ledger knows.
         gate_outcomes(channel=job.channel, since=gating, outcomes=run.dispatched)
-        if run.released and job.category == MARKETING:
+        if run.released and job.category == Category.MARKETING:
             gate_release(channel=job.channel, requests=run.released)
     outcomes = run.outcomes
     deferred: list[tuple[dict[str, Any], datetime]] = []  # (recipient, its release)
@@ -431,21 +434,21 @@ def _run_gated(
         if decision.allowed:
             continue
         if (
-            decision.reason in DEFERRABLE_REASONS
+            decision.reason in DEFERRABLE
             and job.on_capped == SendJob.OnCapped.DEFER
             and decision.retry_after is not None
         ):
             deferred.append((recipient, gated_at + timedelta(seconds=decision.retry_after)))
-        elif decision.reason == "unavailable" and not run.last_attempt:
+        elif decision.reason == Reason.UNAVAILABLE and not run.last_attempt:
             # Redis or the snapshot is missing: try again soon instead of dropping the send.
             unavailable.append(recipient)
-        elif decision.reason == "unavailable":
-            outcomes["failed"] += 1
+        elif decision.reason == Reason.UNAVAILABLE:
+            outcomes[JobOutcome.FAILED] += 1
         else:
             # Dropped, blocked, or refused by a rule that never has room for it (no
             # retry_after: a reserve keeps every slot from this priority): deferring that
             # would wait forever.
-            outcomes["capped"] += 1
+            outcomes[JobOutcome.CAPPED] += 1
     retries: list[tuple[list[dict[str, Any]], float, int]] = []
     if run.retry:  # transient failures: backoff, and an attempt spent
         retries.append((run.retry, 5 * 2**chunk.attempts, chunk.attempts + 1))
@@ -690,7 +693,7 @@ def _closing_outcomes(chunk: SendChunk, how: str, *, earlier_runs: bool) -> Coun
 def _give_back(job: SendJob, unclaimed: list[tuple[int, str]]) -> None:
     """Release the quota of sends that did not go out; a failure is logged, not raised (the
     sends' outcomes stand either way)."""
-    if not unclaimed or job.category != MARKETING:
+    if not unclaimed or job.category != Category.MARKETING:
         return
     try:
         gate_release(channel=job.channel, requests=unclaimed)
@@ -730,9 +733,9 @@ def _by_claims(
             outcomes[unclaimed_as] += 1
             unclaimed.append((r["user_id"], r["message_id"]))
         elif claim.job not in (None, chunk.job_id):
-            outcomes["duplicate"] += 1
+            outcomes[JobOutcome.DUPLICATE] += 1
         else:
-            outcomes["sent" if claim.state == SENT else "ambiguous"] += 1
+            outcomes[JobOutcome.SENT if claim.state == SENT else JobOutcome.AMBIGUOUS] += 1
     return outcomes, unclaimed
 
 
@@ -746,9 +749,9 @@ def send_chunk_fail(*, chunk_id: int, error: str) -> None:
         return  # finished, or held by a live run (a later delivery), which settles it
     chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
     try:
-        outcomes, unclaimed = _by_claims(chunk, unclaimed_as="failed")
+        outcomes, unclaimed = _by_claims(chunk, unclaimed_as=JobOutcome.FAILED)
     except redis.RedisError:
-        outcomes = Counter({"failed": len(chunk.recipients)})
+        outcomes = Counter({JobOutcome.FAILED: len(chunk.recipients)})
     else:
         _give_back(chunk.job, unclaimed)
     with transaction.atomic():

@@ -21,6 +21,7 @@ from limits.ledger.stream import ledger_append, ledger_enabled, ledger_outcomes
 from limits.limiter import Decision, Limiter, get_limiter
 from limits.policy import DEFAULT_PRIORITY, PolicyTable, RuleSet
 from limits.quiet import QuietView, release_at
+from limits.reasons import Category, Outcome, Reason, validate_category
 from limits.selectors import PolicyCache, policy_cache
 from limits.suppression import SuppressionCache, SuppressionUnavailable, suppression_cache
 from limits.windows import resolve_zone
@@ -29,13 +30,6 @@ from worker import stats
 
 logger = logging.getLogger(__name__)
 
-MARKETING = "marketing"
-TRANSACTIONAL = "transactional"
-CATEGORIES = (MARKETING, TRANSACTIONAL)
-UNAVAILABLE = "unavailable"
-EXEMPT = "exempt"
-QUIET_HOURS = "quiet_hours"
-SUPPRESSED = "suppressed"
 _UNKNOWN: object = object()
 
 
@@ -50,17 +44,7 @@ class GateError(ValidationError):
     (the REST API's base answers it as that field's 400)."""
 
 
-def validate_category(value: str, *, field: str | None = None) -> None:
-    """The one rule for a send's category (the REST bodies spell the same two as a Literal).
-    With `field`, the ValidationError names it."""
-    if value not in CATEGORIES:
-        message = f"Unknown category '{value}'. Choose one of: {', '.join(CATEGORIES)}."
-        if field is not None:
-            raise ValidationError({field: [message]})
-        raise ValidationError(message, code="category")
-
-
-def _checked(channel: str, category: str = MARKETING) -> None:
+def _checked(channel: str, category: str = Category.MARKETING) -> None:
     try:
         validate_channel(channel, field="channel")
         validate_category(category, field="category")
@@ -122,7 +106,7 @@ class Gate:
         channel: str,
         requests: Sequence[tuple[int, str]],
         campaign: str = "",
-        category: str = MARKETING,
+        category: str = Category.MARKETING,
         tags: tuple[str, ...] = (),
         priority: int = DEFAULT_PRIORITY,
         time_zones: Sequence[str | None] | None = None,
@@ -142,10 +126,10 @@ class Gate:
         else:
             segments = index.resolve_many([user_id for user_id, _ in requests])
 
-        if category == TRANSACTIONAL:
+        if category == Category.TRANSACTIONAL:
             # Receipts and one-time codes: never refused, never counted.
             decisions = [
-                _own(u, m, segment=s, allowed=True, reason=EXEMPT)
+                _own(u, m, segment=s, allowed=True, reason=Reason.EXEMPT)
                 for (u, m), s in zip(requests, segments, strict=True)
             ]
         else:
@@ -201,7 +185,8 @@ class Gate:
             # Never read in this process: a send to someone who opted out is worse than a
             # send refused for now (the worker tries `unavailable` sends again).
             return [
-                _own(u, m, segment=None, allowed=False, reason=UNAVAILABLE) for u, m in requests
+                _own(u, m, segment=None, allowed=False, reason=Reason.UNAVAILABLE)
+                for u, m in requests
             ]
         rest = list(range(len(requests)))
         if suppressed is not None:
@@ -210,7 +195,11 @@ class Gate:
                 if suppressed[i]:
                     segment = segments[i] if segments is not None else None
                     decisions[i] = _own(
-                        user_id, message_id, segment=segment, allowed=False, reason=SUPPRESSED
+                        user_id,
+                        message_id,
+                        segment=segment,
+                        allowed=False,
+                        reason=Reason.SUPPRESSED,
                     )
                 else:
                     rest.append(i)
@@ -221,7 +210,7 @@ class Gate:
             for i in rest:
                 user_id, message_id = requests[i]
                 decisions[i] = _own(
-                    user_id, message_id, segment=None, allowed=False, reason=UNAVAILABLE
+                    user_id, message_id, segment=None, allowed=False, reason=Reason.UNAVAILABLE
                 )
             return decisions  # type: ignore[return-value]
         whole = len(rest) == len(requests)
@@ -294,7 +283,11 @@ class Gate:
                     user_id, message_id = requests[i]
                     end, spread = cast(tuple[float, int], until)
                     decision = _own(
-                        user_id, message_id, segment=segment, allowed=False, reason=QUIET_HOURS
+                        user_id,
+                        message_id,
+                        segment=segment,
+                        allowed=False,
+                        reason=Reason.QUIET_HOURS,
                     )
                     # Rounded up to the millisecond: a send retried after it is never early.
                     wait = release_at(end, spread, user_id) - clock
@@ -337,7 +330,7 @@ class Gate:
         _checked(channel)
         removed = self.limiter.release(channel, requests)
         released = [
-            (user_id, message_id, "released")
+            (user_id, message_id, Outcome.RELEASED)
             for (user_id, message_id), done in zip(requests, removed, strict=True)
             if done
         ]
@@ -352,7 +345,7 @@ class Gate:
         self, *, channel: str, since: float, outcomes: Sequence[tuple[int, str, str]]
     ) -> None:
         """Keep what became of admitted sends in the ledger: (user id, message id, outcome),
-        an outcome of limits.ledger.stream.OUTCOME_NAMES; `since`: no earlier than their decision."""
+        an Outcome (limits.reasons); `since`: no earlier than their decision."""
         if self._ledger_on():
             ledger_outcomes(channel=channel, since=since, outcomes=outcomes)
 
@@ -384,7 +377,7 @@ def gate_check(
     channel: str,
     requests: Sequence[tuple[int, str]],
     campaign: str = "",
-    category: str = MARKETING,
+    category: str = Category.MARKETING,
     tags: tuple[str, ...] = (),
     priority: int = DEFAULT_PRIORITY,
     time_zones: Sequence[str | None] | None = None,

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from gatekeeper.lib.words import count
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
+from limits.reasons import JOB_OUTCOMES, Category
 
 MESSAGE_ID_MAX = 200  # characters; the gate's limit too
 # A send job's campaign leaves room in a message id for ":" and a 20-digit user id: the default
@@ -64,21 +65,12 @@ class SendJob(models.Model):
         REJECT = "reject", "refuse the whole job"
         SKIP = "skip", "count bad rows as invalid and send the rest"
 
-    OUTCOMES = (
-        "sent",
-        "failed",
-        "capped",
-        "ambiguous",
-        "duplicate",
-        "invalid",
-        "expired",
-        "cancelled",
-    )
+    OUTCOMES = JOB_OUTCOMES
 
     channel = models.CharField(max_length=32)
     campaign = models.CharField(max_length=200)
     template = models.CharField(max_length=100)
-    category = models.CharField(max_length=16, default="marketing")
+    category = models.CharField(max_length=16, default=Category.MARKETING)
     tags = models.JSONField(
         default=list, blank=True, help_text="The sends' tags, which tag rules count."
     )

@@ -14,16 +14,9 @@ from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from limits.channels import channels
-from limits.policy import (
-    ADMITTED,
-    DAY_SECONDS,
-    REFUSED,
-    WEEK_SECONDS,
-    PolicyTable,
-    RuleView,
-    counting_rule,
-)
+from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, RuleView, counting_rule
 from limits.quota import Unavailable, live_index
+from limits.reasons import ADMITTED, REFUSED, Reason
 from limits.selectors import policy_read
 from segments.index import SegmentIndex, get_index
 from segments.parsing import UserListError, iter_ids
@@ -87,7 +80,7 @@ def what_if(
                 now=now,
                 table=table,
             )
-            if any(d.reason == "unavailable" for d in decisions):
+            if any(d.reason == Reason.UNAVAILABLE for d in decisions):
                 raise Unavailable("Redis is not answering; the what-if cannot be run.")
             refused[name] = Counter(
                 s for s, d in zip(segments, decisions, strict=True) if not d.allowed

@@ -6,14 +6,12 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from limits import policy
 from limits.bodies import Window
+from limits.reasons import CATEGORIES, REASONS
 from limits.serializers import BodyShapedField
 from worker.delivery.dead_addresses import dead_addresses_shown
 from worker.models import SendJob
 from worker.selectors import send_job_waiting
-
-REASONS = list(policy.REASONS)
 
 
 class WindowCountsSerializer(serializers.Serializer):
@@ -128,7 +126,7 @@ class SendJobSerializer(serializers.Serializer):
     channel = serializers.CharField()
     campaign = serializers.CharField()
     template = serializers.CharField()
-    category = serializers.ChoiceField(choices=["marketing", "transactional"])
+    category = serializers.ChoiceField(choices=CATEGORIES)
     tags = serializers.ListField(child=serializers.CharField())
     priority = serializers.IntegerField()
     on_capped = serializers.ChoiceField(choices=SendJob.OnCapped.choices)

@@ -21,12 +21,12 @@ from gatekeeper.lib.files import storage_name
 from limits.channels import validate_channel
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
 from limits.quota import Unavailable
+from limits.reasons import Category, validate_category
 from limits.rules import tags_problem
 from segments.store import NotFound, StoreError, key_problem, store_from_settings
 from worker import tasks
 from worker.chunks import chunks_runnable, waiting_close
 from worker.delivery.rendering import TEMPLATE_NAME_RE, TEMPLATE_NAME_WORDS, template_check
-from worker.gate import MARKETING, validate_category
 from worker.models import (
     EXPIRY_MAX,
     JOB_CAMPAIGN_MAX,
@@ -269,7 +269,7 @@ def _job_fields(
     channel: str,
     campaign: str,
     template: str,
-    category: str = MARKETING,
+    category: str = Category.MARKETING,
     on_capped: str = SendJob.OnCapped.DROP,
     on_invalid: str = SendJob.OnInvalid.REJECT,
     tags: Iterable[str] = (),

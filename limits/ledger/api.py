@@ -45,7 +45,7 @@ from limits.ledger.reports import (
     report_filename,
 )
 from limits.ledger.serializers import DecisionsReportSerializer, HistorySerializer
-from limits.policy import REASONS
+from limits.reasons import REASONS
 from limits.rules import CAMPAIGN_MAX
 
 

@@ -26,10 +26,10 @@ from typing import Any
 
 from limits.limiter import Limiter, Restored, get_limiter
 from limits.models import LedgerEntry
+from limits.reasons import GIVEN_BACK, Category, Reason
 from limits.selectors import policy_read
 
 MARK = "rebuild"
-GIVEN_BACK = ("failed", "released")
 
 
 def mark_key(prefix: str) -> str:
@@ -51,7 +51,7 @@ def _sends(since: datetime, after: int | None, limit: int) -> list[tuple[Any, ..
     each user returned (a user cut off by the limit is left for the next batch), unless a single
     user has more than `limit`, who is returned whole."""
     countable = LedgerEntry.objects.filter(
-        at__gt=since, category="marketing", reason="allowed"
+        at__gt=since, category=Category.MARKETING, reason=Reason.ALLOWED
     ).exclude(outcome__in=GIVEN_BACK)
     if after is not None:
         countable = countable.filter(user_id__gt=after)

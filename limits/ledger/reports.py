@@ -26,7 +26,7 @@ from django.db.models.functions import Cast, TruncDate
 
 from limits.channels import validate_channel
 from limits.models import LedgerCount
-from limits.policy import REASONS, REFUSED
+from limits.reasons import REASONS, REFUSED
 from limits.rules import CAMPAIGN_MAX
 
 # What a report can group by, in the order of its columns unless `group_by` gives another.
@@ -336,6 +336,7 @@ def day_series(
         key = row[by]
         per_key.setdefault(key, [0] * len(days))[place[row["day"]]] += row["count"]
         totals[key] += row["count"]
+    order: list[str]
     if by == "reason":
         order = [reason for reason in REASONS if reason in per_key]
     else:

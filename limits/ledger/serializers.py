@@ -5,7 +5,7 @@ from typing import Any
 from rest_framework import serializers
 
 from limits.ledger.reports import GROUPS
-from limits.policy import REASONS
+from limits.reasons import CATEGORIES, REASONS
 
 
 class HistoryRuleSerializer(serializers.Serializer):
@@ -24,7 +24,7 @@ class HistoryDecisionSerializer(serializers.Serializer):
     at = serializers.DateTimeField(help_text="When the gate decided (UTC).")
     channel = serializers.CharField()
     campaign = serializers.CharField(allow_blank=True)
-    category = serializers.ChoiceField(choices=["marketing", "transactional"])
+    category = serializers.ChoiceField(choices=CATEGORIES)
     tags = serializers.ListField(child=serializers.CharField())
     priority = serializers.IntegerField()
     segment = serializers.CharField(allow_null=True)

@@ -29,6 +29,7 @@ import msgspec
 from django.conf import settings
 
 from gatekeeper.lib.redis_client import RedisClient, get_redis
+from limits.reasons import OUTCOMES
 from limits.transport import REDIS_DOWN
 
 logger = logging.getLogger(__name__)
@@ -51,8 +52,7 @@ COLUMNS = (
     "category",
     "outcome",
 )
-OUTCOMES = 2  # a stream entry of outcomes (sent, failed, ambiguous, released), not decisions
-OUTCOME_NAMES = ("sent", "failed", "ambiguous", "released")
+OUTCOMES_ENTRY = 2  # a stream entry of outcomes (sent, failed, ambiguous, released), not decisions
 
 
 def stream_key() -> str:
@@ -106,15 +106,16 @@ def ledger_outcomes(
     client: RedisClient | None = None,
 ) -> bool:
     """Append what became of admitted sends: (user id, message id, outcome) with an outcome of
-    OUTCOME_NAMES. The drain writes it on the send's rows: every decision admitting that message
-    to that user on `channel` at or after `since` (epoch seconds). `released` (its quota given
-    back) does not replace an outcome already known (a send that failed is released too).
+    OUTCOMES (limits.reasons). The drain writes it on the send's rows: every decision admitting
+    that message to that user on `channel` at or after `since` (epoch seconds). `released` (its
+    quota given back) does not replace an outcome already known (a send that failed is released
+    too).
     ValueError for an outcome of another name, before anything is appended."""
     if not outcomes:
         return True
     for _, _, outcome in outcomes:
-        if outcome not in OUTCOME_NAMES:
-            raise ValueError(f"unknown send outcome {outcome!r}; one of {', '.join(OUTCOME_NAMES)}")
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown send outcome {outcome!r}; one of {', '.join(OUTCOMES)}")
     packed = msgspec.msgpack.encode(
         Outcomes(since_ms=round(since * 1000), channel=channel, rows=list(outcomes))
     )
@@ -194,7 +195,7 @@ class DecidedRows(msgspec.Struct, array_like=True, tag=DECIDED_ROWS, frozen=True
         )  # fmt: skip
 
 
-class Outcomes(msgspec.Struct, array_like=True, tag=OUTCOMES, frozen=True):
+class Outcomes(msgspec.Struct, array_like=True, tag=OUTCOMES_ENTRY, frozen=True):
     """A stream entry of send outcomes, as ledger_outcomes packs it."""
 
     since_ms: int
@@ -217,7 +218,7 @@ def ledger_entry(packed: bytes) -> Decided | Outcomes:
         return entry.decided()
     if isinstance(entry, Outcomes):
         for _, _, outcome in entry.rows:
-            if outcome not in OUTCOME_NAMES:
+            if outcome not in OUTCOMES:
                 raise ValueError(f"unknown send outcome {outcome!r}")
         return entry
     if not (

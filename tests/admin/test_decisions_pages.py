@@ -13,7 +13,7 @@ from django.urls import reverse
 from gatekeeper.lib.groups import MARKETER
 from limits.ledger.drain import ledger_drain_all
 from limits.models import LedgerCount
-from limits.policy import REFUSED
+from limits.reasons import REFUSED
 from tests.admin.test_browser import PASSWORD, Page, browser, screenshots  # noqa: F401
 from worker.gate import gate_check
 

@@ -78,7 +78,7 @@ def test_an_unknown_channel_or_category_is_refused(snapshot):
     with pytest.raises(GateError, match="Unknown channel 'fax'"):
         gate_check(channel="fax", requests=[(1, "a")])
     with pytest.raises(GateError, match="Unknown category 'promo'"):
-        gate_check(channel="email", requests=[(1, "a")], category="promo")
+        gate_check(channel="email", requests=[(1, "a")], category="promo")  # unknown on purpose
 
 
 def test_a_cap_edit_governs_decisions_once_the_cache_expires(snapshot):

@@ -156,7 +156,7 @@ def test_writes_keep_the_first_reason_journal_each_change_and_refuse_bad_input(d
     with pytest.raises(ValidationError, match="Unknown channel 'sms'"):
         suppress(channel="sms", user_ids=[1], reason="manual", source="test")
     with pytest.raises(ValidationError, match="Unknown suppression reason 'angry'"):
-        suppress(channel="email", user_ids=[1], reason="angry", source="test")
+        suppress(channel="email", user_ids=[1], reason="angry", source="test")  # unknown on purpose
     assert Suppression.objects.count() == 1
 
 

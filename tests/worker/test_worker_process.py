@@ -214,16 +214,16 @@ def test_workers_killed_at_several_points_send_nobody_twice_and_every_send_is_co
 
     received = Counter(handler.recipients)
     assert max(received.values()) == 1, [a for a, n in received.items() if n > 1]
-    outcomes = {o: getattr(job, o) for o in (*SendJob.OUTCOMES, "pending")}
-    assert sum(outcomes.values()) == job.total == 400 and outcomes["pending"] == 0, outcomes
+    counts = {o: getattr(job, o) for o in (*SendJob.OUTCOMES, "pending")}
+    assert sum(counts.values()) == job.total == 400 and counts["pending"] == 0, counts
     # The two sends cut off by kills 1 and 2 are ambiguous (the first did not arrive, the
     # second did); kill 3 may have cut off one more.
-    assert 2 <= job.ambiguous <= 3, outcomes
+    assert 2 <= job.ambiguous <= 3, counts
     # Every send the server has is counted as sent or ambiguous; every one it lacks is
     # counted as failed or ambiguous (or refused by the gate).
-    assert job.sent <= len(received) <= job.sent + job.ambiguous, outcomes
+    assert job.sent <= len(received) <= job.sent + job.ambiguous, counts
     missing = 400 - len(received)
-    assert missing <= job.failed + job.ambiguous + job.capped, outcomes
+    assert missing <= job.failed + job.ambiguous + job.capped, counts
     assert addresses[59] not in received  # the send of kill 1 never arrived...
     assert addresses[179] in received  # ...and the send of kill 2 did
 

@@ -16,9 +16,9 @@ from django.template.loader import get_template, render_to_string
 
 from gatekeeper.lib.bodies import words_for_pattern
 from limits.channels import channels as dispatch_channels
+from limits.reasons import Category
 from limits.unsubscribe import unsubscribe_headers
 from worker.delivery.base import Message
-from worker.gate import MARKETING
 
 TEMPLATE_NAME_WORDS = (
     "A template name is 1 to 100 lower-case letters, digits, - and _, starting with a letter or "
@@ -136,11 +136,11 @@ class Renderer:
     """A job's templates, loaded and compiled once, rendered per recipient."""
 
     def __init__(
-        self, *, channel: str, template: str, campaign: str, category: str = MARKETING
+        self, *, channel: str, template: str, campaign: str, category: str = Category.MARKETING
     ) -> None:
         self.channel, self.campaign = channel, campaign
         # Marketing email carries its one-click unsubscribe link (RFC 8058); receipts do not.
-        self.unsubscribable = channel == "email" and category == MARKETING
+        self.unsubscribable = channel == "email" and category == Category.MARKETING
         title = TITLES.get(channel)
         self.title = _Template(get_template(f"{channel}/{template}/{title}")) if title else None
         self.body = _Template(get_template(f"{channel}/{template}/body.txt"))

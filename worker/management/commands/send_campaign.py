@@ -13,6 +13,7 @@ from gatekeeper.lib.bodies import datetime_from_text
 from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from gatekeeper.lib.words import count
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
+from limits.reasons import CATEGORIES, Category
 from worker import tasks, timings
 from worker.chunks import ChunkBusy, send_chunk_run
 from worker.models import SendJob
@@ -36,9 +37,7 @@ class Command(BaseCommand):
         parser.add_argument("--template", required=True, help="templates/<channel>/<template>/")
         parser.add_argument("--recipients", required=True, help="CSV file")
         parser.add_argument("--campaign", help="campaign name (default: the template's name)")
-        parser.add_argument(
-            "--category", default="marketing", choices=["marketing", "transactional"]
-        )
+        parser.add_argument("--category", default=Category.MARKETING, choices=CATEGORIES)
         parser.add_argument(
             "--tags",
             default="",

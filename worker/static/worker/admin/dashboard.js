@@ -7,11 +7,7 @@
   const style = getComputedStyle(document.documentElement);
   Chart.defaults.color = style.getPropertyValue("--body-fg").trim() || "#333";
   Chart.defaults.borderColor = style.getPropertyValue("--hairline-color").trim() || "#ddd";
-  const palette = {
-    allowed: "#3a9b5c", duplicate: "#8fc9a1", exempt: "#5b8bd0",
-    daily_cap: "#e0a030", weekly_cap: "#d0662b", cap: "#c4883a", blocked: "#b23b3b",
-    quiet_hours: "#8a63c9", suppressed: "#3d3d3d", unavailable: "#777777",
-  };
+  const palette = data.palette || {};  // a colour per reason (limits/reasons.py)
   const colours = ["#5b8bd0", "#3a9b5c", "#e0a030", "#b23b3b", "#8a63c9", "#2aa5a5", "#d0662b", "#777777"];
 
   if (data.today && document.getElementById("chart-today")) {

@@ -1,0 +1,115 @@
+"""Every word a decision, a send and a send job are counted by, once: the reasons a gate decision
+carries, the groups the code asks for, what became of an admitted send, how a send job counts
+its recipients, and a send's category.
+
+The REST bodies and answers (their enumerations in the schema), the ledger, the reports, the
+dashboard (words and colours) and the worker read these; a new reason is added here and
+nowhere else (tests/limits/test_reasons.py fails on a reason spelled anywhere but here).
+"""
+
+from enum import StrEnum
+
+from django.core.exceptions import ValidationError
+
+
+class Reason(StrEnum):
+    """Why the gate decided as it did (DESIGN.md, Gate). Members are strings: a Reason is its
+    value wherever a string is (the ledger's column, JSON, Redis counters)."""
+
+    ALLOWED = "allowed"  # admitted and recorded in the user's log
+    DUPLICATE = "duplicate"  # admitted before under the same message id: not charged again
+    DAILY_CAP = "daily_cap"  # refused by a rule whose window is a day
+    WEEKLY_CAP = "weekly_cap"  # ... a week
+    CAP = "cap"  # ... any other window
+    BLOCKED = "blocked"  # refused by a rule whose limit is 0
+    QUIET_HOURS = "quiet_hours"  # held: the user's quiet hours
+    SUPPRESSED = "suppressed"  # the user is on the channel's suppression list
+    EXEMPT = "exempt"  # transactional: never refused, never counted
+    UNAVAILABLE = "unavailable"  # Redis, the snapshot or the suppression list missing
+    # A send job's own, for a waiting send that never reached the gate again.
+    EXPIRED = "expired"  # still waiting when its job expired
+    CANCELLED = "cancelled"  # still waiting when its job's waiting sends were cancelled
+
+
+# What the gate answers (the schema's enumeration of a decision's reason), in this order.
+REASONS: tuple[Reason, ...] = tuple(
+    r for r in Reason if r not in (Reason.EXPIRED, Reason.CANCELLED)
+)
+# A send job's reasons: the gate's and its own.
+JOB_REASONS: tuple[Reason, ...] = tuple(Reason)
+# The send went ahead.
+ADMITTED: tuple[Reason, ...] = (Reason.ALLOWED, Reason.DUPLICATE, Reason.EXEMPT)
+# Every other reason of the gate's.
+REFUSED: tuple[Reason, ...] = tuple(r for r in REASONS if r not in ADMITTED)
+# A rule had no room: the decision names the rule.
+CAPPED: tuple[Reason, ...] = (Reason.DAILY_CAP, Reason.WEEKLY_CAP, Reason.CAP)
+# Refusals `on_capped: defer` waits out: a slot frees, or the user's quiet hours end.
+DEFERRABLE: tuple[Reason, ...] = (*CAPPED, Reason.QUIET_HOURS)
+
+# How the admin's charts colour each reason (the same colour on every chart).
+COLOURS: dict[Reason, str] = {
+    Reason.ALLOWED: "#3a9b5c",
+    Reason.DUPLICATE: "#8fc9a1",
+    Reason.EXEMPT: "#5b8bd0",
+    Reason.DAILY_CAP: "#e0a030",
+    Reason.WEEKLY_CAP: "#d0662b",
+    Reason.CAP: "#c4883a",
+    Reason.BLOCKED: "#b23b3b",
+    Reason.QUIET_HOURS: "#8a63c9",
+    Reason.SUPPRESSED: "#3d3d3d",
+    Reason.UNAVAILABLE: "#777777",
+    Reason.EXPIRED: "#a0a0a0",
+    Reason.CANCELLED: "#c0c0c0",
+}
+
+
+class Outcome(StrEnum):
+    """What became of an admitted send, as the worker tells the ledger."""
+
+    SENT = "sent"
+    FAILED = "failed"  # never went out: its quota was given back
+    AMBIGUOUS = "ambiguous"  # may have gone out: kept, never sent again
+    RELEASED = "released"  # its quota was given back (a failed send is released too)
+
+
+OUTCOMES: tuple[Outcome, ...] = tuple(Outcome)
+# The ledger's rows of sends that did not count against caps (a rebuild leaves them out).
+GIVEN_BACK: tuple[Outcome, ...] = (Outcome.FAILED, Outcome.RELEASED)
+
+
+class JobOutcome(StrEnum):
+    """How a send job counts each recipient: its counts always add up to its recipients (with
+    those still waiting)."""
+
+    SENT = "sent"
+    FAILED = "failed"
+    CAPPED = "capped"  # refused by the gate (any reason but unavailable), or dropped
+    AMBIGUOUS = "ambiguous"
+    DUPLICATE = "duplicate"  # a message id the job repeats, or another job sends
+    INVALID = "invalid"  # a row that broke the rules (on_invalid: skip)
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+JOB_OUTCOMES: tuple[JobOutcome, ...] = tuple(JobOutcome)
+
+
+class Category(StrEnum):
+    """A send's category: marketing is gated; transactional (receipts, one-time codes) is never
+    refused and never counted."""
+
+    MARKETING = "marketing"
+    TRANSACTIONAL = "transactional"
+
+
+CATEGORIES: tuple[Category, ...] = tuple(Category)
+
+
+def validate_category(value: str, *, field: str | None = None) -> None:
+    """The one rule for a send's category. With `field`, the ValidationError names it (the
+    REST API's base answers it as that field's 400)."""
+    if value not in CATEGORIES:
+        message = f"Unknown category '{value}'. Choose one of: {', '.join(CATEGORIES)}."
+        if field is not None:
+            raise ValidationError({field: [message]})
+        raise ValidationError(message, code="category")
