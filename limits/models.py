@@ -89,8 +89,9 @@ class Authored(models.Model):
 
 
 class ChangeRecord(models.Model):
-    """One change of an audited row: the action, the row before and after (as the REST API
-    shows it), who made it and when. Written by the services in the same transaction."""
+    """One change of an authored row: the action, the row before and after (as the REST API
+    shows it), what it read as, who made it, through what and when. Written by limits.authored in
+    the same transaction as the change."""
 
     class Action(models.TextChoices):
         CREATED = "created"
@@ -104,10 +105,15 @@ class ChangeRecord(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
     )
     changed_at = models.DateTimeField(auto_now_add=True)
+    label = models.CharField(max_length=100, help_text="The row as it read at the change.")
+    via = models.CharField(max_length=16, default="admin", help_text="admin, api, cap or command")
 
     class Meta:
         abstract = True
         ordering = ["-changed_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.label}: {self.action}"
 
 
 class Rule(Authored):
@@ -194,17 +200,11 @@ class Rule(Authored):
 
 
 class RuleChange(ChangeRecord):
-    """One change of a rule: who, when, through what, and the rule before and after (as the
-    REST API shows it). Written by the services in the same transaction as the change."""
+    """One change of a rule (its label: the rule's name then)."""
 
     rule = models.ForeignKey(
         Rule, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
     )
-    rule_name = models.CharField(max_length=100)
-    via = models.CharField(max_length=16, default="admin", help_text="admin, api, cap or command")
-
-    def __str__(self) -> str:
-        return f"{self.rule_name}: {self.action}"
 
 
 class QuietHours(Authored):
@@ -241,17 +241,11 @@ class QuietHours(Authored):
 
 
 class QuietHoursChange(ChangeRecord):
-    """One change of a quiet-hours entry: who, when, through what, and the entry before and
-    after (as the REST API shows it). Written by the services in the same transaction."""
+    """One change of a quiet-hours entry."""
 
     quiet_hours = models.ForeignKey(
         QuietHours, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
     )
-    label = models.CharField(max_length=100, help_text="The entry as it read at the change.")
-    via = models.CharField(max_length=16, default="admin", help_text="admin, api or command")
-
-    def __str__(self) -> str:
-        return f"{self.label}: {self.action}"
 
 
 class QuotaReset(models.Model):

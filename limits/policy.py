@@ -40,7 +40,7 @@ class RuleView:
     window_seconds: int | None
     window_unit: str
     limit: int
-    reserve_below: int | None
+    reserve_below_priority: int | None
     reserve_slots: int | None
     classic: bool = False
 
@@ -65,7 +65,11 @@ class RuleView:
 
     def limit_for(self, priority: int) -> int:
         """The limit a send of `priority` must fit: less the reserve when it is below it."""
-        if self.reserve_below is not None and self.reserve_slots and priority < self.reserve_below:
+        if (
+            self.reserve_below_priority is not None
+            and self.reserve_slots
+            and priority < self.reserve_below_priority
+        ):
             return max(0, self.limit - self.reserve_slots)
         return self.limit
 
@@ -265,6 +269,6 @@ def counting_rule(
         window_seconds=seconds,
         window_unit="",
         limit=limit,
-        reserve_below=None,
+        reserve_below_priority=None,
         reserve_slots=None,
     )

@@ -26,7 +26,7 @@ from zoneinfo import ZoneInfo
 
 from gatekeeper.lib.words import count
 from gatekeeper.lib.zones import zone
-from limits.channels import ALL, noun, scopes
+from limits.channels import ALL, noun, scope_label, scopes
 
 SPREAD_MAX = 720  # minutes: 12 hours
 CLOCK = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
@@ -252,3 +252,63 @@ def quiet_until(entries: Sequence[QuietView], zone_name: str, now: float) -> tup
 def release_at(end: float, spread_seconds: int, user_id: int) -> float:
     """When a send held until `end` goes out to `user_id`: `end` plus the user's own offset."""
     return end + user_offset(user_id, spread_seconds)
+
+
+# --- quiet hours as an authored record (limits/authored.py) -------------------------------------
+
+QUIET_SHOWN = (
+    ("segment", "segment"),
+    ("channel", "channel"),
+    ("start", "start"),
+    ("end", "end"),
+    ("spread_minutes", "spread"),
+    ("enabled", "enabled"),
+)
+
+
+def quiet_read(entry: Any) -> QuietFields:
+    """A stored entry's editable fields (the base of a partial change)."""
+    return QuietFields(
+        segment=entry.segment.slug if entry.segment is not None else None,
+        channel=entry.channel,
+        start=f"{entry.start:%H:%M}",
+        end=f"{entry.end:%H:%M}",
+        spread_minutes=entry.spread_minutes,
+        enabled=entry.enabled,
+    )
+
+
+def quiet_apply(entry: Any, fields: QuietFields, segment: Any) -> None:
+    """Put checked fields on a quiet-hours row (`segment`: the fields' Segment, or None)."""
+    entry.segment = segment
+    entry.channel = fields.channel
+    start, end = minutes_from_text(fields.start), minutes_from_text(fields.end)
+    entry.start, entry.end = time(start // 60, start % 60), time(end // 60, end % 60)
+    entry.spread_minutes = fields.spread_minutes
+    entry.enabled = fields.enabled
+
+
+def quiet_json_describe(data: Mapping[str, Any], names: Mapping[str, str]) -> str:
+    """An entry as its history keeps it (quiet_as_json), in plain words."""
+    view = QuietView(
+        id=data.get("id") or 0,
+        segment=data.get("segment"),
+        channel=data.get("channel", ""),
+        start=minutes_from_text(data.get("start", "00:00")),
+        end=minutes_from_text(data.get("end", "00:00")),
+        spread_minutes=data.get("spread_minutes", 0),
+    )
+    return quiet_describe(view, segment_names=names)
+
+
+def quiet_value_words(key: str, value: Any, names: Mapping[str, str]) -> str:
+    """One field of an entry as its history keeps it, in words."""
+    if key == "segment":
+        return "every segment" if value is None else names.get(value, value)
+    if key == "channel":
+        return scope_label(value) if value else "none"
+    if key == "spread_minutes":
+        return "at once" if not value else f"{value} min"
+    if key == "enabled":
+        return "yes" if value else "no"
+    return "none" if value in (None, "") else str(value)

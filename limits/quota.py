@@ -151,8 +151,8 @@ def _rule_figures(usage: RuleUsage, names: Mapping[str, str]) -> dict[str, Any]:
         "remaining": usage.remaining,
         "next_slot_in": usage.next_slot_in if usage.used >= usage.limit else None,
         "reserve": (
-            {"below_priority": rule.reserve_below, "slots": rule.reserve_slots}
-            if rule.reserve_below is not None
+            {"below_priority": rule.reserve_below_priority, "slots": rule.reserve_slots}
+            if rule.reserve_below_priority is not None
             else None
         ),
         "classic": rule.classic,

@@ -1,7 +1,8 @@
 """Cap rules in words and in checks: the one rule for a valid rule (REST, admin and commands
 all use `rule_problems`), a rule read out in plain words, and the findings a marketer should
 see: rules that never decide because a stricter one always applies with them, and reserves that
-shut lower priorities out completely."""
+shut lower priorities out completely. Also what the authored stack (limits/authored.py) needs of
+a rule: its fields read from a row and put on one, its JSON, a change in words."""
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -208,9 +209,9 @@ def rule_describe(rule: RuleView, *, segment_name: str | None = None) -> str:
     text += f" {window_words(rule)}"
     if rule.limit == 1 and not rule.calendar:
         text += f" (at least {duration_words(int(rule.window_seconds or 0))} apart)"
-    if rule.reserve_below is not None and rule.reserve_slots:
+    if rule.reserve_below_priority is not None and rule.reserve_slots:
         kept = count(rule.reserve_slots, "slot")
-        text += f"; the last {kept} kept for priority {rule.reserve_below} and above"
+        text += f"; the last {kept} kept for priority {rule.reserve_below_priority} and above"
     return f"{who}: {text}"
 
 
@@ -275,7 +276,7 @@ def rule_findings(
         if rule.reserve_slots is not None and rule.reserve_slots >= rule.limit > 0:
             findings.setdefault(rule.id, []).append(
                 f"The reserve keeps all {count(rule.limit, 'slot')}: sends below priority "
-                f"{rule.reserve_below} are always refused."
+                f"{rule.reserve_below_priority} are always refused."
             )
     return findings
 
@@ -299,3 +300,95 @@ def rule_as_json(rule: Any) -> dict[str, Any]:
 
 def window_seconds_of(classic: str) -> int:
     return DAY_SECONDS if classic == "daily" else WEEK_SECONDS
+
+
+# --- a rule as an authored record (limits/authored.py) -----------------------------------------
+
+# The fields a change line of a rule's history names, in this order, with their words.
+RULE_SHOWN = tuple(
+    (key, key)
+    for key in (
+        "name",
+        "segment",
+        "channel",
+        "match",
+        "tag",
+        "window",
+        "limit",
+        "reserve",
+        "enabled",
+    )
+)
+
+
+def rule_read(rule: Any) -> RuleFields:
+    """A stored rule's editable fields (the base of a partial change)."""
+    return RuleFields(
+        name=rule.name,
+        segment=rule.segment.slug if rule.segment is not None else None,
+        channel=rule.channel,
+        match=rule.match,
+        tag=rule.tag,
+        window_kind=rule.window_kind,
+        window_seconds=rule.window_seconds,
+        window_unit=rule.window_unit,
+        limit=rule.limit,
+        reserve_below_priority=rule.reserve_below_priority,
+        reserve_slots=rule.reserve_slots,
+        enabled=rule.enabled,
+    )
+
+
+def rule_apply(rule: Any, fields: RuleFields, segment: Any) -> None:
+    """Put checked fields on a rule row (`segment`: the fields' Segment, or None); what does not
+    apply to its kind of window or match is emptied."""
+    rule.name = fields.name.strip()
+    rule.segment = segment
+    rule.channel = fields.channel
+    rule.match = fields.match
+    rule.tag = fields.tag if fields.match == "tag" else ""
+    rule.window_kind = fields.window_kind
+    rule.window_seconds = fields.window_seconds if fields.window_kind == "rolling" else None
+    rule.window_unit = fields.window_unit if fields.window_kind == "calendar" else ""
+    rule.limit = fields.limit
+    rule.reserve_below_priority = fields.reserve_below_priority
+    rule.reserve_slots = fields.reserve_slots
+    rule.enabled = fields.enabled
+
+
+def rule_view_of_json(data: Mapping[str, Any]) -> RuleView:
+    """A rule as its history keeps it (rule_as_json), read back to be put in words."""
+    window, reserve = data.get("window") or {}, data.get("reserve") or {}
+    return RuleView(
+        id=data.get("id") or 0,
+        name=data.get("name", ""),
+        segment=data.get("segment"),
+        channel=data.get("channel", ""),
+        match=data.get("match", "any"),
+        tag=data.get("tag") or "",
+        window_kind=window.get("kind", "rolling"),
+        window_seconds=window.get("seconds"),
+        window_unit=window.get("unit") or "",
+        limit=data.get("limit", 0),
+        reserve_below_priority=reserve.get("below_priority"),
+        reserve_slots=reserve.get("slots"),
+    )
+
+
+def rule_json_describe(data: Mapping[str, Any], names: Mapping[str, str]) -> str:
+    """A rule as its history keeps it, in plain words (`names`: segment names by slug)."""
+    view = rule_view_of_json(data)
+    return rule_describe(view, segment_name=names.get(view.segment or ""))
+
+
+def rule_value_words(key: str, value: Any, names: Mapping[str, str]) -> str:
+    """One field of a rule as its history keeps it, in words."""
+    if key == "window" and value:
+        if value.get("kind") == "calendar":
+            return f"calendar {value.get('unit')}"
+        return f"rolling {duration_words(int(value.get('seconds') or 0))}"
+    if key == "reserve":
+        return "none" if not value else f"{value['slots']} for priority {value['below_priority']}+"
+    if key == "enabled":
+        return "yes" if value else "no"
+    return "none" if value in (None, "") else str(value)

@@ -26,7 +26,7 @@ def rule_view(rule: Rule) -> RuleView:
         window_seconds=rule.window_seconds,
         window_unit=rule.window_unit,
         limit=rule.limit,
-        reserve_below=rule.reserve_below_priority,
+        reserve_below_priority=rule.reserve_below_priority,
         reserve_slots=rule.reserve_slots,
         classic=rule.cap_id is not None,
     )

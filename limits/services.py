@@ -1,131 +1,87 @@
-"""Writes to caps and rules. Admin, REST API and commands change caps through `cap_set` and
-rules through `rule_create`, `rule_update` and `rule_delete`; each change is recorded with who
-made it, in the same transaction."""
+"""Writes of caps, cap rules, quiet hours and quota resets. Admin, REST API and commands change
+caps through `cap_set`, rules and quiet hours through their authored kinds (`RULES.create`,
+`RULES.update`, `RULES.delete`, and the same of `QUIET_HOURS`: limits/authored.py); each change
+is recorded with who made it, in the same transaction."""
 
-from dataclasses import asdict, dataclass, field
-from datetime import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.integers import INT32_MAX, NotAWholeNumber, whole_number
+from limits.authored import AuthoredKind, who
 from limits.channels import noun, scope_label, validate_scope
 from limits.limiter import get_limiter
 from limits.models import Cap, CapChange, QuietHours, QuietHoursChange, QuotaReset, Rule, RuleChange
-from limits.quiet import QuietFields, minutes_from_text, quiet_as_json, quiet_problems
+from limits.quiet import (
+    QUIET_SHOWN,
+    QuietFields,
+    quiet_apply,
+    quiet_as_json,
+    quiet_json_describe,
+    quiet_problems,
+    quiet_read,
+    quiet_value_words,
+)
 from limits.quota import Unavailable, user_quota
-from limits.rules import RuleFields, rule_as_json, rule_problems, window_seconds_of
+from limits.rules import (
+    RULE_SHOWN,
+    RuleFields,
+    rule_apply,
+    rule_as_json,
+    rule_json_describe,
+    rule_problems,
+    rule_read,
+    rule_value_words,
+    window_seconds_of,
+)
 from limits.selectors import policy_cache
 from segments.models import Segment
 
 
-class ClassicRule(ValidationError):
-    """A classic cap's rule changes only with its cap."""
+class ClassicRule(Conflict):
+    """A classic cap's rule changes only with its cap (REST: 409)."""
 
 
-def _who(user: Any) -> Any:
-    return user if user is not None and getattr(user, "is_authenticated", False) else None
-
-
-def _record(rule: Rule, action: str, before: Any, after: Any, user: Any, via: str) -> None:
-    RuleChange.objects.create(
-        rule=rule if action != RuleChange.Action.DELETED else None,
-        rule_name=rule.name,
-        action=action,
-        before=before,
-        after=after,
-        changed_by=_who(user),
-        via=via,
-    )
-
-
-def _apply(rule: Rule, fields: RuleFields, segment: Segment | None) -> None:
-    rule.name = fields.name.strip()
-    rule.segment = segment
-    rule.channel = fields.channel
-    rule.match = fields.match
-    rule.tag = fields.tag if fields.match == "tag" else ""
-    rule.window_kind = fields.window_kind
-    rule.window_seconds = fields.window_seconds if fields.window_kind == "rolling" else None
-    rule.window_unit = fields.window_unit if fields.window_kind == "calendar" else ""
-    rule.limit = fields.limit
-    rule.reserve_below_priority = fields.reserve_below_priority
-    rule.reserve_slots = fields.reserve_slots
-    rule.enabled = fields.enabled
-
-
-def rule_fields(rule: Rule) -> RuleFields:
-    """A stored rule's editable fields (the base of a partial change)."""
-    return RuleFields(
-        name=rule.name,
-        segment=rule.segment.slug if rule.segment is not None else None,
-        channel=rule.channel,
-        match=rule.match,
-        tag=rule.tag,
-        window_kind=rule.window_kind,
-        window_seconds=rule.window_seconds,
-        window_unit=rule.window_unit,
-        limit=rule.limit,
-        reserve_below_priority=rule.reserve_below_priority,
-        reserve_slots=rule.reserve_slots,
-        enabled=rule.enabled,
-    )
-
-
-def _checked(fields: RuleFields) -> Segment | None:
-    """The rule's segment; ValidationError by field for anything wrong with the rule."""
-    slugs = list(Segment.objects.values_list("slug", flat=True))
-    problems = rule_problems(fields, segments=slugs)
-    if problems:
-        raise ValidationError(problems)
-    return Segment.objects.get(slug=fields.segment) if fields.segment is not None else None
-
-
-def rule_create(*, fields: RuleFields, user: Any = None, via: str = "admin") -> Rule:
-    """A new rule, governing every process within GATEKEEPER_CAPS_TTL_SECONDS."""
-    segment = _checked(fields)
-    with transaction.atomic():
-        rule = Rule(created_by=_who(user), changed_by=_who(user))
-        _apply(rule, fields, segment)
-        rule.save()
-        _record(rule, RuleChange.Action.CREATED, None, rule_as_json(rule), user, via)
-    transaction.on_commit(policy_cache().invalidate)
-    return rule
-
-
-def rule_update(
-    *, rule: Rule, changes: dict[str, Any], user: Any = None, via: str = "admin"
-) -> Rule:
-    """Change some of a rule's fields (`changes`: RuleFields names); the rule is checked whole.
-    A classic cap's rule is refused: it changes with its cap (cap_set)."""
+def _not_classic(rule: Rule) -> None:
     if rule.cap_id is not None:
-        raise ClassicRule({"non_field_errors": [_classic_message(rule)]})
-    with transaction.atomic():
-        locked = Rule.objects.select_for_update().get(pk=rule.pk)
-        # The changes on the row as it is now, not as the caller read it: two changes of
-        # different fields at once both stay.
-        fields = RuleFields(**{**asdict(rule_fields(locked)), **changes})
-        segment = _checked(fields)
-        before = rule_as_json(locked)
-        _apply(locked, fields, segment)
-        locked.changed_by = _who(user)
-        after = rule_as_json(locked)
-        if after != before:
-            locked.save()
-            _record(locked, RuleChange.Action.CHANGED, before, after, user, via)
-    transaction.on_commit(policy_cache().invalidate)
-    return locked
+        raise ClassicRule(_classic_message(rule))
 
 
-def rule_delete(*, rule: Rule, user: Any = None, via: str = "admin") -> None:
-    if rule.cap_id is not None:
-        raise ClassicRule({"non_field_errors": [_classic_message(rule)]})
-    with transaction.atomic():
-        _record(rule, RuleChange.Action.DELETED, rule_as_json(rule), None, user, via)
-        rule.delete()
-    transaction.on_commit(policy_cache().invalidate)
+# Cap rules and quiet hours: created, changed and deleted through limits.authored (`RULES.create`,
+# `QUIET_HOURS.update`, ...), each change checked whole and recorded with who made it.
+RULES: AuthoredKind[Rule, RuleFields] = AuthoredKind(
+    noun="rule",
+    model=Rule,
+    change_model=RuleChange,
+    link="rule",
+    fields=RuleFields,
+    read=rule_read,
+    problems=rule_problems,
+    apply=rule_apply,
+    as_json=rule_as_json,
+    describe=rule_json_describe,
+    value_words=rule_value_words,
+    shown=RULE_SHOWN,
+    guard=_not_classic,  # a classic cap's rule changes with its cap (cap_set)
+)
+QUIET_HOURS: AuthoredKind[QuietHours, QuietFields] = AuthoredKind(
+    noun="quiet hours",
+    model=QuietHours,
+    change_model=QuietHoursChange,
+    link="quiet_hours",
+    fields=QuietFields,
+    read=quiet_read,
+    problems=quiet_problems,
+    apply=quiet_apply,
+    as_json=quiet_as_json,
+    describe=quiet_json_describe,
+    value_words=quiet_value_words,
+    shown=QUIET_SHOWN,
+)
 
 
 def _classic_message(rule: Rule) -> str:
@@ -147,11 +103,11 @@ def _classic_sync(cap: Cap, user: Any, via: str) -> None:
         rule = Rule.objects.filter(cap=cap, window_seconds=seconds).first()
         if value is None:
             if rule is not None:
-                _record(rule, RuleChange.Action.DELETED, rule_as_json(rule), None, user, via)
+                RULES.record(rule, RuleChange.Action.DELETED, rule_as_json(rule), None, user, via)
                 rule.delete()
             continue
         if rule is None:
-            rule = Rule(cap=cap, created_by=_who(user))
+            rule = Rule(cap=cap, created_by=who(user))
             before = None
         else:
             before = rule_as_json(rule)
@@ -162,12 +118,12 @@ def _classic_sync(cap: Cap, user: Any, via: str) -> None:
         rule.window_kind = Rule.WindowKind.ROLLING
         rule.window_seconds = seconds
         rule.limit = value
-        rule.changed_by = _who(user)
+        rule.changed_by = who(user)
         after = rule_as_json(rule) if before is not None else None
         if before is None or after != before:
             rule.save()
             action = RuleChange.Action.CREATED if before is None else RuleChange.Action.CHANGED
-            _record(rule, action, before, rule_as_json(rule), user, via)
+            RULES.record(rule, action, before, rule_as_json(rule), user, via)
 
 
 def cap_set(
@@ -212,7 +168,7 @@ def cap_set(
             old_weekly=old_weekly,
             new_daily=daily,
             new_weekly=weekly,
-            changed_by=_who(user),
+            changed_by=who(user),
             via=via,
         )
         _classic_sync(cap, user, "cap")
@@ -335,91 +291,6 @@ def cap_grid_save(
                 f"{scope}: {cap_describe(channel=scope, daily=daily, weekly=weekly)}"
             )
     return result
-
-
-# --- quiet hours -------------------------------------------------------------------------------
-
-
-def quiet_fields(entry: QuietHours) -> QuietFields:
-    """A stored entry's editable fields (the base of a partial change)."""
-    return QuietFields(
-        segment=entry.segment.slug if entry.segment is not None else None,
-        channel=entry.channel,
-        start=f"{entry.start:%H:%M}",
-        end=f"{entry.end:%H:%M}",
-        spread_minutes=entry.spread_minutes,
-        enabled=entry.enabled,
-    )
-
-
-def _quiet_checked(fields: QuietFields) -> Segment | None:
-    slugs = list(Segment.objects.values_list("slug", flat=True))
-    problems = quiet_problems(fields, segments=slugs)
-    if problems:
-        raise ValidationError(problems)
-    return Segment.objects.get(slug=fields.segment) if fields.segment is not None else None
-
-
-def _quiet_apply(entry: QuietHours, fields: QuietFields, segment: Segment | None) -> None:
-    entry.segment = segment
-    entry.channel = fields.channel
-    start, end = minutes_from_text(fields.start), minutes_from_text(fields.end)
-    entry.start, entry.end = time(start // 60, start % 60), time(end // 60, end % 60)
-    entry.spread_minutes = fields.spread_minutes
-    entry.enabled = fields.enabled
-
-
-def _quiet_record(
-    entry: QuietHours, action: str, before: Any, after: Any, user: Any, via: str
-) -> None:
-    QuietHoursChange.objects.create(
-        quiet_hours=entry if action != QuietHoursChange.Action.DELETED else None,
-        label=str(entry)[:100],
-        action=action,
-        before=before,
-        after=after,
-        changed_by=_who(user),
-        via=via,
-    )
-
-
-def quiet_create(*, fields: QuietFields, user: Any = None, via: str = "admin") -> QuietHours:
-    """New quiet hours, governing every process within GATEKEEPER_CAPS_TTL_SECONDS."""
-    segment = _quiet_checked(fields)
-    with transaction.atomic():
-        entry = QuietHours(created_by=_who(user), changed_by=_who(user))
-        _quiet_apply(entry, fields, segment)
-        entry.save()
-        _quiet_record(entry, QuietHoursChange.Action.CREATED, None, quiet_as_json(entry), user, via)
-    transaction.on_commit(policy_cache().invalidate)
-    return entry
-
-
-def quiet_update(
-    *, entry: QuietHours, changes: dict[str, Any], user: Any = None, via: str = "admin"
-) -> QuietHours:
-    """Change some of an entry's fields (`changes`: QuietFields names); checked whole."""
-    with transaction.atomic():
-        locked = QuietHours.objects.select_for_update().get(pk=entry.pk)
-        # The changes on the row as it is now, not as the caller read it (see rule_update).
-        fields = QuietFields(**{**asdict(quiet_fields(locked)), **changes})
-        segment = _quiet_checked(fields)
-        before = quiet_as_json(locked)
-        _quiet_apply(locked, fields, segment)
-        locked.changed_by = _who(user)
-        after = quiet_as_json(locked)
-        if after != before:
-            locked.save()
-            _quiet_record(locked, QuietHoursChange.Action.CHANGED, before, after, user, via)
-    transaction.on_commit(policy_cache().invalidate)
-    return locked
-
-
-def quiet_delete(*, entry: QuietHours, user: Any = None, via: str = "admin") -> None:
-    with transaction.atomic():
-        _quiet_record(entry, QuietHoursChange.Action.DELETED, quiet_as_json(entry), None, user, via)
-        entry.delete()
-    transaction.on_commit(policy_cache().invalidate)
 
 
 def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:

@@ -3,7 +3,6 @@ words, their history, the findings a marketer should see (rules that never decid
 shut sends out), and writes through the services (rule_create, rule_update, rule_delete; a
 classic cap's rule changes only with its cap)."""
 
-from dataclasses import asdict
 from typing import Any
 
 from django import forms
@@ -20,14 +19,12 @@ from gatekeeper.lib.integers import (
     INT32_MAX,
     WholeNumberField,
 )
-from gatekeeper.lib.words import count
-from limits.admin.base import AuditLogAdmin, history_table, made_words, segment_names
+from limits.admin.base import AuditLogAdmin, AuthoredAdmin, segment_names
 from limits.channels import scope_label, scopes
 from limits.models import (
     Rule,
     RuleChange,
 )
-from limits.policy import RuleView
 from limits.rules import (
     NotADuration,
     RuleFields,
@@ -38,10 +35,7 @@ from limits.rules import (
 )
 from limits.selectors import rule_view, rules_findings
 from limits.services import (
-    ClassicRule,
-    rule_create,
-    rule_delete,
-    rule_update,
+    RULES,
 )
 from segments.models import Segment
 
@@ -169,7 +163,7 @@ class RuleForm(forms.ModelForm):
             channel = self.fields["channel"]
             channel.choices = [(s, scope_label(s)) for s in scopes()]  # type: ignore[attr-defined]
 
-    def rule_fields(self) -> RuleFields:
+    def authored_fields(self) -> RuleFields:
         """The rule as typed; a field that did not parse reads as empty (it has its error)."""
         data = self.cleaned_data
         segment = data.get("segment")
@@ -191,7 +185,7 @@ class RuleForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        fields = self.rule_fields()
+        fields = self.authored_fields()
         slugs = Segment.objects.values_list("slug", flat=True)
         # The one rule for a valid rule, as the REST API and the commands apply it.
         for key, problems in rule_problems(fields, segments=slugs).items():
@@ -241,73 +235,27 @@ def enabled_findings() -> dict[int, list[str]]:
     return rules_findings()
 
 
-def _view_of(data: dict[str, Any]) -> RuleView:
-    """A rule as its history keeps it (rule_as_json), read back to be put in words."""
-    window, reserve = data.get("window") or {}, data.get("reserve") or {}
-    return RuleView(
-        id=data.get("id") or 0,
-        name=data.get("name", ""),
-        segment=data.get("segment"),
-        channel=data.get("channel", ""),
-        match=data.get("match", "any"),
-        tag=data.get("tag") or "",
-        window_kind=window.get("kind", "rolling"),
-        window_seconds=window.get("seconds"),
-        window_unit=window.get("unit") or "",
-        limit=data.get("limit", 0),
-        reserve_below=reserve.get("below_priority"),
-        reserve_slots=reserve.get("slots"),
-    )
-
-
-def _value_words(key: str, value: Any) -> str:
-    if key == "window" and value:
-        if value.get("kind") == "calendar":
-            return f"calendar {value.get('unit')}"
-        return f"rolling {duration_words(int(value.get('seconds') or 0))}"
-    if key == "reserve":
-        return "none" if not value else f"{value['slots']} for priority {value['below_priority']}+"
-    if key == "enabled":
-        return "yes" if value else "no"
-    return "none" if value in (None, "") else str(value)
-
-
-RULE_FIELDS_SHOWN = (
-    "name", "segment", "channel", "match", "tag", "window", "limit", "reserve", "enabled"
-)  # fmt: skip
-
-
-def change_words(change: RuleChange, names: dict[str, str]) -> str:
-    """A history line: what the rule became, or which fields changed from what to what.
-    `names`: segment names by slug (segment_names())."""
-    if change.action == RuleChange.Action.CREATED and change.after:
-        view = _view_of(change.after)
-        return f"Created: {rule_describe(view, segment_name=names.get(view.segment or ''))}"
-    if change.action == RuleChange.Action.DELETED:
-        return "Deleted."
-    before, after = change.before or {}, change.after or {}
-    # In the rule's own order: PostgreSQL's jsonb keeps a record's keys in an order of its own.
-    changed = [
-        f"{key}: {_value_words(key, before.get(key))} → {_value_words(key, after.get(key))}"
-        for key in RULE_FIELDS_SHOWN
-        if before.get(key) != after.get(key)
-    ]
-    return "; ".join(changed) or "Nothing visible changed."
-
-
 @admin.register(Rule)
-class RuleAdmin(admin.ModelAdmin):
+class RuleAdmin(AuthoredAdmin):
+    authored = RULES
+    history_id = "rule-history"
+    counted = ("rule", "rules")
+    guarded = "classic caps change in the cap grid"
     form = RuleForm
     list_display_links = ["name"]
     list_filter = [("segment", RuleSegmentFilter), "channel", "match", "enabled", RuleKindFilter]
     search_fields = ["name", "tag"]
     ordering = [F("segment__priority").asc(nulls_first=True), "channel", "id"]
-    actions = ["delete_selected", "enable_rules", "disable_rules"]
     change_list_template = "admin/gatekeeper/rule_change_list.html"
     change_form_template = "admin/gatekeeper/rule_change_form.html"
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Rule]:
-        return super().get_queryset(request).select_related("segment", "created_by", "changed_by")
+    def reading_of(self, rule: Rule) -> str:
+        return rule_reading(rule)
+
+    def after_save(self, request: HttpRequest, rule: Rule) -> None:
+        if rule.enabled:
+            for note in enabled_findings().get(rule.pk, []):
+                messages.warning(request, note)
 
     def get_list_display(self, request: HttpRequest) -> Any:
         findings = enabled_findings()
@@ -322,18 +270,6 @@ class RuleAdmin(admin.ModelAdmin):
             )
 
         return ["name", "reading", "who", "scope", "enabled", "kind", check]
-
-    @admin.display(description="in plain words")
-    def reading(self, rule: Rule) -> str:
-        return rule_reading(rule)
-
-    @admin.display(description="segment", ordering="segment__priority")
-    def who(self, rule: Rule) -> str:
-        return rule.segment.name if rule.segment is not None else "every segment"
-
-    @admin.display(description="channel", ordering="channel")
-    def scope(self, rule: Rule) -> str:
-        return scope_label(rule.channel)
 
     @admin.display(description="kind")
     def kind(self, rule: Rule) -> str:
@@ -388,14 +324,6 @@ class RuleAdmin(admin.ModelAdmin):
             url,
         )
 
-    @admin.display(description="created and changed")
-    def made(self, rule: Rule) -> str:
-        return made_words(rule)
-
-    @admin.display(description="changes")
-    def history(self, rule: Rule) -> str:
-        return history_table(rule.changes, change_words, table_id="rule-history")
-
     # --- rights: a classic cap's rule changes only through its cap ---
 
     def has_change_permission(self, request: HttpRequest, obj: Rule | None = None) -> bool:
@@ -421,27 +349,6 @@ class RuleAdmin(admin.ModelAdmin):
             return HttpResponseRedirect(reverse("admin:limits_rule_change", args=[rule.pk]))
         return super().delete_view(request, object_id, extra_context)
 
-    # --- writes: through the services, so the history records who did it ---
-
-    def save_model(self, request: HttpRequest, obj: Rule, form: Any, change: bool) -> None:
-        fields = form.rule_fields()
-        if change:
-            saved = rule_update(rule=obj, changes=asdict(fields), user=request.user, via="admin")
-        else:
-            saved = rule_create(fields=fields, user=request.user, via="admin")
-        obj.pk, obj.name = saved.pk, saved.name
-        messages.info(request, f"It reads: {rule_reading(saved)}.")
-        if saved.enabled:
-            for note in enabled_findings().get(saved.pk, []):
-                messages.warning(request, note)
-
-    def delete_model(self, request: HttpRequest, obj: Rule) -> None:
-        rule_delete(rule=obj, user=request.user, via="admin")
-
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Rule]) -> None:
-        for rule in queryset.select_related("segment"):
-            rule_delete(rule=rule, user=request.user, via="admin")
-
     @admin.action(description="Delete the selected rules", permissions=["delete"])
     def delete_selected(self, request: HttpRequest, queryset: QuerySet[Rule]) -> Any:
         """Django's own (it asks first), refusing with words rather than a bare 403 when a
@@ -456,36 +363,6 @@ class RuleAdmin(admin.ModelAdmin):
             )
             return None
         return django_delete_selected(self, request, queryset)
-
-    @admin.action(description="Enable the selected rules", permissions=["change"])
-    def enable_rules(self, request: HttpRequest, queryset: QuerySet[Rule]) -> None:
-        self._switch(request, queryset, enabled=True)
-
-    @admin.action(description="Disable the selected rules", permissions=["change"])
-    def disable_rules(self, request: HttpRequest, queryset: QuerySet[Rule]) -> None:
-        self._switch(request, queryset, enabled=False)
-
-    def _switch(self, request: HttpRequest, queryset: QuerySet[Rule], *, enabled: bool) -> None:
-        switched, classic, refused = 0, [], []
-        for rule in queryset.select_related("segment"):
-            try:
-                rule_update(rule=rule, changes={"enabled": enabled}, user=request.user)
-            except ClassicRule:
-                classic.append(rule.name)
-            except ValidationError as exc:
-                # Stored before a setting changed (a channel removed): fixed on its own page.
-                refused.append(f"{rule.name} ({' '.join(exc.messages)})")
-            else:
-                switched += 1
-        word = "Enabled" if enabled else "Disabled"
-        messages.success(request, f"{word} {count(switched, 'rule')}.")
-        if classic:
-            messages.warning(
-                request,
-                f"Left alone (classic caps change in the cap grid): {', '.join(classic)}.",
-            )
-        if refused:
-            messages.warning(request, f"Left alone: {'; '.join(refused)}.")
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         findings = enabled_findings()
@@ -507,16 +384,16 @@ class RuleChangeAdmin(AuditLogAdmin):
     """Every change of every rule, deleted rules' included (a rule's page shows its own)."""
 
     list_filter = ["action", "via"]
-    search_fields = ["rule_name"]
+    search_fields = ["label"]
 
     def get_list_display(self, request: HttpRequest) -> Any:
         names = segment_names()
 
         @admin.display(description="what")
         def what(change: RuleChange) -> str:
-            return change_words(change, names)
+            return RULES.change_words(change, names)
 
-        return ["changed_at", "rule_name", "action", what, "changed_by", "via"]
+        return ["changed_at", "label", "action", what, "changed_by", "via"]
 
 
 # --- quiet hours -----------------------------------------------------------------------------

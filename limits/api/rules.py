@@ -21,6 +21,7 @@ from gatekeeper.lib.permissions import (
     VIEW_QUIET_HOURS,
     VIEW_RULES,
 )
+from limits.authored import AuthoredKind
 from limits.bodies import (
     QuietHoursChangeBody,
     QuietHoursCreateBody,
@@ -30,19 +31,11 @@ from limits.bodies import (
     RuleCreateBody,
     Window,
 )
-from limits.models import QuietHours, Rule
+from limits.models import Authored, QuietHours, Rule
 from limits.quiet import SPREAD_MAX, QuietFields
 from limits.rules import RuleFields
 from limits.serializers import QuietHoursSerializer, RuleSerializer, quiet_hours_shown, rules_shown
-from limits.services import (
-    ClassicRule,
-    quiet_create,
-    quiet_delete,
-    quiet_update,
-    rule_create,
-    rule_delete,
-    rule_update,
-)
+from limits.services import QUIET_HOURS, RULES
 
 # --- rules ------------------------------------------------------------------------------------
 
@@ -97,25 +90,14 @@ def _rule_changes(body: RuleChangeBody) -> dict[str, Any]:
     return changes
 
 
-RowT = TypeVar("RowT", Rule, QuietHours)
+RowT = TypeVar("RowT", bound=Authored)
 
 
-def _classic(exc: ClassicRule) -> Response:
-    return Response({"detail": exc.message_dict["non_field_errors"][0]}, status=409)
-
-
-def _row_or_404(model: type[RowT], row_id: int, what: str) -> RowT:
-    # Ids beyond what the database holds (a 64-bit column) are no row, not an overflow.
-    row = None
-    if 0 < row_id <= DATABASE_MAX:
-        row = model.objects.select_related("segment").filter(pk=row_id).first()
+def _found(kind: AuthoredKind[RowT, Any], row_id: int) -> RowT:
+    row = kind.find(row_id)
     if row is None:
-        raise NotFound(f"No {what} {row_id}.")
+        raise NotFound(f"No {kind.noun} {row_id}.")
     return row
-
-
-def _rule_or_404(rule_id: int) -> Rule:
-    return _row_or_404(Rule, rule_id, "rule")
 
 
 RULE_ID = OpenApiParameter(
@@ -150,7 +132,7 @@ class RuleListView(JsonAPIView):
     )
     def post(self, request: Request) -> Response:
         body = decode(request.data, RuleCreateBody)
-        rule = rule_create(fields=_rule_fields(body), user=request.user, via="api")
+        rule = RULES.create(fields=_rule_fields(body), user=request.user, via="api")
         return Response(RuleSerializer(rules_shown([rule])[0]).data, status=201)
 
 
@@ -165,7 +147,7 @@ class RuleDetailView(JsonAPIView):
         responses={200: RuleSerializer, **errors(404)},
     )
     def get(self, request: Request, rule_id: int) -> Response:
-        return Response(RuleSerializer(rules_shown([_rule_or_404(rule_id)])[0]).data)
+        return Response(RuleSerializer(rules_shown([_found(RULES, rule_id)])[0]).data)
 
     @extend_schema(
         summary="Change some of a rule's fields (a classic cap's rule: 409)",
@@ -177,14 +159,9 @@ class RuleDetailView(JsonAPIView):
         responses={200: RuleSerializer, **errors(400, 404, 409, 413)},
     )
     def patch(self, request: Request, rule_id: int) -> Response:
-        rule = _rule_or_404(rule_id)
+        rule = _found(RULES, rule_id)
         body = decode(request.data, RuleChangeBody)
-        try:
-            changed = rule_update(
-                rule=rule, changes=_rule_changes(body), user=request.user, via="api"
-            )
-        except ClassicRule as exc:
-            return _classic(exc)
+        changed = RULES.update(row=rule, changes=_rule_changes(body), user=request.user, via="api")
         return Response(RuleSerializer(rules_shown([changed])[0]).data)
 
     @extend_schema(
@@ -193,18 +170,11 @@ class RuleDetailView(JsonAPIView):
         responses={204: None, **errors(404, 409)},
     )
     def delete(self, request: Request, rule_id: int) -> Response:
-        try:
-            rule_delete(rule=_rule_or_404(rule_id), user=request.user, via="api")
-        except ClassicRule as exc:
-            return _classic(exc)
+        RULES.delete(row=_found(RULES, rule_id), user=request.user, via="api")
         return Response(status=204)
 
 
 # --- quiet hours ------------------------------------------------------------------------------
-
-
-def _quiet_or_404(entry_id: int) -> QuietHours:
-    return _row_or_404(QuietHours, entry_id, "quiet hours")
 
 
 QUIET_HOURS_ID = OpenApiParameter(
@@ -243,7 +213,7 @@ class QuietHoursListView(JsonAPIView):
     def post(self, request: Request) -> Response:
         body = decode(request.data, QuietHoursCreateBody)
         fields = QuietFields(**msgspec.structs.asdict(body))
-        entry = quiet_create(fields=fields, user=request.user, via="api")
+        entry = QUIET_HOURS.create(fields=fields, user=request.user, via="api")
         return Response(QuietHoursSerializer(quiet_hours_shown([entry])[0]).data, status=201)
 
 
@@ -262,7 +232,7 @@ class QuietHoursDetailView(JsonAPIView):
         responses={200: QuietHoursSerializer, **errors(404)},
     )
     def get(self, request: Request, quiet_hours_id: int) -> Response:
-        entry = _quiet_or_404(quiet_hours_id)
+        entry = _found(QUIET_HOURS, quiet_hours_id)
         return Response(QuietHoursSerializer(quiet_hours_shown([entry])[0]).data)
 
     @extend_schema(
@@ -272,14 +242,14 @@ class QuietHoursDetailView(JsonAPIView):
         responses={200: QuietHoursSerializer, **errors(400, 404, 413)},
     )
     def patch(self, request: Request, quiet_hours_id: int) -> Response:
-        entry = _quiet_or_404(quiet_hours_id)
+        entry = _found(QUIET_HOURS, quiet_hours_id)
         body = decode(request.data, QuietHoursChangeBody)
         changes = {
             name: value
             for name, value in msgspec.structs.asdict(body).items()
             if value is not msgspec.UNSET
         }
-        changed = quiet_update(entry=entry, changes=changes, user=request.user, via="api")
+        changed = QUIET_HOURS.update(row=entry, changes=changes, user=request.user, via="api")
         return Response(QuietHoursSerializer(quiet_hours_shown([changed])[0]).data)
 
     @extend_schema(
@@ -289,7 +259,7 @@ class QuietHoursDetailView(JsonAPIView):
         responses={204: None, **errors(404)},
     )
     def delete(self, request: Request, quiet_hours_id: int) -> Response:
-        quiet_delete(entry=_quiet_or_404(quiet_hours_id), user=request.user, via="api")
+        QUIET_HOURS.delete(row=_found(QUIET_HOURS, quiet_hours_id), user=request.user, via="api")
         return Response(status=204)
 
 

@@ -10,7 +10,7 @@ from gatekeeper.lib.groups import MARKETER, VIEWER
 from limits.models import Cap, CapChange, QuietHours, QuietHoursChange, Rule, RuleChange
 from limits.quiet import QuietFields
 from limits.rules import RuleFields
-from limits.services import cap_set, quiet_create, rule_create
+from limits.services import QUIET_HOURS, RULES, cap_set
 from segments.models import Build, Segment, UserList
 
 pytestmark = pytest.mark.django_db
@@ -179,7 +179,7 @@ def make_rule(name="rule", **values):
         "window_seconds": 86_400, "window_unit": "", "limit": 3, "reserve_below_priority": None,
         "reserve_slots": None,
     }  # fmt: skip
-    return rule_create(fields=RuleFields(name=name, **{**fields, **values}), via="command")
+    return RULES.create(fields=RuleFields(name=name, **{**fields, **values}), via="command")
 
 
 def test_a_rule_added_in_the_admin_reads_in_plain_words_and_is_recorded_with_who(
@@ -278,7 +278,7 @@ def test_a_rule_change_and_delete_go_through_the_services_and_show_in_its_histor
     admin_client.post(reverse("admin:limits_rule_delete", args=[rule.pk]), {"post": "yes"})
     assert not Rule.objects.exists()
     deleted = RuleChange.objects.get(action="deleted")
-    assert (deleted.rule_name, deleted.changed_by, deleted.via) == ("3 a day", admin_user, "admin")
+    assert (deleted.label, deleted.changed_by, deleted.via) == ("3 a day", admin_user, "admin")
     log = admin_client.get(reverse("admin:limits_rulechange_changelist")).content.decode()
     assert "Deleted." in log and "limit: 3 → 2" in log
 
@@ -360,7 +360,7 @@ def test_enable_and_disable_go_through_the_service_and_leave_classic_caps_alone(
     classic = Rule.objects.get(cap__isnull=False)
     response = admin_client.post(
         reverse("admin:limits_rule_changelist"),
-        {"action": "disable_rules", "_selected_action": [rule.pk, classic.pk]},
+        {"action": "disable_selected", "_selected_action": [rule.pk, classic.pk]},
         follow=True,
     )
     page = response.content.decode()
@@ -404,7 +404,7 @@ def make_quiet(segment=None, channel="email", start="21:00", end="08:00", spread
     fields = QuietFields(
         segment=segment, channel=channel, start=start, end=end, spread_minutes=spread, **more
     )
-    return quiet_create(fields=fields, via="command")
+    return QUIET_HOURS.create(fields=fields, via="command")
 
 
 def form_errors(response) -> dict[str, list[str]]:
@@ -524,12 +524,12 @@ def test_bulk_delete_enable_and_disable_go_through_the_services(admin_client, ad
     night, lunch = make_quiet(), make_quiet(channel="push", start="12:00", end="14:00")
     url = reverse("admin:limits_quiethours_changelist")
     response = admin_client.post(
-        url, {"action": "disable_entries", "_selected_action": [night.pk, lunch.pk]}, follow=True
+        url, {"action": "disable_selected", "_selected_action": [night.pk, lunch.pk]}, follow=True
     )
     assert "Disabled 2 entries." in response.content.decode()
     assert not QuietHours.objects.filter(enabled=True).exists()
     assert QuietHoursChange.objects.filter(action="changed", changed_by=admin_user).count() == 2
-    admin_client.post(url, {"action": "enable_entries", "_selected_action": [lunch.pk]})
+    admin_client.post(url, {"action": "enable_selected", "_selected_action": [lunch.pk]})
     assert list(QuietHours.objects.filter(enabled=True)) == [lunch]
     admin_client.post(
         url, {"action": "delete_selected", "_selected_action": [night.pk, lunch.pk], "post": "yes"}
@@ -582,7 +582,7 @@ def test_a_rule_of_a_channel_no_longer_configured_is_left_alone_not_an_error(
     settings.GATEKEEPER_CHANNELS = ["email", "push"]  # sms removed since
     response = admin_client.post(
         reverse("admin:limits_rule_changelist"),
-        {"action": "disable_rules", "_selected_action": [rule.pk, kept.pk]},
+        {"action": "disable_selected", "_selected_action": [rule.pk, kept.pk]},
         follow=True,
     )
     assert response.status_code == 200
@@ -593,22 +593,22 @@ def test_a_rule_of_a_channel_no_longer_configured_is_left_alone_not_an_error(
 
 
 def test_two_changes_of_different_fields_made_at_once_both_stay(db):
-    from limits.services import quiet_update, rule_update
+    from limits.services import QUIET_HOURS, RULES
 
     rule = make_rule("Mails", limit=3)
     stale = Rule.objects.get(pk=rule.pk)  # read by one marketer's page
-    rule_update(rule=Rule.objects.get(pk=rule.pk), changes={"limit": 7}, via="api")
-    rule_update(rule=stale, changes={"name": "Mails, 7 a day"}, via="admin")
+    RULES.update(row=Rule.objects.get(pk=rule.pk), changes={"limit": 7}, via="api")
+    RULES.update(row=stale, changes={"name": "Mails, 7 a day"}, via="admin")
     rule.refresh_from_db()
     assert (rule.name, rule.limit) == ("Mails, 7 a day", 7)
 
-    entry = quiet_create(
+    entry = QUIET_HOURS.create(
         fields=QuietFields(segment=None, channel="all", start="21:00", end="08:00",
                            spread_minutes=0),
         via="command",
     )  # fmt: skip
     stale_entry = QuietHours.objects.get(pk=entry.pk)
-    quiet_update(entry=QuietHours.objects.get(pk=entry.pk), changes={"end": "09:00"}, via="api")
-    quiet_update(entry=stale_entry, changes={"spread_minutes": 30}, via="admin")
+    QUIET_HOURS.update(row=QuietHours.objects.get(pk=entry.pk), changes={"end": "09:00"}, via="api")
+    QUIET_HOURS.update(row=stale_entry, changes={"spread_minutes": 30}, via="admin")
     entry.refresh_from_db()
     assert (f"{entry.end:%H:%M}", entry.spread_minutes) == ("09:00", 30)

@@ -15,7 +15,7 @@ from limits.ledger.drain import ledger_drain_all
 from limits.log import message_hash
 from limits.models import Cap, CapChange, QuotaReset, Rule
 from limits.rules import RuleFields
-from limits.services import rule_create
+from limits.services import RULES
 from segments.models import Build, Segment
 from segments.publishing import build_run
 from segments.selectors import snapshot_live_version
@@ -213,7 +213,7 @@ def make_rule(name, **values):
         "window_seconds": 86_400, "window_unit": "", "limit": 3, "reserve_below_priority": None,
         "reserve_slots": None,
     }  # fmt: skip
-    return rule_create(fields=RuleFields(name=name, **{**fields, **values}), via="command")
+    return RULES.create(fields=RuleFields(name=name, **{**fields, **values}), via="command")
 
 
 def test_a_user_lookup_shows_segment_zone_quota_rules_and_recent_sends(marketer_client, demo):

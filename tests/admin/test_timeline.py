@@ -11,7 +11,7 @@ from django.urls import reverse
 from limits.ledger.drain import ledger_drain_all
 from limits.models import LedgerEntry, Rule
 from limits.rules import RuleFields
-from limits.services import rule_create, rule_delete
+from limits.services import RULES
 from worker.gate import gate_check
 
 pytestmark = pytest.mark.django_db
@@ -101,7 +101,7 @@ def test_a_bad_position_shows_the_newest(marketer_client, vip):
 def test_a_deleted_rule_keeps_its_number_and_a_reader_without_rules_gets_no_link(
     client, staff, vip
 ):
-    rule = rule_create(
+    rule = RULES.create(
         fields=RuleFields(
             name="1 push a day", segment=None, channel="push", match="any", tag="",
             window_kind="rolling", window_seconds=86_400, window_unit="", limit=1,
@@ -113,7 +113,7 @@ def test_a_deleted_rule_keeps_its_number_and_a_reader_without_rules_gets_no_link
     gate_check(channel="email", requests=[(1, "c"), (1, "d")], now=NOW + 1)
     ledger_drain_all()
     rule_id = rule.pk
-    rule_delete(rule=rule, via="command")
+    RULES.delete(row=rule, via="command")
     reader = staff("rita")
     reader.user_permissions.add(Permission.objects.get(codename="view_cap"))
     client.login(username="rita", password="a-long-test-password")

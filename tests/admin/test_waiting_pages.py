@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from limits.models import QuietHours
 from limits.quiet import QuietFields
-from limits.services import quiet_create
+from limits.services import QUIET_HOURS
 from segments.models import Segment
 from tests.admin.conftest import PASSWORD
 from tests.worker.test_sends import make_job, run_all
@@ -39,7 +39,7 @@ def waiting_job(published, redis_client) -> SendJob:
     # Counted in UTC, then read on Paris's clocks: arithmetic on a Paris time would be off by
     # an hour across a change of summer time.
     now = timezone.now()
-    quiet_create(
+    QUIET_HOURS.create(
         fields=QuietFields(
             segment="vip",
             channel="email",

@@ -8,7 +8,7 @@ import pytest
 from limits.ledger.drain import ledger_drain_all
 from limits.models import LedgerEntry, Rule
 from limits.rules import RuleFields
-from limits.services import rule_create, rule_delete
+from limits.services import RULES
 from tests.api.conftest import call
 from worker.gate import gate_check
 
@@ -100,7 +100,7 @@ def test_a_user_without_decisions_has_an_empty_history(api, snapshot):
 
 
 def test_a_deleted_rule_is_still_named_by_its_id(api, snapshot):
-    rule = rule_create(
+    rule = RULES.create(
         fields=RuleFields(
             name="1 push a day",
             segment=None,
@@ -127,7 +127,7 @@ def test_a_deleted_rule_is_still_named_by_its_id(api, snapshot):
         "description": "Everyone: at most 1 push message in any 24 hours (at least 24 hours apart)",
         "classic": False,
     }
-    rule_delete(rule=Rule.objects.get(pk=rule.pk), via="command")
+    RULES.delete(row=Rule.objects.get(pk=rule.pk), via="command")
     refused = history(viewer, 7)["results"][0]
     assert refused["rule"] == {"id": rule.pk, "name": None, "description": None, "classic": None}
 

@@ -59,7 +59,7 @@ def test_a_marketer_creates_reads_changes_and_deletes_a_rule_and_each_step_is_re
     assert call(m, "DELETE", f"/api/v1/rules/{rule['id']}/").status_code == 204
     assert call(m, "GET", f"/api/v1/rules/{rule['id']}/").status_code == 404
     history = list(
-        RuleChange.objects.filter(rule_name=PROMO["name"])
+        RuleChange.objects.filter(label=PROMO["name"])
         .order_by("id")
         .values_list("action", "via", "changed_by__username")
     )
@@ -69,7 +69,7 @@ def test_a_marketer_creates_reads_changes_and_deletes_a_rule_and_each_step_is_re
         ("changed", "api", "marketer"),
         ("deleted", "api", "marketer"),
     ]
-    first_change = RuleChange.objects.filter(rule_name=PROMO["name"]).order_by("id")[1]
+    first_change = RuleChange.objects.filter(label=PROMO["name"]).order_by("id")[1]
     before, after = first_change.before or {}, first_change.after or {}
     assert (before["window"], after["window"]) == (
         {"kind": "calendar", "unit": "day"},

@@ -86,14 +86,14 @@ def test_a_send_job_shows_its_waiting_sends_and_they_can_be_cancelled(api, snaps
     from datetime import timedelta
 
     from limits.quiet import QuietFields
-    from limits.services import quiet_create
+    from limits.services import QUIET_HOURS
     from tests import broker
     from tests.worker.test_waiting import MORNING, NIGHT
     from worker.chunks import send_chunk_run
     from worker.models import SendChunk
 
     broker.clear("sends")
-    quiet_create(
+    QUIET_HOURS.create(
         fields=QuietFields(
             segment=None, channel="email", start="21:00", end="08:00", spread_minutes=30
         ),

@@ -29,7 +29,7 @@ def rule(
         window_seconds=None if unit else seconds,
         window_unit=unit,
         limit=limit,
-        reserve_below=reserve[0] if reserve else None,
+        reserve_below_priority=reserve[0] if reserve else None,
         reserve_slots=reserve[1] if reserve else None,
         classic=classic,
     )

@@ -117,7 +117,7 @@ class Model:
             if r.match == "campaign":
                 inside = [s for s in inside if s.campaign == campaign]
             limit = r.limit
-            if r.reserve_below is not None and priority < r.reserve_below:
+            if r.reserve_below_priority is not None and priority < r.reserve_below_priority:
                 limit = max(0, r.limit - (r.reserve_slots or 0))
             used = len(inside)
             if used < limit:
@@ -188,7 +188,7 @@ def rule_views(draw: st.DrawFn, rule_id: int) -> RuleView:
         window_seconds=size if kind == "rolling" else None,  # type: ignore[arg-type]
         window_unit=size if kind == "calendar" else "",  # type: ignore[arg-type]
         limit=limit,
-        reserve_below=reserve[0] if reserve else None,
+        reserve_below_priority=reserve[0] if reserve else None,
         reserve_slots=reserve[1] if reserve else None,
     )
 

@@ -126,6 +126,6 @@ def test_a_rule_refuses_with_a_reason_of_the_registry():
         view = RuleView(
             id=1, name="r", segment=None, channel="email", match="any", tag="",
             window_kind="calendar" if unit else "rolling", window_seconds=seconds,
-            window_unit=unit, limit=limit, reserve_below=None, reserve_slots=None,
+            window_unit=unit, limit=limit, reserve_below_priority=None, reserve_slots=None,
         )  # fmt: skip
         assert view.reason() in REASONS and isinstance(view.reason(), Reason)

@@ -4,7 +4,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from limits.quiet import QuietFields
-from limits.services import cap_set, quiet_create
+from limits.services import QUIET_HOURS, cap_set
 from segments.index import reset_index
 from segments.models import Segment
 from segments.publishing import build_run
@@ -55,7 +55,7 @@ def quiet_vip(published):
     30 minutes. Uncapped: only quiet hours hold their sends."""
     published(vip=(10, QUIET_USERS, {}))
     Segment.objects.filter(slug="vip").update(time_zone="Europe/Paris")
-    quiet_create(
+    QUIET_HOURS.create(
         fields=QuietFields(
             segment="vip", channel="email", start="21:00", end="08:00", spread_minutes=30
         ),

@@ -19,7 +19,7 @@ from limits.ledger.drain import (
 from limits.ledger.stream import ledger_entry, stream_key
 from limits.models import LedgerBatch, LedgerCount, LedgerEntry
 from limits.quiet import QuietFields
-from limits.services import quiet_create
+from limits.services import QUIET_HOURS
 from tests.worker.test_sends import make_job, relay  # noqa: F401  (a fixture)
 from worker.chunks import send_chunk_run
 from worker.gate import Gate, gate_check, gate_release
@@ -75,7 +75,7 @@ def test_every_decision_is_kept_with_what_decided_it(snapshot):
 
 
 def test_quiet_hours_refusals_are_kept_too(snapshot):
-    quiet_create(
+    QUIET_HOURS.create(
         fields=QuietFields(
             segment=None, channel="all", start="08:00", end="09:00", spread_minutes=0
         )

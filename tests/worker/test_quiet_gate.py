@@ -10,7 +10,7 @@ import redis
 
 from limits.limiter import Limiter
 from limits.quiet import QuietFields, user_offset
-from limits.services import cap_set, quiet_create, quiet_update
+from limits.services import QUIET_HOURS, cap_set
 from segments.models import Segment
 from tests.redis_servers import RedisServer
 from worker.gate import Gate, gate_check
@@ -29,7 +29,7 @@ def snapshot(published):
 
 
 def quiet(segment=None, channel="email", start="21:00", end="08:00", spread=30):
-    return quiet_create(
+    return QUIET_HOURS.create(
         fields=QuietFields(
             segment=segment, channel=channel, start=start, end=end, spread_minutes=spread
         ),
@@ -93,7 +93,7 @@ def test_transactional_and_refused_sends_keep_their_reasons(snapshot):
 
 def test_a_disabled_entry_holds_nobody(snapshot):
     entry = quiet("vip")
-    quiet_update(entry=entry, changes={"enabled": False}, via="command")
+    QUIET_HOURS.update(row=entry, changes={"enabled": False}, via="command")
     assert gate_check(channel="email", requests=[(1, "a")], now=NIGHT)[0].reason == "allowed"
 
 

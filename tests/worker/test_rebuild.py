@@ -12,7 +12,7 @@ from limits.ledger.rebuild import logs_rebuild, mark_key
 from limits.limiter import get_limiter
 from limits.log import message_hash
 from limits.rules import RuleFields
-from limits.services import rule_create
+from limits.services import RULES
 from tests.redis_servers import RedisServer
 from worker.gate import gate_check, gate_release
 
@@ -34,7 +34,7 @@ def history(published, own_redis) -> None:
     """Six days of sends: classic caps, a per-campaign rule, tags and priorities, a send given
     back, a refused one and an exempt one."""
     published(vip=(10, [1, 2, 3], {"email": (1, 20)}))
-    rule_create(
+    RULES.create(
         fields=RuleFields(
             name="One mail of a campaign a week", segment=None, channel="email",
             match="campaign", tag="", window_kind="rolling", window_seconds=7 * 86_400,

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from limits.limiter import get_limiter
 from limits.rules import RuleFields
-from limits.services import rule_create
+from limits.services import RULES
 from tests import broker
 from tests.redis_servers import free_port
 from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run
@@ -644,7 +644,7 @@ def make_rule(name: str, **values):
         "window_seconds": 86_400, "window_unit": "", "limit": 1, "reserve_below_priority": None,
         "reserve_slots": None,
     }  # fmt: skip
-    return rule_create(fields=RuleFields(name=name, **{**fields, **values}), via="command")
+    return RULES.create(fields=RuleFields(name=name, **{**fields, **values}), via="command")
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from django.test import Client
 from limits.limiter import get_limiter
 from limits.models import Suppression, SuppressionChange
 from limits.quiet import QuietFields
-from limits.services import quiet_create
+from limits.services import QUIET_HOURS
 from limits.suppression import SuppressionCache, suppression_cache
 from limits.suppression import suppress as suppress_now
 from limits.suppression import unsuppress as unsuppress_now
@@ -87,7 +87,7 @@ def test_suppression_is_per_channel_and_all_covers_every_channel(snapshot):
 def test_suppressed_comes_before_quiet_hours_blocks_and_a_dry_run_says_so_too(published):
     published(vip=(10, [1, 2], {"email": (0, 0)}))
     Segment.objects.filter(slug="vip").update(time_zone="Europe/Paris")
-    quiet_create(
+    QUIET_HOURS.create(
         fields=QuietFields(
             segment="vip", channel="email", start="21:00", end="08:00", spread_minutes=0
         ),

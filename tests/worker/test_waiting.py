@@ -337,12 +337,12 @@ def test_send_campaign_takes_an_expiry_and_says_what_waits(published, smtp, tmp_
     from django.core.management.base import CommandError
 
     from limits.quiet import QuietFields
-    from limits.services import quiet_create
+    from limits.services import QUIET_HOURS
 
     published(vip=(10, [7, 8, 9], {}))
     # Quiet from an hour ago to three hours from now, on the users' (UTC) clock: the real one.
     local = timezone.now()
-    quiet_create(
+    QUIET_HOURS.create(
         fields=QuietFields(
             segment="vip",
             channel="email",

@@ -12,7 +12,7 @@ from django.db import transaction
 from gatekeeper.lib.groups import MARKETER, VIEWER
 from gatekeeper.lib.permissions import CAMPAIGN_SYSTEM
 from limits.rules import RuleFields
-from limits.services import cap_set, rule_create
+from limits.services import RULES, cap_set
 from segments.index import refresh
 from segments.models import Segment
 from segments.publishing import build_run
@@ -80,7 +80,7 @@ class Command(BaseCommand):
                 cap_set(segment=default, channel=scope, daily=daily, weekly=weekly, via="command")
             for name, segment_slug, channel, match, tag, window, limit, reserve in DEMO_RULES:
                 kind, size = window
-                rule_create(
+                RULES.create(
                     fields=RuleFields(
                         name=name,
                         segment=segment_slug,
