@@ -212,6 +212,10 @@ class PolicyTable:
             self._quiet[key] = found
         return found
 
+    def has_quiet(self, *, channel: str) -> bool:
+        """Whether any enabled quiet hours hold sends on `channel` (their own or `all`'s)."""
+        return any(entry.channel in (channel, ALL) for entry in self.quiet)
+
     def quiet_release(
         self, *, segment: str | None, channel: str, zone: str, now: float
     ) -> tuple[float, int] | None:

@@ -2,14 +2,14 @@
 
 `gate_check` is what the REST API, the send worker and the admin's what-if all call. Per batch it
 resolves every user's segment in memory (one bitmap operation), takes the rules from the
-in-process cache, holds the sends that fall in the user's quiet hours (decided here, in
-Python: they cost Redis nothing), resolves per segment and time zone the rules that apply (a
-calendar window in the user's own zone), and asks the limiter about the rest in one round trip
-per Redis node.
+in-process cache and runs the stages in order (STAGES; worker/stages/): the suppression list,
+the snapshot, quiet hours (decided in Python: they cost Redis nothing), then the rules, resolved
+per segment and time zone (a calendar window in the user's own zone) and asked of the limiter
+in one round trip per Redis node. A transactional send passes them all (`exempt`). Every
+decision is counted and kept in the ledger (not dry runs).
 """
 
 import logging
-import math
 import time
 from collections.abc import Sequence
 from typing import Protocol, cast
@@ -19,18 +19,25 @@ from django.core.exceptions import ValidationError
 from limits.channels import validate_channel
 from limits.ledger.stream import ledger_append, ledger_enabled, ledger_outcomes
 from limits.limiter import Decision, Limiter, get_limiter
-from limits.policy import DEFAULT_PRIORITY, PolicyTable, RuleSet
-from limits.quiet import QuietView, release_at
+from limits.policy import DEFAULT_PRIORITY, PolicyTable
 from limits.reasons import Category, Outcome, Reason, validate_category
 from limits.selectors import PolicyCache, policy_cache
-from limits.suppression import SuppressionCache, SuppressionUnavailable, suppression_cache
-from limits.windows import resolve_zone
+from limits.suppression import SuppressionCache, suppression_cache
 from segments.index import get_index
 from worker import stats
+from worker.stages import quiet_hours, rules, snapshot, suppressed
+from worker.stages.base import Batch, Stage
 
 logger = logging.getLogger(__name__)
 
-_UNKNOWN: object = object()
+# The checks, in the order DESIGN.md gives (Gate): each decides some of the requests still
+# pending and passes the rest on; the rules ask the limiter about all that is left.
+STAGES: tuple[Stage, ...] = (
+    suppressed.STAGE,
+    snapshot.STAGE,
+    quiet_hours.STAGE,
+    rules.STAGE,
+)
 
 
 class SegmentResolver(Protocol):
@@ -50,20 +57,6 @@ def _checked(channel: str, category: str = Category.MARKETING) -> None:
         validate_category(category, field="category")
     except ValidationError as exc:
         raise GateError(exc.message_dict) from None
-
-
-_last_unavailable_log = 0.0
-
-
-def _log_no_snapshot() -> None:
-    # Once a minute at most: a worker gating millions of users must not write millions of lines.
-    global _last_unavailable_log
-    if time.monotonic() - _last_unavailable_log > 60:
-        _last_unavailable_log = time.monotonic()
-        logger.error(
-            "No segment snapshot is loaded and none is cached on disk: every marketing send is "
-            "refused as 'unavailable' until a snapshot is published (manage.py build_segments)."
-        )
 
 
 class Gate:
@@ -120,31 +113,41 @@ class Gate:
         if not requests:
             return []
         index = self.index()
-        segments: Sequence[str | None]
-        if index is None:
-            segments = [None] * len(requests)
-        else:
-            segments = index.resolve_many([user_id for user_id, _ in requests])
-
+        segments = None if index is None else index.resolve_many([u for u, _ in requests])
         if category == Category.TRANSACTIONAL:
             # Receipts and one-time codes: never refused, never counted.
             decisions = [
-                _own(u, m, segment=s, allowed=True, reason=Reason.EXEMPT)
-                for (u, m), s in zip(requests, segments, strict=True)
+                Decision(
+                    user_id=u,
+                    message_id=m,
+                    allowed=True,
+                    reason=Reason.EXEMPT,
+                    counts={},
+                    limits={},
+                    retry_after=None,
+                    segment=segments[k] if segments is not None else None,
+                )
+                for k, (u, m) in enumerate(requests)
             ]
         else:
-            decisions = self._marketing(
-                channel,
-                requests,
-                segments if index is not None else None,
-                table=table,
+            batch = Batch(
+                channel=channel,
                 campaign=campaign,
                 tags=tags,
                 priority=priority,
-                time_zones=time_zones,
                 dry_run=dry_run,
                 now=now,
+                clock=time.time() if now is None else now,
+                requests=requests,
+                segments=segments,
+                time_zones=time_zones,
+                table=table or self.policy.table(),
             )
+            for stage in STAGES:
+                stage.run(batch, self)
+                if not batch.pending:
+                    break
+            decisions = cast(list[Decision], batch.decisions)  # the last stage decides the rest
         if not dry_run:
             if self.record_stats:
                 stats.record(channel=channel, decisions=decisions)
@@ -160,171 +163,6 @@ class Gate:
                     decisions=decisions,
                 )
         return decisions
-
-    def _marketing(
-        self,
-        channel: str,
-        requests: Sequence[tuple[int, str]],
-        segments: Sequence[str | None] | None,
-        *,
-        table: PolicyTable | None,
-        campaign: str,
-        tags: tuple[str, ...],
-        priority: int,
-        time_zones: Sequence[str | None] | None,
-        dry_run: bool,
-        now: float | None,
-    ) -> list[Decision]:
-        """Suppressed users first (in memory; they are refused and charged nothing, snapshot
-        or not), then the rest by quiet hours and rules (`segments` None: no snapshot). A
-        process that could never read the suppression list refuses all as `unavailable`."""
-        decisions: list[Decision | None] = [None] * len(requests)
-        try:
-            suppressed = self.suppressions.suppressed(channel, [user_id for user_id, _ in requests])
-        except SuppressionUnavailable:
-            # Never read in this process: a send to someone who opted out is worse than a
-            # send refused for now (the worker tries `unavailable` sends again).
-            return [
-                _own(u, m, segment=None, allowed=False, reason=Reason.UNAVAILABLE)
-                for u, m in requests
-            ]
-        rest = list(range(len(requests)))
-        if suppressed is not None:
-            rest = []
-            for i, (user_id, message_id) in enumerate(requests):
-                if suppressed[i]:
-                    segment = segments[i] if segments is not None else None
-                    decisions[i] = _own(
-                        user_id,
-                        message_id,
-                        segment=segment,
-                        allowed=False,
-                        reason=Reason.SUPPRESSED,
-                    )
-                else:
-                    rest.append(i)
-        if not rest:
-            return decisions  # type: ignore[return-value]
-        if segments is None:
-            _log_no_snapshot()
-            for i in rest:
-                user_id, message_id = requests[i]
-                decisions[i] = _own(
-                    user_id, message_id, segment=None, allowed=False, reason=Reason.UNAVAILABLE
-                )
-            return decisions  # type: ignore[return-value]
-        whole = len(rest) == len(requests)
-        decided = self._decide(
-            table or self.policy.table(),
-            channel,
-            requests if whole else [requests[i] for i in rest],
-            segments if whole else [segments[i] for i in rest],
-            campaign=campaign,
-            tags=tags,
-            priority=priority,
-            time_zones=(
-                time_zones if whole or time_zones is None else [time_zones[i] for i in rest]
-            ),
-            dry_run=dry_run,
-            now=now,
-        )
-        if whole:
-            return decided
-        for i, decision in zip(rest, decided, strict=True):
-            decisions[i] = decision
-        return decisions  # type: ignore[return-value]
-
-    def _decide(
-        self,
-        table: PolicyTable,
-        channel: str,
-        requests: Sequence[tuple[int, str]],
-        segments: Sequence[str | None],
-        *,
-        campaign: str,
-        tags: tuple[str, ...],
-        priority: int,
-        time_zones: Sequence[str | None] | None,
-        dry_run: bool,
-        now: float | None,
-    ) -> list[Decision]:
-        clock = time.time() if now is None else now
-        now_ms = round(clock * 1000)
-        sets: dict[tuple[str | None, str], RuleSet] = {}
-        # Per segment: its quiet hours on the channel, whether a rule reads the zone, and the
-        # zone of a request that names none (resolve_zone's answer without a requested zone).
-        per_segment: dict[str | None, tuple[tuple[QuietView, ...], bool, str]] = {}
-        # Per (segment, zone): when its quiet hours let go (None: they hold nobody now).
-        held: dict[tuple[str | None, str], tuple[float, int] | None] = {}
-        decisions: list[Decision | None] = [None] * len(requests)
-        asked: list[int] = []  # positions the limiter decides
-        per_request: list[RuleSet] = []
-        for i, segment in enumerate(segments):
-            known = per_segment.get(segment)
-            if known is None:
-                known = per_segment[segment] = (
-                    table.quiet_for(segment=segment, channel=channel),
-                    table.needs_zone(segment=segment, channel=channel),
-                    resolve_zone(requested=None, segment_zone=table.zone_of(segment)),
-                )
-            quiet, zoned, fallback = known
-            zone = ""
-            if quiet or zoned:
-                # resolve_zone for this request: its own zone, else the segment's fallback.
-                zone = (time_zones[i] if time_zones is not None else None) or fallback
-            if quiet:
-                key = (segment, zone)
-                until = held.get(key, _UNKNOWN)
-                if until is _UNKNOWN:
-                    until = held[key] = table.quiet_release(
-                        segment=segment, channel=channel, zone=zone, now=clock
-                    )
-                if until is not None:
-                    user_id, message_id = requests[i]
-                    end, spread = cast(tuple[float, int], until)
-                    decision = _own(
-                        user_id,
-                        message_id,
-                        segment=segment,
-                        allowed=False,
-                        reason=Reason.QUIET_HOURS,
-                    )
-                    # Rounded up to the millisecond: a send retried after it is never early.
-                    wait = release_at(end, spread, user_id) - clock
-                    decision.retry_after = math.ceil(wait * 1000) / 1000
-                    decisions[i] = decision
-                    continue
-                if not zoned:
-                    zone = ""  # the rules read no zone: one rule set for every zone
-            rule_set = sets.get((segment, zone))
-            if rule_set is None:
-                rule_set = sets[(segment, zone)] = table.rule_set(
-                    segment=segment,
-                    channel=channel,
-                    campaign=campaign,
-                    tags=tags,
-                    priority=priority,
-                    zone=zone,
-                    now_ms=now_ms,
-                )
-            asked.append(i)
-            per_request.append(rule_set)
-        if asked:
-            limited = self.limiter.acquire(
-                channel,
-                requests if len(asked) == len(requests) else [requests[i] for i in asked],
-                per_request,
-                campaign=campaign,
-                tags=tags,
-                priority=priority,
-                retention_ms=table.retention_ms,
-                now=now,
-                dry_run=dry_run,
-            )
-            for i, decision in zip(asked, limited, strict=True):
-                decision.segment = segments[i]
-                decisions[i] = decision
-        return decisions  # type: ignore[return-value]  # every position is decided now
 
     def release(self, *, channel: str, requests: Sequence[tuple[int, str]]) -> list[bool]:
         _checked(channel)
@@ -351,22 +189,6 @@ class Gate:
 
     def _ledger_on(self) -> bool:
         return self.record_ledger if self.record_ledger is not None else ledger_enabled()
-
-
-def _own(
-    user_id: int, message_id: str, *, segment: str | None, allowed: bool, reason: str
-) -> Decision:
-    """A decision the gate makes without the limiter (exempt, unavailable)."""
-    return Decision(
-        user_id=user_id,
-        message_id=message_id,
-        allowed=allowed,
-        reason=reason,
-        counts={},
-        limits={},
-        retry_after=None,
-        segment=segment,
-    )
 
 
 _default_gate = Gate()

@@ -109,7 +109,7 @@ def test_transactional_sends_are_not_suppressed(snapshot):
 
 def test_suppressed_users_are_refused_even_without_a_snapshot(db, redis_client, monkeypatch):
     # The gate logs a missing snapshot once a minute: this test's line is not another's.
-    monkeypatch.setattr("worker.gate._last_unavailable_log", 0.0)
+    monkeypatch.setattr("worker.stages.snapshot._last_log", 0.0)
     suppress(channel="email", user_ids=[1], reason="bounced", source="test")
     # No snapshot published, none cached.
     decisions = gate_check(channel="email", requests=[(1, "a"), (2, "b")])

@@ -1,0 +1,90 @@
+"""What a stage of the gate works on: one gate call's marketing requests (`Batch`), the
+decisions made so far and the requests still pending; and what a stage is.
+
+A stage (`Stage.run`) looks at the pending requests, decides some of them (a refusal with its
+reason, or the limiter's decisions) and leaves the rest pending for the next. The gate runs the
+stages in the order DESIGN.md gives (worker/gate.py, STAGES), so that a new check is a new stage
+in that list and not a new branch inside another; every decision is a limits.limiter.Decision.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from limits.limiter import Decision, Limiter
+from limits.policy import PolicyTable
+from limits.reasons import Reason
+from limits.suppression import SuppressionCache
+from limits.windows import resolve_zone
+
+
+@dataclass(slots=True, eq=False)
+class Batch:
+    """One gate call's marketing requests and what is decided of them so far."""
+
+    channel: str
+    campaign: str
+    tags: tuple[str, ...]
+    priority: int
+    dry_run: bool
+    now: float | None  # the caller's clock (tests, replays); None: Redis's
+    clock: float  # `now`, or this process's clock: what Python decides by (quiet hours)
+    requests: Sequence[tuple[int, str]]
+    segments: Sequence[str | None] | None  # None: no snapshot is loaded
+    time_zones: Sequence[str | None] | None  # per request, the zone it names (None: none)
+    table: PolicyTable
+    decisions: list[Decision | None] = field(init=False)
+    pending: list[int] = field(init=False)  # positions no stage has decided, in order
+    _fallbacks: dict[str | None, str] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.decisions = [None] * len(self.requests)
+        self.pending = list(range(len(self.requests)))
+
+    def segment(self, i: int) -> str | None:
+        return self.segments[i] if self.segments is not None else None
+
+    def zone(self, i: int) -> str:
+        """The time zone request `i` is decided in: its own, else its segment's, else the
+        setting's (limits.windows.resolve_zone)."""
+        requested = self.time_zones[i] if self.time_zones is not None else None
+        if requested:
+            return requested
+        segment = self.segment(i)
+        fallback = self._fallbacks.get(segment)
+        if fallback is None:
+            fallback = self._fallbacks[segment] = resolve_zone(
+                requested=None, segment_zone=self.table.zone_of(segment)
+            )
+        return fallback
+
+    def refuse(self, i: int, reason: Reason, *, retry_after: float | None = None) -> None:
+        """Decide request `i` as refused for `reason`."""
+        user_id, message_id = self.requests[i]
+        self.decisions[i] = Decision(
+            user_id=user_id,
+            message_id=message_id,
+            allowed=False,
+            reason=reason,
+            counts={},
+            limits={},
+            retry_after=retry_after,
+            segment=self.segment(i),
+        )
+
+
+class Parts(Protocol):
+    """What a stage may ask of the gate that runs it (a test's gate gives its own)."""
+
+    @property
+    def limiter(self) -> Limiter: ...
+
+    @property
+    def suppressions(self) -> SuppressionCache: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    name: str
+    reasons: tuple[Reason, ...]  # what it decides with
+    run: Callable[[Batch, Parts], None]
