@@ -25,6 +25,8 @@ import redis
 from hiredis import pack_command
 from redis.cluster import ClusterNode, RedisCluster
 
+from gatekeeper.lib.redis_client import BROKEN, SLOT_MOVED
+
 logger = logging.getLogger(__name__)
 
 LIBRARY = (Path(__file__).parent / "lua" / "limiter.lua").read_text()
@@ -34,14 +36,15 @@ USERS_PER_CALL = 250
 LOAD_ATTEMPTS = 4
 # Errors after which a group is answered `unavailable`: the server is gone or not serving.
 REDIS_DOWN = (redis.exceptions.RedisError, OSError)
-# Errors after which a cluster call is routed again: it ran nothing.
+# Errors after which a cluster call is routed again on a map read afresh: its slot moved
+# (MOVED, or READONLY from a primary a failover demoted), is being moved (ASK) or is briefly
+# unserved (TRYAGAIN, CLUSTERDOWN), all of which ran nothing; or its node went away.
 REROUTE = (
-    redis.exceptions.MovedError,
+    *SLOT_MOVED,
     redis.exceptions.AskError,
     redis.exceptions.TryAgainError,
     redis.exceptions.ClusterDownError,
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
+    *BROKEN,
 )
 
 
@@ -171,6 +174,8 @@ class FunctionTransport:
 
         if name not in self._loaded:
             # Once per node and process; afterwards only a missing-function reply reloads it.
+            # A primary that a failover demoted refuses the load with READONLY: that raises
+            # before the node counts as loaded, and `run` routes the calls again (REROUTE).
             conn.function_load(LIBRARY, replace=True)
             self._loaded.add(name)
         self._send_and_read(conn, calls, sort, reload=False)
@@ -194,8 +199,10 @@ class FunctionTransport:
         indexes one call may decide together; hand each reply to `collect`.
 
         Requests whose node is down get `fail`. In a cluster, a call refused because its slot
-        moved (or a node that went away) refreshes the topology and is routed again, at most
-        twice: a refused call ran nothing, so resending it cannot count a send twice.
+        moved (MOVED, or READONLY from a primary that a failover demoted to replica; see
+        REROUTE) or whose node went away is routed again on a map read afresh (once for all of
+        a round's refused calls), at most twice: a refused call ran nothing, so resending it
+        cannot count a send twice. On a single node READONLY is `fail`, as any other error.
         """
         pending = list(range(len(user_ids)))
         for attempt in range(3):
