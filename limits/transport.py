@@ -254,7 +254,12 @@ class FunctionTransport:
             fail(pending)
 
     def _refresh(self) -> None:
+        """Read the slot map again. READONLY names no node, so redis-py's `move_slot` (which
+        patches one slot from a MOVED) cannot serve: the whole map is read."""
         logger.info("Cluster topology changed: refreshing")
+        # Threads sharing the client may refresh at once: initialize() reads the map once and
+        # the others return (it compares an epoch under its lock). A node another thread marks
+        # loaded right after this clear costs at most a missing-function reply and a reload.
         self._loaded.clear()
         try:
             self.client.nodes_manager.initialize()
