@@ -25,6 +25,8 @@ import redis
 from hiredis import pack_command
 from redis.cluster import ClusterNode, RedisCluster
 
+from gatekeeper.lib.redis_client import BROKEN, SLOT_MOVED
+
 logger = logging.getLogger(__name__)
 
 LIBRARY = (Path(__file__).parent / "lua" / "limiter.lua").read_text()
@@ -33,15 +35,18 @@ USERS_PER_CALL = 250
 # A flush may race with our reload; a few tries make that a non-event.
 LOAD_ATTEMPTS = 4
 # Errors after which a group is answered `unavailable`: the server is gone or not serving.
-REDIS_DOWN = (redis.exceptions.RedisError, OSError)
-# Errors after which a cluster call is routed again: it ran nothing.
+# RedisClusterException is not a RedisError: redis-py raises it when reading a cluster's map
+# again reaches no node, or when the map leaves a slot unserved.
+REDIS_DOWN = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
+# Errors after which a cluster call is routed again on a map read afresh: its slot moved
+# (MOVED, or READONLY from a primary a failover demoted), is being moved (ASK) or is briefly
+# unserved (TRYAGAIN, CLUSTERDOWN), all of which ran nothing; or its node went away.
 REROUTE = (
-    redis.exceptions.MovedError,
+    *SLOT_MOVED,
     redis.exceptions.AskError,
     redis.exceptions.TryAgainError,
     redis.exceptions.ClusterDownError,
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
+    *BROKEN,
 )
 
 
@@ -171,6 +176,8 @@ class FunctionTransport:
 
         if name not in self._loaded:
             # Once per node and process; afterwards only a missing-function reply reloads it.
+            # A primary that a failover demoted refuses the load with READONLY: that raises
+            # before the node counts as loaded, and `run` routes the calls again (REROUTE).
             conn.function_load(LIBRARY, replace=True)
             self._loaded.add(name)
         self._send_and_read(conn, calls, sort, reload=False)
@@ -194,8 +201,10 @@ class FunctionTransport:
         indexes one call may decide together; hand each reply to `collect`.
 
         Requests whose node is down get `fail`. In a cluster, a call refused because its slot
-        moved (or a node that went away) refreshes the topology and is routed again, at most
-        twice: a refused call ran nothing, so resending it cannot count a send twice.
+        moved (MOVED, or READONLY from a primary that a failover demoted to replica; see
+        REROUTE) or whose node went away is routed again on a map read afresh (once for all of
+        a round's refused calls), at most twice: a refused call ran nothing, so resending it
+        cannot count a send twice. On a single node READONLY is `fail`, as any other error.
         """
         pending = list(range(len(user_ids)))
         for attempt in range(3):
@@ -245,7 +254,12 @@ class FunctionTransport:
             fail(pending)
 
     def _refresh(self) -> None:
+        """Read the slot map again. READONLY names no node, so redis-py's `move_slot` (which
+        patches one slot from a MOVED) cannot serve: the whole map is read."""
         logger.info("Cluster topology changed: refreshing")
+        # Threads sharing the client may refresh at once: initialize() reads the map once and
+        # the others return (it compares an epoch under its lock). A node another thread marks
+        # loaded right after this clear costs at most a missing-function reply and a reload.
         self._loaded.clear()
         try:
             self.client.nodes_manager.initialize()

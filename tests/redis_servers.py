@@ -1,9 +1,11 @@
-"""Real redis-server processes for tests: single nodes and a 3-master cluster on loopback."""
+"""Real redis-server processes for tests: single nodes and clusters (3 masters, replicas if asked)
+on loopback."""
 
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -58,6 +60,9 @@ class RedisServer:
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
             args += ["--cluster-node-timeout", "2000"]
+            # A replica's first sync starts at once, not after the 5 s Redis waits for others;
+            # a primary stops at once, not after waiting up to 10 s for a lagging replica.
+            args += ["--repl-diskless-sync-delay", "0", "--shutdown-timeout", "0"]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + 10
@@ -86,11 +91,26 @@ class RedisServer:
             self.process = None
 
 
-class RedisClusterProcesses:
-    """Three masters, no replicas, slots split evenly by `redis-cli --cluster create`."""
+# Slot ranges and the port of the primary serving each, as one node sees them.
+SlotOwners = dict[tuple[int, int], int]
 
-    def __init__(self, directory: Path, *, masters: int = 3) -> None:
-        self.nodes = [RedisServer(directory, cluster=True) for _ in range(masters)]
+
+def poll(what: str, ready: Callable[[], bool], *, timeout: float = 20) -> None:
+    """Ask `ready()` until it says yes; a test waits for a cluster's state, never for a time."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not within {timeout} s")
+        time.sleep(0.05)
+
+
+class RedisClusterProcesses:
+    """Masters (three by default), each with `replicas` replicas, slots split evenly by
+    `redis-cli --cluster create`."""
+
+    def __init__(self, directory: Path, *, masters: int = 3, replicas: int = 0) -> None:
+        self.replicas = replicas
+        self.nodes = [RedisServer(directory, cluster=True) for _ in range(masters * (1 + replicas))]
 
     @property
     def url(self) -> str:
@@ -100,22 +120,93 @@ class RedisClusterProcesses:
         for node in self.nodes:
             node.start()
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        replicas = ["--cluster-replicas", str(self.replicas)]
         subprocess.run(
-            [REDIS_CLI, "--cluster", "create", *addresses, "--cluster-yes"],
+            [REDIS_CLI, "--cluster", "create", *addresses, *replicas, "--cluster-yes"],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 20
-        for node in self.nodes:
-            client = redis.Redis(port=node.port)
-            while client.cluster("info").get("cluster_state") != "ok":
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the test cluster did not come up")
-                time.sleep(0.1)
-            client.close()
+        self.wait_settled()
         return self
 
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+    def node(self, port: int) -> RedisServer:
+        return next(node for node in self.nodes if node.port == port)
+
+    def owners(self) -> SlotOwners:
+        """The slot map as the first running node sees it."""
+        with _client(next(node for node in self.nodes if node.process is not None)) as client:
+            return _owners(client)
+
+    def primary_and_replica(self) -> tuple[RedisServer, RedisServer]:
+        """The primary of slot 0 and its (first) replica."""
+        owners = self.owners()
+        primary = self.node(owners[min(owners)])
+        with _client(primary) as client:
+            replica = client.info("replication")["slave0"]
+        return primary, self.node(int(replica["port"]))
+
+    def wait_replicated(self, primary: RedisServer, replica: RedisServer) -> None:
+        """Until `replica` has applied everything written to `primary` so far."""
+        with _client(primary) as client:
+            written = int(client.info("replication")["master_repl_offset"])
+
+        def applied() -> bool:
+            with _client(replica) as client:
+                found = client.info("replication")
+            return found["master_link_status"] == "up" and found["slave_repl_offset"] >= written
+
+        poll(f"replica {replica.port} in sync with {primary.port}", applied)
+
+    def take_over(self, replica: RedisServer) -> SlotOwners:
+        """Promote `replica` without asking its primary (CLUSTER FAILOVER TAKEOVER: no election,
+        no waiting for a node timeout) and wait until every running node agrees. Returns the
+        slot map after it."""
+        owners = self.owners()
+        with _client(replica) as client:
+            demoted = int(client.info("replication")["master_port"])
+            client.execute_command("CLUSTER FAILOVER", "TAKEOVER")
+        after = {slots: replica.port if port == demoted else port for slots, port in owners.items()}
+        self.wait_settled(after)
+        return after
+
+    def wait_settled(self, owners: SlotOwners | None = None) -> None:
+        """Until every running node says the cluster is ok and sees the same slot map (`owners`
+        when given), each primary of that map says it is one, and every other running node is
+        a replica whose link to its primary is up."""
+
+        def settled() -> bool:
+            try:
+                expected = owners or self.owners()
+                for node in self.nodes:
+                    if node.process is None:
+                        continue
+                    with _client(node) as client:
+                        if client.cluster("info")["cluster_state"] != "ok":
+                            return False
+                        if _owners(client) != expected:
+                            return False
+                        replication = client.info("replication")
+                    if node.port in expected.values():
+                        if replication["role"] != "master":
+                            return False
+                    elif replication.get("master_link_status") != "up":
+                        return False
+                return True
+            except redis.RedisError:
+                return False  # a node still starting or changing its role
+
+        poll("the cluster settled", settled)
+
+
+def _client(node: RedisServer) -> redis.Redis:
+    return redis.Redis(port=node.port, socket_timeout=2, socket_connect_timeout=2)
+
+
+def _owners(client: redis.Redis) -> SlotOwners:
+    slots = client.execute_command("CLUSTER SLOTS")
+    return {(int(entry[0]), int(entry[1])): int(entry[2][1]) for entry in slots}

@@ -49,7 +49,15 @@ def reset_redis_clients() -> None:
         _clients.clear()
 
 
-_BROKEN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# A connection that broke or a reply that did not come: the command may or may not have run.
+BROKEN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# Refusals that say a cluster's slot map has changed: the command ran nothing and goes again to
+# the node that the map, read again, names for its slot. MOVED names the new owner itself;
+# READONLY comes from a primary that a failover demoted to replica while it stayed up (CLUSTER
+# FAILOVER TAKEOVER, or one restarted after a crash) and names nobody. redis-py's RedisCluster
+# and its pipelines follow MOVED but hand READONLY back as a plain error with the map untouched,
+# so a process whose map is stale would keep asking the replica.
+SLOT_MOVED = (redis.exceptions.MovedError, redis.exceptions.ReadOnlyError)
 ATTEMPTS = 3  # per command: a broken connection, a moved slot, a cluster busy failing over
 
 
@@ -65,15 +73,16 @@ def pipelined(client: RedisClient, commands: Iterable[Sequence[Any]]) -> list[An
     Every command must be safe to run twice: as redis-py's pipeline does, a broken connection
     or a timeout sends a node's commands again (ATTEMPTS in all), and some of them may have run
     before it broke. On a cluster each command goes to the node that serves its key's slot; a
-    command refused because its slot moved (MOVED: the cluster's map is read again), is being
-    moved (ASK: sent to the importing node after ASKING) or is briefly unserved (TRYAGAIN,
-    CLUSTERDOWN: after a quarter second) ran nothing and is sent again."""
+    command refused because its slot moved (MOVED, or READONLY from a primary a failover
+    demoted: the cluster's map is read again, once for all of them), is being moved (ASK: sent
+    to the importing node after ASKING) or is briefly unserved (TRYAGAIN, CLUSTERDOWN: after a
+    quarter second) ran nothing and is sent again."""
     commands = list(commands)
     if not isinstance(client, RedisCluster):
         for _attempt in range(ATTEMPTS - 1):
             try:
                 return _raised(_packed(client, commands))
-            except _BROKEN:
+            except BROKEN:
                 pass  # on a new connection
         return _raised(_packed(client, commands))
     replies: list[Any] = [None] * len(commands)
@@ -94,14 +103,14 @@ def pipelined(client: RedisClient, commands: Iterable[Sequence[Any]]) -> list[An
                 sent = [c for command in sent for c in (("ASKING",), command)]
             try:
                 answers = _packed(client.get_redis_connection(node), sent)
-            except _BROKEN:
+            except BROKEN:
                 if attempt == ATTEMPTS - 1:
                     raise
                 refresh = True  # the node may have failed over
                 again.update((i, (node, False)) for i in indexes)
                 continue
             for i, answer in zip(indexes, answers[1::2] if asking else answers, strict=True):
-                if isinstance(answer, redis.exceptions.MovedError):
+                if isinstance(answer, SLOT_MOVED):
                     refresh = True
                     again[i] = (node, False)
                 elif isinstance(answer, redis.exceptions.AskError):

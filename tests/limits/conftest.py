@@ -1,4 +1,5 @@
-"""Limiter fixtures: the machine's Redis and a real 3-master Redis Cluster."""
+"""Limiter fixtures: the machine's Redis, a real 3-master Redis Cluster, and one with replicas
+to fail over."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,14 @@ PREFIX = "test:"
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
     cluster = RedisClusterProcesses(tmp_path_factory.mktemp("cluster")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def replicated_cluster(tmp_path: Path) -> Iterator[RedisClusterProcesses]:
+    """A cluster of the test's own, 3 primaries each with a replica, which it may fail over."""
+    cluster = RedisClusterProcesses(tmp_path / "cluster", replicas=1).start()
     yield cluster
     cluster.stop()
 

@@ -3,6 +3,7 @@
 import multiprocessing
 import threading
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from redis.cluster import RedisCluster
 
 from limits.limiter import Limiter
 from tests.limits.rulesets import DAY_S, caps, rule, rule_set
-from tests.redis_servers import RedisServer
+from tests.redis_servers import RedisClusterProcesses, RedisServer
 
 NOW = 1_763_800_000.0
 USERS = 10
@@ -205,3 +206,33 @@ def test_a_cluster_batch_survives_functions_flushed_on_every_node(
         cluster_client.get_redis_connection(node).function_flush()
     again = limiter.acquire("email", [(u, "b") for u in users], rules, now=NOW)
     assert {d.reason for d in again} == {"daily_cap"}
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_a_cluster_down_gives_unavailable_and_recovers_after_restart(tmp_path: Path) -> None:
+    cluster = RedisClusterProcesses(tmp_path).start()
+    client = RedisCluster.from_url(cluster.url, socket_timeout=0.5, socket_connect_timeout=0.5)
+    limiter = Limiter(client)
+    rules = caps(daily=5)
+    users = list(range(0, 30 * 300, 300))  # on every node
+    try:
+        first = limiter.acquire("email", [(u, "a") for u in users], rules, now=NOW)
+        assert {d.reason for d in first} == {"allowed"}
+        for node in cluster.nodes:
+            node.kill()
+        # Reading the cluster's map again finds no node: still an answer, not an exception.
+        down = limiter.acquire("email", [(u, "b") for u in users], rules, now=NOW)
+        assert {(d.allowed, d.reason) for d in down} == {(False, "unavailable")}
+        assert limiter.usage(users[0], [("email", rules)], now=NOW) is None
+        assert limiter.release("email", [(users[0], "a")]) == [False]
+        assert limiter.ping() is False
+
+        for node in cluster.nodes:
+            node.start()  # same ports, empty: no data, no functions
+        cluster.wait_settled()
+        up = limiter.acquire("email", [(u, "c") for u in users], rules, now=NOW)
+        assert {d.reason for d in up} == {"allowed"}
+    finally:
+        client.close()
+        cluster.stop()
