@@ -16,13 +16,13 @@ from typing import Any
 
 from django.conf import settings
 
-from gatekeeper.lib.redis_client import get_redis
+from gatekeeper.lib.redis_client import REDIS_DOWN, get_redis
 from limits import log
 from limits.channels import ALL
 from limits.legacy import LegacyLogs
 from limits.policy import DEFAULT_PRIORITY, RuleSet, RuleView
 from limits.reasons import Reason
-from limits.transport import REDIS_DOWN, Call, FunctionTransport
+from limits.transport import Call, FunctionTransport
 
 logger = logging.getLogger(__name__)
 

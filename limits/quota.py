@@ -7,8 +7,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import redis
-
+from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.channels import ALL, channels, scopes
 from limits.limiter import RuleUsage, get_limiter
 from limits.log import NO_HASH, short_hash
@@ -55,7 +54,7 @@ def user_quota(
         return _user_quota(
             user_id, now=now, time_zone=time_zone, window_seconds=window_seconds, campaign=campaign
         )
-    except redis.RedisError as exc:
+    except REDIS_DOWN as exc:
         raise _redis_down(exc) from exc
 
 
@@ -167,7 +166,7 @@ def user_recent_sends(
     hashes)."""
     try:
         entries = get_limiter().history(user_id, now=now)[:limit]
-    except redis.RedisError as exc:
+    except REDIS_DOWN as exc:
         raise _redis_down(exc) from exc
     campaigns = _campaign_names(min((e.at_ms for e in entries), default=0))
     tags = {short_hash(t): t for t in policy_cache().table().tags()}

@@ -6,12 +6,12 @@ is recorded with who made it, in the same transaction."""
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.integers import INT32_MAX, NotAWholeNumber, whole_number
+from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.authored import AuthoredKind, who
 from limits.channels import noun, scope_label, validate_scope
 from limits.limiter import get_limiter
@@ -315,6 +315,6 @@ def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
         )
         try:
             get_limiter().reset(user_id)
-        except redis.RedisError as exc:  # the audit row is rolled back with the transaction
+        except REDIS_DOWN as exc:  # the audit row is rolled back with the transaction
             raise Unavailable(f"Redis is not answering ({exc}); nothing was reset.") from exc
     return record

@@ -25,7 +25,7 @@ import redis
 from hiredis import pack_command
 from redis.cluster import ClusterNode, RedisCluster
 
-from gatekeeper.lib.redis_client import BROKEN, SLOT_MOVED
+from gatekeeper.lib.redis_client import BROKEN, REDIS_DOWN, SLOT_MOVED
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +34,6 @@ LOAD_COMMAND = pack_command(("FUNCTION", "LOAD", "REPLACE", LIBRARY))  # type: i
 USERS_PER_CALL = 250
 # A flush may race with our reload; a few tries make that a non-event.
 LOAD_ATTEMPTS = 4
-# Errors after which a group is answered `unavailable`: the server is gone or not serving.
-# RedisClusterException is not a RedisError: redis-py raises it when reading a cluster's map
-# again reaches no node, or when the map leaves a slot unserved.
-REDIS_DOWN = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
 # Errors after which a cluster call is routed again on a map read afresh: its slot moved
 # (MOVED, or READONLY from a primary a failover demoted), is being moved (ASK) or is briefly
 # unserved (TRYAGAIN, CLUSTERDOWN), all of which ran nothing; or its node went away.

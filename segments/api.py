@@ -3,7 +3,6 @@
 from typing import Any
 
 import msgspec
-import redis
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.shortcuts import get_object_or_404
@@ -27,6 +26,7 @@ from gatekeeper.lib.permissions import (
     VIEW_SEGMENTS,
     VIEW_USER_LISTS,
 )
+from gatekeeper.lib.redis_client import REDIS_DOWN
 from segments.bodies import (
     LOOKUP_BODY_BYTES,
     LOOKUP_LIMIT,
@@ -346,7 +346,7 @@ class SnapshotActivateView(JsonAPIView):
             return Response({"detail": str(exc)}, status=400)
         except StoreError as exc:
             return Response({"detail": f"The snapshot store is unreachable: {exc}"}, status=503)
-        except redis.RedisError as exc:
+        except REDIS_DOWN as exc:
             return Response(
                 {"detail": f"Redis is not answering ({exc}); nothing was changed."}, status=503
             )

@@ -19,12 +19,12 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.reasons import DEFERRABLE, Category, JobOutcome, Outcome, Reason
 from worker.claims import SENT, RunClaims, claims_read
 from worker.delivery.base import AMBIGUOUS, PERMANENT, THROTTLED, Dispatcher, DispatchError, Message
@@ -646,7 +646,7 @@ def waiting_close(*, now: Any = None, job_id: int | None = None) -> Counter[str]
             continue
         try:
             outcomes = _closing_outcomes(chunk, how, earlier_runs=True)
-        except redis.RedisError as exc:
+        except REDIS_DOWN as exc:
             logger.warning("Chunk %s stays waiting until Redis answers: %s", chunk_id, exc)
             lease.give_back()
             continue
@@ -750,7 +750,7 @@ def send_chunk_fail(*, chunk_id: int, error: str) -> None:
     chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
     try:
         outcomes, unclaimed = _by_claims(chunk, unclaimed_as=JobOutcome.FAILED)
-    except redis.RedisError:
+    except REDIS_DOWN:
         outcomes = Counter({JobOutcome.FAILED: len(chunk.recipients)})
     else:
         _give_back(chunk.job, unclaimed)

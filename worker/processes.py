@@ -13,10 +13,9 @@ import socket
 import time
 from typing import Any
 
-import redis
 from django.conf import settings
 
-from gatekeeper.lib.redis_client import get_redis
+from gatekeeper.lib.redis_client import REDIS_DOWN, get_redis
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ def process_report(*, role: str, status: dict[str, Any], now: float | None = Non
     }
     try:
         get_redis().hset(_key(), f"{host}:{pid}", json.dumps(entry))
-    except redis.RedisError as exc:
+    except REDIS_DOWN as exc:
         logger.debug("Could not report this process to Redis: %s", exc)
 
 

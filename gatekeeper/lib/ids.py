@@ -101,10 +101,10 @@ def user_ids_checked(
 
 
 def user_id_from_text(text: str, *, field: str, maximum: int) -> int:
-    """A user id written in a path, a query string or a form: digits 0-9 only; a 400 naming
-    `field` otherwise."""
+    """A user id written in a URL (a path or a query string): its digits 0-9 and nothing else,
+    not even a space or a newline around them; a 400 naming `field` otherwise."""
     try:
-        return whole_number(text, maximum=maximum, what="A user id")
+        return whole_number(text, maximum=maximum, what="A user id", padded=False)
     except NotAWholeNumber:
         shown = text if len(text) <= 24 else text[:21] + "..."
         raise ValidationError({field: [out_of_bounds(shown, maximum)]}) from None

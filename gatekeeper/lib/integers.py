@@ -20,11 +20,14 @@ class NotAWholeNumber(ValueError):
     """The text is not a whole number within the bounds; the message says why, in words."""
 
 
-def whole_number(text: str, *, maximum: int, minimum: int = 0, what: str = "The value") -> int:
+def whole_number(
+    text: str, *, maximum: int, minimum: int = 0, what: str = "The value", padded: bool = True
+) -> int:
     """`text` as an int from `minimum` to `maximum`. Spaces around it are ignored (a form field
-    or a CSV cell often has them); anything but ASCII digits inside is refused. The messages
-    start with `what` ("email daily: at most 2,147,483,647.")."""
-    value = text.strip(" \t\r\n")
+    or a CSV cell often has them) unless `padded` is False: a number in a URL (a path, a query
+    string) is exactly its digits, so `/users/%201/` names no user. Anything but ASCII digits
+    inside is refused. The messages start with `what` ("email daily: at most 2,147,483,647.")."""
+    value = text.strip(" \t\r\n") if padded else text
     if not DIGITS.fullmatch(value):
         shown = value if len(value) <= 20 else value[:17] + "..."
         raise NotAWholeNumber(f"{what}: '{shown}' is not a whole number (digits 0-9 only).")

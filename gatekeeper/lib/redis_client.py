@@ -58,6 +58,10 @@ BROKEN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 # and its pipelines follow MOVED but hand READONLY back as a plain error with the map untouched,
 # so a process whose map is stale would keep asking the replica.
 SLOT_MOVED = (redis.exceptions.MovedError, redis.exceptions.ReadOnlyError)
+# Errors after which a call is answered as Redis being down (`unavailable`): the server is gone
+# or not serving. RedisClusterException is not a RedisError: redis-py raises it when reading a
+# cluster's map again reaches no node, or when the map leaves a slot unserved.
+REDIS_DOWN = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError)
 ATTEMPTS = 3  # per command: a broken connection, a moved slot, a cluster busy failing over
 
 

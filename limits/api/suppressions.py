@@ -60,7 +60,9 @@ def _page_limit(text: str | None) -> int:
     if text is None:
         return SUPPRESSIONS_PAGE_DEFAULT
     try:
-        return whole_number(text, maximum=SUPPRESSIONS_PAGE_MAX, minimum=1, what="A page size")
+        return whole_number(
+            text, maximum=SUPPRESSIONS_PAGE_MAX, minimum=1, what="A page size", padded=False
+        )
     except NotAWholeNumber as exc:
         raise ValidationError({"limit": [str(exc)]}) from None
 
@@ -124,7 +126,11 @@ class SuppressionListView(JsonAPIView):
         if params.get("before") is not None:
             try:
                 before = whole_number(
-                    params["before"], maximum=DATABASE_MAX, minimum=1, what="A position"
+                    params["before"],
+                    maximum=DATABASE_MAX,
+                    minimum=1,
+                    what="A position",
+                    padded=False,
                 )
             except NotAWholeNumber as exc:
                 raise ValidationError({"before": [str(exc)]}) from None

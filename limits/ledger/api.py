@@ -53,7 +53,7 @@ def _history_limit(value: str | None) -> int:
     if value is None:
         return PAGE_DEFAULT
     try:
-        return whole_number(value, maximum=PAGE_MAX, minimum=1, what="limit")
+        return whole_number(value, maximum=PAGE_MAX, minimum=1, what="limit", padded=False)
     except NotAWholeNumber as exc:
         raise ValidationError({"limit": [str(exc)]}) from None
 

@@ -28,9 +28,8 @@ from typing import Any
 import msgspec
 from django.conf import settings
 
-from gatekeeper.lib.redis_client import RedisClient, get_redis
+from gatekeeper.lib.redis_client import REDIS_DOWN, RedisClient, get_redis
 from limits.reasons import OUTCOMES
-from limits.transport import REDIS_DOWN
 
 logger = logging.getLogger(__name__)
 

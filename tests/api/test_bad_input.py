@@ -286,3 +286,30 @@ def test_a_rollback_while_redis_is_down_is_a_503_that_says_nothing_changed(api, 
     reset_redis_clients()
     response = call(api("marketer"), "POST", f"/api/v1/snapshots/{snapshot}/activate/")
     assert response.status_code == 503 and "nothing was changed" in response.json()["detail"]
+
+
+# A number in a URL is exactly its digits: a space or a newline around them is not the id.
+PADDED_IDS = ["%201", "1%20", "1%0A", "%0A1", "%091", "+1"]
+
+
+@pytest.mark.parametrize("padded", PADDED_IDS)
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/users/{}/quota/",
+        "/api/v1/users/{}/history/",
+        "/api/v1/suppressions/email/{}/",
+        "/api/v1/suppressions/?user_id={}",
+        "/api/v1/segments/lookup/?user_id={}",
+        "/api/v1/suppressions/?limit={}",
+        "/api/v1/suppressions/?before={}",
+        "/api/v1/users/1/history/?limit={}",
+    ],
+)
+def test_a_number_in_a_url_with_a_space_or_a_newline_is_a_400_naming_it(
+    api, snapshot, path, padded
+):
+    response = call(api("marketer"), "GET", path.format(padded))
+    assert response.status_code == 400, (path, padded, response.text)
+    field = path.rsplit("?", 1)[1].split("=")[0] if "?" in path else "user_id"
+    assert list(response.json()) == [field], response.json()

@@ -12,7 +12,8 @@ from redis.cluster import RedisCluster
 
 from gatekeeper.lib.redis_client import pipelined
 from limits import log
-from limits.limiter import UNAVAILABLE, Limiter
+from limits.limiter import Limiter
+from limits.reasons import Reason
 from tests.limits.conftest import PREFIX
 from tests.limits.rulesets import caps
 from tests.redis_servers import RedisClusterProcesses
@@ -29,7 +30,7 @@ def gate(limiter: Limiter, users: Sequence[int], message_id: str) -> dict[int, s
     for _ in range(ASKS):
         decisions = limiter.acquire("email", [(u, message_id) for u in todo], RULES, now=NOW)
         reasons.update((d.user_id, d.reason) for d in decisions)
-        todo = [d.user_id for d in decisions if d.reason == UNAVAILABLE]
+        todo = [d.user_id for d in decisions if d.reason == Reason.UNAVAILABLE]
         if not todo:
             break
     return reasons
