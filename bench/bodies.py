@@ -7,7 +7,7 @@ import json
 import time
 
 from gatekeeper.lib.bodies import decode
-from worker.api import _requests
+from worker.api import gate_requests
 from worker.bodies import GateCheckBody
 
 
@@ -22,7 +22,7 @@ def main(argv: list[str]) -> None:
         rounds = max(20, 200_000 // size)
         started = time.perf_counter()
         for _ in range(rounds):
-            _requests(decode(body, GateCheckBody).requests)
+            gate_requests(decode(body, GateCheckBody).requests)
         each = (time.perf_counter() - started) / rounds
         plain = time.perf_counter()
         for _ in range(rounds):

@@ -29,7 +29,7 @@ from limits.limiter import Limiter
 from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, counting_rule, encode
 from limits.quiet import QuietView
 from limits.reasons import Reason
-from limits.selectors import PolicyCache, _Cached
+from limits.selectors import PolicyCache
 from limits.suppression import SuppressionCache
 from segments.index import SegmentIndex
 from worker.gate import Gate
@@ -73,20 +73,6 @@ def _redis(url: str) -> redis.Redis:
     return redis.Redis.from_url(url, socket_timeout=600)
 
 
-def fixed_policy(table: PolicyTable) -> PolicyCache:
-    """A policy cache that always answers `table` (no database)."""
-    cache = PolicyCache(ttl=float("inf"))
-    cache._cached = _Cached(table=table, read_at=time.monotonic())
-    return cache
-
-
-def fixed_suppressions(**scopes: Any) -> SuppressionCache:
-    """A suppression list that always answers `scopes` (channel -> BitMap64; no database)."""
-    cache = SuppressionCache(ttl=float("inf"))
-    cache._scopes, cache._read_at, cache._loaded = dict(scopes), time.monotonic(), True
-    return cache
-
-
 def rate(step: Callable[[], int], seconds: float) -> float:
     done, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
@@ -120,9 +106,9 @@ def gate_beside_limiter(url: str, seconds: float) -> None:
     limiter = Limiter(client, prefix="bench:")
     gate = Gate(
         limiter=limiter,
-        policy=fixed_policy(PolicyTable(rules=CLASSIC, classic={}, zones={})),
+        policy=PolicyCache.holding(PolicyTable(rules=CLASSIC, classic={}, zones={})),
         index=in_memory_index(),
-        suppressions=fixed_suppressions(),
+        suppressions=SuppressionCache.holding(),
         record_stats=True,
         record_ledger=False,  # as the figures before the ledger were measured
     )
@@ -187,9 +173,9 @@ def quiet_hours_beside_none(url: str, seconds: float) -> None:
         table = PolicyTable(rules=classic, classic={}, zones={}, quiet=entries)
         return Gate(
             limiter=limiter,
-            policy=fixed_policy(table),
+            policy=PolicyCache.holding(table),
             index=index,
-            suppressions=fixed_suppressions(),
+            suppressions=SuppressionCache.holding(),
             record_stats=True,
             record_ledger=False,
         )
@@ -247,9 +233,9 @@ def _suppressions_beside_none(client: redis.Redis, seconds: float, suppressed: i
     gates = [
         Gate(
             limiter=limiter,
-            policy=fixed_policy(table),
+            policy=PolicyCache.holding(table),
             index=index,
-            suppressions=fixed_suppressions(**lists),
+            suppressions=SuppressionCache.holding(**lists),
             record_stats=True,
             record_ledger=False,
         )

@@ -33,15 +33,16 @@ def _reset_tables() -> None:
 
 def _gates() -> tuple[Any, Any]:
     """The same gate (classic caps, an in-memory index) with the ledger on, and off."""
-    from bench.gate import CLASSIC, fixed_policy, in_memory_index
+    from bench.gate import CLASSIC, in_memory_index
     from limits.limiter import Limiter
     from limits.policy import PolicyTable
+    from limits.selectors import PolicyCache
     from worker.gate import Gate
 
     make = functools.partial(
         Gate,
         limiter=Limiter(redis.Redis.from_url(REDIS_URL), prefix="gk:"),
-        policy=fixed_policy(PolicyTable(rules=CLASSIC, classic={}, zones={})),
+        policy=PolicyCache.holding(PolicyTable(rules=CLASSIC, classic={}, zones={})),
         index=in_memory_index(),
         record_stats=True,
     )

@@ -94,6 +94,14 @@ class PolicyCache:
                 self._cached = cached
         return cached.table
 
+    @classmethod
+    def holding(cls, table: PolicyTable) -> "PolicyCache":
+        """A cache that always answers `table`, never the database (benchmarks, the what-if's
+        drafts)."""
+        cache = cls(ttl=float("inf"))
+        cache._cached = _Cached(table=table, read_at=time.monotonic())
+        return cache
+
     def invalidate(self) -> None:
         self._cached = None
 

@@ -221,6 +221,14 @@ class SuppressionCache:
         self._full_at = 0.0
         self._loaded = False  # read whole at least once
 
+    @classmethod
+    def holding(cls, **scopes: BitMap64) -> "SuppressionCache":
+        """A list that always answers `scopes` (channel -> user ids), never the database
+        (benchmarks)."""
+        cache = cls(ttl=float("inf"))
+        cache._scopes, cache._read_at, cache._loaded = dict(scopes), time.monotonic(), True
+        return cache
+
     def read_now(self) -> None:
         """Read the journal on the next lookup (this process just changed the list)."""
         self._read_at = None

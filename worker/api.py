@@ -52,7 +52,9 @@ from worker.services import (
 )
 
 
-def _requests(requests: list[GateRequest]) -> list[tuple[int, str]]:
+def gate_requests(requests: list[GateRequest]) -> list[tuple[int, str]]:
+    """A gate body's requests as (user id, message id), each id within the widest the loaded
+    snapshot answers; a 400 naming the first that is not (`requests[3].user_id`)."""
     ids = user_ids_checked(
         [r.user_id for r in requests],
         field="requests",
@@ -114,7 +116,7 @@ class GateCheckView(JsonAPIView):
         body = decode(request.data, GateCheckBody)
         validate_channel(body.channel, field="channel")
         tags = tags_checked(body.tags)
-        requests = _requests(body.requests)
+        requests = gate_requests(body.requests)
         time_zones = _time_zones(body.requests)
         decisions = gate_check(
             channel=body.channel,
@@ -143,7 +145,7 @@ class GateReleaseView(JsonAPIView):
     def post(self, request: Request) -> Response:
         body = decode(request.data, GateReleaseBody)
         validate_channel(body.channel, field="channel")
-        requests = _requests(body.requests)
+        requests = gate_requests(body.requests)
         # A send is taken back by its message id alone; a time zone the request still carries
         # (the requests as checked) is held to the same rule, not ignored.
         _time_zones(body.requests)
