@@ -6,7 +6,7 @@ a rule: its fields read from a row and put on one, its JSON, a change in words."
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from gatekeeper.lib.integers import INT32_MAX
@@ -68,6 +68,24 @@ class RuleFields:
     reserve_below_priority: int | None
     reserve_slots: int | None
     enabled: bool = True
+
+
+RULE_FIELD_NAMES = frozenset(f.name for f in fields(RuleFields))
+# What a record that lacks a field reads as (an old history record).
+RULE_FIELD_DEFAULTS: dict[str, Any] = {
+    "name": "",
+    "segment": None,
+    "channel": "",
+    "match": "any",
+    "tag": "",
+    "window_kind": "rolling",
+    "window_seconds": None,
+    "window_unit": "",
+    "limit": 0,
+    "reserve_below_priority": None,
+    "reserve_slots": None,
+    "enabled": True,
+}
 
 
 def rule_problems(fields: RuleFields, *, segments: Iterable[str]) -> dict[str, list[str]]:
@@ -356,28 +374,53 @@ def rule_apply(rule: Any, fields: RuleFields, segment: Any) -> None:
     rule.enabled = fields.enabled
 
 
-def rule_view_of_json(data: Mapping[str, Any]) -> RuleView:
-    """A rule as its history keeps it (rule_as_json), read back to be put in words."""
-    window, reserve = data.get("window") or {}, data.get("reserve") or {}
+def rule_changes_of_json(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A rule's fields as its JSON names them (a REST body, the history's records: `window` and
+    `reserve` as objects) as changes of RuleFields, for the fields `data` has."""
+    changes: dict[str, Any] = {}
+    for name, value in data.items():
+        if name == "window":
+            calendar = value.get("kind") == "calendar"
+            changes["window_kind"] = "calendar" if calendar else "rolling"
+            changes["window_seconds"] = None if calendar else value.get("seconds")
+            changes["window_unit"] = (value.get("unit") or "") if calendar else ""
+        elif name == "reserve":
+            changes["reserve_below_priority"] = value.get("below_priority") if value else None
+            changes["reserve_slots"] = value.get("slots") if value else None
+        elif name == "tag":
+            changes["tag"] = value or ""
+        elif name in RULE_FIELD_NAMES:
+            changes[name] = value
+    return changes
+
+
+def rule_fields_of_json(data: Mapping[str, Any]) -> RuleFields:
+    """A whole rule as its JSON has it (a REST body, a history record)."""
+    return RuleFields(**{**RULE_FIELD_DEFAULTS, **rule_changes_of_json(data)})
+
+
+def rule_view_of(fields: RuleFields, *, id: int, classic: bool = False) -> RuleView:
+    """A rule's fields as decisions and words read them."""
     return RuleView(
-        id=data.get("id") or 0,
-        name=data.get("name", ""),
-        segment=data.get("segment"),
-        channel=data.get("channel", ""),
-        match=data.get("match", "any"),
-        tag=data.get("tag") or "",
-        window_kind=window.get("kind", "rolling"),
-        window_seconds=window.get("seconds"),
-        window_unit=window.get("unit") or "",
-        limit=data.get("limit", 0),
-        reserve_below_priority=reserve.get("below_priority"),
-        reserve_slots=reserve.get("slots"),
+        id=id,
+        name=fields.name,
+        segment=fields.segment,
+        channel=fields.channel,
+        match=fields.match,
+        tag=fields.tag,
+        window_kind=fields.window_kind,
+        window_seconds=fields.window_seconds,
+        window_unit=fields.window_unit,
+        limit=fields.limit,
+        reserve_below_priority=fields.reserve_below_priority,
+        reserve_slots=fields.reserve_slots,
+        classic=classic,
     )
 
 
 def rule_json_describe(data: Mapping[str, Any], names: Mapping[str, str]) -> str:
     """A rule as its history keeps it, in plain words (`names`: segment names by slug)."""
-    view = rule_view_of_json(data)
+    view = rule_view_of(rule_fields_of_json(data), id=data.get("id") or 0)
     return rule_describe(view, segment_name=names.get(view.segment or ""))
 
 

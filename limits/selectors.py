@@ -10,26 +10,13 @@ from django.db import transaction
 from limits.models import Cap, QuietHours, Rule
 from limits.policy import PolicyTable, RuleView
 from limits.quiet import quiet_view
-from limits.rules import rule_findings
+from limits.rules import rule_findings, rule_read, rule_view_of
 from segments.models import Segment
 
 
 def rule_view(rule: Rule) -> RuleView:
-    return RuleView(
-        id=rule.pk,
-        name=rule.name,
-        segment=rule.segment.slug if rule.segment is not None else None,
-        channel=rule.channel,
-        match=rule.match,
-        tag=rule.tag,
-        window_kind=rule.window_kind,
-        window_seconds=rule.window_seconds,
-        window_unit=rule.window_unit,
-        limit=rule.limit,
-        reserve_below_priority=rule.reserve_below_priority,
-        reserve_slots=rule.reserve_slots,
-        classic=rule.cap_id is not None,
-    )
+    """A stored rule as decisions read it."""
+    return rule_view_of(rule_read(rule), id=rule.pk, classic=rule.cap_id is not None)
 
 
 def rules_findings() -> dict[int, list[str]]:

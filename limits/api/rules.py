@@ -25,65 +25,29 @@ from limits.authored import AuthoredKind
 from limits.bodies import (
     QuietHoursChangeBody,
     QuietHoursCreateBody,
-    Reserve,
-    RollingWindow,
     RuleChangeBody,
     RuleCreateBody,
-    Window,
 )
 from limits.models import Authored, QuietHours, Rule
 from limits.quiet import SPREAD_MAX, QuietFields
-from limits.rules import RuleFields
+from limits.rules import rule_changes_of_json, rule_fields_of_json
 from limits.serializers import QuietHoursSerializer, RuleSerializer, quiet_hours_shown, rules_shown
 from limits.services import QUIET_HOURS, RULES
 
 # --- rules ------------------------------------------------------------------------------------
 
 
-def _window_fields(window: Window) -> dict[str, Any]:
-    if isinstance(window, RollingWindow):
-        return {"window_kind": "rolling", "window_seconds": window.seconds, "window_unit": ""}
-    return {"window_kind": "calendar", "window_seconds": None, "window_unit": window.unit}
-
-
-def _reserve_fields(reserve: Reserve | None) -> dict[str, Any]:
-    return {
-        "reserve_below_priority": reserve.below_priority if reserve is not None else None,
-        "reserve_slots": reserve.slots if reserve is not None else None,
-    }
-
-
-def _rule_fields(body: RuleCreateBody) -> RuleFields:
-    return RuleFields(
-        name=body.name,
-        segment=body.segment,
-        channel=body.channel,
-        match=body.match,
-        tag=body.tag or "",
-        limit=body.limit,
-        enabled=body.enabled,
-        **_window_fields(body.window),
-        **_reserve_fields(body.reserve),
-    )
+def _given(body: RuleChangeBody | RuleCreateBody) -> dict[str, Any]:
+    """The fields a body has, as JSON names them (a change's leaves out what it does not give:
+    msgspec drops UNSET fields)."""
+    given: dict[str, Any] = msgspec.to_builtins(body)
+    return given
 
 
 def _rule_changes(body: RuleChangeBody) -> dict[str, Any]:
     """The body's fields as changes of RuleFields (only those it has)."""
-    given = {
-        name: value
-        for name, value in msgspec.structs.asdict(body).items()
-        if value is not msgspec.UNSET
-    }
-    changes: dict[str, Any] = {}
-    for name, value in given.items():
-        if name == "window":
-            changes.update(_window_fields(value))
-        elif name == "reserve":
-            changes.update(_reserve_fields(value))
-        elif name == "tag":
-            changes["tag"] = value or ""
-        else:
-            changes[name] = value
+    given = _given(body)
+    changes = rule_changes_of_json(given)
     if "match" in given and given["match"] != "tag" and "tag" not in given:
         # A rule that stops counting a tag forgets it, rather than being refused for keeping it.
         changes["tag"] = ""
@@ -132,7 +96,7 @@ class RuleListView(JsonAPIView):
     )
     def post(self, request: Request) -> Response:
         body = decode(request.data, RuleCreateBody)
-        rule = RULES.create(fields=_rule_fields(body), user=request.user, via="api")
+        rule = RULES.create(fields=rule_fields_of_json(_given(body)), user=request.user, via="api")
         return Response(RuleSerializer(rules_shown([rule])[0]).data, status=201)
 
 
