@@ -1,5 +1,5 @@
-"""REST views of the gate: check, release, a user's quota and decision history, and send
-jobs."""
+"""REST views of the gate (check, release) and of send jobs (hand over, read, pause, resume,
+cancel, their waiting sends)."""
 
 from typing import Any
 

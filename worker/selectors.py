@@ -1,6 +1,5 @@
-"""Reads that join the segment index, the rules and the limiter: a user's quota, their recent
-sends, their quiet hours, and the what-if of a draft change of caps; and send jobs' waiting
-sends. None of them writes anything."""
+"""Reads of the worker app: the what-if of a draft change of caps (dry runs of the gate over an
+audience), the dashboard's counts, and send jobs' waiting sends. None of them writes anything."""
 
 import datetime as dt
 from collections import Counter
