@@ -289,10 +289,9 @@ def test_a_rollback_while_redis_is_down_is_a_503_that_says_nothing_changed(api, 
 
 
 # A number in a URL is exactly its digits: a space or a newline around them is not the id.
-PADDED_IDS = ["%201", "1%20", "1%0A", "%0A1", "%091", "+1"]
+PADDED = ["%201", "1%20", "1%0A", "%0A1", "%091", "+1"]
 
 
-@pytest.mark.parametrize("padded", PADDED_IDS)
 @pytest.mark.parametrize(
     "path",
     [
@@ -306,10 +305,11 @@ PADDED_IDS = ["%201", "1%20", "1%0A", "%0A1", "%091", "+1"]
         "/api/v1/users/1/history/?limit={}",
     ],
 )
-def test_a_number_in_a_url_with_a_space_or_a_newline_is_a_400_naming_it(
-    api, snapshot, path, padded
-):
-    response = call(api("marketer"), "GET", path.format(padded))
-    assert response.status_code == 400, (path, padded, response.text)
+def test_a_number_in_a_url_with_a_space_or_a_newline_is_a_400_naming_it(api, snapshot, path):
+    session = api("marketer")
     field = path.rsplit("?", 1)[1].split("=")[0] if "?" in path else "user_id"
-    assert list(response.json()) == [field], response.json()
+    for padded in PADDED:
+        response = call(session, "GET", path.format(padded))
+        assert response.status_code == 400, (padded, response.text)
+        assert list(response.json()) == [field], (padded, response.json())
+    assert call(session, "GET", path.format("1")).status_code != 400  # the digits alone are
