@@ -109,6 +109,7 @@ class RedisClusterProcesses:
     `redis-cli --cluster create`."""
 
     def __init__(self, directory: Path, *, masters: int = 3, replicas: int = 0) -> None:
+        self.directory = directory
         self.replicas = replicas
         self.nodes = [RedisServer(directory, cluster=True) for _ in range(masters * (1 + replicas))]
 
@@ -202,6 +203,100 @@ class RedisClusterProcesses:
 
         poll("the cluster settled", settled)
 
+    def join(self) -> RedisServer:
+        """Start an empty primary (no slots, no keys), introduce it to the cluster and wait until
+        every running node knows it and is linked to it, and it knows who serves each slot: a new
+        shard before any resharding."""
+        node = RedisServer(self.directory, cluster=True).start()
+        self.nodes.append(node)
+        with _client(node) as client:
+            client.execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port)
+        running = [n for n in self.nodes if n.process is not None]
+
+        def known() -> bool:
+            for each in running:
+                with _client(each) as client:
+                    if client.cluster("info")["cluster_state"] != "ok":
+                        return False  # the new node, until it has learnt who serves each slot
+                    links = client.cluster("nodes")  # address -> its flags, its link, ...
+                if len(links) != len(running):
+                    return False
+                for link in links.values():
+                    if "handshake" in link["flags"] or not link["connected"]:
+                        return False
+            return True
+
+        poll(f"node {node.port} joined", known)
+        return node
+
+    def node_id(self, node: RedisServer) -> str:
+        with _client(node) as client:
+            return str(client.execute_command("CLUSTER MYID").decode())
+
+    def begin_migration(self, slot: int, source: RedisServer, target: RedisServer) -> None:
+        """Open the migration of `slot` from `source` to `target`, as resharding does first
+        (IMPORTING on the target, then MIGRATING on the source); no key is moved yet."""
+        with _client(target) as client:
+            client.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", self.node_id(source))
+        with _client(source) as client:
+            client.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", self.node_id(target))
+
+    def migrate(self, source: RedisServer, target: RedisServer, keys: list[str]) -> None:
+        """Move `keys` (of a slot being migrated) from `source` to `target`, as resharding does."""
+        with _client(source) as client:
+            client.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+
+    def move_slot(self, slot: int, port: int) -> None:
+        """Make the primary on `port` serve `slot` with every key of it, whatever migration of the
+        slot is open (finishing one, or moving the slot back after one): each other primary's
+        keys of the slot are migrated to it, then every primary is told its new owner and closes
+        the migration. Waits until every running node sees `port` serving the slot."""
+        target = self.node(port)
+        primaries = [node for node in self.nodes if node.process is not None and _is_primary(node)]
+        ids = {node.port: self.node_id(node) for node in primaries}
+        with _client(target) as client:
+            # Closed first: a slot it still migrates elsewhere would send the keys coming back
+            # on with ASK.
+            client.execute_command("CLUSTER SETSLOT", slot, "STABLE")
+        for holder in primaries:
+            if holder is target:
+                continue
+            with _client(holder) as client:
+                if not client.execute_command("CLUSTER COUNTKEYSINSLOT", slot):
+                    continue
+                # An open slot lets MIGRATE run on the node that holds the keys: MIGRATING on its
+                # owner, IMPORTING on any other (keys a migration had moved there).
+                if _owner(client, slot) == holder.port:
+                    client.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[port])
+                else:
+                    client.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[port])
+            with _client(target) as client:
+                if _owner(client, slot) != port:
+                    client.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[holder.port])
+            with _client(holder) as client:
+                while keys := client.execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+                    client.execute_command("MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", *keys)
+        # The new owner first (it takes a new config epoch, which the others then follow).
+        for node in [target, *(node for node in primaries if node is not target)]:
+            with _client(node) as client:
+                client.execute_command("CLUSTER SETSLOT", slot, "NODE", ids[port])
+        for node in primaries:
+            with _client(node) as client:
+                client.execute_command("CLUSTER SETSLOT", slot, "STABLE")
+
+        def served() -> bool:
+            for node in self.nodes:
+                if node.process is None:
+                    continue
+                with _client(node) as client:
+                    if _owner(client, slot) != port:
+                        return False
+                    if client.cluster("info")["cluster_state"] != "ok":
+                        return False
+            return True
+
+        poll(f"slot {slot} served by {port}", served)
+
 
 def _client(node: RedisServer) -> redis.Redis:
     return redis.Redis(port=node.port, socket_timeout=2, socket_connect_timeout=2)
@@ -210,3 +305,16 @@ def _client(node: RedisServer) -> redis.Redis:
 def _owners(client: redis.Redis) -> SlotOwners:
     slots = client.execute_command("CLUSTER SLOTS")
     return {(int(entry[0]), int(entry[1])): int(entry[2][1]) for entry in slots}
+
+
+def _owner(client: redis.Redis, slot: int) -> int | None:
+    """The port of the primary serving `slot`, as the node of `client` sees it."""
+    for (start, end), port in _owners(client).items():
+        if start <= slot <= end:
+            return port
+    return None
+
+
+def _is_primary(node: RedisServer) -> bool:
+    with _client(node) as client:
+        return bool(client.info("replication")["role"] == "master")

@@ -58,6 +58,12 @@ BROKEN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 # and its pipelines follow MOVED but hand READONLY back as a plain error with the map untouched,
 # so a process whose map is stale would keep asking the replica.
 SLOT_MOVED = (redis.exceptions.MovedError, redis.exceptions.ReadOnlyError)
+# Refusals that say a cluster's slot is briefly unserved: TRYAGAIN (a command declaring keys of a
+# slot being migrated, some already moved and some not) and CLUSTERDOWN (a slot whose primary is
+# lost and not yet failed over). The command ran nothing and goes again after BUSY_PAUSE seconds:
+# at once, it would most likely be refused again.
+SLOT_BUSY = (redis.exceptions.TryAgainError, ClusterDownError)
+BUSY_PAUSE = 0.25
 # Errors after which a call is answered as Redis being down (`unavailable`): the server is gone
 # or not serving. RedisClusterException is not a RedisError: redis-py raises it when reading a
 # cluster's map again reaches no node, or when the map leaves a slot unserved.
@@ -124,7 +130,7 @@ def pipelined(client: RedisClient, commands: Iterable[Sequence[Any]]) -> list[An
                         again[i] = (node, False)
                     else:
                         again[i] = (target, True)
-                elif isinstance(answer, (redis.exceptions.TryAgainError, ClusterDownError)):
+                elif isinstance(answer, SLOT_BUSY):
                     pause = True
                     refresh = refresh or isinstance(answer, ClusterDownError)
                     again[i] = (node, False)
@@ -135,7 +141,7 @@ def pipelined(client: RedisClient, commands: Iterable[Sequence[Any]]) -> list[An
         if attempt == ATTEMPTS - 1:
             break
         if pause:
-            time.sleep(0.25)
+            time.sleep(BUSY_PAUSE)
         if refresh:
             client.nodes_manager.initialize()
         todo = {
