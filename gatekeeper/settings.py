@@ -190,8 +190,9 @@ CELERY_BEAT_SCHEDULE = {
 CELERY_TIMEZONE = TIME_ZONE
 
 # --- Gatekeeper -----------------------------------------------------------------------------
-# Channel slugs a cap can name; `all` is the cross-channel scope and is always there.
-GATEKEEPER_CHANNELS = env.list("GATEKEEPER_CHANNELS", default=["email", "push"])
+# Channel slugs a cap can name; `all` is the cross-channel scope and is always there. sms goes
+# through the console until GATEKEEPER_DISPATCHERS names a provider for it (`twilio`).
+GATEKEEPER_CHANNELS = env.list("GATEKEEPER_CHANNELS", default=["email", "push", "sms"])
 # Every limiter key starts with this, so several deployments can share one Redis.
 GATEKEEPER_KEY_PREFIX = env.str("GATEKEEPER_KEY_PREFIX", default="gk:")
 # False: a Redis outage refuses sends (`unavailable`). True: it lets them through uncounted.
@@ -266,10 +267,10 @@ DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="Gatekeeper <marketin
 # {"email": "smtp", "push": "fcm", "sms": "twilio"}. `smtp` sends through EMAIL_URL above; the
 # name of an anymail ESP module (amazon_ses, sendgrid, mailgun, postmark, resend, ...) through
 # that provider's API (worker/delivery/esp.py), its tracking webhooks feeding the suppression
-# list (worker/delivery/tracking.py); `fcm`, `apns`, `webhook` send push; `console`, `memory`,
-# `null` any channel. A channel left out keeps the earlier settings' choice (email:
-# GATEKEEPER_EMAIL_PROVIDER, push: GATEKEEPER_PUSH_BACKEND, others: console). Anything wrong with
-# it stops start-up with a message naming it (check worker.E002).
+# list (worker/delivery/tracking.py); `fcm`, `apns`, `webhook` send push; `twilio` sends sms;
+# `console`, `memory`, `null` any channel. A channel left out keeps the earlier settings' choice
+# (email: GATEKEEPER_EMAIL_PROVIDER, push: GATEKEEPER_PUSH_BACKEND, others: console). Anything
+# wrong with it stops start-up with a message naming it (check worker.E002).
 GATEKEEPER_DISPATCHERS = env.str("GATEKEEPER_DISPATCHERS", default="")
 
 # Email providers (django-anymail), as earlier versions chose one (GATEKEEPER_DISPATCHERS' email
@@ -333,6 +334,28 @@ GATEKEEPER_APNS_SANDBOX = env.bool("GATEKEEPER_APNS_SANDBOX", default=False)
 # the system's): both for a local stand-in in tests.
 GATEKEEPER_APNS_URL = env.str("GATEKEEPER_APNS_URL", default="")
 GATEKEEPER_APNS_CA_BUNDLE = env.str("GATEKEEPER_APNS_CA_BUNDLE", default="")
+# SMS through Twilio (worker/delivery/twilio.py; GATEKEEPER_DISPATCHERS '{"sms": "twilio"}').
+# The account, and its Auth Token: it sends when no API key is set, and always checks the STOP
+# webhook's signatures (worker/delivery/twilio_inbound.py).
+GATEKEEPER_TWILIO_ACCOUNT_SID = env.str("GATEKEEPER_TWILIO_ACCOUNT_SID", default="")
+GATEKEEPER_TWILIO_AUTH_TOKEN = env.str("GATEKEEPER_TWILIO_AUTH_TOKEN", default="")
+# An API key (SK...) and its secret to send with instead: revocable on its own.
+GATEKEEPER_TWILIO_API_KEY_SID = env.str("GATEKEEPER_TWILIO_API_KEY_SID", default="")
+GATEKEEPER_TWILIO_API_KEY_SECRET = env.str("GATEKEEPER_TWILIO_API_KEY_SECRET", default="")
+# The sender: one of the account's numbers, or a Messaging Service (MG...) and its pool.
+GATEKEEPER_TWILIO_FROM = env.str("GATEKEEPER_TWILIO_FROM", default="")
+GATEKEEPER_TWILIO_MESSAGING_SERVICE_SID = env.str(
+    "GATEKEEPER_TWILIO_MESSAGING_SERVICE_SID", default=""
+)
+# Seconds a text may wait in Twilio's queue before Twilio drops it (ValidityPeriod, 1 to 36000;
+# 0: Twilio's default, 10 hours). With a provider rate that keeps the queue short, a few minutes
+# keep a late text from arriving inside quiet hours (docs/worker.md, "SMS through Twilio").
+GATEKEEPER_TWILIO_VALIDITY_SECONDS = env.int("GATEKEEPER_TWILIO_VALIDITY_SECONDS", default=0)
+# Seconds to connect, and between an answer's bytes: a stalled Twilio must not outlive the lease.
+GATEKEEPER_TWILIO_TIMEOUT_SECONDS = env.float("GATEKEEPER_TWILIO_TIMEOUT_SECONDS", default=10.0)
+# Twilio's API and a CA bundle to trust for it (empty: the system's): for a local stand-in.
+GATEKEEPER_TWILIO_API_URL = env.str("GATEKEEPER_TWILIO_API_URL", default="https://api.twilio.com")
+GATEKEEPER_TWILIO_CA_BUNDLE = env.str("GATEKEEPER_TWILIO_CA_BUNDLE", default="")
 # Where the push tokens and mailboxes a provider said are dead are POSTed, per send job, as
 # JSON (worker/delivery/dead_addresses.py); empty: only listed on the job (GET /api/v1/sends/<id>/).
 GATEKEEPER_DEAD_ADDRESS_WEBHOOK = env.str("GATEKEEPER_DEAD_ADDRESS_WEBHOOK", default="")
@@ -395,4 +418,6 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    # twilio-python logs every request's URL and headers at INFO: ten lines per text.
+    "loggers": {"twilio.http_client": {"level": "WARNING"}},
 }

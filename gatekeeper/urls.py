@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 
 from limits.unsubscribe import unsubscribe_view
+from worker.delivery.twilio_inbound import twilio_inbound_view
 from worker.metrics import metrics_view
 
 urlpatterns = [
@@ -13,4 +14,6 @@ urlpatterns = [
     path("u/<str:token>/", unsubscribe_view, name="unsubscribe"),
     # The email providers' tracking webhooks (/anymail/<esp>/tracking/, ANYMAIL_WEBHOOK_SECRET).
     path("anymail/", include("anymail.urls")),
+    # Twilio's incoming message webhook: STOP and START replies (X-Twilio-Signature).
+    path("twilio/inbound/", twilio_inbound_view, name="twilio_inbound"),
 ]

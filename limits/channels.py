@@ -43,6 +43,7 @@ def scope_label(scope: str) -> str:
 NOUNS = {
     "email": ("email", "emails"),
     "push": ("push message", "push messages"),
+    "sms": ("text message", "text messages"),
     ALL: ("marketing message", "marketing messages"),
 }
 

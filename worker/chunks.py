@@ -25,12 +25,23 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from gatekeeper.lib.redis_client import REDIS_DOWN
+from limits.models import Suppression
 from limits.reasons import DEFERRABLE, Category, JobOutcome, Outcome, Reason
+from limits.suppression import suppress
 from worker.claims import SENT, RunClaims, claims_read
-from worker.delivery.base import AMBIGUOUS, PERMANENT, THROTTLED, Dispatcher, DispatchError, Message
+from worker.delivery.base import (
+    AMBIGUOUS,
+    PERMANENT,
+    THROTTLED,
+    Dispatcher,
+    DispatchError,
+    Message,
+    opted_out_source,
+)
 from worker.delivery.dead_addresses import dead_addresses_record
 from worker.delivery.registry import dispatcher_for
 from worker.delivery.rendering import Renderer
+from worker.delivery.sms_numbers import SMS, sms_numbers_record
 from worker.delivery.throttle import RETHROTTLED_MAX, Throttle, paced, throttle_for
 from worker.gate import gate_check, gate_outcomes, gate_release
 from worker.models import SendChunk, SendJob
@@ -203,6 +214,8 @@ class _Run:
         self.dispatched: list[tuple[int, str, str]] = []  # (user, message, outcome): the ledger's
         self.retry: list[dict[str, Any]] = []  # transient failures: a later chunk
         self.dead: list[tuple[int, str, str]] = []  # (user, address, why): the provider's word
+        self.opted_out: list[int] = []  # users the provider said opted out of the channel
+        self.reached: list[tuple[int, str]] = []  # (user, address): went out, or may have
 
     def send_all(self, batches: list[list[dict[str, Any]]], renderer: Renderer) -> None:
         """Claim, send and settle the dispatcher batches in turn: one round trip to claim the
@@ -260,12 +273,8 @@ class _Run:
                     self.released.append((recipient["user_id"], recipient["message_id"]))
                 continue
             elif claim.state == SENT:
-                self.outcomes[JobOutcome.SENT] += (
-                    1  # an earlier run sent it and died before counting
-                )
-                self.dispatched.append(
-                    (recipient["user_id"], recipient["message_id"], Outcome.SENT)
-                )
+                # An earlier run sent it and died before counting.
+                self._went_out(recipient)
                 continue
             elif self.resend_unknown:
                 taken_over.append(recipient["message_id"])
@@ -298,8 +307,7 @@ class _Run:
             message_id = recipient["message_id"]
             if error is None:
                 sent.append(message_id)
-                self.outcomes[JobOutcome.SENT] += 1
-                self.dispatched.append((recipient["user_id"], message_id, Outcome.SENT))
+                self._went_out(recipient)
             elif error.kind == AMBIGUOUS and (not self.resend_unknown or self.last_attempt):
                 logger.warning("Send %s may or may not have gone out: %s", message_id, error)
                 self._ambiguous(recipient)  # its claim stays: never sent again
@@ -307,6 +315,8 @@ class _Run:
                 unsent.append(message_id)
                 if error.kind == PERMANENT and error.invalid:
                     self.dead.append((recipient["user_id"], recipient["address"], str(error)))
+                if error.kind == PERMANENT and error.opted_out:
+                    self.opted_out.append(recipient["user_id"])
                 if error.kind == PERMANENT or self.last_attempt:
                     self._fail(recipient)
                 else:
@@ -343,6 +353,11 @@ class _Run:
                 errors[i] = error
         return errors
 
+    def _went_out(self, recipient: dict[str, Any]) -> None:
+        self.outcomes[JobOutcome.SENT] += 1
+        self.dispatched.append((recipient["user_id"], recipient["message_id"], Outcome.SENT))
+        self.reached.append((recipient["user_id"], recipient["address"]))
+
     def _fail(self, recipient: dict[str, Any]) -> None:
         self.released.append((recipient["user_id"], recipient["message_id"]))
         self.outcomes[JobOutcome.FAILED] += 1
@@ -351,6 +366,7 @@ class _Run:
     def _ambiguous(self, recipient: dict[str, Any]) -> None:
         self.outcomes[JobOutcome.AMBIGUOUS] += 1
         self.dispatched.append((recipient["user_id"], recipient["message_id"], Outcome.AMBIGUOUS))
+        self.reached.append((recipient["user_id"], recipient["address"]))
 
 
 def _run_leased(
@@ -422,6 +438,19 @@ def _run_gated(
     run.send_all([admitted[i : i + size] for i in range(0, len(admitted), size)], renderer)
     if run.dead:
         dead_addresses_record(job, run.dead)
+    if run.opted_out:
+        # The provider's word that they opted out: the gate refuses their next send on this
+        # channel (from every process within GATEKEEPER_SUPPRESSION_TTL_SECONDS).
+        suppress(
+            channel=job.channel,
+            user_ids=run.opted_out,
+            reason=Suppression.Reason.UNSUBSCRIBED,
+            source=opted_out_source(dispatcher.provider),
+            note=f"opted out, said {dispatcher.provider} (job {job.pk})",
+        )
+    if job.channel == SMS and run.reached:
+        # A reply (STOP) names only the number: which users it was texted for.
+        sms_numbers_record(sends=run.reached, at=clock or timezone.now())
     with timed("ledger"):
         # Outcomes before releases: `released` does not replace an outcome the ledger knows.
         gate_outcomes(channel=job.channel, since=gating, outcomes=run.dispatched)

@@ -280,3 +280,21 @@ class DeadAddress(models.Model):
 
     def __str__(self) -> str:
         return f"{self.address[:40]} (user {self.user_id}): {self.reason[:60]}"
+
+
+class SmsNumber(models.Model):
+    """A phone number an sms send went to (or may have), and the user it was for: a reply such
+    as STOP carries only the number (worker/delivery/sms_numbers.py)."""
+
+    number = models.CharField(max_length=16, help_text="E.164: a + and up to 15 digits.")
+    user_id = models.PositiveBigIntegerField()
+    last_sent_at = models.DateTimeField(help_text="When this user was last texted at it.")
+
+    class Meta:
+        constraints = [
+            # Also the index a reply's lookup by number uses (its first column).
+            models.UniqueConstraint(fields=["number", "user_id"], name="sms_number_user"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.number} (user {self.user_id})"

@@ -90,7 +90,9 @@ class RecipientRules:
         except ValueError as exc:
             raise RowError("user_id", str(exc)) from None
         if not isinstance(address, str) or not address:
-            raise RowError("address", "An email address or push token is required.")
+            raise RowError(
+                "address", "An address is required (an email address, push token or phone number)."
+            )
         problem = self.address_problem(address)
         if problem:
             raise RowError("address", problem)

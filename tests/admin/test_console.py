@@ -110,6 +110,38 @@ def test_the_cap_grid_reads_saves_and_records_every_change(marketer_client, demo
     assert gate_check(channel="push", requests=[(1, "p:1")], dry_run=True)[0].reason == "blocked"
 
 
+def test_the_cap_grid_and_the_rule_form_offer_text_messages(marketer_client, demo):
+    vip = Segment.objects.get(slug="vip")
+    url = reverse("admin:cap_grid", args=[vip.pk])
+    page = text(marketer_client.get(url))
+    assert 'name="sms-daily"' in page and "No cap on text messages" in page
+    data = {
+        "email-daily": "2",
+        "email-weekly": "5",
+        "sms-daily": "1",
+        "all-daily": "3",
+        "all-weekly": "9",
+    }
+    marketer_client.post(url, data)
+    assert Cap.objects.get(segment=vip, channel="sms").daily == 1
+    assert "At most 1 text message in any 24 hours" in text(marketer_client.get(url))
+    assert gate_check(channel="sms", requests=[(1, "t:1"), (1, "t:2")])[1].reason == "daily_cap"
+
+    form = marketer_client.get(reverse("admin:limits_rule_add")).content.decode()
+    assert '<option value="sms">sms</option>' in form
+    marketer_client.post(
+        reverse("admin:limits_rule_add"),
+        {
+            "name": "Texts 4 h apart", "enabled": "on", "segment": "", "channel": "sms",
+            "match": "any", "tag": "", "window_kind": "rolling", "window_seconds": "4 hours",
+            "window_unit": "", "limit": "1", "reserve_below_priority": "", "reserve_slots": "",
+        },
+    )  # fmt: skip
+    assert Rule.objects.get(name="Texts 4 h apart").channel == "sms"
+    listing = text(marketer_client.get(reverse("admin:limits_rule_changelist")))
+    assert "at most 1 text message in any 4 hours" in listing
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [

@@ -113,10 +113,11 @@ def test_the_user_lookup_says_whether_quiet_hours_hold_the_user_now(marketer_cli
     page = text(marketer_client.get(reverse("admin:user_lookup"), {"user_id": "1"}))
     assert "Time zone <strong>Europe/Paris</strong> (their segment&#x27;s)" in page
     table = re.search(r'<table class="gk-table" id="quiet-hours">(.*?)</table>', page).group(1)
-    email, push = re.findall(r"<tr><td>(.*?)</tr>", table)
+    email, push, sms = re.findall(r"<tr><td>(.*?)</tr>", table)
     end = QuietHours.objects.get().end  # three hours from when the fixture laid it out
     assert email.startswith("email") and '<span class="gk-badge gk-warn">quiet</span>' in email
     assert re.search(rf"until [\d-]+ {end:%H:%M} their time \(\d\d:\d\d UTC, in 2 h 5\d min", email)
     assert "(their own place in the spread)" in email
     assert "Vip users: no marketing emails from" in email
     assert push.startswith("push") and "<td>now</td>" in push and "none" in push
+    assert sms.startswith("sms") and "<td>now</td>" in sms and "none" in sms

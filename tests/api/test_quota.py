@@ -129,10 +129,11 @@ def test_the_quota_counts_recent_sends_in_a_window_and_reads_days_in_a_time_zone
         assert decision.allowed
     v = api("viewer")
     recent = call(v, "GET", "/api/v1/users/7/quota/?window=2h").json()
-    assert recent["sent"] == {"email": 1, "push": 1}
+    assert recent["sent"] == {"email": 1, "push": 1, "sms": 0}
     assert call(v, "GET", "/api/v1/users/7/quota/?window=7d").json()["sent"] == {
         "email": 1,
         "push": 2,
+        "sms": 0,
     }
     zoned = call(v, "GET", "/api/v1/users/7/quota/?time_zone=Asia/Kathmandu").json()
     assert zoned["time_zone"] == "Asia/Kathmandu"
@@ -179,6 +180,7 @@ def test_a_longer_rule_makes_the_log_keep_sends_longer_and_the_window_may_reach_
     assert call(v, "GET", "/api/v1/users/7/quota/?window=30d").json()["sent"] == {
         "email": 0,
         "push": 0,
+        "sms": 0,
     }
     refused = call(v, "GET", "/api/v1/users/7/quota/?window=40d")
     assert "The log keeps sends for 31 days" in refused.json()["window"][0]

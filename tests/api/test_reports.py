@@ -209,7 +209,7 @@ def test_the_default_range_stays_within_what_the_ledger_keeps(db, settings):
         ({"to": "2025-01-01"}, "to", "2025-01-01 is before it"),
         ({"group_by": "day,weekday"}, "group_by", "Unknown field 'weekday'. Group by any of: day, campaign, segment, channel, reason (comma-separated)."),
         ({"group_by": "Day"}, "group_by", "Unknown field 'Day'"),
-        ({"channel": "fax"}, "channel", "Unknown channel 'fax'. Choose one of: email, push."),
+        ({"channel": "fax"}, "channel", "Unknown channel 'fax'. Choose one of: email, push, sms."),
         ({"channel": ["email", "all"]}, "channel", "Unknown channel 'all'"),
         ({"channel": "email,push"}, "channel", "Unknown channel 'email,push'"),
         ({"channel": ""}, "channel", "Unknown channel ''"),
@@ -386,7 +386,7 @@ def test_bad_input_is_a_400_in_the_apis_format_also_for_csv(api):
     ]
     as_csv = get(viewer, channel="fax", format="csv")
     assert as_csv.status_code == 400 and as_csv.headers["Content-Type"] == "application/json"
-    assert as_csv.json()["channel"] == ["Unknown channel 'fax'. Choose one of: email, push."]
+    assert as_csv.json()["channel"] == ["Unknown channel 'fax'. Choose one of: email, push, sms."]
     unknown = get(viewer, format="xml")
     assert unknown.status_code == 400
     assert unknown.json() == {"format": ["Unknown format 'xml'. Choose json or csv."]}

@@ -103,7 +103,7 @@ def test_a_file_is_imported_whole_or_not_at_all(api, snapshot):
 @pytest.mark.parametrize(
     ("method", "path", "body", "field"),
     [
-        ("POST", "/api/v1/suppressions/", {"channel": "sms", "user_ids": [1]}, "channel"),
+        ("POST", "/api/v1/suppressions/", {"channel": "fax", "user_ids": [1]}, "channel"),
         ("POST", "/api/v1/suppressions/", {"channel": "email", "user_ids": []}, "user_ids"),
         ("POST", "/api/v1/suppressions/", {"channel": "email", "user_ids": [-1]}, "user_ids[0]"),
         ("POST", "/api/v1/suppressions/", {"channel": "email", "user_ids": ["01"]}, "user_ids[0]"),
@@ -115,13 +115,13 @@ def test_a_file_is_imported_whole_or_not_at_all(api, snapshot):
         ),
         ("POST", "/api/v1/suppressions/", {"channel": "email"}, "user_ids"),
         ("POST", "/api/v1/suppressions/remove/", {"channel": "all"}, "user_ids"),
-        ("GET", "/api/v1/suppressions/?channel=sms", None, "channel"),
+        ("GET", "/api/v1/suppressions/?channel=fax", None, "channel"),
         ("GET", "/api/v1/suppressions/?limit=0", None, "limit"),
         ("GET", "/api/v1/suppressions/?user_id=x", None, "user_id"),
         ("GET", "/api/v1/suppressions/?reason=x", None, "reason"),
-        ("GET", "/api/v1/suppressions/sms/1/", None, "channel"),
+        ("GET", "/api/v1/suppressions/fax/1/", None, "channel"),
         ("GET", "/api/v1/suppressions/email/x/", None, "user_id"),
-        ("PUT", "/api/v1/suppressions/sms/import/", b"1\n", "channel"),
+        ("PUT", "/api/v1/suppressions/fax/import/", b"1\n", "channel"),
         ("PUT", "/api/v1/suppressions/email/import/?reason=x", b"1\n", "reason"),
     ],
 )

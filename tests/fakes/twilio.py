@@ -18,8 +18,9 @@ The API, `POST /2010-04-01/Accounts/<AccountSid>/Messages.json`:
   HTTP status that goes with it; 20429 is an HTTP 429 with `retry_after` as its Retry-After),
   BAD_GATEWAY (a 502 whose body is a proxy's HTML page, not Twilio's JSON), HANG (read the
   request, never answer: the client's read timeout), LOST (take the message, then never
-  answer: it went out and the client cannot know) or DROP (read the request, close the
-  connection without a word). Twilio's magic test numbers are answered as Twilio answers them
+  answer: it went out and the client cannot know), DROP (read the request, close the
+  connection without a word) or GARBLED (take the message, answer 201 with a body that is not
+  JSON: a proxy's mangling). Twilio's magic test numbers are answered as Twilio answers them
   (MAGIC_TO: +15005550004 has replied STOP, and so on); the account's sender is Twilio's
   magic valid From, +15005550006.
 
@@ -50,7 +51,7 @@ MESSAGES_PATH = re.compile(r"/2010-04-01/Accounts/(?P<account>[^/]+)/Messages\.j
 E164 = re.compile(r"\+[1-9][0-9]{1,14}")  # a +, then 2 to 15 digits, the first not 0
 BODY_MAX = 1600  # characters of `Body`
 
-HANG, LOST, DROP, BAD_GATEWAY = "hang", "lost", "drop", "bad-gateway"
+HANG, LOST, DROP, BAD_GATEWAY, GARBLED = "hang", "lost", "drop", "bad-gateway", "garbled"
 
 # Twilio's default opt-out, opt-in and help keywords: a reply whose whole body (whatever its
 # case) is one of them. With Advanced Opt-Out, the incoming message webhook says which it was
@@ -137,7 +138,7 @@ class SentMessage:
 
 @dataclass
 class Answer:
-    what: int | str  # a code of ERRORS, or HANG, LOST, DROP, BAD_GATEWAY
+    what: int | str  # a code of ERRORS, or HANG, LOST, DROP, BAD_GATEWAY, GARBLED
     times: int | None = None  # None: every time
     retry_after: str | None = None
 
@@ -196,13 +197,14 @@ class FakeTwilio:
         times: int | None = None,
         retry_after: str | None = None,
     ) -> None:
-        """Answer sends to `to` with `what` (a code of ERRORS, HANG, LOST, DROP or
-        BAD_GATEWAY), `times` times (None: until reset)."""
+        """Answer sends to `to` with `what` (a code of ERRORS, HANG, LOST, DROP, BAD_GATEWAY
+        or GARBLED), `times` times (None: until reset)."""
         if not (isinstance(what, int) and what in ERRORS) and what not in (
             HANG,
             LOST,
             DROP,
             BAD_GATEWAY,
+            GARBLED,
         ):
             raise ValueError(f"no such answer: {what!r}")
         with self.lock:
@@ -256,7 +258,7 @@ class FakeTwilio:
                     {"Content-Type": "text/html"},
                     "<html><body>502 Bad Gateway</body></html>",
                 )
-            if answer.what != LOST:
+            if answer.what not in (LOST, GARBLED):
                 error = ERRORS[int(answer.what)]
                 status, headers, payload = _error(
                     error.status, error.code, error.message.format(to=to)
@@ -280,6 +282,8 @@ class FakeTwilio:
             self.sent.append(message)
         if answer is not None and answer.what == LOST:
             return 0, {}, LOST
+        if answer is not None and answer.what == GARBLED:
+            return 201, {"Content-Type": "text/html"}, "<html><body>Message queued</body></html>"
         return 201, {}, self.resource(message)
 
     def resource(self, message: SentMessage) -> dict[str, Any]:

@@ -9,41 +9,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import urllib3
-from requests.adapters import HTTPAdapter
 from twilio.http.http_client import TwilioHttpClient
 from twilio.rest import Client
 
 from tests.fakes.tls import LocalTLS
 from tests.fakes.twilio import FakeTwilio
+from worker.delivery.http import TrustingAdapter
+from worker.delivery.twilio import ENVIRONMENT, RETRIES
 
 TIMEOUT = 0.5  # seconds Twilio may take: a hanging one costs a test no more
-
-# Connections that could not be made are tried once more; nothing that may have reached Twilio
-# is (POST is not among urllib3's retryable methods, and no status is retried).
-RETRIES = urllib3.Retry(
-    connect=1, read=False, redirect=False, status=0, other=0, respect_retry_after_header=False
-)
-
-
-# What the Client reads instead of the process environment: a TWILIO_EDGE or TWILIO_REGION
-# there would rewrite the API's host (`api.<edge>.<region>.twilio.com`), the fake's too. Not
-# empty: twilio reads `environment or os.environ`.
-ENVIRONMENT = {"TWILIO_EDGE": "", "TWILIO_REGION": ""}
-
-
-class TrustingAdapter(HTTPAdapter):
-    """Verifies servers against `ca_bundle` per request: requests lets REQUESTS_CA_BUNDLE
-    override a session's own `verify` (psf/requests#3829)."""
-
-    def __init__(self, *, ca_bundle: str | None, **kwargs: Any) -> None:
-        self.ca_bundle = ca_bundle
-        super().__init__(**kwargs)
-
-    def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.ca_bundle:
-            kwargs["verify"] = self.ca_bundle
-        return super().send(request, *args, **kwargs)
 
 
 class LastAnswer:
@@ -73,7 +47,8 @@ def twilio_client(
     timeout: float = TIMEOUT,
 ) -> tuple[Client, LastAnswer]:
     """twilio-python's real Client, its API domain at `base_url` (Twilio's own is
-    https://api.twilio.com), its server verified against `ca_bundle`."""
+    https://api.twilio.com), its server verified against `ca_bundle`: built as TwilioDispatcher
+    builds its own (the same adapter, retries and environment)."""
     last = LastAnswer()
     http_client = TwilioHttpClient(timeout=timeout, request_hooks={"response": [last.record]})
     assert http_client.session is not None
@@ -115,3 +90,21 @@ def twilio_api(twilio: FakeTwilio, local_tls: LocalTLS) -> Iterator[tuple[Client
     )
     yield client, last
     client.http_client.session.close()
+
+
+@pytest.fixture
+def twilio_settings(twilio: FakeTwilio, local_tls: LocalTLS, settings) -> FakeTwilio:
+    """The Twilio fake, empty, with TwilioDispatcher's settings pointed at it (the account's
+    Auth Token, its number as the sender) and sms sent through Twilio."""
+    settings.GATEKEEPER_TWILIO_ACCOUNT_SID = twilio.account_sid
+    settings.GATEKEEPER_TWILIO_AUTH_TOKEN = twilio.auth_token
+    settings.GATEKEEPER_TWILIO_API_KEY_SID = ""
+    settings.GATEKEEPER_TWILIO_API_KEY_SECRET = ""
+    settings.GATEKEEPER_TWILIO_FROM = twilio.sender
+    settings.GATEKEEPER_TWILIO_MESSAGING_SERVICE_SID = ""
+    settings.GATEKEEPER_TWILIO_VALIDITY_SECONDS = 0
+    settings.GATEKEEPER_TWILIO_API_URL = twilio.url
+    settings.GATEKEEPER_TWILIO_CA_BUNDLE = str(local_tls.ca_bundle)
+    settings.GATEKEEPER_TWILIO_TIMEOUT_SECONDS = TIMEOUT
+    settings.GATEKEEPER_DISPATCHERS = '{"sms": "twilio"}'
+    return twilio

@@ -153,8 +153,8 @@ def test_writes_keep_the_first_reason_journal_each_change_and_refuse_bad_input(d
         (6, "added"),
         (5, "removed"),
     ]
-    with pytest.raises(ValidationError, match="Unknown channel 'sms'"):
-        suppress(channel="sms", user_ids=[1], reason="manual", source="test")
+    with pytest.raises(ValidationError, match="Unknown channel 'fax'"):
+        suppress(channel="fax", user_ids=[1], reason="manual", source="test")
     with pytest.raises(ValidationError, match="Unknown suppression reason 'angry'"):
         suppress(channel="email", user_ids=[1], reason="angry", source="test")  # unknown on purpose
     assert Suppression.objects.count() == 1

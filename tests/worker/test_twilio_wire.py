@@ -1,7 +1,8 @@
 """Twilio's Messages API on the wire: twilio-python's real Client (its request building, basic
 auth, form encoding, answer and error parsing) against the local fake over TLS
 (tests/fakes/twilio.py), and Twilio's signed webhooks checked by twilio-python's own
-RequestValidator. What each answer is worth to the worker is docs/twilio-notes.md's."""
+RequestValidator. What each answer is worth to the worker: worker/delivery/twilio.py and
+docs/worker.md ("SMS through Twilio")."""
 
 import http.client
 import socket

@@ -8,7 +8,10 @@ order: None (sent) or a DispatchError saying what a retry is worth:
 - PERMANENT: it will never work (unknown address, 4xx): the worker gives the quota back.
   With `invalid=True` the provider said the address or push token itself is dead
   (unregistered, uninstalled app, unknown mailbox, a number that is no mobile): the send job
-  lists it for its caller.
+  lists it for its caller. With `opted_out=True` the provider said this person opted out of
+  this channel with it (Twilio's 21610: they replied STOP): the worker puts the user on the
+  channel's suppression list (source `opted_out_source(provider)`), so the gate stops their
+  marketing there before anything is charged.
 - AMBIGUOUS: it may have been delivered (the connection broke after the request went out):
   the worker keeps the quota and does not send again, because a double send is worse than a
   lost one for marketing.
@@ -58,6 +61,7 @@ class DispatchError(Exception):
         kind: str = TRANSIENT,
         retry_after: float | None = None,
         invalid: bool = False,
+        opted_out: bool = False,
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -65,10 +69,18 @@ class DispatchError(Exception):
         # PERMANENT only: the provider says the address or token is dead (unregistered push
         # token, unknown mailbox); the job reports it back to its caller.
         self.invalid = invalid
+        # PERMANENT only: the provider says the person opted out of this channel (a STOP
+        # reply); the worker suppresses the user on the channel.
+        self.opted_out = opted_out
 
     @property
     def permanent(self) -> bool:
         return self.kind == PERMANENT
+
+
+def opted_out_source(provider: str) -> str:
+    """The suppression list's source of an entry a provider's opted-out answer made."""
+    return f"provider:{provider}"
 
 
 @dataclass

@@ -50,7 +50,6 @@ Idempotency (`idempotent`: a send whose outcome is unknown is sent again with th
 import functools
 import hashlib
 import logging
-import ssl
 import string
 from collections.abc import Sequence
 from email.utils import parseaddr
@@ -72,7 +71,6 @@ from botocore.exceptions import (
 from botocore.exceptions import SSLError as BotoSSLError
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, get_connection
-from urllib3.exceptions import MaxRetryError, NewConnectionError
 
 from worker.delivery.base import (
     AMBIGUOUS,
@@ -82,9 +80,9 @@ from worker.delivery.base import (
     DispatchError,
     Message,
     SendsInBatches,
-    causes,
     retry_after_seconds,
 )
+from worker.delivery.http import certificate_refused, requests_failure
 
 logger = logging.getLogger(__name__)
 
@@ -241,7 +239,7 @@ class AnymailDispatcher(SendsInBatches):
         if isinstance(exc, AnymailAPIError):
             status = getattr(exc, "status_code", None)
             if isinstance(cause, requests.RequestException) and status is None:
-                return _requests_failure(self.provider, cause)
+                return requests_failure(self.provider, cause)
             if isinstance(cause, ClientError):
                 return _client_error(self.provider, cause)
             if isinstance(cause, BotoCoreError):
@@ -411,39 +409,6 @@ def http_failure(
     )
 
 
-def _requests_failure(provider: str, err: requests.RequestException) -> DispatchError:
-    """A requests transport error: the ESP has it, or nothing was sent?"""
-    if isinstance(err, requests.ConnectTimeout):
-        return DispatchError(f"{provider}: connect timeout, nothing sent", kind=TRANSIENT)
-    if isinstance(err, requests.exceptions.SSLError):
-        if _certificate_refused(err):
-            return DispatchError(f"{provider}: certificate refused, nothing sent", kind=TRANSIENT)
-        return DispatchError(f"{provider}: TLS failure, the request may be there", kind=AMBIGUOUS)
-    if isinstance(err, requests.ConnectionError):
-        reason = err.args[0] if err.args else None
-        if isinstance(reason, MaxRetryError) and isinstance(reason.reason, NewConnectionError):
-            # Refused, unreachable, or a name that does not resolve (NameResolutionError).
-            return DispatchError(
-                f"{provider} unreachable, nothing sent: {reason.reason}", kind=TRANSIENT
-            )
-        return DispatchError(
-            f"{provider}: connection lost once the request was on its way: {reason}",
-            kind=AMBIGUOUS,
-        )
-    if isinstance(
-        err,
-        (
-            requests.exceptions.InvalidURL,
-            requests.exceptions.MissingSchema,
-            requests.exceptions.InvalidSchema,
-            requests.exceptions.InvalidHeader,
-        ),
-    ):
-        return DispatchError(f"{provider}: the request cannot be made: {err}", kind=PERMANENT)
-    # A read timeout, an answer cut off: the ESP may have taken the request.
-    return DispatchError(f"{provider}: no complete answer ({type(err).__name__})", kind=AMBIGUOUS)
-
-
 def _client_error(provider: str, err: ClientError) -> DispatchError:
     """An AWS API error answer (Amazon SES)."""
     meta = err.response.get("ResponseMetadata", {})
@@ -459,7 +424,7 @@ def _client_error(provider: str, err: ClientError) -> DispatchError:
 def _botocore_failure(provider: str, err: BotoCoreError) -> DispatchError:
     """A botocore error without an AWS answer."""
     if isinstance(err, BotoSSLError):
-        if _certificate_refused(err):
+        if certificate_refused(err):
             return DispatchError(f"{provider}: certificate refused, nothing sent", kind=TRANSIENT)
         return DispatchError(f"{provider}: TLS failure, the request may be there", kind=AMBIGUOUS)
     if isinstance(err, EndpointConnectionError):  # refused, unresolved, connect timeout
@@ -471,12 +436,6 @@ def _botocore_failure(provider: str, err: BotoCoreError) -> DispatchError:
     # A read timeout, a connection closed before the answer (ReadTimeoutError,
     # ConnectionClosedError) or anything else once the request was made.
     return DispatchError(f"{provider}: no complete answer: {err}", kind=AMBIGUOUS)
-
-
-def _certificate_refused(err: BaseException) -> bool:
-    """A certificate failing verification is refused in the handshake: nothing was sent. Other
-    TLS failures may come after the request."""
-    return any(isinstance(e, ssl.SSLCertVerificationError) for e in causes(err))
 
 
 def _key(address: str) -> str:

@@ -28,7 +28,6 @@ from django.conf import settings
 from firebase_admin import _http_client, credentials, exceptions, messaging
 from google.auth.transport.requests import AuthorizedSession
 from google.auth.transport.requests import Request as GoogleAuthRequest
-from requests.adapters import HTTPAdapter
 
 from worker.delivery.base import (
     AMBIGUOUS,
@@ -41,6 +40,7 @@ from worker.delivery.base import (
     causes,
     retry_after_seconds,
 )
+from worker.delivery.http import TrustingAdapter
 
 # Data keys FCM refuses the whole message for ("from", "message_type", any key starting with
 # "google" or "gcm"): left out of the data, not allowed to sink the send.
@@ -90,13 +90,13 @@ class FCMDispatcher(SendsInBatches):
             ca_bundle = settings.GATEKEEPER_FCM_CA_BUNDLE or None
             # One session for the token endpoint and one for FCM, both trusting the CA bundle.
             self.token_session = requests.Session()
-            self.token_session.mount("https://", _Adapter(ca_bundle=ca_bundle))
+            self.token_session.mount("https://", TrustingAdapter(ca_bundle=ca_bundle))
             self.auth_request = GoogleAuthRequest(self.token_session)
             self.session = AuthorizedSession(self.credential, auth_request=self.auth_request)
             # send_each runs one thread per message: keep their connections for the next batch.
             self.session.mount(
                 "https://",
-                _Adapter(
+                TrustingAdapter(
                     ca_bundle=ca_bundle,
                     pool_connections=4,
                     pool_maxsize=self.batch_size,
@@ -145,21 +145,6 @@ class FCMDispatcher(SendsInBatches):
         for session in (getattr(self, "session", None), getattr(self, "token_session", None)):
             if session is not None:
                 session.close()
-
-
-class _Adapter(HTTPAdapter):
-    """An adapter that verifies servers against `ca_bundle` when one is given. Per request:
-    requests lets REQUESTS_CA_BUNDLE, set on many hosts, override a session's own `verify`
-    (psf/requests#3829)."""
-
-    def __init__(self, *, ca_bundle: str | None, **kwargs: Any) -> None:
-        self.ca_bundle = ca_bundle
-        super().__init__(**kwargs)
-
-    def send(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        if self.ca_bundle:
-            kwargs["verify"] = self.ca_bundle
-        return super().send(request, *args, **kwargs)
 
 
 def _messaging_service(app: firebase_admin.App) -> Any:

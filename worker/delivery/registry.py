@@ -14,7 +14,9 @@ earlier versions documented are read as their names), and any other channel the 
 
 The checks (`manage.py check` and every process's start): a channel not in GATEKEEPER_CHANNELS,
 an unknown dispatcher or one that does not send that channel (worker.E002), an ESP whose package
-is missing (worker.E003), and an ESP without ANYMAIL_WEBHOOK_SECRET (worker.W001).
+is missing (worker.E003), an ESP without ANYMAIL_WEBHOOK_SECRET (worker.W001), and Twilio
+without its account, a credential, a sender, or the Auth Token its STOP webhook checks
+(worker.W002).
 """
 
 import functools
@@ -38,6 +40,7 @@ from worker.delivery.esp import ANYMAIL_BACKENDS, anymail_dispatcher_class
 from worker.delivery.fcm import FCMDispatcher
 from worker.delivery.local import ConsoleDispatcher, MemoryDispatcher, NullDispatcher
 from worker.delivery.smtp import EmailDispatcher
+from worker.delivery.twilio import TwilioDispatcher, twilio_settings_problems
 from worker.delivery.webhook import WebhookDispatcher
 
 NAMES: dict[str, type[Dispatcher]] = {
@@ -45,6 +48,7 @@ NAMES: dict[str, type[Dispatcher]] = {
     "fcm": FCMDispatcher,
     "apns": APNsDispatcher,
     "webhook": WebhookDispatcher,
+    "twilio": TwilioDispatcher,
     "console": ConsoleDispatcher,
     "memory": MemoryDispatcher,
     "null": NullDispatcher,
@@ -179,10 +183,26 @@ def dispatchers_check(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
             if any(problem.is_serious() for problem in problems):
                 continue
         try:
-            dispatcher_class(channel)
+            found = dispatcher_class(channel)
         except ImproperlyConfigured as exc:
             messages.append(Error(f"{channel}: {exc}", id="worker.E002"))
+            continue
+        if found is TwilioDispatcher:
+            messages.extend(_twilio_problems(channel))
     return messages
+
+
+def _twilio_problems(channel: str) -> list[CheckMessage]:
+    missing = twilio_settings_problems()
+    if not missing:
+        return []
+    return [
+        Warning(
+            f"{channel} goes through Twilio, but {'; '.join(missing)}.",
+            hint="Set them from the Twilio console (docs/worker.md, SMS through Twilio).",
+            id="worker.W002",
+        )
+    ]
 
 
 def _esp_problems(esp: str) -> list[CheckMessage]:

@@ -11,6 +11,7 @@ from django.db import transaction
 
 from gatekeeper.lib.groups import MARKETER, VIEWER
 from gatekeeper.lib.permissions import CAMPAIGN_SYSTEM
+from limits.channels import scopes
 from limits.rules import RuleFields
 from limits.services import RULES, cap_set
 from segments.index import refresh
@@ -36,6 +37,7 @@ DEMO_RULES = [
     ("1 promo a day", None, "all", "tag", "promo", ("calendar", "day"), 1, None),
     ("One push per campaign a week", None, "push", "campaign", "", ("calendar", "week"), 1, None),
     ("4 hours between pushes", "vip", "push", "any", "", ("rolling", 4 * 3600), 1, None),
+    ("At most 2 texts a week", None, "sms", "any", "", ("calendar", "week"), 2, None),
     (
         "VIP: 10 a month, 2 kept for priority 8+",
         "vip",
@@ -79,6 +81,8 @@ class Command(BaseCommand):
             for scope, (daily, weekly) in DEFAULT_CAPS.items():
                 cap_set(segment=default, channel=scope, daily=daily, weekly=weekly, via="command")
             for name, segment_slug, channel, match, tag, window, limit, reserve in DEMO_RULES:
+                if channel not in scopes():
+                    continue  # GATEKEEPER_CHANNELS leaves it out here
                 kind, size = window
                 RULES.create(
                     fields=RuleFields(
