@@ -213,7 +213,7 @@ def suppressions_beside_none(seconds: float, suppressed: int) -> None:
     gated users: every lookup misses, so both sides ask Redis the same) against an empty list,
     runs alternated; and the Redis calls per batch of each (the list costs none), counted on a
     Redis server of the benchmark's own (its command counts are the server's, every database's)."""
-    from tests.redis_servers import RedisServer
+    from bench.servers import RedisServer
 
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp)).start()
@@ -361,7 +361,7 @@ def campaign(recipients: int, *, cluster: bool = False) -> None:
         data: Any = _redis(env["REDIS_URL"])
         servers = [data]  # the gate's Redis servers (one also holds the broker's database)
         if cluster:
-            from tests.redis_servers import RedisClusterProcesses
+            from bench.servers import RedisClusterProcesses
 
             nodes = RedisClusterProcesses(Path(tmp) / "cluster").start()
             stack.callback(nodes.stop)

@@ -13,7 +13,20 @@ import pytest
 import redis
 from moto.server import ThreadedMotoServer
 
-from tests.redis_servers import free_port
+from bench.servers import free_port
+
+# The suite's shared fixtures, by theme (tests/support/).
+pytest_plugins = [
+    "tests.support.admin",
+    "tests.support.api",
+    "tests.support.browser",
+    "tests.support.published",
+    "tests.support.push",
+    "tests.support.redis",
+    "tests.support.sends",
+    "tests.support.sms",
+    "tests.support.stores",
+]
 
 TEST_REDIS_URL = os.environ.get("GATEKEEPER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server", "admin_client"}
@@ -41,6 +54,22 @@ def _test_settings(settings, tmp_path):
     settings.MEDIA_ROOT = tmp_path / "media"
     # No snapshot follower threads in the test process: a test swaps versions with refresh().
     settings.GATEKEEPER_SNAPSHOT_POLL_SECONDS = 0
+
+
+@pytest.fixture(autouse=True)
+def _fresh_index() -> Iterator[None]:
+    """No test sees another's snapshot, tasks queued on the tests' broker, or counts not yet
+    written."""
+    from segments.index import reset_index
+    from tests.support import broker
+    from worker import stats, timings
+
+    broker.clear("sends", "builds")
+    reset_index()
+    stats.discard_pending()
+    timings.discard_pending()
+    yield
+    reset_index()
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from bench.servers import RedisClusterProcesses, RedisServer
 from limits.limiter import Limiter
 from tests.limits.rulesets import DAY_S, caps, rule, rule_set
-from tests.redis_servers import RedisClusterProcesses, RedisServer
 
 NOW = 1_763_800_000.0
 USERS = 10

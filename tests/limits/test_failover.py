@@ -10,13 +10,13 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
+from bench.servers import RedisClusterProcesses
 from gatekeeper.lib.redis_client import pipelined
 from limits import log
 from limits.limiter import Limiter
 from limits.reasons import Reason
-from tests.limits.conftest import PREFIX
 from tests.limits.rulesets import caps
-from tests.redis_servers import RedisClusterProcesses
+from tests.support.redis import PREFIX
 
 NOW = 1_763_800_000.0
 RULES = caps(daily=3)

@@ -14,11 +14,11 @@ import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
+from bench.servers import RedisClusterProcesses, RedisServer
 from gatekeeper.lib.redis_client import BUSY_PAUSE
 from limits import log
 from limits.limiter import Limiter
 from tests.limits.rulesets import caps
-from tests.redis_servers import RedisClusterProcesses, RedisServer
 
 NOW = 1_763_800_000.0
 PREFIX = "migrating:"

@@ -16,8 +16,8 @@ from limits.limiter import Limiter, get_limiter, reset_limiter
 from limits.selectors import policy_read
 from limits.tasks import send_logs_sweep
 from limits.upkeep import logs_sweep, primaries, sweep_cursors_key
-from tests.limits.conftest import PREFIX
 from tests.limits.rulesets import caps
+from tests.support.redis import PREFIX
 
 NOW = 1_763_800_000.0  # seconds; tests pass the clock, nothing waits for a window
 DAY = 86_400.0

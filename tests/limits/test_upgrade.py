@@ -22,8 +22,8 @@ from limits import log
 from limits.legacy import LegacyLogs, legacy_key
 from limits.limiter import Limiter, get_limiter, reset_limiter
 from limits.upkeep import convert_cursors_key, logs_convert, primaries
-from tests.limits.conftest import PREFIX
 from tests.limits.rulesets import caps
+from tests.support.redis import PREFIX
 
 NOW = 1_763_800_000.0  # seconds; tests pass the clock, nothing waits for a window
 HOUR = 3_600.0

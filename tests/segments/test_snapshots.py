@@ -20,7 +20,7 @@ from segments.publishing import (
 from segments.selectors import snapshot_live_version, snapshot_versions
 from segments.services import build_start, user_list_import
 from segments.store import CURRENT, MANIFEST, SnapshotStore, StoreError, snapshot_key
-from tests import broker
+from tests.support import broker
 
 pytestmark = pytest.mark.django_db
 
@@ -322,7 +322,7 @@ def test_a_build_task_for_a_build_that_is_gone_ends_quietly_and_holds_no_lock(st
 
 def test_a_version_missing_an_object_is_incomplete_and_is_not_made_live(store, make_segments):
     from segments.index import SnapshotIncomplete
-    from tests.segments.conftest import delete_object
+    from tests.support.stores import delete_object
 
     segments = make_segments(vip=(10, [1]), active=(20, [2]))
     first = publish().version
@@ -347,7 +347,7 @@ def test_a_version_missing_an_object_is_incomplete_and_is_not_made_live(store, m
 
 def test_a_store_that_does_not_answer_is_not_an_incomplete_version(store, make_segments, settings):
     from segments.index import SnapshotError
-    from tests.segments.conftest import unreadable
+    from tests.support.stores import unreadable
 
     make_segments(vip=(10, [1]))
     first = publish().version

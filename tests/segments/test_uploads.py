@@ -6,7 +6,6 @@ import io
 import json
 import os
 import tracemalloc
-import zlib
 
 import pytest
 import redis
@@ -17,16 +16,9 @@ from segments.parsing import ListSummary, UserListError, iter_ids
 from segments.publishing import build_run
 from segments.services import build_start, user_list_import
 from segments.user_lists import user_list_validate, user_lists_stalled
+from tests.support.files import inflating_gzip
 
 pytestmark = pytest.mark.django_db
-
-
-def inflating_gzip(pattern: bytes, inflated: int) -> bytes:
-    """A gzip of `pattern` repeated to `inflated` bytes, built without holding the text."""
-    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: a gzip header and trailer
-    block = pattern * (2**20 // len(pattern))
-    parts = [compressor.compress(block) for _ in range(inflated // len(block))]
-    return b"".join([*parts, compressor.flush()])
 
 
 def ids_text(first: int, count: int) -> bytes:

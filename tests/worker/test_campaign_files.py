@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from gatekeeper.lib.conflicts import Conflict
 from segments.store import store_from_settings
-from tests import broker
+from tests.support import broker
 from worker import services, timings
 from worker.chunks import chunks_due, send_chunk_run
 from worker.models import SendChunk, SendJob

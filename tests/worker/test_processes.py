@@ -25,8 +25,8 @@ def test_a_process_reports_its_version_and_quiet_ones_are_forgotten(redis_client
 
 
 def test_reporting_without_redis_does_not_raise(settings):
+    from bench.servers import free_port
     from gatekeeper.lib.redis_client import reset_redis_clients
-    from tests.redis_servers import free_port
 
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     reset_redis_clients()

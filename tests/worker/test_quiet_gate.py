@@ -8,11 +8,11 @@ from zoneinfo import ZoneInfo
 import pytest
 import redis
 
+from bench.servers import RedisServer
 from limits.limiter import Limiter
 from limits.quiet import QuietFields, user_offset
 from limits.services import QUIET_HOURS, cap_set
 from segments.models import Segment
-from tests.redis_servers import RedisServer
 from worker.gate import Gate, gate_check
 
 PARIS = ZoneInfo("Europe/Paris")

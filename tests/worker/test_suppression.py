@@ -25,7 +25,7 @@ from limits.suppression import suppress as suppress_now
 from limits.suppression import unsuppress as unsuppress_now
 from limits.unsubscribe import token_reader, unsubscribe_token, unsubscribe_url
 from segments.models import Segment
-from tests.worker.test_sends import make_job, run_all, smtp  # noqa: F401  (a fixture)
+from tests.support.sends import make_job, run_all
 from worker.gate import Gate, gate_check
 
 NIGHT = datetime(2026, 6, 10, 23, 0, tzinfo=ZoneInfo("Europe/Paris")).timestamp()
@@ -160,7 +160,7 @@ def test_writes_keep_the_first_reason_journal_each_change_and_refuse_bad_input(d
     assert Suppression.objects.count() == 1
 
 
-def test_a_job_counts_suppressed_users_as_refused_and_sends_them_nothing(snapshot, smtp):  # noqa: F811
+def test_a_job_counts_suppressed_users_as_refused_and_sends_them_nothing(snapshot, smtp):
     suppress(channel="email", user_ids=[2], reason="unsubscribed", source="test")
     job = make_job(1, 2, campaign="spring")
     run_all(job)
@@ -175,7 +175,7 @@ def headers_of(raw: str) -> email.message.EmailMessage:
 
 def test_marketing_email_carries_a_one_click_link_that_suppresses_the_user(
     snapshot,
-    smtp,  # noqa: F811
+    smtp,
     settings,
     django_capture_on_commit_callbacks,
 ):

@@ -5,16 +5,14 @@ Redis and SMTP server; the clock is passed as `now`."""
 
 import re
 from collections import Counter
-from datetime import UTC, datetime, time, timedelta
-from zoneinfo import ZoneInfo
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from limits.quiet import release_at
-from tests.worker.conftest import QUIET_USERS
-from tests.worker.test_sends import make_job, recorded, run_all
+from tests.support.sends import make_job, recorded, run_all
+from tests.support.waiting import MORNING, NIGHT, SPREAD, USERS, adds_up, paris, release
 from worker.chunks import chunks_due, release_groups, send_chunk_run, waiting_close
 from worker.claims import claim_key
 from worker.gate import gate_check
@@ -22,26 +20,6 @@ from worker.models import SendChunk, SendJob
 from worker.selectors import send_job_waiting, waiting_by_hour
 from worker.services import send_job_cancel_waiting, send_job_create
 from worker.tasks import send_chunks_due
-
-PARIS = ZoneInfo("Europe/Paris")
-USERS = QUIET_USERS  # quiet_vip's (tests/worker/conftest.py)
-SPREAD = 30 * 60
-
-
-def paris(days: int, hour: int, minute: int = 0) -> datetime:
-    """A wall-clock time in Paris, `days` after today's date there (always in the future, so
-    that a job's expiry around it is valid), as a UTC instant."""
-    day = timezone.now().astimezone(PARIS).date() + timedelta(days=days)
-    return datetime.combine(day, time(hour, minute), PARIS).astimezone(UTC)
-
-
-NIGHT = paris(2, 23)
-MORNING = paris(3, 8)
-
-
-def release(user_id: int) -> datetime:
-    """When quiet hours ending at MORNING let this user's send go (their place in the spread)."""
-    return datetime.fromtimestamp(release_at(MORNING.timestamp(), SPREAD, user_id), UTC)
 
 
 def due_at(chunk: SendChunk) -> datetime:
@@ -53,13 +31,6 @@ def due_at(chunk: SendChunk) -> datetime:
 def release_of_group(chunks: list[SendChunk], user_id: int) -> datetime:
     (chunk,) = [c for c in chunks if any(r["user_id"] == user_id for r in c.recipients)]
     return due_at(chunk)
-
-
-def adds_up(job: SendJob) -> dict[str, int]:
-    job.refresh_from_db()
-    counts = {outcome: getattr(job, outcome) for outcome in (*SendJob.OUTCOMES, "pending")}
-    assert sum(counts.values()) == job.total, counts
-    return counts
 
 
 def waiting_chunks(job: SendJob) -> list[SendChunk]:
@@ -266,7 +237,7 @@ def test_a_waiting_chunk_a_live_run_holds_is_left_to_it(quiet_vip, smtp):
 
 
 def test_capped_sends_wait_for_their_own_slot_grouped_by_minute(published, smtp):
-    from tests.worker.test_sends import make_rule
+    from tests.support.sends import make_rule
 
     published(vip=(10, [7, 8, 9], {}))
     make_rule("4 hours apart", window_seconds=4 * 3_600)

@@ -16,15 +16,15 @@ import pytest
 import redis
 from aiosmtpd.controller import Controller
 
-from tests.celery_workers import (
+from bench.servers import free_port
+from tests.support.celery_workers import (
     start_celery_beat,
     start_celery_worker,
     stop_celery_worker,
     worker_env,
 )
-from tests.redis_servers import free_port
-from tests.worker.test_sends import Inbox
-from tests.worker.test_waiting import MORNING, NIGHT, SPREAD, USERS, adds_up, release
+from tests.support.sends import Inbox
+from tests.support.waiting import MORNING, NIGHT, SPREAD, USERS, adds_up, release
 from worker.models import SendChunk, SendJob
 from worker.selectors import send_job_waiting
 from worker.services import send_job_cancel_waiting, send_job_create

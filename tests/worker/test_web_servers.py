@@ -14,11 +14,11 @@ import requests
 from django.contrib.auth.models import Permission, User
 from rest_framework.authtoken.models import Token
 
+from bench.servers import free_port
 from segments.models import Segment
 from segments.publishing import build_run
 from segments.services import build_start, user_list_import
-from tests.celery_workers import ROOT, worker_env
-from tests.redis_servers import free_port
+from tests.support.celery_workers import ROOT, worker_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 BIN = Path(sys.executable).parent

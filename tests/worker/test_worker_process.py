@@ -15,11 +15,11 @@ import pytest
 from aiosmtpd.controller import Controller
 from django.test import Client
 
+from bench.servers import free_port
 from limits.services import cap_set
 from limits.unsubscribe import unsubscribe_url
 from segments.models import Segment
-from tests.celery_workers import start_celery_worker, stop_celery_worker, worker_env
-from tests.redis_servers import free_port
+from tests.support.celery_workers import start_celery_worker, stop_celery_worker, worker_env
 from worker.models import SendJob
 from worker.processes import processes_list
 from worker.services import send_job_create

@@ -1,0 +1,160 @@
+"""Every endpoint against every right: anonymous callers get 401; the permissions docs/api.md
+names for an endpoint are enough, and each of them is needed (a user holding every other
+permission there is still gets 403)."""
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.utils import timezone
+
+from segments.models import Build, Segment
+from tests.support.api import call, make_user, token_session
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+GATE_BODY = {"channel": "email", "requests": [{"user_id": 1, "message_id": "rights"}]}
+RULE = {
+    "name": "1 a day",
+    "segment": None,
+    "channel": "all",
+    "window": {"kind": "rolling", "seconds": 86_400},
+    "limit": 1,
+}
+QUIET = {"channel": "email", "start": "21:00", "end": "08:00"}
+# (method, path, body, the permissions it needs). Bodies are chosen so that a caller with the
+# right gets an answer without side effects beyond the test (a 400, a 404, a 409).
+ENDPOINTS = [
+    ("GET", "/api/v1/segments/", None, {"segments.view_segment"}),
+    ("POST", "/api/v1/segments/", {}, {"segments.add_segment"}),
+    ("GET", "/api/v1/segments/vip/", None, {"segments.view_segment"}),
+    ("PATCH", "/api/v1/segments/vip/", {"priority": "x"}, {"segments.change_segment"}),
+    (
+        "DELETE",
+        "/api/v1/segments/nope/",
+        None,
+        {
+            "segments.delete_segment",
+            "segments.delete_userlist",
+            "limits.delete_cap",
+            "limits.delete_rule",
+            "limits.delete_quiethours",
+        },
+    ),
+    (
+        "PUT",
+        "/api/v1/segments/nope/users/",
+        b"1\n",
+        {"segments.change_segment", "segments.add_userlist", "segments.delete_userlist"},
+    ),
+    (
+        "GET",
+        "/api/v1/segments/vip/users/",
+        None,
+        {"segments.view_segment", "segments.view_userlist"},
+    ),
+    ("GET", "/api/v1/segments/lookup/?user_id=1", None, {"segments.view_segment"}),
+    ("POST", "/api/v1/segments/lookup/", {"user_ids": [1]}, {"segments.view_segment"}),
+    ("GET", "/api/v1/limits/", None, {"limits.view_cap"}),
+    ("PUT", "/api/v1/limits/vip/email/", {}, {"limits.add_cap", "limits.change_cap"}),
+    ("GET", "/api/v1/rules/", None, {"limits.view_rule"}),
+    ("POST", "/api/v1/rules/", {}, {"limits.add_rule"}),
+    ("GET", "/api/v1/rules/999999/", None, {"limits.view_rule"}),
+    ("PATCH", "/api/v1/rules/999999/", {"limit": 1}, {"limits.change_rule"}),
+    ("DELETE", "/api/v1/rules/999999/", None, {"limits.delete_rule"}),
+    ("GET", "/api/v1/quiet-hours/", None, {"limits.view_quiethours"}),
+    ("POST", "/api/v1/quiet-hours/", {}, {"limits.add_quiethours"}),
+    ("GET", "/api/v1/quiet-hours/999999/", None, {"limits.view_quiethours"}),
+    ("PATCH", "/api/v1/quiet-hours/999999/", {"enabled": False}, {"limits.change_quiethours"}),
+    ("DELETE", "/api/v1/quiet-hours/999999/", None, {"limits.delete_quiethours"}),
+    ("GET", "/api/v1/suppressions/", None, {"limits.view_suppression"}),
+    ("POST", "/api/v1/suppressions/", {}, {"limits.add_suppression"}),
+    ("POST", "/api/v1/suppressions/remove/", {}, {"limits.delete_suppression"}),
+    ("GET", "/api/v1/suppressions/email/1/", None, {"limits.view_suppression"}),
+    ("DELETE", "/api/v1/suppressions/email/999999/", None, {"limits.delete_suppression"}),
+    ("PUT", "/api/v1/suppressions/email/import/", b"x\n", {"limits.add_suppression"}),
+    ("POST", "/api/v1/gate/check/", {**GATE_BODY, "dry_run": True}, {"limits.use_gate"}),
+    ("POST", "/api/v1/gate/release/", GATE_BODY, {"limits.use_gate"}),
+    ("GET", "/api/v1/users/1/quota/", None, {"limits.view_cap"}),
+    ("GET", "/api/v1/users/1/history/", None, {"limits.view_cap"}),
+    ("GET", "/api/v1/snapshots/", None, {"segments.view_build"}),
+    ("POST", "/api/v1/snapshots/", None, {"segments.publish_snapshot"}),
+    ("POST", "/api/v1/snapshots/nope/activate/", None, {"segments.publish_snapshot"}),
+    ("GET", "/api/v1/builds/1/", None, {"segments.view_build"}),
+    ("GET", "/api/v1/reports/decisions/", None, {"segments.view_segment"}),
+    ("POST", "/api/v1/sends/", {}, {"limits.use_gate"}),
+    ("GET", "/api/v1/sends/1/", None, {"worker.view_sendjob"}),
+    ("DELETE", "/api/v1/sends/999999/waiting/", None, {"worker.cancel_sendjob"}),
+]
+
+
+def send(session, method, path, body):
+    if isinstance(body, bytes):
+        return call(session, method, path, data=body)
+    return call(session, method, path, json=body)
+
+
+def every_permission() -> set[str]:
+    return {
+        f"{p.content_type.app_label}.{p.codename}"
+        for p in Permission.objects.select_related("content_type")
+    }
+
+
+def test_every_endpoint_needs_exactly_its_documented_rights(live_server, snapshot):
+    # A build in progress makes "start a build" answer 409 instead of queueing one.
+    Build.objects.create(status=Build.Status.RUNNING, heartbeat_at=timezone.now())
+    assert Segment.objects.filter(slug="vip").exists()
+    everything = every_permission()
+    results = []
+    for n, (method, path, body, needed) in enumerate(ENDPOINTS):
+        anonymous = send(token_session(live_server.url, None), method, path, body)
+        exact = make_user(f"exact{n}", *needed)
+        allowed = send(token_session(live_server.url, exact), method, path, body)
+        results.append((method, path, "anonymous", anonymous.status_code))
+        results.append((method, path, "exact", allowed.status_code))
+        assert anonymous.status_code == 401, (method, path)
+        assert allowed.status_code not in (401, 403), (method, path, allowed.text)
+        for missing in sorted(needed):
+            almost = make_user(f"all-but-{missing}-{n}", *(everything - {missing}))
+            refused = send(token_session(live_server.url, almost), method, path, body)
+            assert refused.status_code == 403, (method, path, missing, refused.status_code)
+            assert missing in refused.json()["detail"]  # the refusal names what is missing
+
+
+def test_the_groups_and_the_campaign_system_account_have_the_rights_their_work_needs(api, snapshot):
+    viewer, gate, marketer = api("viewer"), api("gate"), api("marketer")
+    for path in (
+        "/api/v1/segments/",
+        "/api/v1/limits/",
+        "/api/v1/rules/",
+        "/api/v1/quiet-hours/",
+        "/api/v1/snapshots/",
+    ):
+        assert call(viewer, "GET", path).status_code == 200
+    assert call(viewer, "POST", "/api/v1/rules/", json=RULE).status_code == 403
+    assert call(viewer, "POST", "/api/v1/quiet-hours/", json=QUIET).status_code == 403
+    assert call(viewer, "POST", "/api/v1/gate/check/", json=GATE_BODY).status_code == 403
+    assert call(viewer, "PUT", "/api/v1/limits/vip/email/", json={}).status_code == 403
+    assert call(gate, "POST", "/api/v1/gate/check/", json=GATE_BODY).status_code == 200
+    assert call(gate, "GET", "/api/v1/users/1/quota/").status_code == 200
+    # A refusal names its rule: the campaign system may read the rules, not change them.
+    assert call(gate, "GET", "/api/v1/rules/").status_code == 200
+    assert call(gate, "POST", "/api/v1/rules/", json=RULE).status_code == 403
+    # A refusal for quiet hours: it may read them too, not change them.
+    assert call(gate, "GET", "/api/v1/quiet-hours/").status_code == 200
+    assert call(gate, "POST", "/api/v1/quiet-hours/", json=QUIET).status_code == 403
+    assert call(gate, "POST", "/api/v1/segments/", json={}).status_code == 403
+    assert call(gate, "POST", "/api/v1/snapshots/").status_code == 403
+    # A marketer edits and publishes, as in the admin, but does not call the gate.
+    cap = {"daily": 1, "weekly": None}
+    assert call(marketer, "PUT", "/api/v1/limits/vip/email/", json=cap).status_code == 200
+    rule = call(marketer, "POST", "/api/v1/rules/", json=RULE)
+    assert rule.status_code == 201
+    path = f"/api/v1/rules/{rule.json()['id']}/"
+    assert call(marketer, "PATCH", path, json={"limit": 2}).status_code == 200
+    assert call(marketer, "DELETE", path).status_code == 204
+    quiet = call(marketer, "POST", "/api/v1/quiet-hours/", json=QUIET)
+    assert quiet.status_code == 201
+    path = f"/api/v1/quiet-hours/{quiet.json()['id']}/"
+    assert call(marketer, "PATCH", path, json={"spread_minutes": 30}).status_code == 200
+    assert call(marketer, "DELETE", path).status_code == 204
+    assert call(marketer, "POST", "/api/v1/gate/check/", json=GATE_BODY).status_code == 403

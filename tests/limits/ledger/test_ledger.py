@@ -1,0 +1,228 @@
+"""The send ledger, first step: the gate's decisions reach the database exactly once, through
+the Redis stream and the drain, on SQLite and PostgreSQL; a drainer that dies loses nothing and
+doubles nothing; old days leave whole."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+
+from limits.ledger.drain import (
+    CLAIM_IDLE_MS,
+    GROUP,
+    ledger_drain,
+    ledger_drain_all,
+    ledger_upkeep,
+    ledger_write,
+    partitions_list,
+)
+from limits.ledger.stream import ledger_entry, stream_key
+from limits.models import LedgerBatch, LedgerCount, LedgerEntry
+from limits.quiet import QuietFields
+from limits.services import QUIET_HOURS
+from tests.support.sends import make_job
+from worker.chunks import send_chunk_run
+from worker.gate import Gate, gate_check, gate_release
+
+NOW = 1_763_800_000.0  # 2025-11-22 08:26:40 UTC
+
+
+@pytest.fixture
+def snapshot(published):
+    return published(vip=(10, [1, 2], {"email": (1, None)}))
+
+
+def rows():
+    return list(
+        LedgerEntry.objects.order_by("id").values_list(
+            "user_id", "message_id", "segment", "reason", "rule_id", "category"
+        )
+    )
+
+
+def test_every_decision_is_kept_with_what_decided_it(snapshot):
+    gate_check(
+        channel="email",
+        requests=[(1, "a"), (1, "b"), (9, "c")],
+        campaign="spring",
+        tags=("promo",),
+        priority=7,
+        now=NOW,
+    )
+    gate_check(channel="email", requests=[(9, "otp")], category="transactional", now=NOW + 1)
+    gate_check(channel="email", requests=[(9, "dry")], dry_run=True, now=NOW + 2)
+    assert LedgerEntry.objects.count() == 0  # not yet drained: off the hot path
+    assert ledger_drain_all() == 4
+    found = rows()
+    daily = found[1][4]
+    assert daily is not None  # the vip daily cap's rule id
+    assert found == [
+        (1, "a", "vip", "allowed", None, "marketing"),
+        (1, "b", "vip", "daily_cap", daily, "marketing"),
+        (9, "c", "default", "allowed", None, "marketing"),
+        (9, "otp", "default", "exempt", None, "transactional"),
+    ]
+    first = LedgerEntry.objects.order_by("id").first()
+    assert first is not None
+    assert (first.at, first.channel, first.campaign, first.tags, first.priority) == (
+        datetime.fromtimestamp(NOW, tz=UTC),
+        "email",
+        "spring",
+        ["promo"],
+        7,
+    )
+    assert first.snapshot_version == snapshot
+
+
+def test_quiet_hours_refusals_are_kept_too(snapshot):
+    QUIET_HOURS.create(
+        fields=QuietFields(
+            segment=None, channel="all", start="08:00", end="09:00", spread_minutes=0
+        )
+    )
+    gate_check(channel="email", requests=[(9, "q")], now=NOW)
+    ledger_drain_all()
+    assert [r[3] for r in rows()] == ["quiet_hours"]
+
+
+def test_a_drainer_that_dies_before_acknowledging_doubles_nothing(snapshot, redis_client):
+    gate_check(channel="email", requests=[(9, "a"), (9, "b")], now=NOW)
+    key = stream_key()
+    redis_client.xgroup_create(key, GROUP, id="0", mkstream=True)
+    # A drainer read the entry, wrote it, committed, and died before XACK.
+    [[_, [(entry_id, fields)]]] = redis_client.xreadgroup(GROUP, "dead", {key: ">"})
+    ledger_write([ledger_entry(fields[b"d"])])  # type: ignore[list-item]
+    LedgerBatch.objects.create(stream_id=entry_id.decode())
+    # Another drainer, a minute later, claims the dead one's entry: acknowledged, not rewritten.
+    redis_client.xclaim(key, GROUP, "dead", 0, [entry_id], idle=CLAIM_IDLE_MS + 1)
+    report = ledger_drain()
+    assert (report.entries, report.skipped, report.rows) == (1, 1, 0)
+    assert [r[1] for r in rows()] == ["a", "b"]
+    # The drainer that took over counted nothing again (the simulated dead one above wrote
+    # the rows only; a real one commits its counts in the same transaction as its rows).
+    assert not LedgerCount.objects.exists()
+    assert redis_client.xlen(key) == 0
+
+
+def test_a_drainer_that_dies_before_writing_loses_nothing(snapshot, redis_client):
+    gate_check(channel="email", requests=[(9, "a")], now=NOW)
+    key = stream_key()
+    redis_client.xgroup_create(key, GROUP, id="0", mkstream=True)
+    [[_, [(entry_id, _)]]] = redis_client.xreadgroup(GROUP, "dead", {key: ">"})
+    assert ledger_drain().entries == 0  # still the dead drainer's, not idle long enough
+    redis_client.xclaim(key, GROUP, "dead", 0, [entry_id], idle=CLAIM_IDLE_MS + 1)
+    assert ledger_drain().rows == 1
+    assert [r[1] for r in rows()] == ["a"]
+
+
+def test_a_gate_process_that_dies_after_the_limiter_loses_only_that_calls_ledger(snapshot):
+    # What docs/ledger.md says a crash can lose: the decisions are in Redis's logs, and the
+    # ledger never hears of them when the process dies before its XADD.
+    Gate(record_ledger=False).check(channel="email", requests=[(1, "lost")], now=NOW)
+    gate_check(channel="email", requests=[(1, "kept")], now=NOW + 1)
+    ledger_drain_all()
+    assert [(r[1], r[3]) for r in rows()] == [("kept", "daily_cap")]
+
+
+def test_old_days_leave_whole(snapshot, settings):
+    settings.GATEKEEPER_LEDGER_DAYS = 2
+    now = datetime(2026, 11, 24, 12, tzinfo=UTC)
+    for ago in (5, 3, 1, 0):
+        gate_check(
+            channel="email",
+            requests=[(9, f"m{ago}")],
+            now=(now - timedelta(days=ago)).timestamp(),
+        )
+    ledger_drain_all()
+    report = ledger_upkeep(now=now)
+    assert sorted(r[1] for r in rows()) == ["m0", "m1"]
+    if connection.vendor == "postgresql":
+        assert report.dropped_days == [
+            (now - timedelta(days=5)).date(),
+            (now - timedelta(days=3)).date(),
+        ]
+        days = partitions_list()
+        assert days[0] == (now - timedelta(days=1)).date()
+        assert (now + timedelta(days=2)).date() in days  # made ahead of time
+    else:
+        assert report.deleted_rows == 2
+
+
+def test_an_entry_no_drainer_can_read_is_dropped_and_holds_back_nothing(snapshot, redis_client):
+    gate_check(channel="email", requests=[(9, "before")], now=NOW)
+    redis_client.xadd(stream_key(), {"d": b"\x93not msgpack of a gate call"})
+    gate_check(channel="email", requests=[(9, "after")], now=NOW + 1)
+    report = ledger_drain()
+    assert (report.entries, report.unreadable, report.rows) == (3, 1, 2)
+    assert [r[1] for r in rows()] == ["before", "after"]
+    assert redis_client.xlen(stream_key()) == 0
+
+
+def counts() -> list[tuple]:
+    return list(
+        LedgerCount.objects.order_by("hour", "campaign", "reason").values_list(
+            "hour", "channel", "campaign", "segment", "reason", "count"
+        )
+    )
+
+
+def test_each_hour_is_counted_by_campaign_segment_channel_and_reason(snapshot):
+    hour = datetime.fromtimestamp(NOW, tz=UTC).replace(minute=0, second=0, microsecond=0)
+    gate_check(channel="email", requests=[(1, "a"), (1, "b"), (9, "c")], campaign="x", now=NOW)
+    ledger_drain_all()
+    gate_check(channel="email", requests=[(2, "d"), (2, "e")], campaign="x", now=NOW + 60)
+    gate_check(channel="email", requests=[(9, "f")], campaign="y", now=NOW + 3600)
+    ledger_drain_all()
+    assert counts() == [
+        (hour, "email", "x", "default", "allowed", 1),
+        (hour, "email", "x", "vip", "allowed", 2),  # added to by the second drain
+        (hour, "email", "x", "vip", "daily_cap", 2),
+        (hour + timedelta(hours=1), "email", "y", "default", "allowed", 1),
+    ]
+
+
+def outcomes() -> dict[str, str]:
+    return dict(LedgerEntry.objects.values_list("message_id", "outcome"))
+
+
+def test_what_became_of_each_dispatched_send_is_on_its_row(snapshot, relay):
+    relay.statuses = [200, 400, 200]
+    job = make_job(1, 2, 9, channel="push", campaign="m")
+    assert send_chunk_run(chunk_id=job.chunks.get().pk) == {"sent": 2, "failed": 1}
+    report = ledger_drain()
+    # Four outcomes matched their rows: three dispatches, and the failed send's release,
+    # which leaves its outcome "failed".
+    assert (report.rows, report.outcomes, report.unmatched) == (3, 4, 0)
+    assert outcomes() == {"m:1": "sent", "m:2": "failed", "m:9": "sent"}
+
+
+def test_a_send_given_back_over_the_api_is_marked_released(snapshot):
+    # Now, not NOW: a release finds its decision within the longest window back from now.
+    gate_check(channel="email", requests=[(9, "kept"), (9, "back")])
+    ledger_drain_all()
+    assert gate_release(channel="email", requests=[(9, "back"), (9, "never-gated")]) == [
+        True,
+        False,
+    ]
+    report = ledger_drain()
+    assert (report.outcomes, report.unmatched) == (1, 0)  # nothing said of what was not there
+    assert outcomes() == {"kept": "", "back": "released"}
+
+
+def test_entries_of_the_first_format_are_still_written(snapshot, redis_client):
+    # What an upgrade finds waiting in the stream: decisions packed a list per decision.
+    import msgspec
+
+    from limits.ledger.stream import DecidedRows
+
+    old = DecidedRows(
+        at_ms=round(NOW * 1000), channel="email", campaign="c", tags=["t"], priority=5,
+        category="marketing", version="v1", rows=[(4, "old-a", "", "allowed", None),
+                                                   (5, "old-b", "vip", "daily_cap", 7)],
+    )  # fmt: skip
+    redis_client.xadd(stream_key(), {"d": msgspec.msgpack.encode(old)})
+    assert ledger_drain().rows == 2
+    assert rows() == [
+        (4, "old-a", "", "allowed", None, "marketing"),
+        (5, "old-b", "vip", "daily_cap", 7, "marketing"),
+    ]

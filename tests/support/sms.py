@@ -1,0 +1,109 @@
+"""Fixtures for SMS through Twilio: the Twilio fake on loopback over TLS, and twilio-python's
+real Client pointed at it (with `local_tls` of tests/support/push.py).
+
+The server lives for the session; each test starts from an empty fake."""
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from twilio.http.http_client import TwilioHttpClient
+from twilio.rest import Client
+
+from tests.fakes.tls import LocalTLS
+from tests.fakes.twilio import FakeTwilio
+from worker.delivery.http import TrustingAdapter
+from worker.delivery.twilio import ENVIRONMENT, RETRIES
+
+TIMEOUT = 0.5  # seconds Twilio may take: a hanging one costs a test no more
+
+
+class LastAnswer:
+    """The headers of the last HTTP answer each thread had. TwilioRestException carries a
+    status, a code and a message but no headers: a 429's Retry-After is read here (a
+    requests response hook, given to TwilioHttpClient as `request_hooks`)."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+
+    def record(self, response: Any, *args: Any, **kwargs: Any) -> Any:
+        self.local.headers = dict(response.headers)
+        return response
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return getattr(self.local, "headers", {})
+
+
+def twilio_client(
+    base_url: str,
+    *,
+    username: str,
+    password: str,
+    account_sid: str | None = None,
+    ca_bundle: str | None,
+    timeout: float = TIMEOUT,
+) -> tuple[Client, LastAnswer]:
+    """twilio-python's real Client, its API domain at `base_url` (Twilio's own is
+    https://api.twilio.com), its server verified against `ca_bundle`: built as TwilioDispatcher
+    builds its own (the same adapter, retries and environment)."""
+    last = LastAnswer()
+    http_client = TwilioHttpClient(timeout=timeout, request_hooks={"response": [last.record]})
+    assert http_client.session is not None
+    http_client.session.mount("https://", TrustingAdapter(ca_bundle=ca_bundle, max_retries=RETRIES))
+    client = Client(
+        username,
+        password,
+        account_sid=account_sid,
+        http_client=http_client,
+        environment=ENVIRONMENT,
+    )
+    client.api.base_url = base_url
+    return client, last
+
+
+@pytest.fixture(scope="session")
+def twilio_server(local_tls: LocalTLS) -> Iterator[FakeTwilio]:
+    fake = FakeTwilio(context=local_tls.server_context()).start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def twilio(twilio_server: FakeTwilio) -> Iterator[FakeTwilio]:
+    """The Twilio fake, empty."""
+    twilio_server.reset()
+    yield twilio_server
+    assert twilio_server.crashes == [], f"the Twilio fake itself failed: {twilio_server.crashes!r}"
+
+
+@pytest.fixture
+def twilio_api(twilio: FakeTwilio, local_tls: LocalTLS) -> Iterator[tuple[Client, LastAnswer]]:
+    """The real Client, with the fake's account and Auth Token, pointed at the fake."""
+    client, last = twilio_client(
+        twilio.url,
+        username=twilio.account_sid,
+        password=twilio.auth_token,
+        ca_bundle=str(local_tls.ca_bundle),
+    )
+    yield client, last
+    client.http_client.session.close()
+
+
+@pytest.fixture
+def twilio_settings(twilio: FakeTwilio, local_tls: LocalTLS, settings) -> FakeTwilio:
+    """The Twilio fake, empty, with TwilioDispatcher's settings pointed at it (the account's
+    Auth Token, its number as the sender) and sms sent through Twilio."""
+    settings.GATEKEEPER_TWILIO_ACCOUNT_SID = twilio.account_sid
+    settings.GATEKEEPER_TWILIO_AUTH_TOKEN = twilio.auth_token
+    settings.GATEKEEPER_TWILIO_API_KEY_SID = ""
+    settings.GATEKEEPER_TWILIO_API_KEY_SECRET = ""
+    settings.GATEKEEPER_TWILIO_FROM = twilio.sender
+    settings.GATEKEEPER_TWILIO_MESSAGING_SERVICE_SID = ""
+    settings.GATEKEEPER_TWILIO_VALIDITY_SECONDS = 0
+    settings.GATEKEEPER_TWILIO_API_URL = twilio.url
+    settings.GATEKEEPER_TWILIO_CA_BUNDLE = str(local_tls.ca_bundle)
+    settings.GATEKEEPER_TWILIO_TIMEOUT_SECONDS = TIMEOUT
+    settings.GATEKEEPER_DISPATCHERS = '{"sms": "twilio"}'
+    return twilio

@@ -1,0 +1,87 @@
+"""Provider rate limits (worker/throttle.py): one token bucket per provider in Redis, shared by
+every worker, on one node and on a cluster. The clock is passed in: nothing sleeps."""
+
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from tests.support.clocks import Clock
+from worker.delivery.throttle import Rate, Throttle, paced, parse_rates, provider_rates_check
+
+
+def throttle(clock: Clock, per_second: float = 500, provider: str = "fcm") -> Throttle:
+    return Throttle(
+        provider,
+        parse_rates(f"{provider}={per_second}")[provider],
+        clock=clock,
+        sleep=clock.sleep,
+    )
+
+
+def test_rates_are_read_from_the_setting_and_bad_ones_named() -> None:
+    assert parse_rates("smtp=14, webhook=500,ses=0.5") == {
+        "smtp": Rate(14.0, 1),
+        "webhook": Rate(500.0, 20),
+        "ses": Rate(0.5, 1),
+    }
+    assert parse_rates("") == {}
+    for text, words in [
+        ("smtp", "'smtp' is not provider=rate"),
+        ("SES=14", "'SES=14' is not provider=rate"),
+        ("smtp=fast", "the rate of 'smtp' is 'fast'"),
+        ("smtp=0", "the rate of 'smtp' is '0'"),
+        ("smtp=nan", "the rate of 'smtp' is 'nan'"),
+        ("smtp=2000000", "at most 1,000,000"),
+        ("smtp=1,smtp=2", "names 'smtp' twice"),
+    ]:
+        with pytest.raises(ImproperlyConfigured, match=words):
+            parse_rates(text)
+
+
+def test_a_bad_setting_fails_the_start_up_check(settings: Any) -> None:
+    settings.GATEKEEPER_PROVIDER_RATES = "smtp=14,fcm"
+    (error,) = provider_rates_check(None)
+    assert error.id == "worker.E001" and "'fcm' is not provider=rate" in error.msg
+    settings.GATEKEEPER_PROVIDER_RATES = "smtp=14"
+    assert provider_rates_check(None) == []
+
+
+def test_two_workers_share_one_rate(settings_redis: Any) -> None:
+    clock = Clock()
+    first, second = throttle(clock), throttle(clock)  # two processes' throttles, one bucket
+    assert first.take(80) == (20, 0.002)  # the burst: 4% of a second's worth
+    assert second.take(10) == (0, 0.002)  # the next token comes in 2 ms
+    granted = 0
+    for _ in range(2_500):  # ten seconds, both asking every 4 ms (2 tokens come meanwhile)
+        clock.ms += 4
+        granted += first.take(3)[0] + second.take(3)[0]
+    assert granted == 5000  # 500 a second, to the send
+
+
+def test_a_provider_that_said_too_many_holds_every_worker(settings_redis: Any) -> None:
+    clock = Clock()
+    first, second = throttle(clock), throttle(clock)
+    assert first.take(10)[0] == 10
+    first.hold(2.5)
+    assert second.take(5) == (0, 2.5)
+    clock.sleep(2.5)
+    assert second.take(100)[0] == 20  # the burst again after the pause, not 2.5 s of tokens
+
+
+def test_sends_are_paced_in_order(settings_redis: Any) -> None:
+    clock = Clock()
+    sent: list[tuple[int, int]] = []  # (item, ms)
+
+    def send(part: Any) -> list[int]:
+        sent.extend((item, clock.ms) for item in part)
+        return [item * 10 for item in part]
+
+    started = clock.ms
+    assert paced(throttle(clock, 100), list(range(250)), send) == [i * 10 for i in range(250)]
+    assert [item for item, _ in sent] == list(range(250))
+    # 4 at once (the burst), then 2 every 20 ms: the 250th goes out 2.46 s after the first,
+    # and no second sees more than 104.
+    assert sent[3][1] == started and sent[4][1] == sent[5][1] == started + 20
+    assert sent[-1][1] - started == 2460
+    assert paced(None, [1, 2], send) == [10, 20]  # no rate: one call, no round trip
