@@ -4,6 +4,11 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 ALL = "all"
+# The channels the product itself knows by name (a dispatcher for each, an address rule, words
+# for people). Which of them a deployment uses is GATEKEEPER_CHANNELS.
+EMAIL = "email"
+PUSH = "push"
+SMS = "sms"
 
 
 def channels() -> list[str]:
@@ -41,9 +46,9 @@ def scope_label(scope: str) -> str:
 
 
 NOUNS = {
-    "email": ("email", "emails"),
-    "push": ("push message", "push messages"),
-    "sms": ("text message", "text messages"),
+    EMAIL: ("email", "emails"),
+    PUSH: ("push message", "push messages"),
+    SMS: ("text message", "text messages"),
     ALL: ("marketing message", "marketing messages"),
 }
 

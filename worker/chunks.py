@@ -25,6 +25,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from gatekeeper.lib.redis_client import REDIS_DOWN
+from limits.channels import SMS
 from limits.models import Suppression
 from limits.reasons import DEFERRABLE, Category, JobOutcome, Outcome, Reason
 from limits.suppression import suppress
@@ -41,7 +42,7 @@ from worker.delivery.base import (
 from worker.delivery.dead_addresses import dead_addresses_record
 from worker.delivery.registry import dispatcher_for
 from worker.delivery.rendering import Renderer
-from worker.delivery.sms_numbers import SMS, sms_numbers_record
+from worker.delivery.sms_numbers import sms_numbers_record
 from worker.delivery.throttle import RETHROTTLED_MAX, Throttle, paced, throttle_for
 from worker.gate import gate_check, gate_outcomes, gate_release
 from worker.models import SendChunk, SendJob

@@ -1,5 +1,5 @@
 """The one rule for an address, per channel: an email address, a push token, a phone number
-(E.164). Send jobs check every recipient with `address_problem` when they are created; a
+(E.164). Send jobs check every recipient with `address_rule` (worker/delivery/registry.py) when they are created; a
 dispatcher may be stricter still (its own `address_problem`, asked after)."""
 
 import re
@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
+
+from limits.channels import EMAIL, PUSH, SMS
 
 EMAIL_MAX = 254
 TOKEN_MAX = 4096
@@ -59,12 +61,7 @@ def address_of_any_kind_problem(address: str) -> str | None:
 
 
 RULES: dict[str, Callable[[str], str | None]] = {
-    "email": email_address_problem,
-    "push": push_token_problem,
-    "sms": phone_number_problem,
+    EMAIL: email_address_problem,
+    PUSH: push_token_problem,
+    SMS: phone_number_problem,
 }
-
-
-def channel_address_problem(channel: str, address: str) -> str | None:
-    """Why `address` cannot be an address on `channel`, or None."""
-    return RULES.get(channel, address_of_any_kind_problem)(address)

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from django.conf import settings
 
+from limits.channels import PUSH
 from worker.delivery.base import (
     AMBIGUOUS,
     PERMANENT,
@@ -66,7 +67,7 @@ class APNsDispatcher(SendsInBatches):
     batch_size: ClassVar[int] = 1000
     idempotent: ClassVar[bool] = False
     provider: ClassVar[str] = "apns"
-    channels: ClassVar[tuple[str, ...]] = ("push",)
+    channels: ClassVar[tuple[str, ...]] = (PUSH,)
 
     @classmethod
     def address_problem(cls, address: str) -> str | None:

@@ -72,6 +72,7 @@ from botocore.exceptions import SSLError as BotoSSLError
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, get_connection
 
+from limits.channels import EMAIL
 from worker.delivery.base import (
     AMBIGUOUS,
     PERMANENT,
@@ -100,7 +101,7 @@ class AnymailDispatcher(SendsInBatches):
 
     esp: ClassVar[str] = ""  # the anymail.backends module
     provider: ClassVar[str] = "anymail"
-    channels: ClassVar[tuple[str, ...]] = ("email",)
+    channels: ClassVar[tuple[str, ...]] = (EMAIL,)
     batch_size: ClassVar[int] = 1
     idempotent: ClassVar[bool] = False
     # Identical sends go as one call in anymail's batch mode, carrying per-recipient headers

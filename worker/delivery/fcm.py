@@ -29,6 +29,7 @@ from firebase_admin import _http_client, credentials, exceptions, messaging
 from google.auth.transport.requests import AuthorizedSession
 from google.auth.transport.requests import Request as GoogleAuthRequest
 
+from limits.channels import PUSH
 from worker.delivery.base import (
     AMBIGUOUS,
     PERMANENT,
@@ -72,7 +73,7 @@ class FCMDispatcher(SendsInBatches):
     batch_size: ClassVar[int] = 500
     idempotent: ClassVar[bool] = False
     provider: ClassVar[str] = "fcm"
-    channels: ClassVar[tuple[str, ...]] = ("push",)
+    channels: ClassVar[tuple[str, ...]] = (PUSH,)
 
     def __init__(self) -> None:
         path = settings.GATEKEEPER_FCM_CREDENTIALS

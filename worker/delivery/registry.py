@@ -24,6 +24,7 @@ import importlib
 import json
 import pkgutil
 import re
+from collections.abc import Callable
 from typing import Any
 
 import anymail.backends
@@ -32,8 +33,8 @@ from django.core.checks import CheckMessage, Error, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from limits.channels import channels
-from worker.delivery.addresses import channel_address_problem
+from limits.channels import EMAIL, PUSH, channels
+from worker.delivery.addresses import RULES, address_of_any_kind_problem
 from worker.delivery.apns import APNsDispatcher
 from worker.delivery.base import Dispatcher
 from worker.delivery.esp import ANYMAIL_BACKENDS, anymail_dispatcher_class
@@ -118,8 +119,8 @@ def _names(
     if email_provider == "smtp" and email_backend.startswith(ANYMAIL_BACKENDS):
         email_provider = email_backend.removeprefix(ANYMAIL_BACKENDS).partition(".")[0]
     earlier = {
-        "email": email_provider,
-        "push": EARLIER_PATHS.get(push_backend, push_backend),
+        EMAIL: email_provider,
+        PUSH: EARLIER_PATHS.get(push_backend, push_backend),
     }
     return {channel: chosen.get(channel) or earlier.get(channel) or "console" for channel in known}
 
@@ -161,12 +162,22 @@ def dispatcher_for(channel: str) -> Dispatcher:
     return dispatcher_class(channel)()
 
 
+def address_rule(channel: str) -> Callable[[str], str | None]:
+    """What says why an address cannot be sent to on `channel` (or None): the channel's rule,
+    then its dispatcher's own. Looked up once (a job's recipients all take the same), since
+    finding the dispatcher reads the settings."""
+    channel_rule = RULES.get(channel, address_of_any_kind_problem)
+    dispatcher_rule = dispatcher_class(channel).address_problem
+
+    def problem(address: str) -> str | None:
+        return channel_rule(address) or dispatcher_rule(address)
+
+    return problem
+
+
 def address_problem(channel: str, address: str) -> str | None:
-    """Why `address` cannot be sent to on `channel`, or None: the channel's rule, then the
-    dispatcher's own."""
-    return channel_address_problem(channel, address) or dispatcher_class(channel).address_problem(
-        address
-    )
+    """Why `address` cannot be sent to on `channel`, or None (see address_rule)."""
+    return address_rule(channel)(address)
 
 
 @register()

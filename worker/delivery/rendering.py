@@ -15,6 +15,7 @@ from django.template.base import TextNode, Variable, VariableNode
 from django.template.loader import get_template, render_to_string
 
 from gatekeeper.lib.bodies import words_for_pattern
+from limits.channels import EMAIL, PUSH
 from limits.channels import channels as dispatch_channels
 from limits.reasons import Category
 from limits.unsubscribe import unsubscribe_headers
@@ -29,7 +30,7 @@ TEMPLATE_NAME_RE = re.compile(TEMPLATE_NAME)
 
 
 # The file of a channel's title; a channel without one (sms) sends its body alone.
-TITLES = {"email": "subject.txt", "push": "title.txt"}
+TITLES = {EMAIL: "subject.txt", PUSH: "title.txt"}
 
 
 def template_files(channel: str) -> tuple[str, ...]:
@@ -140,12 +141,12 @@ class Renderer:
     ) -> None:
         self.channel, self.campaign = channel, campaign
         # Marketing email carries its one-click unsubscribe link (RFC 8058); receipts do not.
-        self.unsubscribable = channel == "email" and category == Category.MARKETING
+        self.unsubscribable = channel == EMAIL and category == Category.MARKETING
         title = TITLES.get(channel)
         self.title = _Template(get_template(f"{channel}/{template}/{title}")) if title else None
         self.body = _Template(get_template(f"{channel}/{template}/body.txt"))
         self.html = None
-        if channel == "email":
+        if channel == EMAIL:
             try:
                 self.html = _Template(get_template(f"email/{template}/body.html"))
             except TemplateDoesNotExist:

@@ -12,7 +12,6 @@ from datetime import datetime
 
 from worker.models import SmsNumber
 
-SMS = "sms"  # the channel whose numbers are kept
 _BATCH = 1_000  # rows per statement: below every engine's limit on parameters
 
 

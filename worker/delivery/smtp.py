@@ -11,6 +11,7 @@ from django.core.mail import EmailMultiAlternatives, get_connection
 from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
 from django.core.mail.message import sanitize_address
 
+from limits.channels import EMAIL
 from worker.delivery.base import (
     AMBIGUOUS,
     PERMANENT,
@@ -32,7 +33,7 @@ class EmailDispatcher(OneAtATime):
     socket operation gives up after EMAIL_TIMEOUT seconds."""
 
     provider: ClassVar[str] = "smtp"
-    channels: ClassVar[tuple[str, ...]] = ("email",)
+    channels: ClassVar[tuple[str, ...]] = (EMAIL,)
 
     def __init__(self) -> None:
         self.connection: Any = get_connection()

@@ -37,6 +37,7 @@ from django.conf import settings
 
 from gatekeeper.lib.ids import max_user_id
 from gatekeeper.lib.integers import NotAWholeNumber, whole_number
+from limits.channels import EMAIL
 from limits.models import Suppression
 from limits.suppression import suppress
 
@@ -152,7 +153,7 @@ def tracking_received(
         )
         return
     added = suppress(
-        channel="email",
+        channel=EMAIL,
         user_ids=[user_id],
         reason=reason,
         source=f"esp:{esp_name}",

@@ -50,6 +50,7 @@ from twilio.base.exceptions import TwilioException
 from twilio.http.http_client import TwilioHttpClient
 from twilio.rest import Client
 
+from limits.channels import SMS
 from worker.delivery.base import (
     AMBIGUOUS,
     PERMANENT,
@@ -123,7 +124,7 @@ class TwilioDispatcher(OneAtATime):
     """
 
     provider: ClassVar[str] = PROVIDER
-    channels: ClassVar[tuple[str, ...]] = ("sms",)
+    channels: ClassVar[tuple[str, ...]] = (SMS,)
     batch_size: ClassVar[int] = 1
     idempotent: ClassVar[bool] = False
 

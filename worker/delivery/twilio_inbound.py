@@ -37,11 +37,11 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 from twilio.request_validator import RequestValidator
 
-from limits.channels import channels
+from limits.channels import SMS, channels
 from limits.models import Suppression
 from limits.suppression import suppress, unsuppress
 from worker.delivery.base import opted_out_source
-from worker.delivery.sms_numbers import SMS, sms_users_of
+from worker.delivery.sms_numbers import sms_users_of
 from worker.delivery.twilio import PROVIDER
 
 logger = logging.getLogger(__name__)

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from django.conf import settings
 
+from limits.channels import PUSH
 from worker.delivery.base import (
     AMBIGUOUS,
     PERMANENT,
@@ -27,7 +28,7 @@ class WebhookDispatcher(OneAtATime):
 
     idempotent: ClassVar[bool] = True
     provider: ClassVar[str] = "webhook"
-    channels: ClassVar[tuple[str, ...]] = ("push",)
+    channels: ClassVar[tuple[str, ...]] = (PUSH,)
 
     def __init__(self, url: str | None = None, timeout: float = 5.0) -> None:
         self.url = url or settings.GATEKEEPER_PUSH_WEBHOOK_URL
