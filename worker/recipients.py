@@ -15,7 +15,6 @@ file is valid.
 """
 
 import csv
-import functools
 import io
 import json
 import math
@@ -30,7 +29,7 @@ from gatekeeper.lib.bodies import json_value_problem
 from gatekeeper.lib.ids import max_user_id, user_id_from_json
 from gatekeeper.lib.zones import UnknownTimeZone, zone
 from segments.parsing import open_list
-from worker.delivery.registry import address_problem
+from worker.delivery.registry import address_rule
 from worker.models import MESSAGE_ID_MAX
 
 READ_BYTES = 1 << 20  # read and decoded a MiB at a time
@@ -69,9 +68,7 @@ class RecipientRules:
 
     def __init__(self, *, channel: str, campaign: str) -> None:
         self.campaign = campaign
-        self.address_problem: Callable[[str], str | None] = functools.partial(
-            address_problem, channel
-        )
+        self.address_problem: Callable[[str], str | None] = address_rule(channel)
         self.maximum = max_user_id()
 
     def recipient(
