@@ -6,6 +6,7 @@ worker. Threads do not survive fork, so each worker starts its own snapshot foll
 its own Redis connections.
 """
 
+import gc
 import os
 
 bind = os.environ.get("GATEKEEPER_BIND", "127.0.0.1:8000")
@@ -25,6 +26,10 @@ def when_ready(server):
     from worker.startup import load_snapshot
 
     load_snapshot(role="web")
+    # As the Celery worker's parent does (worker/celery_hooks.py): what the master made before
+    # forking (Django, every app's modules, the snapshot) is never collected, so it stays out of
+    # the collector's walks and its pages stay shared with the workers instead of copied.
+    gc.freeze()
 
 
 def post_fork(server, worker):
