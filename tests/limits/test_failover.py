@@ -11,7 +11,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from bench.servers import RedisClusterProcesses
-from gatekeeper.lib.redis_client import pipelined
+from gatekeeper.lib.redis_client import make_redis, pipelined
 from limits import log
 from limits.limiter import Limiter
 from limits.reasons import Reason
@@ -62,9 +62,9 @@ def test_the_gate_and_the_quota_follow_a_failover(
     # Clients whose slot map is read before the failover: one that gated every user (the
     # library is loaded on the primary), two that used only the other nodes (their first call
     # to the moved slots loads it there: the quota first, the gate first), and one for claims.
-    gated = Limiter(RedisCluster.from_url(seed), prefix=PREFIX)
-    quota_first = Limiter(RedisCluster.from_url(seed), prefix=PREFIX)
-    gate_first = Limiter(RedisCluster.from_url(seed), prefix=PREFIX)
+    gated = Limiter(make_redis(seed, cluster=True), prefix=PREFIX)
+    quota_first = Limiter(make_redis(seed, cluster=True), prefix=PREFIX)
+    gate_first = Limiter(make_redis(seed, cluster=True), prefix=PREFIX)
     claims = RedisCluster.from_url(seed)
 
     users = [user * 300 for user in range(120)]  # each in a bucket of its own: slots all over
@@ -96,8 +96,9 @@ def test_the_gate_and_the_quota_follow_a_failover(
         cluster.wait_settled(owners)
     demoted = redis.Redis(port=primary.port)
     assert demoted.info("replication")["role"] == "slave"
-    # Seeded with the demoted node's address: the first node it reaches is a replica.
-    fresh = Limiter(RedisCluster.from_url(seed), prefix=PREFIX)
+    # Seeded with the demoted node's address: the first node it reaches is a replica. Built as
+    # every process builds its client (the settings' timeouts).
+    fresh = Limiter(make_redis(seed, cluster=True), prefix=PREFIX)
 
     # Sends counted before are counted after, once: each user had 2 of 3, so exactly one more
     # is admitted, whichever client asks first.
