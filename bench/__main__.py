@@ -2,7 +2,8 @@
 
 Each module under bench/ exposes `main(argv: list[str]) -> None`. Pass names to run only some:
 `make bench BENCH_ARGS="limiter"`. Options after `--` go to the benchmarks:
-`make bench BENCH_ARGS="segments -- --users 270000000"`.
+`make bench BENCH_ARGS="segments -- --users 270000000"`. `compare` (not run by default) runs
+suites side by side with another commit: see bench/compare.py.
 """
 
 import importlib
@@ -30,6 +31,11 @@ def main(argv: list[str]) -> None:
     names, extra = (
         (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
     )
+    if names[:1] == ["compare"]:
+        from bench import compare
+
+        compare.main(extra)
+        return
     for name in names or SUITES:
         if name not in SUITES:
             raise SystemExit(f"Unknown benchmark '{name}'. Choose from: {', '.join(SUITES)}.")
