@@ -24,11 +24,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# What processes a suite starts print about themselves (Celery's banner, its pids): not figures.
+NOT_A_FIGURE = re.compile(r"^\s*[-*\[]|celery@|\.> ")
 
 
 def template(line: str) -> str:
-    """A line with its numbers taken out: what makes two runs' lines the same figure."""
-    return NUMBER.sub("#", line.strip())
+    """A line with its numbers taken out (and its padding): what makes two runs' lines the same
+    figure."""
+    return " ".join(NUMBER.sub("#", line).split())
 
 
 def numbers(line: str) -> list[float]:
@@ -64,7 +67,11 @@ def run(where: Path, suite: str, extra: list[str]) -> list[str]:
         raise SystemExit(
             f"bench {suite} failed in {where} (exit {done.returncode}):\n{done.stderr[-3000:]}"
         )
-    return [line for line in done.stdout.splitlines() if NUMBER.search(line)]
+    return [
+        line
+        for line in done.stdout.splitlines()
+        if NUMBER.search(line) and not NOT_A_FIGURE.search(line)
+    ]
 
 
 def collect(into: dict[str, list[list[float]]], order: list[str], lines: list[str]) -> None:
@@ -74,7 +81,7 @@ def collect(into: dict[str, list[list[float]]], order: list[str], lines: list[st
         seen[key] += 1
         if seen[key] > 1:  # the same words twice in one run: keep them apart
             key = f"{key}  [{seen[key]}]"
-        if key not in into:
+        if key not in order:
             order.append(key)
         into[key].append(numbers(line))
 
