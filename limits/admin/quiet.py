@@ -1,5 +1,6 @@
 """Admin of quiet hours: a form checked by the one rule for quiet hours, entries in plain words,
-their history, and writes through the services (quiet_create, quiet_update, quiet_delete)."""
+their history, and writes through their authored kind (`QUIET_HOURS.create`, `.update`,
+`.delete` in limits/services.py)."""
 
 from datetime import time
 from typing import Any

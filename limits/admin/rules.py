@@ -1,7 +1,7 @@
 """Admin of cap rules: a form checked by the one rule for a valid rule, rules read out in plain
 words, their history, the findings a marketer should see (rules that never decide, reserves that
-shut sends out), and writes through the services (rule_create, rule_update, rule_delete; a
-classic cap's rule changes only with its cap)."""
+shut sends out), and writes through the rules' authored kind (`RULES.create`, `.update`,
+`.delete` in limits/services.py; a classic cap's rule changes only with its cap)."""
 
 from typing import Any
 
