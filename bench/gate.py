@@ -2,6 +2,8 @@
 
 python -m bench gate [-- --recipients 1000000 --seconds 4]
 python -m bench gate -- --cluster [--recipients N]: the campaign alone, on a 3-master cluster
+python -m bench gate -- --postgres [--recipients N]: the campaign alone, on PostgreSQL, with the
+  ledger drained as it goes
 """
 
 import argparse
@@ -336,13 +338,40 @@ def _command_usec(servers: list[redis.Redis]) -> Counter[str]:
     return found
 
 
-def campaign(recipients: int, *, cluster: bool = False) -> None:
+def _fresh_postgres(name: str) -> str:
+    """A PostgreSQL database of the machine's server, empty: dropped and made again."""
+    import psycopg
+
+    from bench.postgres import BENCH_DB
+
+    base = BENCH_DB.rsplit("/", 1)[0]
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{base}/{name}"
+
+
+DRAINER = """
+import time
+from limits.ledger.drain import ledger_drain_all
+while True:
+    ledger_drain_all(rounds=10, wait=0)
+    time.sleep(2)
+"""
+
+
+def campaign(recipients: int, *, cluster: bool = False, postgres: bool = False) -> None:
     """A campaign file of `recipients` through `send_campaign` and 2 worker processes: wall
     time from the file handed over to the last send settled, each process's peak memory, and
     where the time went (worker.timings' steps, Redis CPU).
 
     `cluster`: the gate's Redis is a 3-master Redis Cluster started on loopback for the run
-    (the broker stays on the machine's Redis); Redis CPU is the masters' summed."""
+    (the broker stays on the machine's Redis); Redis CPU is the masters' summed.
+    `postgres`: the database is PostgreSQL (a fresh one), and a drainer process drains the
+    ledger every 2 s as beat's task does: how far the ledger falls behind during the campaign
+    (the age of the oldest undrained entry, sampled every half second) and how long after the
+    last send it holds every decision."""
+    from limits.ledger.stream import stream_key
     from worker.timings import STEPS, timings_key
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
@@ -357,6 +386,8 @@ def campaign(recipients: int, *, cluster: bool = False) -> None:
             "GATEKEEPER_DISPATCHERS": '{"push": "null"}',
             "LOG_LEVEL": "WARNING",
         }
+        if postgres:
+            env["DATABASE_URL"] = _fresh_postgres("gk_bench_campaign")
         broker = _redis(env["CELERY_BROKER_URL"])
         data: Any = _redis(env["REDIS_URL"])
         servers = [data]  # the gate's Redis servers (one also holds the broker's database)
@@ -387,6 +418,25 @@ def campaign(recipients: int, *, cluster: bool = False) -> None:
              "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
             cwd=ROOT, env=env, start_new_session=True,
         )  # fmt: skip
+        drainer = None
+        if postgres:
+            drainer = subprocess.Popen(
+                [python, "manage.py", "shell", "-v", "0", "-c", DRAINER],
+                cwd=ROOT, env=env, start_new_session=True,
+            )  # fmt: skip
+            stack.callback(drainer.wait)
+            stack.callback(os.killpg, drainer.pid, 9)
+        stream = stream_key()
+        lags: list[float] = []
+
+        def lag() -> float:
+            """Seconds since the oldest entry the drain has not yet taken was appended."""
+            first = data.xrange(stream, count=1)
+            if not first:
+                return 0.0
+            appended_ms = int(first[0][0].split(b"-")[0])  # Redis's clock: this machine's
+            return max(0.0, time.time() - appended_ms / 1000)
+
         time.sleep(3)  # the worker's start-up (snapshot loaded, pool forked) is not the campaign's
         redis_cpu = _redis_cpu(servers)
         broker_cpu = _redis_cpu([broker])
@@ -416,9 +466,15 @@ def campaign(recipients: int, *, cluster: bool = False) -> None:
                 for pid in _group(worker.pid):
                     with contextlib.suppress(OSError, StopIteration):
                         peaks[pid] = _process_figures(pid)
+                if drainer is not None:
+                    lags.append(lag())
                 time.sleep(0.5)
             wall = time.perf_counter() - started
             out = waiter.stdout.read() if waiter.stdout else ""
+            caught_up = 0.0
+            while drainer is not None and data.xlen(stream) and caught_up < 600:
+                time.sleep(0.2)
+                caught_up = time.perf_counter() - started - wall
             redis_cpu = _redis_cpu(servers) - redis_cpu
             broker_cpu = _redis_cpu([broker]) - broker_cpu
             for pid in _group(worker.pid):
@@ -427,6 +483,13 @@ def campaign(recipients: int, *, cluster: bool = False) -> None:
         finally:
             os.killpg(worker.pid, 15)
             worker.wait(timeout=60)
+        if drainer is not None:
+            counted = subprocess.run(
+                [python, "manage.py", "shell", "-v", "0", "-c",
+                 "from limits.models import LedgerEntry as E;"
+                 "print(E.objects.count(), E.objects.exclude(outcome='').count())"],
+                cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+            ).stdout.split()  # fmt: skip
         spent = {k.decode(): float(v) for k, v in _hash(data, timings_key()).items()}
         commands = _command_usec(servers)
         commands.subtract(before)
@@ -434,9 +497,17 @@ def campaign(recipients: int, *, cluster: bool = False) -> None:
         for db in (*servers, broker):
             db.flushdb()  # gigabytes at 10M: not left to the next benchmark
         where = "a 3-master Redis Cluster" if cluster else "one Redis"
+        where += ", PostgreSQL" if postgres else ""
         print(
             f"campaign of {recipients:,} push recipients through 2 worker processes (null dispatcher), {where}: {wall:.1f} s, {recipients / wall:,.0f} recipients/s"
         )
+        if drainer is not None:
+            print(
+                f"  ledger drained every 2 s: lag at most {max(lags, default=0):.1f} s, median "
+                f"{statistics.median(lags or [0]):.1f} s during the campaign   (target < 5 s); "
+                f"every decision in the ledger {caught_up:.1f} s after the last send; "
+                f"{int(counted[0]):,} rows, {int(counted[1]):,} with their outcome"
+            )
         print(f"  of which send_campaign reading, validating and queueing the file: {queued:.1f} s")
         print(f"  sent and gate reasons: {out.strip()}")
         print(
@@ -486,13 +557,18 @@ def main(argv: list[str]) -> None:
         "--only", choices=["suppressions"], help="run only this part (with its figures)"
     )
     parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="only the campaign, on PostgreSQL, the ledger drained as it goes (its lag)",
+    )
+    parser.add_argument(
         "--cluster",
         action="store_true",
         help="only the campaign, its gate's Redis a 3-master cluster started on loopback",
     )
     args = parser.parse_args(argv)
-    if args.cluster:
-        campaign(args.recipients, cluster=True)
+    if args.cluster or args.postgres:
+        campaign(args.recipients, cluster=args.cluster, postgres=args.postgres)
         return
     if args.only == "suppressions":
         suppressions_beside_none(2 * args.seconds, args.suppressed)
