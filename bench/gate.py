@@ -4,6 +4,7 @@ python -m bench gate [-- --recipients 1000000 --seconds 4]
 python -m bench gate -- --cluster [--recipients N]: the campaign alone, on a 3-master cluster
 python -m bench gate -- --postgres [--recipients N]: the campaign alone, on PostgreSQL, with the
   ledger drained as it goes
+python -m bench gate -- --profile [--recipients N]: the campaign alone, one worker under cProfile
 """
 
 import argparse
@@ -20,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import redis
@@ -360,7 +361,9 @@ while True:
 """
 
 
-def campaign(recipients: int, *, cluster: bool = False, postgres: bool = False) -> None:
+def campaign(
+    recipients: int, *, cluster: bool = False, postgres: bool = False, profile: bool = False
+) -> None:
     """A campaign file of `recipients` through `send_campaign` and 2 worker processes: wall
     time from the file handed over to the last send settled, each process's peak memory, and
     where the time went (worker.timings' steps, Redis CPU).
@@ -370,7 +373,9 @@ def campaign(recipients: int, *, cluster: bool = False, postgres: bool = False) 
     `postgres`: the database is PostgreSQL (a fresh one), and a drainer process drains the
     ledger every 2 s as beat's task does: how far the ledger falls behind during the campaign
     (the age of the oldest undrained entry, sampled every half second) and how long after the
-    last send it holds every decision."""
+    last send it holds every decision.
+    `profile`: one worker process (Celery's solo pool) under cProfile instead of two; the
+    functions that took the most of its own time are printed after the figures."""
     from limits.ledger.stream import stream_key
     from worker.timings import STEPS, timings_key
 
@@ -413,8 +418,11 @@ def campaign(recipients: int, *, cluster: bool = False, postgres: bool = False) 
             for start in range(0, recipients, 100_000):
                 stop = min(recipients, start + 100_000)
                 lines.write("".join(f"{i},token-{i}\n" for i in range(start, stop)))
+        profiled = Path(tmp) / "worker.prof"
+        pool = ["-P", "solo"] if profile else ["-c", "2"]
+        under = [python, "-m", "cProfile", "-o", str(profiled), "-m"] if profile else [python, "-m"]
         worker = subprocess.Popen(
-            [str(Path(python).parent / "celery"), "-A", "gatekeeper", "worker", "-Q", "sends", "-c", "2",
+            [*under, "celery", "-A", "gatekeeper", "worker", "-Q", "sends", *pool,
              "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
             cwd=ROOT, env=env, start_new_session=True,
         )  # fmt: skip
@@ -499,7 +507,7 @@ def campaign(recipients: int, *, cluster: bool = False, postgres: bool = False) 
         where = "a 3-master Redis Cluster" if cluster else "one Redis"
         where += ", PostgreSQL" if postgres else ""
         print(
-            f"campaign of {recipients:,} push recipients through 2 worker processes (null dispatcher), {where}: {wall:.1f} s, {recipients / wall:,.0f} recipients/s"
+            f"campaign of {recipients:,} push recipients through {'1 worker process under cProfile' if profile else '2 worker processes'} (null dispatcher), {where}: {wall:.1f} s, {recipients / wall:,.0f} recipients/s"
         )
         if drainer is not None:
             print(
@@ -540,11 +548,26 @@ def campaign(recipients: int, *, cluster: bool = False, postgres: bool = False) 
         for step in STEPS:
             seconds = spent.get(step, 0.0)
             print(f"    {step:<10} {seconds:8.1f} s  {1e6 * seconds / recipients:6.1f} us")
-        busy = sum(cpu for pid, (_, cpu) in peaks.items() if pid != worker.pid)
+        # The pool's processes; a solo worker (profile) is its own pool.
+        busy = sum(cpu for pid, (_, cpu) in peaks.items() if profile or pid != worker.pid)
         timed = sum(v for k, v in spent.items() if k not in ("reading", "chunking"))
         print(
             f"    worker processes' CPU {busy:,.1f} s against {timed:,.1f} s timed in their steps"
         )
+        if profile:
+            _profile_print(profiled, recipients)
+
+
+def _profile_print(path: Path, recipients: int) -> None:
+    """The profiled worker's functions by their own time, per recipient."""
+    import pstats
+
+    stats = cast(Any, pstats.Stats(str(path))).stats
+    rows = sorted(stats.items(), key=lambda item: -item[1][2])
+    print("  the worker's own time by function (cProfile; microseconds per recipient, calls):")
+    for (file, line, name), (_, calls, own, _cumulative, _) in rows[:25]:
+        where = file.split("site-packages/")[-1].removeprefix(str(ROOT) + "/")
+        print(f"    {1e6 * own / recipients:7.2f} us  {calls:>9,}  {where}:{line}({name})")
 
 
 def main(argv: list[str]) -> None:
@@ -557,6 +580,11 @@ def main(argv: list[str]) -> None:
         "--only", choices=["suppressions"], help="run only this part (with its figures)"
     )
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="only the campaign, one worker process under cProfile: where its time goes",
+    )
+    parser.add_argument(
         "--postgres",
         action="store_true",
         help="only the campaign, on PostgreSQL, the ledger drained as it goes (its lag)",
@@ -567,8 +595,10 @@ def main(argv: list[str]) -> None:
         help="only the campaign, its gate's Redis a 3-master cluster started on loopback",
     )
     args = parser.parse_args(argv)
-    if args.cluster or args.postgres:
-        campaign(args.recipients, cluster=args.cluster, postgres=args.postgres)
+    if args.cluster or args.postgres or args.profile:
+        campaign(
+            args.recipients, cluster=args.cluster, postgres=args.postgres, profile=args.profile
+        )
         return
     if args.only == "suppressions":
         suppressions_beside_none(2 * args.seconds, args.suppressed)
