@@ -20,7 +20,7 @@ list is empty.
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -144,8 +144,17 @@ def suppress(
     return added
 
 
-def unsuppress(*, channel: str, user_ids: Iterable[int], source: str, by: Any = None) -> int:
-    """Take users off the list for `channel`; returns how many were on it."""
+def unsuppress(
+    *,
+    channel: str,
+    user_ids: Iterable[int],
+    source: str,
+    by: Any = None,
+    only_from: Collection[str] | None = None,
+) -> int:
+    """Take users off the list for `channel`; returns how many were on it. With `only_from`,
+    only the entries those sources made (a provider lifting its own opt-outs, never a
+    marketer's), chosen under the same lock as the removal."""
     suppression_checked(channel)
     ids = sorted(set(user_ids))
     who = _who(by)
@@ -154,6 +163,8 @@ def unsuppress(*, channel: str, user_ids: Iterable[int], source: str, by: Any = 
         _locked()
         for part in _batches(ids):
             rows = Suppression.objects.filter(channel=channel, user_id__in=part)
+            if only_from is not None:
+                rows = rows.filter(source__in=only_from)
             gone = sorted(rows.values_list("user_id", flat=True))
             if not gone:
                 continue

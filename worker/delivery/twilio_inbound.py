@@ -118,15 +118,13 @@ def sms_reply(*, number: str, kind: str, sid: str) -> None:
             "Twilio STOP (%s): %d users suppressed, %d already", sid, added, len(users) - added
         )
         return
-    # Read, then lifted, in two statements. suppress() never replaces an entry, so in between
-    # one of ours could only become a marketer's if someone deleted it and added it again by
-    # hand in that instant: no lock is worth taking for it.
-    ours = list(
-        Suppression.objects.filter(
-            channel=SMS, user_id__in=users, source__in=(STOP_SOURCE, OPTED_OUT_SOURCE)
-        ).values_list("user_id", flat=True)
+    # Only what a STOP or Twilio's opted-out answer put there: a marketer's entry stays.
+    removed = unsuppress(
+        channel=SMS,
+        user_ids=users,
+        source=f"{PROVIDER}:start",
+        only_from=(STOP_SOURCE, OPTED_OUT_SOURCE),
     )
-    removed = unsuppress(channel=SMS, user_ids=ours, source=f"{PROVIDER}:start")
     logger.info(
         "Twilio START (%s): %d users taken off the list, %d left as they were",
         sid,
