@@ -72,8 +72,8 @@ def decisions_query(
     params: Mapping[str, Sequence[str]], *, now: datetime | None = None
 ) -> DecisionsQuery:
     """The report a query string asks for (`dict(request.GET.lists())`), by the one rule for
-    it, REST and admin alike, as strict as the schema says (tests/gatekeeper/test_api_fuzz.py holds the
-    server to it). A ValidationError names each bad field ({"from": [...]}).
+    it, REST and admin alike, as strict as the schema says (tests/gatekeeper/test_api_fuzz.py
+    holds the server to it). A ValidationError names each bad field ({"from": [...]}).
 
     - `from`, `to`: UTC days (YYYY-MM-DD), both included. Neither: the last DEFAULT_DAYS days,
       today (UTC) included; one of them: DEFAULT_DAYS days from `from` or up to `to`. At most

@@ -1,6 +1,7 @@
 """The one rule for an address, per channel: an email address, a push token, a phone number
-(E.164). Send jobs check every recipient with `address_rule` (worker/delivery/registry.py) when they are created; a
-dispatcher may be stricter still (its own `address_problem`, asked after)."""
+(E.164). Send jobs check every recipient when they are created with `address_rule`
+(worker/delivery/registry.py): this rule, then the dispatcher's own `address_problem`, which
+may be stricter still."""
 
 import re
 from collections.abc import Callable

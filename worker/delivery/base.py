@@ -108,6 +108,9 @@ class Dispatcher(Protocol):
     @classmethod
     def address_problem(cls, address: str) -> str | None: ...
 
+    @classmethod
+    def settings_problems(cls) -> list[str]: ...
+
     def send_many(self, messages: Sequence[Message]) -> list[DispatchError | None]: ...
 
     def close(self) -> None: ...
@@ -125,6 +128,11 @@ class DispatcherBase:
     @classmethod
     def address_problem(cls, address: str) -> str | None:
         return None
+
+    @classmethod
+    def settings_problems(cls) -> list[str]:
+        """What is wrong with its settings, in words (the start-up check warns with them)."""
+        return []
 
     def close(self) -> None:
         """Nothing to close by default."""

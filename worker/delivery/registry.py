@@ -14,9 +14,10 @@ earlier versions documented are read as their names), and any other channel the 
 
 The checks (`manage.py check` and every process's start): a channel not in GATEKEEPER_CHANNELS,
 an unknown dispatcher or one that does not send that channel (worker.E002), an ESP whose package
-is missing (worker.E003), an ESP without ANYMAIL_WEBHOOK_SECRET (worker.W001), and Twilio
-without its account, a credential, a sender, or the Auth Token its STOP webhook checks
-(worker.W002).
+is missing (worker.E003), an ESP without ANYMAIL_WEBHOOK_SECRET (worker.W001), and whatever a
+dispatcher's own `settings_problems` finds (worker.W002: Twilio without its account, a
+credential, a sender, or the Auth Token its STOP webhook checks, or a ValidityPeriod Twilio
+would refuse).
 """
 
 import functools
@@ -41,7 +42,7 @@ from worker.delivery.esp import ANYMAIL_BACKENDS, anymail_dispatcher_class
 from worker.delivery.fcm import FCMDispatcher
 from worker.delivery.local import ConsoleDispatcher, MemoryDispatcher, NullDispatcher
 from worker.delivery.smtp import EmailDispatcher
-from worker.delivery.twilio import TwilioDispatcher, twilio_settings_problems
+from worker.delivery.twilio import TwilioDispatcher
 from worker.delivery.webhook import WebhookDispatcher
 
 NAMES: dict[str, type[Dispatcher]] = {
@@ -175,11 +176,6 @@ def address_rule(channel: str) -> Callable[[str], str | None]:
     return problem
 
 
-def address_problem(channel: str, address: str) -> str | None:
-    """Why `address` cannot be sent to on `channel`, or None (see address_rule)."""
-    return address_rule(channel)(address)
-
-
 @register()
 def dispatchers_check(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
     try:
@@ -189,31 +185,24 @@ def dispatchers_check(app_configs: Any, **kwargs: Any) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
     for channel, name in names.items():
         if NAME.fullmatch(name) and name not in NAMES and name in email_providers():
-            problems = _esp_problems(name)
-            messages.extend(problems)
-            if any(problem.is_serious() for problem in problems):
+            found_esp = _esp_problems(name)
+            messages.extend(found_esp)
+            if any(problem.is_serious() for problem in found_esp):
                 continue
         try:
             found = dispatcher_class(channel)
         except ImproperlyConfigured as exc:
             messages.append(Error(f"{channel}: {exc}", id="worker.E002"))
             continue
-        if found is TwilioDispatcher:
-            messages.extend(_twilio_problems(channel))
+        if problems := found.settings_problems():
+            messages.append(
+                Warning(
+                    f"{channel} goes through {found.provider or name}, but {'; '.join(problems)}.",
+                    hint="docs/worker.md says what each dispatcher's settings are.",
+                    id="worker.W002",
+                )
+            )
     return messages
-
-
-def _twilio_problems(channel: str) -> list[CheckMessage]:
-    missing = twilio_settings_problems()
-    if not missing:
-        return []
-    return [
-        Warning(
-            f"{channel} goes through Twilio, but {'; '.join(missing)}.",
-            hint="Set them from the Twilio console (docs/worker.md, SMS through Twilio).",
-            id="worker.W002",
-        )
-    ]
 
 
 def _esp_problems(esp: str) -> list[CheckMessage]:

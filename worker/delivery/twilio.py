@@ -102,17 +102,7 @@ def twilio_missing_settings() -> list[str]:
     return missing
 
 
-def twilio_settings_problems() -> list[str]:
-    """What is wrong with the Twilio settings, in words (check worker.W002): what the
-    dispatcher cannot send without, and an Auth Token the STOP webhook needs."""
-    missing = twilio_missing_settings()
-    problems = [f"{', '.join(missing)} not set"] if missing else []
-    if settings.GATEKEEPER_TWILIO_API_KEY_SID and not settings.GATEKEEPER_TWILIO_AUTH_TOKEN:
-        problems.append(
-            "GATEKEEPER_TWILIO_AUTH_TOKEN not set: the STOP webhook (/twilio/inbound/) cannot "
-            "check Twilio's signatures and refuses every reply"
-        )
-    return problems
+VALIDITY_MAX = 36_000  # Twilio's longest ValidityPeriod, in seconds
 
 
 class TwilioDispatcher(OneAtATime):
@@ -127,6 +117,25 @@ class TwilioDispatcher(OneAtATime):
     channels: ClassVar[tuple[str, ...]] = (SMS,)
     batch_size: ClassVar[int] = 1
     idempotent: ClassVar[bool] = False
+
+    @classmethod
+    def settings_problems(cls) -> list[str]:
+        """What the dispatcher cannot send without, an Auth Token the STOP webhook needs, and a
+        ValidityPeriod Twilio would refuse with every text."""
+        missing = twilio_missing_settings()
+        problems = [f"{', '.join(missing)} not set"] if missing else []
+        if settings.GATEKEEPER_TWILIO_API_KEY_SID and not settings.GATEKEEPER_TWILIO_AUTH_TOKEN:
+            problems.append(
+                "GATEKEEPER_TWILIO_AUTH_TOKEN not set: the STOP webhook (/twilio/inbound/) "
+                "cannot check Twilio's signatures and refuses every reply"
+            )
+        if not 0 <= settings.GATEKEEPER_TWILIO_VALIDITY_SECONDS <= VALIDITY_MAX:
+            problems.append(
+                f"GATEKEEPER_TWILIO_VALIDITY_SECONDS is "
+                f"{settings.GATEKEEPER_TWILIO_VALIDITY_SECONDS}: 0 (Twilio's default) or 1 to "
+                f"{VALIDITY_MAX:,}"
+            )
+        return problems
 
     def __init__(self) -> None:
         missing = twilio_missing_settings()

@@ -191,6 +191,11 @@ def test_without_its_settings_the_dispatcher_cannot_start_and_the_check_warns(
     [warning] = dispatchers_check(None)
     assert warning.id == "worker.W002" and "GATEKEEPER_TWILIO_AUTH_TOKEN" in warning.msg
     TwilioDispatcher().close()  # it sends all the same
+    # A ValidityPeriod Twilio refuses would fail every text: said at start-up, naming it.
+    settings.GATEKEEPER_TWILIO_AUTH_TOKEN = FakeTwilio.auth_token
+    settings.GATEKEEPER_TWILIO_VALIDITY_SECONDS = 40_000
+    [warning] = dispatchers_check(None)
+    assert warning.id == "worker.W002" and "GATEKEEPER_TWILIO_VALIDITY_SECONDS" in warning.msg
 
 
 def test_sms_goes_through_the_console_unless_twilio_is_named(settings):
