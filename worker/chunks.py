@@ -439,6 +439,12 @@ def _run_gated(
     run.send_all([admitted[i : i + size] for i in range(0, len(admitted), size)], renderer)
     if run.dead:
         dead_addresses_record(job, run.dead)
+    # The ledger first: what went out is known there even if the writes below fail.
+    with timed("ledger"):
+        # Outcomes before releases: `released` does not replace an outcome the ledger knows.
+        gate_outcomes(channel=job.channel, since=gating, outcomes=run.dispatched)
+        if run.released and job.category == Category.MARKETING:
+            gate_release(channel=job.channel, requests=run.released)
     if run.opted_out:
         # The provider's word that they opted out: the gate refuses their next send on this
         # channel (from every process within GATEKEEPER_SUPPRESSION_TTL_SECONDS).
@@ -452,11 +458,6 @@ def _run_gated(
     if job.channel == SMS and run.reached:
         # A reply (STOP) names only the number: which users it was texted for.
         sms_numbers_record(sends=run.reached, at=clock or timezone.now())
-    with timed("ledger"):
-        # Outcomes before releases: `released` does not replace an outcome the ledger knows.
-        gate_outcomes(channel=job.channel, since=gating, outcomes=run.dispatched)
-        if run.released and job.category == Category.MARKETING:
-            gate_release(channel=job.channel, requests=run.released)
     outcomes = run.outcomes
     deferred: list[tuple[dict[str, Any], datetime]] = []  # (recipient, its release)
     unavailable: list[dict[str, Any]] = []
