@@ -109,6 +109,12 @@ def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drai
         ledger_write(calls)
         counts_add(calls)
         # After the decisions: an entry's outcomes follow its decisions in the stream.
+        if outcomes and connection.vendor == "postgresql":
+            # For the rest of this transaction: the outcomes' lookups' estimated cost (every
+            # partition's index probed per outcome) passes the JIT's threshold, and compiling
+            # them costs ten times running them.
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL jit = off")
         for found in outcomes:
             matched = outcomes_write(found)
             report.outcomes += matched
@@ -245,10 +251,6 @@ def outcomes_write(found: Outcomes) -> int:
     adapt = connection.ops.adapt_datetimefield_value
     matched = 0
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # The lookups' estimated cost (every partition's index probed per outcome) passes
-            # the JIT's threshold, and compiling them costs ten times running them.
-            cursor.execute("SET LOCAL jit = off")
         for start in range(0, len(found.rows), 500):
             part = found.rows[start : start + 500]
             cursor.execute(
@@ -348,17 +350,19 @@ def ledger_drain_all(
     One drainer at a time: drains that overlap (beat's ticks queued behind a blast, two
     workers taking them) would write the same hours' counts and the same days' rows and wait on
     each other's locks. The drainer holds a lock in Redis (`<stream>:drainer`, CLAIM_IDLE_MS
-    long, renewed after each round); another waits `wait` seconds for it (all of `seconds` by
-    default) and returns 0 if it is still held: the holder is draining."""
+    long, renewed after each round); another waits `wait` seconds for it (at most `seconds`,
+    which counts from the call, waiting included) and returns 0 if it is still held: the holder
+    is draining. A round that outlasted the lock (another drainer may have taken it since) is
+    the last: what it wrote is committed, and the drain returns it."""
     client = client or get_redis()
+    deadline = time.monotonic() + seconds
     lock = client.lock(
         drainer_key(),
         timeout=CLAIM_IDLE_MS / 1000,
-        blocking_timeout=seconds if wait is None else wait,
+        blocking_timeout=seconds if wait is None else min(wait, seconds),
     )
     if not lock.acquire():
         return 0
-    deadline = time.monotonic() + seconds
     written, made = 0, 0
     try:
         while True:
@@ -366,7 +370,10 @@ def ledger_drain_all(
             written, made = written + report.rows, made + 1
             if not report.entries or made == rounds or time.monotonic() > deadline:
                 return written
-            lock.reacquire()  # its full time again for the next round
+            try:
+                lock.reacquire()  # its full time again for the next round
+            except LockError:  # the round outlasted it (the `finally` says so)
+                return written
     finally:
         try:
             lock.release()

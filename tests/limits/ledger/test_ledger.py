@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection, transaction
 
+from limits.ledger import drain
 from limits.ledger.drain import (
     CLAIM_IDLE_MS,
     GROUP,
@@ -163,6 +164,25 @@ def test_one_drainer_at_a_time(snapshot, redis_client):
     other.release()
     assert ledger_drain_all(wait=0) == 2
     assert not redis_client.exists(drainer_key())  # given back when done
+
+
+def test_a_drainer_whose_lock_expired_during_a_round_stops_with_what_it_wrote(
+    snapshot, redis_client, monkeypatch
+):
+    gate_check(channel="email", requests=[(9, "a")], now=NOW)
+    gate_check(channel="email", requests=[(9, "b")], now=NOW + 1)
+    real = drain.ledger_drain
+
+    def outlasting(**kwargs):
+        report = real(count=1, **{k: v for k, v in kwargs.items() if k != "count"})
+        redis_client.delete(drainer_key())  # the lock's time ran out during the round
+        return report
+
+    monkeypatch.setattr(drain, "ledger_drain", outlasting)
+    assert ledger_drain_all() == 1  # the round's work stands; no second round without the lock
+    assert [r[1] for r in rows()] == ["a"]
+    monkeypatch.undo()
+    assert ledger_drain_all() == 1
 
 
 def test_an_entry_no_drainer_can_read_is_dropped_and_holds_back_nothing(snapshot, redis_client):
