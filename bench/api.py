@@ -5,7 +5,6 @@ python -m bench api [-- --seconds 5 --clients 4 --workers 2 --redis-url redis://
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,14 +15,10 @@ from typing import Any
 
 import requests
 
+from bench.servers import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 USERS = 200_000  # the demo's user lists
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main(argv: list[str]) -> None:

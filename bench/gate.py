@@ -339,28 +339,6 @@ def _command_usec(servers: list[redis.Redis]) -> Counter[str]:
     return found
 
 
-def _fresh_postgres(name: str) -> str:
-    """A PostgreSQL database of the machine's server, empty: dropped and made again."""
-    import psycopg
-
-    from bench.postgres import BENCH_DB
-
-    base = BENCH_DB.rsplit("/", 1)[0]
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return f"{base}/{name}"
-
-
-DRAINER = """
-import time
-from limits.ledger.drain import ledger_drain_all
-while True:
-    ledger_drain_all(rounds=10, wait=0)
-    time.sleep(2)
-"""
-
-
 def campaign(
     recipients: int, *, cluster: bool = False, postgres: bool = False, profile: bool = False
 ) -> None:
@@ -392,7 +370,10 @@ def campaign(
             "LOG_LEVEL": "WARNING",
         }
         if postgres:
-            env["DATABASE_URL"] = _fresh_postgres("gk_bench_campaign")
+            from bench.postgres import BENCH_DB, database_made
+
+            env["DATABASE_URL"] = f"{BENCH_DB.rsplit('/', 1)[0]}/gk_bench_campaign"
+            database_made(env["DATABASE_URL"], fresh=True)
         broker = _redis(env["CELERY_BROKER_URL"])
         data: Any = _redis(env["REDIS_URL"])
         servers = [data]  # the gate's Redis servers (one also holds the broker's database)
@@ -428,12 +409,14 @@ def campaign(
         )  # fmt: skip
         drainer = None
         if postgres:
+            from bench.ledger import DRAINER
+
             drainer = subprocess.Popen(
-                [python, "manage.py", "shell", "-v", "0", "-c", DRAINER],
-                cwd=ROOT, env=env, start_new_session=True,
+                [python, "-c", DRAINER], cwd=ROOT,
+                env={**env, "DJANGO_SETTINGS_MODULE": "gatekeeper.settings"},
             )  # fmt: skip
             stack.callback(drainer.wait)
-            stack.callback(os.killpg, drainer.pid, 9)
+            stack.callback(drainer.terminate)  # if the run fails before it is stopped below
         stream = stream_key()
         lags: list[float] = []
 
@@ -479,15 +462,19 @@ def campaign(
                 time.sleep(0.5)
             wall = time.perf_counter() - started
             out = waiter.stdout.read() if waiter.stdout else ""
-            caught_up = 0.0
-            while drainer is not None and data.xlen(stream) and caught_up < 600:
-                time.sleep(0.2)
-                caught_up = time.perf_counter() - started - wall
             redis_cpu = _redis_cpu(servers) - redis_cpu
             broker_cpu = _redis_cpu([broker]) - broker_cpu
             for pid in _group(worker.pid):
                 with contextlib.suppress(OSError, StopIteration):
                     peaks[pid] = _process_figures(pid)
+            # After the campaign's figures: the drain's tail is not the campaign's.
+            caught_up, left = 0.0, 0
+            if drainer is not None:
+                while (left := data.xlen(stream)) and drainer.poll() is None and caught_up < 600:
+                    time.sleep(0.2)
+                    caught_up = time.perf_counter() - started - wall
+                drainer.terminate()  # before the flush below: it would make the stream again
+                drainer.wait(timeout=60)
         finally:
             os.killpg(worker.pid, 15)
             worker.wait(timeout=60)
@@ -513,8 +500,12 @@ def campaign(
             print(
                 f"  ledger drained every 2 s: lag at most {max(lags, default=0):.1f} s, median "
                 f"{statistics.median(lags or [0]):.1f} s during the campaign   (target < 5 s); "
-                f"every decision in the ledger {caught_up:.1f} s after the last send; "
-                f"{int(counted[0]):,} rows, {int(counted[1]):,} with their outcome"
+                + (
+                    f"every decision in the ledger {caught_up:.1f} s after the last send; "
+                    if not left
+                    else f"{left:,} stream entries not drained {caught_up:.0f} s after it; "
+                )
+                + f"{int(counted[0]):,} rows, {int(counted[1]):,} with their outcome"
             )
         print(f"  of which send_campaign reading, validating and queueing the file: {queued:.1f} s")
         print(f"  sent and gate reasons: {out.strip()}")

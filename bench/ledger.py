@@ -59,7 +59,7 @@ def ledger_beside_none(seconds: float) -> None:
     client = redis.Redis.from_url(REDIS_URL)
     client.flushdb()
     drainer = subprocess.Popen(
-        [sys.executable, "-c", _DRAINER],
+        [sys.executable, "-c", DRAINER],
         cwd=ROOT,
         env={**os.environ, "DJANGO_SETTINGS_MODULE": "gatekeeper.settings"},
     )
@@ -119,7 +119,7 @@ def redis_cost(step: Any, on: Any, off: Any, client: redis.Redis) -> None:
 
 
 # Beat's schedule: the drain task every 2 s, up to 10 rounds of 200 gate calls each.
-_DRAINER = """
+DRAINER = """
 import django, signal, sys, time
 django.setup()
 from limits.tasks import ledger_drain

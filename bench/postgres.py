@@ -18,12 +18,20 @@ REDIS_URL = "redis://127.0.0.1:6379/14"
 CHILD = "GATEKEEPER_BENCH_CHILD"
 
 
-def _database(url: str) -> None:
-    """The bench database, made and migrated when missing."""
+def database_made(url: str, *, fresh: bool = False) -> None:
+    """The database of `url` on its server, made when missing; `fresh`: emptied (dropped and
+    made again)."""
     base, name = url.rsplit("/", 1)
     with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        if fresh:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def _database(url: str) -> None:
+    """The bench database, made and migrated when missing."""
+    database_made(url)
     env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": REDIS_URL}
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
