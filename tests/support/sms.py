@@ -8,13 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from twilio.http.http_client import TwilioHttpClient
 from twilio.rest import Client
 
 from tests.fakes.tls import LocalTLS
 from tests.fakes.twilio import FakeTwilio
-from worker.delivery.http import TrustingAdapter
-from worker.delivery.twilio import ENVIRONMENT, RETRIES
+from worker.delivery.twilio import twilio_client as build_client
 
 TIMEOUT = 0.5  # seconds Twilio may take: a hanging one costs a test no more
 
@@ -45,21 +43,18 @@ def twilio_client(
     ca_bundle: str | None,
     timeout: float = TIMEOUT,
 ) -> tuple[Client, LastAnswer]:
-    """twilio-python's real Client, its API domain at `base_url` (Twilio's own is
-    https://api.twilio.com), its server verified against `ca_bundle`: built as TwilioDispatcher
-    builds its own (the same adapter, retries and environment)."""
+    """twilio-python's real Client built by TwilioDispatcher's own builder, and what it last
+    heard."""
     last = LastAnswer()
-    http_client = TwilioHttpClient(timeout=timeout, request_hooks={"response": [last.record]})
-    assert http_client.session is not None
-    http_client.session.mount("https://", TrustingAdapter(ca_bundle=ca_bundle, max_retries=RETRIES))
-    client = Client(
-        username,
-        password,
+    client = build_client(
+        base_url,
+        username=username,
+        password=password,
         account_sid=account_sid,
-        http_client=http_client,
-        environment=ENVIRONMENT,
+        ca_bundle=ca_bundle,
+        timeout=timeout,
+        on_answer=last.record,
     )
-    client.api.base_url = base_url
     return client, last
 
 

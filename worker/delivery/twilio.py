@@ -41,7 +41,8 @@ have reached Twilio (RETRIES), and each message is its own claim (`batch_size` 1
 
 import json
 import logging
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, cast
 
 import requests
 import urllib3
@@ -105,6 +106,35 @@ def twilio_missing_settings() -> list[str]:
 VALIDITY_MAX = 36_000  # Twilio's longest ValidityPeriod, in seconds
 
 
+def twilio_client(
+    base_url: str,
+    *,
+    username: str,
+    password: str,
+    account_sid: str | None,
+    ca_bundle: str | None,
+    timeout: float,
+    on_answer: Callable[..., Any],
+) -> Client:
+    """twilio-python's Client, its API at `base_url` (Twilio's own: https://api.twilio.com), its
+    server verified against `ca_bundle` (None: the system's CAs), its requests given `timeout`
+    to connect and between an answer's bytes, every answer handed to `on_answer` (a requests
+    response hook), connection errors retried by RETRIES, TWILIO_EDGE and TWILIO_REGION of the
+    environment ignored."""
+    http_client = TwilioHttpClient(timeout=timeout, request_hooks={"response": [on_answer]})
+    assert http_client.session is not None  # pool_connections=True: a Session
+    http_client.session.mount("https://", TrustingAdapter(ca_bundle=ca_bundle, max_retries=RETRIES))
+    client = Client(
+        username,
+        password,
+        account_sid=account_sid,
+        http_client=http_client,
+        environment=ENVIRONMENT,
+    )
+    client.api.base_url = base_url.rstrip("/")
+    return client
+
+
 class TwilioDispatcher(OneAtATime):
     """SMS through Twilio's Messages API, one request a message (see the module's docstring).
 
@@ -159,26 +189,16 @@ class TwilioDispatcher(OneAtATime):
         # thread, a request at a time: one attribute is enough.
         self.retry_after: str | None = None
         self.account_refused = False
-        http_client = TwilioHttpClient(
-            timeout=float(settings.GATEKEEPER_TWILIO_TIMEOUT_SECONDS),
-            request_hooks={"response": [self._answered]},
-        )
-        assert http_client.session is not None  # pool_connections=True: a Session
-        self.session = http_client.session
-        self.session.mount(
-            "https://",
-            TrustingAdapter(
-                ca_bundle=settings.GATEKEEPER_TWILIO_CA_BUNDLE or None, max_retries=RETRIES
-            ),
-        )
-        self.client = Client(
-            username,
-            password,
+        self.client = twilio_client(
+            settings.GATEKEEPER_TWILIO_API_URL,
+            username=username,
+            password=password,
             account_sid=account_sid,
-            http_client=http_client,
-            environment=ENVIRONMENT,
+            ca_bundle=settings.GATEKEEPER_TWILIO_CA_BUNDLE or None,
+            timeout=float(settings.GATEKEEPER_TWILIO_TIMEOUT_SECONDS),
+            on_answer=self._answered,
         )
-        self.client.api.base_url = settings.GATEKEEPER_TWILIO_API_URL.rstrip("/")
+        self.session = cast(TwilioHttpClient, self.client.http_client).session
 
     def _answered(self, response: Any, *args: Any, **kwargs: Any) -> Any:
         self.retry_after = response.headers.get("Retry-After")
