@@ -2,10 +2,11 @@
 each of Twilio's answers is worth to the worker (worker/delivery/twilio.py's table)."""
 
 import logging
-import socket
+from contextlib import closing
 
 import pytest
 
+from bench.servers import free_port
 from tests.fakes.twilio import BAD_GATEWAY, DROP, GARBLED, HANG, LOST, FakeTwilio
 from worker.delivery.base import AMBIGUOUS, PERMANENT, THROTTLED, TRANSIENT, DispatchError, Message
 from worker.delivery.registry import dispatcher_class, dispatchers_check
@@ -55,11 +56,8 @@ def test_a_messaging_service_an_api_key_and_a_validity_period_are_sent_as_twilio
     settings.GATEKEEPER_TWILIO_API_KEY_SID = FakeTwilio.api_key_sid
     settings.GATEKEEPER_TWILIO_API_KEY_SECRET = FakeTwilio.api_key_secret
     settings.GATEKEEPER_TWILIO_VALIDITY_SECONDS = 600
-    sender = TwilioDispatcher()
-    try:
+    with closing(TwilioDispatcher()) as sender:
         assert sender.send_many([text(1, ALICE)]) == [None]
-    finally:
-        sender.close()
 
     [request] = twilio.requests
     assert request.username == FakeTwilio.api_key_sid
@@ -113,12 +111,11 @@ def test_a_refused_account_fails_every_text_for_good_and_says_so_once(
     twilio, twilio_settings, settings, caplog
 ):
     settings.GATEKEEPER_TWILIO_AUTH_TOKEN = "not-the-token"
-    sender = TwilioDispatcher()
-    try:
-        with caplog.at_level(logging.ERROR, logger="worker.delivery.twilio"):
-            outcomes = sender.send_many([text(1, ALICE), text(2, BOB)])
-    finally:
-        sender.close()
+    with (
+        closing(TwilioDispatcher()) as sender,
+        caplog.at_level(logging.ERROR, logger="worker.delivery.twilio"),
+    ):
+        outcomes = sender.send_many([text(1, ALICE), text(2, BOB)])
 
     assert [outcome(o) for o in outcomes] == [(PERMANENT, False, False, None)] * 2
     assert "20003" in str(outcomes[0])
@@ -129,15 +126,10 @@ def test_a_refused_account_fails_every_text_for_good_and_says_so_once(
 
 
 def test_a_twilio_that_cannot_be_reached_is_transient(twilio_settings, settings):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there
     settings.GATEKEEPER_TWILIO_API_URL = f"https://127.0.0.1:{port}"
-    sender = TwilioDispatcher()
-    try:
+    with closing(TwilioDispatcher()) as sender:
         [refused] = sender.send_many([text(1, ALICE)])
-    finally:
-        sender.close()
     assert outcome(refused) == (TRANSIENT, False, False, None)
 
 
@@ -145,11 +137,8 @@ def test_a_certificate_not_trusted_is_transient_and_nothing_is_sent(
     twilio, twilio_settings, settings
 ):
     settings.GATEKEEPER_TWILIO_CA_BUNDLE = ""  # the fake's CA is not the system's
-    sender = TwilioDispatcher()
-    try:
+    with closing(TwilioDispatcher()) as sender:
         [refused] = sender.send_many([text(1, ALICE)])
-    finally:
-        sender.close()
     assert outcome(refused) == (TRANSIENT, False, False, None)
     assert twilio.requests == []
 
@@ -159,11 +148,8 @@ def test_twilio_variables_in_the_environment_do_not_move_the_dispatcher(
 ):
     monkeypatch.setenv("TWILIO_REGION", "ie1")
     monkeypatch.setenv("TWILIO_EDGE", "dublin")
-    sender = TwilioDispatcher()
-    try:
+    with closing(TwilioDispatcher()) as sender:
         assert sender.send_many([text(1, ALICE)]) == [None]
-    finally:
-        sender.close()
 
 
 def test_without_its_settings_the_dispatcher_cannot_start_and_the_check_warns(

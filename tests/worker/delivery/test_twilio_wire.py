@@ -5,7 +5,6 @@ RequestValidator. What each answer is worth to the worker: worker/delivery/twili
 docs/worker.md ("SMS through Twilio")."""
 
 import http.client
-import socket
 
 import pytest
 import requests
@@ -13,6 +12,7 @@ import urllib3
 from twilio.base.exceptions import TwilioRestException
 from twilio.request_validator import RequestValidator
 
+from bench.servers import free_port
 from tests.fakes.twilio import (
     BAD_GATEWAY,
     DROP,
@@ -238,9 +238,7 @@ def test_a_dropped_connection_is_a_connection_error_after_the_request_went_out(t
 
 
 def test_a_refused_connection_says_nothing_was_sent(twilio, local_tls):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there
     client, _ = twilio_client(
         f"https://127.0.0.1:{port}",
         username=twilio.account_sid,
