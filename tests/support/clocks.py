@@ -1,5 +1,13 @@
 """A clock in milliseconds that moves only when the code under test waits (worker/throttle.py's
-`clock` and `sleep`), so rate tests pass time in instead of sleeping through it."""
+`clock` and `sleep`), so rate tests pass time in instead of sleeping through it; and the
+workers' provider throttles put on it."""
+
+from typing import Any
+
+import pytest
+
+from worker import chunks
+from worker.delivery.throttle import Throttle, parse_rates
 
 
 class Clock:
@@ -13,3 +21,16 @@ class Clock:
     def sleep(self, seconds: float) -> None:
         self.waits.append(seconds)
         self.ms += round(seconds * 1000)
+
+
+def throttles_on(clock: Clock, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunk runs throttle providers by GATEKEEPER_PROVIDER_RATES (as the test sets it) on
+    `clock`: a pause passes on it, not in real time."""
+
+    def throttle_for(provider: Any) -> Throttle | None:
+        rates = parse_rates(settings.GATEKEEPER_PROVIDER_RATES)
+        if provider not in rates:
+            return None
+        return Throttle(provider, rates[provider], clock=clock, sleep=clock.sleep)
+
+    monkeypatch.setattr(chunks, "throttle_for", throttle_for)

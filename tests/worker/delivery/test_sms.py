@@ -12,17 +12,15 @@ from rest_framework.authtoken.models import Token
 from gatekeeper.lib.permissions import CAMPAIGN_SYSTEM
 from limits.models import Suppression, SuppressionChange
 from limits.quiet import QuietFields
-from limits.rules import RuleFields
-from limits.services import QUIET_HOURS, RULES
+from limits.services import QUIET_HOURS
 from limits.suppression import suppress, unsuppress
 from tests.fakes.twilio import FakeTwilio, inbound_message, signed
 from tests.support.api import make_user
-from tests.support.clocks import Clock
-from worker import chunks
+from tests.support.clocks import Clock, throttles_on
+from tests.support.sends import make_rule
 from worker.chunks import send_chunk_run
 from worker.delivery.registry import dispatcher_for
 from worker.delivery.sms_numbers import sms_numbers_record, sms_users_of
-from worker.delivery.throttle import Throttle, parse_rates
 from worker.delivery.twilio_inbound import OPTED_OUT_SOURCE, STOP_SOURCE
 from worker.gate import gate_check
 from worker.models import DeadAddress, SendChunk, SendJob, SmsNumber
@@ -76,14 +74,7 @@ def rated(settings, monkeypatch) -> Clock:
     passes on it instead of in real time."""
     clock = Clock()
     settings.GATEKEEPER_PROVIDER_RATES = "twilio=1000"
-
-    def throttle_for(provider: Any) -> Throttle | None:
-        rates = parse_rates(settings.GATEKEEPER_PROVIDER_RATES)
-        if provider not in rates:
-            return None
-        return Throttle(provider, rates[provider], clock=clock, sleep=clock.sleep)
-
-    monkeypatch.setattr(chunks, "throttle_for", throttle_for)
+    throttles_on(clock, settings, monkeypatch)
     return clock
 
 
@@ -324,14 +315,7 @@ def test_caps_rules_and_quiet_hours_govern_sms_as_every_channel(
 
     # The rules' cache is dropped on commit: the test's transaction never commits.
     with django_capture_on_commit_callbacks(execute=True):
-        rule = RULES.create(
-            fields=RuleFields(
-                name="No texts for dormant users", segment="dormant", channel="sms",
-                match="any", tag="", window_kind="rolling", window_seconds=86_400,
-                window_unit="", limit=0, reserve_below_priority=None, reserve_slots=None,
-            ),
-            via="command",
-        )  # fmt: skip
+        rule = make_rule("No texts for dormant users", segment="dormant", channel="sms", limit=0)
     blocked = gate_check(channel="sms", requests=[(4, "t3")], now=NOW)[0]
     assert blocked.reason == "blocked" and blocked.rule is not None
     assert blocked.rule["id"] == rule.pk

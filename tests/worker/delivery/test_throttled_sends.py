@@ -6,12 +6,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.support.clocks import Clock
-from worker import chunks
+from tests.support.clocks import Clock, throttles_on
 from worker.chunks import send_chunk_run
 from worker.delivery.base import THROTTLED, DispatchError, Message, retry_after_seconds
 from worker.delivery.local import MemoryDispatcher
-from worker.delivery.throttle import Throttle, parse_rates
 from worker.delivery.webhook import WebhookDispatcher
 from worker.models import SendChunk
 from worker.services import send_job_create
@@ -42,14 +40,7 @@ def provider(published, settings, monkeypatch) -> Clock:
     MemoryDispatcher.outbox.clear()
     settings.GATEKEEPER_PUSH_BACKEND = f"{__name__}.RefusingOncePushBackend"
     settings.GATEKEEPER_PROVIDER_RATES = "memory=250"  # a burst of 10
-
-    def throttle_for(provider: Any) -> Throttle | None:
-        rates = parse_rates(settings.GATEKEEPER_PROVIDER_RATES)
-        if provider not in rates:
-            return None
-        return Throttle(provider, rates[provider], clock=clock, sleep=clock.sleep)
-
-    monkeypatch.setattr(chunks, "throttle_for", throttle_for)
+    throttles_on(clock, settings, monkeypatch)
     return clock
 
 
