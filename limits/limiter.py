@@ -50,6 +50,7 @@ class Decision:
     rule: dict[str, Any] | None = None
     reserved: int | None = None
     segment: str | None = None
+    holder: int | None = None  # a duplicate's: the send job that recorded it (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +103,14 @@ class Limiter:
         retention_ms: int = 8 * 86_400_000,
         now: float | None = None,
         dry_run: bool = False,
+        holder: int = 0,
+        uncounted: bool = False,
     ) -> list[Decision]:
         """One decision per request, in order. Records the admitted ones unless `dry_run`.
-        `rule_sets`: one per request (or one for all): the rules each must fit."""
+        `rule_sets`: one per request (or one for all): the rules each must fit.
+        `holder`: the send job the entries are recorded for (a duplicate answers the holder of
+        the entry found); `uncounted`: record in the users' uncounted logs (a job's
+        transactional sends: claimed, never counted), the rule sets then being empty."""
         sets: Sequence[RuleSet] = (
             [rule_sets] * len(requests) if isinstance(rule_sets, RuleSet) else rule_sets
         )
@@ -133,6 +139,7 @@ class Limiter:
             fail(list(range(len(requests))))
             return [d for d in results if d is not None]
         head = [_now_arg(now), "1" if dry_run else "0", channel, str(priority), str(retention_ms)]
+        tail = [str(holder), "1" if uncounted else "0"]
         tag_hashes = log.tags_bytes(tags)
         payload_head = log.short_hash(campaign) + bytes((len(tag_hashes) // 4,)) + tag_hashes
         hashes = [log.message_hash(message_id) for _, message_id in requests]
@@ -156,7 +163,7 @@ class Limiter:
                         s = set_index[id(rule_set)] = len(set_records)
                     parts.append(_REQUEST.pack(k, user_id & 0xFF) + hashes[i] + bytes((s,)))
                 payload = b"".join((payload_head, bytes((len(set_records),)), *set_records, *parts))
-                yield Call("gk_acquire", [len(keys), *keys, *head, payload], chunk)
+                yield Call("gk_decide", [len(keys), *keys, *head, payload, *tail], chunk)
 
         def collect(call: Call, reply: list[Any]) -> None:
             for i, answer in zip(call.indexes, log.iter_replies(reply[1]), strict=True):
@@ -187,6 +194,7 @@ class Limiter:
                 counts=counts,
                 limits=rule_set.limits,
                 retry_after=None,
+                holder=None if outcome == ALLOWED else used,
             )
         rule = rule_set.rules[rule_at - 1]
         reserved = None
@@ -204,20 +212,30 @@ class Limiter:
             reserved=reserved,
         )
 
-    def release(self, channel: str, requests: Sequence[tuple[int, str]]) -> list[bool]:
-        """Take recorded sends back out of their users' logs. False where nothing was recorded
-        or Redis is unavailable (the caller logs it; the entry then ages out with the window)."""
+    def release(
+        self,
+        channel: str,
+        requests: Sequence[tuple[int, str]],
+        *,
+        holder: int = 0,
+        uncounted: bool = False,
+    ) -> list[bool]:
+        """Take recorded sends back out of their users' logs (the uncounted logs with
+        `uncounted`; with `holder`, only entries that send job recorded). False where nothing
+        was recorded or Redis is unavailable (the caller logs it; the entry then ages out with
+        the window)."""
         results = [False] * len(requests)
         user_ids = [u for u, _ in requests]
         if not requests or not self._legacy_moved(user_ids, now=None):
             return results
+        field = log.uncounted_field if uncounted else log.bucket_field
 
         def build(batches: list[list[int]]) -> Iterator[Call]:
             for chunk in batches:
                 keys = [log.bucket_key(self.prefix, user_ids[i]) for i in chunk]
-                args: list[Any] = [channel]
+                args: list[Any] = [channel, holder]
                 for i in chunk:
-                    args.append(log.bucket_field(user_ids[i]))
+                    args.append(field(user_ids[i]))
                     args.append(log.message_hash(requests[i][1]))
                 yield Call("gk_release", [len(keys), *keys, *args], chunk)
 
@@ -275,9 +293,11 @@ class Limiter:
                 )
         return figures
 
-    def entries(self, user_id: int) -> list[log.Entry]:
-        """The user's log as it is stored (every channel, entries not trimmed yet included)."""
-        raw = self.client.hget(log.bucket_key(self.prefix, user_id), log.bucket_field(user_id))
+    def entries(self, user_id: int, *, uncounted: bool = False) -> list[log.Entry]:
+        """The user's log as it is stored (every channel, entries not trimmed yet included);
+        with `uncounted`, the user's uncounted log (a send job's transactional sends)."""
+        field = log.uncounted_field(user_id) if uncounted else log.bucket_field(user_id)
+        raw = self.client.hget(log.bucket_key(self.prefix, user_id), field)
         return log.decode(raw)
 
     def history(self, user_id: int, *, now: float | None = None) -> list[log.Entry]:

@@ -7,10 +7,11 @@ keeps a bucket in one cluster slot, so a user's whole log (every channel) is dec
 function call, and consecutive ids (a campaign over a segment) share reads and writes.
 
 Hashes (blake2b, so they are the same in every process and version):
-- message id: 64 bits. Two different message ids of one user on one channel collide with
-  probability about n / 2^64 for a user holding n entries: at 270M users receiving 30 sends a
-  week, about once in 10^8 years. A collision would make the second send a `duplicate`:
-  admitted without being counted.
+- message id: 64 bits passed, the first 56 kept in an entry. Two different message ids of one
+  user on one channel collide with probability about n / 2^56 for a user holding n entries: at
+  270M users receiving 30 sends a week, about once in 5,000 years. A collision would make the
+  second send a `duplicate`: admitted without being counted (and, for a send job's run, not
+  sent when the first was another job's).
 - campaign and tag: 32 bits, never 0 (0 marks "none"). A collision makes a per-campaign or tag
   rule count another campaign's or tag's sends too: it refuses early, it never admits more.
 """
@@ -22,8 +23,11 @@ from datetime import UTC, datetime
 from hashlib import blake2b
 
 BUCKET_BITS = 8
-FORMAT_VERSION = 1
-ENTRY_BASE = 19  # time 6, message 8, campaign 4, priority 1
+FORMAT_VERSION = 2
+ENTRY_BASE = 21  # time 6, message 7, campaign 4, held 4 (priority, holder)
+FORMAT_1_BASE = 19  # format 1: time 6, message 8, campaign 4, priority 1
+STORED_MESSAGE = 7  # the bytes of a message hash an entry keeps
+HOLDER_BITS = 28
 NO_HASH = b"\0\0\0\0"
 RULE_RECORD = struct.Struct(">BBBI6s6s6s4s")
 # What gk_acquire answers per request (limits/lua/limiter.lua).
@@ -49,8 +53,26 @@ def bucket_field(user_id: int) -> bytes:
     return bytes((user_id & 0xFF,))
 
 
+def uncounted_field(user_id: int) -> bytes:
+    """The field of the user's uncounted log: a send job's transactional sends, recorded so
+    that their message ids are claimed, never counted by a rule."""
+    return b"~" + bucket_field(user_id)
+
+
 def message_hash(message_id: str) -> bytes:
     return blake2b(message_id.encode(), digest_size=8).digest()
+
+
+def stored_message_hash(message_id: str) -> bytes:
+    """What an entry keeps of a message id's hash."""
+    return message_hash(message_id)[:STORED_MESSAGE]
+
+
+def holder_of(job_id: int) -> int:
+    """A send job as the holder of its entries: 28 bits, never 0 (none). Jobs 2^28 - 1 apart
+    share one: taken for one only if both sent one message id to one user within the log's
+    retention."""
+    return (job_id - 1) % ((1 << HOLDER_BITS) - 1) + 1 if job_id > 0 else 0
 
 
 def short_hash(text: str) -> bytes:
@@ -113,6 +135,7 @@ class Entry:
     campaign: bytes
     priority: int
     tags: tuple[bytes, ...]
+    holder: int = 0  # the send job whose run recorded it, as holder_of numbers it (0: none)
 
     @property
     def at(self) -> datetime:
@@ -128,9 +151,10 @@ def decode(raw: bytes | None) -> list[Entry]:
     if not raw:
         return []
     version, slots, count = raw[0], raw[1], raw[2]
-    if version != FORMAT_VERSION:
+    if version not in (1, FORMAT_VERSION):
         raise LogFormatError(f"log format {version} is not known to this version")
-    width = ENTRY_BASE + 4 * slots
+    base = ENTRY_BASE if version == FORMAT_VERSION else FORMAT_1_BASE
+    width = base + 4 * slots
     pos, sections = 3, []
     for _ in range(count):
         length = raw[pos]
@@ -145,18 +169,25 @@ def decode(raw: bytes | None) -> list[Entry]:
         for _ in range(entries):
             entry = raw[pos : pos + width]
             tags = tuple(
-                entry[ENTRY_BASE + 4 * k : ENTRY_BASE + 4 * k + 4]
+                entry[base + 4 * k : base + 4 * k + 4]
                 for k in range(slots)
-                if entry[ENTRY_BASE + 4 * k : ENTRY_BASE + 4 * k + 4] != NO_HASH
+                if entry[base + 4 * k : base + 4 * k + 4] != NO_HASH
             )
+            if base == ENTRY_BASE:
+                held = int.from_bytes(entry[17:21], "big")
+                campaign, priority, holder = entry[13:17], held >> HOLDER_BITS, held
+                holder &= (1 << HOLDER_BITS) - 1
+            else:
+                campaign, priority, holder = entry[14:18], entry[18], 0
             out.append(
                 Entry(
                     channel=name,
                     at_ms=int.from_bytes(entry[0:6], "big"),
-                    message=entry[6:14],
-                    campaign=entry[14:18],
-                    priority=entry[18],
+                    message=entry[6 : 6 + STORED_MESSAGE],
+                    campaign=campaign,
+                    priority=priority,
                     tags=tags,
+                    holder=holder,
                 )
             )
             pos += width

@@ -26,6 +26,7 @@ pytest_plugins = [
     "tests.support.sends",
     "tests.support.sms",
     "tests.support.stores",
+    "tests.support.worker_processes",
 ]
 
 TEST_REDIS_URL = os.environ.get("GATEKEEPER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")

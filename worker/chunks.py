@@ -4,11 +4,11 @@
 
 Celery delivers a task at least once (acks_late, so a killed worker's chunk is delivered
 again). The message id is the idempotency key that keeps that from becoming a double send: the
-worker claims each send in Redis right before it goes out and marks it right after
-(worker/claims.py), so a redelivered chunk knows what a dead run already sent (counted, not sent
-again) and what it was sending when it died (ambiguous, or sent again with the same key where
-the provider deduplicates). The limiter answers `duplicate` for a message id it already
-recorded, so the quota is not charged twice either.
+gate's call claims each admitted send for the job in its user's log, and the chunk's record
+says how far each got (worker/claims.py), so a redelivered chunk knows what a dead run already
+sent (counted, not sent again) and what it was sending when it died (ambiguous, or sent again
+with the same key where the provider deduplicates). The limiter answers `duplicate`, naming the
+job, for a message id it already recorded, so the quota is not charged twice either.
 """
 
 import logging
@@ -26,10 +26,22 @@ from django.utils import timezone
 
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.channels import SMS
+from limits.limiter import Decision
+from limits.log import holder_of
 from limits.models import Suppression
 from limits.reasons import DEFERRABLE, Category, JobOutcome, Outcome, Reason
 from limits.suppression import suppress
-from worker.claims import SENT, RunClaims, claims_read
+from worker.claims import (
+    NOT_SENT,
+    SENDING_STATE,
+    SENT_STATE,
+    ChunkRecord,
+    Left,
+    RunLost,
+    left_behind,
+    record_read,
+    state_at,
+)
 from worker.delivery.base import (
     AMBIGUOUS,
     PERMANENT,
@@ -44,7 +56,7 @@ from worker.delivery.registry import dispatcher_for
 from worker.delivery.rendering import Renderer
 from worker.delivery.sms_numbers import sms_numbers_record
 from worker.delivery.throttle import RETHROTTLED_MAX, Throttle, paced, throttle_for
-from worker.gate import gate_check, gate_outcomes, gate_release
+from worker.gate import gate_check, gate_holders, gate_outcomes, gate_release
 from worker.models import SendChunk, SendJob
 from worker.timings import timed
 
@@ -160,7 +172,7 @@ def send_chunk_run(
         raise ChunkBusy(max(1.0, (until - now).total_seconds() + 1))
     try:
         return _run_leased(chunk_id, dispatcher, lease, clock)
-    except LeaseLost as lost:
+    except (LeaseLost, RunLost) as lost:
         # A send outlived the lease (a stalled provider): the run that took over counts it.
         logger.warning("%s; this run stops", lost)
         return {}
@@ -196,14 +208,13 @@ class _Run:
     """One run of one chunk: its outcomes so far, and what is left to settle after sending."""
 
     def __init__(
-        self, chunk: SendChunk, dispatcher: Dispatcher, charged: set[str], lease: "_Lease"
+        self, chunk: SendChunk, dispatcher: Dispatcher, record: ChunkRecord, lease: "_Lease"
     ) -> None:
         self.chunk, self.job = chunk, chunk.job
         self.dispatcher = dispatcher
-        self.charged = charged  # message ids this run's gate call recorded (charged) anew
-        self.claims = RunClaims(
-            channel=self.job.channel, job_id=self.job.pk, run=uuid.uuid4().hex[:16]
-        )
+        self.record = record
+        # Each recipient's position in the chunk, by message id (unique within a job).
+        self.position = {r["message_id"]: i for i, r in enumerate(chunk.recipients)}
         # A provider that deduplicates by message id gets unknown outcomes sent again.
         self.resend_unknown = dispatcher.idempotent
         self.throttle = throttle_for(dispatcher.provider)
@@ -218,35 +229,74 @@ class _Run:
         self.opted_out: list[int] = []  # users the provider said opted out of the channel
         self.reached: list[tuple[int, str]] = []  # (user, address): went out, or may have
 
+    def to_send(
+        self, admitted: list[tuple[dict[str, Any], Decision]], states: bytes
+    ) -> list[dict[str, Any]]:
+        """The admitted recipients to send now; the others are counted by what is known of
+        them: the chunk's record (an earlier run's), the holder of a duplicate, and for a holder
+        nobody named, the previous version's claim (worker/claims.py)."""
+        with timed("claims"):
+            found = left_behind(
+                self.job.channel,
+                self.job.pk,
+                [
+                    (r["message_id"], state_at(states, self.position[r["message_id"]]), d.holder)
+                    for r, d in admitted
+                ],
+            )
+        sending = []
+        for (recipient, _decision), left in zip(admitted, found, strict=True):
+            if left == Left.SENT:
+                self._went_out(recipient)  # an earlier run sent it and died before counting
+            elif left == Left.OTHER_JOB:
+                # Another job has sent (or is sending) this message id to this user.
+                self.outcomes[JobOutcome.DUPLICATE] += 1
+            elif left == Left.CUT_OFF and not self.resend_unknown:
+                # A run died (or lost its lease) during this very send: it may have gone out.
+                # Not sending it again keeps the promise that matters more for marketing.
+                logger.warning(
+                    "Send %s was cut off by the death of an earlier run; it may have gone out "
+                    "and is counted as ambiguous, not sent again",
+                    recipient["message_id"],
+                )
+                self._ambiguous(recipient)
+            else:
+                sending.append(recipient)  # sent again with the same key if it was cut off
+        return sending
+
     def send_all(self, batches: list[list[dict[str, Any]]], renderer: Renderer) -> None:
-        """Claim, send and settle the dispatcher batches in turn: one round trip to claim the
-        first, then one per batch that settles it and claims the next (the next batch is
-        rendered while this one is still unsent, so that its claims go in the same write)."""
+        """Mark, send and settle the dispatcher batches in turn: one call to mark the first
+        as sending, then one per batch that settles it and marks the next (the next batch is
+        rendered while this one is still unsent, so that its marks go in the same call)."""
         if not batches:
             return
         batch, messages = self._rendered(batches[0], renderer)
         with timed("claims"):
-            found = self.claims.take([r["message_id"] for r in batch])
+            self.record.mark(self._states(batch, SENDING_STATE))
         for k in range(len(batches)):
-            self.keeper.renew_if_due()
-            to_send, to_send_messages = self._claimed(batch, messages, found)
-            coming = self._rendered(batches[k + 1], renderer) if k + 1 < len(batches) else None
-            sent, unsent = self._sent(to_send, to_send_messages)
+            sent, unsent = self._sent(batch, messages)
             # At once, not after the next batch: a worker killed now leaves these sends known.
+            marks = self._states(sent, SENT_STATE) + self._states(unsent, NOT_SENT)
+            try:
+                self.keeper.renew_if_due()
+            except LeaseLost:
+                with timed("claims"):
+                    self.record.mark(marks)  # what went out is known; the next is not marked
+                raise
+            if k + 1 < len(batches):
+                batch, messages = self._rendered(batches[k + 1], renderer)
+                marks += self._states(batch, SENDING_STATE)
             with timed("claims"):
-                if coming is None:
-                    self.claims.settle(sent=sent, unsent=unsent)
-                    return
-                batch, messages = coming
-                found = self.claims.settle(
-                    sent=sent, unsent=unsent, take=[r["message_id"] for r in batch]
-                )
+                self.record.mark(marks)
+
+    def _states(self, recipients: list[dict[str, Any]], state: int) -> list[tuple[int, int]]:
+        return [(self.position[r["message_id"]], state) for r in recipients]
 
     def _rendered(
         self, recipients: list[dict[str, Any]], renderer: Renderer
     ) -> tuple[list[dict[str, Any]], list[Message]]:
         """The recipients whose message renders, and their messages; the others failed.
-        Rendered before claiming: a message that cannot be rendered never went out."""
+        Rendered before marking: a message that cannot be rendered never went out."""
         batch, messages = [], []
         with timed("rendering"):
             for recipient in recipients:
@@ -258,62 +308,23 @@ class _Run:
                     self._fail(recipient)
         return batch, messages
 
-    def _claimed(
-        self, batch: list[dict[str, Any]], messages: list[Message], found: list[Any]
-    ) -> tuple[list[dict[str, Any]], list[Message]]:
-        """What to send of a claimed batch, by the claims found: the rest is counted."""
-        to_send, to_send_messages, taken_over = [], [], []
-        for recipient, message, claim in zip(batch, messages, found, strict=True):
-            if claim is None:
-                pass
-            elif claim.job not in (None, self.job.pk):
-                # Another job has sent (or is sending) this message id: not this job's send,
-                # and not this job's quota either, if the gate charged it just now.
-                self.outcomes[JobOutcome.DUPLICATE] += 1
-                if recipient["message_id"] in self.charged:
-                    self.released.append((recipient["user_id"], recipient["message_id"]))
-                continue
-            elif claim.state == SENT:
-                # An earlier run sent it and died before counting.
-                self._went_out(recipient)
-                continue
-            elif self.resend_unknown:
-                taken_over.append(recipient["message_id"])
-            else:
-                # A run died (or lost its lease) during this very send: it may have gone out.
-                # Not sending it again keeps the promise that matters more for marketing.
-                logger.warning(
-                    "Send %s was cut off by the death of run %s; it may have gone out and is "
-                    "counted as ambiguous, not sent again",
-                    recipient["message_id"],
-                    claim.run or "(unknown)",
-                )
-                self._ambiguous(recipient)
-                continue
-            to_send.append(recipient)
-            to_send_messages.append(message)
-        if taken_over:
-            with timed("claims"):
-                self.claims.take_over(taken_over)
-        return to_send, to_send_messages
-
     def _sent(
         self, to_send: list[dict[str, Any]], messages: list[Message]
-    ) -> tuple[list[str], list[str]]:
-        """Dispatch and count: (message ids sent, message ids not sent whose claims go)."""
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Dispatch and count: (recipients sent, recipients not sent, marked so again)."""
         sent, unsent = [], []
         with timed("dispatch"):
             errors = self._dispatch(messages)
         for recipient, error in zip(to_send, errors, strict=True):
             message_id = recipient["message_id"]
             if error is None:
-                sent.append(message_id)
+                sent.append(recipient)
                 self._went_out(recipient)
             elif error.kind == AMBIGUOUS and (not self.resend_unknown or self.last_attempt):
                 logger.warning("Send %s may or may not have gone out: %s", message_id, error)
-                self._ambiguous(recipient)  # its claim stays: never sent again
+                self._ambiguous(recipient)  # marked sending: never sent again
             else:
-                unsent.append(message_id)
+                unsent.append(recipient)
                 if error.kind == PERMANENT and error.invalid:
                     self.dead.append((recipient["user_id"], recipient["address"], str(error)))
                 if error.kind == PERMANENT and error.opted_out:
@@ -428,15 +439,21 @@ def _run_gated(
             priority=job.priority,
             time_zones=[r.get("time_zone") for r in recipients],
             now=clock.timestamp() if clock is not None else None,
+            job=job.pk,
         )
     # What `retry_after` counts from: the gate's clock (taken after it answered, so that a
     # release read from it is never early).
     gated_at = clock or timezone.now()
-    charged = {d.message_id for d in decisions if d.reason == Reason.ALLOWED}
-    run = _Run(chunk, dispatcher, charged, lease)
-    admitted = [r for r, d in zip(recipients, decisions, strict=True) if d.allowed]
+    record = ChunkRecord(chunk.pk, uuid.uuid4().hex[:16])
+    run = _Run(chunk, dispatcher, record, lease)
+    admitted = [(r, d) for r, d in zip(recipients, decisions, strict=True) if d.allowed]
+    states = b""
+    if admitted:
+        with timed("claims"):
+            states = record.take()  # how far an earlier run got; from now on, this run's
+    sending = run.to_send(admitted, states)
     size = max(1, dispatcher.batch_size)
-    run.send_all([admitted[i : i + size] for i in range(0, len(admitted), size)], renderer)
+    run.send_all([sending[i : i + size] for i in range(0, len(sending), size)], renderer)
     if run.dead:
         dead_addresses_record(job, run.dead)
     # The ledger first: what went out is known there even if the writes below fail.
@@ -444,7 +461,7 @@ def _run_gated(
         # Outcomes before releases: `released` does not replace an outcome the ledger knows.
         gate_outcomes(channel=job.channel, since=gating, outcomes=run.dispatched)
         if run.released and job.category == Category.MARKETING:
-            gate_release(channel=job.channel, requests=run.released)
+            gate_release(channel=job.channel, requests=run.released, job=job.pk)
     if run.opted_out:
         # The provider's word that they opted out: the gate refuses their next send on this
         # channel (from every process within GATEKEEPER_SUPPRESSION_TTL_SECONDS).
@@ -727,7 +744,7 @@ def _give_back(job: SendJob, unclaimed: list[tuple[int, str]]) -> None:
     if not unclaimed or job.category != Category.MARKETING:
         return
     try:
-        gate_release(channel=job.channel, requests=unclaimed)
+        gate_release(channel=job.channel, requests=unclaimed, job=job.pk)
     except Exception:
         logger.warning("Could not give back the quota of %d sends", len(unclaimed))
 
@@ -751,23 +768,45 @@ def _close(chunk: SendChunk, how: str, outcomes: Counter[str]) -> bool:
 def _by_claims(
     chunk: SendChunk, *, unclaimed_as: str
 ) -> tuple[Counter[str], list[tuple[int, str]]]:
-    """Each recipient of a chunk a run may have left midway, by what its claim says: sent (by
-    this job) as sent, sent or being sent by another job as a duplicate, `sending` by this job
-    as ambiguous (kept), unclaimed as `unclaimed_as`. Also the unclaimed (user id, message id)s,
-    whose quota the run may have charged. Raises redis errors."""
-    recipients = chunk.recipients
+    """Each recipient of a chunk a run may have left midway, by what is known of it
+    (worker/claims.py): sent (by this job) as sent, sent or being sent by another job as a
+    duplicate, cut off while sending as ambiguous (kept), the rest as `unclaimed_as`. Also the
+    (user id, message id)s this job charged and never sent, whose quota goes back. Raises redis
+    errors."""
+    recipients, channel = chunk.recipients, chunk.job.channel
+    states = [state_at(record_read(chunk.pk), i) for i in range(len(recipients))]
+    unmarked = [i for i, state in enumerate(states) if state == NOT_SENT]
+    holders: list[int | None] = [None] * len(recipients)
+    looked_up = gate_holders(
+        channel=channel,
+        requests=[(recipients[i]["user_id"], recipients[i]["message_id"]) for i in unmarked],
+    )
+    for i, holder in zip(unmarked, looked_up, strict=True):
+        holders[i] = holder
+    found = left_behind(
+        channel,
+        chunk.job_id,
+        [(r["message_id"], states[i], holders[i]) for i, r in enumerate(recipients)],
+    )
     outcomes: Counter[str] = Counter()
     unclaimed: list[tuple[int, str]] = []
-    claims = claims_read(chunk.job.channel, [r["message_id"] for r in recipients])
-    for r, claim in zip(recipients, claims, strict=True):
-        if claim is None:
+    mine = holder_of(chunk.job_id)
+    for i, left in enumerate(found):
+        if left == Left.NOTHING:
             outcomes[unclaimed_as] += 1
-            unclaimed.append((r["user_id"], r["message_id"]))
-        elif claim.job not in (None, chunk.job_id):
-            outcomes[JobOutcome.DUPLICATE] += 1
+            if holders[i] == mine:  # charged by this job, never sent
+                unclaimed.append((recipients[i]["user_id"], recipients[i]["message_id"]))
         else:
-            outcomes[JobOutcome.SENT if claim.state == SENT else JobOutcome.AMBIGUOUS] += 1
+            outcomes[_LEFT_OUTCOMES[left]] += 1
     return outcomes, unclaimed
+
+
+# How a send an earlier run left ends, when it was handed over or is another job's.
+_LEFT_OUTCOMES = {
+    Left.SENT: JobOutcome.SENT,
+    Left.CUT_OFF: JobOutcome.AMBIGUOUS,
+    Left.OTHER_JOB: JobOutcome.DUPLICATE,
+}
 
 
 def send_chunk_fail(*, chunk_id: int, error: str) -> None:

@@ -1,42 +1,69 @@
 """Send claims: what keeps "delivered at least once" (Celery) from becoming "sent twice".
 
-Right before a send goes to its provider, the run claims `<prefix>sent:{<channel>:<message id>}`
-in Redis with SET NX: `sending:<job>:<run>`. A message id names one send per channel, as in the
-limiter (the campaign "spring" may send `spring:42` by email and by push). Right after the provider answers, the claim becomes
-`sent:<job>` (it went out) or is deleted (it did not, and may be tried again), in the same
-round trip as the next batch's claims. A run that finds
-a claim already there knows, without asking anyone:
+A send is claimed where it is charged. The gate's call records each admitted send of a job's run
+in its user's log with the job as the entry's holder (a transactional send in the user's
+uncounted log: claimed, never counted), in the same Redis function call that decides it
+(limits/lua/limiter.lua, gk_decide). How far each send of a chunk got is kept in the chunk's
+record, `<prefix>run:{<chunk id>}` (gk_run): the run that holds the chunk, then one byte per
+recipient, by position: 0 not handed to the provider, 1 sending, 2 sent. A dispatcher batch's
+positions become 1 right before it goes out and 2 (went out) or 0 (did not; its quota is given
+back) right after the provider answers, in the same call that marks the next batch: one call
+per batch, however many recipients and nodes, where a claim per message cost two commands.
 
-- `sent:<this job>`: an earlier run of this chunk sent it and died before counting it: count it
-  as sent now, do not send it again;
-- `sent:<another job>` or `sending:<another job>:...`: another job sent (or is sending) this
-  message id: a duplicate, not sent, and nothing to warn about;
-- `sending:<job>:<another run>`: a run died (or lost its lease) during this very send, which may
-  or may not have reached the provider: ambiguous, unless the provider deduplicates by the
-  message id, in which case the send is taken over and made again with the same key.
+A run that finds a send already in a log (the gate answers `duplicate` and names the holder)
+knows, without asking anyone:
 
-Claims from before job and run ids were written (`sending`, `sent`) read as a dead run's and as
-this job's. Claims live CLAIM_TTL, longer than the weekly window the limiter remembers a message
-id for. The hash tag puts each claim in its message id's slot, so claims work on a cluster.
+- another job holds it: another job sent (or is sending) this message id to this user: a
+  duplicate, not sent, and nothing to warn about;
+- this job holds it: an earlier run of this chunk charged it, and the record says how far it
+  got: sent (count it as sent, do not send again), sending (the run died, or lost its lease,
+  during this very send, which may or may not have reached the provider: ambiguous, unless the
+  provider deduplicates by the message id, in which case it is taken over and sent again with
+  the same key), or not handed over (send it now);
+- nobody (holder 0): the REST gate recorded it, or the previous version did (a log entry of
+  format 1, or a run of that version): the per-message claim that version kept,
+  `<prefix>sent:{<channel>:<message id>}`, decides as it did (`sending:<job>:<run>`,
+  `sent:<job>`, and the older `sending` / `sent` as a dead run's and this job's), read until
+  those claims expire (8 days); with no claim, it is sent, uncharged (as that version did).
+
+A message id names one send to one user per channel, as in the limiter. A run takes its chunk's
+record over when it starts; a run whose record another run took over (it stalled past its
+lease) finds out at its next batch and stops before sending it. A record lives RECORD_TTL, as
+long as the logs keep a message id at least, about one byte per recipient.
 """
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from enum import StrEnum
+from functools import cache
+from typing import Any
 
 from django.conf import settings
 
 from gatekeeper.lib.redis_client import get_redis, pipelined
+from limits.log import holder_of
+from limits.transport import Call, FunctionTransport
 
-CLAIM_TTL = 8 * 86400
+CLAIM_TTL = 8 * 86400  # the previous version's claims: how long they may still be found
+RECORD_TTL_MS = 8 * 86_400_000
 SENDING, SENT = "sending", "sent"
+# A chunk record's states, one byte per recipient.
+NOT_SENT, SENDING_STATE, SENT_STATE = 0, 1, 2
+_MARK = struct.Struct(">IHB")
+_RUN_BYTES = 16
 
 
 @dataclass(frozen=True, slots=True)
 class Claim:
+    """A send's claim as a run reads it."""
+
     state: str  # SENDING or SENT
-    job: int | None  # None: written before claims named their job
+    job: int | None  # None: not known (the previous version's oldest claims)
     run: str | None  # the run that is sending; None for SENT and for old claims
+
+
+# --- the previous version's per-message claims: read only ---------------------------------
 
 
 def claim_key(channel: str, message_id: str) -> str:
@@ -53,74 +80,128 @@ def _parse(reply: Any) -> Claim | None:
     return Claim(state=state, job=job, run=run or None)
 
 
-def claims_read(channel: str, message_ids: Sequence[str]) -> list[Claim | None]:
-    """The claims of `message_ids`, in one round trip (raises redis errors)."""
-    return [_parse(reply) for reply in _run([("GET", claim_key(channel, m)) for m in message_ids])]
+def old_claims_read(channel: str, message_ids: Sequence[str]) -> list[Claim | None]:
+    """The previous version's claims of `message_ids`, in one round trip (raises redis
+    errors)."""
+    if not message_ids:
+        return []
+    commands = [("GET", claim_key(channel, m)) for m in message_ids]
+    return [_parse(reply) for reply in pipelined(get_redis(), commands)]
 
 
-def _run(commands: list[tuple[Any, ...]]) -> list[Any]:
-    """Replies to `commands` (GET, SET with GET, SET, DEL), in one round trip per node, packed
-    by hand (gatekeeper.lib.redis_client.pipelined)."""
-    return pipelined(get_redis(), commands)
+# --- a chunk's record ----------------------------------------------------------------------
 
 
-class RunClaims:
-    """The claims one run of a chunk takes and settles; each method is one round trip."""
+def record_key(chunk_id: int) -> str:
+    return f"{settings.GATEKEEPER_KEY_PREFIX}run:{{{chunk_id}}}"
 
-    def __init__(self, *, channel: str, job_id: int, run: str) -> None:
-        self.channel, self.job_id, self.run = channel, job_id, run
-        self.sending = f"{SENDING}:{job_id}:{run}"
 
-    def take(self, message_ids: Sequence[str]) -> list[Claim | None]:
-        """Claim each id for sending; per id None (claimed now) or the claim found there.
+@cache
+def _transport(client: Any) -> FunctionTransport:
+    # One key per call: routed by it, the library loaded where it is missing.
+    return FunctionTransport(client, slot_key=record_key)
 
-        A claim of this very run is found only when the commands were sent again after a
-        connection broke (the first sending took it): it is this run's, claimed now."""
-        return self._found(_run(self._taking(message_ids)))
 
-    def _taking(self, message_ids: Sequence[str]) -> list[tuple[Any, ...]]:
-        return [
-            ("SET", claim_key(self.channel, m), self.sending, "NX", "EX", CLAIM_TTL, "GET")
-            for m in message_ids
-        ]
+def _call(chunk_id: int, args: list[Any]) -> Any:
+    """One gk_run call on the record's node; raises redis errors."""
+    replies: list[Any] = []
 
-    def _found(self, replies: list[Any]) -> list[Claim | None]:
-        mine = self.sending.encode()
-        return [None if reply == mine else _parse(reply) for reply in replies]
+    def build(batches: list[list[int]]) -> list[Call]:
+        return [Call("gk_run", [1, record_key(chunk_id), *args], batch) for batch in batches]
 
-    def take_over(self, message_ids: Sequence[str]) -> None:
-        """Claim ids a dead run left `sending`, to send them again with the same key (only for
-        providers that deduplicate by it)."""
-        self._write([(message_id, self.sending) for message_id in message_ids], [])
+    def collect(call: Call, reply: Any) -> None:
+        if isinstance(reply, Exception):
+            raise reply
+        replies.append(reply)
 
-    @overload
-    def settle(self, *, sent: Sequence[str], unsent: Sequence[str]) -> None: ...
+    def fail(_indexes: list[int]) -> None:
+        raise ConnectionError(f"the Redis node of chunk {chunk_id}'s record is unavailable")
 
-    @overload
-    def settle(
-        self, *, sent: Sequence[str], unsent: Sequence[str], take: Sequence[str]
-    ) -> list[Claim | None]: ...
+    _transport(get_redis()).run([chunk_id], build, collect, fail)
+    return replies[0]
 
-    def settle(
-        self, *, sent: Sequence[str], unsent: Sequence[str], take: Sequence[str] | None = None
-    ) -> list[Claim | None] | None:
-        """Mark `sent` as gone out (by this job) and drop the claims of `unsent`; with `take`,
-        claim those in the same round trip, after (as `take` answers)."""
-        commands = self._writing([(m, f"{SENT}:{self.job_id}") for m in sent], unsent)
-        if take is None:
-            _run(commands)
-            return None
-        replies = _run(commands + self._taking(take))
-        return self._found(replies[len(commands) :])
 
-    def _write(self, values: list[tuple[str, str]], deleted: Sequence[str]) -> None:
-        _run(self._writing(values, deleted))
+class RunLost(Exception):
+    """Another run took the chunk's record over: this one must not send."""
 
-    def _writing(
-        self, values: list[tuple[str, str]], deleted: Sequence[str]
-    ) -> list[tuple[Any, ...]]:
-        commands: list[tuple[Any, ...]] = [
-            ("SET", claim_key(self.channel, m), value, "EX", CLAIM_TTL) for m, value in values
-        ]
-        commands.extend(("DEL", claim_key(self.channel, m)) for m in deleted)
-        return commands
+
+class ChunkRecord:
+    """One run's hold on its chunk's record; each method is one call."""
+
+    def __init__(self, chunk_id: int, run: str) -> None:
+        if len(run.encode()) != _RUN_BYTES:
+            raise ValueError(f"a run is named by {_RUN_BYTES} bytes, not {run!r}")
+        self.chunk_id, self.run = chunk_id, run.encode()
+
+    def take(self) -> bytes:
+        """Hold the record from now on; how far each send got before (b"": nothing known)."""
+        reply = _call(self.chunk_id, [self.run, RECORD_TTL_MS, "take"])
+        return bytes(reply[1])
+
+    def mark(self, states: Sequence[tuple[int, int]]) -> None:
+        """Write (position, state)s; raises RunLost (nothing written) when another run took the
+        record over."""
+        if not states:
+            return
+        ops, first, last, state = [], -1, -1, -1
+        for position, value in sorted(states):
+            if value == state and position == last + 1 and last - first < 0xFFFE:
+                last = position
+                continue
+            if first >= 0:
+                ops.append(_MARK.pack(first, last - first + 1, state))
+            first = last = position
+            state = value
+        ops.append(_MARK.pack(first, last - first + 1, state))
+        if not _call(self.chunk_id, [self.run, RECORD_TTL_MS, "mark", b"".join(ops)]):
+            raise RunLost(f"chunk {self.chunk_id}: another run took its record over")
+
+
+def record_read(chunk_id: int) -> bytes:
+    """How far each send of a chunk got (b"": no run left a record); raises redis errors."""
+    raw: Any = get_redis().get(record_key(chunk_id))
+    return bytes(raw[_RUN_BYTES:]) if raw else b""
+
+
+def state_at(states: bytes, position: int) -> int:
+    return states[position] if position < len(states) else NOT_SENT
+
+
+# --- what an earlier run left ----------------------------------------------------------------
+
+
+class Left(StrEnum):
+    """What an earlier run left of one send (docs/worker.md, "At least once must not mean
+    twice")."""
+
+    NOTHING = "nothing"  # not handed to the provider: it may go now
+    SENT = "sent"  # it went out
+    CUT_OFF = "cut off"  # a run died (or lost its lease) while handing it over
+    OTHER_JOB = "other job"  # another job's send of this message id to this user
+
+
+def left_behind(
+    channel: str, job_id: int, sends: Sequence[tuple[str, int, int | None]]
+) -> list[Left]:
+    """For each (message id, its state in the chunk's record, the holder of its entry in the
+    user's logs or None), what an earlier run left of it. Entries naming no holder are judged by
+    the previous version's claims, read in one round trip (raises redis errors)."""
+    unnamed = [m for m, state, holder in sends if holder == 0 and state == NOT_SENT]
+    old = dict(zip(unnamed, old_claims_read(channel, unnamed), strict=True))
+    mine = holder_of(job_id)
+    found = []
+    for message_id, state, holder in sends:
+        claim = old.get(message_id) if holder == 0 else None
+        if state == SENT_STATE:
+            found.append(Left.SENT)
+        elif state == SENDING_STATE:
+            found.append(Left.CUT_OFF)
+        elif holder not in (None, 0, mine):
+            found.append(Left.OTHER_JOB)
+        elif claim is None:
+            found.append(Left.NOTHING)
+        elif claim.job not in (None, job_id):
+            found.append(Left.OTHER_JOB)
+        else:
+            found.append(Left.SENT if claim.state == SENT else Left.CUT_OFF)
+    return found

@@ -19,7 +19,8 @@ from django.core.exceptions import ValidationError
 from limits.channels import validate_channel
 from limits.ledger.stream import ledger_append, ledger_enabled, ledger_outcomes
 from limits.limiter import Decision, Limiter, get_limiter
-from limits.policy import DEFAULT_PRIORITY, PolicyTable
+from limits.log import holder_of
+from limits.policy import DEFAULT_PRIORITY, PolicyTable, RuleSet
 from limits.reasons import Category, Outcome, Reason, validate_category
 from limits.selectors import PolicyCache, policy_cache
 from limits.suppression import SuppressionCache, suppression_cache
@@ -29,6 +30,9 @@ from worker.stages import quiet_hours, rules, snapshot, suppressed
 from worker.stages.base import Batch, Stage
 
 logger = logging.getLogger(__name__)
+
+# What a send job's transactional sends are held to: no rule, only their claim.
+UNRULED = RuleSet(records=b"", rules=(), effective=(), limits={})
 
 # The checks, in the order DESIGN.md gives (Gate): each decides some of the requests still
 # pending and passes the rest on; the rules ask the limiter about all that is left.
@@ -106,15 +110,23 @@ class Gate:
         dry_run: bool = False,
         now: float | None = None,
         table: PolicyTable | None = None,
+        job: int | None = None,
     ) -> list[Decision]:
         """`time_zones`: per request, the user's zone (None: the segment's, else the setting's).
-        `table`: decide by these rules instead of the live ones (the what-if)."""
+        `table`: decide by these rules instead of the live ones (the what-if). `job`: the send
+        job whose run asks (worker/claims.py): its admitted sends, transactional ones too, are
+        recorded for it, and a duplicate names the job that recorded it (`holder`)."""
         _checked(channel, category)
         if not requests:
             return []
         index = self.index()
         segments = None if index is None else index.resolve_many([u for u, _ in requests])
-        if category == Category.TRANSACTIONAL:
+        if category == Category.TRANSACTIONAL and job is not None and not dry_run:
+            # Never refused, never counted: recorded uncounted, so the message id is claimed.
+            decisions = self._claimed_exempt(channel, requests, job=job, now=now)
+            for k, decision in enumerate(decisions):
+                decision.segment = segments[k] if segments is not None else None
+        elif category == Category.TRANSACTIONAL:
             # Receipts and one-time codes: never refused, never counted.
             decisions = [
                 Decision(
@@ -142,6 +154,7 @@ class Gate:
                 segments=segments,
                 time_zones=time_zones,
                 table=table or self.policy.table(),
+                holder=holder_of(job or 0),
             )
             for stage in STAGES:
                 stage.run(batch, self)
@@ -164,9 +177,55 @@ class Gate:
                 )
         return decisions
 
-    def release(self, *, channel: str, requests: Sequence[tuple[int, str]]) -> list[bool]:
-        _checked(channel)
-        removed = self.limiter.release(channel, requests)
+    def _claimed_exempt(
+        self, channel: str, requests: Sequence[tuple[int, str]], *, job: int, now: float | None
+    ) -> list[Decision]:
+        decisions = self.limiter.acquire(
+            channel,
+            requests,
+            UNRULED,
+            retention_ms=self.policy.table().retention_ms,
+            now=now,
+            holder=holder_of(job),
+            uncounted=True,
+        )
+        for decision in decisions:
+            if decision.reason == Reason.ALLOWED:
+                decision.reason, decision.counts = Reason.EXEMPT, {}
+            elif decision.reason == Reason.DUPLICATE:
+                decision.counts = {}
+        return decisions
+
+    def holders(self, *, channel: str, requests: Sequence[tuple[int, str]]) -> list[int | None]:
+        """Per (user id, message id), the holder of its entry in the user's logs (0: none
+        named), None when there is none; nothing recorded. Redis errors are raised."""
+        if not requests:
+            return []
+        decisions = self.limiter.acquire(
+            channel,
+            requests,
+            UNRULED,
+            retention_ms=self.policy.table().retention_ms,
+            dry_run=True,
+        )
+        if any(d.reason == Reason.UNAVAILABLE for d in decisions):
+            raise ConnectionError("the logs could not be read")
+        return [d.holder if d.reason == Reason.DUPLICATE else None for d in decisions]
+
+    def release(
+        self,
+        *,
+        channel: str,
+        requests: Sequence[tuple[int, str]],
+        job: int = 0,
+        category: str = Category.MARKETING,
+    ) -> list[bool]:
+        """Take recorded sends back out of their logs (with `job`: only that job's entries;
+        a transactional category: the job's uncounted claims)."""
+        _checked(channel, category)
+        removed = self.limiter.release(
+            channel, requests, holder=holder_of(job), uncounted=category == Category.TRANSACTIONAL
+        )
         released = [
             (user_id, message_id, Outcome.RELEASED)
             for (user_id, message_id), done in zip(requests, removed, strict=True)
@@ -206,6 +265,7 @@ def gate_check(
     dry_run: bool = False,
     now: float | None = None,
     table: PolicyTable | None = None,
+    job: int | None = None,
 ) -> list[Decision]:
     """One decision per request, in request order. Raises GateError for an unknown channel."""
     return _default_gate.check(
@@ -219,12 +279,24 @@ def gate_check(
         dry_run=dry_run,
         now=now,
         table=table,
+        job=job,
     )
 
 
-def gate_release(*, channel: str, requests: Sequence[tuple[int, str]]) -> list[bool]:
-    """Take recorded sends back out (their dispatch failed for good)."""
-    return _default_gate.release(channel=channel, requests=requests)
+def gate_release(
+    *,
+    channel: str,
+    requests: Sequence[tuple[int, str]],
+    job: int = 0,
+    category: str = Category.MARKETING,
+) -> list[bool]:
+    """Take recorded sends back out (their dispatch failed for good): Gate.release."""
+    return _default_gate.release(channel=channel, requests=requests, job=job, category=category)
+
+
+def gate_holders(*, channel: str, requests: Sequence[tuple[int, str]]) -> list[int | None]:
+    """Who holds each send in its user's logs (Gate.holders)."""
+    return _default_gate.holders(channel=channel, requests=requests)
 
 
 def gate_outcomes(*, channel: str, since: float, outcomes: Sequence[tuple[int, str, str]]) -> None:

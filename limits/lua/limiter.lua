@@ -11,22 +11,31 @@ of a bucket hash that 256 users share, those whose ids differ only in the low by
 names both: key `<prefix>{b:<id >> 8>}`, field the low byte as one raw byte (the hash tag puts
 a bucket, so each user's whole log, in one cluster slot). Integers are big-endian, unsigned:
 
-  byte 1    format version (1)
+  byte 1    format version (2; a log of format 1, the previous version's, is read as format 2
+            with holder 0 and written back as format 2)
   byte 2    T: tag slots per entry (0..8), the same for every entry of this log
   byte 3    C: channel sections (1..255)
   C section headers: name length (1 byte), the channel's name, entries (2 bytes; 0 for the
             last section, whose entries run to the end of the string)
   then each section's entries, in header order; within a section, oldest first:
     time      6 bytes, ms since the epoch
-    message   8 bytes, a hash of the message id (duplicates and release)
+    message   7 bytes, a hash of the message id (duplicates and release): the first 7 bytes of
+              the 8 the callers pass
     campaign  4 bytes, a hash of the campaign (0: none)
-    priority  1 byte, 0..9
+    held      4 bytes: the priority (0..9) in the high 4 bits; in the low 28, the holder: the
+              send job whose run recorded it, as the callers number it (0: none: the REST gate,
+              or format 1)
     tags      T x 4 bytes, hashes of the send's tags (0: an empty slot)
+Format 1 had the message's 8 bytes and the priority as one byte, no holder: 19 + 4T bytes.
 
-An entry is W = 19 + 4T bytes: sorted times make a window's count a binary search, and fixed
+An entry is W = 21 + 4T bytes: sorted times make a window's count a binary search, and fixed
 widths let string.find look for a message, campaign or tag hash in C, its offset checked after.
 The last section's count is left implicit so that the common write, a send newer than every
 entry on the channel written last, is one append (rebuilding costs five times as much).
+
+UNCOUNTED LOGS. A send job's transactional sends are recorded too, not to be counted but so
+that their message ids are claimed like marketing ones: in a second log of the user's, same
+format, field `~` and the low byte. No rule reads it; a duplicate is looked for in both.
 
 The field `expiry` of a bucket holds when the bucket's TTL ends (ms, the callers' clock). A
 write extends it only when it would end within 12 h of what the new entry needs, so a bucket's
@@ -66,14 +75,33 @@ gk_acquire  (one call decides many requests; on a cluster the keys of one slot)
   reply    { now, then one string of 20 bytes per request, '>BBI4I6I4I4':
              outcome  1 allowed, 2 duplicate (recorded before: not counted again), 3 refused
              rule     the deciding rule's position in its set (1-based), 0 for none
-             used     that rule's count when it refused
+             used     that rule's count when it refused; for a duplicate, the entry's holder
              retry    1 + ms until every refusing rule has room (0: admitted, or never)
              day      the channel's entries in the last 24 h   } after recording
              week     the channel's entries in the last 7 days }
 
+gk_decide  (gk_acquire, with the holder its entries get and the log they go to; gk_acquire is
+           gk_decide for holder 0, counted: the previous version's processes call it)
+  as gk_acquire, and
+  ARGV[7]  the holder: the send job, numbered by the caller below 2^28 (0: none)
+  ARGV[8]  "1": the sends are not counted (transactional): recorded in the uncounted log, no
+           rule applies; "0": counted
+
 gk_release
   KEYS     one per request; ARGV[1] the channel; then 2 per request: field, message hash
+           (field `~` and the low byte: the uncounted log); or ARGV[1] the channel, ARGV[2] a
+           holder (0: any), then the 2 per request: an entry of another holder stays
   reply    one integer per request: 1 if the entry was there and is now removed, else 0
+
+gk_run  (a send job chunk's record: who runs it now, and how far each of its sends got)
+  KEYS[1]  the record: 16 bytes, the run that holds it, then one byte per recipient of the
+           chunk, by position: 0 not sent, 1 sending (handed to the provider), 2 sent
+  ARGV[1]  the run (16 bytes); ARGV[2] the record's TTL in ms
+  ARGV[3]  "take": the run takes the record over (made if missing)
+           reply { 1 if the record was there before, else 0; the states before }
+           "mark": the states in ARGV[4], 7 bytes per run of positions, '>I4HB': first
+           position, how many, state; written only while the run holds the record
+           reply 1, or 0 when another run has taken it over (nothing written)
 
 gk_usage  (flags: no-writes; one user)
   KEYS[1]  the bucket; ARGV[1] now or ""; ARGV[2] field; ARGV[3] campaign hash (zero: for
@@ -99,9 +127,10 @@ gk_sweep
              deleted (nobody left in it), else 0 }
 --]]
 
-local VERSION = 1
-local BASE = 19                       -- an entry's bytes before its tag slots
-local MESSAGE_AT, CAMPAIGN_AT = 6, 14 -- offsets inside an entry
+local VERSION = 2
+local BASE = 21                       -- an entry's bytes before its tag slots
+local MESSAGE_AT, CAMPAIGN_AT, HELD_AT = 6, 13, 17 -- offsets inside an entry
+local PRIORITY_UNIT = 268435456       -- 2^28: the priority's place in `held`
 local RULE = 29
 local REQUEST = 12
 local DAY, WEEK = 86400000, 604800000
@@ -112,13 +141,14 @@ local NONE = '\0\0\0\0'
 -- Bound on the first call: while a library loads, Redis lets it reach nothing but `redis`.
 local bunpack, bpack, find, sub, byte, char, rep, concat, floor, sort, unpack_list, math_huge
 local FIELDS = {} -- byte -> the one-byte field
+local UNCOUNTED = {} -- byte -> the field of the uncounted log
 
 local function bind()
   bunpack, bpack = struct.unpack, struct.pack
   find, sub, byte, char, rep = string.find, string.sub, string.byte, string.char, string.rep
   concat, sort, unpack_list = table.concat, table.sort, unpack
   floor, math_huge = math.floor, math.huge
-  for b = 0, 255 do FIELDS[b] = char(b) end
+  for b = 0, 255 do FIELDS[b], UNCOUNTED[b] = char(b), '~' .. char(b) end
 end
 
 local function clock(arg)
@@ -135,12 +165,32 @@ end
 -- from 5: the channel's name, the position of its first entry in the string, its entries.
 local EMPTY = {'', 0, BASE, 0}
 
+-- A format-1 log as format 2: each entry's message hash cut to 7 bytes, its priority moved
+-- into `held`, with holder 0.
+local function upgraded(raw)
+  local tags, count = byte(raw, 2, 3)
+  local pos = 4
+  for _ = 1, count do
+    pos = pos + 3 + byte(raw, pos)
+  end
+  local W1 = 19 + 4 * tags
+  local pieces = {char(VERSION), sub(raw, 2, pos - 1)}
+  for at = pos, #raw, W1 do
+    pieces[#pieces + 1] = sub(raw, at, at + 12) .. sub(raw, at + 14, at + 17)
+    pieces[#pieces + 1] = bpack('>I4', byte(raw, at + 18) * PRIORITY_UNIT)
+    if tags > 0 then pieces[#pieces + 1] = sub(raw, at + 19, at + W1 - 1) end
+  end
+  return concat(pieces)
+end
+
 local function parse(raw, channel)
   if not raw then
     return EMPTY
   end
   local version, tags, count, len = byte(raw, 1, 4)
-  if version ~= VERSION then
+  if version == 1 then
+    raw = upgraded(raw)
+  elseif version ~= VERSION then
     error('unknown log format ' .. tostring(version))
   end
   local W = BASE + 4 * tags
@@ -518,8 +568,18 @@ local function spliced(log, cutoff, slot, entry, entry_time)
   return concat(pieces)
 end
 
-local function entry_bytes(at, message, campaign, priority, tags, slots)
-  local entry = bpack('>I6', at) .. message .. campaign .. char(priority) .. tags
+-- An entry's `held` bytes.
+local function held(priority, holder)
+  return bpack('>I4', priority * PRIORITY_UNIT + holder)
+end
+
+-- The holder in an entry's `held` bytes at `pos`.
+local function holder_at(raw, pos)
+  return bunpack('>I4', raw, pos + HELD_AT) % PRIORITY_UNIT
+end
+
+local function entry_bytes(at, message, campaign, priority, holder, tags, slots)
+  local entry = bpack('>I6', at) .. message .. campaign .. held(priority, holder) .. tags
   if slots * 4 > #tags then
     entry = entry .. rep('\0', slots * 4 - #tags)
   end
@@ -594,9 +654,15 @@ local function rebuilt(log, cutoff, channel, entry, entry_time, slots, remove)
   return char(VERSION, slots, sections) .. concat(headers) .. concat(bodies)
 end
 
+-- A message hash as the callers pass it, 8 bytes (shorter ones padded with zeros in front), and
+-- the 7 bytes an entry keeps of it.
+local function passed_hash(arg)
+  if #arg ~= 8 then arg = sub(rep('\0', 8) .. arg, -8) end
+  return arg
+end
+
 local function message_hash(arg)
-  if #arg == 8 then return arg end
-  return sub(rep('\0', 8) .. arg, -8)
+  return sub(passed_hash(arg), 1, 7)
 end
 
 -- Writes a bucket's changed fields (a flat field, value list), extending its TTL when it
@@ -642,9 +708,12 @@ end
 
 --- Functions --------------------------------------------------------------------------------
 
-local function acquire(keys, args)
+local function decide(keys, args)
   if not floor then bind() end
   local now = clock(args[1])
+  local holder = (tonumber(args[7]) or 0) % PRIORITY_UNIT
+  local OWN, OTHER = FIELDS, UNCOUNTED
+  if args[8] == '1' then OWN, OTHER = UNCOUNTED, FIELDS end
   local dry = args[2] == '1'
   local channel = args[3]
   local priority, retention = tonumber(args[4]), tonumber(args[5])
@@ -665,9 +734,10 @@ local function acquire(keys, args)
   local cutoff = now - retention
   local day_start, week_start = now - DAY, now - WEEK
   local time6 = bpack('>I6', now)
-  local tails = {[tag_slots] = campaign .. char(priority) .. tags}
+  local tails = {[tag_slots] = campaign .. held(priority, holder) .. tags}
   local out, replies = {}, {}
   local logs = {}     -- key * 256 + field byte -> the user's log: a string, a table, or false
+  local others = {}   -- the same -> the user's other log (uncounted, or counted), as read
   local expiries = {} -- key -> its `expiry`, or false
   local changed = {}  -- key -> field, raw, ... to write (a later value of a field wins)
   local list, ids = {}, {} -- scratch: the fields one HMGET asks for, and their users
@@ -692,11 +762,11 @@ local function acquire(keys, args)
         logs[id] = false
         wanted = wanted + 1
         ids[wanted] = id
-        list[wanted] = FIELDS[f]
+        list[2 * wanted - 1], list[2 * wanted] = OWN[f], OTHER[f]
       end
     end
     local read_expiry = expiries[k] == nil
-    local asked = wanted
+    local asked = 2 * wanted
     if read_expiry then
       asked = asked + 1
       list[asked] = EXPIRY
@@ -704,7 +774,8 @@ local function acquire(keys, args)
     if asked > 0 then
       local values = redis.call('HMGET', keys[k], unpack_list(list, 1, asked))
       for x = 1, wanted do
-        logs[ids[x]] = values[x] or false
+        logs[ids[x]] = values[2 * x - 1] or false
+        others[ids[x]] = values[2 * x] or false
       end
       if read_expiry then expiries[k] = values[asked] or false end
     end
@@ -718,7 +789,7 @@ local function acquire(keys, args)
         log = parse(log or nil, channel)
         logs[id] = log
       end
-      local message = sub(requests, p + 3, p + 10)
+      local message = sub(requests, p + 3, p + 9)
       local slot = nil
       if log[5] == channel then slot = 5 elseif log[4] > 1 then slot = section_of(log, channel) end
       local day, week = 0, 0
@@ -736,9 +807,26 @@ local function acquire(keys, args)
         else week = count - first_after(raw, off, W, count, week_start) end
       end
       local outcome, decider, decider_used, retry = 1, 0, 0, 0
-      -- A duplicate: its hash somewhere after the section starts (rare), then exactly where.
-      if slot and find(log[1], message, log[slot + 1], true) and entry_of(log, slot, message) then
+      -- A duplicate: its hash somewhere after the section starts (rare), then exactly where;
+      -- in the user's other log too. Its holder is answered.
+      local found, found_slot, e = log, slot, nil
+      if slot and find(log[1], message, log[slot + 1], true) then
+        e = entry_of(log, slot, message)
+      end
+      local other = others[id]
+      if not e and other then
+        if type(other) ~= 'table' and find(other, message, 1, true) then
+          other = parse(other, channel)
+          others[id] = other
+        end
+        if type(other) == 'table' then
+          found, found_slot = other, section_of(other, channel)
+          e = entry_of(other, found_slot, message)
+        end
+      end
+      if e then
         outcome = 2
+        decider_used = holder_at(found[1], found[found_slot + 1] + e * found[3])
       elseif not all_have_room(fasts[byte(requests, p + 11)], log, slot, day, week, campaign) then
         local rules = sets[byte(requests, p + 11)]
         local never = false
@@ -799,7 +887,7 @@ local function acquire(keys, args)
           end
           if not raw then
             local slots = tag_slots > log[2] and tag_slots or log[2]
-            local entry = entry_bytes(now, message, campaign, priority, tags, slots)
+            local entry = entry_bytes(now, message, campaign, priority, holder, tags, slots)
             raw = rebuilt(log, cutoff, channel, entry, now, slots, nil)
           end
           logs[id] = raw -- parsed again only if this user comes again in the call
@@ -808,11 +896,11 @@ local function acquire(keys, args)
             flat = {}
             changed[k] = flat
           end
-          flat[#flat + 1] = FIELDS[f]
+          flat[#flat + 1] = OWN[f]
           flat[#flat + 1] = raw
         end
       end
-      if decider == 0 and day < 65536 and week < 65536 then
+      if decider == 0 and decider_used == 0 and day < 65536 and week < 65536 then
         -- Most replies are alike: made once per call.
         local code = (outcome * 65536 + day) * 65536 + week
         local reply = replies[code]
@@ -837,18 +925,31 @@ local function acquire(keys, args)
   return {now, concat(out)}
 end
 
+local function acquire(keys, args)
+  return decide(keys, {args[1], args[2], args[3], args[4], args[5], args[6], '0', '0'})
+end
+
 local function release(keys, args)
   if not floor then bind() end
   local channel = args[1]
   local reply = {}
+  local from, holder = 1, nil -- the previous version's form names no holder
+  if #args == 2 + 2 * #keys then
+    from, holder = 2, tonumber(args[2]) % PRIORITY_UNIT
+    if holder == 0 then holder = nil end
+  end
   for i = 1, #keys do
-    local key, field = keys[i], args[2 * i]
-    local message = message_hash(args[2 * i + 1])
+    local key, field = keys[i], args[from + 2 * i - 1]
+    local message = message_hash(args[from + 2 * i])
     local raw = redis.call('HGET', key, field)
     local removed = 0
     if raw then
       local log = parse(raw)
-      local e = entry_of(log, section_of(log, channel), message)
+      local slot = section_of(log, channel)
+      local e = entry_of(log, slot, message)
+      if e and holder and holder_at(log[1], log[slot + 1] + e * log[3]) ~= holder then
+        e = nil -- another job's send
+      end
       if e then
         local rest = rebuilt(log, -1, channel, nil, 0, log[2], e)
         if rest then
@@ -923,12 +1024,12 @@ local function restore(keys, args)
       log = parse(redis.call('HGET', key, field) or nil)
     end
     local channel, at, rest = args[p + 1], tonumber(args[p + 2]), args[p + 3]
-    local message = sub(rest, 1, 8)
+    local message = sub(rest, 1, 7)
     if at > cutoff and not entry_of(log, section_of(log, channel), message) then
       local tags = sub(rest, 14)
       local slots = log[2]
       if #tags / 4 > slots then slots = #tags / 4 end
-      local entry = entry_bytes(at, message, sub(rest, 9, 12), byte(rest, 13), tags, slots)
+      local entry = entry_bytes(at, message, sub(rest, 9, 12), byte(rest, 13), 0, tags, slots)
       log = parse(rebuilt(log, cutoff, channel, entry, at, slots, nil))
       added, changed = added + 1, true
     end
@@ -949,7 +1050,7 @@ local function import(keys, args)
     rest[#rest + 1] = field
     rest[#rest + 1] = args[p]
     rest[#rest + 1] = args[p + 1]
-    rest[#rest + 1] = message_hash(args[p + 2]) .. NONE .. char(5)
+    rest[#rest + 1] = passed_hash(args[p + 2]) .. NONE .. char(5)
   end
   return restore(keys, rest)
 end
@@ -983,7 +1084,30 @@ local function sweep(keys, args)
   return {#stale, deleted}
 end
 
+-- A send job chunk's record (see gk_run above).
+local function run_record(keys, args)
+  if not floor then bind() end
+  local key, run = keys[1], args[1]
+  if args[3] == 'take' then
+    local raw = redis.call('GET', key)
+    local states = raw and sub(raw, 17) or ''
+    redis.call('SET', key, run .. states, 'PX', args[2])
+    return {raw and 1 or 0, states}
+  end
+  if redis.call('GETRANGE', key, 0, 15) ~= run then
+    return 0
+  end
+  local ops = args[4]
+  for p = 1, #ops, 7 do
+    local first, n, state = bunpack('>I4HB', ops, p)
+    redis.call('SETRANGE', key, 16 + first, rep(char(state), n))
+  end
+  return 1
+end
+
 redis.register_function('gk_acquire', acquire)
+redis.register_function('gk_decide', decide)
+redis.register_function('gk_run', run_record)
 redis.register_function('gk_release', release)
 redis.register_function{function_name = 'gk_usage', callback = usage, flags = {'no-writes'}}
 redis.register_function('gk_import', import)

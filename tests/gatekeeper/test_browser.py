@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.lib.groups import MARKETER
-from limits.log import message_hash
+from limits.log import stored_message_hash
 from limits.models import QuietHours, QuietHoursChange, Rule, Suppression, SuppressionChange
 from limits.suppression import suppress
 from segments.models import Segment
@@ -114,7 +114,7 @@ def test_a_marketer_uploads_builds_edits_caps_and_rules_rolls_back_looks_up_and_
     page.type("#id_user_id", "1")
     page.click("#lookup input[type=submit]")
     page.wait_for(lambda: "User 1: segment vip" in page.text(), "the lookup")
-    assert message_hash("spring:1").hex()[:8] in page.find("#recent-sends").text
+    assert stored_message_hash("spring:1").hex()[:8] in page.find("#recent-sends").text
     page.shot("user-lookup")
     page.click("#reset-quota")
     page.type("#id_reason", "asked by support, ticket 7")

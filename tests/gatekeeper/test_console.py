@@ -12,7 +12,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
 from limits.ledger.drain import ledger_drain_all
-from limits.log import message_hash
+from limits.log import stored_message_hash
 from limits.models import Cap, CapChange, QuotaReset, Rule
 from limits.rules import RuleFields
 from limits.services import RULES
@@ -274,7 +274,7 @@ def test_a_user_lookup_shows_segment_zone_quota_rules_and_recent_sends(marketer_
     sends = re.search(r'<table class="gk-table" id="recent-sends">(.*?)</table>', page).group(1)
     # The log keeps hashes: the message's, shortened; a campaign the ledger has not counted; a rule's tag.
     assert (
-        f'<code title="{message_hash("spring:1").hex()}">{message_hash("spring:1").hex()[:8]}</code>'
+        f'<code title="{stored_message_hash("spring:1").hex()}">{stored_message_hash("spring:1").hex()[:8]}</code>'
         in sends
     )
     assert "not in the ledger's counts" in sends and "<td>promo</td>" in sends

@@ -162,7 +162,7 @@ def test_dry_run_decides_but_records_nothing(limiter: Limiter) -> None:
     assert send(limiter, 1, "m2", rules, NOW).reason == "allowed"
     dry = limiter.acquire("email", [(1, "m3")], rules, now=NOW + 1, dry_run=True)[0]
     assert dry.reason == "daily_cap"
-    assert [e.message for e in limiter.entries(1)] == [log.message_hash("m2")]
+    assert [e.message for e in limiter.entries(1)] == [log.stored_message_hash("m2")]
 
 
 def test_release_takes_a_send_back_out(limiter: Limiter) -> None:
@@ -197,8 +197,8 @@ def test_history_lists_the_week_newest_first_and_reset_forgets_it(limiter: Limit
     send(limiter, 4, "new", caps(), NOW, priority=8)
     history = limiter.history(4, now=NOW)
     assert [(e.message, e.at_ms, e.priority) for e in history] == [
-        (log.message_hash("new"), NOW * 1000, 8),
-        (log.message_hash("old"), (NOW - WEEK + 10) * 1000, 5),
+        (log.stored_message_hash("new"), NOW * 1000, 8),
+        (log.stored_message_hash("old"), (NOW - WEEK + 10) * 1000, 5),
     ]
     assert limiter.reset(4) is True
     assert limiter.history(4, now=NOW) == []
@@ -208,7 +208,7 @@ def test_history_lists_the_week_newest_first_and_reset_forgets_it(limiter: Limit
 def test_entries_leave_the_log_on_write_once_older_than_the_retention(limiter: Limiter) -> None:
     send(limiter, 5, "old", caps(), NOW, retention_ms=8 * 86_400_000)
     send(limiter, 5, "new", caps(), NOW + 8 * DAY, retention_ms=8 * 86_400_000)
-    assert [e.message for e in limiter.entries(5)] == [log.message_hash("new")]
+    assert [e.message for e in limiter.entries(5)] == [log.stored_message_hash("new")]
 
 
 def test_a_bucket_outlives_the_retention_by_a_day_and_then_expires(limiter: Limiter) -> None:
@@ -461,7 +461,7 @@ def test_the_previous_versions_import_call_still_adds_its_entries(limiter: Limit
     args = [round(NOW * 1000), 8 * 86_400_000, field, "email", at, log.message_hash("old")]
     assert limiter.client.fcall("gk_import", 1, key, *args) == 1
     assert limiter.client.fcall("gk_import", 1, key, *args) == 0  # idempotent
-    entry = next(e for e in limiter.entries(7) if e.message == log.message_hash("old"))
+    entry = next(e for e in limiter.entries(7) if e.message == log.stored_message_hash("old"))
     assert (entry.channel, entry.at_ms, entry.campaign, entry.priority, entry.tags) == (
         "email",
         at,

@@ -2,7 +2,10 @@
 
 Random rules (rolling and calendar windows in several time zones, across DST days; tags,
 campaigns, every channel; priorities with reserves), clock steps forward and back, repeated
-message ids, dry runs and releases; every decision must match the model's exactly. The model
+message ids, dry runs and releases; sends claimed for send jobs (holders) and uncounted ones
+(a job's transactional sends), releases limited to a holder; every decision, and the holder a
+duplicate names, must match the model's exactly. A second machine runs chunk records (how far
+each send of a chunk got) for runs that take them over from each other. The model
 finds calendar periods its own way (a search over minutes), not with the code under test.
 """
 
@@ -19,6 +22,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from limits.limiter import Limiter
 from limits.policy import PolicyTable, RuleView
 from tests.conftest import TEST_REDIS_URL
+from worker.claims import (
+    NOT_SENT,
+    SENDING_STATE,
+    SENT_STATE,
+    ChunkRecord,
+    RunLost,
+    record_key,
+    record_read,
+)
 
 DAY_MS = 86_400_000
 WEEK_MS = 7 * DAY_MS
@@ -43,6 +55,7 @@ class Sent:
     message: str
     campaign: str
     tags: tuple[str, ...]
+    holder: int = 0
 
 
 def _local_date(ms: int, zone: str) -> datetime:
@@ -80,7 +93,8 @@ def period_start(zone: str, unit: str, now: int) -> tuple[int, int]:
 class Model:
     """The specification, written as plainly as possible."""
 
-    logs: dict[int, list[Sent]] = field(default_factory=dict)
+    # (user, uncounted) -> the log: counted, or the uncounted one (claimed, never counted)
+    logs: dict[tuple[int, bool], list[Sent]] = field(default_factory=dict)
 
     def acquire(
         self,
@@ -95,13 +109,17 @@ class Model:
         retention: int,
         now: int,
         dry: bool,
+        holder: int = 0,
+        uncounted: bool = False,
     ) -> tuple:
-        log = self.logs.setdefault(user, [])
+        log = self.logs.setdefault((user, uncounted), [])
+        other = self.logs.get((user, not uncounted), [])
         mine = [s for s in log if s.channel == channel]
         day = sum(1 for s in mine if s.at > now - DAY_MS)
         week = sum(1 for s in mine if s.at > now - WEEK_MS)
-        if any(s.message == message for s in mine):
-            return ("duplicate", None, None, None, None, day, week)
+        for s in [*log, *other]:
+            if s.channel == channel and s.message == message:
+                return ("duplicate", None, None, None, None, day, week, s.holder)
         refusals = []  # (wait or None for never, position, rule, used, limit)
         for position, r in enumerate(rules):
             if r.window_kind == "calendar":
@@ -145,16 +163,20 @@ class Model:
             else:
                 reason = "cap"
             reserved = r.reserve_slots if limit < r.limit and used < r.limit else None
-            return (reason, r.id, used, wait, reserved, day, week)
+            return (reason, r.id, used, wait, reserved, day, week, None)
         if not dry:
             log[:] = [s for s in log if s.at > now - retention]
-            log.append(Sent(channel, now, message, campaign, tags))
-        return ("allowed", None, None, None, None, day + 1, week + 1)
+            log.append(Sent(channel, now, message, campaign, tags, holder))
+        return ("allowed", None, None, None, None, day + 1, week + 1, None)
 
-    def release(self, user: int, channel: str, message: str) -> bool:
-        log = self.logs.get(user, [])
+    def release(
+        self, user: int, channel: str, message: str, holder: int = 0, uncounted: bool = False
+    ) -> bool:
+        log = self.logs.get((user, uncounted), [])
         for k, s in enumerate(log):
             if s.channel == channel and s.message == message:
+                if holder and s.holder != holder:
+                    return False  # another job's send
                 del log[k]
                 return True
         return False
@@ -167,6 +189,10 @@ windows = st.one_of(
     ),
     st.tuples(st.just("calendar"), st.sampled_from(["day", "week", "month"])),
 )
+
+
+# Send jobs' runs (holder_of numbers them), and the REST gate's (0).
+HOLDERS = st.sampled_from([0, 0, 5, 7, (1 << 28) - 1])
 
 
 @st.composite
@@ -240,6 +266,8 @@ class LimiterMachine(RuleBasedStateMachine):
         tags=st.sampled_from([(), ("promo",), ("news",), ("promo", "news")]),
         priority=st.integers(0, 9),
         zone=st.sampled_from(ZONES),
+        holder=HOLDERS,
+        uncounted=st.sampled_from([False, False, False, True]),
     )
     def send(
         self,
@@ -252,12 +280,16 @@ class LimiterMachine(RuleBasedStateMachine):
         tags: tuple[str, ...],
         priority: int,
         zone: str,
+        holder: int,
+        uncounted: bool,
     ) -> None:
         if repeat and self.sent:
             user, channel, mid = self.sent[self.counter % len(self.sent)]
         else:
             self.counter += 1
             mid = f"m{self.counter}"
+        if uncounted:
+            rules = ()  # a job's transactional sends: claimed, no rule applies
         table = PolicyTable(rules=rules, classic={}, zones={})
         rule_set = table.rule_set(
             segment=None,
@@ -278,6 +310,8 @@ class LimiterMachine(RuleBasedStateMachine):
             retention_ms=table.retention_ms,
             now=self.now / 1000,
             dry_run=dry,
+            holder=holder,
+            uncounted=uncounted,
         )[0]
         expected = self.model.acquire(
             user,
@@ -291,6 +325,8 @@ class LimiterMachine(RuleBasedStateMachine):
             table.retention_ms,
             self.now,
             dry,
+            holder,
+            uncounted,
         )
         retry = None if real.retry_after is None else round(real.retry_after * 1000)
         got = (
@@ -301,27 +337,31 @@ class LimiterMachine(RuleBasedStateMachine):
             real.reserved,
             real.counts["daily"],
             real.counts["weekly"],
+            real.holder,
         )
         assert got == expected
         if real.reason == "allowed" and not dry:
             self.sent.append((user, channel, mid))
 
     @precondition(lambda self: bool(getattr(self, "sent", None)))
-    @rule(pick=st.integers(0, 1000))
-    def release(self, pick: int) -> None:
+    @rule(pick=st.integers(0, 1000), holder=HOLDERS, uncounted=st.booleans())
+    def release(self, pick: int, holder: int, uncounted: bool) -> None:
         user, channel, mid = self.sent[pick % len(self.sent)]
-        assert self.limiter.release(channel, [(user, mid)]) == [
-            self.model.release(user, channel, mid)
-        ]
+        released = self.limiter.release(channel, [(user, mid)], holder=holder, uncounted=uncounted)
+        assert released == [self.model.release(user, channel, mid, holder, uncounted)]
 
     @invariant()
     def logs_match(self) -> None:
         if not hasattr(self, "limiter"):
             return
         for user in (0, 1, 300):
-            stored = sorted((e.channel, e.at_ms) for e in self.limiter.entries(user))
-            modelled = sorted((s.channel, s.at) for s in self.model.logs.get(user, []))
-            assert stored == modelled
+            for uncounted in (False, True):
+                entries = self.limiter.entries(user, uncounted=uncounted)
+                stored = sorted((e.channel, e.at_ms, e.holder) for e in entries)
+                modelled = sorted(
+                    (s.channel, s.at, s.holder) for s in self.model.logs.get((user, uncounted), [])
+                )
+                assert stored == modelled
 
 
 TestLimiterMatchesModel = LimiterMachine.TestCase
@@ -336,3 +376,60 @@ TestLimiterMatchesModel.settings = settings(
 @pytest.fixture(autouse=True)
 def _machine_uses_its_own_redis_db(redis_client: redis.Redis) -> None:
     """Flushes the test database before the machine starts (redis_client does it)."""
+
+
+class RecordMachine(RuleBasedStateMachine):
+    """Chunk records (worker/claims.py): runs take a chunk's record over from each other and
+    mark how far its sends got; a run that no longer holds it writes nothing."""
+
+    RUNS = ("a" * 16, "b" * 16, "c" * 16)
+
+    @initialize()
+    def setup(self) -> None:
+        from gatekeeper.lib.redis_client import get_redis
+
+        get_redis().delete(record_key(CHUNK))
+        self.holder: str | None = None
+        self.states: dict[int, int] = {}
+
+    @rule(run=st.sampled_from(RUNS))
+    def take(self, run: str) -> None:
+        before = ChunkRecord(CHUNK, run).take()
+        assert before == self.expected()
+        self.holder = run
+
+    @rule(
+        run=st.sampled_from(RUNS),
+        marks=st.lists(
+            st.tuples(st.integers(0, 40), st.sampled_from([NOT_SENT, SENDING_STATE, SENT_STATE])),
+            max_size=12,
+            unique_by=lambda mark: mark[0],
+        ),
+    )
+    def mark(self, run: str, marks: list[tuple[int, int]]) -> None:
+        if not marks:
+            return
+        if run != self.holder:
+            with pytest.raises(RunLost):
+                ChunkRecord(CHUNK, run).mark(marks)
+            return
+        ChunkRecord(CHUNK, run).mark(marks)
+        self.states.update(marks)
+
+    def expected(self) -> bytes:
+        if self.holder is None:
+            return b""
+        size = max(self.states, default=-1) + 1
+        return bytes(self.states.get(p, NOT_SENT) for p in range(size))
+
+    @invariant()
+    def record_matches(self) -> None:
+        if hasattr(self, "states"):
+            assert record_read(CHUNK) == self.expected()
+
+
+CHUNK = 7_000_001
+TestChunkRecordsMatchModel = RecordMachine.TestCase
+TestChunkRecordsMatchModel.settings = settings(
+    max_examples=100, stateful_step_count=30, deadline=None
+)

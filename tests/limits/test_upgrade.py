@@ -94,7 +94,7 @@ def logged(limiter: Limiter, user: int) -> list[tuple[str, int, bytes]]:
 
 
 def expected(sends: list[tuple[str, str, int]]) -> list[tuple[str, int, bytes]]:
-    return sorted((channel, at, log.message_hash(message)) for channel, message, at in sends)
+    return sorted((channel, at, log.stored_message_hash(message)) for channel, message, at in sends)
 
 
 def convert(limiter: Limiter, *, now: float = NOW, **options: Any) -> list[Any]:
@@ -177,7 +177,7 @@ def test_releasing_an_old_send_takes_it_out(limiter: Limiter, client: Any) -> No
     write_old(client, 6, "email", "failed", now - HOUR)
     assert limiter.release("email", [(6, "failed"), (6, "never")]) == [True, False]
     assert old_keys(client) == []
-    assert [e.message for e in limiter.entries(6)] == [log.message_hash("kept")]
+    assert [e.message for e in limiter.entries(6)] == [log.stored_message_hash("kept")]
     assert limiter.acquire("email", [(6, "new")], caps(daily=2), now=now)[0].allowed
 
 
@@ -217,7 +217,7 @@ def test_two_processes_moving_one_user_count_each_send_once(limiter: Limiter, cl
     limiter.acquire("email", [(10, "new")], caps(), now=NOW)
     # ...and the other process imports what it read before: nothing is added twice.
     assert other.move_logs(read_first, now=NOW) == 0
-    (new,) = [e for e in limiter.entries(10) if e.message == log.message_hash("new")]
+    (new,) = [e for e in limiter.entries(10) if e.message == log.stored_message_hash("new")]
     assert logged(limiter, 10) == sorted([*expected(sends[10]), ("email", new.at_ms, new.message)])
 
 
@@ -225,7 +225,7 @@ def test_entries_older_than_the_retention_are_not_imported(limiter: Limiter, cli
     write_old(client, 11, "email", "stale", NOW - 9 * DAY)
     write_old(client, 11, "email", "fresh", NOW - DAY)
     assert limiter.acquire("email", [(11, "x")], caps(), now=NOW, dry_run=True)[0].allowed
-    assert [e.message for e in limiter.entries(11)] == [log.message_hash("fresh")]
+    assert [e.message for e in limiter.entries(11)] == [log.stored_message_hash("fresh")]
     assert old_keys(client) == []
 
 
@@ -343,7 +343,7 @@ def test_converting_while_the_gate_decides_counts_each_send_once(
     list(pages)
     assert old_keys(client) == []
     for user in USERS:
-        new = ("email", round(NOW * 1000), log.message_hash("new"))
+        new = ("email", round(NOW * 1000), log.stored_message_hash("new"))
         assert logged(limiter, user) == sorted([*expected(sends[user]), new])
 
 

@@ -39,11 +39,12 @@ def worker_env(broker_url: str, **extra: str) -> dict[str, str]:
 
 
 def start_celery_worker(
-    queues: str, env: dict[str, str], *, log: Path | None = None
+    queues: str, env: dict[str, str], *, log: Path | None = None, root: Path = ROOT
 ) -> subprocess.Popen[Any]:
     """One prefork child, in a process group of its own (so stop_celery_worker or a test's
     SIGKILL reaches the children too). With `log`, it logs at INFO level (each task's success
-    and result) to that file, for a test to read."""
+    and result) to that file, for a test to read. `root`: the source tree it runs (another
+    release's, checked out by a test)."""
     output = open(log, "ab") if log is not None else None  # noqa: SIM115 (the child's)
     try:
         return subprocess.Popen(
@@ -51,11 +52,28 @@ def start_celery_worker(
              "-Q", queues, "-c", "1", "-P", "prefork",
              "--loglevel", "INFO" if log is not None else "WARNING",
              "--without-mingle", "--without-gossip"],
-            cwd=ROOT, env=env, start_new_session=True, stdout=output, stderr=output,
+            cwd=root, env=env, start_new_session=True, stdout=output, stderr=output,
         )  # fmt: skip
     finally:
         if output is not None:
             output.close()
+
+
+def release_tree(commit: str, directory: Path) -> Path:
+    """The source tree of an earlier release (a commit of this repository), for a test to run
+    its processes beside this version's: `git archive` of it in `directory`."""
+    found = subprocess.run(
+        ["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
+    )
+    if found.returncode != 0:
+        raise LookupError(f"commit {commit} is not in this clone's history")
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", commit],
+        capture_output=True,
+        check=True,
+    )
+    subprocess.run(["tar", "-x", "-C", str(directory)], input=archive.stdout, check=True)
+    return directory
 
 
 def start_celery_beat(env: dict[str, str], directory: Path) -> subprocess.Popen[Any]:

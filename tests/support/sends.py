@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 from aiosmtpd.controller import Controller
@@ -127,3 +128,40 @@ def make_rule(name: str, **values):
         "reserve_slots": None,
     }  # fmt: skip
     return RULES.create(fields=RuleFields(name=name, **{**fields, **values}), via="command")
+
+
+def earlier_run(
+    job: Any,
+    *,
+    sent: tuple[int, ...] = (),
+    sending: tuple[int, ...] = (),
+    holder: int | None = None,
+) -> None:
+    """What a run of `job`'s one chunk left when it died: every recipient gated (recorded for
+    `holder`, the job itself unless named), the users `sent` marked sent and `sending` cut
+    off while sending, in the chunk's record (worker/claims.py)."""
+    from worker.claims import SENDING_STATE, SENT_STATE, ChunkRecord
+    from worker.gate import gate_check
+
+    chunk = job.chunks.get()
+    gate_check(
+        channel=job.channel,
+        requests=[(r["user_id"], r["message_id"]) for r in chunk.recipients],
+        campaign=job.campaign,
+        category=job.category,
+        job=job.pk if holder is None else holder,
+    )
+    record = ChunkRecord(chunk.pk, "dead-run-0000000")
+    record.take()
+    position = {r["user_id"]: i for i, r in enumerate(chunk.recipients)}
+    record.mark(
+        [(position[u], SENT_STATE) for u in sent] + [(position[u], SENDING_STATE) for u in sending]
+    )
+
+
+def chunk_states(chunk: Any) -> list[int]:
+    """How far each send of a chunk got, by position (0 not sent, 1 sending, 2 sent)."""
+    from worker.claims import record_read, state_at
+
+    states = record_read(chunk.pk)
+    return [state_at(states, i) for i in range(len(chunk.recipients))]

@@ -1,5 +1,6 @@
-"""Send claims (worker/claims.py) on one Redis node and on a Redis Cluster: commands packed by
-hand, one burst per node; both answer alike."""
+"""Send claims (worker/claims.py) on one Redis node and on a Redis Cluster: the gate's entries and
+their holders, chunk records, the previous version's claims, and commands packed by hand, one
+burst per node; both answer alike."""
 
 from typing import Any
 
@@ -8,33 +9,110 @@ import redis
 from redis.cluster import RedisCluster
 
 from gatekeeper.lib.redis_client import pipelined
-from worker.claims import SENDING, SENT, Claim, RunClaims, claim_key, claims_read
+from limits.limiter import get_limiter
+from worker.claims import (
+    NOT_SENT,
+    SENDING,
+    SENDING_STATE,
+    SENT,
+    SENT_STATE,
+    ChunkRecord,
+    Claim,
+    RunLost,
+    claim_key,
+    old_claims_read,
+    record_key,
+    record_read,
+)
+from worker.gate import Gate
 
 
-def test_a_run_claims_sends_and_settles_them(settings_redis: Any) -> None:
-    ids = [f"spring:{user}" for user in range(200)]  # spread over every node of a cluster
-    first = RunClaims(channel="push", job_id=7, run="a1")
-    assert first.take(ids) == [None] * len(ids)
-    # A second run of the same job finds the first one's claims, with its run.
-    second = RunClaims(channel="push", job_id=7, run="b2")
-    assert second.take(ids[:3]) == [Claim(state=SENDING, job=7, run="a1")] * 3
-    first.settle(sent=ids[:150], unsent=ids[150:])
-    found = claims_read("push", ids)
-    assert found[:150] == [Claim(state=SENT, job=7, run=None)] * 150
-    assert found[150:] == [None] * 50
-    # Another job finds them sent by job 7; the unsent ones are free again.
-    other = RunClaims(channel="push", job_id=8, run="c3")
-    assert other.take([ids[0], ids[199]]) == [Claim(state=SENT, job=7, run=None), None]
-    # Claims expire (longer than the week the limiter remembers a message id for).
-    assert 7 * 86400 < settings_redis.ttl(claim_key("push", ids[0])) <= 8 * 86400
-    # Another channel's claims are its own.
-    assert claims_read("email", ids[:1]) == [None]
+class Everyone:
+    """Every user in the default segment (the snapshot's own tests load real ones)."""
+
+    version = "test"
+
+    def resolve_many(self, ids: Any) -> list[str]:
+        return ["default"] * len(ids)
 
 
-def test_take_over_claims_again_for_this_run(settings_redis: Any) -> None:
-    RunClaims(channel="email", job_id=3, run="dead").take(["m:1"])
-    RunClaims(channel="email", job_id=3, run="live").take_over(["m:1"])
-    assert claims_read("email", ["m:1"]) == [Claim(state=SENDING, job=3, run="live")]
+def gate() -> Gate:
+    return Gate(index=Everyone(), record_ledger=False, record_stats=False)
+
+
+@pytest.mark.django_db
+def test_the_gate_claims_sends_for_a_job_and_names_the_holder_of_a_duplicate(
+    settings_redis: Any,
+) -> None:
+    requests = [(user, f"spring:{user}") for user in range(200)]  # every node of a cluster
+    first = gate().check(channel="push", requests=requests, campaign="spring", job=7)
+    assert {d.reason for d in first} == {"allowed"}
+    # Another run of the same job, another job, the REST gate: each told who holds the send.
+    for job in (7, 8, None):
+        again = gate().check(channel="push", requests=requests[:3], campaign="spring", job=job)
+        assert [(d.reason, d.holder) for d in again] == [("duplicate", 7)] * 3
+    assert gate().holders(channel="push", requests=[requests[0], (0, "other")]) == [7, None]
+    # Given back by its job only.
+    assert gate().release(channel="push", requests=requests[:1], job=8) == [False]
+    assert gate().release(channel="push", requests=requests[:1], job=7) == [True]
+    assert gate().holders(channel="push", requests=requests[:1]) == [None]
+    # Another channel's sends are its own.
+    assert gate().holders(channel="email", requests=requests[1:2]) == [None]
+
+
+@pytest.mark.django_db
+def test_a_jobs_transactional_sends_are_claimed_and_never_counted(settings_redis: Any) -> None:
+    requests = [(1, "receipt:1"), (2, "receipt:2")]
+    first = gate().check(channel="email", requests=requests, category="transactional", job=5)
+    assert [(d.reason, d.holder) for d in first] == [("exempt", None)] * 2
+    again = gate().check(channel="email", requests=requests, category="transactional", job=6)
+    assert [(d.reason, d.holder) for d in again] == [("duplicate", 5)] * 2
+    # A marketing send under the same message id is a duplicate too; nothing was counted.
+    marketing = gate().check(channel="email", requests=requests[:1], job=9)
+    assert [(d.reason, d.holder, d.counts) for d in marketing] == [
+        ("duplicate", 5, {"daily": 0, "weekly": 0})
+    ]
+    assert get_limiter().entries(1) == []
+    # The REST gate's transactional answer records nothing.
+    assert gate().check(channel="email", requests=[(3, "r:3")], category="transactional")[0].reason
+    assert gate().holders(channel="email", requests=[(3, "r:3")]) == [None]
+
+
+def test_a_chunk_record_keeps_how_far_each_send_got_for_the_run_that_holds_it(
+    settings_redis: Any,
+) -> None:
+    first = ChunkRecord(41, "a" * 16)
+    assert first.take() == b""
+    first.mark([(0, SENDING_STATE), (1, SENDING_STATE), (2, SENDING_STATE), (7, SENT_STATE)])
+    first.mark([(0, SENT_STATE), (1, NOT_SENT)])
+    assert record_read(41) == bytes([2, 0, 1, 0, 0, 0, 0, 2])
+    # A second run takes it over: the first one's marks are refused, nothing written.
+    second = ChunkRecord(41, "b" * 16)
+    assert second.take() == bytes([2, 0, 1, 0, 0, 0, 0, 2])
+    with pytest.raises(RunLost):
+        first.mark([(2, SENT_STATE)])
+    second.mark([(2, SENT_STATE)] + [(p, SENT_STATE) for p in range(8, 70008)])
+    states = record_read(41)
+    assert (states[:3], len(states), set(states[8:])) == (bytes([2, 0, 2]), 70008, {2})
+    assert 7 * 86400 < settings_redis.ttl(record_key(41)) <= 8 * 86400
+    assert record_read(42) == b""
+
+
+def test_the_previous_versions_claims_are_read(settings_redis: Any) -> None:
+    pipelined(
+        settings_redis,
+        [
+            ("SET", claim_key("push", "m:1"), "sent:7"),
+            ("SET", claim_key("push", "m:2"), "sending:7:dead"),
+            ("SET", claim_key("push", "m:3"), "sending"),
+        ],
+    )
+    assert old_claims_read("push", ["m:1", "m:2", "m:3", "m:4"]) == [
+        Claim(state=SENT, job=7, run=None),
+        Claim(state=SENDING, job=7, run="dead"),
+        Claim(state=SENDING, job=None, run=None),
+        None,
+    ]
 
 
 def test_packed_commands_answer_as_redis_does_and_raise_after_reading(
@@ -69,16 +147,6 @@ def test_a_command_sent_to_a_node_that_lost_its_slot_is_sent_again_to_the_new_on
     assert client.get_node_from_key(key).name == owner.name  # the map was read again
     assert cluster_client.get(key) == b"1"  # set once
     client.close()
-
-
-def test_a_run_that_takes_its_own_claim_again_has_it(settings_redis: Any) -> None:
-    # As after a connection broke and the claims were sent again: the first sending took them.
-    run = RunClaims(channel="push", job_id=4, run="r1")
-    assert run.take(["m:1", "m:2"]) == [None, None]
-    assert run.take(["m:1", "m:2"]) == [None, None]
-    assert RunClaims(channel="push", job_id=4, run="r2").take(["m:1"]) == [
-        Claim(state=SENDING, job=4, run="r1")
-    ]
 
 
 def test_commands_are_sent_again_on_a_new_connection_when_theirs_broke(
@@ -117,16 +185,3 @@ def test_a_command_for_a_slot_being_moved_follows_the_ask_to_the_importing_node(
     finally:
         for node in (source_redis, target_redis):
             node.execute_command("CLUSTER SETSLOT", slot, "STABLE")
-
-
-def test_a_batch_is_settled_and_the_next_claimed_in_one_round_trip(settings_redis: Any) -> None:
-    run = RunClaims(channel="push", job_id=6, run="r6")
-    assert run.take(["m:1", "m:2"]) == [None, None]
-    # The settling comes first: a claim settled as sent is found as such by the taking after it.
-    found = run.settle(sent=["m:1"], unsent=["m:2"], take=["m:3", "m:1", "m:2"])
-    assert found == [None, Claim(state=SENT, job=6, run=None), None]
-    assert claims_read("push", ["m:1", "m:2", "m:3"]) == [
-        Claim(state=SENT, job=6, run=None),
-        Claim(state=SENDING, job=6, run="r6"),
-        Claim(state=SENDING, job=6, run="r6"),
-    ]

@@ -12,7 +12,16 @@ from django.utils import timezone
 from bench.servers import free_port
 from limits.limiter import get_limiter
 from tests.support import broker
-from tests.support.sends import Inbox, make_job, make_rule, recipients, recorded, run_all
+from tests.support.sends import (
+    Inbox,
+    chunk_states,
+    earlier_run,
+    make_job,
+    make_rule,
+    recipients,
+    recorded,
+    run_all,
+)
 from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run
 from worker.claims import claim_key
 from worker.delivery.base import OneAtATime
@@ -261,13 +270,27 @@ def test_send_campaign_sends_a_csv_and_prints_the_reasons(campaign, smtp, tmp_pa
         )
 
 
-def test_a_send_cut_off_by_a_dead_worker_is_not_sent_again(campaign, smtp, redis_client):
+def test_a_send_cut_off_by_a_dead_worker_is_not_sent_again(campaign, smtp):
     job = make_job(1, 9, campaign="k")
-    # The previous worker claimed user 9's message and died during the SMTP exchange.
-    redis_client.set(claim_key("email", "k:9"), f"sending:{job.pk}:dead-run")
+    # The previous run gated both, marked user 9's send and died during the SMTP exchange.
+    earlier_run(job, sending=(9,))
     outcome = send_chunk_run(chunk_id=job.chunks.get().pk)
     assert outcome == {"sent": 1, "ambiguous": 1}
     assert smtp.per_recipient() == {"u1@example.com": 1}
+    assert recorded(1, "email") == recorded(9, "email") == 1  # charged once
+
+
+def test_a_send_the_previous_version_cut_off_is_not_sent_again(campaign, smtp, redis_client):
+    job = make_job(1, 2, 9, campaign="k")
+    # A run of the previous version gated all three (its entries name no job), sent user 2's
+    # and claimed user 9's, and died during the SMTP exchange: its claims still decide.
+    earlier_run(job, holder=0)
+    redis_client.set(claim_key("email", "k:2"), f"sent:{job.pk}")
+    redis_client.set(claim_key("email", "k:9"), f"sending:{job.pk}:dead-run")
+    outcome = send_chunk_run(chunk_id=job.chunks.get().pk)
+    assert outcome == {"sent": 2, "ambiguous": 1}
+    assert smtp.per_recipient() == {"u1@example.com": 1}
+    assert [recorded(u, "email") for u in (1, 2, 9)] == [1, 1, 1]  # charged once
 
 
 def test_a_failed_send_between_two_good_ones_is_unclaimed_and_released(
@@ -278,8 +301,7 @@ def test_a_failed_send_between_two_good_ones_is_unclaimed_and_released(
     relay.statuses = [200, 400, 200]
     job = make_job(1, 2, 9, channel="push", campaign="m")
     assert send_chunk_run(chunk_id=job.chunks.get().pk) == {"sent": 2, "failed": 1}
-    claims = [redis_client.get(claim_key("push", f"m:{u}")) for u in (1, 2, 9)]
-    assert claims == [f"sent:{job.pk}".encode(), None, f"sent:{job.pk}".encode()]
+    assert chunk_states(job.chunks.get()) == [2, 0, 2]
     assert recorded(2, "push") == 0
     assert [body["user_id"] for body in relay.received] == [1, 9]
 
@@ -290,12 +312,12 @@ def test_a_batch_dispatcher_claims_its_batch_in_one_go(campaign, settings, redis
     settings.GATEKEEPER_DISPATCHERS = {"push": "memory"}
     MemoryDispatcher.outbox.clear()
     job = make_job(1, 2, 9, channel="push", campaign="b")
-    redis_client.set(claim_key("push", "b:2"), f"sent:{job.pk}")  # a redelivery: it went out before
-    redis_client.set(claim_key("push", "b:9"), "sending")  # cut off by a dead worker (an old claim)
+    # A redelivery: user 2's went out before, user 9's was cut off by a dead worker.
+    earlier_run(job, sent=(2,), sending=(9,))
     outcome = send_chunk_run(chunk_id=job.chunks.get().pk)
     assert outcome == {"sent": 2, "ambiguous": 1}
     assert [m.user_id for m in MemoryDispatcher.outbox] == [1]
-    assert redis_client.get(claim_key("push", "b:1")) == f"sent:{job.pk}".encode()
+    assert chunk_states(job.chunks.get()) == [2, 2, 1]
 
 
 def test_a_chunk_that_keeps_failing_is_counted_failed_not_lost(campaign, smtp):
@@ -378,9 +400,7 @@ def test_a_chunk_given_up_counts_each_recipient_by_its_claim_and_gives_quota_bac
     campaign, redis_client
 ):
     job = make_job(1, 2, 9, campaign="g")
-    gate_check(channel="email", requests=[(1, "g:1"), (2, "g:2"), (9, "g:9")], campaign="g")
-    redis_client.set(claim_key("email", "g:1"), f"sent:{job.pk}")
-    redis_client.set(claim_key("email", "g:2"), f"sending:{job.pk}:dead-run")
+    earlier_run(job, sent=(1,), sending=(2,))
     send_chunk_fail(chunk_id=job.chunks.get().pk, error="RuntimeError: boom")
     job.refresh_from_db()
     assert (job.sent, job.ambiguous, job.failed, job.status) == (1, 1, 1, "done")
@@ -396,15 +416,15 @@ def test_an_unexpected_dispatcher_error_is_ambiguous_not_repeated(campaign, redi
 
     job = make_job(1, channel="push", campaign="u")
     assert send_chunk_run(chunk_id=job.chunks.get().pk, dispatcher=Broken()) == {"ambiguous": 1}
-    assert redis_client.get(claim_key("push", "u:1")).startswith(f"sending:{job.pk}:".encode())
+    assert chunk_states(job.chunks.get()) == [1]  # marked sending: never sent again
 
 
 def test_a_message_id_another_job_is_sending_is_a_duplicate_and_no_crash_is_reported(
     campaign, smtp, redis_client, caplog
 ):
     job = make_job(1, 9, campaign="d")
-    # A live run of another job holds the claim of user 9's message id right now.
-    redis_client.set(claim_key("email", "d:9"), "sending:999999:live-run")
+    # A live run of another job has charged user 9's message id right now.
+    gate_check(channel="email", requests=[(9, "d:9")], campaign="d", job=999999)
     with caplog.at_level("WARNING", logger="worker.services"):
         assert send_chunk_run(chunk_id=job.chunks.get().pk) == {"sent": 1, "duplicate": 1}
     assert "cut off" not in caplog.text
@@ -507,7 +527,7 @@ def test_a_run_whose_lease_was_taken_over_stops_and_leaves_the_chunk_to_the_new_
     chunk.refresh_from_db()
     job.refresh_from_db()
     assert chunk.status == SendChunk.Status.QUEUED and job.pending == 2  # the new owner counts
-    assert redis_client.get(claim_key("push", "t:1")) == f"sent:{job.pk}".encode()
+    assert chunk_states(chunk) == [2, 0]
 
 
 def test_the_same_user_listed_twice_gets_one_send_and_the_repeat_is_a_duplicate(campaign, smtp):

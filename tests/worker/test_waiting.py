@@ -14,7 +14,7 @@ from django.utils import timezone
 from tests.support.sends import make_job, recorded, run_all
 from tests.support.waiting import MORNING, NIGHT, SPREAD, USERS, adds_up, paris, release
 from worker.chunks import chunks_due, release_groups, send_chunk_run, waiting_close
-from worker.claims import claim_key
+from worker.claims import SENDING_STATE, SENT_STATE, ChunkRecord
 from worker.gate import gate_check
 from worker.models import SendChunk, SendJob
 from worker.selectors import send_job_waiting, waiting_by_hour
@@ -194,23 +194,24 @@ def test_cancel_ends_every_waiting_send_and_every_later_deferral(quiet_vip, smtp
     assert adds_up(send_job_cancel_waiting(job=job))["cancelled"] == 200
 
 
-def test_a_waiting_chunk_a_dead_run_left_is_closed_by_its_claims(quiet_vip, smtp, redis_client):
+def test_a_waiting_chunk_a_dead_run_left_is_closed_by_its_claims(quiet_vip, smtp):
     job = night_job()
     run_all(job, now=NIGHT)
     chunk = max(waiting_chunks(job), key=lambda c: c.size)
     assert chunk.size >= 3
-    sent_one, cut_off, charged = (r["message_id"] for r in chunk.recipients[:3])
     charged_user = chunk.recipients[2]["user_id"]
     # A run took it in the morning, gated it (charging the quota), sent one, was cut off during
     # the next, and died.
     at = due_at(chunk)
     SendChunk.objects.filter(pk=chunk.pk).update(runs=1)
-    (decision,) = gate_check(
-        channel="email", requests=[(charged_user, charged)], campaign="night", now=at.timestamp()
+    requests = [(r["user_id"], r["message_id"]) for r in chunk.recipients[:3]]
+    decisions = gate_check(
+        channel="email", requests=requests, campaign="night", now=at.timestamp(), job=job.pk
     )
-    assert decision.reason == "allowed" and recorded(charged_user, "email") == 1
-    redis_client.set(claim_key("email", sent_one), f"sent:{job.pk}")
-    redis_client.set(claim_key("email", cut_off), f"sending:{job.pk}:dead-run")
+    assert {d.reason for d in decisions} == {"allowed"} and recorded(charged_user, "email") == 1
+    record = ChunkRecord(chunk.pk, "dead-run-0000000")
+    record.take()
+    record.mark([(0, SENT_STATE), (1, SENDING_STATE)])
     job = send_job_cancel_waiting(job=job, now=at + timedelta(seconds=1))
     counts = adds_up(job)
     assert (counts["sent"], counts["ambiguous"], counts["cancelled"]) == (1, 1, 198)

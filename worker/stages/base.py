@@ -33,6 +33,7 @@ class Batch:
     segments: Sequence[str | None] | None  # None: no snapshot is loaded
     time_zones: Sequence[str | None] | None  # per request, the zone it names (None: none)
     table: PolicyTable
+    holder: int = 0  # the send job whose run asks (0: none): what its entries are recorded for
     decisions: list[Decision | None] = field(init=False)
     pending: list[int] = field(init=False)  # positions no stage has decided, in order
     _fallbacks: dict[str | None, str] = field(init=False, default_factory=dict)

@@ -45,6 +45,7 @@ def run(batch: Batch, parts: Parts) -> None:
         retention_ms=table.retention_ms,
         now=batch.now,
         dry_run=batch.dry_run,
+        holder=batch.holder,
     )
     for i, decision in zip(batch.pending, decided, strict=True):
         decision.segment = batch.segment(i)
