@@ -185,3 +185,29 @@ def test_a_command_for_a_slot_being_moved_follows_the_ask_to_the_importing_node(
     finally:
         for node in (source_redis, target_redis):
             node.execute_command("CLUSTER SETSLOT", slot, "STABLE")
+
+
+@pytest.mark.django_db
+def test_a_chunk_run_again_sends_and_charges_each_recipient_once_on_a_node_and_a_cluster(
+    settings_redis: Any, campaign: Any, settings: Any
+) -> None:
+    from tests.support.sends import earlier_run, make_job, recorded
+    from worker.chunks import send_chunk_run
+    from worker.delivery.local import MemoryDispatcher
+    from worker.models import SendChunk
+
+    settings.GATEKEEPER_DISPATCHERS = {"push": "memory"}
+    MemoryDispatcher.outbox.clear()
+    users = list(range(1000, 1300))  # buckets on every node of a cluster
+    job = make_job(*users, channel="push", campaign="again")
+    chunk = job.chunks.get()
+    # A run gated them all, sent the first 100, was cut off in the next 50, and died.
+    earlier_run(job, sent=tuple(users[:100]), sending=tuple(users[100:150]))
+    outcome = {"sent": 250, "ambiguous": 50}
+    assert send_chunk_run(chunk_id=chunk.pk) == outcome
+    assert [m.user_id for m in MemoryDispatcher.outbox] == users[150:]
+    # Delivered once more after it was counted: nothing is sent or charged again.
+    SendChunk.objects.filter(pk=chunk.pk).update(status=SendChunk.Status.QUEUED)
+    assert send_chunk_run(chunk_id=chunk.pk) == outcome
+    assert len(MemoryDispatcher.outbox) == 150
+    assert {recorded(u, "push") for u in users} == {1}
