@@ -161,13 +161,13 @@ class Decided(msgspec.Struct, array_like=True, tag=DECIDED, frozen=True):
         """(user id, message id, segment, reason, rule id) per decision."""
         return zip(self.users, self.messages, self.segments, self.reasons, self.rules, strict=True)
 
-    def columns(self) -> list[tuple[Any, ...]]:
-        """Its decisions as rows of COLUMNS."""
-        at = self.at
+    def columns(self, outcomes: dict[int, str] | None = None) -> list[tuple[Any, ...]]:
+        """Its decisions as rows of COLUMNS; `outcomes`: by row, those already known."""
+        at, known = self.at, outcomes or {}
         return [
             (at, user_id, self.channel, self.campaign, self.tags, self.priority, segment,
-             self.version, reason, rule_id, message_id, self.category, "")
-            for user_id, message_id, segment, reason, rule_id in self.rows()
+             self.version, reason, rule_id, message_id, self.category, known.get(k, ""))
+            for k, (user_id, message_id, segment, reason, rule_id) in enumerate(self.rows())
         ]  # fmt: skip
 
 

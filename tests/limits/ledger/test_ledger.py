@@ -301,3 +301,31 @@ def test_entries_of_the_first_format_are_still_written(snapshot, redis_client):
         (4, "old-a", "", "allowed", None, "marketing"),
         (5, "old-b", "vip", "daily_cap", 7, "marketing"),
     ]
+
+
+def test_outcomes_drained_with_their_decisions_are_written_with_them_not_updated(snapshot):
+    from django.test.utils import CaptureQueriesContext
+
+    from worker.gate import gate_outcomes
+
+    gate_check(channel="email", requests=[(1, "w:1"), (9, "w:9")], campaign="w", now=NOW)
+    gate_outcomes(
+        channel="email", since=NOW - 1, outcomes=[(1, "w:1", "sent"), (9, "w:9", "failed")]
+    )
+    with CaptureQueriesContext(connection) as queries:
+        report = ledger_drain()
+    assert (report.rows, report.outcomes, report.unmatched) == (2, 2, 0)
+    assert not [
+        q for q in queries.captured_queries if q["sql"].lstrip().upper().startswith("UPDATE")
+    ]
+    # An outcome whose decision an earlier round wrote still finds its row; a release keeps
+    # the outcome already known.
+    gate_outcomes(
+        channel="email", since=NOW - 1, outcomes=[(9, "w:9", "released"), (1, "w:1", "ambiguous")]
+    )
+    report = ledger_drain()
+    assert (report.outcomes, report.unmatched) == (2, 0)
+    assert dict(LedgerEntry.objects.values_list("message_id", "outcome")) == {
+        "w:1": "ambiguous",
+        "w:9": "failed",
+    }
