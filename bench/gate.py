@@ -602,8 +602,11 @@ def main(argv: list[str]) -> None:
         action="store_true",
         help="only the campaign, its gate's Redis a 3-master cluster started on loopback",
     )
+    parser.add_argument(
+        "--campaign", action="store_true", help="only the campaign, on one Redis and SQLite"
+    )
     args = parser.parse_args(argv)
-    if args.cluster or args.postgres or args.profile:
+    if args.cluster or args.postgres or args.profile or args.campaign:
         campaign(
             args.recipients, cluster=args.cluster, postgres=args.postgres, profile=args.profile
         )
