@@ -80,7 +80,10 @@ class Limiter:
         self.prefix = prefix
         self.fail_open = fail_open
         self.transport = FunctionTransport(
-            client, slot_key=lambda u: log.bucket_key(prefix, u), order_key=lambda u: u
+            client,
+            slot_key=lambda u: log.bucket_key(prefix, u),
+            order_key=lambda u: u,
+            slot_group=lambda u: u >> log.BUCKET_BITS,
         )
         # While logs of earlier formats may remain: the previous version's buckets of 256 users,
         # declared to every call, which moves their users into their buckets of 32 as it writes;

@@ -116,10 +116,16 @@ class FunctionTransport:
         *,
         slot_key: Callable[[int], str],
         order_key: Callable[[int], int] | None = None,
+        slot_group: Callable[[int], int] | None = None,
     ) -> None:
+        """`slot_group(user_id)`: a number the same for users whose keys share a slot (the
+        limiter's: id >> 8, the buckets' hash tag), so that a slot is hashed once per group
+        and remembered, not once per request and call."""
         self.client = client
         self.slot_key = slot_key
         self.order_key = order_key
+        self.slot_group = slot_group
+        self._slots: dict[int, int] = {}  # slot group -> slot (a key's slot never changes)
         self._loaded: set[str] = set()
         # Nodes an ASK named that the slot map does not (a node joining the cluster serves no
         # slot until its first migration ends), kept with their connections for the next ASK.
@@ -141,8 +147,9 @@ class FunctionTransport:
             return [indexes[i : i + USERS_PER_CALL] for i in range(0, len(indexes), USERS_PER_CALL)]
         groups: dict[int | str, list[int]] = {}
         for i in indexes:
-            key = self.slot_key(user_ids[i])
-            groups.setdefault(key if i in one_key else self.client.keyslot(key), []).append(i)
+            user_id = user_ids[i]
+            group = self.slot_key(user_id) if i in one_key else self._slot(user_id)
+            groups.setdefault(group, []).append(i)
         return [
             group[k : k + USERS_PER_CALL]
             for group in groups.values()
@@ -160,7 +167,7 @@ class FunctionTransport:
         groups: dict[tuple[str, bool], tuple[Any, list[int]]] = {}
         for i, asked in pending.items():
             node: ClusterNode = asked or client.nodes_manager.get_node_from_slot(
-                client.keyslot(self.slot_key(user_ids[i]))
+                self._slot(user_ids[i])
             )
             entry = groups.get((node.name, asked is not None))
             if entry is None:
@@ -168,6 +175,18 @@ class FunctionTransport:
                 entry = groups[(node.name, asked is not None)] = (conn, [])
             entry[1].append(i)
         return groups
+
+    def _slot(self, user_id: int) -> int:
+        """The cluster slot of the user's keys (hashed once per slot group)."""
+        if self.slot_group is None:
+            return int(self.client.keyslot(self.slot_key(user_id)))
+        group = self.slot_group(user_id)
+        slot = self._slots.get(group)
+        if slot is None:
+            if len(self._slots) > 1_000_000:
+                self._slots.clear()  # bounded: a few MB, then hashed afresh
+            slot = self._slots[group] = int(self.client.keyslot(self.slot_key(user_id)))
+        return slot
 
     def ask_node(self, host: str, port: int) -> ClusterNode:
         """The node an ASK names: the map's, or one of its own if the map does not name it."""
