@@ -29,7 +29,7 @@ from limits.channels import SMS
 from limits.limiter import Decision
 from limits.log import holder_of
 from limits.models import Suppression
-from limits.reasons import DEFERRABLE, Category, JobOutcome, Outcome, Reason
+from limits.reasons import DEFERRABLE, JobOutcome, Outcome, Reason
 from limits.suppression import suppress
 from worker.claims import (
     NOT_SENT,
@@ -444,7 +444,7 @@ def _run_gated(
     # What `retry_after` counts from: the gate's clock (taken after it answered, so that a
     # release read from it is never early).
     gated_at = clock or timezone.now()
-    record = ChunkRecord(chunk.pk, uuid.uuid4().hex[:16])
+    record = ChunkRecord(chunk, uuid.uuid4().hex[:16])
     run = _Run(chunk, dispatcher, record, lease)
     admitted = [(r, d) for r, d in zip(recipients, decisions, strict=True) if d.allowed]
     states = b""
@@ -460,8 +460,12 @@ def _run_gated(
     with timed("ledger"):
         # Outcomes before releases: `released` does not replace an outcome the ledger knows.
         gate_outcomes(channel=job.channel, since=gating, outcomes=run.dispatched)
-        if run.released and job.category == Category.MARKETING:
-            gate_release(channel=job.channel, requests=run.released, job=job.pk)
+        if run.released:
+            # Quota back for marketing; a transactional send's claim dropped, so that another
+            # job may send its message id.
+            gate_release(
+                channel=job.channel, requests=run.released, job=job.pk, category=job.category
+            )
     if run.opted_out:
         # The provider's word that they opted out: the gate refuses their next send on this
         # channel (from every process within GATEKEEPER_SUPPRESSION_TTL_SECONDS).
@@ -739,12 +743,12 @@ def _closing_outcomes(chunk: SendChunk, how: str, *, earlier_runs: bool) -> Coun
 
 
 def _give_back(job: SendJob, unclaimed: list[tuple[int, str]]) -> None:
-    """Release the quota of sends that did not go out; a failure is logged, not raised (the
-    sends' outcomes stand either way)."""
-    if not unclaimed or job.category != Category.MARKETING:
+    """Release the quota (or, transactional, the claims) of sends that did not go out; a
+    failure is logged, not raised (the sends' outcomes stand either way)."""
+    if not unclaimed:
         return
     try:
-        gate_release(channel=job.channel, requests=unclaimed, job=job.pk)
+        gate_release(channel=job.channel, requests=unclaimed, job=job.pk, category=job.category)
     except Exception:
         logger.warning("Could not give back the quota of %d sends", len(unclaimed))
 
@@ -774,7 +778,7 @@ def _by_claims(
     (user id, message id)s this job charged and never sent, whose quota goes back. Raises redis
     errors."""
     recipients, channel = chunk.recipients, chunk.job.channel
-    states = [state_at(record_read(chunk.pk), i) for i in range(len(recipients))]
+    states = [state_at(record_read(chunk), i) for i in range(len(recipients))]
     unmarked = [i for i, state in enumerate(states) if state == NOT_SENT]
     holders: list[int | None] = [None] * len(recipients)
     looked_up = gate_holders(

@@ -4,7 +4,7 @@ A send is claimed where it is charged. The gate's call records each admitted sen
 in its user's log with the job as the entry's holder (a transactional send in the user's
 uncounted log: claimed, never counted), in the same Redis function call that decides it
 (limits/lua/limiter.lua, gk_decide). How far each send of a chunk got is kept in the chunk's
-record, `<prefix>run:{<chunk id>}` (gk_run): the run that holds the chunk, then one byte per
+record, `<prefix>run:{<chunk id>}:<made, ms>` (gk_run): the run that holds the chunk, then one byte per
 recipient, by position: 0 not handed to the provider, 1 sending, 2 sent. A dispatcher batch's
 positions become 1 right before it goes out and 2 (went out) or 0 (did not; its quota is given
 back) right after the provider answers, in the same call that marks the next batch: one call
@@ -92,22 +92,30 @@ def old_claims_read(channel: str, message_ids: Sequence[str]) -> list[Claim | No
 # --- a chunk's record ----------------------------------------------------------------------
 
 
-def record_key(chunk_id: int) -> str:
-    return f"{settings.GATEKEEPER_KEY_PREFIX}run:{{{chunk_id}}}"
+def record_key(chunk_id: int, made_ms: int) -> str:
+    """A chunk's record, named by the chunk's id and when it was made: a database made afresh
+    (its ids counted again) never meets an older database's records."""
+    return f"{settings.GATEKEEPER_KEY_PREFIX}run:{{{chunk_id}}}:{made_ms}"
+
+
+def made_ms(chunk: Any) -> int:
+    """When a chunk was made, as its record's name has it."""
+    return int(chunk.created_at.timestamp() * 1000)
 
 
 @cache
 def _transport(client: Any) -> FunctionTransport:
-    # One key per call: routed by it, the library loaded where it is missing.
-    return FunctionTransport(client, slot_key=record_key)
+    # One key per call, routed by its hash tag; the library loaded where it is missing.
+    return FunctionTransport(client, slot_key=lambda chunk_id: record_key(chunk_id, 0))
 
 
-def _call(chunk_id: int, args: list[Any]) -> Any:
+def _call(chunk_id: int, made: int, args: list[Any]) -> Any:
     """One gk_run call on the record's node; raises redis errors."""
     replies: list[Any] = []
+    key = record_key(chunk_id, made)
 
     def build(batches: list[list[int]]) -> list[Call]:
-        return [Call("gk_run", [1, record_key(chunk_id), *args], batch) for batch in batches]
+        return [Call("gk_run", [1, key, *args], batch) for batch in batches]
 
     def collect(call: Call, reply: Any) -> None:
         if isinstance(reply, Exception):
@@ -126,16 +134,17 @@ class RunLost(Exception):
 
 
 class ChunkRecord:
-    """One run's hold on its chunk's record; each method is one call."""
+    """One run's hold on its chunk's record; each method is one call. `chunk`: a SendChunk
+    (its id and made_ms name the record)."""
 
-    def __init__(self, chunk_id: int, run: str) -> None:
+    def __init__(self, chunk: Any, run: str) -> None:
         if len(run.encode()) != _RUN_BYTES:
             raise ValueError(f"a run is named by {_RUN_BYTES} bytes, not {run!r}")
-        self.chunk_id, self.run = chunk_id, run.encode()
+        self.chunk_id, self.made, self.run = chunk.pk, made_ms(chunk), run.encode()
 
     def take(self) -> bytes:
         """Hold the record from now on; how far each send got before (b"": nothing known)."""
-        reply = _call(self.chunk_id, [self.run, RECORD_TTL_MS, "take"])
+        reply = _call(self.chunk_id, self.made, [self.run, RECORD_TTL_MS, "take"])
         return bytes(reply[1])
 
     def mark(self, states: Sequence[tuple[int, int]]) -> None:
@@ -153,13 +162,14 @@ class ChunkRecord:
             first = last = position
             state = value
         ops.append(_MARK.pack(first, last - first + 1, state))
-        if not _call(self.chunk_id, [self.run, RECORD_TTL_MS, "mark", b"".join(ops)]):
+        marks = [self.run, RECORD_TTL_MS, "mark", b"".join(ops)]
+        if not _call(self.chunk_id, self.made, marks):
             raise RunLost(f"chunk {self.chunk_id}: another run took its record over")
 
 
-def record_read(chunk_id: int) -> bytes:
+def record_read(chunk: Any) -> bytes:
     """How far each send of a chunk got (b"": no run left a record); raises redis errors."""
-    raw: Any = get_redis().get(record_key(chunk_id))
+    raw: Any = get_redis().get(record_key(chunk.pk, made_ms(chunk)))
     return bytes(raw[_RUN_BYTES:]) if raw else b""
 
 

@@ -11,6 +11,7 @@ finds calendar periods its own way (a search over minutes), not with the code un
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from zoneinfo import ZoneInfo
 
 import hypothesis.strategies as st
@@ -28,6 +29,7 @@ from worker.claims import (
     SENT_STATE,
     ChunkRecord,
     RunLost,
+    made_ms,
     record_key,
     record_read,
 )
@@ -388,7 +390,7 @@ class RecordMachine(RuleBasedStateMachine):
     def setup(self) -> None:
         from gatekeeper.lib.redis_client import get_redis
 
-        get_redis().delete(record_key(CHUNK))
+        get_redis().delete(record_key(CHUNK.pk, made_ms(CHUNK)))
         self.holder: str | None = None
         self.states: dict[int, int] = {}
 
@@ -428,7 +430,7 @@ class RecordMachine(RuleBasedStateMachine):
             assert record_read(CHUNK) == self.expected()
 
 
-CHUNK = 7_000_001
+CHUNK = SimpleNamespace(pk=7_000_001, created_at=datetime(2026, 11, 27, tzinfo=UTC))
 TestChunkRecordsMatchModel = RecordMachine.TestCase
 TestChunkRecordsMatchModel.settings = settings(
     max_examples=100, stateful_step_count=30, deadline=None

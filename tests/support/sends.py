@@ -151,7 +151,7 @@ def earlier_run(
         category=job.category,
         job=job.pk if holder is None else holder,
     )
-    record = ChunkRecord(chunk.pk, "dead-run-0000000")
+    record = ChunkRecord(chunk, "dead-run-0000000")
     record.take()
     position = {r["user_id"]: i for i, r in enumerate(chunk.recipients)}
     record.mark(
@@ -163,5 +163,5 @@ def chunk_states(chunk: Any) -> list[int]:
     """How far each send of a chunk got, by position (0 not sent, 1 sending, 2 sent)."""
     from worker.claims import record_read, state_at
 
-    states = record_read(chunk.pk)
+    states = record_read(chunk)
     return [state_at(states, i) for i in range(len(chunk.recipients))]

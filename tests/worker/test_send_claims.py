@@ -2,6 +2,8 @@
 their holders, chunk records, the previous version's claims, and commands packed by hand, one
 burst per node; both answer alike."""
 
+from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from worker.claims import (
     Claim,
     RunLost,
     claim_key,
+    made_ms,
     old_claims_read,
     record_key,
     record_read,
@@ -34,6 +37,11 @@ class Everyone:
 
     def resolve_many(self, ids: Any) -> list[str]:
         return ["default"] * len(ids)
+
+
+def made_chunk(pk: int) -> Any:
+    """What names a chunk's record: its id and when it was made."""
+    return SimpleNamespace(pk=pk, created_at=datetime(2026, 11, 27, tzinfo=UTC))
 
 
 def gate() -> Gate:
@@ -81,21 +89,22 @@ def test_a_jobs_transactional_sends_are_claimed_and_never_counted(settings_redis
 def test_a_chunk_record_keeps_how_far_each_send_got_for_the_run_that_holds_it(
     settings_redis: Any,
 ) -> None:
-    first = ChunkRecord(41, "a" * 16)
+    chunk, other = made_chunk(41), made_chunk(42)
+    first = ChunkRecord(chunk, "a" * 16)
     assert first.take() == b""
     first.mark([(0, SENDING_STATE), (1, SENDING_STATE), (2, SENDING_STATE), (7, SENT_STATE)])
     first.mark([(0, SENT_STATE), (1, NOT_SENT)])
-    assert record_read(41) == bytes([2, 0, 1, 0, 0, 0, 0, 2])
+    assert record_read(chunk) == bytes([2, 0, 1, 0, 0, 0, 0, 2])
     # A second run takes it over: the first one's marks are refused, nothing written.
-    second = ChunkRecord(41, "b" * 16)
+    second = ChunkRecord(chunk, "b" * 16)
     assert second.take() == bytes([2, 0, 1, 0, 0, 0, 0, 2])
     with pytest.raises(RunLost):
         first.mark([(2, SENT_STATE)])
     second.mark([(2, SENT_STATE)] + [(p, SENT_STATE) for p in range(8, 70008)])
-    states = record_read(41)
+    states = record_read(chunk)
     assert (states[:3], len(states), set(states[8:])) == (bytes([2, 0, 2]), 70008, {2})
-    assert 7 * 86400 < settings_redis.ttl(record_key(41)) <= 8 * 86400
-    assert record_read(42) == b""
+    assert 7 * 86400 < settings_redis.ttl(record_key(41, made_ms(chunk))) <= 8 * 86400
+    assert record_read(other) == b""
 
 
 def test_the_previous_versions_claims_are_read(settings_redis: Any) -> None:

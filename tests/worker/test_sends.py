@@ -754,3 +754,16 @@ def test_the_send_job_admin_shows_tags_and_priority(uncapped, admin_client):
     assert '<td class="field-priority">8</td>' in listing
     page = admin_client.get(reverse("admin:worker_sendjob_change", args=[job.pk]))
     assert "promo" in page.content.decode() and page.status_code == 200
+
+
+def test_a_transactional_send_that_failed_leaves_its_message_id_to_another_job(campaign, relay):
+    relay.statuses = [400, 200]
+    first = make_job(1, channel="push", campaign="r", category="transactional")
+    assert send_chunk_run(chunk_id=first.chunks.get().pk) == {"failed": 1}
+    # Claimed (uncounted) while it was tried, given back once it failed: not a duplicate.
+    second = make_job(1, channel="push", campaign="r", category="transactional")
+    assert send_chunk_run(chunk_id=second.chunks.get().pk) == {"sent": 1}
+    third = make_job(1, channel="push", campaign="r", category="transactional")
+    assert send_chunk_run(chunk_id=third.chunks.get().pk) == {"duplicate": 1}
+    assert [body["user_id"] for body in relay.received] == [1]
+    assert recorded(1, "push") == 0  # never counted

@@ -209,7 +209,7 @@ def test_a_waiting_chunk_a_dead_run_left_is_closed_by_its_claims(quiet_vip, smtp
         channel="email", requests=requests, campaign="night", now=at.timestamp(), job=job.pk
     )
     assert {d.reason for d in decisions} == {"allowed"} and recorded(charged_user, "email") == 1
-    record = ChunkRecord(chunk.pk, "dead-run-0000000")
+    record = ChunkRecord(chunk, "dead-run-0000000")
     record.take()
     record.mark([(0, SENT_STATE), (1, SENDING_STATE)])
     job = send_job_cancel_waiting(job=job, now=at + timedelta(seconds=1))
