@@ -22,6 +22,7 @@ import redis
 
 from bench.gate import alternated
 from limits.reasons import Category
+from worker.delivery.base import Recipient
 from worker.delivery.rendering import Renderer
 from worker.delivery.throttle import Throttle, bucket_key, paced, parse_rates
 
@@ -67,7 +68,7 @@ def main(argv: list[str]) -> None:
 
 def _unsubscribe_link_cost(emails: int) -> None:
     recipients = [
-        {"user_id": 1_000_000 + n, "address": f"u{n}@example.com", "message_id": f"bench:{n}"}
+        Recipient(user_id=1_000_000 + n, address=f"u{n}@example.com", message_id=f"bench:{n}")
         for n in range(emails)
     ]
 

@@ -17,7 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import transaction
@@ -49,7 +49,9 @@ from worker.delivery.base import (
     Dispatcher,
     DispatchError,
     Message,
+    Recipient,
     opted_out_source,
+    recipients_typed,
 )
 from worker.delivery.dead_addresses import dead_addresses_record
 from worker.delivery.registry import dispatcher_for
@@ -61,6 +63,7 @@ from worker.models import SendChunk, SendJob
 from worker.timings import timed
 
 logger = logging.getLogger(__name__)
+R = TypeVar("R")  # a recipient, whatever its type
 
 MAX_ATTEMPTS = 5  # transient failures and Redis outages: then the recipient fails visibly
 REDIS_DOWN_DELAY = 30  # seconds before a chunk that met an unavailable Redis is tried again
@@ -208,13 +211,18 @@ class _Run:
     """One run of one chunk: its outcomes so far, and what is left to settle after sending."""
 
     def __init__(
-        self, chunk: SendChunk, dispatcher: Dispatcher, record: ChunkRecord, lease: "_Lease"
+        self,
+        chunk: SendChunk,
+        recipients: list[Recipient],
+        dispatcher: Dispatcher,
+        record: ChunkRecord,
+        lease: "_Lease",
     ) -> None:
         self.chunk, self.job = chunk, chunk.job
         self.dispatcher = dispatcher
         self.record = record
         # Each recipient's position in the chunk, by message id (unique within a job).
-        self.position = {r["message_id"]: i for i, r in enumerate(chunk.recipients)}
+        self.position = {r.message_id: i for i, r in enumerate(recipients)}
         # A provider that deduplicates by message id gets unknown outcomes sent again.
         self.resend_unknown = dispatcher.idempotent
         self.throttle = throttle_for(dispatcher.provider)
@@ -224,14 +232,12 @@ class _Run:
         self.outcomes: Counter[str] = Counter()
         self.released: list[tuple[int, str]] = []  # quota to give back: did not go out
         self.dispatched: list[tuple[int, str, str]] = []  # (user, message, outcome): the ledger's
-        self.retry: list[dict[str, Any]] = []  # transient failures: a later chunk
+        self.retry: list[Recipient] = []  # transient failures: a later chunk
         self.dead: list[tuple[int, str, str]] = []  # (user, address, why): the provider's word
         self.opted_out: list[int] = []  # users the provider said opted out of the channel
         self.reached: list[tuple[int, str]] = []  # (user, address): went out, or may have
 
-    def to_send(
-        self, admitted: list[tuple[dict[str, Any], Decision]], states: bytes
-    ) -> list[dict[str, Any]]:
+    def to_send(self, admitted: list[tuple[Recipient, Decision]], states: bytes) -> list[Recipient]:
         """The admitted recipients to send now; the others are counted by what is known of
         them: the chunk's record (an earlier run's), the holder of a duplicate, and for a holder
         nobody named, the previous version's claim (worker/claims.py)."""
@@ -240,7 +246,7 @@ class _Run:
                 self.job.channel,
                 self.job.pk,
                 [
-                    (r["message_id"], state_at(states, self.position[r["message_id"]]), d.holder)
+                    (r.message_id, state_at(states, self.position[r.message_id]), d.holder)
                     for r, d in admitted
                 ],
             )
@@ -257,14 +263,14 @@ class _Run:
                 logger.warning(
                     "Send %s was cut off by the death of an earlier run; it may have gone out "
                     "and is counted as ambiguous, not sent again",
-                    recipient["message_id"],
+                    recipient.message_id,
                 )
                 self._ambiguous(recipient)
             else:
                 sending.append(recipient)  # sent again with the same key if it was cut off
         return sending
 
-    def send_all(self, batches: list[list[dict[str, Any]]], renderer: Renderer) -> None:
+    def send_all(self, batches: list[list[Recipient]], renderer: Renderer) -> None:
         """Mark, send and settle the dispatcher batches in turn: one call to mark the first
         as sending, then one per batch that settles it and marks the next (the next batch is
         rendered while this one is still unsent, so that its marks go in the same call)."""
@@ -289,12 +295,12 @@ class _Run:
             with timed("claims"):
                 self.record.mark(marks)
 
-    def _states(self, recipients: list[dict[str, Any]], state: int) -> list[tuple[int, int]]:
-        return [(self.position[r["message_id"]], state) for r in recipients]
+    def _states(self, recipients: list[Recipient], state: int) -> list[tuple[int, int]]:
+        return [(self.position[r.message_id], state) for r in recipients]
 
     def _rendered(
-        self, recipients: list[dict[str, Any]], renderer: Renderer
-    ) -> tuple[list[dict[str, Any]], list[Message]]:
+        self, recipients: list[Recipient], renderer: Renderer
+    ) -> tuple[list[Recipient], list[Message]]:
         """The recipients whose message renders, and their messages; the others failed.
         Rendered before marking: a message that cannot be rendered never went out."""
         batch, messages = [], []
@@ -304,19 +310,19 @@ class _Run:
                     messages.append(renderer(recipient))
                     batch.append(recipient)
                 except Exception as exc:
-                    logger.warning("Send %s cannot be rendered: %s", recipient["message_id"], exc)
+                    logger.warning("Send %s cannot be rendered: %s", recipient.message_id, exc)
                     self._fail(recipient)
         return batch, messages
 
     def _sent(
-        self, to_send: list[dict[str, Any]], messages: list[Message]
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        self, to_send: list[Recipient], messages: list[Message]
+    ) -> tuple[list[Recipient], list[Recipient]]:
         """Dispatch and count: (recipients sent, recipients not sent, marked so again)."""
         sent, unsent = [], []
         with timed("dispatch"):
             errors = self._dispatch(messages)
         for recipient, error in zip(to_send, errors, strict=True):
-            message_id = recipient["message_id"]
+            message_id = recipient.message_id
             if error is None:
                 sent.append(recipient)
                 self._went_out(recipient)
@@ -326,9 +332,9 @@ class _Run:
             else:
                 unsent.append(recipient)
                 if error.kind == PERMANENT and error.invalid:
-                    self.dead.append((recipient["user_id"], recipient["address"], str(error)))
+                    self.dead.append((recipient.user_id, recipient.address, str(error)))
                 if error.kind == PERMANENT and error.opted_out:
-                    self.opted_out.append(recipient["user_id"])
+                    self.opted_out.append(recipient.user_id)
                 if error.kind == PERMANENT or self.last_attempt:
                     self._fail(recipient)
                 else:
@@ -365,20 +371,20 @@ class _Run:
                 errors[i] = error
         return errors
 
-    def _went_out(self, recipient: dict[str, Any]) -> None:
+    def _went_out(self, recipient: Recipient) -> None:
         self.outcomes[JobOutcome.SENT] += 1
-        self.dispatched.append((recipient["user_id"], recipient["message_id"], Outcome.SENT))
-        self.reached.append((recipient["user_id"], recipient["address"]))
+        self.dispatched.append((recipient.user_id, recipient.message_id, Outcome.SENT))
+        self.reached.append((recipient.user_id, recipient.address))
 
-    def _fail(self, recipient: dict[str, Any]) -> None:
-        self.released.append((recipient["user_id"], recipient["message_id"]))
+    def _fail(self, recipient: Recipient) -> None:
+        self.released.append((recipient.user_id, recipient.message_id))
         self.outcomes[JobOutcome.FAILED] += 1
-        self.dispatched.append((recipient["user_id"], recipient["message_id"], Outcome.FAILED))
+        self.dispatched.append((recipient.user_id, recipient.message_id, Outcome.FAILED))
 
-    def _ambiguous(self, recipient: dict[str, Any]) -> None:
+    def _ambiguous(self, recipient: Recipient) -> None:
         self.outcomes[JobOutcome.AMBIGUOUS] += 1
-        self.dispatched.append((recipient["user_id"], recipient["message_id"], Outcome.AMBIGUOUS))
-        self.reached.append((recipient["user_id"], recipient["address"]))
+        self.dispatched.append((recipient.user_id, recipient.message_id, Outcome.AMBIGUOUS))
+        self.reached.append((recipient.user_id, recipient.address))
 
 
 def _run_leased(
@@ -426,18 +432,18 @@ def _run_gated(
     chunk: SendChunk, dispatcher: Dispatcher, renderer: Renderer, lease: _Lease, clock: Any
 ) -> dict[str, int]:
     job = chunk.job
-    recipients = chunk.recipients
+    recipients = recipients_typed(chunk.recipients)
     # No later than the gate's own time for the ledger (its outcomes are found from it).
     gating = clock.timestamp() if clock is not None else time.time() - 1
     with timed("gate"):
         decisions = gate_check(
             channel=job.channel,
-            requests=[(r["user_id"], r["message_id"]) for r in recipients],
+            requests=[(r.user_id, r.message_id) for r in recipients],
             campaign=job.campaign,
             category=job.category,
             tags=tuple(job.tags),
             priority=job.priority,
-            time_zones=[r.get("time_zone") for r in recipients],
+            time_zones=[r.time_zone for r in recipients],
             now=clock.timestamp() if clock is not None else None,
             job=job.pk,
         )
@@ -445,7 +451,7 @@ def _run_gated(
     # release read from it is never early).
     gated_at = clock or timezone.now()
     record = ChunkRecord(chunk, uuid.uuid4().hex[:16])
-    run = _Run(chunk, dispatcher, record, lease)
+    run = _Run(chunk, recipients, dispatcher, record, lease)
     admitted = [(r, d) for r, d in zip(recipients, decisions, strict=True) if d.allowed]
     states = b""
     if admitted:
@@ -480,8 +486,8 @@ def _run_gated(
         # A reply (STOP) names only the number: which users it was texted for.
         sms_numbers_record(sends=run.reached, at=clock or timezone.now())
     outcomes = run.outcomes
-    deferred: list[tuple[dict[str, Any], datetime]] = []  # (recipient, its release)
-    unavailable: list[dict[str, Any]] = []
+    deferred: list[tuple[Recipient, datetime]] = []  # (recipient, its release)
+    unavailable: list[Recipient] = []
     for recipient, decision in zip(recipients, decisions, strict=True):
         if decision.allowed:
             continue
@@ -501,7 +507,7 @@ def _run_gated(
             # retry_after: a reserve keeps every slot from this priority): deferring that
             # would wait forever.
             outcomes[JobOutcome.CAPPED] += 1
-    retries: list[tuple[list[dict[str, Any]], float, int]] = []
+    retries: list[tuple[list[Recipient], float, int]] = []
     if run.retry:  # transient failures: backoff, and an attempt spent
         retries.append((run.retry, 5 * 2**chunk.attempts, chunk.attempts + 1))
     if unavailable:  # Redis or the snapshot missing: soon, and an attempt spent
@@ -528,14 +534,12 @@ def _count_on_job(job: SendJob, outcomes: Counter[str]) -> None:
     job.save()
 
 
-def release_groups(
-    deferred: Iterable[tuple[dict[str, Any], datetime]],
-) -> list[tuple[datetime, list[dict[str, Any]]]]:
+def release_groups(deferred: Iterable[tuple[R, datetime]]) -> list[tuple[datetime, list[R]]]:
     """Deferred recipients grouped by the minute of their release, each group with the latest
     release in it: (not_before, recipients), earliest first. Nobody of a group goes before their
     own release, and nobody more than a minute after it; a spread of releases (quiet hours'
     morning) stays a spread instead of one burst at its end."""
-    groups: dict[int, list[tuple[dict[str, Any], datetime]]] = {}
+    groups: dict[int, list[tuple[R, datetime]]] = {}
     for recipient, release in deferred:
         groups.setdefault(int(release.timestamp() // 60), []).append((recipient, release))
     return [
@@ -548,8 +552,8 @@ def _settle(
     chunk: SendChunk,
     decisions: list[Any],
     outcomes: Counter[str],
-    retries: list[tuple[list[dict[str, Any]], float, int]],
-    deferred: list[tuple[dict[str, Any], datetime]],
+    retries: list[tuple[list[Recipient], float, int]],
+    deferred: list[tuple[Recipient, datetime]],
     now: Any,
 ) -> None:
     """Record the chunk's results on the job and store its follow-up chunks, in one
@@ -777,20 +781,20 @@ def _by_claims(
     duplicate, cut off while sending as ambiguous (kept), the rest as `unclaimed_as`. Also the
     (user id, message id)s this job charged and never sent, whose quota goes back. Raises redis
     errors."""
-    recipients, channel = chunk.recipients, chunk.job.channel
+    recipients, channel = recipients_typed(chunk.recipients), chunk.job.channel
     states = [state_at(record_read(chunk), i) for i in range(len(recipients))]
     unmarked = [i for i, state in enumerate(states) if state == NOT_SENT]
     holders: list[int | None] = [None] * len(recipients)
     looked_up = gate_holders(
         channel=channel,
-        requests=[(recipients[i]["user_id"], recipients[i]["message_id"]) for i in unmarked],
+        requests=[(recipients[i].user_id, recipients[i].message_id) for i in unmarked],
     )
     for i, holder in zip(unmarked, looked_up, strict=True):
         holders[i] = holder
     found = left_behind(
         channel,
         chunk.job_id,
-        [(r["message_id"], states[i], holders[i]) for i, r in enumerate(recipients)],
+        [(r.message_id, states[i], holders[i]) for i, r in enumerate(recipients)],
     )
     outcomes: Counter[str] = Counter()
     unclaimed: list[tuple[int, str]] = []
@@ -799,7 +803,7 @@ def _by_claims(
         if left == Left.NOTHING:
             outcomes[unclaimed_as] += 1
             if holders[i] == mine:  # charged by this job, never sent
-                unclaimed.append((recipients[i]["user_id"], recipients[i]["message_id"]))
+                unclaimed.append((recipients[i].user_id, recipients[i].message_id))
         else:
             outcomes[_LEFT_OUTCOMES[left]] += 1
     return outcomes, unclaimed

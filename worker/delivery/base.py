@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Protocol
 
+import msgspec
+
 logger = logging.getLogger(__name__)
 
 TRANSIENT, PERMANENT, AMBIGUOUS, THROTTLED = "transient", "permanent", "ambiguous", "throttled"
@@ -81,6 +83,23 @@ class DispatchError(Exception):
 def opted_out_source(provider: str) -> str:
     """The suppression list's source of an entry a provider's opted-out answer made."""
     return f"provider:{provider}"
+
+
+class Recipient(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One recipient of a chunk, as the worker runs it and the renderer reads it: typed (a
+    chunk stores its recipients as JSON objects, worker/recipients.py's; encoded back the same,
+    a default left out)."""
+
+    user_id: int
+    address: str
+    message_id: str
+    context: dict[str, Any] = {}
+    time_zone: str | None = None
+
+
+def recipients_typed(rows: list[Any]) -> list[Recipient]:
+    """A chunk's stored recipients as Recipients, converted in C."""
+    return msgspec.convert(rows, list[Recipient])
 
 
 @dataclass

@@ -19,7 +19,7 @@ from limits.channels import EMAIL, PUSH
 from limits.channels import channels as dispatch_channels
 from limits.reasons import Category
 from limits.unsubscribe import unsubscribe_headers
-from worker.delivery.base import Message
+from worker.delivery.base import Message, Recipient
 
 TEMPLATE_NAME_WORDS = (
     "A template name is 1 to 100 lower-case letters, digits, - and _, starting with a letter or "
@@ -153,9 +153,9 @@ class Renderer:
                 self.html = None
         self.subjects: dict[str, str] = {}  # a title as rendered: its spaces made one
 
-    def __call__(self, recipient: dict[str, Any]) -> Message:
-        data = recipient.get("context") or {}
-        context = {**data, "user_id": recipient["user_id"], "campaign": self.campaign}
+    def __call__(self, recipient: Recipient) -> Message:
+        data = recipient.context
+        context = {**data, "user_id": recipient.user_id, "campaign": self.campaign}
         title = self.title.render(context) if self.title is not None else ""
         subject = self.subjects.get(title)
         if subject is None:
@@ -163,15 +163,15 @@ class Renderer:
             if len(self.subjects) < _REMEMBERED:
                 self.subjects[title] = subject
         return Message(
-            message_id=recipient["message_id"],
-            user_id=recipient["user_id"],
-            address=recipient["address"],
+            message_id=recipient.message_id,
+            user_id=recipient.user_id,
+            address=recipient.address,
             subject=subject,
             body=self.body.render(context),
             html=self.html.render(context) if self.html is not None else None,
             data=data,
             headers=(
-                unsubscribe_headers(user_id=recipient["user_id"], channel=self.channel)
+                unsubscribe_headers(user_id=recipient.user_id, channel=self.channel)
                 if self.unsubscribable
                 else {}
             ),

@@ -38,7 +38,7 @@ from tests.fakes.esp import (
     closed_port_url,
 )
 from worker.chunks import send_chunk_run
-from worker.delivery.base import AMBIGUOUS, PERMANENT, THROTTLED, TRANSIENT
+from worker.delivery.base import AMBIGUOUS, PERMANENT, THROTTLED, TRANSIENT, Recipient
 from worker.delivery.esp import AnymailDispatcher, message_id_header
 from worker.delivery.registry import dispatcher_class, dispatcher_for
 from worker.delivery.rendering import Renderer
@@ -106,12 +106,12 @@ def rendered(template: str, *user_ids: int, campaign: str = "spring", **context:
     renderer = Renderer(channel="email", template=template, campaign=campaign)
     return [
         renderer(
-            {
-                "message_id": f"{campaign}:{u}",
-                "user_id": u,
-                "address": f"u{u}@example.com",
-                "context": {k: v.format(u=u) for k, v in context.items()},
-            }
+            Recipient(
+                message_id=f"{campaign}:{u}",
+                user_id=u,
+                address=f"u{u}@example.com",
+                context={k: v.format(u=u) for k, v in context.items()},
+            )
         )
         for u in user_ids
     ]
