@@ -85,10 +85,7 @@ class Limiter:
             order_key=lambda u: u,
             slot_group=lambda u: u >> log.BUCKET_BITS,
         )
-        # While logs of earlier formats may remain: the previous version's buckets of 256 users,
-        # declared to every call, which moves their users into their buckets of 32 as it writes;
-        # the two-sorted-set logs, moved into the log before deciding.
-        self.upgrading = upgrade
+        # While logs of the earlier format may remain: moved into the new log before deciding.
         self.legacy = (
             LegacyLogs(client, prefix=prefix, import_entries=self.import_entries)
             if upgrade
@@ -169,8 +166,7 @@ class Limiter:
                         s = set_index[id(rule_set)] = len(set_records)
                     parts.append(_REQUEST.pack(k, user_id & 0xFF) + hashes[i] + bytes((s,)))
                 payload = b"".join((payload_head, bytes((len(set_records),)), *set_records, *parts))
-                declared = [*keys, *self._previous(keys)]
-                yield Call("gk_decide", [len(declared), *declared, *head, payload, *tail], chunk)
+                yield Call("gk_decide", [len(keys), *keys, *head, payload, *tail], chunk)
 
         def collect(call: Call, reply: list[Any]) -> None:
             for i, answer in zip(call.indexes, log.iter_replies(reply[1]), strict=True):
@@ -240,12 +236,11 @@ class Limiter:
         def build(batches: list[list[int]]) -> Iterator[Call]:
             for chunk in batches:
                 keys = [log.bucket_key(self.prefix, user_ids[i]) for i in chunk]
-                declared = [*keys, *self._previous(keys)]
-                args: list[Any] = [channel, holder, len(chunk)]
+                args: list[Any] = [channel, holder]
                 for i in chunk:
                     args.append(field(user_ids[i]))
                     args.append(log.message_hash(requests[i][1]))
-                yield Call("gk_give_back", [len(declared), *declared, *args], chunk)
+                yield Call("gk_release", [len(keys), *keys, *args], chunk)
 
         def collect(call: Call, reply: list[Any]) -> None:
             for i, removed in zip(call.indexes, reply, strict=True):
@@ -271,8 +266,7 @@ class Limiter:
         args: list[Any] = [_now_arg(now), log.bucket_field(user_id), log.short_hash(campaign)]
         for channel, rule_set in groups:
             args.extend((channel, rule_set.records))
-        keys = [log.bucket_key(self.prefix, user_id)]
-        keys += self._previous(keys)
+        key = log.bucket_key(self.prefix, user_id)
         out: list[Any] = []
 
         def collect(call: Call, reply: list[Any]) -> None:
@@ -280,9 +274,7 @@ class Limiter:
 
         self.transport.run(
             [user_id],
-            lambda batches: [
-                Call("gk_usage", [len(keys), *keys, *args], batch) for batch in batches
-            ],
+            lambda batches: [Call("gk_usage", [1, key, *args], batch) for batch in batches],
             collect,
             lambda _: None,
         )
@@ -309,8 +301,6 @@ class Limiter:
         with `uncounted`, the user's uncounted log (a send job's transactional sends)."""
         field = log.uncounted_field(user_id) if uncounted else log.bucket_field(user_id)
         raw = self.client.hget(log.bucket_key(self.prefix, user_id), field)
-        if raw is None and self.upgrading:  # not moved yet from the previous version's bucket
-            raw = self.client.hget(log.previous_bucket_key(self.prefix, user_id), field)
         return log.decode(raw)
 
     def history(self, user_id: int, *, now: float | None = None) -> list[log.Entry]:
@@ -325,17 +315,8 @@ class Limiter:
         if self.legacy is not None:
             # The old logs first: a move running meanwhile then has nothing to bring back.
             forgot = self.legacy.forget(user_id)
-        field = log.bucket_field(user_id)
-        for key in (log.bucket_key, log.previous_bucket_key):
-            forgot = bool(self.client.hdel(key(self.prefix, user_id), field)) or forgot
-        return forgot
-
-    def _previous(self, keys: Any) -> list[str]:
-        """While upgrading, the previous version's buckets of these buckets, each once (declared
-        to a call, which may read and move users out of them); else none."""
-        if not self.upgrading:
-            return []
-        return list(dict.fromkeys(key[: key.rindex(".")] for key in keys))
+        key, field = log.bucket_key(self.prefix, user_id), log.bucket_field(user_id)
+        return bool(self.client.hdel(key, field)) or forgot
 
     def _legacy_moved(
         self, user_ids: Sequence[int], *, now: float | None, retention_ms: int = 0
@@ -364,15 +345,15 @@ class Limiter:
         """Drop the users of these buckets whose newest entry has left the retention, and the
         buckets left with nobody. Returns (users dropped, buckets deleted). One pipeline per
         node; raises when Redis does not answer (the sweep tries again on its next run)."""
-        names = [key.decode() if isinstance(key, bytes) else key for key in keys]
-        # A user of each bucket, to route by: a bucket and its previous version's share a slot.
-        user_ids = [log.bucket_of(name) << log.BUCKET_BITS for name in names]
+        buckets = [log.bucket_of(key) for key in keys]
+        user_ids = [bucket << log.BUCKET_BITS for bucket in buckets]
         totals = [0, 0]
 
         def build(batches: list[list[int]]) -> Iterator[Call]:
             for batch in batches:
                 for i in batch:
-                    yield Call("gk_sweep", [1, names[i], _now_arg(now), retention_ms], [i])
+                    key = log.bucket_key(self.prefix, user_ids[i])
+                    yield Call("gk_sweep", [1, key, _now_arg(now), retention_ms], [i])
 
         def collect(call: Call, reply: list[Any]) -> None:
             totals[0] += int(reply[0])
@@ -384,34 +365,6 @@ class Limiter:
         if keys:
             self.transport.run(user_ids, build, collect, fail)
         return totals[0], totals[1]
-
-    def move_buckets(
-        self, keys: Sequence[str | bytes], *, retention_ms: int, now: float | None = None
-    ) -> int:
-        """Move the users of these buckets of the previous version (256 users each) into their
-        buckets (convert_logs). Returns the logs moved; raises when Redis does not answer."""
-        names = [key.decode() if isinstance(key, bytes) else key for key in keys]
-        user_ids = [log.bucket_of(name) << log.BUCKET_BITS for name in names]
-        moved = [0]
-
-        def build(batches: list[list[int]]) -> Iterator[Call]:
-            for batch in batches:
-                for i in batch:
-                    into = [
-                        log.bucket_key(self.prefix, user_ids[i] | low) for low in range(0, 256, 32)
-                    ]
-                    args = [_now_arg(now), retention_ms]
-                    yield Call("gk_move", [1 + len(into), names[i], *into, *args], [i])
-
-        def collect(call: Call, reply: Any) -> None:
-            moved[0] += int(reply)
-
-        def fail(indexes: list[int]) -> None:
-            raise ConnectionError("Redis is not answering: the move stopped")
-
-        if names:
-            self.transport.run(user_ids, build, collect, fail)
-        return moved[0]
 
     def import_entries(
         self,
@@ -464,8 +417,7 @@ class Limiter:
                                 + log.tags_bytes(entry.tags),
                             )
                         )
-                    declared = [key, *self._previous([key])]
-                    yield Call("gk_restore", [len(declared), *declared, *args], found)
+                    yield Call("gk_restore", [1, key, *args], found)
 
         def collect(call: Call, reply: Any) -> None:
             added.append(int(reply))

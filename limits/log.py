@@ -1,12 +1,10 @@
 """The send log's bytes, from Python: where a user's log lives, the hashes it stores, the rule
 records a call passes, and reading a log back (limits/lua/limiter.lua holds the format).
 
-Each user's log is one field of a bucket hash that the 32 users whose ids differ only in the
-low 5 bits share: key `<prefix>{b:<id >> 8>}.<(id >> 5) & 7>`, field the low byte as one raw
-byte. The hash tag keeps the 8 buckets of 256 consecutive ids in one cluster slot, so a user's
-whole log (every channel) is decided in one function call, and consecutive ids (a campaign over
-a segment) share reads and writes. The previous version kept the 256 in one bucket,
-`<prefix>{b:<id >> 8>}` (previous_bucket_key): its users are moved out as they are written.
+Each user's log is one field of a bucket hash that the 256 users whose ids differ only in the
+low byte share: key `<prefix>{b:<id >> 8>}`, field the low byte as one raw byte. The hash tag
+keeps a bucket in one cluster slot, so a user's whole log (every channel) is decided in one
+function call, and consecutive ids (a campaign over a segment) share reads and writes.
 
 Hashes (blake2b, so they are the same in every process and version):
 - message id: 64 bits passed, the first 56 kept in an entry. Two different message ids of one
@@ -24,8 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from hashlib import blake2b
 
-BUCKET_BITS = 8  # the ids whose logs share a cluster slot: id >> 8
-SUB_BUCKET_BITS = 5  # the ids whose logs share a bucket: id >> 5
+BUCKET_BITS = 8
 FORMAT_VERSION = 2
 ENTRY_BASE = 21  # time 6, message 7, campaign 4, held 4 (priority, holder)
 FORMAT_1_BASE = 19  # format 1: time 6, message 8, campaign 4, priority 1
@@ -42,13 +39,7 @@ KIND_CODES = {"any": 1, "tag": 2, "campaign": 3}
 
 
 def bucket_key(prefix: str, user_id: int) -> str:
-    # The {b:<id >> 8>} hash tag keeps a user's bucket in one slot with its previous version's.
-    sub = (user_id >> SUB_BUCKET_BITS) & ((1 << (BUCKET_BITS - SUB_BUCKET_BITS)) - 1)
-    return f"{prefix}{{b:{user_id >> BUCKET_BITS}}}.{sub}"
-
-
-def previous_bucket_key(prefix: str, user_id: int) -> str:
-    """The bucket the previous version kept the user's log in (256 users, same slot)."""
+    # The {b:<bucket>} hash tag keeps a bucket (and so each of its users' logs) in one slot.
     return f"{prefix}{{b:{user_id >> BUCKET_BITS}}}"
 
 

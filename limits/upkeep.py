@@ -67,19 +67,14 @@ class ConvertPage:
     finished: bool  # the node's part of the pass has ended
 
 
-def buckets_cursors_key(prefix: str) -> str:
-    return f"{prefix}convert:buckets"
-
-
 def logs_convert_unfinished(limiter: Limiter) -> bool:
     """Whether an earlier run stopped in the middle of a pass (the next run continues it)."""
-    prefix = limiter.prefix
-    return bool(limiter.client.exists(convert_cursors_key(prefix), buckets_cursors_key(prefix)))
+    return bool(limiter.client.exists(convert_cursors_key(limiter.prefix)))
 
 
 def logs_convert_restart(limiter: Limiter) -> None:
     """Forget where an unfinished pass stopped: the next run starts at the beginning."""
-    limiter.client.delete(convert_cursors_key(limiter.prefix), buckets_cursors_key(limiter.prefix))
+    limiter.client.delete(convert_cursors_key(limiter.prefix))
 
 
 def logs_convert(
@@ -90,30 +85,13 @@ def logs_convert(
     dry_run: bool = False,
     now: float | None = None,
 ) -> Generator[ConvertPage, None, None]:
-    """Move every old log into the new one, a SCAN page at a time, one primary after another:
-    the two-sorted-set logs, then the previous version's buckets of 256 users (into the buckets
-    of 32, `buckets_convert`). Continues the pass an earlier run left unfinished. The caller may
-    stop between pages: each page's place is saved before it is handed over. A dry run moves
-    nothing, saves no place and starts at the beginning.
+    """Move every old log into the new one, a SCAN page at a time, one primary after another.
+    Continues the pass an earlier run left unfinished. The caller may stop between pages: each
+    page's place is saved before it is handed over. A dry run moves nothing, saves no place and
+    starts at the beginning.
 
     `retention_ms`: the new log's (limits.policy), so an import trims nothing the rules need.
     """
-    yield from _sorted_sets_convert(
-        limiter, retention_ms=retention_ms, page=page, dry_run=dry_run, now=now
-    )
-    yield from buckets_convert(
-        limiter, retention_ms=retention_ms, page=page, dry_run=dry_run, now=now
-    )
-
-
-def _sorted_sets_convert(
-    limiter: Limiter,
-    *,
-    retention_ms: int,
-    page: int,
-    dry_run: bool,
-    now: float | None,
-) -> Generator[ConvertPage, None, None]:
     client, prefix = limiter.client, limiter.prefix
     old = LegacyLogs(client, prefix=prefix, import_entries=limiter.import_entries)
     key = convert_cursors_key(prefix)
@@ -161,48 +139,6 @@ def _sorted_sets_convert(
         client.delete(key)
 
 
-def buckets_convert(
-    limiter: Limiter,
-    *,
-    retention_ms: int,
-    page: int = PAGE,
-    dry_run: bool = False,
-    now: float | None = None,
-) -> Generator[ConvertPage, None, None]:
-    """Move the users of the previous version's buckets (256 users, `<prefix>{b:<id >> 8>}`)
-    into their buckets of 32, a SCAN page at a time, resumable as logs_convert. A page's
-    `users` are the logs moved (a dry run: the logs there); `entries` is 0 (a move adds none)."""
-    client, prefix = limiter.client, limiter.prefix
-    key = buckets_cursors_key(prefix)
-    nodes = primaries(client)
-    saved: dict[str, str] = {}
-    if not dry_run:
-        saved = {_text(n): _text(c) for n, c in client.hgetall(key).items()}
-        if all(saved.get(name) == DONE for name, _ in nodes):
-            client.delete(key)
-            saved = {}
-    pattern = f"{_glob(prefix)}{{b:*}}"  # ends at the tag: not the buckets of 32 (`.q` after)
-    for name, conn in nodes:
-        place = saved.get(name, "0")
-        if place == DONE:
-            continue
-        cursor = int(place)
-        while True:
-            cursor, keys = conn.scan(cursor, match=pattern, count=page)
-            if dry_run:
-                users = sum(max(0, int(conn.hlen(k)) - 1) for k in keys)  # not the expiry
-            else:
-                users = limiter.move_buckets(keys, retention_ms=retention_ms, now=now)
-                client.hset(key, name, DONE if cursor == 0 else str(cursor))
-            yield ConvertPage(
-                node=name, keys=len(keys), users=users, entries=0, ignored=0, finished=cursor == 0
-            )
-            if cursor == 0:
-                break
-    if not dry_run:
-        client.delete(key)
-
-
 def _within(logs: dict[int, OldLogs], *, retention_ms: int, now: float | None) -> int:
     """The old entries an import would keep (the rest have aged out)."""
     since = round((time.time() if now is None else now) * 1000) - retention_ms
@@ -239,7 +175,7 @@ def logs_sweep(
     saved = {_text(n): int(c) for n, c in client.hgetall(key).items()}
     nodes = primaries(client)
     share = max(1, math.ceil(buckets / len(nodes)))
-    pattern = f"{_glob(prefix)}{{b:*}}*"  # buckets, and the previous version's
+    pattern = f"{_glob(prefix)}{{b:*}}"
     looked = dropped = emptied = passes = 0
     for name, conn in nodes:
         cursor, seen = saved.get(name, 0), 0

@@ -7,14 +7,9 @@ or a restart from an RDB/AOF keeps it, and a client that finds it missing (FUNCT
 fresh node) loads it again and retries; a function that is not found runs nothing.
 
 THE LOG. Each user's recorded sends, every channel together, are one binary string: one field
-of a bucket hash that 32 users share, those whose ids differ only in the low 5 bits. The caller
-names both: key `<prefix>{b:<id >> 8>}.<(id >> 5) & 7>`, field the low byte as one raw byte
-(the hash tag puts the 8 buckets of 256 consecutive ids, so each user's whole log, in one
-cluster slot). A bucket small enough stays a listpack in Redis (hash-max-listpack-entries 128,
--value 64 by default): a few bytes per user beside the log, where a hash table costs ~50.
-The previous version kept 256 users in one bucket, `<prefix>{b:<id >> 8>}`: a user found there
-and not in their bucket is moved into it by the first call that writes (the callers declare
-those keys too, after the others). Integers are big-endian, unsigned:
+of a bucket hash that 256 users share, those whose ids differ only in the low byte. The caller
+names both: key `<prefix>{b:<id >> 8>}`, field the low byte as one raw byte (the hash tag puts
+a bucket, so each user's whole log, in one cluster slot). Integers are big-endian, unsigned:
 
   byte 1    format version (2; a log of format 1, the previous version's, is read as format 2
             with holder 0 and written back as format 2)
@@ -63,7 +58,7 @@ A window counts every matching entry after its start, later ones too (a clock th
 frees no slot early). A request is admitted when every rule of its set has room.
 
 gk_acquire  (one call decides many requests; on a cluster the keys of one slot)
-  KEYS     the buckets of the call, each once, then the previous version's buckets of those
+  KEYS     the buckets of the call, each once
   ARGV[1]  now in ms, or "" for the server's TIME
   ARGV[2]  "1" dry run (decide, record nothing), "0" record
   ARGV[3]  the channel
@@ -92,15 +87,11 @@ gk_decide  (gk_acquire, with the holder its entries get and the log they go to; 
   ARGV[8]  "1": the sends are not counted (transactional): recorded in the uncounted log, no
            rule applies; "0": counted
 
-gk_give_back  (a user still in the previous version's bucket is released there)
-  KEYS     one per request, then the previous version's buckets of those
-  ARGV[1]  the channel; ARGV[2] a holder (0: any): an entry of another holder stays;
-  ARGV[3]  the number of requests; then 2 per request: field, message hash (field `~` and the
-           low byte: the uncounted log)
-  reply    one integer per request: 1 if the entry was there and is now removed, else 0
-
-gk_release  (the previous version's: gk_give_back for any holder)
+gk_release
   KEYS     one per request; ARGV[1] the channel; then 2 per request: field, message hash
+           (field `~` and the low byte: the uncounted log); or ARGV[1] the channel, ARGV[2] a
+           holder (0: any), then the 2 per request: an entry of another holder stays
+  reply    one integer per request: 1 if the entry was there and is now removed, else 0
 
 gk_run  (a send job chunk's record: who runs it now, and how far each of its sends got)
   KEYS[1]  the record: 16 bytes, the run that holds it, then one byte per recipient of the
@@ -113,8 +104,7 @@ gk_run  (a send job chunk's record: who runs it now, and how far each of its sen
            reply 1, or 0 when another run has taken it over (nothing written)
 
 gk_usage  (flags: no-writes; one user)
-  KEYS[1]  the bucket, KEYS[2] (optional) its previous version's, read while the user has not
-           moved; ARGV[1] now or ""; ARGV[2] field; ARGV[3] campaign hash (zero: for
+  KEYS[1]  the bucket; ARGV[1] now or ""; ARGV[2] field; ARGV[3] campaign hash (zero: for
            per-campaign rules, the campaign that used most); then pairs: channel, rule set
   reply    { now, then per rule of each pair, in order: used, retry (ms; -1: it has room or
              never will) }
@@ -126,16 +116,10 @@ gk_import  (the upgrade from the two-sorted-set logs, as the previous version ca
   reply    gk_restore's, for those entries with no campaign, priority 5 and no tags
 
 gk_restore  (rebuild_logs: sends from the send ledger, after Redis lost its data; idempotent)
-  KEYS[1]  the bucket, KEYS[2] (optional) its previous version's, from which a user is moved
-           first; ARGV[1] now or ""; ARGV[2] retention ms;
+  KEYS[1]  the bucket; ARGV[1] now or ""; ARGV[2] retention ms;
            then 4 per entry, grouped by field: field, channel, time ms, and the entry's bytes
            after its time: message hash (8), campaign hash (4), priority (1), tag hashes (4 each)
   reply    the number of entries added (one already there, by channel and message, is not)
-
-gk_move  (convert_logs: a previous version's bucket of 256 users into the 8 buckets of 32)
-  KEYS[1]  the previous version's bucket, then its 8 buckets in order (.0 to .7)
-  ARGV[1]  now or ""; ARGV[2] retention ms
-  reply    the logs moved (a user's log already in their bucket is newer: the old one goes)
 
 gk_sweep
   KEYS[1]  a bucket; ARGV[1] now or ""; ARGV[2] retention ms
@@ -151,7 +135,7 @@ local RULE = 29
 local REQUEST = 12
 local DAY, WEEK = 86400000, 604800000
 local EXPIRY = 'expiry'
-local PREVIOUS = '^(.*)%.%d+$' -- a bucket's key: the previous version's bucket key, then .q
+local EXPIRY_PADDING = '                                                                '
 local NONE = '\0\0\0\0'
 
 -- Bound on the first call: while a library loads, Redis lets it reach nothing but `redis`.
@@ -683,14 +667,24 @@ local function message_hash(arg)
   return sub(passed_hash(arg), 1, 7)
 end
 
+-- Whether a bucket's `expiry` says it holds uncounted logs ('u' before the padding).
+local function holds_uncounted(expiry)
+  return expiry and byte(expiry, 14) == 117 -- 'u' after the 13 digits of a time in ms
+end
+
 -- Writes a bucket's changed fields (a flat field, value list), extending its TTL when it
--- would end within 12 h of what `now` needs. `expiry` is the bucket's `expiry` field (or nil).
-local function write_bucket(key, flat, expiry, now, retention)
+-- would end within 12 h of what `now` needs. `expiry` is the bucket's `expiry` field (or nil);
+-- `uncounted`: an uncounted log is among the fields (the bucket's expiry then says so).
+local function write_bucket(key, flat, expiry, now, retention, uncounted)
   local needed = now + retention
-  local refresh = not expiry or tonumber(expiry) < needed + DAY / 2
+  local marked = holds_uncounted(expiry) or uncounted
+  local refresh = not expiry or tonumber(match(expiry, '^%d+')) < needed + DAY / 2
+    or (uncounted and not holds_uncounted(expiry))
   if refresh then
     flat[#flat + 1] = EXPIRY
-    flat[#flat + 1] = tostring(needed + DAY)
+    -- Padded past hash-max-listpack-value (64 bytes by default): the bucket is a hash table from
+    -- its first write, its users found in O(1) rather than by a scan of up to 256 of them.
+    flat[#flat + 1] = tostring(needed + DAY) .. (marked and 'u' or '') .. EXPIRY_PADDING
   end
   redis.call('HSET', key, unpack_list(flat))
   if refresh then
@@ -722,32 +716,6 @@ local function appended(log, slot, now, cutoff, time6, message, tails, tag_slots
   return raw .. time6 .. message .. tail
 end
 
--- The previous version's buckets a call declares (while upgrading; after its buckets).
-local function declared_previous(keys)
-  local declared = {}
-  for i = 1, #keys do
-    if not match(keys[i], PREVIOUS) then declared[keys[i]] = true end
-  end
-  return declared
-end
-
--- The previous version's bucket of a bucket's key, when the call declares it and it still
--- exists (else false).
-local function previous_of(key, declared)
-  local old = match(key, PREVIOUS)
-  if old and declared[old] and redis.call('EXISTS', old) == 1 then return old end
-  return false
-end
-
--- Drop the moved users' fields from a previous version's bucket, and the bucket once nobody is
--- left in it but its expiry.
-local function moved_out(old, fields)
-  redis.call('HDEL', old, unpack_list(fields))
-  if redis.call('HLEN', old) <= 1 and redis.call('HEXISTS', old, EXPIRY) == 1 then
-    redis.call('DEL', old)
-  end
-end
-
 --- Functions --------------------------------------------------------------------------------
 
 local function decide(keys, args)
@@ -755,7 +723,8 @@ local function decide(keys, args)
   local now = clock(args[1])
   local holder = (tonumber(args[7]) or 0) % PRIORITY_UNIT
   local OWN, OTHER = FIELDS, UNCOUNTED
-  if args[8] == '1' then OWN, OTHER = UNCOUNTED, FIELDS end
+  local uncounted = args[8] == '1'
+  if uncounted then OWN, OTHER = UNCOUNTED, FIELDS end
   local dry = args[2] == '1'
   local channel = args[3]
   local priority, retention = tonumber(args[4]), tonumber(args[5])
@@ -783,9 +752,6 @@ local function decide(keys, args)
   local expiries = {} -- key -> its `expiry`, or false
   local changed = {}  -- key -> field, raw, ... to write (a later value of a field wins)
   local list, ids = {}, {} -- scratch: the fields one HMGET asks for, and their users
-  local previous = {} -- key -> the previous version's bucket of it, or false
-  local declared = declared_previous(keys)
-  local leaving = {}  -- a previous version's bucket -> fields moved out of it
 
   local i = 0
   while i < n do
@@ -807,11 +773,11 @@ local function decide(keys, args)
         logs[id] = false
         wanted = wanted + 1
         ids[wanted] = id
-        list[2 * wanted - 1], list[2 * wanted] = OWN[f], OTHER[f]
+        list[wanted] = OWN[f]
       end
     end
     local read_expiry = expiries[k] == nil
-    local asked = 2 * wanted
+    local asked = wanted
     if read_expiry then
       asked = asked + 1
       list[asked] = EXPIRY
@@ -819,46 +785,20 @@ local function decide(keys, args)
     if asked > 0 then
       local values = redis.call('HMGET', keys[k], unpack_list(list, 1, asked))
       for x = 1, wanted do
-        logs[ids[x]] = values[2 * x - 1] or false
-        others[ids[x]] = values[2 * x] or false
+        logs[ids[x]] = values[x] or false
+        others[ids[x]] = false
       end
       if read_expiry then expiries[k] = values[asked] or false end
-      -- Users in neither field may still be in the previous version's bucket.
-      local old = previous[k]
-      if old == nil then
-        old = previous_of(keys[k], declared)
-        previous[k] = old
+    end
+    -- The users' other logs, where the bucket has any: a duplicate is looked for in both. A
+    -- bucket's uncounted logs are rare (a job's transactional sends); its counted ones are not.
+    if wanted > 0 and (uncounted or holds_uncounted(expiries[k])) then
+      for x = 1, wanted do
+        list[x] = OTHER[ids[x] % 256]
       end
-      if old then
-        local asking, whose = {}, {}
-        for x = 1, wanted do
-          if not logs[ids[x]] and not others[ids[x]] then
-            asking[#asking + 1], asking[#asking + 2] = list[2 * x - 1], list[2 * x]
-            whose[#whose + 1] = ids[x]
-          end
-        end
-        if #asking > 0 then
-          local found = redis.call('HMGET', old, unpack_list(asking))
-          for y = 1, #whose do
-            local own, other = found[2 * y - 1], found[2 * y]
-            if own or other then
-              logs[whose[y]], others[whose[y]] = own or false, other or false
-              if not dry then
-                -- Into this bucket (a write below replaces it), out of the previous one.
-                local flat = changed[k] or {}
-                changed[k] = flat
-                local gone = leaving[old] or {}
-                leaving[old] = gone
-                for z = 2 * y - 1, 2 * y do
-                  if found[z] then
-                    flat[#flat + 1], flat[#flat + 2] = asking[z], found[z]
-                    gone[#gone + 1] = asking[z]
-                  end
-                end
-              end
-            end
-          end
-        end
+      local values = redis.call('HMGET', keys[k], unpack_list(list, 1, wanted))
+      for x = 1, wanted do
+        others[ids[x]] = values[x] or false
       end
     end
 
@@ -1001,11 +941,8 @@ local function decide(keys, args)
   for k = 1, #keys do
     local flat = changed[k]
     if flat then
-      write_bucket(keys[k], flat, expiries[k] or nil, now, retention)
+      write_bucket(keys[k], flat, expiries[k] or nil, now, retention, uncounted)
     end
-  end
-  for old, fields in pairs(leaving) do
-    moved_out(old, fields)
   end
   return {now, concat(out)}
 end
@@ -1014,23 +951,19 @@ local function acquire(keys, args)
   return decide(keys, {args[1], args[2], args[3], args[4], args[5], args[6], '0', '0'})
 end
 
--- Take sends back out: `requests` of (bucket, field, message hash) in ARGV from `at`;
--- `holder` (or nil: any) the only holder whose entries go. A user still in the previous
--- version's bucket is released there.
-local function released(keys, args, channel, holder, count, at)
+local function release(keys, args)
+  if not floor then bind() end
+  local channel = args[1]
   local reply = {}
-  local declared = declared_previous(keys)
-  for i = 1, count do
-    local key, field = keys[i], args[at + 2 * i - 2]
-    local message = message_hash(args[at + 2 * i - 1])
+  local from, holder = 1, nil -- the previous version's form names no holder
+  if #args == 2 + 2 * #keys then
+    from, holder = 2, tonumber(args[2]) % PRIORITY_UNIT
+    if holder == 0 then holder = nil end
+  end
+  for i = 1, #keys do
+    local key, field = keys[i], args[from + 2 * i - 1]
+    local message = message_hash(args[from + 2 * i])
     local raw = redis.call('HGET', key, field)
-    if not raw then
-      local old = previous_of(key, declared)
-      if old then
-        key = old
-        raw = redis.call('HGET', key, field)
-      end
-    end
     local removed = 0
     if raw then
       local log = parse(raw)
@@ -1043,10 +976,8 @@ local function released(keys, args, channel, holder, count, at)
         local rest = rebuilt(log, -1, channel, nil, 0, log[2], e)
         if rest then
           redis.call('HSET', key, field, rest)
-        elseif key == keys[i] then
-          redis.call('HDEL', key, field)
         else
-          moved_out(key, {field}) -- the previous version's bucket goes with its last user
+          redis.call('HDEL', key, field)
         end
         removed = 1
       end
@@ -1056,26 +987,10 @@ local function released(keys, args, channel, holder, count, at)
   return reply
 end
 
--- The previous version's call: a key per request, then the channel and 2 per request.
-local function release(keys, args)
-  if not floor then bind() end
-  return released(keys, args, args[1], nil, #keys, 2)
-end
-
-local function give_back(keys, args)
-  if not floor then bind() end
-  local holder = tonumber(args[2]) % PRIORITY_UNIT
-  return released(keys, args, args[1], holder ~= 0 and holder or nil, tonumber(args[3]), 4)
-end
-
 local function usage(keys, args)
   if not floor then bind() end
   local now = clock(args[1])
-  local raw = redis.call('HGET', keys[1], args[2])
-  if not raw and keys[2] and redis.call('EXISTS', keys[2]) == 1 then
-    raw = redis.call('HGET', keys[2], args[2]) -- not moved yet from the previous version's bucket
-  end
-  local log = parse(raw or nil)
+  local log = parse(redis.call('HGET', keys[1], args[2]) or nil)
   local campaign, reply = args[3], {now}
   for p = 4, #args, 2 do
     local channel = args[p]
@@ -1121,8 +1036,6 @@ local function restore(keys, args)
   local now = clock(args[1])
   local cutoff = now - tonumber(args[2])
   local key = keys[1]
-  local old = previous_of(key, declared_previous(keys))
-  local gone = {}
   local expiry = redis.call('HGET', key, EXPIRY)
   local flat, added = {}, 0
   local field, log, changed = nil, nil, false
@@ -1130,14 +1043,7 @@ local function restore(keys, args)
     if args[p] ~= field then
       if changed then flat[#flat + 1] = field; flat[#flat + 1] = log[1] end
       field, changed = args[p], false
-      local raw = redis.call('HGET', key, field)
-      if not raw and old then
-        raw = redis.call('HGET', old, field)
-        if raw then
-          gone[#gone + 1], changed = field, true -- moved into this bucket
-        end
-      end
-      log = parse(raw or nil)
+      log = parse(redis.call('HGET', key, field) or nil)
     end
     local channel, at, rest = args[p + 1], tonumber(args[p + 2]), args[p + 3]
     local message = sub(rest, 1, 7)
@@ -1154,7 +1060,6 @@ local function restore(keys, args)
   if #flat > 0 then
     write_bucket(key, flat, expiry, now, tonumber(args[2]))
   end
-  if #gone > 0 then moved_out(old, gone) end
   return added
 end
 
@@ -1222,36 +1127,8 @@ local function run_record(keys, args)
   return 1
 end
 
--- The users of a previous version's bucket moved into their buckets (convert_logs).
-local function move(keys, args)
-  if not floor then bind() end
-  local now, retention = clock(args[1]), tonumber(args[2])
-  local old = keys[1]
-  local flat = redis.call('HGETALL', old)
-  local into, moved = {}, 0 -- bucket (1..8) -> field, value, ...
-  for i = 1, #flat, 2 do
-    local field = flat[i]
-    if field ~= EXPIRY then
-      local q = 2 + floor(byte(field, #field) / 32) -- the low byte's top 3 bits
-      if redis.call('HEXISTS', keys[q], field) == 0 then -- one already there is newer
-        local fields = into[q] or {}
-        into[q] = fields
-        fields[#fields + 1], fields[#fields + 2] = field, flat[i + 1]
-        moved = moved + 1
-      end
-    end
-  end
-  for q, fields in pairs(into) do
-    write_bucket(keys[q], fields, redis.call('HGET', keys[q], EXPIRY) or nil, now, retention)
-  end
-  redis.call('DEL', old)
-  return moved
-end
-
 redis.register_function('gk_acquire', acquire)
-redis.register_function('gk_move', move)
 redis.register_function('gk_decide', decide)
-redis.register_function('gk_give_back', give_back)
 redis.register_function('gk_run', run_record)
 redis.register_function('gk_release', release)
 redis.register_function{function_name = 'gk_usage', callback = usage, flags = {'no-writes'}}

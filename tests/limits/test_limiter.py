@@ -7,7 +7,6 @@ import pytest
 from limits import log
 from limits.limiter import Decision, Limiter
 from limits.policy import RuleSet
-from limits.upkeep import logs_convert
 from tests.limits.rulesets import DAY_S, WEEK_S, caps, rule, rule_set
 
 NOW = 1_763_800_000.0  # seconds; tests pass the clock, nothing waits for a window
@@ -218,85 +217,12 @@ def test_a_bucket_outlives_the_retention_by_a_day_and_then_expires(limiter: Limi
     assert 8 * DAY < ttl <= 9 * DAY
 
 
-def test_the_users_of_one_bucket_share_one_key_kept_as_a_listpack(limiter: Limiter) -> None:
-    for user in (256, 257, 287, 288):
+def test_the_users_of_one_bucket_share_one_key(limiter: Limiter) -> None:
+    for user in (256, 257, 511, 512):
         send(limiter, user, "m", caps(), NOW)
     client = limiter.client
-    key = log.bucket_key(limiter.prefix, 256)
-    assert client.hlen(key) == 3 + 1  # and its expiry
-    assert client.hlen(log.bucket_key(limiter.prefix, 288)) == 1 + 1
-    # 32 users of one send each: a listpack, a few bytes per user beside their logs.
-    for user in range(256, 288):
-        send(limiter, user, "n", caps(), NOW + 1)
-    assert client.object("encoding", key) == b"listpack"
-    assert client.memory_usage(key) < 32 * 64
-
-
-def format_1(*sends: tuple[float, str]) -> bytes:
-    """An email log of the previous version's format: 19-byte entries (time, the message hash's
-    8 bytes, campaign, priority), no tag slots."""
-    body = b"".join(
-        round(at * 1000).to_bytes(6, "big") + log.message_hash(m) + log.NO_HASH + bytes((5,))
-        for at, m in sends
-    )
-    return bytes((1, 0, 1, 5)) + b"email" + b"\0\0" + body
-
-
-def previous_bucket(limiter: Limiter) -> str:
-    """The previous version's bucket of users 256 to 511: user 300's log of format 1, user
-    301's, and its expiry."""
-    old = log.previous_bucket_key(limiter.prefix, 300)
-    limiter.client.hset(old, log.bucket_field(300), format_1((NOW - HOUR, "a"), (NOW - 60, "b")))
-    limiter.client.hset(old, log.bucket_field(301), format_1((NOW - 60, "c")))
-    limiter.client.hset(old, "expiry", "1")
-    return old
-
-
-def test_a_user_still_in_the_previous_versions_bucket_is_counted_and_moved_on_write(
-    limiter: Limiter,
-) -> None:
-    client = limiter.client
-    old = previous_bucket(limiter)
-    # Without the upgrade setting the previous version's buckets are not read.
-    assert limiter.entries(300) == []
-    limiter = Limiter(client, prefix=limiter.prefix, upgrade=True)
-    rules = caps(daily=3)
-    # Read where it is: the quota, the entries, a dry run (which moves nothing).
-    assert [e.message for e in limiter.entries(300)] == [
-        log.stored_message_hash("a"),
-        log.stored_message_hash("b"),
-    ]
-    assert send(limiter, 300, "b", rules, NOW, dry_run=True).reason == "duplicate"
-    assert client.hlen(old) == 3
-    # The first write moves the user: counted with their old sends, then out of the old bucket.
-    assert send(limiter, 300, "d", rules, NOW).counts == {"daily": 3, "weekly": 3}
-    assert send(limiter, 300, "e", rules, NOW).reason == "daily_cap"
-    assert sorted(client.hkeys(old)) == sorted([log.bucket_field(301), b"expiry"])
-    assert len(limiter.entries(300)) == 3
-    # A release finds a user who has not moved yet where they are; the last user gone, the
-    # previous version's bucket goes.
-    assert limiter.release("email", [(301, "c")]) == [True]
-    assert send(limiter, 301, "f", rules, NOW).counts == {"daily": 1, "weekly": 1}
-    assert client.exists(old) == 0
-
-
-def test_converting_moves_the_previous_versions_buckets_into_the_buckets_of_32(
-    limiter: Limiter,
-) -> None:
-    old = previous_bucket(limiter)
-    send(limiter, 301, "new", caps(), NOW)  # already in their bucket: that log is newer
-    pages = list(logs_convert(limiter, retention_ms=8 * 86_400_000, now=NOW, dry_run=True))
-    assert sum(p.users for p in pages) == 2 and limiter.client.exists(old)
-    pages = list(logs_convert(limiter, retention_ms=8 * 86_400_000, now=NOW))
-    assert (sum(p.keys for p in pages), sum(p.users for p in pages)) == (1, 1)
-    assert limiter.client.exists(old) == 0
-    assert [e.message for e in limiter.entries(300)] == [
-        log.stored_message_hash("a"),
-        log.stored_message_hash("b"),
-    ]
-    assert [e.message for e in limiter.entries(301)] == [log.stored_message_hash("new")]
-    assert send(limiter, 300, "d", caps(), NOW).counts == {"daily": 3, "weekly": 3}
-    assert sum(p.keys for p in logs_convert(limiter, retention_ms=8 * 86_400_000)) == 0
+    assert client.hlen(log.bucket_key(limiter.prefix, 256)) == 3 + 1  # and its expiry
+    assert client.hlen(log.bucket_key(limiter.prefix, 512)) == 1 + 1
 
 
 def test_the_sweep_drops_users_whose_log_has_aged_out(limiter: Limiter) -> None:

@@ -23,7 +23,7 @@ from tests.limits.rulesets import caps
 NOW = 1_763_800_000.0
 PREFIX = "migrating:"
 RULES = caps(daily=3)
-LOW_BYTES = (1, 2, 30)  # three users in each bucket (of 32)
+LOW_BYTES = (1, 2, 200)  # three users in each bucket
 
 
 @cache

@@ -86,10 +86,9 @@ def start_worker(inbox, redis_client, settings) -> Iterator[Callable[..., subpro
         GATEKEEPER_CHUNK_LEASE_SECONDS="3",
     )
 
-    def start(root: Path = ROOT, **settings: str) -> subprocess.Popen[bytes]:
-        """A worker of this version, or of the release whose source tree is `root`; `settings`:
-        more of its environment."""
-        process = start_celery_worker("sends,builds", {**env, **settings}, root=root)
+    def start(root: Path = ROOT) -> subprocess.Popen[bytes]:
+        """A worker of this version, or of the release whose source tree is `root`."""
+        process = start_celery_worker("sends,builds", env, root=root)
         started.append(process)
         return process
 
