@@ -35,7 +35,9 @@ entry on the channel written last, is one append (rebuilding costs five times as
 
 UNCOUNTED LOGS. A send job's transactional sends are recorded too, not to be counted but so
 that their message ids are claimed like marketing ones: in a second log of the user's, same
-format, field `~` and the low byte. No rule reads it; a duplicate is looked for in both.
+format, field `~` and the low byte. No rule reads it; a duplicate is looked for in both. A
+bucket holding any says so in its `expiry` ('u' after the time): only then are its users'
+uncounted logs read by a call deciding counted sends.
 
 The field `expiry` of a bucket holds when the bucket's TTL ends (ms, the callers' clock). A
 write extends it only when it would end within 12 h of what the new entry needs, so a bucket's
