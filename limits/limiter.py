@@ -20,7 +20,7 @@ from gatekeeper.lib.redis_client import REDIS_DOWN, get_redis
 from limits import log
 from limits.channels import ALL
 from limits.legacy import LegacyLogs
-from limits.policy import DEFAULT_PRIORITY, RuleSet, RuleView
+from limits.policy import DEFAULT_PRIORITY, NO_RULES, RuleSet, RuleView
 from limits.reasons import Reason
 from limits.transport import Call, FunctionTransport
 
@@ -334,8 +334,7 @@ class Limiter:
 
     def ping(self) -> bool:
         """True when Redis answers the real function path (for /readyz)."""
-        empty = RuleSet(records=b"", rules=(), effective=(), limits={})
-        return self.usage(0, [(ALL, empty)]) is not None
+        return self.usage(0, [(ALL, NO_RULES)]) is not None
 
     # --- upkeep --------------------------------------------------------------------------------
 

@@ -120,6 +120,10 @@ class RuleSet:
     limits: dict[str, int | None]
 
 
+# No rule at all: what the logs hold of a send, and a claim that counts against nothing.
+NO_RULES = RuleSet(records=b"", rules=(), effective=(), limits={})
+
+
 @dataclass(frozen=True)
 class PolicyTable:
     rules: tuple[RuleView, ...]

@@ -782,7 +782,8 @@ def _by_claims(
     (user id, message id)s this job charged and never sent, whose quota goes back. Raises redis
     errors."""
     recipients, channel = recipients_typed(chunk.recipients), chunk.job.channel
-    states = [state_at(record_read(chunk), i) for i in range(len(recipients))]
+    record = record_read(chunk)
+    states = [state_at(record, i) for i in range(len(recipients))]
     unmarked = [i for i, state in enumerate(states) if state == NOT_SENT]
     holders: list[int | None] = [None] * len(recipients)
     looked_up = gate_holders(

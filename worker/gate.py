@@ -12,7 +12,7 @@ decision is counted and kept in the ledger (not dry runs).
 import logging
 import time
 from collections.abc import Sequence
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from django.core.exceptions import ValidationError
 
@@ -20,7 +20,7 @@ from limits.channels import validate_channel
 from limits.ledger.stream import ledger_append, ledger_enabled, ledger_outcomes
 from limits.limiter import Decision, Limiter, get_limiter
 from limits.log import holder_of
-from limits.policy import DEFAULT_PRIORITY, PolicyTable, RuleSet
+from limits.policy import DEFAULT_PRIORITY, NO_RULES, PolicyTable
 from limits.reasons import Category, Outcome, Reason, validate_category
 from limits.selectors import PolicyCache, policy_cache
 from limits.suppression import SuppressionCache, suppression_cache
@@ -30,9 +30,6 @@ from worker.stages import quiet_hours, rules, snapshot, suppressed
 from worker.stages.base import Batch, Stage
 
 logger = logging.getLogger(__name__)
-
-# What a send job's transactional sends are held to: no rule, only their claim.
-UNRULED = RuleSet(records=b"", rules=(), effective=(), limits={})
 
 # The checks, in the order DESIGN.md gives (Gate): each decides some of the requests still
 # pending and passes the rest on; the rules ask the limiter about all that is left.
@@ -177,18 +174,18 @@ class Gate:
                 )
         return decisions
 
+    def _unruled(
+        self, channel: str, requests: Sequence[tuple[int, str]], **options: Any
+    ) -> list[Decision]:
+        """The limiter's answers under no rule: what the users' logs hold of these sends."""
+        return self.limiter.acquire(
+            channel, requests, NO_RULES, retention_ms=self.policy.table().retention_ms, **options
+        )
+
     def _claimed_exempt(
         self, channel: str, requests: Sequence[tuple[int, str]], *, job: int, now: float | None
     ) -> list[Decision]:
-        decisions = self.limiter.acquire(
-            channel,
-            requests,
-            UNRULED,
-            retention_ms=self.policy.table().retention_ms,
-            now=now,
-            holder=holder_of(job),
-            uncounted=True,
-        )
+        decisions = self._unruled(channel, requests, now=now, holder=holder_of(job), uncounted=True)
         for decision in decisions:
             if decision.reason == Reason.ALLOWED:
                 decision.reason, decision.counts = Reason.EXEMPT, {}
@@ -201,13 +198,7 @@ class Gate:
         named), None when there is none; nothing recorded. Redis errors are raised."""
         if not requests:
             return []
-        decisions = self.limiter.acquire(
-            channel,
-            requests,
-            UNRULED,
-            retention_ms=self.policy.table().retention_ms,
-            dry_run=True,
-        )
+        decisions = self._unruled(channel, requests, dry_run=True)
         if any(d.reason == Reason.UNAVAILABLE for d in decisions):
             raise ConnectionError("the logs could not be read")
         return [d.holder if d.reason == Reason.DUPLICATE else None for d in decisions]

@@ -1,5 +1,6 @@
 """Send jobs in tests: a real SMTP server (aiosmtpd) and a real HTTP push relay as fixtures, a published campaign, jobs made and run chunk by chunk, a user's recorded sends."""
 
+import contextlib
 import json
 import threading
 from collections import Counter
@@ -16,6 +17,8 @@ from limits.limiter import get_limiter
 from limits.rules import RuleFields
 from limits.services import RULES
 from worker.chunks import send_chunk_run
+from worker.claims import SENDING_STATE, SENT_STATE, ChunkRecord, record_read, state_at
+from worker.gate import gate_check
 from worker.models import SendChunk, SendJob
 from worker.services import send_job_create
 
@@ -39,17 +42,31 @@ def recorded(user_id: int, channel: str) -> int:
     return sum(1 for entry in get_limiter().entries(user_id) if entry.channel == channel)
 
 
+@contextlib.contextmanager
+def smtp_serving(handler: Any) -> Iterator[int]:
+    """A real SMTP server on loopback (aiosmtpd) handing its messages to `handler`; its port."""
+    controller = Controller(handler, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    try:
+        yield controller.port
+    finally:
+        controller.stop()
+
+
+def smtp_settings(settings: Any, port: int) -> None:
+    """This process's email settings pointed at the SMTP server on `port`."""
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
+    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
+    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
+
+
 @pytest.fixture
 def smtp(settings) -> Iterator[Inbox]:
     inbox = Inbox()
-    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", controller.port
-    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
-    settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
-    yield inbox
-    controller.stop()
+    with smtp_serving(inbox) as port:
+        smtp_settings(settings, port)
+        yield inbox
 
 
 class Relay:
@@ -140,9 +157,6 @@ def earlier_run(
     """What a run of `job`'s one chunk left when it died: every recipient gated (recorded for
     `holder`, the job itself unless named), the users `sent` marked sent and `sending` cut
     off while sending, in the chunk's record (worker/claims.py)."""
-    from worker.claims import SENDING_STATE, SENT_STATE, ChunkRecord
-    from worker.gate import gate_check
-
     chunk = job.chunks.get()
     gate_check(
         channel=job.channel,
@@ -161,7 +175,5 @@ def earlier_run(
 
 def chunk_states(chunk: Any) -> list[int]:
     """How far each send of a chunk got, by position (0 not sent, 1 sending, 2 sent)."""
-    from worker.claims import record_read, state_at
-
     states = record_read(chunk)
     return [state_at(states, i) for i in range(len(chunk.recipients))]

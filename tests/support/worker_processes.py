@@ -7,20 +7,21 @@ import signal
 import subprocess
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from aiosmtpd.controller import Controller
 
-from bench.servers import free_port
 from tests.support.celery_workers import (
     ROOT,
     start_celery_worker,
     stop_celery_worker,
     worker_env,
 )
+from tests.support.sends import smtp_serving
 from worker.models import SendJob
+from worker.services import send_job_create
 
 # The test process queues to this broker database too (tests/settings.py).
 TEST_BROKER_URL = os.environ.get("GATEKEEPER_TEST_BROKER_URL", "redis://127.0.0.1:6379/9")
@@ -61,13 +62,19 @@ class SlowInbox:
         return "250 OK"
 
 
+def wait_for(condition: Callable[[], bool], *, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
 @pytest.fixture
 def inbox() -> Iterator[tuple[SlowInbox, int]]:
     handler = SlowInbox()
-    controller = Controller(handler, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    yield handler, controller.port
-    controller.stop()
+    with smtp_serving(handler) as port:
+        yield handler, port
 
 
 @pytest.fixture
@@ -97,14 +104,6 @@ def start_worker(inbox, redis_client, settings) -> Iterator[Callable[..., subpro
         stop_celery_worker(process)
 
 
-def wait_for(condition: Callable[[], bool], *, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
 def job_done(job: SendJob) -> bool:
     job.refresh_from_db()
     return job.status == SendJob.Status.DONE
@@ -113,3 +112,26 @@ def job_done(job: SendJob) -> bool:
 def kill(process: subprocess.Popen[bytes]) -> None:
     os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=10)
+
+
+def email_job(campaign: str, users: range) -> tuple[list[str], SendJob]:
+    """A marketing email job of the `welcome` template to `users` (u<id>@example.com), queued
+    for the workers: its addresses in order, and the job."""
+    addresses = [f"u{u}@example.com" for u in users]
+    recipients = [{"user_id": u, "address": a} for u, a in zip(users, addresses, strict=True)]
+    job = send_job_create(
+        channel="email", campaign=campaign, template="welcome", recipients=recipients
+    )
+    return addresses, job
+
+
+def received_once(handler: SlowInbox) -> Counter[str]:
+    """What the SMTP server received, per address; fails when anybody got two."""
+    received = Counter(handler.recipients)
+    assert max(received.values()) == 1, [a for a, n in received.items() if n > 1]
+    return received
+
+
+def job_counts(job: SendJob) -> dict[str, int]:
+    """A (refreshed) job's outcome counts and what is still pending."""
+    return {o: getattr(job, o) for o in (*SendJob.OUTCOMES, "pending")}

@@ -4,7 +4,6 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from aiosmtpd.controller import Controller
 from django.core.exceptions import ValidationError
 from django.test import TestCase
 from django.utils import timezone
@@ -21,6 +20,8 @@ from tests.support.sends import (
     recipients,
     recorded,
     run_all,
+    smtp_serving,
+    smtp_settings,
 )
 from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run
 from worker.claims import claim_key
@@ -484,21 +485,14 @@ class StagedInbox(Inbox):
 def test_smtp_sends_are_ambiguous_only_when_the_server_may_have_taken_them(
     campaign, settings, inbox, outcome, retried, delivered
 ):
-    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    try:
-        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", controller.port
-        settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
-        settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
+    with smtp_serving(inbox) as port:
+        smtp_settings(settings, port)
         settings.EMAIL_TIMEOUT = 0.5
         job = make_job(1, campaign="s")
         assert send_chunk_run(chunk_id=job.chunks.get().pk) == outcome
         retry = SendChunk.objects.filter(job=job, status=SendChunk.Status.QUEUED)
         assert retry.exists() == retried
         assert len(inbox.messages) == delivered
-    finally:
-        controller.stop()
 
 
 def test_a_run_whose_lease_was_taken_over_stops_and_leaves_the_chunk_to_the_new_owner(

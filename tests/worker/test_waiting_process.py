@@ -4,52 +4,38 @@ a real SMTP server, real Redis. Time is passed, not waited for: the first pass r
 through the broker, run by the worker like beat's own calls. Beat itself runs meanwhile on the
 real clock, hours before any release: it must send nothing."""
 
-import os
 import re
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 import redis
-from aiosmtpd.controller import Controller
 
-from bench.servers import free_port
 from tests.support.celery_workers import (
     start_celery_beat,
     start_celery_worker,
     stop_celery_worker,
     worker_env,
 )
-from tests.support.sends import Inbox
+from tests.support.sends import Inbox, smtp_serving
 from tests.support.waiting import MORNING, NIGHT, SPREAD, USERS, adds_up, release
+from tests.support.worker_processes import TEST_BROKER_URL, wait_for
 from worker.models import SendChunk, SendJob
 from worker.selectors import send_job_waiting
 from worker.services import send_job_cancel_waiting, send_job_create
 from worker.tasks import send_chunk, send_chunks_due
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-TEST_BROKER_URL = os.environ.get("GATEKEEPER_TEST_BROKER_URL", "redis://127.0.0.1:6379/9")
 BEAT_TICK = re.compile(rb"send_chunks_due\[[^\]]+\] succeeded in [\d.e-]+s: (\d+)")
-
-
-def wait_for(condition: Callable[[], bool], *, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture
 def inbox() -> Iterator[tuple[Inbox, int]]:
     handler = Inbox()
-    controller = Controller(handler, hostname="127.0.0.1", port=free_port())
-    controller.start()
-    yield handler, controller.port
-    controller.stop()
+    with smtp_serving(handler) as port:
+        yield handler, port
 
 
 @pytest.fixture
