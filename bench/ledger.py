@@ -24,11 +24,13 @@ def _reset_tables() -> None:
     from django.db import connection
 
     from limits.ledger.drain import partition_name, partitions_list
+    from limits.ledger.table import kinds_forget
 
     with connection.cursor() as cursor:
         for day in partitions_list():
             cursor.execute(f"DROP TABLE IF EXISTS {partition_name(day)}")
-        cursor.execute("TRUNCATE limits_ledgercount, limits_ledgerbatch")
+        cursor.execute("TRUNCATE limits_ledgercount, limits_ledgerbatch, limits_ledgerkind")
+    kinds_forget()
 
 
 def _gates() -> tuple[Any, Any]:
@@ -134,9 +136,11 @@ while not stop.is_set():
 """
 
 
-def _fill_stream(client: redis.Redis, rows: int, *, users: int) -> None:
+def _fill_stream(client: redis.Redis, rows: int, *, users: int, own_ids: bool = False) -> None:
     """`rows` decisions in the stream as the gate writes them: calls of 1,000, four campaigns,
-    six segments, the classic reasons in a marketing mix, over the last few days."""
+    six segments, the classic reasons in a marketing mix, over the last few days. Message ids
+    of their own (`m<n>`), or with `own_ids` the campaign's (`<campaign>:<user>`, as send jobs
+    name their sends)."""
     from limits.ledger.stream import ledger_append
     from limits.limiter import Decision
     from limits.reasons import Category
@@ -149,7 +153,9 @@ def _fill_stream(client: redis.Redis, rows: int, *, users: int) -> None:
         decisions = [
             Decision(
                 user_id=(call + i) % users,
-                message_id=f"m{call + i}",
+                message_id=f"campaign-{call % 4}:{(call + i) % users}"
+                if own_ids
+                else f"m{call + i}",
                 allowed=True,
                 reason=reasons[(call + i) % len(reasons)],
                 counts={},
@@ -174,37 +180,58 @@ def _fill_stream(client: redis.Redis, rows: int, *, users: int) -> None:
 
 def writer_and_storage(rows: int) -> None:
     """Rows/s the drain writes (stream read, COPY into day partitions, hourly counts, stream
-    ids, acknowledgement), and the bytes a decision takes in PostgreSQL (table and indexes)."""
-    from django.db import connection
-
-    from limits.ledger.drain import ledger_drain, partition_name, partitions_list
+    ids, acknowledgement), and the bytes a decision takes in PostgreSQL (table, indexes and
+    kinds): with message ids of their own, then with the campaign's."""
+    from limits.ledger.drain import ledger_drain
 
     client = redis.Redis.from_url(REDIS_URL)
-    client.flushdb()
-    _reset_tables()
-    _fill_stream(client, rows, users=rows)
-    started, written = time.perf_counter(), 0
-    while True:
-        report = ledger_drain(client=client)
-        written += report.rows
-        if not report.entries:
-            break
-    wall = time.perf_counter() - started
+    for own_ids in (False, True):
+        client.flushdb()
+        _reset_tables()
+        _fill_stream(client, rows, users=rows, own_ids=own_ids)
+        started, written = time.perf_counter(), 0
+        while True:
+            report = ledger_drain(client=client)
+            written += report.rows
+            if not report.entries:
+                break
+        wall = time.perf_counter() - started
+        total, table, kinds, counts = _ledger_bytes()
+        ids = "the campaign's own message ids" if own_ids else "message ids of their own"
+        if not own_ids:
+            print(
+                f"drain: {written:,} decisions in {wall:.1f} s: {written / wall:,.0f} rows/s "
+                f"(gate calls of 1,000; a 10M-a-day ledger needs 116 rows/s on average)"
+            )
+        print(
+            f"PostgreSQL, {ids}: {total / written:.1f} bytes per decision   (target <= 100; "
+            f"table {table / written:.1f}, indexes {(total - table - kinds) / written:.1f}, "
+            f"kinds {kinds / written:.2f}; {total / 2**20:,.0f} MiB for {written:,}); "
+            f"{counts:,} hourly count rows"
+        )
+
+
+def _ledger_bytes() -> tuple[int, int, int, int]:
+    """The ledger's bytes in PostgreSQL (its day partitions with their indexes, and the
+    kinds), its tables' alone, the kinds', and how many hourly counts there are."""
+    from django.db import connection
+
+    from limits.ledger.drain import partition_name, partitions_list
+
     with connection.cursor() as cursor:
-        total = 0
+        total = table = 0
         for day in partitions_list():
-            cursor.execute("SELECT pg_total_relation_size(%s)", [partition_name(day)])
-            total += int(cursor.fetchone()[0])
+            cursor.execute(
+                "SELECT pg_total_relation_size(%s), pg_relation_size(%s)",
+                [partition_name(day)] * 2,
+            )
+            whole, alone = cursor.fetchone()
+            total, table = total + int(whole), table + int(alone)
+        cursor.execute("SELECT pg_total_relation_size('limits_ledgerkind')")
+        kinds = int(cursor.fetchone()[0])
         cursor.execute("SELECT count(*) FROM limits_ledgercount")
         counts = int(cursor.fetchone()[0])
-    print(
-        f"drain: {written:,} decisions in {wall:.1f} s: {written / wall:,.0f} rows/s "
-        f"(gate calls of 1,000; a 10M-a-day ledger needs 116 rows/s on average)"
-    )
-    print(
-        f"PostgreSQL: {total / written:.0f} bytes per decision (day partitions, table and "
-        f"indexes, {total / 2**20:,.0f} MiB for {written:,}); {counts:,} hourly count rows"
-    )
+    return total + kinds, table, kinds, counts
 
 
 def rebuild(users: int, per_user: int) -> None:

@@ -2,9 +2,9 @@
 a time, for `GET /api/v1/users/<id>/history/` and the admin's user lookup.
 
 Pages are keyset-paginated on (at, id), never by offset or COUNT(*): on PostgreSQL the ledger is
-partitioned by day with an index on (user_id, at), and a query that filters on user_id and
-orders by at descending walks that index in every partition (a merge of index scans) and stops
-after the page. `id` only breaks ties between decisions of the same millisecond (one gate call
+partitioned by day with an index on user_id, and a query that filters on user_id and orders by
+at descending reads the user's few rows of each day from that index, the newest days first,
+and stops after the page. `id` only breaks ties between decisions of the same millisecond (one gate call
 writes one `at` for the whole batch); on PostgreSQL it is unique only together with `at`, which
 the position always carries.
 """
@@ -17,6 +17,7 @@ from typing import Any
 from django.db.models import Q
 
 from gatekeeper.lib.ids import DATABASE_MAX
+from limits.ledger.table import message_of
 from limits.models import LedgerEntry, Rule
 from limits.rules import rule_describe
 from limits.selectors import rule_view
@@ -107,27 +108,27 @@ def user_history(
     """Up to `limit` of the user's decisions, newest first, older than `before`, of `channel`,
     `campaign` and `reason` when given, from `since` (inclusive) to `until` (exclusive). Each
     with its deciding rule's name and description while the rule exists."""
-    entries = LedgerEntry.objects.filter(user_id=user_id)
+    entries = LedgerEntry.objects.filter(user_id=user_id).select_related("kind")
     if channel is not None:
-        entries = entries.filter(channel=channel)
+        entries = entries.filter(kind__channel=channel)
     if campaign is not None:
-        entries = entries.filter(campaign=campaign)
+        entries = entries.filter(kind__campaign=campaign)
     if reason is not None:
-        entries = entries.filter(reason=reason)
+        entries = entries.filter(kind__reason=reason)
     if since is not None:
         entries = entries.filter(at__gte=since)
     if until is not None:
         entries = entries.filter(at__lt=until)
     if before is not None:
-        # `at <= ...` on its own too: a range the (user_id, at) index answers, and that prunes
-        # the newer partitions; the OR only settles the ties at that very instant.
+        # `at <= ...` on its own too: it prunes the newer partitions; the OR only settles the
+        # ties at that very instant.
         entries = entries.filter(at__lte=before.at).filter(
             Q(at__lt=before.at) | Q(at=before.at, id__lt=before.id)
         )
     rows = list(entries.order_by("-at", "-id")[: limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]
-    rules = _rules({row.rule_id for row in rows if row.rule_id is not None})
+    rules = _rules({row.kind.rule_id for row in rows if row.kind.rule_id is not None})
     return HistoryPage(
         decisions=[_decision(row, rules) for row in rows],
         next=Position(at=rows[-1].at, id=rows[-1].id) if more else None,
@@ -154,26 +155,26 @@ def _rules(ids: set[int]) -> dict[int, dict[str, Any]]:
 
 
 def _decision(row: LedgerEntry, rules: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    rule = None
-    if row.rule_id is not None:
+    kind, rule = row.kind, None
+    if kind.rule_id is not None:
         # A deleted rule is still named by its id (its changes are kept: RuleChange).
-        rule = rules.get(row.rule_id) or {
-            "id": row.rule_id,
+        rule = rules.get(kind.rule_id) or {
+            "id": kind.rule_id,
             "name": None,
             "description": None,
             "classic": None,
         }
     return {
         "at": row.at.astimezone(UTC),
-        "channel": row.channel,
-        "campaign": row.campaign,
-        "category": row.category,
-        "tags": list(row.tags or []),
-        "priority": row.priority,
-        "segment": row.segment or None,
-        "snapshot_version": row.snapshot_version or None,
-        "reason": row.reason,
+        "channel": kind.channel,
+        "campaign": kind.campaign,
+        "category": kind.category,
+        "tags": list(kind.tags or []),
+        "priority": kind.priority,
+        "segment": kind.segment or None,
+        "snapshot_version": kind.snapshot_version or None,
+        "reason": kind.reason,
         "rule": rule,
-        "message_id": row.message_id,
+        "message_id": message_of(kind.campaign, row.user_id, row.message_id),
         "outcome": row.outcome or None,
     }

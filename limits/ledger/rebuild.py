@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from limits.ledger.table import kinds_analyze, message_of
 from limits.limiter import Limiter, Restored, get_limiter
-from limits.models import LedgerEntry
+from limits.models import LedgerEntry, LedgerKind
 from limits.reasons import GIVEN_BACK, Category, Reason
 from limits.selectors import policy_read
 
@@ -49,21 +50,28 @@ class Rebuilt:
 def _sends(since: datetime, after: int | None, limit: int) -> list[tuple[Any, ...]]:
     """Up to `limit` countable sends of the users after `after`, ordered by user; every send of
     each user returned (a user cut off by the limit is left for the next batch), unless a single
-    user has more than `limit`, who is returned whole."""
-    countable = LedgerEntry.objects.filter(
-        at__gt=since, category=Category.MARKETING, reason=Reason.ALLOWED
-    ).exclude(outcome__in=GIVEN_BACK)
+    user has more than `limit`, who is returned whole. Each as (user id, channel, at, message
+    id, campaign, priority, tags)."""
+    admitted = LedgerKind.objects.filter(category=Category.MARKETING, reason=Reason.ALLOWED)
+    countable = LedgerEntry.objects.filter(at__gt=since, kind__in=admitted.values("id")).exclude(
+        outcome__in=GIVEN_BACK
+    )
     if after is not None:
         countable = countable.filter(user_id__gt=after)
-    fields = ("user_id", "channel", "at", "message_id", "campaign", "priority", "tags")
+    fields = ("user_id", "kind_id", "at", "message_id")
     rows = list(countable.order_by("user_id").values_list(*fields)[:limit])
-    if len(rows) < limit:
-        return rows
-    last = rows[-1][0]
-    whole = [row for row in rows if row[0] != last]
-    if whole:
-        return whole
-    return list(countable.filter(user_id=last).values_list(*fields))  # one user, whole
+    if len(rows) == limit:
+        last = rows[-1][0]
+        rows = [row for row in rows if row[0] != last] or list(
+            countable.filter(user_id=last).values_list(*fields)  # one user, whole
+        )
+    kinds = LedgerKind.objects.in_bulk({kind_id for _, kind_id, _, _ in rows})
+    return [
+        (user_id, kind.channel, at, message_of(kind.campaign, user_id, stored), kind.campaign,
+         kind.priority, kind.tags)
+        for user_id, kind_id, at, stored in rows
+        for kind in (kinds[kind_id],)
+    ]  # fmt: skip
 
 
 def _batches(since: datetime, after: int | None, limit: int) -> Iterator[list[tuple[Any, ...]]]:
@@ -90,6 +98,7 @@ def logs_rebuild(
     started = time.monotonic()
     clock = time.time() if now is None else now
     retention_ms = policy_read().retention_ms
+    kinds_analyze()
     since = datetime.fromtimestamp(clock - retention_ms / 1000, tz=UTC)
     report = Rebuilt()
     mark = None if restart else client.get(key)

@@ -36,21 +36,6 @@ logger = logging.getLogger(__name__)
 STREAM = "ledger"
 DECIDED_ROWS = 1  # a stream entry of decisions, a list per decision (the first version)
 DECIDED = 3  # a stream entry of decisions, a column at a time
-COLUMNS = (
-    "at",
-    "user_id",
-    "channel",
-    "campaign",
-    "tags",
-    "priority",
-    "segment",
-    "snapshot_version",
-    "reason",
-    "rule_id",
-    "message_id",
-    "category",
-    "outcome",
-)
 OUTCOMES_ENTRY = 2  # a stream entry of outcomes (sent, failed, ambiguous, released), not decisions
 
 
@@ -160,15 +145,6 @@ class Decided(msgspec.Struct, array_like=True, tag=DECIDED, frozen=True):
     def rows(self) -> Iterator[tuple[int, str, str, str, int | None]]:
         """(user id, message id, segment, reason, rule id) per decision."""
         return zip(self.users, self.messages, self.segments, self.reasons, self.rules, strict=True)
-
-    def columns(self, outcomes: dict[int, str] | None = None) -> list[tuple[Any, ...]]:
-        """Its decisions as rows of COLUMNS; `outcomes`: by row, those already known."""
-        at, known = self.at, outcomes or {}
-        return [
-            (at, user_id, self.channel, self.campaign, self.tags, self.priority, segment,
-             self.version, reason, rule_id, message_id, self.category, known.get(k, ""))
-            for k, (user_id, message_id, segment, reason, rule_id) in enumerate(self.rows())
-        ]  # fmt: skip
 
 
 class DecidedRows(msgspec.Struct, array_like=True, tag=DECIDED_ROWS, frozen=True):
