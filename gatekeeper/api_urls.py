@@ -14,6 +14,7 @@ from limits.api.suppressions import (
     SuppressionListView,
     SuppressionRemoveView,
 )
+from limits.api.topics import TopicDetailView, TopicListView
 from limits.ledger.api import DecisionsReportView, HistoryView
 from segments.api import (
     BuildDetailView,
@@ -51,6 +52,8 @@ v1 = [
         QuietHoursDetailView.as_view(),
         name="quiet-hours-entry",
     ),
+    path("topics/", TopicListView.as_view(), name="topics"),
+    path("topics/<slug:slug>/", TopicDetailView.as_view(), name="topic"),
     path("suppressions/", SuppressionListView.as_view(), name="suppressions"),
     path("suppressions/remove/", SuppressionRemoveView.as_view(), name="suppressions-remove"),
     path(

@@ -1,5 +1,5 @@
-"""The one stack for authored records: rows a marketer writes (cap rules, quiet hours, and the
-kinds to come), each change checked whole, recorded with who made it and through what, and in
+"""The one stack for authored records: rows a marketer writes (cap rules, quiet hours, topics,
+and the kinds to come), each change checked whole, recorded with who made it and through what, and in
 force in every process within GATEKEEPER_CAPS_TTL_SECONDS.
 
 A kind is a spec (`AuthoredKind`): its model and change model, its editable fields (a dataclass
@@ -32,9 +32,8 @@ from segments.models import Segment
 
 
 class Fields(Protocol):
-    """What every kind's fields have: the segment they apply to (a slug; None: every one)."""
-
-    segment: str | None
+    """A kind's editable fields (a dataclass). A kind whose rows apply to a segment names it
+    `segment` (a slug; None: every one); a kind without one (topics) has no such field."""
 
 
 RowT = TypeVar("RowT", bound=Authored)
@@ -75,8 +74,10 @@ class AuthoredKind(Generic[RowT, FieldsT]):
         (a 64-bit column) is no row, not an overflow."""
         if not 0 < row_id <= DATABASE_MAX:
             return None
-        manager: models.Manager[RowT] = self.model._default_manager
-        return manager.select_related("segment").filter(pk=row_id).first()
+        rows = self.model._default_manager.all()
+        if any(f.name == "segment" for f in self.model._meta.get_fields()):
+            rows = rows.select_related("segment")
+        return rows.filter(pk=row_id).first()
 
     # --- writes ---
 
@@ -128,7 +129,8 @@ class AuthoredKind(Generic[RowT, FieldsT]):
         problems = self.problems(fields, segments=slugs)
         if problems:
             raise ValidationError(problems)
-        return Segment.objects.get(slug=fields.segment) if fields.segment is not None else None
+        slug = getattr(fields, "segment", None)
+        return Segment.objects.get(slug=slug) if slug is not None else None
 
     def _record(self, row: RowT, action: str, before: Any, after: Any, user: Any, via: str) -> None:
         self.change_model._default_manager.create(

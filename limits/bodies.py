@@ -23,6 +23,8 @@ from limits.rules import (
     tags_problem,
 )
 from limits.suppression import REASONS as SUPPRESSION_REASONS
+from segments.bodies import Description as TopicDescription
+from segments.bodies import Name as TopicName
 from segments.bodies import Slug
 
 Limit = Annotated[int, Meta(ge=0, le=INT32_MAX)] | None
@@ -252,6 +254,45 @@ class QuietHoursChangeBody(Body, kw_only=True):
     end: QuietEnd | UnsetType = UNSET
     spread_minutes: Spread | UnsetType = UNSET
     enabled: bool | UnsetType = UNSET
+
+
+# --- topics -------------------------------------------------------------------------------------
+# The forms are stated for the schema; limits.topics.topic_problems is the one rule (a channel
+# from settings, each once; the default's choices).
+
+TopicChannels = Annotated[
+    list[Channel],
+    Meta(
+        max_length=64,
+        description="The channels it is sent on, each once; empty: every channel.",
+        extra_json_schema={"uniqueItems": True},
+    ),
+]
+TopicDefault = Annotated[
+    Literal["subscribed", "unsubscribed", "required"],
+    Meta(
+        description="subscribed: everyone gets it until they switch it off; unsubscribed: only "
+        "those who switch it on; required: no preference can switch it off (notices such as a "
+        "change of terms)."
+    ),
+]
+
+
+class TopicCreateBody(Body, kw_only=True):
+    slug: Annotated[Slug, Meta(description="Never changes: sends and preferences name it.")]
+    name: TopicName
+    description: TopicDescription = ""
+    channels: TopicChannels = []
+    default: TopicDefault = "subscribed"
+
+
+class TopicChangeBody(Body, kw_only=True):
+    """Any of a topic's fields but its slug; the topic is checked whole after the change."""
+
+    name: TopicName | UnsetType = UNSET
+    description: TopicDescription | UnsetType = UNSET
+    channels: TopicChannels | UnsetType = UNSET
+    default: TopicDefault | UnsetType = UNSET
 
 
 # --- the suppression list -----------------------------------------------------------------------

@@ -248,6 +248,39 @@ class QuietHoursChange(ChangeRecord):
     )
 
 
+class Topic(Authored):
+    """What a marketing send is about (limits/topics.py): a person's preferences say which
+    topics they want on which channels. Validated by `limits.topics.topic_problems`; written
+    through `limits.services.TOPICS`, each change audited. Its slug never changes."""
+
+    class Default(models.TextChoices):
+        SUBSCRIBED = "subscribed", "subscribed: everyone gets it until they switch it off"
+        UNSUBSCRIBED = "unsubscribed", "unsubscribed: only those who switch it on"
+        REQUIRED = "required", "required: no preference can switch it off"
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200, help_text="As people read it on their page.")
+    description = models.TextField(blank=True)
+    channels = models.JSONField(
+        default=list, blank=True, help_text="The channels it is sent on; none: every channel."
+    )
+    default = models.CharField(max_length=16, choices=Default.choices, default=Default.SUBSCRIBED)
+
+    class Meta:
+        ordering = ["name", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.slug})"
+
+
+class TopicChange(ChangeRecord):
+    """One change of a topic."""
+
+    topic = models.ForeignKey(
+        Topic, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
+    )
+
+
 class QuotaReset(models.Model):
     """Audit record of an admin resetting one user's quota: who, when, why, and what was used."""
 

@@ -9,12 +9,13 @@ from rest_framework import serializers
 
 from gatekeeper.lib.bodies import openapi_components
 from limits.bodies import Reserve, Window
-from limits.models import Cap, QuietHours, Rule
+from limits.models import Cap, QuietHours, Rule, Topic
 from limits.quiet import CLOCK, SPREAD_MAX, quiet_as_json, quiet_describe, quiet_view
 from limits.rules import MATCHES, rule_as_json, rule_describe
 from limits.selectors import rule_view, rules_findings
 from limits.services import cap_describe, cap_warnings
 from limits.suppression import REASONS as SUPPRESSION_REASONS
+from limits.topics import DEFAULTS, topic_as_json, topic_json_describe
 
 
 class CapSerializer(serializers.ModelSerializer):
@@ -251,3 +252,29 @@ class QuotaSerializer(serializers.Serializer):
         required=False,
         help_text="Only with ?window=: per channel, the marketing sends recorded in it.",
     )
+
+
+class TopicSerializer(serializers.Serializer):
+    slug = serializers.SlugField(help_text="Never changes: sends and preferences name it.")
+    name = serializers.CharField()
+    description = serializers.CharField(allow_blank=True)
+    channels = serializers.ListField(
+        child=serializers.CharField(), help_text="The channels it is sent on; empty: every one."
+    )
+    default = serializers.ChoiceField(choices=list(DEFAULTS))
+    reading = serializers.CharField(help_text="The topic in plain words.")
+    created_at = serializers.DateTimeField()
+    changed_at = serializers.DateTimeField()
+
+
+def topics_shown(topics: Iterable[Topic]) -> list[dict[str, Any]]:
+    """Topics as the REST API answers them (TopicSerializer's fields)."""
+    return [
+        {
+            **(data := topic_as_json(topic)),
+            "reading": topic_json_describe(data),
+            "created_at": topic.created_at,
+            "changed_at": topic.changed_at,
+        }
+        for topic in topics
+    ]

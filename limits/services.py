@@ -1,4 +1,4 @@
-"""Writes of caps, cap rules, quiet hours and quota resets. Admin, REST API and commands change
+"""Writes of caps, cap rules, quiet hours, topics and quota resets. Admin, REST API and commands change
 caps through `cap_set`, rules and quiet hours through their authored kinds (`RULES.create`,
 `RULES.update`, `RULES.delete`, and the same of `QUIET_HOURS`: limits/authored.py); each change
 is recorded with who made it, in the same transaction."""
@@ -15,7 +15,17 @@ from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.authored import AuthoredKind, who
 from limits.channels import noun, scope_label, validate_scope
 from limits.limiter import get_limiter
-from limits.models import Cap, CapChange, QuietHours, QuietHoursChange, QuotaReset, Rule, RuleChange
+from limits.models import (
+    Cap,
+    CapChange,
+    QuietHours,
+    QuietHoursChange,
+    QuotaReset,
+    Rule,
+    RuleChange,
+    Topic,
+    TopicChange,
+)
 from limits.quiet import (
     QUIET_SHOWN,
     QuietFields,
@@ -39,6 +49,16 @@ from limits.rules import (
     window_seconds_of,
 )
 from limits.selectors import policy_cache
+from limits.topics import (
+    TOPIC_SHOWN,
+    TopicFields,
+    topic_apply,
+    topic_as_json,
+    topic_json_describe,
+    topic_problems,
+    topic_read,
+    topic_value_words,
+)
 from segments.models import Segment
 
 
@@ -81,6 +101,23 @@ QUIET_HOURS: AuthoredKind[QuietHours, QuietFields] = AuthoredKind(
     describe=quiet_json_describe,
     value_words=quiet_value_words,
     shown=QUIET_SHOWN,
+)
+
+# Topics (limits/topics.py): their slug is set when made and never changed (sends and people's
+# preferences name it), which the REST body and the admin form see to.
+TOPICS: AuthoredKind[Topic, TopicFields] = AuthoredKind(
+    noun="topic",
+    model=Topic,
+    change_model=TopicChange,
+    link="topic",
+    fields=TopicFields,
+    read=topic_read,
+    problems=topic_problems,
+    apply=topic_apply,
+    as_json=topic_as_json,
+    describe=topic_json_describe,
+    value_words=topic_value_words,
+    shown=TOPIC_SHOWN,
 )
 
 

@@ -1,6 +1,6 @@
 """The two admin groups marketers are put in, and what each may do.
 
-- Marketer: edit segments, user lists, caps, cap rules and quiet hours; build, publish and roll
+- Marketer: edit segments, user lists, caps, cap rules, quiet hours and topics; build, publish and roll
   back snapshots; add users to the suppression list and take them off; reset a user's quota; send a campaign file; pause, resume and cancel send jobs
   and their waiting sends; read everything else the admin shows.
 - Viewer: read-only.
@@ -27,6 +27,8 @@ _READ = [
     "limits.view_rulechange",
     "limits.view_quiethours",
     "limits.view_quiethourschange",
+    "limits.view_topic",
+    "limits.view_topicchange",
     "limits.view_quotareset",
     "limits.view_suppression",
     "limits.view_suppressionchange",
@@ -52,6 +54,9 @@ GROUP_PERMISSIONS: dict[str, list[str]] = {
         "limits.add_quiethours",
         "limits.change_quiethours",
         "limits.delete_quiethours",
+        "limits.add_topic",
+        "limits.change_topic",
+        "limits.delete_topic",
         "limits.reset_quota",
         "limits.add_suppression",
         "limits.delete_suppression",

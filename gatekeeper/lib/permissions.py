@@ -22,6 +22,7 @@ VIEW_BUILDS = ("segments.view_build",)
 VIEW_CAPS = ("limits.view_cap",)
 VIEW_RULES = ("limits.view_rule",)
 VIEW_QUIET_HOURS = ("limits.view_quiethours",)
+VIEW_TOPICS = ("limits.view_topic",)
 VIEW_SEND_JOBS = ("worker.view_sendjob",)
 VIEW_SUPPRESSIONS = ("limits.view_suppression",)
 # The decisions report (REST) does what the dashboard's chart of refused sends and its CSV
@@ -52,6 +53,9 @@ DELETE_RULES = ("limits.delete_rule",)
 ADD_QUIET_HOURS = ("limits.add_quiethours",)
 CHANGE_QUIET_HOURS = ("limits.change_quiethours",)
 DELETE_QUIET_HOURS = ("limits.delete_quiethours",)
+ADD_TOPICS = ("limits.add_topic",)
+CHANGE_TOPICS = ("limits.change_topic",)
+DELETE_TOPICS = ("limits.delete_topic",)
 # The suppression list: adding (an import too) and taking users off it.
 ADD_SUPPRESSIONS = ("limits.add_suppression",)
 DELETE_SUPPRESSIONS = ("limits.delete_suppression",)
@@ -64,14 +68,16 @@ CANCEL_SENDS = ("worker.cancel_sendjob",)
 # Calling the gate and handing over send jobs (campaign systems).
 GATE = ("limits.use_gate",)
 # What a campaign system's account needs: the gate and send jobs, and reading segments, quotas,
-# the rules and quiet hours its refusals come from and its jobs' progress; and keeping the
-# suppression list (opt-outs and opt-ins from its own preference centre).
+# the rules and quiet hours its refusals come from, the topics its sends name, and its jobs'
+# progress; and keeping the suppression list (opt-outs and opt-ins from its own preference
+# centre).
 CAMPAIGN_SYSTEM = (
     *GATE,
     *VIEW_SEGMENTS,
     *VIEW_CAPS,
     *VIEW_RULES,
     *VIEW_QUIET_HOURS,
+    *VIEW_TOPICS,
     *VIEW_SEND_JOBS,
     *CANCEL_SENDS,
     *VIEW_SUPPRESSIONS,

@@ -88,8 +88,15 @@ class AuthoredAdmin(admin.ModelAdmin):
     def after_save(self, request: HttpRequest, row: Any) -> None:
         """What to tell after a save besides how the row reads."""
 
+    def with_segment(self, rows: QuerySet[Any]) -> QuerySet[Any]:
+        """`rows` with their segment, for a kind whose rows have one (topics have none)."""
+        if any(f.name == "segment" for f in self.model._meta.get_fields()):
+            return rows.select_related("segment")
+        return rows
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).select_related("segment", "created_by", "changed_by")
+        rows = super().get_queryset(request).select_related("created_by", "changed_by")
+        return self.with_segment(rows)
 
     @admin.display(description="in plain words")
     def reading(self, row: Any) -> str:
@@ -117,7 +124,7 @@ class AuthoredAdmin(admin.ModelAdmin):
         fields = form.authored_fields()
         if change:
             # The stored row, not `obj`: the form has put the typed text in its fields.
-            stored = self.model._default_manager.select_related("segment").get(pk=obj.pk)
+            stored = self.with_segment(self.model._default_manager.all()).get(pk=obj.pk)
             saved = self.authored.update(
                 row=stored, changes=asdict(fields), user=request.user, via="admin"
             )
@@ -132,7 +139,7 @@ class AuthoredAdmin(admin.ModelAdmin):
         self.authored.delete(row=obj, user=request.user, via="admin")
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
-        for row in queryset.select_related("segment"):
+        for row in self.with_segment(queryset):
             self.authored.delete(row=row, user=request.user, via="admin")
 
     @admin.action(description="Enable the selected %(verbose_name_plural)s", permissions=["change"])
@@ -147,7 +154,7 @@ class AuthoredAdmin(admin.ModelAdmin):
 
     def _switch(self, request: HttpRequest, queryset: QuerySet[Any], *, enabled: bool) -> None:
         switched, guarded, refused = 0, [], []
-        for row in queryset.select_related("segment"):
+        for row in self.with_segment(queryset):
             try:
                 self.authored.update(
                     row=row, changes={"enabled": enabled}, user=request.user, via="admin"

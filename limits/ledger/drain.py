@@ -35,6 +35,7 @@ from limits.ledger.table import (
     kinds_find,
     kinds_forget,
     message_stored,
+    values_inserted,
 )
 from limits.models import LEDGER_OUTCOME_CODES, LedgerBatch, LedgerCount, LedgerEntry, LedgerKind
 from limits.reasons import Outcome, Reason
@@ -278,17 +279,14 @@ def counts_add(calls: Sequence[Decided]) -> None:
     if not counted:
         return
     adapt = connection.ops.adapt_datetimefield_value
-    items = list(counted.items())
     with connection.cursor() as cursor:
-        for start in range(0, len(items), 500):
-            part = items[start : start + 500]
-            values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(part))
-            cursor.execute(
-                f"INSERT INTO {COUNTS} (hour, channel, campaign, segment, reason, count) "
-                f"VALUES {values} ON CONFLICT (hour, channel, campaign, segment, reason) "
-                f"DO UPDATE SET count = {COUNTS}.count + excluded.count",
-                [value for (hour, *key), n in part for value in (adapt(hour), *key, n)],
-            )
+        values_inserted(
+            cursor,
+            f"INSERT INTO {COUNTS} (hour, channel, campaign, segment, reason, count)",
+            [(adapt(hour), *key, n) for (hour, *key), n in counted.items()],
+            f"ON CONFLICT (hour, channel, campaign, segment, reason) "
+            f"DO UPDATE SET count = {COUNTS}.count + excluded.count",
+        )
 
 
 # What an outcome's row is: an admitting decision of its user and message on its channel, made

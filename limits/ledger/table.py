@@ -17,9 +17,9 @@ never read `LedgerEntry` alone; the drain writes them through `kinds_find` and
 """
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import date
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 from django.db import connection, transaction
@@ -86,33 +86,24 @@ def kinds_find(day: date, wanted: Iterable[KindFields]) -> dict[KindFields, int]
     if not missing:
         return found
     added: dict[tuple[date, str], int] = {}
-    items = list(missing.items())
     adapt = connection.ops.adapt_datefield_value
     with connection.cursor() as cursor:
-        for start in range(0, len(items), 500):
-            part = items[start : start + 500]
-            values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"] * len(part))
-            cursor.execute(
-                f"INSERT INTO {KIND_TABLE} (digest, channel, campaign, tags, priority, category, "
-                f"snapshot_version, segment, reason, rule_id, last_day) VALUES {values} "
-                f"ON CONFLICT (digest) DO UPDATE SET last_day = CASE WHEN excluded.last_day > "
-                f"{KIND_TABLE}.last_day THEN excluded.last_day ELSE {KIND_TABLE}.last_day END "
-                f"RETURNING id, digest",
-                [
-                    value
-                    for digest, fields in part
-                    for value in (
-                        digest,
-                        *fields[:2],
-                        msgspec.json.encode(list(fields.tags)).decode(),
-                        *fields[3:],
-                        adapt(day),
-                    )
-                ],
-            )
-            for kind_id, digest in cursor.fetchall():
-                found[missing[digest]] = kind_id
-                added[(day, digest)] = kind_id
+        returned = values_inserted(
+            cursor,
+            f"INSERT INTO {KIND_TABLE} (digest, channel, campaign, tags, priority, category, "
+            f"snapshot_version, segment, reason, rule_id, last_day)",
+            [
+                (digest, *fields[:2], msgspec.json.encode(list(fields.tags)).decode(),
+                 *fields[3:], adapt(day))
+                for digest, fields in missing.items()
+            ],
+            f"ON CONFLICT (digest) DO UPDATE SET last_day = CASE WHEN excluded.last_day > "
+            f"{KIND_TABLE}.last_day THEN excluded.last_day ELSE {KIND_TABLE}.last_day END "
+            f"RETURNING id, digest",
+        )  # fmt: skip
+    for kind_id, digest in returned:
+        found[missing[digest]] = kind_id
+        added[(day, digest)] = kind_id
 
     def remember() -> None:
         if len(_known) + len(added) > KINDS_CACHED_MAX:
@@ -121,6 +112,24 @@ def kinds_find(day: date, wanted: Iterable[KindFields]) -> dict[KindFields, int]
 
     transaction.on_commit(remember)
     return found
+
+
+def values_inserted(
+    cursor: Any, head: str, rows: Sequence[Sequence[Any]], tail: str, *, per: int = 500
+) -> list[tuple[Any, ...]]:
+    """`<head> VALUES (...), ... <tail>` for `rows`, `per` rows a statement (the ledger's
+    kinds and hourly counts); what the statements return (RETURNING), if anything."""
+    returned: list[tuple[Any, ...]] = []
+    for start in range(0, len(rows), per):
+        part = rows[start : start + per]
+        row = "(" + ", ".join(["%s"] * len(part[0])) + ")"
+        cursor.execute(
+            f"{head} VALUES {', '.join([row] * len(part))} {tail}",
+            [value for values in part for value in values],
+        )
+        if cursor.description is not None:
+            returned.extend(cursor.fetchall())
+    return returned
 
 
 def kinds_forget() -> None:

@@ -275,3 +275,17 @@ def test_quiet_hours_and_the_errors_of_every_kind(api, snapshot, answers):
     answers(
         m, "POST", "/api/v1/rules/", 413, data=b" " * (2**20 + 1), headers={"Content-Type": JSON}
     )
+
+
+def test_topics(api, snapshot, answers):
+    m = api("marketer")
+    news = {"slug": "news", "name": "News", "channels": ["email"], "default": "unsubscribed"}
+    answers(m, "POST", "/api/v1/topics/", 201, json=news)
+    answers(m, "POST", "/api/v1/topics/", 409, json=news)
+    answers(m, "POST", "/api/v1/topics/", 400, json={**news, "slug": "other", "default": "no"})
+    answers(api("viewer"), "GET", "/api/v1/topics/", 200)
+    answers(api("gate"), "GET", "/api/v1/topics/news/", 200)
+    answers(m, "PATCH", "/api/v1/topics/news/", 200, json={"description": "Our news."})
+    answers(m, "PATCH", "/api/v1/topics/news/", 400, json={"slug": "renamed"})
+    answers(m, "DELETE", "/api/v1/topics/news/", 204)
+    answers(m, "GET", "/api/v1/topics/news/", 404)

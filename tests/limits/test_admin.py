@@ -42,6 +42,8 @@ def inline_data(segment, upload=None):
         "limits_rulechange",
         "limits_quiethours",
         "limits_quiethourschange",
+        "limits_topic",
+        "limits_topicchange",
         "segments_build",
         "worker_sendjob",
     ],
