@@ -98,6 +98,17 @@ def tags_checked(tags: Sequence[str], *, field: str = "tags") -> tuple[str, ...]
     return tuple(tags)
 
 
+# A send's topic: its form for the schema; the gate checks that it exists and is sent on the
+# channel (limits.topics.topic_problem), a 400 naming `topic`.
+SendTopic = Annotated[
+    Slug | None,
+    Meta(
+        description="What the sends are about: a topic's slug (GET /api/v1/topics/), sent on "
+        "this channel; null: none (people's channel preferences govern it)."
+    ),
+]
+
+
 # --- rules ------------------------------------------------------------------------------------
 # Bounds that limits.rules.rule_problems checks are only stated for the schema here
 # (`extra_json_schema`), so that a refusal comes from the one rule, in its words.

@@ -332,8 +332,8 @@ class OutcomeField(models.PositiveSmallIntegerField):
 
 class LedgerKind(models.Model):
     """What decisions of the send ledger have in common, kept once however many share it: the
-    gate call's own fields (channel, campaign, tags, priority, category, snapshot version) and
-    the decision's segment, reason and deciding rule. A blast's million decisions name a few
+    gate call's own fields (channel, campaign, tags, priority, category, snapshot version,
+    topic) and the decision's segment, reason and deciding rule. A blast's million decisions name a few
     dozen kinds. Found or added by the drain (limits/ledger/table.py) by `digest`; deleted by
     the ledger's upkeep once no day kept uses it (`last_day`)."""
 
@@ -348,6 +348,7 @@ class LedgerKind(models.Model):
     segment = models.CharField(max_length=64, blank=True)
     reason = models.CharField(max_length=16)
     rule_id = models.IntegerField(null=True, blank=True, help_text="The deciding rule, if any.")
+    topic = models.CharField(max_length=64, blank=True, help_text="What the sends were about.")
     last_day = models.DateField(help_text="The last UTC day a decision of this kind was kept.")
 
     def __str__(self) -> str:

@@ -17,6 +17,7 @@ from limits.channels import ALL
 from limits.log import calendar_record, rolling_record
 from limits.quiet import QuietView, quiet_until
 from limits.reasons import Reason
+from limits.topics import TopicView
 from limits.windows import LONGEST, period_starts
 
 DAY_SECONDS, WEEK_SECONDS = 86_400, 604_800
@@ -130,6 +131,7 @@ class PolicyTable:
     classic: dict[tuple[str, str], tuple[int | None, int | None]]
     zones: dict[str, str]
     quiet: tuple[QuietView, ...] = ()
+    topics: dict[str, TopicView] = field(default_factory=dict)  # by slug
     _candidates: dict[tuple[str | None, str], tuple[RuleView, ...]] = field(
         default_factory=dict, compare=False
     )

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 
-from limits.models import Cap, QuietHours, Rule
+from limits.models import Cap, QuietHours, Rule, Topic
 from limits.policy import PolicyTable, RuleView
 from limits.quiet import quiet_view
 from limits.rules import rule_findings, rule_read, rule_view_of
+from limits.topics import topic_view
 from segments.models import Segment
 
 
@@ -30,7 +31,7 @@ def rules_findings() -> dict[int, list[str]]:
 
 def policy_read(*, rules: list[Rule] | None = None) -> PolicyTable:
     """Every enabled rule (in the rules list's order), the classic caps, the segments' time
-    zones and the enabled quiet hours, straight from the database. `rules`: use these instead of the enabled ones (what-if
+    zones, the enabled quiet hours and the topics, straight from the database. `rules`: use these instead of the enabled ones (what-if
     over draft rules)."""
     if rules is None:
         rules = list(Rule.objects.filter(enabled=True).select_related("segment"))
@@ -47,6 +48,7 @@ def policy_read(*, rules: list[Rule] | None = None) -> PolicyTable:
         classic=classic,
         zones=zones,
         quiet=tuple(quiet_view(entry) for entry in quiet),
+        topics={topic.slug: topic_view(topic) for topic in Topic.objects.all()},
     )
 
 

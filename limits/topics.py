@@ -124,6 +124,33 @@ def topic_value_words(key: str, value: Any, names: Mapping[str, str] | None = No
     return "none" if value in (None, "") else str(value)
 
 
+@dataclass(frozen=True, slots=True)
+class TopicView:
+    """A topic as the gate reads it (in the rules' table, limits.policy.PolicyTable)."""
+
+    slug: str
+    channels: tuple[str, ...]  # none: every channel
+    default: str
+
+
+def topic_view(topic: Any) -> TopicView:
+    return TopicView(slug=topic.slug, channels=tuple(topic.channels or ()), default=topic.default)
+
+
+def topic_problem(topics: Mapping[str, TopicView], slug: str, channel: str) -> str | None:
+    """The one rule for a send's topic (gate calls, send jobs): None when `slug` names a topic
+    sent on `channel`, else why not."""
+    topic = topics.get(slug)
+    if topic is None:
+        known = (
+            ", ".join(sorted(topics)) or "none yet (add them in the admin or POST /api/v1/topics/)"
+        )
+        return f"No topic '{slug[:70]}'. Known: {known}."
+    if topic.channels and channel not in topic.channels:
+        return f"Topic '{slug}' is not sent on {channel}: it is on {', '.join(topic.channels)}."
+    return None
+
+
 TOPIC_SHOWN = (
     ("name", "name"),
     ("description", "description"),

@@ -127,6 +127,7 @@ class GateCheckView(JsonAPIView):
             priority=body.priority,
             time_zones=time_zones,
             dry_run=body.dry_run,
+            topic=body.topic or "",
         )
         return Response({"results": [_decision(d) for d in decisions]})
 

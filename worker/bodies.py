@@ -12,7 +12,7 @@ from msgspec import Meta
 
 from gatekeeper.lib.bodies import Body, schema_fill
 from gatekeeper.lib.ids import JsonUserId
-from limits.bodies import Channel, Priority, Tags
+from limits.bodies import Channel, Priority, SendTopic, Tags
 from limits.policy import DEFAULT_PRIORITY
 from limits.reasons import Category
 from limits.rules import CAMPAIGN_MAX
@@ -49,6 +49,7 @@ class GateRequest(Body, kw_only=True):
 class GateCheckBody(Body, kw_only=True):
     channel: Channel
     campaign: Annotated[str, Meta(max_length=CAMPAIGN_MAX)] = ""
+    topic: SendTopic = None
     category: Category = Category.MARKETING
     tags: Tags = []
     priority: Priority = DEFAULT_PRIORITY

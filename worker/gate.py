@@ -24,6 +24,7 @@ from limits.policy import DEFAULT_PRIORITY, NO_RULES, PolicyTable
 from limits.reasons import Category, Outcome, Reason, validate_category
 from limits.selectors import PolicyCache, policy_cache
 from limits.suppression import SuppressionCache, suppression_cache
+from limits.topics import topic_problem
 from segments.index import get_index
 from worker import stats
 from worker.stages import quiet_hours, rules, snapshot, suppressed
@@ -108,12 +109,21 @@ class Gate:
         now: float | None = None,
         table: PolicyTable | None = None,
         job: int | None = None,
+        topic: str = "",
     ) -> list[Decision]:
-        """`time_zones`: per request, the user's zone (None: the segment's, else the setting's).
+        """`topic`: what the sends are about (a topic's slug; "" for none), kept in the ledger;
+        GateError naming `topic` for one that does not exist or is not sent on `channel`.
+        `time_zones`: per request, the user's zone (None: the segment's, else the setting's).
         `table`: decide by these rules instead of the live ones (the what-if). `job`: the send
         job whose run asks (worker/claims.py): its admitted sends, transactional ones too, are
         recorded for it, and a duplicate names the job that recorded it (`holder`)."""
         _checked(channel, category)
+        policy = table
+        if topic:
+            policy = policy or self.policy.table()
+            problem = topic_problem(policy.topics, topic, channel)
+            if problem is not None:
+                raise GateError({"topic": [problem]})
         if not requests:
             return []
         index = self.index()
@@ -150,7 +160,7 @@ class Gate:
                 requests=requests,
                 segments=segments,
                 time_zones=time_zones,
-                table=table or self.policy.table(),
+                table=policy or self.policy.table(),
                 holder=holder_of(job or 0),
             )
             for stage in STAGES:
@@ -171,6 +181,7 @@ class Gate:
                     category=category,
                     snapshot_version=index.version if index is not None else "",
                     decisions=decisions,
+                    topic=topic,
                 )
         return decisions
 
@@ -257,8 +268,10 @@ def gate_check(
     now: float | None = None,
     table: PolicyTable | None = None,
     job: int | None = None,
+    topic: str = "",
 ) -> list[Decision]:
-    """One decision per request, in request order. Raises GateError for an unknown channel."""
+    """One decision per request, in request order. Raises GateError for an unknown channel or
+    topic."""
     return _default_gate.check(
         channel=channel,
         requests=requests,
@@ -271,6 +284,7 @@ def gate_check(
         now=now,
         table=table,
         job=job,
+        topic=topic,
     )
 
 

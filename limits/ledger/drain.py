@@ -230,7 +230,7 @@ def _kinds(calls: Sequence[Decided]) -> list[dict[tuple[str, str, int | None], i
         head = (call.channel, call.campaign, tuple(call.tags), call.priority, call.category,
                 call.version)  # fmt: skip
         fields = {
-            own: KindFields(*head, *own)
+            own: KindFields(*head, *own, call.topic)
             for own in set(zip(call.segments, call.reasons, call.rules, strict=True))
         }
         wanted.setdefault(call.at.date(), set()).update(fields.values())

@@ -171,6 +171,7 @@ def _decision(row: LedgerEntry, rules: dict[int, dict[str, Any]]) -> dict[str, A
         "category": kind.category,
         "tags": list(kind.tags or []),
         "priority": kind.priority,
+        "topic": kind.topic or None,
         "segment": kind.segment or None,
         "snapshot_version": kind.snapshot_version or None,
         "reason": kind.reason,

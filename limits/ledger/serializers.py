@@ -27,6 +27,9 @@ class HistoryDecisionSerializer(serializers.Serializer):
     category = serializers.ChoiceField(choices=CATEGORIES)
     tags = serializers.ListField(child=serializers.CharField())
     priority = serializers.IntegerField()
+    topic = serializers.CharField(
+        allow_null=True, help_text="What the send was about (a topic's slug); null: no topic."
+    )
     segment = serializers.CharField(allow_null=True)
     snapshot_version = serializers.CharField(allow_null=True)
     reason = serializers.ChoiceField(choices=REASONS)

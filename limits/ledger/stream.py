@@ -57,6 +57,7 @@ def ledger_append(
     category: str,
     snapshot_version: str,
     decisions: Sequence[Any],
+    topic: str = "",
     client: RedisClient | None = None,
 ) -> bool:
     """Append one gate call's decisions to the ledger's stream. False (and a warning) when Redis
@@ -77,6 +78,7 @@ def ledger_append(
             segments=[d.segment or "" for d in decisions],
             reasons=[d.reason for d in decisions],
             rules=[d.rule["id"] if d.rule else None for d in decisions],
+            topic=topic,
         )
     )
     return _append(packed, f"{len(decisions)} decisions", client)
@@ -137,6 +139,9 @@ class Decided(msgspec.Struct, array_like=True, tag=DECIDED, frozen=True):
     segments: list[str]
     reasons: list[str]
     rules: list[int | None]  # the deciding rule's id
+    # What the sends are about ("": no topic). Last and with a default: an entry written before
+    # sends had topics reads as none, and a drainer of that version ignores it.
+    topic: str = ""
 
     @property
     def at(self) -> datetime:

@@ -3,7 +3,7 @@
 A decision's row (`LedgerEntry`) keeps only what is its own: when, the user, the message id,
 what became of the send (a two-byte code, limits.models.LEDGER_OUTCOMES) and its **kind**
 (`LedgerKind`): the fields it shares with the other decisions of its gate call and of every
-call like it (channel, campaign, tags, priority, category, snapshot version) together with its
+call like it (channel, campaign, tags, priority, category, snapshot version, topic) together with its
 segment, reason and deciding rule. A blast of a million decisions names a few dozen kinds, so
 those fields cost nothing per row. And the message id is not stored when it is the campaign's
 own, `<campaign>:<user id>`, as send jobs name their sends: it is put back when read.
@@ -46,11 +46,14 @@ class KindFields(NamedTuple):
     segment: str
     reason: str
     rule_id: int | None
+    topic: str = ""  # came after the others: left out of the digest when none
 
 
 def kind_digest(fields: KindFields) -> str:
-    """The key a kind is found by: SHA-1 of its fields as a JSON array."""
-    return hashlib.sha1(msgspec.json.encode(list(fields))).hexdigest()
+    """The key a kind is found by: SHA-1 of its fields as a JSON array (without the topic when
+    it has none, as kinds were found before sends had topics)."""
+    values = list(fields) if fields.topic else list(fields)[:-1]
+    return hashlib.sha1(msgspec.json.encode(values)).hexdigest()
 
 
 def message_stored(campaign: str, user_id: int, message_id: str) -> str | None:
@@ -91,7 +94,7 @@ def kinds_find(day: date, wanted: Iterable[KindFields]) -> dict[KindFields, int]
         returned = values_inserted(
             cursor,
             f"INSERT INTO {KIND_TABLE} (digest, channel, campaign, tags, priority, category, "
-            f"snapshot_version, segment, reason, rule_id, last_day)",
+            f"snapshot_version, segment, reason, rule_id, topic, last_day)",
             [
                 (digest, *fields[:2], msgspec.json.encode(list(fields.tags)).decode(),
                  *fields[3:], adapt(day))
@@ -163,6 +166,7 @@ def decisions() -> QuerySet[LedgerEntry]:
         segment=F("kind__segment"),
         reason=F("kind__reason"),
         rule_id=F("kind__rule_id"),
+        topic=F("kind__topic"),
         message=Coalesce(
             "message_id",
             Concat(F("kind__campaign"), Value(":"), Cast("user_id", CharField())),

@@ -92,7 +92,11 @@ def rows_moved(apps, schema_editor):
                 kind = KindFields(*fields)
                 found, made = Kind.objects.get_or_create(
                     digest=kind_digest(kind),
-                    defaults={**kind._asdict(), "tags": list(kind.tags), "last_day": last.date()},
+                    defaults={
+                        **{name: getattr(kind, name) for name in FIELDS},
+                        "tags": list(kind.tags),
+                        "last_day": last.date(),
+                    },
                 )
                 if not made and found.last_day < last.date():
                     found.last_day = last.date()

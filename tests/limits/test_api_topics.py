@@ -121,3 +121,30 @@ def test_a_topic_made_in_the_admin_is_read_in_plain_words_and_recorded_with_who(
         ("created", "admin"),
         ("changed", "admin"),
     ]
+
+
+def test_a_gate_call_names_its_topic_which_must_exist_on_its_channel_and_the_ledger_keeps_it(
+    api, snapshot
+):
+    from limits.ledger.drain import ledger_drain_all
+
+    assert call(api("marketer"), "POST", "/api/v1/topics/", json=NEWS).status_code == 201
+    gate = api("gate")
+    body = {"channel": "sms", "campaign": "launch", "requests": [{"user_id": 1, "message_id": "a"}]}
+    for topic, words in (("nope", "No topic 'nope'. Known: product-news."),
+                         ("product-news", "Topic 'product-news' is not sent on sms: it is on "
+                                          "email, push.")):  # fmt: skip
+        refused = call(gate, "POST", "/api/v1/gate/check/", json={**body, "topic": topic})
+        assert refused.status_code == 400 and refused.json() == {"topic": [words]}
+    body["channel"] = "push"
+    answered = call(gate, "POST", "/api/v1/gate/check/", json={**body, "topic": "product-news"})
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["results"][0]["reason"] == "allowed"
+    untopical = {**body, "requests": [{"user_id": 1, "message_id": "b"}], "topic": None}
+    assert call(gate, "POST", "/api/v1/gate/check/", json=untopical).status_code == 200
+    ledger_drain_all()
+    history = call(api("marketer"), "GET", "/api/v1/users/1/history/").json()["results"]
+    assert [(d["message_id"], d["topic"]) for d in history] == [
+        ("b", None),
+        ("a", "product-news"),
+    ]

@@ -75,6 +75,7 @@ def test_decisions_come_newest_first_with_what_decided_them(api, snapshot):
         "category": "marketing",
         "tags": ["promo", "news"],
         "priority": 7,
+        "topic": None,
         "segment": "vip",
         "snapshot_version": snapshot,
         "reason": "allowed",
