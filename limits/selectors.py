@@ -11,7 +11,7 @@ from limits.models import Cap, QuietHours, Rule, Topic
 from limits.policy import PolicyTable, RuleView
 from limits.quiet import quiet_view
 from limits.rules import rule_findings, rule_read, rule_view_of
-from limits.topics import topic_view
+from limits.topics import TopicView, topic_view
 from segments.models import Segment
 
 
@@ -48,8 +48,13 @@ def policy_read(*, rules: list[Rule] | None = None) -> PolicyTable:
         classic=classic,
         zones=zones,
         quiet=tuple(quiet_view(entry) for entry in quiet),
-        topics={topic.slug: topic_view(topic) for topic in Topic.objects.all()},
+        topics=topics_read(),
     )
+
+
+def topics_read() -> dict[str, TopicView]:
+    """Every topic as the gate reads it, by slug, straight from the database."""
+    return {topic.slug: topic_view(topic) for topic in Topic.objects.all()}
 
 
 @dataclass

@@ -24,6 +24,7 @@ from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.permissions import CANCEL_SENDS, SEND_CAMPAIGNS, VIEW_SEND_JOBS
 from gatekeeper.lib.words import count
 from limits.channels import channels
+from limits.models import Topic
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
 from limits.quota import Unavailable
 from worker.delivery.rendering import template_names
@@ -63,6 +64,11 @@ class SendFileForm(forms.Form):
         initial=DEFAULT_PRIORITY,
         help_text="Higher is more important; only a rule's reserve reads it.",
     )
+    topic = forms.ChoiceField(
+        choices=(),
+        required=False,
+        help_text="What the sends are about; people's preferences per topic will govern them.",
+    )
     on_capped = forms.ChoiceField(choices=SendJob.OnCapped.choices, label="Capped sends")
     on_invalid = forms.ChoiceField(choices=SendJob.OnInvalid.choices, label="Bad rows")
     expires_at = forms.CharField(
@@ -77,6 +83,10 @@ class SendFileForm(forms.Form):
         cast(forms.ChoiceField, self.fields["channel"]).choices = [(c, c) for c in channels()]
         cast(forms.ChoiceField, self.fields["template"]).choices = [
             (t, t) for t in template_names()
+        ]
+        cast(forms.ChoiceField, self.fields["topic"]).choices = [
+            ("", "no topic"),
+            *Topic.objects.values_list("slug", "name"),
         ]
 
     def clean_tags(self) -> list[str]:

@@ -227,6 +227,7 @@ class SendJobListView(JsonAPIView):
             "category": body.category,
             "tags": tags_checked(body.tags),
             "priority": body.priority,
+            "topic": body.topic or "",
             "on_capped": body.on_capped,
             "on_invalid": body.on_invalid,
             "expires_at": body.expires_at,

@@ -110,6 +110,7 @@ class SendJobBody(Body, kw_only=True):
             ),
         ),
     ]
+    topic: SendTopic = None
     category: Category = Category.MARKETING
     tags: Tags = []
     priority: Priority = DEFAULT_PRIORITY

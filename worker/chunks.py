@@ -446,6 +446,8 @@ def _run_gated(
             time_zones=[r.time_zone for r in recipients],
             now=clock.timestamp() if clock is not None else None,
             job=job.pk,
+            topic=job.topic,
+            topic_gone="ignore",  # checked when the job was made; deleted since: no topic
         )
     # What `retry_after` counts from: the gate's clock (taken after it answered, so that a
     # release read from it is never early).

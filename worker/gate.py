@@ -12,7 +12,7 @@ decision is counted and kept in the ledger (not dry runs).
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 from django.core.exceptions import ValidationError
 
@@ -110,9 +110,12 @@ class Gate:
         table: PolicyTable | None = None,
         job: int | None = None,
         topic: str = "",
+        topic_gone: Literal["refuse", "ignore"] = "refuse",
     ) -> list[Decision]:
         """`topic`: what the sends are about (a topic's slug; "" for none), kept in the ledger;
-        GateError naming `topic` for one that does not exist or is not sent on `channel`.
+        GateError naming `topic` for one that does not exist or is not sent on `channel`, or
+        with `topic_gone="ignore"` (a send job's, checked when it was made) the sends go as of
+        no topic, and a warning says so.
         `time_zones`: per request, the user's zone (None: the segment's, else the setting's).
         `table`: decide by these rules instead of the live ones (the what-if). `job`: the send
         job whose run asks (worker/claims.py): its admitted sends, transactional ones too, are
@@ -122,7 +125,10 @@ class Gate:
         if topic:
             policy = policy or self.policy.table()
             problem = topic_problem(policy.topics, topic, channel)
-            if problem is not None:
+            if problem is not None and topic_gone == "ignore":
+                logger.warning("Sends go without their topic: %s", problem)
+                topic = ""
+            elif problem is not None:
                 raise GateError({"topic": [problem]})
         if not requests:
             return []
@@ -269,6 +275,7 @@ def gate_check(
     table: PolicyTable | None = None,
     job: int | None = None,
     topic: str = "",
+    topic_gone: Literal["refuse", "ignore"] = "refuse",
 ) -> list[Decision]:
     """One decision per request, in request order. Raises GateError for an unknown channel or
     topic."""
@@ -285,6 +292,7 @@ def gate_check(
         table=table,
         job=job,
         topic=topic,
+        topic_gone=topic_gone,
     )
 
 

@@ -80,6 +80,9 @@ class SendJob(models.Model):
         help_text=f"{PRIORITIES[0]} to {PRIORITIES[1]}, higher is more important; only a rule's "
         "reserve reads it.",
     )
+    topic = models.CharField(
+        max_length=64, blank=True, help_text="What the sends are about (a topic's slug)."
+    )
     on_capped = models.CharField(max_length=8, choices=OnCapped.choices, default=OnCapped.DROP)
     on_invalid = models.CharField(max_length=8, choices=OnInvalid.choices, default=OnInvalid.REJECT)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)

@@ -129,6 +129,9 @@ class SendJobSerializer(serializers.Serializer):
     category = serializers.ChoiceField(choices=CATEGORIES)
     tags = serializers.ListField(child=serializers.CharField())
     priority = serializers.IntegerField()
+    topic = serializers.CharField(
+        allow_blank=True, help_text="What the sends are about (a topic's slug); empty: none."
+    )
     on_capped = serializers.ChoiceField(choices=SendJob.OnCapped.choices)
     on_invalid = serializers.ChoiceField(choices=SendJob.OnInvalid.choices)
     status = serializers.ChoiceField(choices=SendJob.Status.choices)

@@ -23,6 +23,8 @@ from limits.policy import DEFAULT_PRIORITY, PRIORITIES
 from limits.quota import Unavailable
 from limits.reasons import Category, validate_category
 from limits.rules import tags_problem
+from limits.selectors import topics_read
+from limits.topics import topic_problem
 from segments.store import NotFound, StoreError, key_problem, store_from_settings
 from worker import tasks
 from worker.chunks import chunks_runnable, waiting_close
@@ -52,8 +54,9 @@ def send_job_create(
     `given`: the job's fields, as `_job_fields` takes them (channel, campaign, template; category,
     on_capped, on_invalid, tags, priority, expires_at and user have defaults there).
 
-    Every send of the job carries `tags` (tag rules count them) and `priority` (a rule's
-    reserve reads it); a recipient may name its `time_zone`, which decides its calendar days.
+    Every send of the job carries `tags` (tag rules count them), `priority` (a rule's
+    reserve reads it) and its `topic` (a topic's slug, sent on the job's channel; the ledger
+    keeps it); a recipient may name its `time_zone`, which decides its calendar days.
     `expires_at` (aware, in the future, at most EXPIRY_MAX ahead; default EXPIRY_DEFAULT after
     now): sends the gate deferred that still wait then are dropped as expired.
     Raises ValidationError naming the field, or the recipient row (`recipients[3].address`).
@@ -276,10 +279,15 @@ def _job_fields(
     priority: int = DEFAULT_PRIORITY,
     expires_at: datetime | None = None,
     user: Any = None,
+    topic: str = "",
 ) -> dict[str, Any]:
     """A new job's fields, each checked: a ValidationError naming the first bad one."""
     validate_channel(channel, field="channel")
     validate_category(category, field="category")
+    if topic:
+        problem = topic_problem(topics_read(), topic, channel)
+        if problem is not None:
+            raise ValidationError({"topic": problem})
     if on_capped not in SendJob.OnCapped.values:
         raise ValidationError({"on_capped": "Choose drop or defer."})
     if on_invalid not in SendJob.OnInvalid.values:
@@ -316,6 +324,7 @@ def _job_fields(
         "category": category,
         "tags": list(job_tags),
         "priority": priority,
+        "topic": topic,
         "on_capped": on_capped,
         "on_invalid": on_invalid,
         "expires_at": expiry,

@@ -148,3 +148,17 @@ def test_a_gate_call_names_its_topic_which_must_exist_on_its_channel_and_the_led
         ("b", None),
         ("a", "product-news"),
     ]
+
+
+def test_a_send_job_over_rest_names_its_topic(api, snapshot):
+    from worker.models import SendJob
+
+    assert call(api("marketer"), "POST", "/api/v1/topics/", json=NEWS).status_code == 201
+    body = {"channel": "email", "campaign": "c", "template": "welcome", "topic": "offers",
+            "recipients": [{"user_id": 1, "address": "a@example.com"}]}  # fmt: skip
+    refused = call(api("gate"), "POST", "/api/v1/sends/", json=body)
+    assert refused.status_code == 400 and "topic" in refused.json(), refused.text
+    assert not SendJob.objects.exists()
+    taken = call(api("gate"), "POST", "/api/v1/sends/", json={**body, "topic": "product-news"})
+    assert taken.status_code == 202, taken.text
+    assert taken.json()["topic"] == "product-news"

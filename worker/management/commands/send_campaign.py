@@ -22,7 +22,7 @@ from worker.recipients import FILE_FORMAT
 from worker.selectors import send_job_waiting
 from worker.services import send_job_from_file
 
-JOB_OPTIONS = ("tags", "priority", "channel", "template", "campaign", "expires_at")
+JOB_OPTIONS = ("tags", "priority", "channel", "template", "campaign", "expires_at", "topic")
 
 
 class Command(BaseCommand):
@@ -48,6 +48,11 @@ class Command(BaseCommand):
             default=str(DEFAULT_PRIORITY),
             help=f"{PRIORITIES[0]} to {PRIORITIES[1]}, higher is more important (default "
             f"{DEFAULT_PRIORITY}); only a rule's reserve reads it",
+        )
+        parser.add_argument(
+            "--topic",
+            default="",
+            help="what the sends are about: a topic's slug, sent on the channel (default: none)",
         )
         parser.add_argument(
             "--on-capped",
@@ -106,6 +111,7 @@ class Command(BaseCommand):
                 category=options["category"],
                 tags=tags,
                 priority=priority,
+                topic=options["topic"],
                 on_capped=options["on_capped"],
                 on_invalid=options["on_invalid"],
                 expires_at=expires_at,

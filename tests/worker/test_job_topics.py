@@ -1,0 +1,67 @@
+"""A send job names its topic: checked when the job is made (REST, the service, the command),
+carried by every send to the gate and kept in the ledger; a topic deleted while the job runs
+lets its sends go as of no topic, never fails the job."""
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.management import CommandError, call_command
+
+from limits.ledger.drain import ledger_drain_all
+from limits.ledger.table import decisions
+from limits.services import TOPICS
+from limits.topics import TopicFields
+from tests.support.sends import make_job, run_all
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def news(published):
+    published(vip=(10, [1, 2], {"email": (5, None)}))
+    return TOPICS.create(
+        fields=TopicFields(slug="news", name="News", channels=["email"]), via="command"
+    )
+
+
+def test_a_job_names_a_topic_that_exists_on_its_channel(news, relay):
+    with pytest.raises(ValidationError) as refused:
+        make_job(1, topic="nope")
+    assert "No topic 'nope'. Known: news." in refused.value.message_dict["topic"][0]
+    with pytest.raises(ValidationError) as refused:
+        make_job(1, channel="push", topic="news")
+    assert "not sent on push" in refused.value.message_dict["topic"][0]
+    job = make_job(1, 9, topic="news")
+    assert job.topic == "news"
+    run_all(job)
+    job.refresh_from_db()
+    assert job.sent == 2
+    ledger_drain_all()
+    assert sorted(decisions().values_list("user_id", "topic")) == [(1, "news"), (9, "news")]
+
+
+def test_a_topic_deleted_before_the_job_runs_lets_its_sends_go_without_it(news, relay, caplog):
+    job = make_job(1, topic="news")
+    TOPICS.delete(row=news, via="command")
+    from limits.selectors import policy_cache
+
+    policy_cache().invalidate()
+    run_all(job)
+    job.refresh_from_db()
+    assert (job.sent, job.duplicate, job.capped, job.failed, job.pending) == (1, 0, 0, 0, 0)
+    assert "Sends go without their topic: No topic 'news'" in caplog.text
+    ledger_drain_all()
+    assert list(decisions().values_list("topic", flat=True)) == [""]
+
+
+def test_send_campaign_takes_a_topic_and_names_a_bad_one(news, tmp_path):
+    path = tmp_path / "r.csv"
+    path.write_text("user_id,address\n1,a@example.com\n")
+    with pytest.raises(CommandError) as refused:
+        call_command("send_campaign", "--channel", "email", "--template", "welcome",
+                     "--recipients", str(path), "--topic", "offers")  # fmt: skip
+    assert "--topic: No topic 'offers'" in str(refused.value)
+    call_command("send_campaign", "--channel", "email", "--template", "welcome",
+                 "--recipients", str(path), "--topic", "news")  # fmt: skip
+    from worker.models import SendJob
+
+    assert SendJob.objects.get().topic == "news"
