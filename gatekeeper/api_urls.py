@@ -6,6 +6,7 @@ from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from limits.api.caps import CapDetailView, CapListView
+from limits.api.preferences import PreferencesView
 from limits.api.quota import QuotaView
 from limits.api.rules import QuietHoursDetailView, QuietHoursListView, RuleDetailView, RuleListView
 from limits.api.suppressions import (
@@ -70,6 +71,7 @@ v1 = [
     path("gate/release/", GateReleaseView.as_view(), name="gate-release"),
     path("users/<str:user_id>/quota/", QuotaView.as_view(), name="quota"),
     path("users/<str:user_id>/history/", HistoryView.as_view(), name="history"),
+    path("users/<str:user_id>/preferences/", PreferencesView.as_view(), name="preferences"),
     path("snapshots/", SnapshotListView.as_view(), name="snapshots"),
     path(
         "snapshots/<str:version>/activate/",

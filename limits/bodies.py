@@ -2,6 +2,7 @@
 rules read (tags, priority), as msgspec structs (see gatekeeper.lib.bodies)."""
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Annotated, Literal
 
 from msgspec import UNSET, Meta, UnsetType
@@ -304,6 +305,54 @@ class TopicChangeBody(Body, kw_only=True):
     description: TopicDescription | UnsetType = UNSET
     channels: TopicChannels | UnsetType = UNSET
     default: TopicDefault | UnsetType = UNSET
+
+
+# --- a person's preferences ----------------------------------------------------------------
+# Keys (topics, channels) and instants are checked by limits.preferences.preferences_problems,
+# the one rule, which names each bad one (`topics.news.sms`).
+
+PauseInstant = Annotated[
+    datetime,
+    Meta(description="An instant in the future with its UTC offset (2026-12-24T00:00:00+01:00)."),
+]
+TopicChoices = Annotated[
+    dict[str, dict[str, bool]],
+    Meta(
+        max_length=1000,
+        description='Per topic, per channel subscribed or not: {"product-news": {"email": '
+        "false}}. A topic or channel not named follows the topic's default.",
+    ),
+]
+ChannelChoices = Annotated[
+    dict[str, bool],
+    Meta(max_length=64, description='Per channel, marketing on or off: {"sms": false}.'),
+]
+
+
+class PreferencesBody(Body, kw_only=True):
+    """A person's preferences, whole (what is left out is the default)."""
+
+    topics: TopicChoices = {}
+    channels: ChannelChoices = {}
+    paused_until: Annotated[
+        PauseInstant | None, Meta(description="No marketing at all until then; null: no pause.")
+    ] = None
+    paused_channels: Annotated[
+        dict[str, PauseInstant],
+        Meta(max_length=64, description="Per channel, no marketing on it until then."),
+    ] = {}
+
+
+class PreferencesChangeBody(Body, kw_only=True):
+    """Some of a person's preferences, merged choice by choice into theirs; a null takes a
+    choice back to the default (`paused_until`: null ends the pause)."""
+
+    topics: Annotated[dict[str, dict[str, bool | None]], Meta(max_length=1000)] | UnsetType = UNSET
+    channels: Annotated[dict[str, bool | None], Meta(max_length=64)] | UnsetType = UNSET
+    paused_until: PauseInstant | UnsetType | None = UNSET
+    paused_channels: Annotated[dict[str, PauseInstant | None], Meta(max_length=64)] | UnsetType = (
+        UNSET
+    )
 
 
 # --- the suppression list -----------------------------------------------------------------------

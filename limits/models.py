@@ -499,3 +499,54 @@ class SuppressionLock(models.Model):
 
     def __str__(self) -> str:
         return "suppression lock"
+
+
+class Preference(models.Model):
+    """A person's own say over their marketing (limits/preferences.py): per topic and channel
+    subscribed or not, per channel on or off, a pause of all marketing until an instant and of
+    single channels. One row per person who said anything; written through
+    limits.preferences, each change journaled in PreferenceChange."""
+
+    user_id = models.PositiveBigIntegerField(unique=True)
+    topics = models.JSONField(default=dict, blank=True, help_text='{"topic": {"channel": bool}}')
+    channels = models.JSONField(default=dict, blank=True, help_text='{"channel": bool}')
+    paused_until = models.DateTimeField(null=True, blank=True)
+    paused_channels = models.JSONField(
+        default=dict, blank=True, help_text='{"channel": "ISO 8601 instant"}'
+    )
+    changed_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"preferences of user {self.user_id}"
+
+
+class PreferenceChange(models.Model):
+    """One change of a person's preferences, in commit order (writers take PreferenceLock
+    first): what they were and became, where it came from. Processes read the changes after
+    the last one they have; also the person's history of changes."""
+
+    user_id = models.PositiveBigIntegerField()
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    source = models.CharField(max_length=64, help_text="api, import, page or admin.")
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    changed_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["user_id", "id"], name="limits_prefchange_user")]
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"preferences of user {self.user_id} changed ({self.source})"
+
+
+class PreferenceLock(models.Model):
+    """One row that every preference write locks first, so that changes commit in the order
+    of their ids (as SuppressionLock does for the suppression list)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+
+    def __str__(self) -> str:
+        return "preference lock"

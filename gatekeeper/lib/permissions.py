@@ -23,6 +23,7 @@ VIEW_CAPS = ("limits.view_cap",)
 VIEW_RULES = ("limits.view_rule",)
 VIEW_QUIET_HOURS = ("limits.view_quiethours",)
 VIEW_TOPICS = ("limits.view_topic",)
+VIEW_PREFERENCES = ("limits.view_preference",)
 VIEW_SEND_JOBS = ("worker.view_sendjob",)
 VIEW_SUPPRESSIONS = ("limits.view_suppression",)
 # The decisions report (REST) does what the dashboard's chart of refused sends and its CSV
@@ -56,6 +57,9 @@ DELETE_QUIET_HOURS = ("limits.delete_quiethours",)
 ADD_TOPICS = ("limits.add_topic",)
 CHANGE_TOPICS = ("limits.change_topic",)
 DELETE_TOPICS = ("limits.delete_topic",)
+# A person's preferences: set for them by a campaign system (its own preference centre, an
+# import from another tool) or by a marketer in the admin.
+CHANGE_PREFERENCES = ("limits.change_preference",)
 # The suppression list: adding (an import too) and taking users off it.
 ADD_SUPPRESSIONS = ("limits.add_suppression",)
 DELETE_SUPPRESSIONS = ("limits.delete_suppression",)
@@ -69,8 +73,8 @@ CANCEL_SENDS = ("worker.cancel_sendjob",)
 GATE = ("limits.use_gate",)
 # What a campaign system's account needs: the gate and send jobs, and reading segments, quotas,
 # the rules and quiet hours its refusals come from, the topics its sends name, and its jobs'
-# progress; and keeping the suppression list (opt-outs and opt-ins from its own preference
-# centre).
+# progress; and keeping the suppression list and people's preferences (opt-outs, opt-ins and
+# choices from its own preference centre).
 CAMPAIGN_SYSTEM = (
     *GATE,
     *VIEW_SEGMENTS,
@@ -78,6 +82,8 @@ CAMPAIGN_SYSTEM = (
     *VIEW_RULES,
     *VIEW_QUIET_HOURS,
     *VIEW_TOPICS,
+    *VIEW_PREFERENCES,
+    *CHANGE_PREFERENCES,
     *VIEW_SEND_JOBS,
     *CANCEL_SENDS,
     *VIEW_SUPPRESSIONS,

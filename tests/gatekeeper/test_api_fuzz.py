@@ -44,7 +44,8 @@ CHECKS = [
 # says); a rule's fields as a whole (a tag rule needs its tag and only it takes one, a
 # reserve keeps at most the limit, the segment must exist); and quiet hours' fields as a whole
 # (the end differs from the start, the spread is shorter than the day outside the quiet hours,
-# the segment must exist).
+# the segment must exist); and a person's preferences (topics that exist, on their channels;
+# pauses in the future).
 NOT_EXPRESSIBLE = {
     "PUT /api/v1/segments/{slug}/users/",
     "PUT /api/v1/suppressions/{channel}/import/",
@@ -53,6 +54,8 @@ NOT_EXPRESSIBLE = {
     "PATCH /api/v1/rules/{rule_id}/",
     "POST /api/v1/quiet-hours/",
     "PATCH /api/v1/quiet-hours/{quiet_hours_id}/",
+    "PUT /api/v1/users/{user_id}/preferences/",
+    "PATCH /api/v1/users/{user_id}/preferences/",
 }
 QUOTA = "GET /api/v1/users/{user_id}/quota/"
 HISTORY = "GET /api/v1/users/{user_id}/history/"

@@ -289,3 +289,15 @@ def test_topics(api, snapshot, answers):
     answers(m, "PATCH", "/api/v1/topics/news/", 400, json={"slug": "renamed"})
     answers(m, "DELETE", "/api/v1/topics/news/", 204)
     answers(m, "GET", "/api/v1/topics/news/", 404)
+
+
+def test_preferences(api, snapshot, answers):
+    m, gate = api("marketer"), api("gate")
+    answers(m, "POST", "/api/v1/topics/", 201, json={"slug": "news", "name": "News"})
+    path = "/api/v1/users/7/preferences/"
+    answers(gate, "GET", path, 200)
+    answers(gate, "PUT", path, 200, json={"topics": {"news": {"email": False}},
+                                          "paused_until": "2099-01-01T00:00:00Z"})  # fmt: skip
+    answers(gate, "PATCH", path, 200, json={"channels": {"sms": False}, "paused_until": None})
+    answers(gate, "PATCH", path, 400, json={"topics": {"nope": {"email": False}}})
+    answers(api("viewer"), "GET", path, 200)

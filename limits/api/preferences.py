@@ -1,0 +1,116 @@
+"""REST view of a person's preferences (limits/preferences.py): read, replaced whole, or some
+of them changed; each change journaled with its source."""
+
+from typing import Any
+
+import msgspec
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
+from gatekeeper.lib.bodies import decode
+from gatekeeper.lib.ids import max_user_id, user_id_from_text
+from gatekeeper.lib.permissions import CHANGE_PREFERENCES, VIEW_PREFERENCES
+from limits.bodies import PreferencesBody, PreferencesChangeBody
+from limits.preferences import (
+    PreferencesFields,
+    preferences_as_json,
+    preferences_patch,
+    preferences_read,
+    preferences_replace,
+)
+from limits.selectors import topics_read
+
+CHECKS = (
+    "Checked by the one rule for preferences (limits.preferences.preferences_problems): topics "
+    "that exist, on channels they are sent on, a required topic never switched off, channels "
+    "from settings, pauses in the future with their UTC offset; a 400 names each bad choice "
+    "(`topics.product-news.sms`) and nothing changes. Journaled with source `api`."
+)
+
+
+class PreferencesSerializer(serializers.Serializer):
+    user_id = serializers.IntegerField()
+    topics = serializers.DictField(
+        child=serializers.DictField(child=serializers.BooleanField()),
+        help_text="Per topic, per channel subscribed or not; what is not named follows the "
+        "topic's default.",
+    )
+    channels = serializers.DictField(
+        child=serializers.BooleanField(), help_text="Per channel, marketing on or off."
+    )
+    paused_until = serializers.DateTimeField(allow_null=True, help_text="null: no pause.")
+    paused_channels = serializers.DictField(
+        child=serializers.DateTimeField(), help_text="Per channel, paused until then."
+    )
+
+
+def _user(user_id: str) -> int:
+    return user_id_from_text(user_id, field="user_id", maximum=max_user_id())
+
+
+def _shown(user_id: int, prefs: PreferencesFields) -> Response:
+    return Response(PreferencesSerializer(preferences_as_json(user_id, prefs)).data)
+
+
+USER = user_id_parameter(OpenApiParameter.PATH)
+
+
+class PreferencesView(JsonAPIView):
+    rights = {"GET": VIEW_PREFERENCES, "PUT": CHANGE_PREFERENCES, "PATCH": CHANGE_PREFERENCES}
+    bodies = {"PUT": PreferencesBody, "PATCH": PreferencesChangeBody}
+    operation_ids = {
+        "GET": "preferences_get",
+        "PUT": "preferences_replace",
+        "PATCH": "preferences_change",
+    }
+
+    @extend_schema(
+        summary="A person's preferences (empty when they said nothing)",
+        parameters=[USER],
+        responses={200: PreferencesSerializer, **errors(400)},
+    )
+    def get(self, request: Request, user_id: str) -> Response:
+        uid = _user(user_id)
+        return _shown(uid, preferences_read(uid, topics=topics_read()))
+
+    @extend_schema(
+        summary="Replace a person's preferences whole",
+        description=CHECKS,
+        parameters=[USER],
+        responses={200: PreferencesSerializer, **errors(400, 413)},
+    )
+    def put(self, request: Request, user_id: str) -> Response:
+        uid = _user(user_id)
+        body = decode(request.data, PreferencesBody)
+        prefs = PreferencesFields(
+            topics=body.topics,
+            channels=body.channels,
+            paused_until=body.paused_until,
+            paused_channels=body.paused_channels,
+        )
+        saved = preferences_replace(
+            user_id=uid, prefs=prefs, topics=topics_read(), source="api", by=request.user
+        )
+        return _shown(uid, saved)
+
+    @extend_schema(
+        summary="Change some of a person's preferences (a null takes a choice back to the default)",
+        description=CHECKS,
+        parameters=[USER],
+        responses={200: PreferencesSerializer, **errors(400, 413)},
+    )
+    def patch(self, request: Request, user_id: str) -> Response:
+        uid = _user(user_id)
+        body = decode(request.data, PreferencesChangeBody)
+        changes: dict[str, Any] = {
+            name: getattr(body, name)
+            for name in body.__struct_fields__
+            if getattr(body, name) is not msgspec.UNSET
+        }
+        saved = preferences_patch(
+            user_id=uid, changes=changes, topics=topics_read(), source="api", by=request.user
+        )
+        return _shown(uid, saved)
