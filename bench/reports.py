@@ -43,9 +43,10 @@ MARKETING_REASONS = tuple(reason for reason in REASONS if reason != Reason.EXEMP
 # Each reason's share of a campaign's decisions (most sends go through); a reason the gate
 # gains and this table does not name stops the benchmark (zip's strict below).
 SHARES = {
-    Reason.ALLOWED: 0.77, Reason.DUPLICATE: 0.01, Reason.DAILY_CAP: 0.09,
+    Reason.ALLOWED: 0.765, Reason.DUPLICATE: 0.01, Reason.DAILY_CAP: 0.09,
     Reason.WEEKLY_CAP: 0.04, Reason.CAP: 0.02, Reason.BLOCKED: 0.01, Reason.QUIET_HOURS: 0.04,
-    Reason.SUPPRESSED: 0.01, Reason.UNAVAILABLE: 0.01,
+    Reason.SUPPRESSED: 0.01, Reason.PREFERENCE: 0.01, Reason.PAUSED: 0.005,
+    Reason.UNAVAILABLE: 0.005,
 }  # fmt: skip
 TRANSACTIONAL_SHARE = 0.05
 CHANNELS = ("email", "push")

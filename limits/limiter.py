@@ -51,6 +51,8 @@ class Decision:
     reserved: int | None = None
     segment: str | None = None
     holder: int | None = None  # a duplicate's: the send job that recorded it (0: none)
+    # On reason `preference`: what the person switched off ({"topic": slug or None, "channel"}).
+    preference: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

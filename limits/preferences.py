@@ -17,18 +17,22 @@ journals the change with its source and who made it, in one transaction; a chang
 changes nothing writes nothing.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
+from pyroaring import BitMap64
 
 from limits.channels import channels
+from limits.journaled import JournaledCache
 from limits.models import Preference, PreferenceChange, PreferenceLock
-from limits.topics import REQUIRED, TopicView
+from limits.reasons import Reason
+from limits.topics import REQUIRED, UNSUBSCRIBED, TopicView
 
 SOURCES = ("api", "import", "page", "admin")
 
@@ -240,6 +244,7 @@ def _write(
             row.paused_channels = after["paused_channels"]
             row.save()
         if before != after:
+            transaction.on_commit(preference_cache().read_now)
             PreferenceChange.objects.create(
                 user_id=user_id,
                 before=before,
@@ -250,3 +255,151 @@ def _write(
                 else None,
             )
     return new
+
+
+# --- in every process ---------------------------------------------------------------------------
+
+
+class PreferencesUnavailable(Exception):
+    """People's preferences have never been read in this process (the database is away):
+    nobody can be told they did not say no, so the gate refuses marketing as `unavailable`."""
+
+
+class PreferenceCache(JournaledCache):
+    """What people said, in memory, as the gate asks it: per topic and channel a bitmap of
+    those who switched it off and one of those who switched it on (a topic people must ask
+    for); per channel a bitmap of those who switched it off; pauses by user. Kept up to date
+    from the journal (limits.journaled)."""
+
+    what = "People's preferences"
+    unavailable = PreferencesUnavailable
+
+    def _reset(self) -> None:
+        self._off: dict[tuple[str, str], BitMap64] = {}
+        self._on: dict[tuple[str, str], BitMap64] = {}
+        self._channel_off: dict[str, BitMap64] = {}
+        self._paused: dict[int, float] = {}
+        self._paused_channels: dict[str, dict[int, float]] = {}
+
+    @classmethod
+    def holding(cls, said: Mapping[int, Mapping[str, Any]]) -> "PreferenceCache":
+        """A cache that always answers what `said` holds (user id -> preferences as
+        preferences_as_json has them), never the database (benchmarks)."""
+        cache = cls(ttl=float("inf"))
+        for user_id, prefs in said.items():
+            cache._learn(
+                user_id,
+                prefs.get("topics"),
+                prefs.get("channels"),
+                prefs.get("paused_until"),
+                prefs.get("paused_channels"),
+            )
+        cache._loaded_now()
+        return cache
+
+    def refusals(
+        self, channel: str, topic: TopicView | None, user_ids: Sequence[int], now: float
+    ) -> list[tuple[Reason, dict[str, Any] | None, float | None] | None] | None:
+        """Per user id, why their marketing send on `channel` about `topic` must not go
+        (`preference` with what they switched off, or `paused` with the seconds until the
+        pause ends), or None; None for all when nobody said anything that applies (free).
+        A required topic is never refused. Raises PreferencesUnavailable while never read."""
+        self._fresh()
+        if topic is not None and topic.default == REQUIRED:
+            return None
+        slug = topic.slug if topic is not None else None
+        off = self._off.get((slug, channel)) if slug is not None else None
+        ask = topic is not None and topic.default == UNSUBSCRIBED
+        on = self._on.get((slug, channel)) if ask and slug is not None else None
+        channel_off = self._channel_off.get(channel)
+        paused, paused_here = self._paused, self._paused_channels.get(channel)
+        if not (off or ask or channel_off or paused or paused_here):
+            return None
+        out: list[tuple[Reason, dict[str, Any] | None, float | None] | None] = []
+        for user_id in user_ids:
+            if channel_off is not None and user_id in channel_off:
+                out.append((Reason.PREFERENCE, {"topic": None, "channel": channel}, None))
+            elif (off is not None and user_id in off) or (
+                ask and (on is None or user_id not in on)
+            ):
+                out.append((Reason.PREFERENCE, {"topic": slug, "channel": channel}, None))
+            else:
+                until = max(
+                    paused.get(user_id, 0.0),
+                    paused_here.get(user_id, 0.0) if paused_here else 0.0,
+                )
+                out.append((Reason.PAUSED, None, until - now) if until > now else None)
+        return out if any(out) else None
+
+    def _read_all(self) -> None:
+        # The journal's end first: changes committed while the rows are read are read again
+        # afterwards, and applying a change twice gives the same result.
+        last = PreferenceChange.objects.order_by("-id").values_list("id", flat=True).first()
+        self._reset()
+        rows = Preference.objects.order_by().values_list(
+            "user_id", "topics", "channels", "paused_until", "paused_channels"
+        )
+        for user_id, topics, chosen, until, paused in rows.iterator(chunk_size=20_000):
+            self._learn(user_id, topics, chosen, until, paused)
+        self._last_change = last or 0
+        self._read_changes()
+
+    def _read_changes(self) -> None:
+        changes = (
+            PreferenceChange.objects.filter(id__gt=self._last_change)
+            .order_by("id")
+            .values_list("id", "user_id", "after")
+        )
+        for change_id, user_id, after in changes.iterator(chunk_size=20_000):
+            self._forget(user_id)
+            if after:
+                self._learn(
+                    user_id,
+                    after.get("topics"),
+                    after.get("channels"),
+                    after.get("paused_until"),
+                    after.get("paused_channels"),
+                )
+            self._last_change = change_id
+
+    def _learn(self, user_id: int, topics: Any, chosen: Any, until: Any, paused: Any) -> None:
+        for slug, choices in (topics or {}).items():
+            for channel, subscribed in choices.items():
+                kept = self._on if subscribed else self._off
+                kept.setdefault((slug, channel), BitMap64()).add(user_id)
+        for channel, on in (chosen or {}).items():
+            if not on:
+                self._channel_off.setdefault(channel, BitMap64()).add(user_id)
+        if until:
+            self._paused[user_id] = _epoch(until)
+        for channel, ends in (paused or {}).items():
+            self._paused_channels.setdefault(channel, {})[user_id] = _epoch(ends)
+
+    def _forget(self, user_id: int) -> None:
+        for bitmaps in (self._off, self._on):
+            for bitmap in bitmaps.values():
+                bitmap.discard(user_id)
+        for bitmap in self._channel_off.values():
+            bitmap.discard(user_id)
+        self._paused.pop(user_id, None)
+        for pauses in self._paused_channels.values():
+            pauses.pop(user_id, None)
+
+
+def _epoch(value: Any) -> float:
+    """An instant as stored (a datetime), journaled (ISO 8601 text) or given (epoch seconds)."""
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return float(value.timestamp())
+
+
+_cache: PreferenceCache | None = None
+
+
+def preference_cache() -> PreferenceCache:
+    global _cache
+    if _cache is None:
+        _cache = PreferenceCache(ttl=settings.GATEKEEPER_SUPPRESSION_TTL_SECONDS)
+    return _cache

@@ -24,6 +24,8 @@ class Reason(StrEnum):
     BLOCKED = "blocked"  # refused by a rule whose limit is 0
     QUIET_HOURS = "quiet_hours"  # held: the user's quiet hours
     SUPPRESSED = "suppressed"  # the user is on the channel's suppression list
+    PREFERENCE = "preference"  # the person switched this topic (or channel) off
+    PAUSED = "paused"  # the person paused their marketing (or this channel's) until a date
     EXEMPT = "exempt"  # transactional: never refused, never counted
     UNAVAILABLE = "unavailable"  # Redis, the snapshot or the suppression list missing
     # A send job's own, for a waiting send that never reached the gate again.
@@ -57,6 +59,8 @@ COLOURS: dict[Reason, str] = {
     Reason.BLOCKED: "#b23b3b",
     Reason.QUIET_HOURS: "#8a63c9",
     Reason.SUPPRESSED: "#3d3d3d",
+    Reason.PREFERENCE: "#2f6f73",
+    Reason.PAUSED: "#6fa3a6",
     Reason.UNAVAILABLE: "#777777",
     Reason.EXPIRED: "#a0a0a0",
     Reason.CANCELLED: "#c0c0c0",

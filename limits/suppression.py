@@ -18,9 +18,7 @@ list is empty.
 """
 
 import logging
-import threading
-import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -33,6 +31,7 @@ from pyroaring import BitMap64
 
 from gatekeeper.lib.ids import max_user_id, out_of_bounds
 from limits.channels import ALL, validate_scope
+from limits.journaled import JournaledCache
 from limits.models import Suppression, SuppressionChange, SuppressionLock
 from segments.parsing import ListSummary, UserListError, iter_ids
 
@@ -40,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 REASONS = tuple(Suppression.Reason.values)
 _BATCH = 5_000  # ids per query or insert: below every engine's limit on parameters
-_FULL_READ_AFTER = 3600.0  # a process idle this long reads the whole list again
 JOURNAL_DAYS = 30  # changes kept; processes only read the last few seconds of it
 
 
@@ -219,36 +217,23 @@ class SuppressionUnavailable(Exception):
     told not suppressed, so the gate refuses marketing as `unavailable` (fail closed)."""
 
 
-class SuppressionCache:
+class SuppressionCache(JournaledCache):
     """The list in memory: per scope (a channel, or `all`) a bitmap of user ids."""
 
-    def __init__(self, *, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.ttl = ttl
-        self.clock = clock  # tests pass their own
-        self._lock = threading.Lock()
+    what = "Suppression list"
+    unavailable = SuppressionUnavailable
+
+    def _reset(self) -> None:
         self._scopes: dict[str, BitMap64] = {}
-        self._last_change = 0  # the journal id read up to
-        self._read_at: float | None = None  # monotonic time of the last read
-        self._full_at = 0.0
-        self._loaded = False  # read whole at least once
 
     @classmethod
     def holding(cls, **scopes: BitMap64) -> "SuppressionCache":
         """A list that always answers `scopes` (channel -> user ids), never the database
         (benchmarks)."""
         cache = cls(ttl=float("inf"))
-        cache._scopes, cache._read_at, cache._loaded = dict(scopes), time.monotonic(), True
+        cache._scopes = dict(scopes)
+        cache._loaded_now()
         return cache
-
-    def read_now(self) -> None:
-        """Read the journal on the next lookup (this process just changed the list)."""
-        self._read_at = None
-
-    def clear(self) -> None:
-        """Forget everything: the next lookup reads the whole list (tests, a flushed database)."""
-        with self._lock:
-            self._scopes, self._last_change, self._read_at, self._full_at = {}, 0, None, 0.0
-            self._loaded = False
 
     def suppressed(self, channel: str, user_ids: Sequence[int]) -> list[bool] | None:
         """Per user id, whether it is suppressed on `channel` (or on all channels); None when
@@ -270,31 +255,8 @@ class SuppressionCache:
         return len(self._current().get(channel, ()))
 
     def _current(self) -> dict[str, BitMap64]:
-        now = self.clock()
-        read_at = self._read_at
-        if read_at is not None and now - read_at < self.ttl:
-            return self._scopes
-        with self._lock:
-            if self._read_at is None or now - self._read_at >= self.ttl:
-                try:
-                    self._read(now)
-                except Exception:
-                    # The database is away: decide by the list as last read (a few seconds
-                    # stale beats refusing everyone), try again after the TTL. Never read at
-                    # all: nobody can be told not suppressed.
-                    logger.exception("Suppression list not read; deciding by the last one read")
-                    self._read_at = now
-        if not self._loaded:
-            raise SuppressionUnavailable("the suppression list could not be read")
+        self._fresh()
         return self._scopes
-
-    def _read(self, now: float) -> None:
-        if not self._full_at or now - (self._read_at or 0.0) >= _FULL_READ_AFTER:
-            self._read_all()
-            self._full_at = now
-        else:
-            self._read_changes()
-        self._read_at = now
 
     def _read_all(self) -> None:
         # The journal's end first: changes committed while the rows are read are read again
@@ -309,7 +271,6 @@ class SuppressionCache:
             bitmap.add(user_id)
         self._scopes, self._last_change = scopes, last or 0
         self._read_changes()
-        self._loaded = True
 
     def _read_changes(self) -> None:
         changes = (

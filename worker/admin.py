@@ -67,7 +67,7 @@ class SendFileForm(forms.Form):
     topic = forms.ChoiceField(
         choices=(),
         required=False,
-        help_text="What the sends are about; people's preferences per topic will govern them.",
+        help_text="What the sends are about; people's preferences per topic govern them.",
     )
     on_capped = forms.ChoiceField(choices=SendJob.OnCapped.choices, label="Capped sends")
     on_invalid = forms.ChoiceField(choices=SendJob.OnInvalid.choices, label="Bad rows")

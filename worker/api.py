@@ -91,6 +91,7 @@ def _decision(d: Decision) -> dict[str, Any]:
         "limits": d.limits,
         "rule": d.rule,
         "reserved": d.reserved,
+        "preference": d.preference,
         "retry_after": d.retry_after,
     }
 

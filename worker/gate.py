@@ -21,13 +21,14 @@ from limits.ledger.stream import ledger_append, ledger_enabled, ledger_outcomes
 from limits.limiter import Decision, Limiter, get_limiter
 from limits.log import holder_of
 from limits.policy import DEFAULT_PRIORITY, NO_RULES, PolicyTable
+from limits.preferences import PreferenceCache, preference_cache
 from limits.reasons import Category, Outcome, Reason, validate_category
 from limits.selectors import PolicyCache, policy_cache
 from limits.suppression import SuppressionCache, suppression_cache
 from limits.topics import topic_problem
 from segments.index import get_index
 from worker import stats
-from worker.stages import quiet_hours, rules, snapshot, suppressed
+from worker.stages import preferences, quiet_hours, rules, snapshot, suppressed
 from worker.stages.base import Batch, Stage
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 # pending and passes the rest on; the rules ask the limiter about all that is left.
 STAGES: tuple[Stage, ...] = (
     suppressed.STAGE,
+    preferences.STAGE,
     snapshot.STAGE,
     quiet_hours.STAGE,
     rules.STAGE,
@@ -69,6 +71,7 @@ class Gate:
         policy: PolicyCache | None = None,
         index: SegmentResolver | None = None,
         suppressions: SuppressionCache | None = None,
+        preferences: PreferenceCache | None = None,
         record_stats: bool = True,
         record_ledger: bool | None = None,
     ) -> None:
@@ -77,6 +80,7 @@ class Gate:
         self._policy = policy
         self._index = index
         self._suppressions = suppressions
+        self._preferences = preferences
         self.record_stats = record_stats
         self.record_ledger = record_ledger
 
@@ -91,6 +95,10 @@ class Gate:
     @property
     def suppressions(self) -> SuppressionCache:
         return self._suppressions or suppression_cache()
+
+    @property
+    def preferences(self) -> PreferenceCache:
+        return self._preferences or preference_cache()
 
     def index(self) -> SegmentResolver | None:
         return self._index if self._index is not None else get_index()
@@ -168,6 +176,7 @@ class Gate:
                 time_zones=time_zones,
                 table=policy or self.policy.table(),
                 holder=holder_of(job or 0),
+                topic=policy.topics.get(topic) if policy is not None and topic else None,
             )
             for stage in STAGES:
                 stage.run(batch, self)

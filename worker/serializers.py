@@ -38,6 +38,13 @@ class DecidingRuleSerializer(serializers.Serializer):
     used = serializers.IntegerField(help_text="The matching sends it counts in its window.")
 
 
+class PreferenceOffSerializer(serializers.Serializer):
+    """What the person switched off: a topic on a channel, or (topic null) the channel."""
+
+    topic = serializers.CharField(allow_null=True, help_text="null: the whole channel.")
+    channel = serializers.CharField()
+
+
 class DecisionSerializer(serializers.Serializer):
     user_id = serializers.IntegerField()
     message_id = serializers.CharField()
@@ -60,10 +67,14 @@ class DecisionSerializer(serializers.Serializer):
         help_text="When the rule had room but its reserve kept the last slots for sends of a "
         "higher priority: how many. null otherwise.",
     )
+    preference = PreferenceOffSerializer(
+        allow_null=True,
+        help_text="On reason preference: what the person switched off. null otherwise.",
+    )
     retry_after = serializers.FloatField(
         allow_null=True,
         help_text="Seconds until a slot frees; for quiet_hours, until they end plus the "
-        "user's own place in the spread.",
+        "user's own place in the spread; for paused, until the pause ends.",
     )
 
 

@@ -9,12 +9,14 @@ in that list and not a new branch inside another; every decision is a limits.lim
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from limits.limiter import Decision, Limiter
 from limits.policy import PolicyTable
+from limits.preferences import PreferenceCache
 from limits.reasons import Reason
 from limits.suppression import SuppressionCache
+from limits.topics import TopicView
 from limits.windows import resolve_zone
 
 
@@ -34,6 +36,7 @@ class Batch:
     time_zones: Sequence[str | None] | None  # per request, the zone it names (None: none)
     table: PolicyTable
     holder: int = 0  # the send job whose run asks (0: none): what its entries are recorded for
+    topic: TopicView | None = None  # what the sends are about (None: no topic)
     decisions: list[Decision | None] = field(init=False)
     pending: list[int] = field(init=False)  # positions no stage has decided, in order
     _fallbacks: dict[str | None, str] = field(init=False, default_factory=dict)
@@ -59,8 +62,16 @@ class Batch:
             )
         return fallback
 
-    def refuse(self, i: int, reason: Reason, *, retry_after: float | None = None) -> None:
-        """Decide request `i` as refused for `reason`."""
+    def refuse(
+        self,
+        i: int,
+        reason: Reason,
+        *,
+        retry_after: float | None = None,
+        preference: dict[str, Any] | None = None,
+    ) -> None:
+        """Decide request `i` as refused for `reason` (`preference`: what the person switched
+        off)."""
         user_id, message_id = self.requests[i]
         self.decisions[i] = Decision(
             user_id=user_id,
@@ -71,7 +82,15 @@ class Batch:
             limits={},
             retry_after=retry_after,
             segment=self.segment(i),
+            preference=preference,
         )
+
+    def refuse_pending(self, reason: Reason) -> None:
+        """Decide every request still pending as refused for `reason` (a check that cannot
+        answer for anyone: the list never read, no snapshot)."""
+        for i in self.pending:
+            self.refuse(i, reason)
+        self.pending = []
 
 
 class Parts(Protocol):
@@ -82,6 +101,9 @@ class Parts(Protocol):
 
     @property
     def suppressions(self) -> SuppressionCache: ...
+
+    @property
+    def preferences(self) -> PreferenceCache: ...
 
 
 @dataclass(frozen=True, slots=True)

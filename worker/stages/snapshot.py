@@ -16,9 +16,7 @@ def run(batch: Batch, parts: Parts) -> None:
     if batch.segments is not None or not batch.pending:
         return
     _log_no_snapshot()
-    for i in batch.pending:
-        batch.refuse(i, Reason.UNAVAILABLE)
-    batch.pending = []
+    batch.refuse_pending(Reason.UNAVAILABLE)
 
 
 def _log_no_snapshot() -> None:

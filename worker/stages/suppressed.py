@@ -14,9 +14,7 @@ def run(batch: Batch, parts: Parts) -> None:
     except SuppressionUnavailable:
         # Never read in this process: a send to someone who opted out is worse than a send
         # refused for now (the worker tries `unavailable` sends again).
-        for i in batch.pending:
-            batch.refuse(i, Reason.UNAVAILABLE)
-        batch.pending = []
+        batch.refuse_pending(Reason.UNAVAILABLE)
         return
     if suppressed is None:
         return  # nobody on the list

@@ -1,0 +1,86 @@
+"""What a process keeps in memory of a table that journals its changes in commit order (the
+suppression list, people's preferences): read whole once, then brought up to date by reading
+the journal after the last change it has, at most every `ttl` seconds (at once after this
+process made a change: `read_now`), and whole again after an hour, so that nothing drifts.
+
+If the database is away, lookups go on with what was last read (a few seconds stale beats
+refusing everyone) and the read is tried again after the TTL; if it was never read at all, the
+cache raises its `unavailable` error, and the gate refuses marketing as `unavailable` (fail
+closed: a send to someone who said no is worse than a send refused for now).
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+
+FULL_READ_AFTER = 3600.0  # a process idle this long reads the whole table again
+
+
+class JournaledCache:
+    """The reading schedule; a subclass says how to read the whole table (`_read_all`), the
+    journal after `_last_change` (`_read_changes`), and what to forget (`_reset`)."""
+
+    what = "the table"  # in log lines
+    unavailable: type[Exception] = RuntimeError
+
+    def __init__(self, *, ttl: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self.clock = clock  # tests pass their own
+        self._lock = threading.Lock()
+        self._last_change = 0  # the journal id read up to
+        self._read_at: float | None = None  # monotonic time of the last read
+        self._full_at = 0.0
+        self._loaded = False  # read whole at least once
+        self._reset()
+
+    def read_now(self) -> None:
+        """Read the journal on the next lookup (this process just made a change)."""
+        self._read_at = None
+
+    def clear(self) -> None:
+        """Forget everything: the next lookup reads the whole table (tests, a flushed
+        database)."""
+        with self._lock:
+            self._reset()
+            self._last_change, self._read_at, self._full_at = 0, None, 0.0
+            self._loaded = False
+
+    def _loaded_now(self) -> None:
+        """Mark a cache filled by hand (benchmarks) as read, for good."""
+        self._read_at, self._loaded = time.monotonic(), True
+
+    def _fresh(self) -> None:
+        """Up to date within the TTL; raises `unavailable` while never read."""
+        now = self.clock()
+        read_at = self._read_at
+        if read_at is None or now - read_at >= self.ttl:
+            with self._lock:
+                if self._read_at is None or now - self._read_at >= self.ttl:
+                    try:
+                        self._read(now)
+                    except Exception:
+                        logger.exception("%s not read; deciding by the last one read", self.what)
+                        self._read_at = now
+        if not self._loaded:
+            raise self.unavailable(f"{self.what} could not be read")
+
+    def _read(self, now: float) -> None:
+        if not self._full_at or now - (self._read_at or 0.0) >= FULL_READ_AFTER:
+            self._read_all()
+            self._loaded = True
+            self._full_at = now
+        else:
+            self._read_changes()
+        self._read_at = now
+
+    def _reset(self) -> None:
+        raise NotImplementedError
+
+    def _read_all(self) -> None:
+        raise NotImplementedError
+
+    def _read_changes(self) -> None:
+        raise NotImplementedError

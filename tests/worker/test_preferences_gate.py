@@ -1,0 +1,128 @@
+"""The gate enforces what people said, at once and exactly: a topic or channel switched off is
+`preference` naming it, a topic they must ask for and did not is `preference`, a pause is
+`paused` with the seconds until it ends; transactional sends and required topics pass; a
+change reaches this process at once and every other within the TTL; nothing is charged."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from limits.preferences import PreferenceCache, PreferencesFields, preferences_patch
+from limits.preferences import preferences_replace as replace
+from limits.selectors import policy_cache, topics_read
+from limits.services import TOPICS
+from limits.topics import TopicFields
+from tests.support.api import call
+from worker.gate import Gate, gate_check
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOW = datetime.now(tz=UTC).replace(microsecond=0)
+
+
+@pytest.fixture
+def topics(published):
+    published(vip=(10, [1, 2], {"email": (5, None), "push": (5, None)}))
+    for slug, default in (("news", "subscribed"), ("offers", "unsubscribed"),
+                          ("terms", "required")):  # fmt: skip
+        TOPICS.create(fields=TopicFields(slug=slug, name=slug, default=default), via="command")
+    policy_cache().invalidate()
+
+
+def said(user_id: int, **fields) -> None:
+    replace(user_id=user_id, prefs=PreferencesFields(**fields), topics=topics_read(), source="api")
+
+
+def reasons(channel="email", topic="", users=(1, 2, 3), **options):
+    decisions = gate_check(
+        channel=channel,
+        requests=[(u, f"{topic}-{channel}-{u}-{options.get('category', 'm')}") for u in users],
+        topic=topic,
+        now=NOW.timestamp(),
+        **options,
+    )
+    return [(d.reason, d.preference, d.retry_after) for d in decisions]
+
+
+def test_a_topic_switched_off_is_refused_naming_it_and_charges_nothing(topics):
+    said(1, topics={"news": {"email": False}})
+    said(2, channels={"email": False})
+    off = {"topic": "news", "channel": "email"}
+    assert reasons(topic="news") == [
+        ("preference", off, None),
+        ("preference", {"topic": None, "channel": "email"}, None),
+        ("allowed", None, None),
+    ]
+    assert reasons(channel="push", topic="news") == [("allowed", None, None)] * 3
+    # No topic: only the channel switched off refuses.
+    assert [r[0] for r in reasons()] == ["allowed", "preference", "allowed"]
+    # Nothing was charged for the refused sends: user 1's emails counted are the no-topic one
+    # and this one.
+    again = gate_check(channel="email", requests=[(1, "again")], now=NOW.timestamp())[0]
+    assert (again.reason, again.counts["daily"]) == ("allowed", 2)
+
+
+def test_a_topic_people_must_ask_for_goes_only_to_those_who_did(topics):
+    said(2, topics={"offers": {"email": True}})
+    assert [r[0] for r in reasons(topic="offers")] == ["preference", "allowed", "preference"]
+
+
+def test_a_pause_holds_everything_until_it_ends_and_names_when(topics):
+    said(1, paused_until=NOW + timedelta(hours=2))
+    said(2, paused_channels={"push": NOW + timedelta(hours=1)})
+    assert reasons(topic="news") == [
+        ("paused", None, 7200.0),
+        ("allowed", None, None),
+        ("allowed", None, None),
+    ]
+    assert [r[:2] for r in reasons(channel="push")] == [
+        ("paused", None),
+        ("paused", None),
+        ("allowed", None),
+    ]
+
+
+def test_transactional_sends_and_required_topics_pass_everything(topics):
+    said(1, channels={"email": False}, paused_until=NOW + timedelta(days=1))
+    assert [r[0] for r in reasons(topic="terms", users=(1,))] == ["allowed"]
+    assert [r[0] for r in reasons(users=(1,), category="transactional")] == ["exempt"]
+
+
+def test_a_change_reaches_this_process_at_once_and_another_within_its_ttl(topics):
+    clock = [0.0]
+    other = PreferenceCache(ttl=2.0, clock=lambda: clock[0])
+    gate = Gate(preferences=other, record_stats=False)
+
+    def decided() -> str:
+        return gate.check(channel="email", requests=[(3, f"m{clock[0]}")], topic="news",
+                          now=NOW.timestamp())[0].reason  # fmt: skip
+
+    assert decided() == "allowed"
+    preferences_patch(user_id=3, changes={"topics": {"news": {"email": False}}},
+                      topics=topics_read(), source="api")  # fmt: skip
+    assert reasons(topic="news", users=(3,))[0][0] == "preference"  # this process: at once
+    clock[0] = 1.0
+    assert decided() == "allowed"  # another process: not before its TTL
+    clock[0] = 2.5
+    assert decided() == "preference"
+    preferences_patch(user_id=3, changes={"topics": {"news": {"email": None}}},
+                      topics=topics_read(), source="api")  # fmt: skip
+    clock[0] = 5.0
+    assert decided() == "allowed"
+
+
+def test_over_rest_the_decision_names_what_was_switched_off(api, snapshot):
+    m, gate = api("marketer"), api("gate")
+    assert call(m, "POST", "/api/v1/topics/", json={"slug": "news", "name": "News"}).ok
+    path = "/api/v1/users/1/preferences/"
+    assert call(gate, "PATCH", path, json={"topics": {"news": {"email": False}}}).ok
+    body = {
+        "channel": "email",
+        "topic": "news",
+        "requests": [{"user_id": 1, "message_id": "a"}, {"user_id": 2, "message_id": "a"}],
+    }
+    results = call(gate, "POST", "/api/v1/gate/check/", json=body).json()["results"]  # fmt: skip
+    assert [(r["reason"], r["preference"]) for r in results] == [
+        ("preference", {"topic": "news", "channel": "email"}),
+        ("allowed", None),
+    ]
