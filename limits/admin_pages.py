@@ -29,9 +29,11 @@ from gatekeeper.lib.zones import UnknownTimeZone, zone
 from limits.channels import scope_label, scopes
 from limits.ledger.history import position_from_text, user_history
 from limits.ledger.stream import ledger_enabled
-from limits.models import Cap, CapChange, Rule
+from limits.models import Cap, CapChange, PreferenceChange, Rule, Topic
+from limits.preferences import preferences_read, preferences_words
 from limits.quota import Unavailable, user_quiet_hours, user_quota, user_recent_sends
 from limits.reasons import ADMITTED
+from limits.selectors import topics_read
 from limits.services import cap_describe, cap_from_text, cap_grid_save, cap_text, cap_warnings
 from limits.services import quota_reset as quota_reset_service
 from segments.models import Segment
@@ -255,15 +257,29 @@ def _timeline(user_id: int, before: str | None, now: float) -> dict[str, Any]:
     }
 
 
+def _preferences(user_id: int) -> dict[str, Any]:
+    """What the person said, in words, and their last changes (the database only)."""
+    topics = topics_read()
+    names = dict(Topic.objects.values_list("slug", "name"))
+    changes = PreferenceChange.objects.filter(user_id=user_id).select_related("changed_by")
+    return {
+        "lines": preferences_words(preferences_read(user_id, topics=topics), names),
+        "changes": list(changes.order_by("-id")[:10]),
+    }
+
+
 def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     require(request, "limits.view_cap")
     form = UserLookupForm(request.GET or None)
     quota, sends, problem, user_zone = None, [], "", {}
     quiet: list[dict[str, Any]] = []
     timeline = None
+    said: dict[str, Any] | None = None
     if form.is_valid():
         user_id = form.cleaned_data["user_id"]
         timeline = _timeline(user_id, request.GET.get("before"), time.time())
+        if request.user.has_perm("limits.view_preference"):
+            said = _preferences(user_id)
         try:
             quota = user_quota(user_id)
             sends = user_recent_sends(user_id)
@@ -293,6 +309,7 @@ def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         quiet=quiet,
         sends=sends,
         timeline=timeline,
+        said=said,
         problem=problem,
         can_reset=request.user.has_perm("limits.reset_quota"),
         can_see_rules=request.user.has_perm("limits.view_rule"),

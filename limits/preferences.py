@@ -114,6 +114,27 @@ def preferences_as_json(user_id: int, prefs: PreferencesFields) -> dict[str, Any
     }
 
 
+def preferences_words(prefs: PreferencesFields, names: Mapping[str, str]) -> list[str]:
+    """A person's preferences as lines a marketer reads ("Product news on email: switched
+    off"); `names`: topics' names by slug."""
+    lines = [
+        f"{names.get(slug, slug)} on {channel}: {'switched on' if subscribed else 'switched off'}"
+        for slug, choices in sorted(prefs.topics.items())
+        for channel, subscribed in sorted(choices.items())
+    ]
+    lines += [
+        f"All {channel}: {'on' if on else 'switched off'}"
+        for channel, on in sorted(prefs.channels.items())
+    ]
+    if prefs.paused_until is not None:
+        lines.append(f"All marketing paused until {prefs.paused_until:%Y-%m-%d %H:%M} UTC")
+    lines += [
+        f"{channel} paused until {until.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
+        for channel, until in sorted(prefs.paused_channels.items())
+    ]
+    return lines
+
+
 def _instant(value: datetime | None) -> str | None:
     return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 

@@ -126,3 +126,20 @@ def test_over_rest_the_decision_names_what_was_switched_off(api, snapshot):
         ("preference", {"topic": "news", "channel": "email"}),
         ("allowed", None),
     ]
+
+
+def test_the_user_lookup_shows_what_the_person_said_and_their_changes(topics, viewer_client):
+    import re
+
+    from django.urls import reverse
+
+    said(7, topics={"news": {"email": False}}, channels={"sms": False},
+         paused_until=NOW + timedelta(days=2))  # fmt: skip
+    page = viewer_client.get(reverse("admin:user_lookup"), {"user_id": "7"})
+    assert page.status_code == 200
+    text = re.sub(r"\s+", " ", page.content.decode())
+    assert "news on email: switched off" in text and "All sms: switched off" in text
+    assert f"All marketing paused until {NOW + timedelta(days=2):%Y-%m-%d %H:%M} UTC" in text
+    assert re.search(r'id="preference-changes">.*<td>api</td>', text)
+    quiet = viewer_client.get(reverse("admin:user_lookup"), {"user_id": "8"}).content.decode()
+    assert "Nothing: every topic and channel follows its default" in quiet
