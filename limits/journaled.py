@@ -1,7 +1,7 @@
 """What a process keeps in memory of a table that journals its changes in commit order (the
 suppression list, people's preferences): read whole once, then brought up to date by reading
 the journal after the last change it has, at most every `ttl` seconds (at once after this
-process made a change: `read_now`), and whole again after an hour, so that nothing drifts.
+process made a change: `read_now`), and whole again every hour, so that nothing drifts.
 
 If the database is away, lookups go on with what was last read (a few seconds stale beats
 refusing everyone) and the read is tried again after the TTL; if it was never read at all, the
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
-FULL_READ_AFTER = 3600.0  # a process idle this long reads the whole table again
+FULL_READ_AFTER = 3600.0  # a process reads the whole table again this long after it last did
 
 
 class JournaledCache:
@@ -32,20 +32,21 @@ class JournaledCache:
         self._lock = threading.Lock()
         self._last_change = 0  # the journal id read up to
         self._read_at: float | None = None  # monotonic time of the last read
-        self._full_at = 0.0
+        self._due = False  # read at the next lookup, whatever the TTL says
+        self._full_at: float | None = None  # monotonic time of the last whole read
         self._loaded = False  # read whole at least once
         self._reset()
 
     def read_now(self) -> None:
         """Read the journal on the next lookup (this process just made a change)."""
-        self._read_at = None
+        self._due = True
 
     def clear(self) -> None:
         """Forget everything: the next lookup reads the whole table (tests, a flushed
         database)."""
         with self._lock:
             self._reset()
-            self._last_change, self._read_at, self._full_at = 0, None, 0.0
+            self._last_change, self._read_at, self._full_at, self._due = 0, None, None, False
             self._loaded = False
 
     def _loaded_now(self) -> None:
@@ -56,9 +57,10 @@ class JournaledCache:
         """Up to date within the TTL; raises `unavailable` while never read."""
         now = self.clock()
         read_at = self._read_at
-        if read_at is None or now - read_at >= self.ttl:
+        if self._due or read_at is None or now - read_at >= self.ttl:
             with self._lock:
-                if self._read_at is None or now - self._read_at >= self.ttl:
+                if self._due or self._read_at is None or now - self._read_at >= self.ttl:
+                    self._due = False
                     try:
                         self._read(now)
                     except Exception:
@@ -68,7 +70,7 @@ class JournaledCache:
             raise self.unavailable(f"{self.what} could not be read")
 
     def _read(self, now: float) -> None:
-        if not self._full_at or now - (self._read_at or 0.0) >= FULL_READ_AFTER:
+        if self._full_at is None or now - self._full_at >= FULL_READ_AFTER:
             self._read_all()
             self._loaded = True
             self._full_at = now
