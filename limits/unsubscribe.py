@@ -25,6 +25,7 @@ from django.views.decorators.http import require_http_methods
 
 from limits.channels import noun, scopes
 from limits.models import Suppression
+from limits.preference_page import preferences_token
 from limits.suppression import suppress
 
 _SALT = "gatekeeper.unsubscribe"
@@ -92,7 +93,12 @@ def unsubscribe_view(request: HttpRequest, token: str) -> HttpResponse:
     if found is None:
         return render(request, "limits/unsubscribe.html", {"state": "invalid"}, status=400)
     user_id, channel = found
-    context = {"channel": channel, "what": noun(channel, 2)}
+    context = {
+        "channel": channel,
+        "what": noun(channel, 2),
+        # Fewer rather than none: the person's own page, where they choose topics and pauses.
+        "choices": reverse("preferences", args=[preferences_token(user_id)]),
+    }
     if request.method == "GET":
         return render(request, "limits/unsubscribe.html", {**context, "state": "ask"})
     suppress(

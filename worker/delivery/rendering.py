@@ -5,6 +5,7 @@ A template is a folder `templates/<channel>/<name>/` holding `body.txt`, and on 
 that show a title, the title: `subject.txt` for email (plus an optional `body.html`), `title.txt`
 for push. An SMS is its body alone."""
 
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from django.template.loader import get_template, render_to_string
 from gatekeeper.lib.bodies import words_for_pattern
 from limits.channels import EMAIL, PUSH
 from limits.channels import channels as dispatch_channels
+from limits.preference_page import preferences_url
 from limits.reasons import Category
 from limits.unsubscribe import unsubscribe_headers
 from worker.delivery.base import Message, Recipient
@@ -155,7 +157,13 @@ class Renderer:
 
     def __call__(self, recipient: Recipient) -> Message:
         data = recipient.context
-        context = {**data, "user_id": recipient.user_id, "campaign": self.campaign}
+        context = {
+            **data,
+            "user_id": recipient.user_id,
+            "campaign": self.campaign,
+            # Signed only when a template asks for it (a callable: the template calls it).
+            "preferences_url": functools.partial(preferences_url, recipient.user_id),
+        }
         title = self.title.render(context) if self.title is not None else ""
         subject = self.subjects.get(title)
         if subject is None:

@@ -1,0 +1,146 @@
+"""The hosted preference page (`/p/<token>/`): where a person says, without logging in, which
+topics they want on which channel, switches a whole channel off, or pauses their marketing for
+a week, a month or until a day. Linked from every message (`{{ preferences_url }}` in the
+templates); the link carries the user id signed with SECRET_KEY (salted for this use, as the
+unsubscribe link is), so it cannot be made for another person.
+
+A plain HTML form: it works without JavaScript, every switch has its label and the page reads
+in the person's language (English and French are shipped: the browser's Accept-Language
+chooses). What it saves goes through `preferences_replace` with source `page`, checked by the
+one rule, and the gate follows it at once in this process and within the suppression TTL in
+every other.
+"""
+
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core import signing
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils import timezone, translation
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_http_methods
+
+from limits.channels import channels
+from limits.models import Topic
+from limits.preferences import PreferencesFields, preferences_read, preferences_replace
+from limits.selectors import topics_read
+from limits.topics import REQUIRED, UNSUBSCRIBED
+
+_SALT = "gatekeeper.preferences"
+PAUSES = {"week": timedelta(days=7), "month": timedelta(days=30)}
+
+
+def preferences_token(user_id: int) -> str:
+    return signing.Signer(salt=_SALT).sign(str(user_id))
+
+
+def preferences_reader(token: str) -> int | None:
+    """The user id of a link this gatekeeper signed, or None."""
+    try:
+        value = signing.Signer(salt=_SALT).unsign(token)
+    except signing.BadSignature:
+        return None
+    return int(value) if value.isdigit() else None
+
+
+def preferences_url(user_id: int) -> str:
+    path = reverse("preferences", args=[preferences_token(user_id)])
+    return f"{settings.GATEKEEPER_PUBLIC_URL.rstrip('/')}{path}"
+
+
+def _rows(prefs: PreferencesFields) -> list[dict[str, Any]]:
+    """The topics as the page lists them: each with its switches per channel (ticked when the
+    person gets it), or marked required."""
+    rows = []
+    for topic in Topic.objects.all():
+        sent_on = list(topic.channels or channels())
+        said = prefs.topics.get(topic.slug, {})
+        rows.append(
+            {
+                "slug": topic.slug,
+                "name": topic.name,
+                "description": topic.description,
+                "required": topic.default == REQUIRED,
+                "switches": [
+                    {
+                        "name": f"topic:{topic.slug}:{channel}",
+                        "channel": channel,
+                        "on": said.get(channel, topic.default != UNSUBSCRIBED),
+                    }
+                    for channel in sent_on
+                ],
+            }
+        )
+    return rows
+
+
+def _posted(data: Any, current: PreferencesFields, today: date) -> PreferencesFields | str:
+    """The preferences the form posted (a choice is kept only where it differs from the
+    topic's default), or why they cannot be read."""
+    topics: dict[str, dict[str, bool]] = {}
+    for topic in Topic.objects.exclude(default=REQUIRED):
+        default = topic.default != UNSUBSCRIBED
+        for channel in topic.channels or channels():
+            on = data.get(f"topic:{topic.slug}:{channel}") == "on"
+            if on != default:
+                topics.setdefault(topic.slug, {})[channel] = on
+    chosen = {c: False for c in channels() if data.get(f"channel:{c}") != "on"}
+    pause = data.get("pause", "keep")
+    until: datetime | None
+    if pause == "none":
+        until = None
+    elif pause in PAUSES:
+        until = timezone.now() + PAUSES[pause]
+    elif pause == "until":
+        try:
+            day = date.fromisoformat(data.get("until", ""))
+        except ValueError:
+            return _("Give the day the pause ends, as the calendar shows it.")
+        if day <= today:
+            return _("A pause ends on a day after today.")
+        until = datetime.combine(day, time(), tzinfo=UTC)
+    else:
+        until = current.paused_until
+    return PreferencesFields(
+        topics=topics, channels=chosen, paused_until=until, paused_channels=current.paused_channels
+    )
+
+
+@require_http_methods(["GET", "POST"])
+def preference_page(request: HttpRequest, token: str) -> HttpResponse:
+    """The page, in the person's language (their browser's, among settings.LANGUAGES)."""
+    with translation.override(translation.get_language_from_request(request)):
+        response = _page(request, token)
+        response.headers["Content-Language"] = translation.get_language()
+        response.headers.setdefault("Vary", "Accept-Language")
+        return response
+
+
+def _page(request: HttpRequest, token: str) -> HttpResponse:
+    user_id = preferences_reader(token)
+    if user_id is None:
+        return render(request, "limits/preferences.html", {"state": "invalid"}, status=400)
+    topics = topics_read()
+    current = preferences_read(user_id, topics=topics)
+    state, problem, status = "ask", "", 200
+    if request.method == "POST":
+        posted = _posted(request.POST, current, timezone.now().date())
+        if isinstance(posted, str):
+            problem, status = posted, 400
+        else:
+            current = preferences_replace(
+                user_id=user_id, prefs=posted, topics=topics, source="page"
+            )
+            state = "saved"
+    context = {
+        "state": state,
+        "problem": problem,
+        "topics": _rows(current),
+        "channels": [{"name": c, "off": current.channels.get(c) is False} for c in channels()],
+        "paused_until": current.paused_until,
+        "tomorrow": (timezone.now().date() + timedelta(days=1)).isoformat(),
+    }
+    return render(request, "limits/preferences.html", context, status=status)

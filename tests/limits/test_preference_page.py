@@ -1,0 +1,171 @@
+"""The hosted preference page: a signed link per person, no login, a plain form that works
+without JavaScript, in the person's language; what it saves is journaled as `page` and the gate
+follows it; a tampered link or a pause in the past changes nothing. Driven over HTTP and in
+headless Chromium."""
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.urls import reverse
+
+from limits.models import Preference, PreferenceChange
+from limits.preference_page import preferences_reader, preferences_token, preferences_url
+from limits.services import TOPICS
+from limits.topics import TopicFields
+
+TopicRow = tuple[str, str, list[str], str]
+NEWS: TopicRow = ("news", "Product news", ["email", "push"], "subscribed")
+OFFERS: TopicRow = ("offers", "Offers", ["email"], "unsubscribed")
+TERMS: TopicRow = ("terms", "Terms of service", [], "required")
+
+
+def topics_made() -> None:
+    for slug, name, on, default in (NEWS, OFFERS, TERMS):
+        TOPICS.create(
+            fields=TopicFields(slug=slug, name=name, channels=on, default=default), via="command"
+        )
+
+
+def page_path(user_id: int) -> str:
+    return reverse("preferences", args=[preferences_token(user_id)])
+
+
+def text(response) -> str:
+    return re.sub(r"\s+", " ", response.content.decode())
+
+
+@pytest.mark.django_db
+def test_the_link_is_signed_for_one_person_and_a_tampered_one_is_refused(client, settings):
+    settings.GATEKEEPER_PUBLIC_URL = "https://mail.example.com"
+    url = preferences_url(42)
+    assert url.startswith("https://mail.example.com/p/")
+    token = url.rsplit("/", 2)[-2]
+    assert preferences_reader(token) == 42
+    forged = token.replace("42", "43", 1)
+    assert preferences_reader(forged) is None
+    refused = client.get(reverse("preferences", args=[forged]))
+    assert refused.status_code == 400 and "This link is not valid" in text(refused)
+    assert client.post(reverse("preferences", args=[forged]), {}).status_code == 400
+    assert not PreferenceChange.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_page_shows_each_topic_as_the_person_gets_it_and_saves_what_they_choose(client):
+    topics_made()
+    page = text(client.get(page_path(7)))
+    # Subscribed by default: ticked; one people must ask for: not; required: no switch.
+    assert re.search(r'name="topic:news:email" value="on" checked', page)
+    assert re.search(r'name="topic:offers:email" value="on">', page)
+    assert "topic:terms" not in page and "always sent" in page
+    assert re.search(r'<label><input type="checkbox" name="channel:sms" value="on" checked>', page)
+    saved = client.post(page_path(7), {
+        "topic:news:push": "on", "topic:offers:email": "on",  # news by email unticked
+        "channel:email": "on", "channel:push": "on",  # sms unticked
+        "pause": "week",
+    })  # fmt: skip
+    assert saved.status_code == 200 and "Saved." in text(saved)
+    row = Preference.objects.get(user_id=7)
+    assert row.topics == {"news": {"email": False}, "offers": {"email": True}}
+    assert row.channels == {"sms": False}
+    assert row.paused_until is not None
+    assert row.paused_until - datetime.now(tz=UTC) > timedelta(days=6)
+    assert PreferenceChange.objects.get().source == "page"
+    # Shown back as saved, the pause with its day.
+    again = text(client.get(page_path(7)))
+    assert re.search(r'name="topic:news:email" value="on">', again)
+    assert f"Paused until {row.paused_until:%Y-%m-%d}." in again
+
+
+@pytest.mark.django_db
+def test_a_pause_in_the_past_is_refused_and_nothing_changes(client):
+    topics_made()
+    posted = {"topic:news:email": "on", "pause": "until", "until": "2020-01-01"}
+    refused = client.post(page_path(7), posted)
+    assert refused.status_code == 400 and "A pause ends on a day after today." in text(refused)
+    unreadable = client.post(page_path(7), {**posted, "until": "soon"})
+    assert unreadable.status_code == 400
+    assert not Preference.objects.exists() and not PreferenceChange.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_page_reads_in_the_persons_language(client):
+    topics_made()
+    french = client.get(page_path(7), HTTP_ACCEPT_LANGUAGE="fr-FR,fr;q=0.9")
+    assert french["Content-Language"] == "fr"
+    page = text(french)
+    assert '<html lang="fr">' in page and "Ce que vous recevez de notre part" in page
+    assert "Tout mettre en pause pendant 1 semaine" in page
+    english = client.get(page_path(7), HTTP_ACCEPT_LANGUAGE="en")
+    assert "What you get from us" in text(english) and english["Content-Language"] == "en"
+
+
+@pytest.mark.django_db
+def test_a_template_that_names_preferences_url_links_each_persons_own_page(settings, tmp_path):
+    import copy
+
+    from worker.delivery.base import Recipient
+    from worker.delivery.rendering import Renderer
+
+    folder = tmp_path / "email" / "choices"
+    folder.mkdir(parents=True)
+    (folder / "subject.txt").write_text("News")
+    (folder / "body.txt").write_text("Choose what you get from us: {{ preferences_url }}\n")
+    (folder / "body.html").write_text('<a href="{{ preferences_url }}">Your choices</a>')
+    templates = copy.deepcopy(settings.TEMPLATES)
+    templates[0]["DIRS"] = [*templates[0].get("DIRS", []), str(tmp_path)]
+    settings.TEMPLATES = templates
+    settings.GATEKEEPER_PUBLIC_URL = "https://mail.example.com"
+    renderer = Renderer(channel="email", template="choices", campaign="spring")
+    for user_id in (5, 6):
+        message = renderer(
+            Recipient(message_id=f"spring:{user_id}", user_id=user_id,
+                      address=f"u{user_id}@example.com", context={})
+        )  # fmt: skip
+        found = re.search(r"https://mail\.example\.com/p/([^/\s]+)/", message.body)
+        assert found is not None, message.body
+        assert preferences_reader(found[1]) == user_id
+        assert f'href="https://mail.example.com/p/{found[1]}/"' in (message.html or "")
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_person_changes_their_choices_in_a_real_browser_with_the_keyboard(browser, live_server):
+    from selenium.webdriver.common.keys import Keys
+
+    from tests.support.browser import Page
+
+    topics_made()
+    page = Page(browser, live_server.url, prefix="preferences-")
+    page.open(page_path(9))
+    page.wait_for(lambda: "What you get from us" in page.text(), "the preference page")
+    # Every control has a label a screen reader reads.
+    unlabelled = browser.execute_script(
+        "return [...document.querySelectorAll('input:not([type=hidden])')]"
+        ".filter(i => !i.labels || !i.labels.length).map(i => i.name)"
+    )
+    assert unlabelled == []
+    page.shot("ask")
+    # With the keyboard alone: to news by email, untick it with the space bar.
+    box = page.find("input[name='topic:news:email']")
+    box.send_keys(Keys.SPACE)
+    page.find("input[name=pause][value=month]").send_keys(Keys.SPACE)
+    page.find("button[type=submit]").send_keys(Keys.ENTER)
+    page.wait_for(lambda: "Saved." in page.text(), "the saved page")
+    page.shot("saved")
+    row = Preference.objects.get(user_id=9)
+    assert row.topics == {"news": {"email": False}}
+    assert row.paused_until is not None
+
+
+@pytest.mark.django_db
+def test_the_unsubscribe_page_offers_fewer_first(client):
+    from limits.unsubscribe import unsubscribe_token
+
+    page = text(
+        client.get(reverse("unsubscribe", args=[unsubscribe_token(user_id=8, channel="email")]))
+    )
+    found = re.search(r'<a href="/p/([^/"]+)/" id="choices">', page)
+    assert found is not None, page
+    assert preferences_reader(found[1]) == 8
