@@ -65,3 +65,33 @@ def test_send_campaign_takes_a_topic_and_names_a_bad_one(news, tmp_path):
     from worker.models import SendJob
 
     assert SendJob.objects.get().topic == "news"
+
+
+def test_a_change_made_while_a_job_runs_governs_the_chunks_not_yet_gated(
+    news, relay, settings, django_capture_on_commit_callbacks
+):
+    # Chunks of 2: the first is gated before the person switches the topic off, the rest after.
+    from limits.preferences import preferences_patch
+    from limits.selectors import topics_read
+    from worker.chunks import send_chunk_run
+    from worker.models import SendChunk
+
+    settings.GATEKEEPER_SEND_CHUNK_SIZE = 2
+    job = make_job(1, 3, 1_000_001, 1_000_002, topic="news")
+    first, *rest = SendChunk.objects.filter(job=job).order_by("pk")
+    send_chunk_run(chunk_id=first.pk)
+    with django_capture_on_commit_callbacks(execute=True):  # as their commits would
+        for user_id in (1, 3, 1_000_001, 1_000_002):
+            preferences_patch(user_id=user_id, changes={"topics": {"news": {"email": False}}},
+                              topics=topics_read(), source="api")  # fmt: skip
+    for chunk in rest:
+        send_chunk_run(chunk_id=chunk.pk)
+    job.refresh_from_db()
+    assert (job.sent, job.capped) == (2, 2)
+    ledger_drain_all()
+    assert sorted(decisions().values_list("user_id", "reason")) == [
+        (1, "allowed"),
+        (3, "allowed"),
+        (1_000_001, "preference"),
+        (1_000_002, "preference"),
+    ]
