@@ -364,6 +364,47 @@ def preferences_beside_none(url: str, seconds: float, share: float = 0.1) -> Non
     print(f"  a lookup of 5,000 users against them: {lookup_us:,.0f} us")
 
 
+def preferences_memory(people: int = 27_000_000, base: int = 270_000_000) -> None:
+    """The memory a process holds for `people` of `base` users holding preferences (10 %): half
+    of them a topic off on a channel (5 topics, 2 channels), a fifth a topic they must ask for
+    switched on, a fifth a channel off, a tenth paused, one in twenty one channel paused.
+    Bitmaps count their serialized size (CRoaring's in-memory size is about that), pauses
+    their arrays."""
+    from limits.preferences import Pauses, PreferenceCache
+
+    rng = np.random.default_rng(21)
+    started = time.perf_counter()
+    holders = np.unique(rng.integers(0, base, int(people * 1.06), dtype=np.uint64))[:people]
+    rng.shuffle(holders)
+    cache = PreferenceCache.holding({})
+    n = len(holders)
+
+    def bitmap(ids: Any) -> BitMap64:
+        return BitMap64(array.array("Q", np.sort(ids).astype(np.uint64).tobytes()))
+
+    half, fifth, tenth = n // 2, n // 5, n // 10
+    offs = holders[:half]
+    for k in range(10):
+        cache._off[(f"topic-{k // 2}", ("email", "push")[k % 2])] = bitmap(offs[k::10])
+    ons = holders[half : half + fifth]
+    for k in range(2):
+        cache._on[(f"ask-{k}", "email")] = bitmap(ons[k::2])
+    channel_off = holders[half + fifth : half + 2 * fifth]
+    for k, channel in enumerate(("email", "push", "sms")):
+        cache._channel_off[channel] = bitmap(channel_off[k::3])
+    later = time.time() + 30 * 86_400
+    paused = holders[half + 2 * fifth : half + 2 * fifth + tenth]
+    cache._paused = Pauses.built(paused, np.full(len(paused), later))
+    one = holders[: n // 20]  # some of them also pause one channel
+    cache._paused_channels["push"] = Pauses.built(one, np.full(len(one), later))
+    built = time.perf_counter() - started
+    held = cache.nbytes()
+    print(
+        f"preferences of {n:,} people of {base:,} users held in a process: {held / 2**20:,.0f} "
+        f"MiB, {held / n:.2f} bytes per person holding any   (target <= 8); built in {built:.0f} s"
+    )
+
+
 def _group(pgid: int) -> list[int]:
     """The live processes of a process group (a Celery worker and its pool)."""
     found = []
@@ -658,7 +699,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--suppressed", type=int, default=1_000_000)
     parser.add_argument(
         "--only",
-        choices=["suppressions", "preferences"],
+        choices=["suppressions", "preferences", "preference-memory"],
         help="run only this part (with its figures)",
     )
     parser.add_argument(
@@ -691,8 +732,12 @@ def main(argv: list[str]) -> None:
     if args.only == "preferences":
         preferences_beside_none(args.redis_url, 2 * args.seconds)
         return
+    if args.only == "preference-memory":
+        preferences_memory()
+        return
     gate_beside_limiter(args.redis_url, args.seconds)
     quiet_hours_beside_none(args.redis_url, 2 * args.seconds)
     suppressions_beside_none(2 * args.seconds, args.suppressed)
     preferences_beside_none(args.redis_url, 2 * args.seconds)
+    preferences_memory()
     campaign(args.recipients)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -286,11 +287,65 @@ class PreferencesUnavailable(Exception):
     nobody can be told they did not say no, so the gate refuses marketing as `unavailable`."""
 
 
+END_MAX = 2**32 - 1  # a pause's end in whole seconds: a later one (after 2106) ends then
+
+
+class Pauses:
+    """Until when users are paused (epoch seconds), 12 bytes a person: a sorted array of their
+    ids and one of their ends (whole seconds), built when the table is read whole, and the
+    changes read from the journal since in a dictionary beside it (an end of 0: none)."""
+
+    __slots__ = ("ends", "ids", "recent")
+
+    def __init__(self, ids: Any = None, ends: Any = None) -> None:
+        self.ids = np.empty(0, dtype=np.uint64) if ids is None else ids
+        self.ends = np.empty(0, dtype=np.uint32) if ends is None else ends
+        self.recent: dict[int, int] = {}
+
+    @classmethod
+    def built(cls, ids: Sequence[int] | Any, ends: Sequence[float] | Any) -> "Pauses":
+        """From users and their ends in any order (a user once)."""
+        order_ids = np.asarray(ids, dtype=np.uint64)
+        order = np.argsort(order_ids, kind="stable")
+        clamped = np.minimum(np.asarray(ends, dtype=np.float64), END_MAX)
+        return cls(order_ids[order], clamped.astype(np.uint32)[order])
+
+    def __bool__(self) -> bool:
+        return bool(len(self.ids) or self.recent)
+
+    def set(self, user_id: int, end: float) -> None:
+        self.recent[user_id] = min(int(end), END_MAX)
+
+    def drop(self, user_id: int) -> None:
+        self.recent[user_id] = 0
+
+    def ends_of(self, user_ids: Sequence[int]) -> Any:
+        """Each user's end (0: not paused), as an array."""
+        ends = np.zeros(len(user_ids), dtype=np.float64)
+        if len(self.ids):
+            wanted = np.asarray(user_ids, dtype=np.uint64)
+            at = np.searchsorted(self.ids, wanted)
+            inside = at < len(self.ids)
+            found = np.zeros(len(user_ids), dtype=bool)
+            found[inside] = self.ids[at[inside]] == wanted[inside]
+            ends[found] = self.ends[at[found]]
+        if self.recent:
+            for k, user_id in enumerate(user_ids):
+                end = self.recent.get(user_id)
+                if end is not None:
+                    ends[k] = end
+        return ends
+
+    def nbytes(self) -> int:
+        return int(self.ids.nbytes + self.ends.nbytes) + 100 * len(self.recent)
+
+
 class PreferenceCache(JournaledCache):
     """What people said, in memory, as the gate asks it: per topic and channel a bitmap of
     those who switched it off and one of those who switched it on (a topic people must ask
-    for); per channel a bitmap of those who switched it off; pauses by user. Kept up to date
-    from the journal (limits.journaled)."""
+    for); per channel a bitmap of those who switched it off; the pauses (of everything, of each
+    channel) as sorted arrays (`Pauses`). Kept up to date from the journal
+    (limits.journaled)."""
 
     what = "People's preferences"
     unavailable = PreferencesUnavailable
@@ -299,8 +354,8 @@ class PreferenceCache(JournaledCache):
         self._off: dict[tuple[str, str], BitMap64] = {}
         self._on: dict[tuple[str, str], BitMap64] = {}
         self._channel_off: dict[str, BitMap64] = {}
-        self._paused: dict[int, float] = {}
-        self._paused_channels: dict[str, dict[int, float]] = {}
+        self._paused = Pauses()
+        self._paused_channels: dict[str, Pauses] = {}
 
     @classmethod
     def holding(cls, said: Mapping[int, Mapping[str, Any]]) -> "PreferenceCache":
@@ -315,6 +370,7 @@ class PreferenceCache(JournaledCache):
                 prefs.get("paused_until"),
                 prefs.get("paused_channels"),
             )
+        cache._compact()
         cache._loaded_now()
         return cache
 
@@ -336,8 +392,11 @@ class PreferenceCache(JournaledCache):
         paused, paused_here = self._paused, self._paused_channels.get(channel)
         if not (off or ask or channel_off or paused or paused_here):
             return None
+        ends = np.zeros(len(user_ids)) if not paused else paused.ends_of(user_ids)
+        if paused_here:
+            ends = np.maximum(ends, paused_here.ends_of(user_ids))
         out: list[tuple[Reason, dict[str, Any] | None, float | None] | None] = []
-        for user_id in user_ids:
+        for k, user_id in enumerate(user_ids):
             if channel_off is not None and user_id in channel_off:
                 out.append((Reason.PREFERENCE, {"topic": None, "channel": channel}, None))
             elif (off is not None and user_id in off) or (
@@ -345,10 +404,7 @@ class PreferenceCache(JournaledCache):
             ):
                 out.append((Reason.PREFERENCE, {"topic": slug, "channel": channel}, None))
             else:
-                until = max(
-                    paused.get(user_id, 0.0),
-                    paused_here.get(user_id, 0.0) if paused_here else 0.0,
-                )
+                until = float(ends[k])
                 out.append((Reason.PAUSED, None, until - now) if until > now else None)
         return out if any(out) else None
 
@@ -362,6 +418,7 @@ class PreferenceCache(JournaledCache):
         )
         for user_id, topics, chosen, until, paused in rows.iterator(chunk_size=20_000):
             self._learn(user_id, topics, chosen, until, paused)
+        self._compact()
         self._last_change = last or 0
         self._read_changes()
 
@@ -392,9 +449,9 @@ class PreferenceCache(JournaledCache):
             if not on:
                 self._channel_off.setdefault(channel, BitMap64()).add(user_id)
         if until:
-            self._paused[user_id] = _epoch(until)
+            self._paused.set(user_id, _epoch(until))
         for channel, ends in (paused or {}).items():
-            self._paused_channels.setdefault(channel, {})[user_id] = _epoch(ends)
+            self._paused_channels.setdefault(channel, Pauses()).set(user_id, _epoch(ends))
 
     def _forget(self, user_id: int) -> None:
         for bitmaps in (self._off, self._on):
@@ -402,9 +459,27 @@ class PreferenceCache(JournaledCache):
                 bitmap.discard(user_id)
         for bitmap in self._channel_off.values():
             bitmap.discard(user_id)
-        self._paused.pop(user_id, None)
+        self._paused.drop(user_id)
         for pauses in self._paused_channels.values():
-            pauses.pop(user_id, None)
+            pauses.drop(user_id)
+
+    def _compact(self) -> None:
+        """The pauses learnt one by one (a whole read) made arrays."""
+        for name, pauses in [(None, self._paused), *self._paused_channels.items()]:
+            kept = [(u, e) for u, e in pauses.recent.items() if e]
+            built = Pauses.built([u for u, _ in kept], [e for _, e in kept])
+            if name is None:
+                self._paused = built
+            else:
+                self._paused_channels[name] = built
+
+    def nbytes(self) -> int:
+        """About what it holds in memory: the bitmaps (as CRoaring keeps them, about their
+        serialized size) and the pauses' arrays."""
+        bitmaps = [*self._off.values(), *self._on.values(), *self._channel_off.values()]
+        return sum(len(b.serialize()) for b in bitmaps) + sum(
+            p.nbytes() for p in [self._paused, *self._paused_channels.values()]
+        )
 
 
 def _epoch(value: Any) -> float:

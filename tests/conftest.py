@@ -43,12 +43,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _test_settings(settings, tmp_path):
+    from limits.preferences import preference_cache
     from limits.selectors import policy_cache
     from limits.suppression import suppression_cache
 
-    # Rules and the suppression list are kept per process: never carry one test's into the next.
+    # Rules, the suppression list and people's preferences are kept per process: never carry
+    # one test's into the next.
     policy_cache().invalidate()
     suppression_cache().clear()
+    preference_cache().clear()
     settings.REDIS_URL = TEST_REDIS_URL
     settings.GATEKEEPER_STORE_URL = str(tmp_path / "store")
     settings.GATEKEEPER_SNAPSHOT_CACHE_DIR = tmp_path / "snapshot-cache"
