@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from msgspec import UNSET, Meta, UnsetType
 from rest_framework.exceptions import ValidationError
 
-from gatekeeper.lib.bodies import NO_NUL, Body, schema_fill, words_for_pattern
+from gatekeeper.lib.bodies import NO_NUL, NOT_BLANK, Body, schema_fill, words_for_pattern
 from gatekeeper.lib.ids import JsonUserId
 from gatekeeper.lib.integers import INT32_MAX
 from limits.channels import channels, scopes
@@ -119,9 +119,7 @@ RuleName = Annotated[
     Meta(
         min_length=1,
         max_length=NAME_MAX,
-        pattern=words_for_pattern(
-            r"^[^\u0000]*[^\s\u0000][^\u0000]*$", "Must not be blank (nor hold a NUL)."
-        ),
+        pattern=NOT_BLANK,
         description='In your words: "1 promo a day", "min gap 4h".',
     ),
 ]

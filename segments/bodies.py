@@ -4,7 +4,7 @@ from typing import Annotated
 
 from msgspec import UNSET, Meta, UnsetType
 
-from gatekeeper.lib.bodies import Body, words_for_pattern
+from gatekeeper.lib.bodies import NOT_BLANK, Body, words_for_pattern
 from gatekeeper.lib.ids import JsonUserId
 from gatekeeper.lib.integers import INT32_MAX
 from gatekeeper.lib.zones import EXAMPLE
@@ -28,9 +28,7 @@ Name = Annotated[
     Meta(
         min_length=1,
         max_length=200,
-        pattern=words_for_pattern(
-            r"^[^\u0000]*[^\s\u0000][^\u0000]*$", "Must not be blank (nor hold a NUL)."
-        ),
+        pattern=NOT_BLANK,
     ),
 ]
 Priority = Annotated[

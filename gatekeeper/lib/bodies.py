@@ -428,6 +428,13 @@ def _free_form_paths(spec: type) -> tuple[tuple[str, ...], ...]:
 REF = "#/components/schemas/{name}"
 # Every string of a body is refused with a NUL in it (PostgreSQL text cannot hold it).
 NO_NUL = "^[^\\u0000]*$"
+# A text with something in it: a character that is not white space (nor a NUL). The white space
+# is listed, not written `\s`: Python's (msgspec's check, `str.strip` in the rules) and a JSON
+# Schema reader's (ECMA-262) differ, and the schema must say exactly what is refused.
+_SPACE = r"\t\n\x0b\x0c\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+NOT_BLANK = words_for_pattern(
+    rf"^[^\u0000]*[^{_SPACE}\u0000][^\u0000]*$", "Must not be blank (nor hold a NUL)."
+)
 # Values whose bounds are settings (the configured channels, the widest user id): a body type
 # marks them (`Meta(extra_json_schema=schema_fill(...))`) and the schema asks at generation.
 _FILLS: dict[str, Callable[[], dict[str, Any]]] = {}
