@@ -51,12 +51,18 @@ def preferences_url(user_id: int) -> str:
     return f"{settings.GATEKEEPER_PUBLIC_URL.rstrip('/')}{path}"
 
 
+def _switches(topic: Topic) -> list[tuple[str, str, bool]]:
+    """A topic's switches on the form, one per channel it is sent on: (the field's name, the
+    channel, whether it is on by default)."""
+    default = topic.default != UNSUBSCRIBED
+    return [(f"topic:{topic.slug}:{c}", c, default) for c in topic.channels or channels()]
+
+
 def _rows(prefs: PreferencesFields) -> list[dict[str, Any]]:
     """The topics as the page lists them: each with its switches per channel (ticked when the
     person gets it), or marked required."""
     rows = []
     for topic in Topic.objects.all():
-        sent_on = list(topic.channels or channels())
         said = prefs.topics.get(topic.slug, {})
         rows.append(
             {
@@ -65,12 +71,8 @@ def _rows(prefs: PreferencesFields) -> list[dict[str, Any]]:
                 "description": topic.description,
                 "required": topic.default == REQUIRED,
                 "switches": [
-                    {
-                        "name": f"topic:{topic.slug}:{channel}",
-                        "channel": channel,
-                        "on": said.get(channel, topic.default != UNSUBSCRIBED),
-                    }
-                    for channel in sent_on
+                    {"name": name, "channel": channel, "on": said.get(channel, default)}
+                    for name, channel, default in _switches(topic)
                 ],
             }
         )
@@ -82,9 +84,8 @@ def _posted(data: Any, current: PreferencesFields, today: date) -> PreferencesFi
     topic's default), or why they cannot be read."""
     topics: dict[str, dict[str, bool]] = {}
     for topic in Topic.objects.exclude(default=REQUIRED):
-        default = topic.default != UNSUBSCRIBED
-        for channel in topic.channels or channels():
-            on = data.get(f"topic:{topic.slug}:{channel}") == "on"
+        for name, channel, default in _switches(topic):
+            on = data.get(name) == "on"
             if on != default:
                 topics.setdefault(topic.slug, {})[channel] = on
     chosen = {c: False for c in channels() if data.get(f"channel:{c}") != "on"}

@@ -363,13 +363,7 @@ class PreferenceCache(JournaledCache):
         preferences_as_json has them), never the database (benchmarks)."""
         cache = cls(ttl=float("inf"))
         for user_id, prefs in said.items():
-            cache._learn(
-                user_id,
-                prefs.get("topics"),
-                prefs.get("channels"),
-                prefs.get("paused_until"),
-                prefs.get("paused_channels"),
-            )
+            cache._learn(user_id, prefs)
         cache._compact()
         cache._loaded_now()
         return cache
@@ -413,11 +407,11 @@ class PreferenceCache(JournaledCache):
         # afterwards, and applying a change twice gives the same result.
         last = PreferenceChange.objects.order_by("-id").values_list("id", flat=True).first()
         self._reset()
-        rows = Preference.objects.order_by().values_list(
+        rows = Preference.objects.order_by().values(
             "user_id", "topics", "channels", "paused_until", "paused_channels"
         )
-        for user_id, topics, chosen, until, paused in rows.iterator(chunk_size=20_000):
-            self._learn(user_id, topics, chosen, until, paused)
+        for row in rows.iterator(chunk_size=20_000):
+            self._learn(row["user_id"], row)
         self._compact()
         self._last_change = last or 0
         self._read_changes()
@@ -431,16 +425,13 @@ class PreferenceCache(JournaledCache):
         for change_id, user_id, after in changes.iterator(chunk_size=20_000):
             self._forget(user_id)
             if after:
-                self._learn(
-                    user_id,
-                    after.get("topics"),
-                    after.get("channels"),
-                    after.get("paused_until"),
-                    after.get("paused_channels"),
-                )
+                self._learn(user_id, after)
             self._last_change = change_id
 
-    def _learn(self, user_id: int, topics: Any, chosen: Any, until: Any, paused: Any) -> None:
+    def _learn(self, user_id: int, said: Mapping[str, Any]) -> None:
+        """Add what a person said (a row, or preferences_as_json's shape: the same keys)."""
+        topics, chosen = said.get("topics"), said.get("channels")
+        until, paused = said.get("paused_until"), said.get("paused_channels")
         for slug, choices in (topics or {}).items():
             for channel, subscribed in choices.items():
                 kept = self._on if subscribed else self._off
