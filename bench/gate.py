@@ -295,7 +295,8 @@ def _suppressions_beside_none(client: redis.Redis, seconds: float, suppressed: i
 def preferences_beside_none(url: str, seconds: float, share: float = 0.1) -> None:
     """Gate decisions/s of sends about a topic when `share` of the users hold preferences
     (most about other topics and channels, 1 in 10 of them this topic off, 1 in 10 a pause of
-    this channel) against nobody holding any, runs alternated; and a lookup's cost."""
+    this channel, 1 in 10 their own frequency on this channel) against nobody holding any, runs
+    alternated; and a lookup's cost."""
     from limits.preferences import PreferenceCache
     from limits.topics import TopicView
 
@@ -318,6 +319,8 @@ def preferences_beside_none(url: str, seconds: float, share: float = 0.1) -> Non
             said[user] = {"topics": {"news": {"email": False}}}
         elif kind == 1:
             said[user] = {"paused_channels": {"email": later}}
+        elif kind == 2:
+            said[user] = {"frequency": [{"channel": "email", "window": OWN_WEEK, "limit": 7}]}
         elif kind < 6:
             said[user] = {"topics": {"offers": {"email": True, "push": True}}}
         else:
@@ -358,18 +361,88 @@ def preferences_beside_none(url: str, seconds: float, share: float = 0.1) -> Non
     print(
         f"gate with nobody's preferences: {plain:,.0f} decisions/s; with {len(said):,} of "
         f"{USERS:,} users holding some ({share:.0%}; 1 in 10 of them this topic off, 1 in 10 "
-        f"this channel paused): {held:,.0f} decisions/s (medians of {rounds} alternated runs)"
+        f"this channel paused, 1 in 10 their own frequency on it): {held:,.0f} decisions/s "
+        f"(medians of {rounds} alternated runs)"
     )
     print(f"  ratio {ratio:.3f}x (median of run pairs)   (target >= 0.95x)")
     print(f"  a lookup of 5,000 users against them: {lookup_us:,.0f} us")
 
 
+OWN_WEEK = {"kind": "rolling", "seconds": WEEK_SECONDS}
+
+
+def own_cap_redis_cpu(url: str, users: int = 50_000, rounds: int = 6) -> None:
+    """Redis CPU per decision (INFO commandstats, the function calls' microseconds) when every
+    user holds their own frequency on the channel ("at most 7 in any 7 days", a fifth rule
+    beside the four classic ones, refusing nobody here) against nobody holding one: the same
+    requests on each side, from an empty Redis filled with two sends per user first, sides
+    alternated `rounds` times."""
+    from limits.preferences import PreferenceCache
+
+    client = _redis(url)
+    limiter = Limiter(client, prefix="bench:")
+    index = in_memory_index()
+    table = PolicyTable(rules=CLASSIC, classic={}, zones={})
+    own = {u: {"frequency": [{"channel": "email", "window": OWN_WEEK, "limit": 7}]}
+           for u in range(users)}  # fmt: skip
+    gates = [
+        Gate(
+            limiter=limiter,
+            policy=PolicyCache.holding(table),
+            index=index,
+            suppressions=SuppressionCache.holding(),
+            preferences=cache,
+            record_stats=False,
+            record_ledger=False,
+        )
+        for cache in (PreferenceCache.holding({}), PreferenceCache.holding(own))
+    ]
+    now = time.time()
+
+    def side(gate: Gate, seed: int) -> tuple[float, float, int]:
+        client.flushdb()
+        pick = random.Random(seed)
+        batches = [[(u, f"o{n}-{u}") for u in pick.sample(range(users), 1000)] for n in range(150)]
+        for n, requests in enumerate(batches[:100]):  # two sends per user in their logs
+            gate.check(channel="email", requests=requests, now=now + n)
+        client.config_resetstat()
+        refused = 0
+        for n, requests in enumerate(batches[100:]):
+            decided = gate.check(channel="email", requests=requests, now=now + 100 + n)
+            refused += sum(d.rule is not None and d.rule["kind"] == "person" for d in decided)
+        usec = _command_usec([client])
+        decisions = 50 * 1000
+        return usec["fcall"] / decisions, usec.total() / decisions, refused
+
+    per: tuple[list[float], list[float]] = ([], [])
+    whole: tuple[list[float], list[float]] = ([], [])
+    refused_own = 0
+    for k in range(rounds):
+        for found, everything, gate in zip(per, whole, gates, strict=True):
+            fcall, total, refused = side(gate, 100 + k)
+            found.append(fcall)
+            everything.append(total)
+            refused_own += refused
+    client.flushdb()
+    ratio = statistics.median(b / a for a, b in zip(*per, strict=True))
+    print(
+        f"Redis CPU per decision, {users:,} users with two sends each in their logs, 4 rules: "
+        f"{statistics.median(per[0]):.2f} us (function calls; "
+        f"{statistics.median(whole[0]):.2f} us in all) with nobody's own frequency; "
+        f"{statistics.median(per[1]):.2f} us ({statistics.median(whole[1]):.2f} us) with "
+        f"everyone's own (a fifth rule; {refused_own:,} refused by it)"
+    )
+    print(f"  ratio {ratio:.3f}x (median of {rounds} alternated pairs)   (target <= 1.10x)")
+
+
 def preferences_memory(people: int = 27_000_000, base: int = 270_000_000) -> None:
     """The memory a process holds for `people` of `base` users holding preferences (10 %): half
     of them a topic off on a channel (5 topics, 2 channels), a fifth a topic they must ask for
-    switched on, a fifth a channel off, a tenth paused, one in twenty one channel paused.
+    switched on, a fifth a channel off, a tenth paused, one in twenty one channel paused, and a
+    fifth (some of the others) their own frequency on a channel.
     Bitmaps count their serialized size (CRoaring's in-memory size is about that), pauses
     their arrays."""
+    from limits.policy import own_rule
     from limits.preferences import Pauses, PreferenceCache
 
     rng = np.random.default_rng(21)
@@ -397,6 +470,11 @@ def preferences_memory(people: int = 27_000_000, base: int = 270_000_000) -> Non
     cache._paused = Pauses.built(paused, np.full(len(paused), later))
     one = holders[: n // 20]  # some of them also pause one channel
     cache._paused_channels["push"] = Pauses.built(one, np.full(len(one), later))
+    # A fifth also say how often on email: 1, 2 or 3 in any 7 days.
+    own = holders[n // 4 : n // 4 + fifth]
+    cache._own["email"] = {
+        own_rule(channel="email", window=OWN_WEEK, limit=k + 1): bitmap(own[k::3]) for k in range(3)
+    }
     built = time.perf_counter() - started
     held = cache.nbytes()
     print(
@@ -699,7 +777,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--suppressed", type=int, default=1_000_000)
     parser.add_argument(
         "--only",
-        choices=["suppressions", "preferences", "preference-memory"],
+        choices=["suppressions", "preferences", "preference-memory", "own-cap"],
         help="run only this part (with its figures)",
     )
     parser.add_argument(
@@ -735,9 +813,13 @@ def main(argv: list[str]) -> None:
     if args.only == "preference-memory":
         preferences_memory()
         return
+    if args.only == "own-cap":
+        own_cap_redis_cpu(args.redis_url)
+        return
     gate_beside_limiter(args.redis_url, args.seconds)
     quiet_hours_beside_none(args.redis_url, 2 * args.seconds)
     suppressions_beside_none(2 * args.seconds, args.suppressed)
     preferences_beside_none(args.redis_url, 2 * args.seconds)
     preferences_memory()
+    own_cap_redis_cpu(args.redis_url)
     campaign(args.recipients)

@@ -327,6 +327,25 @@ ChannelChoices = Annotated[
 ]
 
 
+class OwnFrequency(Body, kw_only=True):
+    """A person's own frequency on a channel: at most `limit` sends in `window` (a rule's), only
+    ever tighter than the rules that apply to everyone."""
+
+    channel: Annotated[str, Meta(max_length=64, description="A channel from settings.")]
+    window: Window
+    limit: Annotated[
+        int,
+        Meta(description="At least 1 (for none, switch the channel off).",
+             extra_json_schema={"minimum": 1, "maximum": INT32_MAX}),
+    ]  # fmt: skip
+
+
+OwnFrequencies = Annotated[
+    list[OwnFrequency],
+    Meta(max_length=32, description="Their own frequency, per channel and window."),
+]
+
+
 class PreferencesBody(Body, kw_only=True):
     """A person's preferences, whole (what is left out is the default)."""
 
@@ -339,6 +358,7 @@ class PreferencesBody(Body, kw_only=True):
         dict[str, PauseInstant],
         Meta(max_length=64, description="Per channel, no marketing on it until then."),
     ] = {}
+    frequency: OwnFrequencies = []
 
 
 class PreferencesChangeBody(Body, kw_only=True):
@@ -351,6 +371,7 @@ class PreferencesChangeBody(Body, kw_only=True):
     paused_channels: Annotated[dict[str, PauseInstant | None], Meta(max_length=64)] | UnsetType = (
         UNSET
     )
+    frequency: OwnFrequencies | UnsetType | None = UNSET
 
 
 # --- the suppression list -----------------------------------------------------------------------

@@ -504,8 +504,8 @@ class SuppressionLock(models.Model):
 class Preference(models.Model):
     """A person's own say over their marketing (limits/preferences.py): per topic and channel
     subscribed or not, per channel on or off, a pause of all marketing until an instant and of
-    single channels. One row per person who said anything; written through
-    limits.preferences, each change journaled in PreferenceChange."""
+    single channels, their own frequency per channel. One row per person who said anything;
+    written through limits.preferences, each change journaled in PreferenceChange."""
 
     user_id = models.PositiveBigIntegerField(unique=True)
     topics = models.JSONField(default=dict, blank=True, help_text='{"topic": {"channel": bool}}')
@@ -514,7 +514,22 @@ class Preference(models.Model):
     paused_channels = models.JSONField(
         default=dict, blank=True, help_text='{"channel": "ISO 8601 instant"}'
     )
+    frequency = models.JSONField(
+        default=list, blank=True, help_text='[{"channel", "window", "limit"}]: their own'
+    )
+    # How long the logs must keep entries for their own frequency to count (0: none); the
+    # longest of all is read with the rules (limits.selectors.policy_read).
+    keeps_seconds = models.PositiveIntegerField(default=0)
     changed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["keeps_seconds"],
+                name="preference_keeps",
+                condition=models.Q(keeps_seconds__gt=0),
+            )
+        ]
 
     def __str__(self) -> str:
         return f"preferences of user {self.user_id}"

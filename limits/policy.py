@@ -25,6 +25,7 @@ MIN_RETENTION = timedelta(days=7)
 ROLLING_SECONDS = (60, 7_776_000)  # 1 minute to 90 days
 PRIORITIES = (0, 9)
 DEFAULT_PRIORITY = 5
+RULE, PERSON = "rule", "person"  # whose a rule is: a marketer's, or a person's own frequency
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class RuleView:
     reserve_below_priority: int | None
     reserve_slots: int | None
     classic: bool = False
+    kind: str = RULE  # or PERSON: a person's own frequency (limits.preferences)
 
     @property
     def calendar(self) -> bool:
@@ -55,7 +57,9 @@ class RuleView:
         return {"kind": "rolling", "seconds": self.window_seconds}
 
     def reason(self) -> Reason:
-        """The reason of a refusal by this rule (DESIGN.md, Gate)."""
+        """The reason of a refusal by this rule (DESIGN.md, Gate): a person's own is `cap`."""
+        if self.kind == PERSON:
+            return Reason.CAP
         if self.limit == 0:
             return Reason.BLOCKED
         if self.window_seconds == DAY_SECONDS or self.window_unit == "day":
@@ -102,6 +106,7 @@ class RuleView:
         """The decision's `rule` object."""
         return {
             "id": self.id,
+            "kind": self.kind,
             "name": self.name,
             "window": self.window(),
             "limit": self.limit,
@@ -120,6 +125,19 @@ class RuleSet:
     effective: tuple[int, ...]
     limits: dict[str, int | None]
 
+    def with_own(self, own: Sequence[RuleView], *, zone: str, now_ms: int) -> "RuleSet":
+        """These rules and a person's own (their frequency on the channel), counted on the same
+        log in the same call: a refusal by one of theirs names it (`kind` person)."""
+        if not own:
+            return self
+        return RuleSet(
+            records=self.records
+            + b"".join(rule.record(limit=rule.limit, zone=zone, now_ms=now_ms) for rule in own),
+            rules=self.rules + tuple(own),
+            effective=self.effective + tuple(rule.limit for rule in own),
+            limits=self.limits,
+        )
+
 
 # No rule at all: what the logs hold of a send, and a claim that counts against nothing.
 NO_RULES = RuleSet(records=b"", rules=(), effective=(), limits={})
@@ -132,6 +150,9 @@ class PolicyTable:
     zones: dict[str, str]
     quiet: tuple[QuietView, ...] = ()
     topics: dict[str, TopicView] = field(default_factory=dict)  # by slug
+    # The longest window of any person's own frequency (limits.preferences), in ms: the logs
+    # keep what it counts even after the rules that allowed it are gone.
+    own_keeps_ms: int = 0
     _candidates: dict[tuple[str | None, str], tuple[RuleView, ...]] = field(
         default_factory=dict, compare=False
     )
@@ -144,9 +165,15 @@ class PolicyTable:
 
     @property
     def retention_ms(self) -> int:
-        """How long logs keep entries: the longest window of any enabled rule, 7 days at least."""
+        """How long logs keep entries: the longest window of any enabled rule or of any
+        person's own frequency, 7 days at least."""
+        return max(int(self.rules_keep().total_seconds() * 1000), self.own_keeps_ms)
+
+    def rules_keep(self) -> timedelta:
+        """The longest window of any enabled rule, 7 days at least: the longest a person's own
+        frequency may be (the rules allow no longer a window to be counted)."""
         longest = max((rule.keeps() for rule in self.rules), default=MIN_RETENTION)
-        return int(max(longest, MIN_RETENTION).total_seconds() * 1000)
+        return max(longest, MIN_RETENTION)
 
     def candidates(self, *, segment: str | None, channel: str) -> tuple[RuleView, ...]:
         """The rules of a segment (theirs and every segment's) on a channel and on `all`."""
@@ -262,6 +289,28 @@ def encode(
         for rule, limit in zip(rules, effective, strict=True)
     )
     return RuleSet(records=records, rules=tuple(rules), effective=effective, limits=limits or {})
+
+
+def own_rule(*, channel: str, window: dict[str, Any], limit: int) -> RuleView:
+    """A person's own frequency on a channel as a rule of theirs: every send on the channel,
+    `window` as a rule's JSON has it ({"kind": "rolling", "seconds"} or {"kind": "calendar",
+    "unit"}); no reserve (it binds every priority alike)."""
+    calendar = window.get("kind") == "calendar"
+    return RuleView(
+        id=0,
+        name="Their own frequency",
+        segment=None,
+        channel=channel,
+        match="any",
+        tag="",
+        window_kind="calendar" if calendar else "rolling",
+        window_seconds=None if calendar else int(window.get("seconds") or 0),
+        window_unit=str(window.get("unit") or "") if calendar else "",
+        limit=limit,
+        reserve_below_priority=None,
+        reserve_slots=None,
+        kind=PERSON,
+    )
 
 
 def counting_rule(

@@ -1,6 +1,7 @@
 """The hosted preference page (`/p/<token>/`): where a person says, without logging in, which
-topics they want on which channel, switches a whole channel off, or pauses their marketing for
-a week, a month or until a day. Linked from every message (`{{ preferences_url }}` in the
+topics they want on which channel, switches a whole channel off, says how many a week they want
+at most on a channel (their own frequency: only the numbers tighter than the rules for
+everyone are offered), or pauses their marketing for a week, a month or until a day. Linked from every message (`{{ preferences_url }}` in the
 templates); the link carries the user id signed with SECRET_KEY (salted for this use, as the
 unsubscribe link is), so it cannot be made for another person.
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core import signing
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -25,12 +27,20 @@ from django.views.decorators.http import require_http_methods
 
 from limits.channels import channels
 from limits.models import Topic
-from limits.preferences import PreferencesFields, preferences_read, preferences_replace
-from limits.selectors import topics_read
+from limits.policy import PolicyTable
+from limits.preferences import (
+    PreferencesFields,
+    frequency_problems,
+    preferences_read,
+    preferences_replace,
+)
+from limits.selectors import policy_cache, topics_read
 from limits.topics import REQUIRED, UNSUBSCRIBED
 
 _SALT = "gatekeeper.preferences"
 PAUSES = {"week": timedelta(days=7), "month": timedelta(days=30)}
+WEEK = {"kind": "rolling", "seconds": 604_800}  # the page's "a week": any 7 days
+OFTEN_MAX = 7  # the most a week the page offers
 
 
 def preferences_token(user_id: int) -> str:
@@ -79,6 +89,28 @@ def _rows(prefs: PreferencesFields) -> list[dict[str, Any]]:
     return rows
 
 
+def _weekly(channel: str, limit: int) -> dict[str, Any]:
+    return {"channel": channel, "window": WEEK, "limit": limit}
+
+
+def _often(prefs: PreferencesFields, table: PolicyTable) -> list[dict[str, Any]]:
+    """Per channel, the "at most N a week" choices the rules leave (each checked by the one
+    rule for a frequency) and the person's own, if they have one."""
+    rows = []
+    for channel in channels():
+        mine = next(
+            (e["limit"] for e in prefs.frequency if e["channel"] == channel and e["window"] == WEEK),
+            None,
+        )
+        offered = [
+            n
+            for n in range(1, OFTEN_MAX + 1)
+            if n == mine or not frequency_problems([_weekly(channel, n)], table=table)
+        ]
+        rows.append({"channel": channel, "choices": offered, "mine": mine})
+    return rows
+
+
 def _posted(data: Any, current: PreferencesFields, today: date) -> PreferencesFields | str:
     """The preferences the form posted (a choice is kept only where it differs from the
     topic's default), or why they cannot be read."""
@@ -105,8 +137,20 @@ def _posted(data: Any, current: PreferencesFields, today: date) -> PreferencesFi
         until = datetime.combine(day, time(), tzinfo=UTC)
     else:
         until = current.paused_until
+    # "At most N a week" per channel; their other frequencies (set elsewhere) are kept.
+    frequency = [e for e in current.frequency if e["window"] != WEEK]
+    for channel in channels():
+        often = data.get(f"often:{channel}", "")
+        if often.isdigit() and int(often) > 0:
+            frequency.append(_weekly(channel, int(often)))
+        elif often:
+            return _("Choose how many a week from the list.")
     return PreferencesFields(
-        topics=topics, channels=chosen, paused_until=until, paused_channels=current.paused_channels
+        topics=topics,
+        channels=chosen,
+        paused_until=until,
+        paused_channels=current.paused_channels,
+        frequency=frequency,
     )
 
 
@@ -132,15 +176,21 @@ def _page(request: HttpRequest, token: str) -> HttpResponse:
         if isinstance(posted, str):
             problem, status = posted, 400
         else:
-            current = preferences_replace(
-                user_id=user_id, prefs=posted, topics=topics, source="page"
-            )
-            state = "saved"
+            try:
+                current = preferences_replace(
+                    user_id=user_id, prefs=posted, topics=topics, source="page"
+                )
+                state = "saved"
+            except ValidationError:
+                # Only a form made by hand reaches this (the page offers valid choices only);
+                # the rules may also have tightened since the page was shown.
+                problem, status = _("Those choices are no longer offered: look again."), 400
     context = {
         "state": state,
         "problem": problem,
         "topics": _rows(current),
         "channels": [{"name": c, "off": current.channels.get(c) is False} for c in channels()],
+        "often": _often(current, policy_cache().table()),
         "paused_until": current.paused_until,
         "tomorrow": (timezone.now().date() + timedelta(days=1)).isoformat(),
     }

@@ -1,13 +1,17 @@
 """A person's own say over their marketing: per topic and channel subscribed or not, per
 channel on or off, a pause of all their marketing until an instant, and pauses of single
-channels (DESIGN.md, "Topics, preferences, ..."). Stored one row per person who said anything
+channels, and per channel their own frequency ("at most 2 a week": a rule of theirs, counted on
+the same log as the marketer's rules and in the same call, worker/stages/rules.py) (DESIGN.md,
+"Topics, preferences, ..."). Stored one row per person who said anything
 (`Preference`); every change journaled (`PreferenceChange`) in commit order, as the
 suppression list's are, so that every process can bring what it holds up to date by reading
 the changes after the last one it has.
 
 The one rule for valid preferences is `preferences_problems` (REST, the import, the preference
 page): a topic that exists, on a channel it is sent on, never a `required` topic switched off;
-channels from settings; a pause in the future, with its UTC offset. Choices about a topic that
+channels from settings; a pause in the future, with its UTC offset; a frequency on a window the
+rules may have, no longer than the rules count, and tighter than every rule that applies to
+everyone on its channel (a frequency such a rule always holds would never decide). Choices about a topic that
 was deleted since, and pauses that have ended, are dropped when preferences are read, so that a
 change made later is never refused for them.
 
@@ -29,10 +33,14 @@ from django.db import transaction
 from django.utils import timezone
 from pyroaring import BitMap64
 
+from gatekeeper.lib.integers import INT32_MAX
 from limits.channels import channels
 from limits.journaled import JournaledCache
 from limits.models import Preference, PreferenceChange, PreferenceLock
+from limits.policy import RULE, PolicyTable, RuleView, own_rule
 from limits.reasons import Reason
+from limits.rules import always_stricter, duration_words, window_problems, window_words
+from limits.selectors import policy_cache
 from limits.topics import REQUIRED, UNSUBSCRIBED, TopicView
 
 SOURCES = ("api", "import", "page", "admin")
@@ -46,28 +54,40 @@ class PreferencesFields:
     channels: dict[str, bool] = field(default_factory=dict)
     paused_until: datetime | None = None
     paused_channels: dict[str, datetime] = field(default_factory=dict)
+    # Per channel their own frequency: {"channel", "window" (a rule's), "limit"}.
+    frequency: list[dict[str, Any]] = field(default_factory=list)
 
     def empty(self) -> bool:
-        return not (self.topics or self.channels or self.paused_until or self.paused_channels)
+        return not (
+            self.topics
+            or self.channels
+            or self.paused_until
+            or self.paused_channels
+            or self.frequency
+        )
 
 
 def preferences_problems(
-    prefs: PreferencesFields, *, topics: Mapping[str, TopicView], now: datetime
+    prefs: PreferencesFields,
+    *,
+    topics: Mapping[str, TopicView],
+    now: datetime,
+    table: PolicyTable | None = None,
 ) -> dict[str, list[str]]:
     """What is wrong with a person's preferences, by field (`topics.<topic>.<channel>`,
-    `channels.<channel>`, `paused_until`, `paused_channels.<channel>`); empty when nothing is.
-    `topics`: the topics there are."""
+    `channels.<channel>`, `paused_until`, `paused_channels.<channel>`, `frequency.<n>.limit`);
+    empty when nothing is. `topics`: the topics there are; `table`: the rules (a frequency is
+    checked against them; None: no rule)."""
     problems: dict[str, list[str]] = {}
-    known = channels()
 
     def add(name: str, message: str) -> None:
         problems.setdefault(name, []).append(message)
 
     def channel_known(name: str, channel: str) -> bool:
-        if channel not in known:
-            add(name, f"Unknown channel '{channel[:70]}'. Choose from: {', '.join(known)}.")
-            return False
-        return True
+        wrong = _channel_problem(channel)
+        if wrong is not None:
+            add(name, wrong)
+        return wrong is None
 
     for slug, choices in prefs.topics.items():
         topic = topics.get(slug)
@@ -99,6 +119,54 @@ def preferences_problems(
             add(name, "An instant with its UTC offset (2026-12-24T00:00:00+01:00 or ...Z).")
         elif until <= now:
             add(name, f"A pause ends in the future; {until.isoformat()} has passed.")
+    for name, message in frequency_problems(prefs.frequency, table=table):
+        add(name, message)
+    return problems
+
+
+def _channel_problem(channel: str) -> str | None:
+    known = channels()
+    if channel in known:
+        return None
+    return f"Unknown channel '{channel[:70]}'. Choose from: {', '.join(known)}."
+
+
+def frequency_problems(
+    frequency: Sequence[Mapping[str, Any]], *, table: PolicyTable | None
+) -> list[tuple[str, str]]:
+    """What is wrong with a person's own frequency, as (field, message) pairs
+    (`frequency.<n>.window.seconds`)."""
+    problems: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    rules = table.rules if table is not None else ()
+    keep = table.rules_keep() if table is not None else None
+    for n, entry in enumerate(frequency):
+        at = f"frequency.{n}"
+        channel, window, limit = entry["channel"], entry["window"], entry["limit"]
+        if (unknown := _channel_problem(channel)) is not None:
+            problems.append((f"{at}.channel", unknown))
+        wrong = window_problems(
+            str(window.get("kind")), window.get("seconds"), str(window.get("unit") or "")
+        )
+        problems += [(f"{at}.{name}", message) for name, message in wrong]
+        if not 1 <= limit <= INT32_MAX:
+            problems.append((f"{at}.limit", "At least 1 (for none, switch the channel off)."))
+        if unknown or wrong or not 1 <= limit <= INT32_MAX:
+            continue
+        mine = own_rule(channel=channel, window=window, limit=limit)
+        key = (channel, window_words(mine))
+        if key in seen:
+            problems.append((at, f"A second frequency on {channel} {key[1]}: one is enough."))
+        seen.add(key)
+        if keep is not None and mine.keeps() > keep:
+            problems.append((f"{at}.window", "The rules count no window longer than "
+                             f"{duration_words(int(keep.total_seconds()))}."))  # fmt: skip
+        for rule in rules:
+            if rule.kind == RULE and rule.segment is None and always_stricter(rule, mine):
+                problems.append((f"{at}.limit", f"No fewer than the rule '{rule.name}' already "
+                                 f"allows everyone ({rule.limit} {window_words(rule)}): choose "
+                                 "fewer, or a shorter window."))  # fmt: skip
+                break
     return problems
 
 
@@ -112,6 +180,13 @@ def preferences_as_json(user_id: int, prefs: PreferencesFields) -> dict[str, Any
         "paused_channels": {
             channel: _instant(until) for channel, until in sorted(prefs.paused_channels.items())
         },
+        "frequency": sorted(
+            (
+                {"channel": e["channel"], "window": dict(e["window"]), "limit": e["limit"]}
+                for e in prefs.frequency
+            ),
+            key=lambda e: (e["channel"], sorted(e["window"].items()), e["limit"]),
+        ),
     }
 
 
@@ -132,6 +207,10 @@ def preferences_words(prefs: PreferencesFields, names: Mapping[str, str]) -> lis
     lines += [
         f"{channel} paused until {until.astimezone(UTC):%Y-%m-%d %H:%M} UTC"
         for channel, until in sorted(prefs.paused_channels.items())
+    ]
+    lines += [
+        f"{e['channel']}: at most {e['limit']} {window_words(own_rule(**e))} (their own)"
+        for e in preferences_as_json(0, prefs)["frequency"]
     ]
     return lines
 
@@ -170,6 +249,7 @@ def _standing(
         channels={c: bool(v) for c, v in (row.channels or {}).items() if c in known},
         paused_until=row.paused_until if row.paused_until and row.paused_until > now else None,
         paused_channels=paused,
+        frequency=[e for e in (row.frequency or []) if e.get("channel") in known],
     )
 
 
@@ -198,7 +278,8 @@ def preferences_patch(
 ) -> PreferencesFields:
     """Change some of a person's preferences: `changes` as a PATCH body has them, each key
     optional. `topics` and `channels` and `paused_channels` are merged choice by choice (a
-    null takes one back to the default); `paused_until` replaces the pause (null: none)."""
+    null takes one back to the default); `paused_until` replaces the pause (null: none), and
+    `frequency` the person's own frequency, whole (null or []: none)."""
 
     def merged(current: PreferencesFields) -> PreferencesFields:
         new_topics = {slug: dict(c) for slug, c in current.topics.items()}
@@ -214,6 +295,7 @@ def preferences_patch(
             channels=_merge(current.channels, changes.get("channels")),
             paused_until=changes.get("paused_until", current.paused_until),
             paused_channels=_merge(current.paused_channels, changes.get("paused_channels")),
+            frequency=list(changes.get("frequency", current.frequency) or []),
         )
 
     return _write(user_id, merged, topics=topics, source=source, by=by, now=now)
@@ -248,7 +330,7 @@ def _write(
         row = Preference.objects.select_for_update().filter(user_id=user_id).first()
         current = _standing(row, topics=topics, now=now)
         new = make(current)
-        problems = preferences_problems(new, topics=topics, now=now)
+        problems = preferences_problems(new, topics=topics, now=now, table=policy_cache().table())
         if problems:
             raise ValidationError(problems)
         before = preferences_as_json(user_id, current)
@@ -264,6 +346,8 @@ def _write(
             row.channels = after["channels"]
             row.paused_until = new.paused_until
             row.paused_channels = after["paused_channels"]
+            row.frequency = after["frequency"]
+            row.keeps_seconds = own_keeps_seconds(after["frequency"])
             row.save()
         if before != after:
             transaction.on_commit(preference_cache().read_now)
@@ -277,6 +361,11 @@ def _write(
                 else None,
             )
     return new
+
+
+def own_keeps_seconds(frequency: Sequence[Mapping[str, Any]]) -> int:
+    """How long the logs must keep entries for a person's own frequency to count (0: none)."""
+    return max((int(own_rule(**e).keeps().total_seconds()) for e in frequency), default=0)
 
 
 # --- in every process ---------------------------------------------------------------------------
@@ -356,6 +445,8 @@ class PreferenceCache(JournaledCache):
         self._channel_off: dict[str, BitMap64] = {}
         self._paused = Pauses()
         self._paused_channels: dict[str, Pauses] = {}
+        # Per channel, per own frequency (a rule of theirs), the people who chose it.
+        self._own: dict[str, dict[RuleView, BitMap64]] = {}
 
     @classmethod
     def holding(cls, said: Mapping[int, Mapping[str, Any]]) -> "PreferenceCache":
@@ -402,13 +493,42 @@ class PreferenceCache(JournaledCache):
                 out.append((Reason.PAUSED, None, until - now) if until > now else None)
         return out if any(out) else None
 
+    def own_rules(
+        self, channel: str, topic: TopicView | None, user_ids: Sequence[int]
+    ) -> list[tuple[RuleView, ...]] | None:
+        """Per user id, the rules of their own frequency on `channel` (empty: none); None for
+        all when nobody in `user_ids` has one (free). A required topic's sends have none. Read
+        after `refusals` in the same gate call (which brings the cache up to date)."""
+        chosen = self._own.get(channel)
+        if not chosen or (topic is not None and topic.default == REQUIRED):
+            return None
+        batch = BitMap64(user_ids)
+        out: list[tuple[RuleView, ...]] | None = None
+        position: dict[int, int] | None = None
+        for rule, users in chosen.items():
+            found = batch & users
+            if not found:
+                continue
+            if out is None or position is None:
+                out = [()] * len(user_ids)
+                position = {}
+                for k, user_id in enumerate(user_ids):
+                    position.setdefault(user_id, k)
+            for user_id in found:
+                k = position[user_id]
+                out[k] = (*out[k], rule)
+        if out is not None and position is not None and len(position) < len(user_ids):
+            for k, user_id in enumerate(user_ids):  # a user named twice: the same rules
+                out[k] = out[position[user_id]]
+        return out
+
     def _read_all(self) -> None:
         # The journal's end first: changes committed while the rows are read are read again
         # afterwards, and applying a change twice gives the same result.
         last = PreferenceChange.objects.order_by("-id").values_list("id", flat=True).first()
         self._reset()
         rows = Preference.objects.order_by().values(
-            "user_id", "topics", "channels", "paused_until", "paused_channels"
+            "user_id", "topics", "channels", "paused_until", "paused_channels", "frequency"
         )
         for row in rows.iterator(chunk_size=20_000):
             self._learn(row["user_id"], row)
@@ -443,6 +563,9 @@ class PreferenceCache(JournaledCache):
             self._paused.set(user_id, _epoch(until))
         for channel, ends in (paused or {}).items():
             self._paused_channels.setdefault(channel, Pauses()).set(user_id, _epoch(ends))
+        for entry in said.get("frequency") or ():
+            rule = own_rule(**entry)
+            self._own.setdefault(rule.channel, {}).setdefault(rule, BitMap64()).add(user_id)
 
     def _forget(self, user_id: int) -> None:
         for bitmaps in (self._off, self._on):
@@ -453,6 +576,9 @@ class PreferenceCache(JournaledCache):
         self._paused.drop(user_id)
         for pauses in self._paused_channels.values():
             pauses.drop(user_id)
+        for chosen in self._own.values():
+            for bitmap in chosen.values():
+                bitmap.discard(user_id)
 
     def _compact(self) -> None:
         """The pauses learnt one by one (a whole read) made arrays."""
@@ -468,6 +594,7 @@ class PreferenceCache(JournaledCache):
         """About what it holds in memory: the bitmaps (as CRoaring keeps them, about their
         serialized size) and the pauses' arrays."""
         bitmaps = [*self._off.values(), *self._on.values(), *self._channel_off.values()]
+        bitmaps += [b for chosen in self._own.values() for b in chosen.values()]
         return sum(len(b.serialize()) for b in bitmaps) + sum(
             p.nbytes() for p in [self._paused, *self._paused_channels.values()]
         )

@@ -114,21 +114,10 @@ def rule_problems(fields: RuleFields, *, segments: Iterable[str]) -> dict[str, l
             add("tag", why)
     elif fields.tag:
         add("tag", f"Only a tag rule counts a tag; this one counts {_match_words(fields.match)}.")
-    if fields.window_kind == "rolling":
-        low, high = ROLLING_SECONDS
-        seconds = fields.window_seconds
-        if seconds is None:
-            add("window.seconds", "A rolling window needs its length in seconds.")
-        elif not low <= seconds <= high:
-            add(
-                "window.seconds",
-                f"From {low:,} (1 minute) to {high:,} (90 days); {seconds:,} is not.",
-            )
-    elif fields.window_kind == "calendar":
-        if fields.window_unit not in UNITS:
-            add("window.unit", f"Choose one of: {', '.join(UNITS)}.")
-    else:
-        add("window.kind", "Choose rolling or calendar.")
+    for name, message in window_problems(
+        fields.window_kind, fields.window_seconds, fields.window_unit
+    ):
+        add(name, message)
     if not 0 <= fields.limit <= INT32_MAX:
         add("limit", f"From 0 (blocked) to {INT32_MAX:,}.")
     below, slots = fields.reserve_below_priority, fields.reserve_slots
@@ -145,6 +134,22 @@ def rule_problems(fields: RuleFields, *, segments: Iterable[str]) -> dict[str, l
                 f"{slots:,} slots kept out of a limit of {fields.limit:,}: at most the limit.",
             )
     return problems
+
+
+def window_problems(kind: str, seconds: int | None, unit: str) -> list[tuple[str, str]]:
+    """The one rule for a window (a rule's, a person's own frequency's): what is wrong with it,
+    as (field, message) pairs under the REST API's names (`window.seconds`); empty when valid."""
+    if kind == "rolling":
+        low, high = ROLLING_SECONDS
+        if seconds is None:
+            return [("window.seconds", "A rolling window needs its length in seconds.")]
+        if not low <= seconds <= high:
+            message = f"From {low:,} (1 minute) to {high:,} (90 days); {seconds:,} is not."
+            return [("window.seconds", message)]
+        return []
+    if kind == "calendar":
+        return [] if unit in UNITS else [("window.unit", f"Choose one of: {', '.join(UNITS)}.")]
+    return [("window.kind", "Choose rolling or calendar.")]
 
 
 # --- lengths of time -----------------------------------------------------------------------
@@ -269,6 +274,13 @@ def _at_least_as_strict(strict: RuleView, loose: RuleView) -> bool:
     return all(strict.limit_for(p) <= loose.limit_for(p) for p in range(10))
 
 
+def always_stricter(strict: RuleView, loose: RuleView) -> bool:
+    """Whether `strict` applies whenever `loose` does, counting at least its sends, with a limit
+    no higher at every priority: `loose` then never decides (a rule's finding; a person's own
+    frequency refused as no tighter than the rules)."""
+    return _applies_whenever(strict, loose) and _at_least_as_strict(strict, loose)
+
+
 def rule_findings(
     rules: Sequence[RuleView], *, segment_names: Mapping[str, str] | None = None
 ) -> dict[int, list[str]]:
@@ -280,9 +292,9 @@ def rule_findings(
         for other in rules:
             if other.id == rule.id:
                 continue
-            if _applies_whenever(other, rule) and _at_least_as_strict(other, rule):
+            if always_stricter(other, rule):
                 # Two rules that each cover the other: only the later one is called dead.
-                mutual = _applies_whenever(rule, other) and _at_least_as_strict(rule, other)
+                mutual = always_stricter(rule, other)
                 if mutual and rule.id < other.id:
                     continue
                 name = (segment_names or {}).get(other.segment or "")

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Max
 
-from limits.models import Cap, QuietHours, Rule, Topic
+from limits.models import Cap, Preference, QuietHours, Rule, Topic
 from limits.policy import PolicyTable, RuleView
 from limits.quiet import quiet_view
 from limits.rules import rule_findings, rule_read, rule_view_of
@@ -49,7 +50,15 @@ def policy_read(*, rules: list[Rule] | None = None) -> PolicyTable:
         zones=zones,
         quiet=tuple(quiet_view(entry) for entry in quiet),
         topics=topics_read(),
+        own_keeps_ms=own_keeps_ms(),
     )
+
+
+def own_keeps_ms() -> int:
+    """The longest window of any person's own frequency, in ms (0: nobody has one): an index's
+    one entry (the partial index on `keeps_seconds`)."""
+    longest = Preference.objects.filter(keeps_seconds__gt=0).aggregate(m=Max("keeps_seconds"))
+    return int(longest["m"] or 0) * 1000
 
 
 def topics_read() -> dict[str, TopicView]:

@@ -31,7 +31,12 @@ class WindowLimitsSerializer(serializers.Serializer):
 class DecidingRuleSerializer(serializers.Serializer):
     """The rule that refused a send (its id in GET /api/v1/rules/)."""
 
-    id = serializers.IntegerField()
+    id = serializers.IntegerField(help_text="0 for a person's own frequency.")
+    kind = serializers.ChoiceField(
+        choices=["rule", "person"],
+        help_text="rule: a marketer's rule; person: the person's own frequency (their "
+        "preferences), refused as `cap`.",
+    )
     name = serializers.CharField()
     window = BodyShapedField(Window)
     limit = serializers.IntegerField(help_text="The rule's own limit (before any reserve).")

@@ -13,7 +13,7 @@ from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
 from gatekeeper.lib.bodies import decode
 from gatekeeper.lib.ids import max_user_id, user_id_from_text
 from gatekeeper.lib.permissions import CHANGE_PREFERENCES, VIEW_PREFERENCES
-from limits.bodies import PreferencesBody, PreferencesChangeBody
+from limits.bodies import OwnFrequency, PreferencesBody, PreferencesChangeBody
 from limits.preferences import (
     PreferencesFields,
     preferences_as_json,
@@ -22,11 +22,14 @@ from limits.preferences import (
     preferences_replace,
 )
 from limits.selectors import topics_read
+from limits.serializers import BodyShapedField
 
 CHECKS = (
     "Checked by the one rule for preferences (limits.preferences.preferences_problems): topics "
     "that exist, on channels they are sent on, a required topic never switched off, channels "
-    "from settings, pauses in the future with their UTC offset; a 400 names each bad choice "
+    "from settings, pauses in the future with their UTC offset, a frequency (their own) on a "
+    "window the rules count and tighter than every rule on everyone on its channel; a 400 "
+    "names each bad choice "
     "(`topics.product-news.sms`) and nothing changes. Journaled with source `api`."
 )
 
@@ -44,6 +47,10 @@ class PreferencesSerializer(serializers.Serializer):
     paused_until = serializers.DateTimeField(allow_null=True, help_text="null: no pause.")
     paused_channels = serializers.DictField(
         child=serializers.DateTimeField(), help_text="Per channel, paused until then."
+    )
+    frequency = serializers.ListField(
+        child=BodyShapedField(OwnFrequency),
+        help_text="Their own frequency per channel: at most `limit` sends in `window`.",
     )
 
 
@@ -90,6 +97,7 @@ class PreferencesView(JsonAPIView):
             channels=body.channels,
             paused_until=body.paused_until,
             paused_channels=body.paused_channels,
+            frequency=msgspec.to_builtins(body.frequency),
         )
         saved = preferences_replace(
             user_id=uid, prefs=prefs, topics=topics_read(), source="api", by=request.user
@@ -110,6 +118,8 @@ class PreferencesView(JsonAPIView):
             for name in body.__struct_fields__
             if getattr(body, name) is not msgspec.UNSET
         }
+        if changes.get("frequency") is not None:
+            changes["frequency"] = msgspec.to_builtins(changes["frequency"])
         saved = preferences_patch(
             user_id=uid, changes=changes, topics=topics_read(), source="api", by=request.user
         )

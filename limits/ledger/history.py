@@ -156,7 +156,14 @@ def _rules(ids: set[int]) -> dict[int, dict[str, Any]]:
 
 def _decision(row: LedgerEntry, rules: dict[int, dict[str, Any]]) -> dict[str, Any]:
     kind, rule = row.kind, None
-    if kind.rule_id is not None:
+    if kind.rule_id == 0:  # the person's own frequency (limits.policy.own_rule)
+        rule = {
+            "id": 0,
+            "name": "Their own frequency",
+            "description": "The most the person chose to get on this channel (their preferences).",
+            "classic": False,
+        }
+    elif kind.rule_id is not None:
         # A deleted rule is still named by its id (its changes are kept: RuleChange).
         rule = rules.get(kind.rule_id) or {
             "id": kind.rule_id,

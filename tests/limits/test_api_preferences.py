@@ -7,12 +7,13 @@ import pytest
 
 from limits.models import Preference, PreferenceChange
 from limits.preferences import PreferencesFields, preferences_read
-from limits.selectors import topics_read
+from limits.selectors import policy_cache, topics_read
 from tests.support.api import call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PATH = "/api/v1/users/42/preferences/"
+WEEK = {"kind": "rolling", "seconds": 604_800}
 LATER = (datetime.now(tz=UTC) + timedelta(days=7)).replace(microsecond=0)
 
 
@@ -38,7 +39,8 @@ def test_a_persons_preferences_are_read_replaced_and_changed_choice_by_choice(
     empty = call(gate, "GET", PATH)
     assert empty.status_code == 200
     assert empty.json() == {
-        "user_id": 42, "topics": {}, "channels": {}, "paused_until": None, "paused_channels": {}
+        "user_id": 42, "topics": {}, "channels": {}, "paused_until": None, "paused_channels": {},
+        "frequency": [],
     }  # fmt: skip
     whole = {"topics": {"news": {"email": False}, "offers": {"push": True}},
              "channels": {"sms": False}, "paused_channels": {"push": later_text(3)}}  # fmt: skip
@@ -60,6 +62,7 @@ def test_a_persons_preferences_are_read_replaced_and_changed_choice_by_choice(
         "channels": {},
         "paused_until": later_text(),
         "paused_channels": {"push": later_text(3)},
+        "frequency": [],
     }
     # The same change again changes nothing, and journals nothing.
     assert call(gate, "PATCH", PATH, json={"channels": {"sms": None}}).status_code == 200
@@ -74,6 +77,7 @@ def test_a_persons_preferences_are_read_replaced_and_changed_choice_by_choice(
         "channels": {},
         "paused_until": None,
         "paused_channels": {},
+        "frequency": [],
     }
     assert call(gate, "PUT", PATH, json=back).json() == {"user_id": 42, **back}
     assert not Preference.objects.exists() and PreferenceChange.objects.count() == 3
@@ -91,6 +95,16 @@ def test_a_persons_preferences_are_read_replaced_and_changed_choice_by_choice(
         ({"paused_until": "2099-01-01T00:00:00"}, "paused_until"),
         ({"paused_channels": {"email": "2020-01-01T00:00:00Z"}}, "paused_channels.email"),
         ({"colour": "red"}, "colour"),
+        ({"frequency": [{"channel": "fax", "window": WEEK, "limit": 2}]}, "frequency.0.channel"),
+        ({"frequency": [{"channel": "email", "window": WEEK, "limit": 0}]}, "frequency.0.limit"),
+        ({"frequency": [{"channel": "email", "window": {"kind": "rolling", "seconds": 5},
+                         "limit": 2}]}, "frequency.0.window.seconds"),  # fmt: skip
+        # Longer than any window the rules count (7 days when no rule counts longer).
+        ({"frequency": [{"channel": "email", "window": {"kind": "calendar", "unit": "month"},
+                         "limit": 2}]}, "frequency.0.window"),  # fmt: skip
+        ({"frequency": [{"channel": "email", "window": WEEK, "limit": 2},
+                        {"channel": "email", "window": WEEK, "limit": 1}]}, "frequency.1"),
+        ({"frequency": [{"channel": "email", "limit": 2}]}, "frequency[0].window"),
     ],
 )
 def test_a_bad_choice_is_a_400_naming_it_and_nothing_changes(api, snapshot, topics, body, field):
@@ -125,3 +139,30 @@ def test_a_user_id_in_the_path_is_its_digits(api, snapshot):
     for bad in ("abc", "-1", "1.5", str(2**64)):
         answer = call(api("gate"), "GET", f"/api/v1/users/{bad}/preferences/")
         assert answer.status_code == 400 and list(answer.json()) == ["user_id"], bad
+
+
+def test_a_persons_own_frequency_is_kept_and_never_looser_than_the_rules_for_everyone(
+    api, snapshot, topics
+):
+    gate, marketer = api("gate"), api("marketer")
+    rule = {"name": "3 a week", "segment": None, "channel": "all", "window": WEEK, "limit": 3}
+    assert call(marketer, "POST", "/api/v1/rules/", json=rule).status_code == 201
+    policy_cache().invalidate()
+    two = {"channel": "email", "window": WEEK, "limit": 2}
+    answer = call(gate, "PATCH", PATH, json={"frequency": [two]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["frequency"] == [two]
+    assert Preference.objects.get(user_id=42).keeps_seconds == 604_800
+    # As many as everyone may get, or more: it would never decide.
+    for limit in (3, 4):
+        looser = call(gate, "PATCH", PATH, json={"frequency": [{**two, "limit": limit}]})
+        assert looser.status_code == 400
+        assert "3 a week" in looser.json()["frequency.0.limit"][0], looser.json()
+    # "3 a day" never decides under "3 a week" either; "2 a day" does.
+    day = {"channel": "email", "window": {"kind": "rolling", "seconds": 86_400}, "limit": 3}
+    assert call(gate, "PATCH", PATH, json={"frequency": [day]}).status_code == 400
+    day["limit"] = 2
+    assert call(gate, "PATCH", PATH, json={"frequency": [day]}).status_code == 200
+    assert call(gate, "GET", PATH).json()["frequency"] == [day]
+    assert call(gate, "PATCH", PATH, json={"frequency": None}).json()["frequency"] == []
+    assert not Preference.objects.exists()

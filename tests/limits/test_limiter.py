@@ -39,6 +39,7 @@ def test_it_admits_up_to_the_daily_cap_then_refuses(limiter: Limiter) -> None:
     assert third.limits == {"daily": 2, "weekly": None}
     assert third.rule == {
         "id": 1,
+        "kind": "rule",
         "name": "rule 1",
         "window": {"kind": "rolling", "seconds": DAY_S},
         "limit": 2,

@@ -89,6 +89,40 @@ def test_a_pause_in_the_past_is_refused_and_nothing_changes(client):
 
 
 @pytest.mark.django_db
+def test_the_page_offers_only_a_frequency_tighter_than_the_rules_and_keeps_the_chosen_one(client):
+    from limits.rules import RuleFields
+    from limits.selectors import policy_cache
+    from limits.services import RULES
+
+    topics_made()
+    RULES.create(fields=RuleFields(name="3 a week", segment=None, channel="email", match="any",
+                 tag="", window_kind="rolling", window_seconds=604_800, window_unit="", limit=3,
+                 reserve_below_priority=None, reserve_slots=None), via="command")  # fmt: skip
+    policy_cache().invalidate()
+    page = text(client.get(page_path(7)))
+    email = re.search(r'<select id="often-email" name="often:email">(.*?)</select>', page)
+    assert email is not None
+    assert re.findall(r'value="(\d*)"', email.group(1)) == ["", "1", "2"]
+    push = re.search(r'<select id="often-push" name="often:push">(.*?)</select>', page)
+    assert push is not None and len(re.findall(r'value="\d+"', push.group(1))) == 7
+    base = {"channel:email": "on", "channel:push": "on", "channel:sms": "on",
+            "topic:news:email": "on", "topic:news:push": "on"}  # fmt: skip
+    saved = client.post(page_path(7), {**base, "often:email": "2"})
+    assert saved.status_code == 200, text(saved)
+    week = {"kind": "rolling", "seconds": 604_800}
+    assert Preference.objects.get(user_id=7).frequency == [
+        {"channel": "email", "window": week, "limit": 2}
+    ]
+    assert re.search(r'<option value="2" selected>At most 2 a week</option>', text(saved))
+    # A form made by hand with more than the rules leave, or no number: refused, nothing kept.
+    for bad in ("5", "many"):
+        refused = client.post(page_path(7), {**base, "often:email": bad})
+        assert refused.status_code == 400, bad
+    assert Preference.objects.get(user_id=7).frequency[0]["limit"] == 2
+    assert PreferenceChange.objects.count() == 1
+
+
+@pytest.mark.django_db
 def test_the_page_reads_in_the_persons_language(client):
     topics_made()
     french = client.get(page_path(7), HTTP_ACCEPT_LANGUAGE="fr-FR,fr;q=0.9")
@@ -142,7 +176,7 @@ def test_a_person_changes_their_choices_in_a_real_browser_with_the_keyboard(brow
     page.wait_for(lambda: "What you get from us" in page.text(), "the preference page")
     # Every control has a label a screen reader reads.
     unlabelled = browser.execute_script(
-        "return [...document.querySelectorAll('input:not([type=hidden])')]"
+        "return [...document.querySelectorAll('input:not([type=hidden]), select')]"
         ".filter(i => !i.labels || !i.labels.length).map(i => i.name)"
     )
     assert unlabelled == []
@@ -151,12 +185,15 @@ def test_a_person_changes_their_choices_in_a_real_browser_with_the_keyboard(brow
     box = page.find("input[name='topic:news:email']")
     box.send_keys(Keys.SPACE)
     page.find("input[name=pause][value=month]").send_keys(Keys.SPACE)
+    # "At most 2 a week" by push, from the keyboard: down twice in the list.
+    page.find("select[name='often:push']").send_keys(Keys.ARROW_DOWN, Keys.ARROW_DOWN)
     page.find("button[type=submit]").send_keys(Keys.ENTER)
     page.wait_for(lambda: "Saved." in page.text(), "the saved page")
     page.shot("saved")
     row = Preference.objects.get(user_id=9)
     assert row.topics == {"news": {"email": False}}
     assert row.paused_until is not None
+    assert [(e["channel"], e["limit"]) for e in row.frequency] == [("push", 2)]
 
 
 @pytest.mark.django_db

@@ -1,8 +1,8 @@
 """People's preferences against a model, with hypothesis: random replacements, patches, pauses
-that end, and reads of the journal or of the whole table, in any order; after each step every
-person's answer from another process's cache (reading the journal) and from a fresh one
-(reading the table) is the model's: `preference` naming what was switched off, `paused`, or
-nothing."""
+that end, their own frequencies, and reads of the journal or of the whole table, in any order;
+after each step every person's answer from another process's cache (reading the journal) and
+from a fresh one (reading the table) is the model's: `preference` naming what was switched off,
+`paused`, or nothing, and the rules of their own the gate adds to their sends."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -97,6 +97,19 @@ class Machine(RuleBasedStateMachine):
         if pause is not None:
             mine.paused_until = self.now + timedelta(hours=pause)
 
+    @rule(user=st.sampled_from(USERS), channel=st.sampled_from(CHANNELS),
+          limit=st.none() | st.integers(min_value=1, max_value=4),
+          days=st.sampled_from([1, 7]))  # fmt: skip
+    def own_frequency(self, user, channel, limit, days):
+        mine = self.model.setdefault(user, PreferencesFields())
+        window = {"kind": "rolling", "seconds": days * 86_400}
+        kept = [e for e in mine.frequency if (e["channel"], e["window"]) != (channel, window)]
+        if limit is not None:
+            kept.append({"channel": channel, "window": window, "limit": limit})
+        preferences_patch(user_id=user, changes={"frequency": kept}, topics=TOPICS,
+                          source="api", now=self.now)  # fmt: skip
+        mine.frequency = kept
+
     @rule(hours=st.integers(min_value=1, max_value=30))
     def time_passes(self, hours):
         self.now += timedelta(hours=hours)
@@ -123,14 +136,31 @@ class Machine(RuleBasedStateMachine):
         )
         return [None if r is None else (r[0], r[1]) for r in (found or [None] * len(USERS))]
 
+    def own(self, cache: PreferenceCache, topic: str | None, channel: str):
+        found = cache.own_rules(channel, TOPICS.get(topic) if topic else None, list(USERS))
+        return [
+            sorted((r.window_seconds, r.limit) for r in rules)
+            for rules in (found or [()] * len(USERS))
+        ]
+
+    def own_expected(self, user: int, topic: str | None, channel: str):
+        if topic == "terms":
+            return []
+        said = self.model.get(user) or PreferencesFields()
+        return sorted(
+            (e["window"]["seconds"], e["limit"]) for e in said.frequency if e["channel"] == channel
+        )
+
     @invariant()
     def every_cache_answers_as_the_model(self):
         self.other.read_now()  # its TTL passed: it reads the journal after its last change
         caches = [PreferenceCache(ttl=60.0), self.other]  # a process started now reads all
         for topic, channel in ASKED:
             expected = [self.expected(user, topic, channel) for user in USERS]
+            own = [self.own_expected(user, topic, channel) for user in USERS]
             for cache in caches:
                 assert self.answers(cache, topic, channel) == expected, (topic, channel)
+                assert self.own(cache, topic, channel) == own, (topic, channel)
 
 
 def test_preferences_match_the_model():

@@ -202,6 +202,7 @@ def test_a_tag_rule_counts_only_the_sends_carrying_its_tag_and_names_itself(api,
     refused = decided[3]
     assert refused["rule"] == {
         "id": created["id"],
+        "kind": "rule",
         "name": "1 promo an hour",
         "window": {"kind": "rolling", "seconds": 3_600},
         "limit": 1,

@@ -143,3 +143,78 @@ def test_the_user_lookup_shows_what_the_person_said_and_their_changes(topics, vi
     assert re.search(r'id="preference-changes">.*<td>api</td>', text)
     quiet = viewer_client.get(reverse("admin:user_lookup"), {"user_id": "8"}).content.decode()
     assert "Nothing: every topic and channel follows its default" in quiet
+
+
+WEEK = {"kind": "rolling", "seconds": 604_800}
+
+
+def test_a_persons_own_frequency_is_a_rule_of_theirs_on_the_same_log(topics):
+    said(1, frequency=[{"channel": "email", "window": WEEK, "limit": 2}])
+    decided = [
+        gate_check(channel="email", requests=[(1, f"m{n}"), (2, f"m{n}")], now=NOW.timestamp() + n)
+        for n in range(3)
+    ]
+    assert [[d.reason for d in pair] for pair in decided] == [["allowed"] * 2] * 2 + [
+        ["cap", "allowed"]
+    ]
+    refused = decided[2][0]
+    assert refused.rule == {"id": 0, "kind": "person", "name": "Their own frequency",
+                            "window": WEEK, "limit": 2, "used": 2}  # fmt: skip
+    assert refused.retry_after == pytest.approx(604_800 - 2, abs=1)
+    # The marketer's caps count the same sends: user 2's third email is their third today.
+    assert decided[2][1].counts["daily"] == 3
+    # Other channels, transactional sends and required topics are not theirs to limit.
+    assert gate_check(channel="push", requests=[(1, "p")], now=NOW.timestamp())[0].allowed
+    for options in ({"category": "transactional"}, {"topic": "terms"}):
+        again = gate_check(channel="email", requests=[(1, f"x{options}")],
+                           now=NOW.timestamp() + 5, **options)[0]  # fmt: skip
+        assert again.reason in ("allowed", "exempt"), options
+    # Taken back: the next send goes at once.
+    preferences_patch(user_id=1, changes={"frequency": None}, topics=topics_read(), source="api")
+    assert gate_check(channel="email", requests=[(1, "m9")], now=NOW.timestamp() + 9)[0].allowed
+
+
+def test_an_own_calendar_frequency_counts_in_the_users_zone(topics):
+    said(1, frequency=[{"channel": "email", "window": {"kind": "calendar", "unit": "day"},
+                        "limit": 1}])  # fmt: skip
+    zone = "Pacific/Kiritimati"  # 14 hours ahead of UTC
+    local_midnight = datetime(2030, 6, 2, 10, 0, tzinfo=UTC).timestamp()  # 00:00 on the 3rd
+    first = gate_check(channel="email", requests=[(1, "a")], now=local_midnight - 60,
+                       time_zones=[zone])  # fmt: skip
+    second = gate_check(channel="email", requests=[(1, "b")], now=local_midnight - 30,
+                        time_zones=[zone])  # fmt: skip
+    third = gate_check(channel="email", requests=[(1, "c")], now=local_midnight + 30,
+                       time_zones=[zone])  # fmt: skip
+    assert [first[0].reason, second[0].reason, third[0].reason] == ["allowed", "cap", "allowed"]
+    assert second[0].retry_after == pytest.approx(30, abs=1)
+
+
+def test_the_logs_keep_what_an_own_frequency_counts_after_the_rule_that_allowed_it_goes(
+    topics, api
+):
+    marketer = api("marketer")
+    month = {"name": "4 a month", "segment": None, "channel": "email", "window": {"kind": "calendar",
+             "unit": "month"}, "limit": 4}  # fmt: skip
+    created = call(marketer, "POST", "/api/v1/rules/", json=month)
+    assert created.status_code == 201, created.text
+    policy_cache().invalidate()
+    said(1, frequency=[{"channel": "email", "window": {"kind": "calendar", "unit": "month"},
+                        "limit": 2}])  # fmt: skip
+    assert call(marketer, "DELETE", f"/api/v1/rules/{created.json()['id']}/").status_code == 204
+    policy_cache().invalidate()
+    assert policy_cache().table().retention_ms >= 31 * 86_400_000
+
+
+def test_a_refusal_by_an_own_frequency_is_kept_in_the_history_as_theirs(topics, api):
+    from limits.ledger.drain import ledger_drain
+
+    said(1, frequency=[{"channel": "email", "window": WEEK, "limit": 1}])
+    for n in range(2):
+        gate_check(channel="email", requests=[(1, f"h{n}")], now=NOW.timestamp() + n)
+    ledger_drain()
+    answer = call(api("viewer"), "GET", "/api/v1/users/1/history/")
+    assert answer.status_code == 200, answer.text
+    newest = answer.json()["results"][0]
+    assert (newest["reason"], newest["rule"]["id"], newest["rule"]["name"]) == (
+        "cap", 0, "Their own frequency"
+    )
