@@ -137,6 +137,12 @@ def topic_view(topic: Any) -> TopicView:
     return TopicView(slug=topic.slug, channels=tuple(topic.channels or ()), default=topic.default)
 
 
+def topic_on_unless_said(topic: TopicView) -> bool:
+    """Whether a person who said nothing about `topic` on a channel gets it there: yes unless
+    people must ask for it (`unsubscribed`)."""
+    return topic.default != UNSUBSCRIBED
+
+
 def topic_problem(topics: Mapping[str, TopicView], slug: str, channel: str) -> str | None:
     """The one rule for a send's topic (gate calls, send jobs): None when `slug` names a topic
     sent on `channel`, else why not."""

@@ -1,6 +1,7 @@
-"""The gate's console pages: the dashboard (with the sends waiting, by hour of release, and the
-refused sends of the last 30 days from the ledger, with their CSV download) and the what-if of a
-draft change of caps for one more send of a campaign, tags and priority."""
+"""The gate's console pages: the dashboard (with the sends waiting, by hour of release, the
+refused sends of the last 30 days from the ledger, with their CSV download, and the topics
+people switched off and back on) and the what-if of a draft change of caps for one more send of
+a campaign, tags and priority, with what people's own preferences would block."""
 
 import time
 from typing import Any
@@ -30,11 +31,13 @@ from limits.ledger.reports import (
     report_columns,
     report_filename,
 )
-from limits.models import Cap
+from limits.models import Cap, Topic
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
+from limits.preference_switches import topic_switches
 from limits.quota import Unavailable
 from limits.reasons import COLOURS, REFUSED
 from limits.rules import TAGS_MAX, tags_problem
+from limits.selectors import topics_read
 from limits.services import cap_from_text, cap_text
 from segments.index import get_index, index_status
 from segments.models import Segment
@@ -53,7 +56,7 @@ from worker.selectors import (
     what_if_segment_audience,
 )
 
-# As many tags as a gate call may carry.
+NO_TOPIC = "(no topic)"  # a send that names no topic, in the what-if's table
 
 LINKS = [
     ConsoleLink(
@@ -175,6 +178,9 @@ def dashboard(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         ]
     waiting = waiting_by_hour(hours=WAITING_HOURS)
     refused = refused_history()
+    # What people said is read by those who may read their preferences (the user lookup's right).
+    switches_shown = request.user.has_perm("limits.view_preference")
+    switches = _switches() if switches_shown else None
     chart_data = {
         "sizes": {"labels": [s["name"] for s in sizes], "values": [s["users"] for s in sizes]},
         "today": stats["today_by_segment"] if stats else None,
@@ -186,6 +192,13 @@ def dashboard(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         if waiting["total"]
         else None,
         "refused": refused,
+        "switches": {
+            "days": [day.isoformat() for day in switches["days"]],
+            "off": [{"label": t["name"], "values": t["off"]} for t in switches["topics"]],
+            "on": [{"label": t["name"], "values": t["on"]} for t in switches["topics"]],
+        }
+        if switches
+        else None,
         "palette": {str(reason): colour for reason, colour in COLOURS.items()},
     }
     return render(
@@ -205,9 +218,22 @@ def dashboard(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         refused_csv=urlencode(
             {"group_by": ",".join(GROUPS), "reason": REFUSED}, doseq=True, safe=","
         ),
+        switches=switches,
+        switches_shown=switches_shown,
         chart_data=chart_data,
         problems=problems,
     )
+
+
+def _switches() -> dict[str, Any] | None:
+    """The topics people switched off and back on over the refused chart's days, with the
+    topics' names."""
+    switches = topic_switches(topics=topics_read(), days=DEFAULT_DAYS)
+    if switches is not None:
+        names = dict(Topic.objects.values_list("slug", "name"))
+        for line in (*switches["topics"], *switches["rows"]):
+            line["name"] = names.get(line["slug"], line["slug"])
+    return switches
 
 
 def decisions_csv_download(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
@@ -301,6 +327,10 @@ def what_if_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
             for line in result["rows"]:
                 line["name"] = segment_names.get(line["segment"], line["segment"])
                 line["difference"] = line["refused_draft"] - line["refused_now"]
+            topic_names = dict(Topic.objects.values_list("slug", "name"))
+            for line in result["preferences"]:
+                slug = line["topic"]
+                line["name"] = NO_TOPIC if slug is None else topic_names.get(slug, slug)
     return render(
         request,
         site,

@@ -1,7 +1,9 @@
 """Reads of the worker app: the what-if of a draft change of caps (dry runs of the gate over an
-audience), the dashboard's counts, and send jobs' waiting sends. None of them writes anything."""
+audience, and what people's own preferences would block), the dashboard's counts, and send
+jobs' waiting sends. None of them writes anything."""
 
 import datetime as dt
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
@@ -14,9 +16,11 @@ from django.utils import timezone
 
 from limits.channels import channels
 from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, RuleView, counting_rule
+from limits.preferences import PreferencesUnavailable, preference_cache
 from limits.quota import Unavailable, live_index
 from limits.reasons import ADMITTED, REFUSED, Reason
-from limits.selectors import policy_read
+from limits.selectors import policy_read, topics_read
+from limits.topics import REQUIRED, topic_problem
 from segments.index import SegmentIndex, get_index
 from segments.parsing import UserListError, iter_ids
 from worker.gate import Gate
@@ -46,7 +50,8 @@ def what_if(
 ) -> dict[str, Any]:
     """How many of `ids` one more send (of this campaign, tags and priority) would be refused
     now and under `draft` (the rules with a draft of caps applied), per segment and channel,
-    and by which rule under the draft, against today's Redis state.
+    and by which rule under the draft, against today's Redis state; and per channel and topic
+    how many people's own preferences would refuse (`preferences`, see what_if_preferences).
 
     Dry runs only: nothing is recorded. Ids are de-duplicated; an audience above WHAT_IF_LIMIT
     is estimated from a uniform random sample of that many, scaled up (`sampled` says so).
@@ -104,13 +109,53 @@ def what_if(
         {"channel": channel, "rule": rule, "refused": round(n * scale)}
         for (channel, rule), n in sorted(by_rule.items(), key=lambda kv: (kv[0][0], -kv[1]))
     ]
+    channels_tried = only_channels or channels()
     return {
         "audience": total,
         "evaluated": len(user_ids),
         "sampled": sampled,
         "rows": rows,
         "by_rule": rules,
+        "preferences": what_if_preferences(
+            user_ids=user_ids, only_channels=channels_tried, now=now, scale=scale
+        ),
     }
+
+
+def what_if_preferences(
+    *, user_ids: list[int], only_channels: list[str], now: float | None = None, scale: float = 1
+) -> list[dict[str, Any]]:
+    """Per channel of `only_channels`, for a send of no topic (`topic` None) and of each topic
+    sent on it, how many of `user_ids` their own preferences would refuse, by reason
+    (`preference`, `paused`), times `scale` (the what-if's sample). Asks the process's copy of
+    people's preferences, as the gate does: no Redis, nothing written. `required`: a topic no
+    preference can block."""
+    topics = topics_read()
+    cache = preference_cache()
+    at = time.time() if now is None else now
+    rows = []
+    for channel in only_channels:
+        for slug in [None, *sorted(topics)]:
+            topic = topics[slug] if slug is not None else None
+            if slug is not None and topic_problem(topics, slug, channel) is not None:
+                continue  # not sent on this channel
+            try:
+                refusals = cache.refusals(channel, topic, user_ids, at)
+            except PreferencesUnavailable as exc:
+                raise Unavailable(
+                    "People's preferences could not be read; the what-if cannot be run."
+                ) from exc
+            reasons = Counter(refusal[0] for refusal in refusals or () if refusal is not None)
+            rows.append(
+                {
+                    "channel": channel,
+                    "topic": slug,
+                    "required": topic is not None and topic.default == REQUIRED,
+                    "preference": round(reasons[Reason.PREFERENCE] * scale),
+                    "paused": round(reasons[Reason.PAUSED] * scale),
+                }
+            )
+    return rows
 
 
 def what_if_segment_audience(slug: str) -> tuple[np.ndarray, int]:

@@ -69,5 +69,22 @@
       label: s.label, data: s.values, backgroundColor: colours[i % colours.length],
     })));
   }
+  // Topics people switched off and back on per day, stacked by topic (a topic's colour the same
+  // in both charts).
+  const switches = data.switches;
+  const byTopic = (canvas, series) => new Chart(canvas, {
+    type: "bar",
+    data: {
+      labels: switches.days.map((d) => d.slice(5)),
+      datasets: series.map((s, i) => ({ label: s.label, data: s.values, backgroundColor: colours[i % colours.length] })),
+    },
+    options: { maintainAspectRatio: false, animation: false, scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true, ticks: { precision: 0 } } } },
+  });
+  if (switches && document.getElementById("chart-switched-off")) {
+    byTopic(document.getElementById("chart-switched-off"), switches.off);
+  }
+  if (switches && document.getElementById("chart-switched-on")) {
+    byTopic(document.getElementById("chart-switched-on"), switches.on);
+  }
   document.documentElement.dataset.chartsDrawn = "1";
 })();
