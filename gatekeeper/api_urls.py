@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from limits.api.caps import CapDetailView, CapListView
 from limits.api.preferences import PreferencesView
+from limits.api.preferences_import import PreferencesImportView
 from limits.api.quota import QuotaView
 from limits.api.rules import QuietHoursDetailView, QuietHoursListView, RuleDetailView, RuleListView
 from limits.api.suppressions import (
@@ -72,6 +73,7 @@ v1 = [
     path("users/<str:user_id>/quota/", QuotaView.as_view(), name="quota"),
     path("users/<str:user_id>/history/", HistoryView.as_view(), name="history"),
     path("users/<str:user_id>/preferences/", PreferencesView.as_view(), name="preferences"),
+    path("preferences/import/", PreferencesImportView.as_view(), name="preferences-import"),
     path("snapshots/", SnapshotListView.as_view(), name="snapshots"),
     path(
         "snapshots/<str:version>/activate/",

@@ -76,6 +76,7 @@ ENDPOINTS = [
     ("GET", "/api/v1/suppressions/email/1/", None, {"limits.view_suppression"}),
     ("DELETE", "/api/v1/suppressions/email/999999/", None, {"limits.delete_suppression"}),
     ("PUT", "/api/v1/suppressions/email/import/", b"x\n", {"limits.add_suppression"}),
+    ("PUT", "/api/v1/preferences/import/", b"x\n", {"limits.change_preference"}),
     ("POST", "/api/v1/gate/check/", {**GATE_BODY, "dry_run": True}, {"limits.use_gate"}),
     ("POST", "/api/v1/gate/release/", GATE_BODY, {"limits.use_gate"}),
     ("GET", "/api/v1/users/1/quota/", None, {"limits.view_cap"}),

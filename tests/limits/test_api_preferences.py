@@ -14,6 +14,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 PATH = "/api/v1/users/42/preferences/"
 WEEK = {"kind": "rolling", "seconds": 604_800}
+SECONDS_5 = {"kind": "rolling", "seconds": 5}
+MONTH = {"kind": "calendar", "unit": "month"}
 LATER = (datetime.now(tz=UTC) + timedelta(days=7)).replace(microsecond=0)
 
 
@@ -97,13 +99,21 @@ def test_a_persons_preferences_are_read_replaced_and_changed_choice_by_choice(
         ({"colour": "red"}, "colour"),
         ({"frequency": [{"channel": "fax", "window": WEEK, "limit": 2}]}, "frequency.0.channel"),
         ({"frequency": [{"channel": "email", "window": WEEK, "limit": 0}]}, "frequency.0.limit"),
-        ({"frequency": [{"channel": "email", "window": {"kind": "rolling", "seconds": 5},
-                         "limit": 2}]}, "frequency.0.window.seconds"),  # fmt: skip
+        (
+            {"frequency": [{"channel": "email", "window": SECONDS_5, "limit": 2}]},
+            "frequency.0.window.seconds",
+        ),
         # Longer than any window the rules count (7 days when no rule counts longer).
-        ({"frequency": [{"channel": "email", "window": {"kind": "calendar", "unit": "month"},
-                         "limit": 2}]}, "frequency.0.window"),  # fmt: skip
-        ({"frequency": [{"channel": "email", "window": WEEK, "limit": 2},
-                        {"channel": "email", "window": WEEK, "limit": 1}]}, "frequency.1"),
+        ({"frequency": [{"channel": "email", "window": MONTH, "limit": 2}]}, "frequency.0.window"),
+        (
+            {
+                "frequency": [
+                    {"channel": "email", "window": WEEK, "limit": 2},
+                    {"channel": "email", "window": WEEK, "limit": 1},
+                ]
+            },
+            "frequency.1",
+        ),
         ({"frequency": [{"channel": "email", "limit": 2}]}, "frequency[0].window"),
     ],
 )
