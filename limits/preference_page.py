@@ -99,7 +99,11 @@ def _often(prefs: PreferencesFields, table: PolicyTable) -> list[dict[str, Any]]
     rows = []
     for channel in channels():
         mine = next(
-            (e["limit"] for e in prefs.frequency if e["channel"] == channel and e["window"] == WEEK),
+            (
+                e["limit"]
+                for e in prefs.frequency
+                if e["channel"] == channel and e["window"] == WEEK
+            ),
             None,
         )
         offered = [
