@@ -6,6 +6,7 @@ from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from limits.api.caps import CapDetailView, CapListView
+from limits.api.holdout import HoldoutView
 from limits.api.preferences import PreferencesView
 from limits.api.preferences_import import PreferencesImportView
 from limits.api.quota import QuotaView
@@ -56,6 +57,7 @@ v1 = [
     ),
     path("topics/", TopicListView.as_view(), name="topics"),
     path("topics/<slug:slug>/", TopicDetailView.as_view(), name="topic"),
+    path("holdout/", HoldoutView.as_view(), name="holdout"),
     path("suppressions/", SuppressionListView.as_view(), name="suppressions"),
     path("suppressions/remove/", SuppressionRemoveView.as_view(), name="suppressions-remove"),
     path(

@@ -15,7 +15,8 @@ range in order of their shares.
 """
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -74,3 +75,29 @@ def arms_of(user_ids: Sequence[int] | Any, salt: str, shares: Sequence[float]) -
         return np.minimum(arms, len(shares) - 1)
     arms[arms >= len(shares)] = -1
     return arms
+
+
+@dataclass(frozen=True, slots=True)
+class HoldoutView:
+    """The group as the gate reads it."""
+
+    share: float
+    salt: str
+    exclude_segments: frozenset[str]
+    exclude_tags: frozenset[str]
+
+    def held(
+        self, user_ids: Sequence[int], segments: Sequence[str | None], tags: Iterable[str]
+    ) -> list[bool] | None:
+        """Per user, whether they are held out of a marketing send carrying `tags` (their
+        segments as resolved); None when nobody can be (no group, or an excluded tag)."""
+        if self.share <= 0 or not user_ids or self.exclude_tags.intersection(tags):
+            return None
+        inside = in_share(np.asarray(user_ids, dtype=np.uint64), self.salt, self.share)
+        if not inside.any():
+            return None
+        if self.exclude_segments:
+            for k, segment in enumerate(segments):
+                if inside[k] and segment in self.exclude_segments:
+                    inside[k] = False
+        return [bool(v) for v in inside]

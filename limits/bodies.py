@@ -374,6 +374,37 @@ class PreferencesChangeBody(Body, kw_only=True):
     frequency: OwnFrequencies | UnsetType | None = UNSET
 
 
+# --- the global control group -------------------------------------------------------------------
+# Checked after decoding by limits.holdout.holdout_problems, the one rule.
+
+
+HoldoutSalt = Annotated[
+    str,
+    Meta(
+        max_length=64,
+        description="What the group is drawn from; left out: kept. A new salt draws a new group.",
+    ),
+]
+
+
+class HoldoutBody(Body, kw_only=True):
+    """The global control group, whole."""
+
+    share: Annotated[
+        float,
+        Meta(description="The share of users held out of all marketing: 0.001 (0.1 %) to 0.2 "
+             "(20 %), or 0 for no group.", extra_json_schema={"minimum": 0, "maximum": 0.2}),
+    ]  # fmt: skip
+    salt: HoldoutSalt | UnsetType = UNSET
+    exclude_segments: Annotated[
+        list[str], Meta(max_length=64, description="Segments never held out (slugs).")
+    ] = []
+    exclude_tags: Annotated[
+        list[str],
+        Meta(max_length=64, description="Sends carrying one of these tags are never held back."),
+    ] = []
+
+
 # --- the suppression list -----------------------------------------------------------------------
 
 SUPPRESSION_IDS_MAX = 10_000  # ids per request; a file (PUT .../import/) for more

@@ -565,3 +565,40 @@ class PreferenceLock(models.Model):
 
     def __str__(self) -> str:
         return "preference lock"
+
+
+class Holdout(models.Model):
+    """The global control group (limits/holdout.py): one row. A share of users, chosen by a
+    keyed hash of their id under `salt` (limits.assignment), gets no marketing; users of the
+    excluded segments and sends carrying an excluded tag are never held out. A share of 0: no
+    group."""
+
+    share = models.FloatField(default=0.0)
+    salt = models.CharField(max_length=64)
+    exclude_segments = models.JSONField(default=list, blank=True)
+    exclude_tags = models.JSONField(default=list, blank=True)
+    changed_at = models.DateTimeField(auto_now=True)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+
+    def __str__(self) -> str:
+        return f"control group of {self.share:.1%}"
+
+
+class HoldoutChange(models.Model):
+    """One change of the control group: what it was and became, who made it and how."""
+
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField()
+    via = models.CharField(max_length=16, help_text="api or admin.")
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    changed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"control group changed ({self.via})"

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from gatekeeper.lib.integers import INT32_MAX
+from limits.assignment import HoldoutView
 from limits.channels import ALL
 from limits.log import calendar_record, rolling_record
 from limits.quiet import QuietView, quiet_until
@@ -153,6 +154,7 @@ class PolicyTable:
     # The longest window of any person's own frequency (limits.preferences), in ms: the logs
     # keep what it counts even after the rules that allowed it are gone.
     own_keeps_ms: int = 0
+    holdout: HoldoutView | None = None  # the global control group (None: none)
     _candidates: dict[tuple[str | None, str], tuple[RuleView, ...]] = field(
         default_factory=dict, compare=False
     )

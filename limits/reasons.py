@@ -26,6 +26,7 @@ class Reason(StrEnum):
     SUPPRESSED = "suppressed"  # the user is on the channel's suppression list
     PREFERENCE = "preference"  # the person switched this topic (or channel) off
     PAUSED = "paused"  # the person paused their marketing (or this channel's) until a date
+    HOLDOUT = "holdout"  # the user is in the global control group: no marketing
     EXEMPT = "exempt"  # transactional: never refused, never counted
     UNAVAILABLE = "unavailable"  # Redis, the snapshot or the suppression list missing
     # A send job's own, for a waiting send that never reached the gate again.
@@ -61,6 +62,7 @@ COLOURS: dict[Reason, str] = {
     Reason.SUPPRESSED: "#3d3d3d",
     Reason.PREFERENCE: "#2f6f73",
     Reason.PAUSED: "#6fa3a6",
+    Reason.HOLDOUT: "#9c7a54",
     Reason.UNAVAILABLE: "#777777",
     Reason.EXPIRED: "#a0a0a0",
     Reason.CANCELLED: "#c0c0c0",

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
 
+from limits.holdout import holdout_view
 from limits.models import Cap, Preference, QuietHours, Rule, Topic
 from limits.policy import PolicyTable, RuleView
 from limits.quiet import quiet_view
@@ -51,6 +52,7 @@ def policy_read(*, rules: list[Rule] | None = None) -> PolicyTable:
         quiet=tuple(quiet_view(entry) for entry in quiet),
         topics=topics_read(),
         own_keeps_ms=own_keeps_ms(),
+        holdout=holdout_view(),
     )
 
 

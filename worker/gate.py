@@ -28,7 +28,7 @@ from limits.suppression import SuppressionCache, suppression_cache
 from limits.topics import topic_problem
 from segments.index import get_index
 from worker import stats
-from worker.stages import preferences, quiet_hours, rules, snapshot, suppressed
+from worker.stages import holdout, preferences, quiet_hours, rules, snapshot, suppressed
 from worker.stages.base import Batch, Stage
 
 logger = logging.getLogger(__name__)
@@ -39,6 +39,7 @@ STAGES: tuple[Stage, ...] = (
     suppressed.STAGE,
     preferences.STAGE,
     snapshot.STAGE,
+    holdout.STAGE,
     quiet_hours.STAGE,
     rules.STAGE,
 )

@@ -24,6 +24,7 @@ VIEW_RULES = ("limits.view_rule",)
 VIEW_QUIET_HOURS = ("limits.view_quiethours",)
 VIEW_TOPICS = ("limits.view_topic",)
 VIEW_PREFERENCES = ("limits.view_preference",)
+VIEW_HOLDOUT = ("limits.view_holdout",)
 VIEW_SEND_JOBS = ("worker.view_sendjob",)
 VIEW_SUPPRESSIONS = ("limits.view_suppression",)
 # The decisions report (REST) does what the dashboard's chart of refused sends and its CSV
@@ -56,6 +57,7 @@ CHANGE_QUIET_HOURS = ("limits.change_quiethours",)
 DELETE_QUIET_HOURS = ("limits.delete_quiethours",)
 ADD_TOPICS = ("limits.add_topic",)
 CHANGE_TOPICS = ("limits.change_topic",)
+CHANGE_HOLDOUT = ("limits.change_holdout",)
 DELETE_TOPICS = ("limits.delete_topic",)
 # A person's preferences: set for them by a campaign system (its own preference centre, an
 # import from another tool) or by a marketer in the admin.

@@ -45,11 +45,13 @@ CHECKS = [
 # reserve keeps at most the limit, the segment must exist); and quiet hours' fields as a whole
 # (the end differs from the start, the spread is shorter than the day outside the quiet hours,
 # the segment must exist); and a person's preferences (topics that exist, on their channels;
-# pauses in the future; a frequency tighter than the rules on everyone).
+# pauses in the future; a frequency tighter than the rules on everyone); and the control
+# group (a share of 0 or from 0.1 %, segments that exist).
 NOT_EXPRESSIBLE = {
     "PUT /api/v1/segments/{slug}/users/",
     "PUT /api/v1/suppressions/{channel}/import/",
     "PUT /api/v1/preferences/import/",
+    "PUT /api/v1/holdout/",
     "POST /api/v1/sends/",
     "POST /api/v1/rules/",
     "PATCH /api/v1/rules/{rule_id}/",

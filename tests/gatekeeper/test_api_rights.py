@@ -77,6 +77,8 @@ ENDPOINTS = [
     ("DELETE", "/api/v1/suppressions/email/999999/", None, {"limits.delete_suppression"}),
     ("PUT", "/api/v1/suppressions/email/import/", b"x\n", {"limits.add_suppression"}),
     ("PUT", "/api/v1/preferences/import/", b"x\n", {"limits.change_preference"}),
+    ("GET", "/api/v1/holdout/", None, {"limits.view_holdout"}),
+    ("PUT", "/api/v1/holdout/", {"share": 5}, {"limits.change_holdout"}),
     ("POST", "/api/v1/gate/check/", {**GATE_BODY, "dry_run": True}, {"limits.use_gate"}),
     ("POST", "/api/v1/gate/release/", GATE_BODY, {"limits.use_gate"}),
     ("GET", "/api/v1/users/1/quota/", None, {"limits.view_cap"}),

@@ -5,6 +5,7 @@ rules of theirs (limits.preferences: the same log, the same call), and asked of 
 one round trip per Redis node. Admitted sends are recorded (unless a dry run); a refusal names
 the rule (`kind` person: their own)."""
 
+from limits.limiter import Decision
 from limits.policy import RuleSet, RuleView
 from limits.reasons import CAPPED, Reason
 from worker.stages.base import Batch, Parts, Stage
@@ -13,6 +14,16 @@ from worker.stages.base import Batch, Parts, Stage
 def run(batch: Batch, parts: Parts) -> None:
     if not batch.pending:
         return
+    for i, decision in zip(batch.pending, asked(batch, parts, batch.pending), strict=True):
+        batch.decisions[i] = decision
+    batch.pending = []
+
+
+def asked(
+    batch: Batch, parts: Parts, positions: list[int], *, dry_run: bool | None = None
+) -> list[Decision]:
+    """The limiter's decisions of the requests at `positions` under every rule that applies
+    to each (theirs included), recorded unless a dry run (`dry_run`: the batch's when None)."""
     table = batch.table
     now_ms = round(batch.clock * 1000)
     zoned: dict[str | None, bool] = {}  # per segment: whether a rule reads the user's zone
@@ -20,9 +31,9 @@ def run(batch: Batch, parts: Parts) -> None:
     with_own: dict[tuple[str | None, str, tuple[RuleView, ...]], RuleSet] = {}
     per_request: list[RuleSet] = []
     owns = parts.preferences.own_rules(
-        batch.channel, batch.topic, [batch.requests[i][0] for i in batch.pending]
+        batch.channel, batch.topic, [batch.requests[i][0] for i in positions]
     )
-    for k, i in enumerate(batch.pending):
+    for k, i in enumerate(positions):
         segment = batch.segment(i)
         reads_zone = zoned.get(segment)
         if reads_zone is None:
@@ -48,23 +59,22 @@ def run(batch: Batch, parts: Parts) -> None:
                 combined = with_own[key] = rule_set.with_own(own, zone=key[1], now_ms=now_ms)
             rule_set = combined
         per_request.append(rule_set)
-    whole = len(batch.pending) == len(batch.requests)
+    whole = len(positions) == len(batch.requests)
     decided = parts.limiter.acquire(
         batch.channel,
-        batch.requests if whole else [batch.requests[i] for i in batch.pending],
+        batch.requests if whole else [batch.requests[i] for i in positions],
         per_request,
         campaign=batch.campaign,
         tags=batch.tags,
         priority=batch.priority,
         retention_ms=table.retention_ms,
         now=batch.now,
-        dry_run=batch.dry_run,
+        dry_run=batch.dry_run if dry_run is None else dry_run,
         holder=batch.holder,
     )
-    for i, decision in zip(batch.pending, decided, strict=True):
+    for i, decision in zip(positions, decided, strict=True):
         decision.segment = batch.segment(i)
-        batch.decisions[i] = decision
-    batch.pending = []
+    return decided
 
 
 STAGE = Stage(
