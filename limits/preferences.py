@@ -43,7 +43,7 @@ from limits.policy import RULE, PolicyTable, RuleView, own_rule
 from limits.reasons import Reason
 from limits.rules import always_stricter, duration_words, window_problems, window_words
 from limits.selectors import policy_cache
-from limits.topics import REQUIRED, UNSUBSCRIBED, TopicView
+from limits.topics import REQUIRED, TopicView, topic_on_unless_said
 
 SOURCES = ("api", "import", "page", "admin")
 
@@ -570,7 +570,7 @@ class PreferenceCache(JournaledCache):
             return None
         slug = topic.slug if topic is not None else None
         off = self._off.get((slug, channel)) if slug is not None else None
-        ask = topic is not None and topic.default == UNSUBSCRIBED
+        ask = topic is not None and not topic_on_unless_said(topic)
         on = self._on.get((slug, channel)) if ask and slug is not None else None
         channel_off = self._channel_off.get(channel)
         paused, paused_here = self._paused, self._paused_channels.get(channel)
