@@ -292,12 +292,34 @@ def _suppressions_beside_none(client: redis.Redis, seconds: float, suppressed: i
     )
 
 
+def _gate_holding(
+    limiter: Limiter,
+    table: PolicyTable,
+    index: SegmentIndex,
+    said: dict[int, dict[str, Any]],
+    *,
+    record_stats: bool = True,
+) -> Gate:
+    """A gate over `table` and `index` whose people said `said` (user id -> preferences), with
+    nobody suppressed and no ledger."""
+    from limits.preferences import PreferenceCache
+
+    return Gate(
+        limiter=limiter,
+        policy=PolicyCache.holding(table),
+        index=index,
+        suppressions=SuppressionCache.holding(),
+        preferences=PreferenceCache.holding(said),
+        record_stats=record_stats,
+        record_ledger=False,
+    )
+
+
 def preferences_beside_none(url: str, seconds: float, share: float = 0.1) -> None:
     """Gate decisions/s of sends about a topic when `share` of the users hold preferences
     (most about other topics and channels, 1 in 10 of them this topic off, 1 in 10 a pause of
     this channel, 1 in 10 their own frequency on this channel) against nobody holding any, runs
     alternated; and a lookup's cost."""
-    from limits.preferences import PreferenceCache
     from limits.topics import TopicView
 
     client = _redis(url)
@@ -325,18 +347,7 @@ def preferences_beside_none(url: str, seconds: float, share: float = 0.1) -> Non
             said[user] = {"topics": {"offers": {"email": True, "push": True}}}
         else:
             said[user] = {"topics": {"news": {"push": False}}, "channels": {"sms": False}}
-    gates = [
-        Gate(
-            limiter=limiter,
-            policy=PolicyCache.holding(table),
-            index=index,
-            suppressions=SuppressionCache.holding(),
-            preferences=cache,
-            record_stats=True,
-            record_ledger=False,
-        )
-        for cache in (PreferenceCache.holding({}), PreferenceCache.holding(said))
-    ]
+    gates = [_gate_holding(limiter, table, index, {}), _gate_holding(limiter, table, index, said)]
     pick = random.Random(12)
     counter = iter(range(10**9))
 
@@ -377,7 +388,6 @@ def own_cap_redis_cpu(url: str, users: int = 50_000, rounds: int = 12) -> None:
     beside the four classic ones, refusing nobody here) against nobody holding one: the same
     requests on each side, from an empty Redis filled with two sends per user first, sides
     alternated `rounds` times."""
-    from limits.preferences import PreferenceCache
 
     client = _redis(url)
     limiter = Limiter(client, prefix="bench:")
@@ -386,16 +396,8 @@ def own_cap_redis_cpu(url: str, users: int = 50_000, rounds: int = 12) -> None:
     own = {u: {"frequency": [{"channel": "email", "window": OWN_WEEK, "limit": 7}]}
            for u in range(users)}  # fmt: skip
     gates = [
-        Gate(
-            limiter=limiter,
-            policy=PolicyCache.holding(table),
-            index=index,
-            suppressions=SuppressionCache.holding(),
-            preferences=cache,
-            record_stats=False,
-            record_ledger=False,
-        )
-        for cache in (PreferenceCache.holding({}), PreferenceCache.holding(own))
+        _gate_holding(limiter, table, index, {}, record_stats=False),
+        _gate_holding(limiter, table, index, own, record_stats=False),
     ]
     now = time.time()
 

@@ -76,6 +76,10 @@ def holdout_read() -> HoldoutFields:
     """The group as it stands (when never set: made, a share of 0 and a salt of its own, so
     that the salt read is the one a later change keeps)."""
     row, _ = Holdout.objects.get_or_create(pk=1, defaults={"salt": new_salt()})
+    return _fields(row)
+
+
+def _fields(row: Holdout) -> HoldoutFields:
     return HoldoutFields(
         share=row.share,
         salt=row.salt,
@@ -135,7 +139,7 @@ def holdout_set(
     with transaction.atomic():
         holdout_read()  # the row, made when never set
         row = Holdout.objects.select_for_update().get(pk=1)
-        before = holdout_read()
+        before = _fields(row)
         after = holdout_as_json(fields)
         if holdout_as_json(before) == after:
             return before, holdout_change_words(before, fields)

@@ -25,8 +25,10 @@ does a thousand people at a time (limits/preferences_import.py).
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any, Protocol
 
+import msgspec
 import numpy as np
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -170,6 +172,18 @@ def frequency_problems(
                                  "fewer, or a shorter window."))  # fmt: skip
                 break
     return problems
+
+
+def preferences_given(body: Any) -> PreferencesFields:
+    """A person's preferences as a body gives them whole (limits.bodies.PreferencesBody: the
+    REST PUT, a line of an imported file)."""
+    return PreferencesFields(
+        topics=body.topics,
+        channels=body.channels,
+        paused_until=body.paused_until,
+        paused_channels=body.paused_channels,
+        frequency=msgspec.to_builtins(body.frequency),
+    )
 
 
 def preferences_as_json(user_id: int, prefs: PreferencesFields) -> dict[str, Any]:
@@ -697,11 +711,7 @@ def _epoch(value: Any) -> float:
     return float(value.timestamp())
 
 
-_cache: PreferenceCache | None = None
-
-
+@cache
 def preference_cache() -> PreferenceCache:
-    global _cache
-    if _cache is None:
-        _cache = PreferenceCache(ttl=settings.GATEKEEPER_SUPPRESSION_TTL_SECONDS)
-    return _cache
+    """This process's copy of people's preferences (one per process)."""
+    return PreferenceCache(ttl=settings.GATEKEEPER_SUPPRESSION_TTL_SECONDS)

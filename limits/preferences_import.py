@@ -54,6 +54,7 @@ from limits.preferences import (
     SOURCES,
     PreferencesFields,
     preference_lock,
+    preferences_given,
     preferences_problems,
     preferences_standing,
     preferences_store,
@@ -361,14 +362,7 @@ def _json_people(
         except ValueError as exc:
             problems.add(number, "user_id", str(exc))
             continue
-        prefs = PreferencesFields(
-            topics=body.topics,
-            channels=body.channels,
-            paused_until=body.paused_until,
-            paused_channels=body.paused_channels,
-            frequency=msgspec.to_builtins(body.frequency),
-        )
-        yield _Person(number, user_id, prefs)
+        yield _Person(number, user_id, preferences_given(body))
 
 
 def _details(detail: Any, at: str = "") -> Iterator[tuple[str, str]]:

@@ -20,6 +20,7 @@ list is empty.
 import logging
 from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -290,11 +291,7 @@ class SuppressionCache(JournaledCache):
             self._last_change = change_id
 
 
-_cache: SuppressionCache | None = None
-
-
+@cache
 def suppression_cache() -> SuppressionCache:
-    global _cache
-    if _cache is None:
-        _cache = SuppressionCache(ttl=settings.GATEKEEPER_SUPPRESSION_TTL_SECONDS)
-    return _cache
+    """This process's copy of the suppression list (one per process)."""
+    return SuppressionCache(ttl=settings.GATEKEEPER_SUPPRESSION_TTL_SECONDS)

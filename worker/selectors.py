@@ -20,7 +20,7 @@ from limits.preferences import PreferencesUnavailable, preference_cache
 from limits.quota import Unavailable, live_index
 from limits.reasons import ADMITTED, REFUSED, Reason
 from limits.selectors import policy_read, topics_read
-from limits.topics import REQUIRED, topic_problem
+from limits.topics import REQUIRED, TopicView, topic_problem
 from segments.index import SegmentIndex, get_index
 from segments.parsing import UserListError, iter_ids
 from worker.gate import Gate
@@ -117,20 +117,30 @@ def what_if(
         "rows": rows,
         "by_rule": rules,
         "preferences": what_if_preferences(
-            user_ids=user_ids, only_channels=channels_tried, now=now, scale=scale
+            user_ids=user_ids,
+            only_channels=channels_tried,
+            topics=current.topics,
+            now=now,
+            scale=scale,
         ),
     }
 
 
 def what_if_preferences(
-    *, user_ids: list[int], only_channels: list[str], now: float | None = None, scale: float = 1
+    *,
+    user_ids: list[int],
+    only_channels: list[str],
+    topics: Mapping[str, TopicView] | None = None,
+    now: float | None = None,
+    scale: float = 1,
 ) -> list[dict[str, Any]]:
     """Per channel of `only_channels`, for a send of no topic (`topic` None) and of each topic
     sent on it, how many of `user_ids` their own preferences would refuse, by reason
     (`preference`, `paused`), times `scale` (the what-if's sample). Asks the process's copy of
     people's preferences, as the gate does: no Redis, nothing written. `required`: a topic no
-    preference can block."""
-    topics = topics_read()
+    preference can block. `topics`: the topics there are, as the caller read them (None:
+    read now)."""
+    topics = topics_read() if topics is None else topics
     cache = preference_cache()
     at = time.time() if now is None else now
     rows = []

@@ -17,6 +17,7 @@ from limits.bodies import OwnFrequency, PreferencesBody, PreferencesChangeBody
 from limits.preferences import (
     PreferencesFields,
     preferences_as_json,
+    preferences_given,
     preferences_patch,
     preferences_read,
     preferences_replace,
@@ -92,15 +93,12 @@ class PreferencesView(JsonAPIView):
     def put(self, request: Request, user_id: str) -> Response:
         uid = _user(user_id)
         body = decode(request.data, PreferencesBody)
-        prefs = PreferencesFields(
-            topics=body.topics,
-            channels=body.channels,
-            paused_until=body.paused_until,
-            paused_channels=body.paused_channels,
-            frequency=msgspec.to_builtins(body.frequency),
-        )
         saved = preferences_replace(
-            user_id=uid, prefs=prefs, topics=topics_read(), source="api", by=request.user
+            user_id=uid,
+            prefs=preferences_given(body),
+            topics=topics_read(),
+            source="api",
+            by=request.user,
         )
         return _shown(uid, saved)
 

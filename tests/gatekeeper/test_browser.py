@@ -54,12 +54,7 @@ def test_a_marketer_uploads_builds_edits_caps_and_rules_rolls_back_looks_up_and_
 
     # The dashboard, charts drawn by Chart.js.
     page.click(".gk-cards a[href$='/dashboard/']")
-    page.wait_for(
-        lambda: (
-            browser.execute_script("return document.documentElement.dataset.chartsDrawn") == "1"
-        ),
-        "the charts",
-    )
+    page.wait_for_charts()
     assert first in page.text()
     page.shot("dashboard")
 

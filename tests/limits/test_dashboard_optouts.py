@@ -160,16 +160,8 @@ def test_the_switch_charts_are_drawn(browser, live_server, staff, topics, redis_
             user_id=user_id, changes={"topics": choices}, topics=topics_read(), source="api"
         )
     page = Page(browser, live_server.url, prefix="switches-")
-    page.open("/admin/login/?next=/admin/dashboard/")
-    page.type("#id_username", "mia")
-    page.type("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for(
-        lambda: (
-            browser.execute_script("return document.documentElement.dataset.chartsDrawn") == "1"
-        ),
-        "the charts",
-    )
+    page.log_in("mia", "/admin/dashboard/")
+    page.wait_for_charts()
     assert "Topics switched off and back on, the last 30 days (UTC)" in page.text()
     drawn = browser.execute_script(
         "return ['chart-switched-off', 'chart-switched-on'].map((id) => Chart.getChart("

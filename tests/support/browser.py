@@ -110,6 +110,16 @@ class Page:
                 raise AssertionError(f"timed out waiting for {what}")
             time.sleep(0.1)
 
+    def wait_for_charts(self) -> None:
+        """Until the page's charts are drawn (the console's script says so on <html>)."""
+        self.wait_for(
+            lambda: (
+                self.driver.execute_script("return document.documentElement.dataset.chartsDrawn")
+                == "1"
+            ),
+            "the charts",
+        )
+
     def shot(self, name: str) -> None:
         self.shots += 1
         # Full page: make the window as tall as the page (twice: charts re-lay out on resize).

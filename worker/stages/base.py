@@ -69,18 +69,20 @@ class Batch:
         *,
         retry_after: float | None = None,
         preference: dict[str, Any] | None = None,
+        would: Decision | None = None,
     ) -> None:
         """Decide request `i` as refused for `reason` (`preference`: what the person switched
-        off)."""
+        off; `would`: the rules' dry-run decision, whose rule and counts it then shows)."""
         user_id, message_id = self.requests[i]
         self.decisions[i] = Decision(
             user_id=user_id,
             message_id=message_id,
             allowed=False,
             reason=reason,
-            counts={},
-            limits={},
+            counts=would.counts if would is not None else {},
+            limits=would.limits if would is not None else {},
             retry_after=retry_after,
+            rule=would.rule if would is not None else None,
             segment=self.segment(i),
             preference=preference,
         )

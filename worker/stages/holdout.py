@@ -28,10 +28,7 @@ def run(batch: Batch, parts: Parts) -> None:
         if would.reason == Reason.UNAVAILABLE:
             batch.decisions[i] = would  # the limiter away: as any other send (tried again)
             continue
-        batch.refuse(i, Reason.HOLDOUT)
-        decision = batch.decisions[i]
-        assert decision is not None
-        decision.rule, decision.counts, decision.limits = would.rule, would.counts, would.limits
+        batch.refuse(i, Reason.HOLDOUT, would=would)
     batch.pending = [i for i, h in zip(batch.pending, held, strict=True) if not h]
 
 

@@ -14,7 +14,6 @@ from gatekeeper.lib.groups import MARKETER
 from limits.ledger.drain import ledger_drain_all
 from limits.models import LedgerCount
 from limits.reasons import REFUSED
-from tests.support.admin import PASSWORD
 from tests.support.browser import Page
 from worker.gate import gate_check
 
@@ -146,16 +145,8 @@ def test_the_refused_charts_are_drawn(browser, live_server, staff, redis_client)
                 days_ago=n * 2,
             )
     page = Page(browser, live_server.url, prefix="refused-")
-    page.open("/admin/login/?next=/admin/dashboard/")
-    page.type("#id_username", "mia")
-    page.type("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for(
-        lambda: (
-            browser.execute_script("return document.documentElement.dataset.chartsDrawn") == "1"
-        ),
-        "the charts",
-    )
+    page.log_in("mia", "/admin/dashboard/")
+    page.wait_for_charts()
     assert "Refused sends, the last 30 days (UTC)" in page.text()
     drawn = browser.execute_script(
         "return ['chart-refused-reasons', 'chart-refused-campaigns']"
