@@ -21,6 +21,7 @@ SUITES = [
     "bodies",
     "memory",
     "reports",
+    "experiments",
     "providers",
 ]
 

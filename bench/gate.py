@@ -382,6 +382,61 @@ def preferences_beside_none(url: str, seconds: float, share: float = 0.1) -> Non
 OWN_WEEK = {"kind": "rolling", "seconds": WEEK_SECONDS}
 
 
+def studies_beside_none(url: str, seconds: float) -> None:
+    """Gate decisions/s with a control group of 5 % and a cap experiment running on the
+    `active` segment (two arms of 45 %: its own "3 a week" against "5 a week", replacing its
+    rules) against neither, runs alternated."""
+    from limits.assignment import HoldoutView
+    from limits.policy import ArmView, ExperimentView, RuleView
+
+    client = _redis(url)
+    client.flushdb()
+    limiter = Limiter(client, prefix="bench:")
+    index = in_memory_index()
+
+    def weekly(rule_id: int, limit: int, kind: str) -> RuleView:
+        rule = counting_rule(channel="email", seconds=WEEK_SECONDS, limit=limit, name=f"{limit}")
+        return RuleView(**{**{f: getattr(rule, f) for f in rule.__slots__}, "id": rule_id,
+                           "segment": "active", "kind": kind})  # fmt: skip
+
+    rules = (*CLASSIC, weekly(9, 3, "rule"))
+    now_ms = int(time.time() * 1000)
+    experiment = ExperimentView(
+        id=1, segment="active", salt="bench-experiment", starts_ms=now_ms - 86_400_000,
+        ends_ms=now_ms + 30 * 86_400_000, shares=(0.45, 0.45),
+        arms=(ArmView("3 a week", "replace", (weekly(-101, 3, "arm"),)),
+              ArmView("5 a week", "replace", (weekly(-201, 5, "arm"),))),
+    )  # fmt: skip
+    group = HoldoutView(0.05, "bench-group", frozenset(), frozenset())
+    plain = PolicyTable(rules=rules, classic={}, zones={})
+    studied = PolicyTable(
+        rules=rules, classic={}, zones={}, holdout=group, experiments=(experiment,)
+    )
+    gates = [_gate_holding(limiter, t, index, {}) for t in (plain, studied)]
+    pick = random.Random(13)
+    counter = iter(range(10**9))
+
+    def step(gate: Gate) -> int:
+        n = next(counter)
+        requests = [(u, f"s{n}-{u}") for u in pick.sample(range(USERS), 1000)]
+        return len(gate.check(channel="email", requests=requests))
+
+    rounds = 8
+    neither, both, ratio = alternated(
+        functools.partial(step, gates[0]),
+        functools.partial(step, gates[1]),
+        seconds,
+        rounds=rounds,
+        between=client.flushdb,
+    )
+    print(
+        f"gate with no control group and no experiment: {neither:,.0f} decisions/s; with a "
+        f"control group of 5 % and an experiment of two arms on a sixth of the users: "
+        f"{both:,.0f} decisions/s (medians of {rounds} alternated runs)"
+    )
+    print(f"  ratio {ratio:.3f}x (median of run pairs)   (target >= 0.97x)")
+
+
 def own_cap_redis_cpu(url: str, users: int = 50_000, rounds: int = 12) -> None:
     """Redis CPU per decision (INFO commandstats, the function calls' microseconds) when every
     user holds their own frequency on the channel ("at most 7 in any 7 days", a fifth rule
@@ -783,7 +838,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--suppressed", type=int, default=1_000_000)
     parser.add_argument(
         "--only",
-        choices=["suppressions", "preferences", "preference-memory", "own-cap"],
+        choices=["suppressions", "preferences", "preference-memory", "own-cap", "studies"],
         help="run only this part (with its figures)",
     )
     parser.add_argument(
@@ -822,10 +877,14 @@ def main(argv: list[str]) -> None:
     if args.only == "own-cap":
         own_cap_redis_cpu(args.redis_url)
         return
+    if args.only == "studies":
+        studies_beside_none(args.redis_url, 2 * args.seconds)
+        return
     gate_beside_limiter(args.redis_url, args.seconds)
     quiet_hours_beside_none(args.redis_url, 2 * args.seconds)
     suppressions_beside_none(2 * args.seconds, args.suppressed)
     preferences_beside_none(args.redis_url, 2 * args.seconds)
+    studies_beside_none(args.redis_url, 2 * args.seconds)
     preferences_memory()
     own_cap_redis_cpu(args.redis_url)
     campaign(args.recipients)

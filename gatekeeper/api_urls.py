@@ -6,6 +6,14 @@ from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from limits.api.caps import CapDetailView, CapListView
+from limits.api.events import EventsView
+from limits.api.experiments import (
+    ExperimentConcludeView,
+    ExperimentDetailView,
+    ExperimentListView,
+    ExperimentReportView,
+    ExperimentStopView,
+)
 from limits.api.holdout import HoldoutView
 from limits.api.preferences import PreferencesView
 from limits.api.preferences_import import PreferencesImportView
@@ -58,6 +66,24 @@ v1 = [
     path("topics/", TopicListView.as_view(), name="topics"),
     path("topics/<slug:slug>/", TopicDetailView.as_view(), name="topic"),
     path("holdout/", HoldoutView.as_view(), name="holdout"),
+    path("experiments/", ExperimentListView.as_view(), name="experiments"),
+    path("events/", EventsView.as_view(), name="events"),
+    path(
+        "reports/experiments/<str:study>/",
+        ExperimentReportView.as_view(),
+        name="experiment-report",
+    ),
+    path("experiments/<int:experiment_id>/", ExperimentDetailView.as_view(), name="experiment"),
+    path(
+        "experiments/<int:experiment_id>/stop/",
+        ExperimentStopView.as_view(),
+        name="experiment-stop",
+    ),
+    path(
+        "experiments/<int:experiment_id>/conclude/",
+        ExperimentConcludeView.as_view(),
+        name="experiment-conclude",
+    ),
     path("suppressions/", SuppressionListView.as_view(), name="suppressions"),
     path("suppressions/remove/", SuppressionRemoveView.as_view(), name="suppressions-remove"),
     path(

@@ -236,6 +236,8 @@ GATEKEEPER_LOG_SWEEP_BUCKETS = env.int("GATEKEEPER_LOG_SWEEP_BUCKETS", default=1
 # The send ledger (limits/ledger/): every decision kept in the database for this many days.
 GATEKEEPER_LEDGER = env.bool("GATEKEEPER_LEDGER", default=True)
 GATEKEEPER_LEDGER_DAYS = env.int("GATEKEEPER_LEDGER_DAYS", default=90)
+# Outcome events (POST /api/v1/events/): an event id seen within this many days counts once.
+GATEKEEPER_EVENTS_DEDUP_DAYS = env.int("GATEKEEPER_EVENTS_DEDUP_DAYS", default=30)
 # Gate calls the ledger's Redis stream holds at most, undrained (about: trimmed approximately).
 GATEKEEPER_LEDGER_BUFFER_MAX = env.int("GATEKEEPER_LEDGER_BUFFER_MAX", default=100_000)
 # Who sees /metrics and the details of /readyz (segment slugs and sizes, the store's address):
@@ -401,6 +403,7 @@ SPECTACULAR_SETTINGS = {
         "BuildStatusEnum": "segments.models.Build.Status",
         "UserListStatusEnum": "segments.models.UserList.Status",
         "SendJobStatusEnum": "worker.models.SendJob.Status",
+        "ExperimentStatusEnum": "limits.experiments.STATUSES",
         "OnCappedEnum": "worker.models.SendJob.OnCapped",
         "OnInvalidEnum": "worker.models.SendJob.OnInvalid",
         # A channel, and a channel or `all` (rules, caps): both are fields named `channel`.

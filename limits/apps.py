@@ -11,13 +11,18 @@ class LimitsConfig(AppConfig):
     def ready(self) -> None:
         # Imported here: models, and what uses them, load only once the app registry is ready.
         from limits import checks  # noqa: F401  (registers the settings checks)
+        from limits.models import Experiment
         from limits.selectors import policy_cache_invalidate_on_commit
         from segments.models import Segment
 
         # Sent for every app; the handler acts on the last one's.
         post_migrate.connect(groups_sync_after_migrate)
-        # A segment's time zone (or its deletion, with its rules) changes the rules' table.
+        # A segment's time zone (or its deletion, with its rules) changes the rules' table, and
+        # so does an experiment's change (its arms are written in the same transaction).
         for signal in (post_save, post_delete):
-            signal.connect(
-                policy_cache_invalidate_on_commit, sender=Segment, dispatch_uid=f"limits-{signal}"
-            )
+            for sender in (Segment, Experiment):
+                signal.connect(
+                    policy_cache_invalidate_on_commit,
+                    sender=sender,
+                    dispatch_uid=f"limits-{sender.__name__}-{signal}",
+                )

@@ -50,6 +50,11 @@ def limits_settings_check(app_configs: Any, **kwargs: Any) -> list[CheckMessage]
         ),
         ("GATEKEEPER_LEDGER_DAYS", "Days the send ledger keeps.", "limits.E005"),
         (
+            "GATEKEEPER_EVENTS_DEDUP_DAYS",
+            "Days an outcome event's id is remembered, so that a repeat counts once.",
+            "limits.E009",
+        ),
+        (
             "GATEKEEPER_LEDGER_BUFFER_MAX",
             "Gate calls the ledger's Redis stream holds undrained.",
             "limits.E006",

@@ -22,6 +22,7 @@ from django.db import transaction
 from limits.assignment import HoldoutView
 from limits.models import Holdout, HoldoutChange
 from limits.rules import validate_tag
+from limits.studies import control_group_reset
 
 SHARE_MIN, SHARE_MAX = 0.001, 0.2  # 0.1 % to 20 %; 0: no group
 
@@ -143,6 +144,8 @@ def holdout_set(
         after = holdout_as_json(fields)
         if holdout_as_json(before) == after:
             return before, holdout_change_words(before, fields)
+        if (before.share, before.salt) != (fields.share, fields.salt):
+            control_group_reset()  # who is in it changed: its report starts afresh
         row.share, row.salt = fields.share, fields.salt
         row.exclude_segments, row.exclude_tags = after["exclude_segments"], after["exclude_tags"]
         row.changed_by = who

@@ -53,6 +53,10 @@ class Decision:
     holder: int | None = None  # a duplicate's: the send job that recorded it (0: none)
     # On reason `preference`: what the person switched off ({"topic": slug or None, "channel"}).
     preference: dict[str, Any] | None = None
+    # The user's running experiment and arm ({"id", "arm": its name}), whatever the reason;
+    # `arm_place`: the arm's place in it (what the ledger keeps).
+    experiment: dict[str, Any] | None = None
+    arm_place: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

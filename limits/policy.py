@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from gatekeeper.lib.integers import INT32_MAX
-from limits.assignment import HoldoutView
+from limits.assignment import HoldoutView, arms_of
 from limits.channels import ALL
 from limits.log import calendar_record, rolling_record
 from limits.quiet import QuietView, quiet_until
@@ -26,7 +26,23 @@ MIN_RETENTION = timedelta(days=7)
 ROLLING_SECONDS = (60, 7_776_000)  # 1 minute to 90 days
 PRIORITIES = (0, 9)
 DEFAULT_PRIORITY = 5
-RULE, PERSON = "rule", "person"  # whose a rule is: a marketer's, or a person's own frequency
+# Whose a rule is: a marketer's, a person's own frequency, or an experiment's arm's.
+RULE, PERSON, ARM = "rule", "person", "arm"
+# A rule of an arm as decisions name it: -(the arm's id * ARM_RULE_IDS + its place + 1), so
+# that it never meets a rule's id (positive) nor a person's own frequency (0) in the ledger.
+ARM_RULE_IDS = 100
+
+
+def arm_rule_id(arm_pk: int, place: int) -> int:
+    return -(arm_pk * ARM_RULE_IDS + place + 1)
+
+
+def arm_of_rule_id(rule_id: int) -> tuple[int, int] | None:
+    """(the arm's id, the rule's place in it) of an arm rule's id; None for any other id."""
+    if rule_id >= 0:
+        return None
+    arm_pk, place = divmod(-rule_id - 1, ARM_RULE_IDS)
+    return arm_pk, place
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +160,43 @@ class RuleSet:
 NO_RULES = RuleSet(records=b"", rules=(), effective=(), limits={})
 
 
+@dataclass(frozen=True, slots=True)
+class ArmView:
+    """One arm of a running experiment (limits/experiments.py): its rules (kind `arm`), which
+    replace the segment's own rules on the channels they name, or are added to them."""
+
+    name: str
+    mode: str  # "replace" or "add"
+    rules: tuple[RuleView, ...]
+
+    def replaces(self, rule: RuleView, segment: str | None) -> bool:
+        """Whether `rule` gives way to this arm's rules for the users of `segment`'s
+        experiment: a rule of the segment's own (not every segment's, not a classic cap's) on a
+        channel the arm names (every channel, for an arm rule on `all`)."""
+        if self.mode != "replace" or rule.classic or rule.segment != segment:
+            return False
+        return any(own.channel in (ALL, rule.channel) for own in self.rules)
+
+
+@dataclass(frozen=True, slots=True)
+class ExperimentView:
+    """A live experiment as the gate reads it: whose users it splits, when, and its arms."""
+
+    id: int
+    segment: str | None  # None: every segment
+    salt: str
+    starts_ms: int
+    ends_ms: int
+    shares: tuple[float, ...]
+    arms: tuple[ArmView, ...]
+
+    def running(self, now_ms: int) -> bool:
+        return self.starts_ms <= now_ms < self.ends_ms
+
+    def covers(self, segment: str | None) -> bool:
+        return self.segment is None or self.segment == segment
+
+
 @dataclass(frozen=True)
 class PolicyTable:
     rules: tuple[RuleView, ...]
@@ -155,6 +208,7 @@ class PolicyTable:
     # keep what it counts even after the rules that allowed it are gone.
     own_keeps_ms: int = 0
     holdout: HoldoutView | None = None  # the global control group (None: none)
+    experiments: tuple[ExperimentView, ...] = ()  # active and not ended (limits/experiments.py)
     _candidates: dict[tuple[str | None, str], tuple[RuleView, ...]] = field(
         default_factory=dict, compare=False
     )
@@ -162,6 +216,9 @@ class PolicyTable:
         default_factory=dict, compare=False
     )
     _released: dict[tuple[str | None, str, str, int], tuple[float, int] | None] = field(
+        default_factory=dict, compare=False
+    )
+    _armed: dict[tuple[str | None, str, int, str], tuple[RuleView, ...]] = field(
         default_factory=dict, compare=False
     )
 
@@ -174,11 +231,45 @@ class PolicyTable:
     def rules_keep(self) -> timedelta:
         """The longest window of any enabled rule, 7 days at least: the longest a person's own
         frequency may be (the rules allow no longer a window to be counted)."""
-        longest = max((rule.keeps() for rule in self.rules), default=MIN_RETENTION)
+        arms = (rule for e in self.experiments for arm in e.arms for rule in arm.rules)
+        longest = max((rule.keeps() for rule in (*self.rules, *arms)), default=MIN_RETENTION)
         return max(longest, MIN_RETENTION)
 
-    def candidates(self, *, segment: str | None, channel: str) -> tuple[RuleView, ...]:
-        """The rules of a segment (theirs and every segment's) on a channel and on `all`."""
+    def running(self, now_ms: int) -> tuple[ExperimentView, ...]:
+        """The experiments running at `now_ms` (at most one on any user: limits.experiments
+        refuses overlaps)."""
+        return tuple(e for e in self.experiments if e.running(now_ms))
+
+    def arms(
+        self, user_ids: Sequence[int], segments: Sequence[str | None], *, now_ms: int
+    ) -> list[tuple[ExperimentView, int] | None]:
+        """Per user (in their segment), their arm of the experiment running at `now_ms` (the
+        experiment and the arm's place, by the keyed hash of their id), or None; an empty list
+        when no experiment runs."""
+        running = self.running(now_ms)
+        if not running:
+            return []
+        found: list[tuple[ExperimentView, int] | None] = [None] * len(user_ids)
+        for experiment in running:
+            positions = [k for k, s in enumerate(segments) if experiment.covers(s)]
+            if not positions:
+                continue
+            places = arms_of([user_ids[k] for k in positions], experiment.salt, experiment.shares)
+            for k, place in zip(positions, places.tolist(), strict=True):
+                if place >= 0:
+                    found[k] = (experiment, place)
+        return found
+
+    def candidates(
+        self,
+        *,
+        segment: str | None,
+        channel: str,
+        arm: tuple[ExperimentView, int] | None = None,
+    ) -> tuple[RuleView, ...]:
+        """The rules of a segment (theirs and every segment's) on a channel and on `all`; for
+        the users of an experiment's arm (`arm`: the experiment and the arm's place), what the
+        arm replaces left out and its own rules added."""
         key = (segment, channel)
         found = self._candidates.get(key)
         if found is None:
@@ -188,16 +279,32 @@ class PolicyTable:
                 if rule.segment in (None, segment) and rule.channel in (channel, ALL)
             )
             self._candidates[key] = found
-        return found
+        if arm is None:
+            return found
+        experiment, place = arm
+        armed_key = (segment, channel, experiment.id, experiment.arms[place].name)
+        armed = self._armed.get(armed_key)
+        if armed is None:
+            view = experiment.arms[place]
+            armed = self._armed[armed_key] = tuple(
+                rule for rule in found if not view.replaces(rule, experiment.segment)
+            ) + tuple(rule for rule in view.rules if rule.channel in (channel, ALL))
+        return armed
 
     def applicable(
-        self, *, segment: str | None, channel: str, campaign: str, tags: tuple[str, ...]
+        self,
+        *,
+        segment: str | None,
+        channel: str,
+        campaign: str,
+        tags: tuple[str, ...],
+        arm: tuple[ExperimentView, int] | None = None,
     ) -> tuple[RuleView, ...]:
         """The rules a send must fit: every-send rules, tag rules of its tags, and per-campaign
-        rules when it names a campaign."""
+        rules when it names a campaign (`arm`: the user's arm of a running experiment)."""
         return tuple(
             rule
-            for rule in self.candidates(segment=segment, channel=channel)
+            for rule in self.candidates(segment=segment, channel=channel, arm=arm)
             if rule.match == "any"
             or (rule.match == "tag" and rule.tag in tags)
             or (rule.match == "campaign" and campaign)
@@ -224,8 +331,11 @@ class PolicyTable:
         priority: int,
         zone: str,
         now_ms: int,
+        arm: tuple[ExperimentView, int] | None = None,
     ) -> RuleSet:
-        rules = self.applicable(segment=segment, channel=channel, campaign=campaign, tags=tags)
+        rules = self.applicable(
+            segment=segment, channel=channel, campaign=campaign, tags=tags, arm=arm
+        )
         return encode(
             rules,
             priority=priority,
@@ -270,9 +380,14 @@ class PolicyTable:
         self._released[key] = found
         return found
 
-    def needs_zone(self, *, segment: str | None, channel: str) -> bool:
-        """Whether any rule of the segment on the channel depends on the user's zone."""
-        return any(rule.calendar for rule in self.candidates(segment=segment, channel=channel))
+    def needs_zone(
+        self, *, segment: str | None, channel: str, arm: tuple[ExperimentView, int] | None = None
+    ) -> bool:
+        """Whether any rule of the segment on the channel (in `arm`) depends on the user's
+        zone."""
+        return any(
+            rule.calendar for rule in self.candidates(segment=segment, channel=channel, arm=arm)
+        )
 
 
 def encode(

@@ -71,6 +71,7 @@ def _user_quota(
     table = policy_cache().table()
     zone = resolve_zone(requested=time_zone, segment_zone=table.zone_of(segment))
     now_ms = round((time.time() if now is None else now) * 1000)
+    arm = next(iter(table.arms([user_id], [segment], now_ms=now_ms)), None)
     groups = []
     for scope in scopes():
         daily, weekly = table.classic_limits(segment=segment, channel=scope).values()
@@ -80,7 +81,11 @@ def _user_quota(
         ]
         if window_seconds is not None and scope != ALL:
             counters.append(counting_rule(channel=scope, seconds=window_seconds))
-        own = [r for r in table.candidates(segment=segment, channel=scope) if r.channel == scope]
+        own = [
+            r
+            for r in table.candidates(segment=segment, channel=scope, arm=arm)
+            if r.channel == scope
+        ]
         rule_set = encode([*counters, *own], priority=QUOTA_PRIORITY, zone=zone, now_ms=now_ms)
         groups.append((scope, rule_set))
     figures = get_limiter().usage(user_id, groups, campaign=campaign, now=now)
@@ -94,6 +99,7 @@ def _user_quota(
         "segment": segment,
         "snapshot_version": index.version,
         "time_zone": zone,
+        "experiment": (None if arm is None else {"id": arm[0].id, "arm": arm[0].arms[arm[1]].name}),
         "scopes": {},
         "rules": [],
     }
@@ -139,6 +145,7 @@ def _rule_figures(usage: RuleUsage, names: Mapping[str, str]) -> dict[str, Any]:
     rule = usage.rule
     return {
         "id": rule.id,
+        "kind": rule.kind,
         "name": rule.name,
         "channel": rule.channel,
         "description": rule_describe(rule, segment_name=names.get(rule.segment or "")),

@@ -2,17 +2,19 @@
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
+from django.utils import timezone
 
 from limits.holdout import holdout_view
-from limits.models import Cap, Preference, QuietHours, Rule, Topic
-from limits.policy import PolicyTable, RuleView
+from limits.models import Cap, Experiment, Preference, QuietHours, Rule, Topic
+from limits.policy import ARM, ArmView, ExperimentView, PolicyTable, RuleView, arm_rule_id
 from limits.quiet import quiet_view
-from limits.rules import rule_findings, rule_read, rule_view_of
+from limits.rules import rule_fields_of_json, rule_findings, rule_read, rule_view_of
 from limits.topics import TopicView, topic_view
 from segments.models import Segment
 
@@ -53,7 +55,42 @@ def policy_read(*, rules: list[Rule] | None = None) -> PolicyTable:
         topics=topics_read(),
         own_keeps_ms=own_keeps_ms(),
         holdout=holdout_view(),
+        experiments=experiments_view(),
     )
+
+
+def experiments_view(now: datetime | None = None) -> tuple[ExperimentView, ...]:
+    """The experiments the gate may apply (active and not yet ended), as it reads them."""
+    now = now or timezone.now()
+    rows = (
+        Experiment.objects.filter(state=Experiment.State.ACTIVE, ends_at__gt=now)
+        .select_related("segment")
+        .prefetch_related("arms")
+    )
+    views = []
+    for row in rows:
+        slug = row.segment.slug if row.segment is not None else None
+        arms = []
+        for arm in row.arms.all():
+            rules = []
+            for place, data in enumerate(arm.rules):
+                fields = rule_fields_of_json(data)
+                fields.segment = slug
+                view = rule_view_of(fields, id=arm_rule_id(arm.pk, place))
+                rules.append(replace(view, kind=ARM))
+            arms.append(ArmView(name=arm.name, mode=arm.mode, rules=tuple(rules)))
+        views.append(
+            ExperimentView(
+                id=row.pk,
+                segment=slug,
+                salt=row.salt,
+                starts_ms=int(row.starts_at.timestamp() * 1000),
+                ends_ms=int(row.ends_at.timestamp() * 1000),
+                shares=tuple(arm.share for arm in row.arms.all()),
+                arms=tuple(arms),
+            )
+        )
+    return tuple(views)
 
 
 def own_keeps_ms() -> int:

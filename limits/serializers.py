@@ -212,8 +212,18 @@ class ScopeQuotaSerializer(serializers.Serializer):
     )
 
 
+class ExperimentArmSerializer(serializers.Serializer):
+    """The running experiment the user is in, and their arm."""
+
+    id = serializers.IntegerField(help_text="Its id in GET /api/v1/experiments/.")
+    arm = serializers.CharField(help_text="The arm's name.")
+
+
 class RuleQuotaSerializer(serializers.Serializer):
-    id = serializers.IntegerField()
+    id = serializers.IntegerField(help_text="Below 0: a rule of the user's experiment arm.")
+    kind = serializers.ChoiceField(
+        choices=["rule", "arm"], help_text="rule: a marketer's rule; arm: their arm's."
+    )
     name = serializers.CharField()
     channel = serializers.CharField(help_text='A channel, or "all".')
     description = serializers.CharField(help_text="The rule in plain words.")
@@ -240,6 +250,11 @@ class QuotaSerializer(serializers.Serializer):
     time_zone = serializers.CharField(
         help_text="The zone its calendar windows are read in: ?time_zone=, else the segment's, "
         "else GATEKEEPER_DEFAULT_TIME_ZONE."
+    )
+    experiment = ExperimentArmSerializer(
+        allow_null=True,
+        help_text="The running experiment the user is in and their arm (whose rules are "
+        "among `rules`); null: none.",
     )
     scopes = serializers.DictField(
         child=ScopeQuotaSerializer(), help_text="The classic caps: each channel, and `all`."

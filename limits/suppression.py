@@ -34,6 +34,7 @@ from gatekeeper.lib.ids import max_user_id, out_of_bounds
 from limits.channels import ALL, validate_scope
 from limits.journaled import JournaledCache
 from limits.models import Suppression, SuppressionChange, SuppressionLock
+from limits.studies import outcomes_noted
 from segments.parsing import ListSummary, UserListError, iter_ids
 
 logger = logging.getLogger(__name__)
@@ -137,6 +138,8 @@ def suppress(
                 ]
             )
             _journal(SuppressionChange.Action.ADDED, channel, new, reason, source, who)
+            # Unsubscribes and complaints count for the studies the users are in.
+            outcomes_noted(new, kind=reason, at=timezone.now())
             added += len(new)
         if added:
             _read_after_commit()

@@ -92,6 +92,7 @@ def _decision(d: Decision) -> dict[str, Any]:
         "rule": d.rule,
         "reserved": d.reserved,
         "preference": d.preference,
+        "experiment": d.experiment,
         "retry_after": d.retry_after,
     }
 

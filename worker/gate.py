@@ -183,6 +183,7 @@ class Gate:
                 stage.run(batch, self)
                 if not batch.pending:
                     break
+            batch.mark_arms()
             decisions = cast(list[Decision], batch.decisions)  # the last stage decides the rest
         if not dry_run:
             if self.record_stats:

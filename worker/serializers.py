@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 from limits.bodies import Window
 from limits.reasons import CATEGORIES, REASONS
-from limits.serializers import BodyShapedField
+from limits.serializers import BodyShapedField, ExperimentArmSerializer
 from worker.delivery.dead_addresses import dead_addresses_shown
 from worker.models import SendJob
 from worker.selectors import send_job_waiting
@@ -31,11 +31,14 @@ class WindowLimitsSerializer(serializers.Serializer):
 class DecidingRuleSerializer(serializers.Serializer):
     """The rule that refused a send (its id in GET /api/v1/rules/)."""
 
-    id = serializers.IntegerField(help_text="0 for a person's own frequency.")
+    id = serializers.IntegerField(
+        help_text="0 for a person's own frequency; below 0 for a rule of an experiment's arm."
+    )
     kind = serializers.ChoiceField(
-        choices=["rule", "person"],
+        choices=["rule", "person", "arm"],
         help_text="rule: a marketer's rule; person: the person's own frequency (their "
-        "preferences), refused as `cap`.",
+        "preferences), refused as `cap`; arm: a rule of the user's arm of a running "
+        "experiment.",
     )
     name = serializers.CharField()
     window = BodyShapedField(Window)
@@ -75,6 +78,11 @@ class DecisionSerializer(serializers.Serializer):
     preference = PreferenceOffSerializer(
         allow_null=True,
         help_text="On reason preference: what the person switched off. null otherwise.",
+    )
+    experiment = ExperimentArmSerializer(
+        allow_null=True,
+        help_text="When the user is in a running experiment (whatever the reason): which, and "
+        "their arm. null otherwise.",
     )
     retry_after = serializers.FloatField(
         allow_null=True,

@@ -25,6 +25,7 @@ VIEW_QUIET_HOURS = ("limits.view_quiethours",)
 VIEW_TOPICS = ("limits.view_topic",)
 VIEW_PREFERENCES = ("limits.view_preference",)
 VIEW_HOLDOUT = ("limits.view_holdout",)
+VIEW_EXPERIMENTS = ("limits.view_experiment",)
 VIEW_SEND_JOBS = ("worker.view_sendjob",)
 VIEW_SUPPRESSIONS = ("limits.view_suppression",)
 # The decisions report (REST) does what the dashboard's chart of refused sends and its CSV
@@ -58,6 +59,10 @@ DELETE_QUIET_HOURS = ("limits.delete_quiethours",)
 ADD_TOPICS = ("limits.add_topic",)
 CHANGE_TOPICS = ("limits.change_topic",)
 CHANGE_HOLDOUT = ("limits.change_holdout",)
+ADD_EXPERIMENTS = ("limits.add_experiment",)
+# Stopping and concluding too; concluding also writes the segment's rules.
+CHANGE_EXPERIMENTS = ("limits.change_experiment",)
+CONCLUDE_EXPERIMENTS = ("limits.change_experiment", "limits.add_rule", "limits.change_rule")
 DELETE_TOPICS = ("limits.delete_topic",)
 # A person's preferences: set for them by a campaign system (its own preference centre, an
 # import from another tool) or by a marketer in the admin.
@@ -73,6 +78,10 @@ SEND_CAMPAIGNS = ("worker.add_sendjob",)
 CANCEL_SENDS = ("worker.cancel_sendjob",)
 # Calling the gate and handing over send jobs (campaign systems).
 GATE = ("limits.use_gate",)
+# Posting outcome events (conversions) for the experiments report: the company's systems.
+POST_EVENTS = ("limits.add_studyevent",)
+# The experiments report, as the experiments themselves.
+VIEW_STUDIES = ("limits.view_experiment",)
 # What a campaign system's account needs: the gate and send jobs, and reading segments, quotas,
 # the rules and quiet hours its refusals come from, the topics its sends name, and its jobs'
 # progress; and keeping the suppression list and people's preferences (opt-outs, opt-ins and
@@ -91,6 +100,7 @@ CAMPAIGN_SYSTEM = (
     *VIEW_SUPPRESSIONS,
     *ADD_SUPPRESSIONS,
     *DELETE_SUPPRESSIONS,
+    *POST_EVENTS,
 )
 
 

@@ -1,7 +1,7 @@
 """The limits app's admin, a module per kind: caps (with their history and quota resets), cap
-rules, quiet hours, topics, the global control group and the suppression list; `base` holds what they share. Importing the
-package registers them all with the admin site."""
+rules, quiet hours, topics, the global control group, cap experiments and the suppression list;
+`base` holds what they share. Importing the package registers them all with the admin site."""
 
-from limits.admin import caps, holdout, quiet, rules, suppressions, topics
+from limits.admin import caps, experiments, holdout, quiet, rules, suppressions, topics
 
-__all__ = ["caps", "holdout", "quiet", "rules", "suppressions", "topics"]
+__all__ = ["caps", "experiments", "holdout", "quiet", "rules", "suppressions", "topics"]

@@ -1,6 +1,7 @@
 """Admin of the global control group: one page (the list goes straight to it), a form checked
 by the one rule (limits.holdout.holdout_problems), saved through `holdout_set` so the change is
-recorded and said in words; its history read only."""
+recorded and said in words, with a link to its result (the experiments admin's page: what
+marketing brings against no marketing at all); its history read only."""
 
 from typing import Any
 
@@ -9,6 +10,7 @@ from django.contrib import admin, messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
+from gatekeeper.lib.permissions import VIEW_STUDIES
 from limits.admin.base import AuditLogAdmin
 from limits.holdout import HoldoutFields, holdout_problems, holdout_read, holdout_set
 from limits.models import Holdout, HoldoutChange
@@ -71,6 +73,7 @@ class HoldoutForm(forms.ModelForm):
 @admin.register(Holdout)
 class HoldoutAdmin(admin.ModelAdmin):
     form = HoldoutForm
+    change_form_template = "admin/gatekeeper/holdout_change_form.html"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -81,6 +84,19 @@ class HoldoutAdmin(admin.ModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         holdout_read()  # made when never set
         return HttpResponseRedirect(reverse("admin:limits_holdout_change", args=[1]))
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """Its page, with a link to its result for whoever may read experiments' results."""
+        context = dict(extra_context or {})
+        if request.user.has_perms(VIEW_STUDIES):
+            context["report_url"] = reverse("admin:limits_holdout_report")
+        return super().change_view(request, object_id, form_url, context)
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         _, words = holdout_set(

@@ -230,10 +230,11 @@ def _report_parameter(
     )
 
 
-class DecisionsReportView(JsonAPIView):
-    rights = {"GET": VIEW_REPORTS}
-    operation_ids = {"GET": "decisions_report"}
-    renderer_classes = REPORT_RENDERERS
+class CsvReportView(JsonAPIView):
+    """A report answered as JSON, or as CSV with `?format=csv` or `Accept: text/csv`
+    (`csv_renderer`); an unknown format is a 400, and a refusal is JSON whatever was asked."""
+
+    csv_renderer: type[BaseRenderer] = BaseRenderer
 
     def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
         # An unknown `?format=` is bad input, not DRF's 404 for a path that matches nothing.
@@ -248,11 +249,21 @@ class DecisionsReportView(JsonAPIView):
         # A refusal (400, 401, 403) is the API's JSON error body, also to a caller that asked
         # for CSV: negotiation happens before the rights are checked.
         if response.status_code >= 400 and isinstance(
-            getattr(request, "accepted_renderer", None), DecisionsCsvRenderer
+            getattr(request, "accepted_renderer", None), self.csv_renderer
         ):
             request.accepted_renderer = JSONRenderer()
             request.accepted_media_type = JSONRenderer.media_type
         return super().finalize_response(request, response, *args, **kwargs)
+
+    def as_csv(self, request: Request) -> bool:
+        return isinstance(request.accepted_renderer, self.csv_renderer)
+
+
+class DecisionsReportView(CsvReportView):
+    rights = {"GET": VIEW_REPORTS}
+    operation_ids = {"GET": "decisions_report"}
+    renderer_classes = REPORT_RENDERERS
+    csv_renderer = DecisionsCsvRenderer
 
     @extend_schema(
         summary="How many gate decisions there were, by UTC day, campaign, segment, channel and "
@@ -335,6 +346,6 @@ class DecisionsReportView(JsonAPIView):
             "results": decisions_report(query=query),
         }
         response = Response(answer)
-        if isinstance(request.accepted_renderer, DecisionsCsvRenderer):
+        if self.as_csv(request):
             response["Content-Disposition"] = f'attachment; filename="{report_filename(query)}"'
         return response

@@ -27,7 +27,8 @@ from django.db import connection, transaction
 from redis.exceptions import LockError
 
 from gatekeeper.lib.redis_client import RedisClient, get_redis
-from limits.ledger.stream import Decided, Outcomes, ledger_entry, stream_key
+from limits.holdout import holdout_view
+from limits.ledger.stream import Decided, Outcomes, arm_of_code, ledger_entry, stream_key
 from limits.ledger.table import (
     KIND_TABLE,
     ROW_COLUMNS,
@@ -37,8 +38,17 @@ from limits.ledger.table import (
     message_stored,
     values_inserted,
 )
-from limits.models import LEDGER_OUTCOME_CODES, LedgerBatch, LedgerCount, LedgerEntry, LedgerKind
+from limits.models import (
+    LEDGER_OUTCOME_CODES,
+    LedgerBatch,
+    LedgerCount,
+    LedgerEntry,
+    LedgerKind,
+    StudyDay,
+    StudyEvent,
+)
 from limits.reasons import Outcome, Reason
+from limits.studies import CONTROL_GROUP, decisions_noted, events_prune
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +132,8 @@ def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drai
         known, outcomes, report.outcomes = outcomes_merged(calls, outcomes)
         ledger_write(calls, known)
         counts_add(calls)
+        # Who the decisions bring into studies, and their sends (the experiments report).
+        decisions_noted(calls, holdout_view())
         # After the decisions: an entry's outcomes follow its decisions in the stream.
         if outcomes and connection.vendor == "postgresql":
             # For the rest of this transaction: the outcomes' lookups' estimated cost (every
@@ -210,29 +222,35 @@ def ledger_write(calls: Sequence[Decided], outcomes: Sequence[dict[int, str]] = 
             LedgerEntry(
                 at=call.at,
                 user_id=user_id,
-                kind_id=kind[(segment, reason, rule_id)],
+                kind_id=kind[(segment, reason, rule_id, arm)],
                 outcome=found.get(k, ""),
                 message_id=message_stored(call.campaign, user_id, message_id),
             )
             for call, found, kind in zip(calls, known, kinds, strict=True)
-            for k, (user_id, message_id, segment, reason, rule_id) in enumerate(call.rows())
+            for k, ((user_id, message_id, segment, reason, rule_id), arm) in enumerate(
+                zip(call.rows(), call.arm_codes(), strict=True)
+            )
         ],
         batch_size=500,
     )
 
 
-def _kinds(calls: Sequence[Decided]) -> list[dict[tuple[str, str, int | None], int]]:
-    """Per call, its kinds' ids by (segment, reason, rule id), found or added a day at a
-    time."""
+Own = tuple[str, str, int | None, int]  # a decision's segment, reason, rule id and arm code
+
+
+def _kinds(calls: Sequence[Decided]) -> list[dict[Own, int]]:
+    """Per call, its kinds' ids by (segment, reason, rule id, arm code), found or added a day
+    at a time."""
     wanted: dict[date, set[KindFields]] = {}
-    per_call: list[dict[tuple[str, str, int | None], KindFields]] = []
+    per_call: list[dict[Own, KindFields]] = []
     for call in calls:
         head = (call.channel, call.campaign, tuple(call.tags), call.priority, call.category,
                 call.version)  # fmt: skip
-        fields = {
-            own: KindFields(*head, *own, call.topic)
-            for own in set(zip(call.segments, call.reasons, call.rules, strict=True))
-        }
+        owns = set(zip(call.segments, call.reasons, call.rules, call.arm_codes(), strict=True))
+        fields = {}
+        for own in owns:
+            arm = arm_of_code(own[3])
+            fields[own] = KindFields(*head, *own[:3], call.topic, *(arm or (None, None)))
         wanted.setdefault(call.at.date(), set()).update(fields.values())
         per_call.append(fields)
     ids = {day: kinds_find(day, found) for day, found in wanted.items()}
@@ -245,20 +263,20 @@ def _kinds(calls: Sequence[Decided]) -> list[dict[tuple[str, str, int | None], i
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
-def _copy_text(
-    call: Decided, outcomes: dict[int, str], kinds: dict[tuple[str, str, int | None], int]
-) -> str:
+def _copy_text(call: Decided, outcomes: dict[int, str], kinds: dict[Own, int]) -> str:
     """A gate call's rows in COPY's text format (the time formatted once): about five times
     cheaper than a row at a time. `outcomes`: by row, those already known; `kinds`: the
-    call's kinds' ids by (segment, reason, rule id)."""
+    call's kinds' ids by (segment, reason, rule id, arm code)."""
     head = f"{call.at.isoformat()}\t"
     codes = LEDGER_OUTCOME_CODES
     return "".join(
         [
-            head + str(user_id) + "\t" + str(kinds[(segment, reason, rule_id)]) + "\t"
+            head + str(user_id) + "\t" + str(kinds[(segment, reason, rule_id, arm)]) + "\t"
             + str(codes[outcomes.get(k, "")]) + "\t"
             + _copy_message(message_stored(call.campaign, user_id, message_id)) + "\n"
-            for k, (user_id, message_id, segment, reason, rule_id) in enumerate(call.rows())
+            for k, ((user_id, message_id, segment, reason, rule_id), arm) in enumerate(
+                zip(call.rows(), call.arm_codes(), strict=True)
+            )
         ]
     )  # fmt: skip
 
@@ -448,6 +466,11 @@ def ledger_upkeep(*, now: datetime | None = None) -> Upkeep:
         kinds_forget()
     LedgerCount.objects.filter(hour__lt=cutoff).delete()
     LedgerBatch.objects.filter(drained_at__lt=now - timedelta(days=1)).delete()
+    # The control group's days go with the ledger's (an experiment's stay with it), and the
+    # outcome events' ids past the time a repeat must count once.
+    StudyDay.objects.filter(study=CONTROL_GROUP, day__lt=keep_from).delete()
+    StudyEvent.objects.filter(study=CONTROL_GROUP, day__lt=keep_from).delete()
+    events_prune(now=now)
     return report
 
 

@@ -18,8 +18,9 @@ from django.db.models import Q
 
 from gatekeeper.lib.ids import DATABASE_MAX
 from limits.ledger.table import message_of
-from limits.models import LedgerEntry, Rule
-from limits.rules import rule_describe
+from limits.models import ExperimentArm, LedgerEntry, Rule
+from limits.policy import arm_of_rule_id
+from limits.rules import rule_describe, rule_fields_of_json, rule_view_of
 from limits.selectors import rule_view
 
 PAGE_DEFAULT = 50
@@ -129,18 +130,50 @@ def user_history(
     more = len(rows) > limit
     rows = rows[:limit]
     rules = _rules({row.kind.rule_id for row in rows if row.kind.rule_id is not None})
+    arms = _arms(rows)
     return HistoryPage(
-        decisions=[_decision(row, rules) for row in rows],
+        decisions=[_decision(row, rules, arms) for row in rows],
         next=Position(at=rows[-1].at, id=rows[-1].id) if more else None,
     )
 
 
+def _arms(rows: list[LedgerEntry]) -> dict[tuple[int, int], ExperimentArm]:
+    """The experiments' arms the rows name, by (experiment id, place)."""
+    wanted = {(row.kind.experiment, row.kind.arm) for row in rows if row.kind.experiment}
+    if not wanted:
+        return {}
+    found = ExperimentArm.objects.filter(experiment_id__in={e for e, _ in wanted})
+    return {(arm.experiment_id, arm.position): arm for arm in found}
+
+
+def _arm_rules(ids: set[int]) -> dict[int, dict[str, Any]]:
+    """The rules of experiments' arms among `ids` (below 0): id, name and words."""
+    places = {i: arm_of_rule_id(i) for i in ids if i < 0}
+    arms = ExperimentArm.objects.filter(pk__in={p[0] for p in places.values() if p})
+    by_pk = {arm.pk: arm for arm in arms}
+    found = {}
+    for rule_id, place in places.items():
+        arm = by_pk.get(place[0]) if place else None
+        if arm is None or place is None or place[1] >= len(arm.rules):
+            continue
+        view = rule_view_of(rule_fields_of_json(arm.rules[place[1]]), id=rule_id)
+        found[rule_id] = {
+            "id": rule_id,
+            "name": view.name,
+            "description": f"Arm '{arm.name}' of experiment {arm.experiment_id}: "
+            + rule_describe(view),
+            "classic": False,
+        }
+    return found
+
+
 def _rules(ids: set[int]) -> dict[int, dict[str, Any]]:
-    """The rules among `ids` that still exist: id, name and the rule in plain words."""
+    """The rules among `ids` that still exist: id, name and the rule in plain words (an
+    experiment's arm's too)."""
     if not ids:
         return {}
     found = Rule.objects.filter(pk__in=ids).select_related("segment")
-    return {
+    return _arm_rules(ids) | {
         rule.pk: {
             "id": rule.pk,
             "name": rule.name,
@@ -154,8 +187,15 @@ def _rules(ids: set[int]) -> dict[int, dict[str, Any]]:
     }
 
 
-def _decision(row: LedgerEntry, rules: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    kind, rule = row.kind, None
+def _decision(
+    row: LedgerEntry,
+    rules: dict[int, dict[str, Any]],
+    arms: dict[tuple[int, int], ExperimentArm],
+) -> dict[str, Any]:
+    kind, rule, experiment = row.kind, None, None
+    if kind.experiment:
+        arm = arms.get((kind.experiment, kind.arm or 0))
+        experiment = {"id": kind.experiment, "arm": arm.name if arm is not None else None}
     if kind.rule_id == 0:  # the person's own frequency (limits.policy.own_rule)
         rule = {
             "id": 0,
@@ -185,4 +225,5 @@ def _decision(row: LedgerEntry, rules: dict[int, dict[str, Any]]) -> dict[str, A
         "rule": rule,
         "message_id": message_of(kind.campaign, row.user_id, row.message_id),
         "outcome": row.outcome or None,
+        "experiment": experiment,
     }

@@ -96,11 +96,8 @@ def decisions_query(
         days[name] = None
         if text is None:
             continue
-        try:
-            if DAY.fullmatch(text) is None:
-                raise ValueError
-            days[name] = date.fromisoformat(text)
-        except ValueError:
+        days[name] = day_of(text)
+        if days[name] is None:
             errors[name] = [f"'{text[:40]}' is not a day: write YYYY-MM-DD (a UTC day)."]
 
     group_by: tuple[str, ...] = DEFAULT_GROUP_BY
@@ -135,6 +132,17 @@ def decisions_query(
         channels=filters["channel"],
         reasons=filters["reason"],
     )
+
+
+def day_of(text: str) -> date | None:
+    """The one rule for a UTC day in a query (`2026-11-24`): the day, or None for anything
+    else."""
+    if DAY.fullmatch(text) is None:
+        return None
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        return None
 
 
 def _campaign_problem(value: str) -> str | None:

@@ -12,12 +12,19 @@ class HistoryRuleSerializer(serializers.Serializer):
     """The rule that decided (its id in GET /api/v1/rules/); name, description and classic
     are null once the rule is deleted."""
 
-    id = serializers.IntegerField()
+    id = serializers.IntegerField(
+        help_text="0: the person's own frequency; below 0: a rule of an experiment's arm."
+    )
     name = serializers.CharField(allow_null=True)
     description = serializers.CharField(allow_null=True, help_text="The rule in plain words.")
     classic = serializers.BooleanField(
         allow_null=True, help_text="One of a classic cap's two rules."
     )
+
+
+class HistoryExperimentSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    arm = serializers.CharField(allow_null=True, help_text="null once the experiment is gone.")
 
 
 class HistoryDecisionSerializer(serializers.Serializer):
@@ -41,6 +48,10 @@ class HistoryDecisionSerializer(serializers.Serializer):
         allow_null=True,
         help_text="What became of an admitted send, when known: sent, failed, ambiguous "
         "(dispatched by the worker) or released (its quota given back). null: not known.",
+    )
+    experiment = HistoryExperimentSerializer(
+        allow_null=True,
+        help_text="The running experiment the user was in, and their arm; null: none.",
     )
 
 

@@ -79,9 +79,32 @@ def ledger_append(
             reasons=[d.reason for d in decisions],
             rules=[d.rule["id"] if d.rule else None for d in decisions],
             topic=topic,
+            arms=_arm_codes(decisions),
         )
     )
     return _append(packed, f"{len(decisions)} decisions", client)
+
+
+ARM_CODES = 8  # an arm's code: experiment id * ARM_CODES + its place + 1 (0: none)
+
+
+def _arm_codes(decisions: Sequence[Any]) -> list[int]:
+    """Per decision, its experiment and arm as one number (0: none); empty when none is in
+    one."""
+    if all(d.experiment is None for d in decisions):
+        return []
+    return [
+        d.experiment["id"] * ARM_CODES + d.arm_place + 1 if d.experiment is not None else 0
+        for d in decisions
+    ]
+
+
+def arm_of_code(code: int) -> tuple[int, int] | None:
+    """(experiment id, arm place) of an arm's code; None for 0."""
+    if not code:
+        return None
+    experiment, place = divmod(code - 1, ARM_CODES)
+    return experiment, place
 
 
 def ledger_outcomes(
@@ -142,10 +165,16 @@ class Decided(msgspec.Struct, array_like=True, tag=DECIDED, frozen=True):
     # What the sends are about ("": no topic). Last and with a default: an entry written before
     # sends had topics reads as none, and a drainer of that version ignores it.
     topic: str = ""
+    # Per decision, its experiment and arm (ARM_CODES; 0: none); empty: none in one. Last and
+    # with a default, as the topic.
+    arms: list[int] = []
 
     @property
     def at(self) -> datetime:
         return datetime.fromtimestamp(self.at_ms / 1000, tz=UTC)
+
+    def arm_codes(self) -> list[int]:
+        return self.arms or [0] * len(self.users)
 
     def rows(self) -> Iterator[tuple[int, str, str, str, int | None]]:
         """(user id, message id, segment, reason, rule id) per decision."""

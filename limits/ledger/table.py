@@ -47,12 +47,16 @@ class KindFields(NamedTuple):
     reason: str
     rule_id: int | None
     topic: str = ""  # came after the others: left out of the digest when none
+    experiment: int | None = None  # and these after it: left out when none
+    arm: int | None = None
 
 
 def kind_digest(fields: KindFields) -> str:
-    """The key a kind is found by: SHA-1 of its fields as a JSON array (without the topic when
-    it has none, as kinds were found before sends had topics)."""
-    values = list(fields) if fields.topic else list(fields)[:-1]
+    """The key a kind is found by: SHA-1 of its fields as a JSON array (without the topic, the
+    experiment and the arm when it has none, as kinds were found before they existed)."""
+    values = list(fields)
+    if fields.experiment is None:
+        values = values[:-2] if fields.topic else values[:-3]
     return hashlib.sha1(msgspec.json.encode(values)).hexdigest()
 
 
@@ -94,7 +98,7 @@ def kinds_find(day: date, wanted: Iterable[KindFields]) -> dict[KindFields, int]
         returned = values_inserted(
             cursor,
             f"INSERT INTO {KIND_TABLE} (digest, channel, campaign, tags, priority, category, "
-            f"snapshot_version, segment, reason, rule_id, topic, last_day)",
+            f"snapshot_version, segment, reason, rule_id, topic, experiment, arm, last_day)",
             [
                 (digest, *fields[:2], msgspec.json.encode(list(fields.tags)).decode(),
                  *fields[3:], adapt(day))

@@ -52,6 +52,13 @@ NOT_EXPRESSIBLE = {
     "PUT /api/v1/suppressions/{channel}/import/",
     "PUT /api/v1/preferences/import/",
     "PUT /api/v1/holdout/",
+    # An experiment's arms, times and segment are checked whole (shares adding up to at most 1,
+    # a start before the end and not past, no overlap with another): more than a schema says.
+    "POST /api/v1/experiments/",
+    "PATCH /api/v1/experiments/{experiment_id}/",
+    "POST /api/v1/experiments/{experiment_id}/conclude/",
+    # An event's time is within the last GATEKEEPER_EVENTS_DEDUP_DAYS days, not ahead.
+    "POST /api/v1/events/",
     "POST /api/v1/sends/",
     "POST /api/v1/rules/",
     "PATCH /api/v1/rules/{rule_id}/",
@@ -63,6 +70,7 @@ NOT_EXPRESSIBLE = {
 QUOTA = "GET /api/v1/users/{user_id}/quota/"
 HISTORY = "GET /api/v1/users/{user_id}/history/"
 REPORT = "GET /api/v1/reports/decisions/"
+STUDY_REPORT = "GET /api/v1/reports/experiments/{study}/"
 
 
 def may_refuse_valid_data(case: schemathesis.Case) -> bool:
@@ -85,8 +93,11 @@ def may_refuse_valid_data(case: schemathesis.Case) -> bool:
     if case.operation.label == HISTORY and bool({"from", "to"} & set(case.query or {})):
         return True
     # The decisions report's ?from= and ?to=: a date's form, not the days the ledger keeps
-    # (GATEKEEPER_LEDGER_DAYS back from today) nor `from` before `to`.
-    return case.operation.label == REPORT and bool({"from", "to"} & set(case.query or {}))
+    # (GATEKEEPER_LEDGER_DAYS back from today) nor `from` before `to`; the same for an
+    # experiment's report (a period of at most a year).
+    return case.operation.label in (REPORT, STUDY_REPORT) and bool(
+        {"from", "to"} & set(case.query or {})
+    )
 
 
 def skips_bad_rows(case: schemathesis.Case) -> bool:

@@ -87,7 +87,7 @@ def test_the_quota_shows_every_rule_that_applies_with_its_figures(api, snapshot)
     assert call(g, "POST", "/api/v1/gate/check/", json=body).json()["results"][0]["allowed"]
 
     quota = call(api("viewer"), "GET", "/api/v1/users/1/quota/?campaign=spring").json()
-    assert (quota["segment"], quota["time_zone"]) == ("vip", "UTC")
+    assert (quota["segment"], quota["time_zone"], quota["experiment"]) == ("vip", "UTC", None)
     assert "sent" not in quota  # only with ?window=
     rules = {r["name"]: r for r in quota["rules"]}
     assert {r["name"] for r in quota["rules"] if r["classic"]} == {
@@ -97,6 +97,7 @@ def test_the_quota_shows_every_rule_that_applies_with_its_figures(api, snapshot)
     }
     assert rules["2 promos a day"] == {
         "id": promo["id"],
+        "kind": "rule",
         "name": "2 promos a day",
         "channel": "push",
         "description": promo["description"],

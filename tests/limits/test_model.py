@@ -2,7 +2,8 @@
 
 Random rules (rolling and calendar windows in several time zones, across DST days; tags,
 campaigns, every channel; priorities with reserves), clock steps forward and back, repeated
-message ids, dry runs and releases; sends claimed for send jobs (holders) and uncounted ones
+message ids, dry runs and releases; users in an experiment's arm whose rules replace the
+segment's own or add to them (which rules apply, the model chooses itself); sends claimed for send jobs (holders) and uncounted ones
 (a job's transactional sends), releases limited to a holder; every decision, and the holder a
 duplicate names, must match the model's exactly. A second machine runs chunk records (how far
 each send of a chunk got) for runs that take them over from each other. The model
@@ -21,7 +22,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from limits.limiter import Limiter
-from limits.policy import PolicyTable, RuleView
+from limits.policy import ArmView, ExperimentView, PolicyTable, RuleView
 from tests.conftest import TEST_REDIS_URL
 from worker.claims import (
     NOT_SENT,
@@ -194,11 +195,12 @@ windows = st.one_of(
 
 
 # Send jobs' runs (holder_of numbers them), and the REST gate's (0).
+SEGMENT = "vip"  # the users' segment: rules are theirs or every segment's
 HOLDERS = st.sampled_from([0, 0, 5, 7, (1 << 28) - 1])
 
 
 @st.composite
-def rule_views(draw: st.DrawFn, rule_id: int) -> RuleView:
+def rule_views(draw: st.DrawFn, rule_id: int, kind_of: str = "rule") -> RuleView:
     kind, size = draw(windows)
     limit = draw(st.sampled_from([0, 1, 1, 2, 2, 3, 4]))
     match = draw(st.sampled_from(["any", "any", "tag", "campaign"]))
@@ -208,7 +210,7 @@ def rule_views(draw: st.DrawFn, rule_id: int) -> RuleView:
     return RuleView(
         id=rule_id,
         name=f"r{rule_id}",
-        segment=None,
+        segment=draw(st.sampled_from([None, SEGMENT])),
         channel=draw(st.sampled_from(["email", "push", "all"])),
         match=match,
         tag=draw(st.sampled_from(["promo", "news"])) if match == "tag" else "",
@@ -218,6 +220,8 @@ def rule_views(draw: st.DrawFn, rule_id: int) -> RuleView:
         limit=limit,
         reserve_below_priority=reserve[0] if reserve else None,
         reserve_slots=reserve[1] if reserve else None,
+        classic=draw(st.sampled_from([False, False, True])) if kind_of == "rule" else False,
+        kind=kind_of,
     )
 
 
@@ -225,6 +229,58 @@ def rule_views(draw: st.DrawFn, rule_id: int) -> RuleView:
 def rule_lists(draw: st.DrawFn) -> tuple[RuleView, ...]:
     count = draw(st.integers(0, 4))
     return tuple(draw(rule_views(k + 1)) for k in range(count))
+
+
+@st.composite
+def arms(draw: st.DrawFn) -> ExperimentView | None:
+    """None (no experiment), or one on SEGMENT or every segment whose one arm every user is
+    in: its rules (1 to 3, kind arm) replacing the segment's own or added to them."""
+    if not draw(st.booleans()):
+        return None
+    count = draw(st.integers(1, 3))
+    rules = tuple(draw(rule_views(-(k + 1), kind_of="arm")) for k in range(count))
+    return ExperimentView(
+        id=1,
+        segment=draw(st.sampled_from([None, SEGMENT])),
+        salt="model",
+        starts_ms=0,
+        ends_ms=2**62,
+        shares=(1.0,),
+        arms=(ArmView(name="a", mode=draw(st.sampled_from(["replace", "add"])), rules=rules),),
+    )
+
+
+def applicable(
+    rules: tuple[RuleView, ...],
+    experiment: ExperimentView | None,
+    channel: str,
+    campaign: str,
+    tags: tuple[str, ...],
+) -> tuple[RuleView, ...]:
+    """The rules a send of a user of SEGMENT must fit, said plainly: every rule (theirs and
+    every segment's); in an arm that replaces, less the rules of the experiment's own segment
+    (not a classic cap's) on a channel the arm names (any channel, for an arm rule on all);
+    then the arm's rules; of those, the ones on the channel or all, matching the send."""
+    chosen = list(rules)
+    if experiment is not None:
+        arm = experiment.arms[0]
+        named = {r.channel for r in arm.rules}
+        if arm.mode == "replace":
+            chosen = [
+                r
+                for r in chosen
+                if r.classic
+                or r.segment != experiment.segment
+                or not ("all" in named or r.channel in named)
+            ]
+        chosen += arm.rules
+    return tuple(
+        r
+        for r in chosen
+        if r.channel in (channel, "all")
+        and (r.match == "any" or (r.match == "tag" and r.tag in tags)
+             or (r.match == "campaign" and bool(campaign)))
+    )  # fmt: skip
 
 
 class LimiterMachine(RuleBasedStateMachine):
@@ -270,6 +326,7 @@ class LimiterMachine(RuleBasedStateMachine):
         zone=st.sampled_from(ZONES),
         holder=HOLDERS,
         uncounted=st.sampled_from([False, False, False, True]),
+        experiment=arms(),
     )
     def send(
         self,
@@ -284,6 +341,7 @@ class LimiterMachine(RuleBasedStateMachine):
         zone: str,
         holder: int,
         uncounted: bool,
+        experiment: ExperimentView | None,
     ) -> None:
         if repeat and self.sent:
             user, channel, mid = self.sent[self.counter % len(self.sent)]
@@ -291,10 +349,14 @@ class LimiterMachine(RuleBasedStateMachine):
             self.counter += 1
             mid = f"m{self.counter}"
         if uncounted:
-            rules = ()  # a job's transactional sends: claimed, no rule applies
-        table = PolicyTable(rules=rules, classic={}, zones={})
+            rules, experiment = (), None  # a job's transactional sends: claimed, no rule applies
+        experiments = (experiment,) if experiment is not None else ()
+        table = PolicyTable(rules=rules, classic={}, zones={}, experiments=experiments)
+        (arm,) = table.arms([user], [SEGMENT], now_ms=self.now) or [None]
+        assert (arm is None) == (experiment is None)
         rule_set = table.rule_set(
-            segment=None,
+            arm=arm,
+            segment=SEGMENT,
             channel=channel,
             campaign=campaign,
             tags=tags,
@@ -322,7 +384,7 @@ class LimiterMachine(RuleBasedStateMachine):
             campaign,
             tags,
             priority,
-            rule_set.rules,
+            applicable(rules, experiment, channel, campaign, tags),
             zone,
             table.retention_ms,
             self.now,

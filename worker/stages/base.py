@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from limits.limiter import Decision, Limiter
-from limits.policy import PolicyTable
+from limits.policy import ExperimentView, PolicyTable
 from limits.preferences import PreferenceCache
 from limits.reasons import Reason
 from limits.suppression import SuppressionCache
@@ -40,6 +40,9 @@ class Batch:
     decisions: list[Decision | None] = field(init=False)
     pending: list[int] = field(init=False)  # positions no stage has decided, in order
     _fallbacks: dict[str | None, str] = field(init=False, default_factory=dict)
+    # Per request, its arm of a running experiment (the experiment and the arm's place), or
+    # None; the list itself None until asked, and empty when no experiment runs.
+    _arms: list[tuple[ExperimentView, int] | None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.decisions = [None] * len(self.requests)
@@ -61,6 +64,32 @@ class Batch:
                 requested=None, segment_zone=self.table.zone_of(segment)
             )
         return fallback
+
+    def arm(self, i: int) -> tuple[ExperimentView, int] | None:
+        """Request `i`'s arm of a running experiment (limits.policy.ExperimentView: the
+        experiment and the arm's place), or None: its user is in none."""
+        if self._arms is None:
+            self._arms = self._assigned()
+        return self._arms[i] if self._arms else None
+
+    def _assigned(self) -> list[tuple[ExperimentView, int] | None]:
+        return self.table.arms(
+            [user_id for user_id, _ in self.requests],
+            [self.segment(i) for i in range(len(self.requests))],
+            now_ms=round(self.clock * 1000),
+        )
+
+    def mark_arms(self) -> None:
+        """Put on every decision its user's experiment and arm (DESIGN.md: `experiment`, for
+        any reason), once every stage has decided."""
+        if self._arms is None:
+            self._arms = self._assigned()
+        for i, found in enumerate(self._arms):
+            decision = self.decisions[i]
+            if found is not None and decision is not None:
+                experiment, place = found
+                decision.experiment = {"id": experiment.id, "arm": experiment.arms[place].name}
+                decision.arm_place = place
 
     def refuse(
         self,

@@ -5,8 +5,10 @@ rules of theirs (limits.preferences: the same log, the same call), and asked of 
 one round trip per Redis node. Admitted sends are recorded (unless a dry run); a refusal names
 the rule (`kind` person: their own)."""
 
+from typing import Any
+
 from limits.limiter import Decision
-from limits.policy import RuleSet, RuleView
+from limits.policy import RuleSet
 from limits.reasons import CAPPED, Reason
 from worker.stages.base import Batch, Parts, Stage
 
@@ -26,22 +28,27 @@ def asked(
     to each (theirs included), recorded unless a dry run (`dry_run`: the batch's when None)."""
     table = batch.table
     now_ms = round(batch.clock * 1000)
-    zoned: dict[str | None, bool] = {}  # per segment: whether a rule reads the user's zone
-    sets: dict[tuple[str | None, str], RuleSet] = {}
-    with_own: dict[tuple[str | None, str, tuple[RuleView, ...]], RuleSet] = {}
+    # Per segment and arm: whether a rule reads the user's zone.
+    zoned: dict[tuple[str | None, tuple[int, int] | None], bool] = {}
+    sets: dict[tuple[str | None, str, tuple[int, int] | None], RuleSet] = {}
+    with_own: dict[tuple[Any, ...], RuleSet] = {}
     per_request: list[RuleSet] = []
     owns = parts.preferences.own_rules(
         batch.channel, batch.topic, [batch.requests[i][0] for i in positions]
     )
     for k, i in enumerate(positions):
         segment = batch.segment(i)
-        reads_zone = zoned.get(segment)
+        arm = batch.arm(i)
+        arm_key = None if arm is None else (arm[0].id, arm[1])
+        reads_zone = zoned.get((segment, arm_key))
         if reads_zone is None:
-            reads_zone = zoned[segment] = table.needs_zone(segment=segment, channel=batch.channel)
+            reads_zone = zoned[(segment, arm_key)] = table.needs_zone(
+                segment=segment, channel=batch.channel, arm=arm
+            )
         zone = batch.zone(i) if reads_zone else ""  # no zone read: one rule set for every zone
-        rule_set = sets.get((segment, zone))
+        rule_set = sets.get((segment, zone, arm_key))
         if rule_set is None:
-            rule_set = sets[(segment, zone)] = table.rule_set(
+            rule_set = sets[(segment, zone, arm_key)] = table.rule_set(
                 segment=segment,
                 channel=batch.channel,
                 campaign=batch.campaign,
@@ -49,14 +56,17 @@ def asked(
                 priority=batch.priority,
                 zone=zone,
                 now_ms=now_ms,
+                arm=arm,
             )
         own = owns[k] if owns is not None else ()
         if own:
             own_zone = batch.zone(i) if any(rule.calendar for rule in own) else ""
-            key = (segment, zone or own_zone, own)
+            key = (segment, zone or own_zone, arm_key, own)
             combined = with_own.get(key)
             if combined is None:
-                combined = with_own[key] = rule_set.with_own(own, zone=key[1], now_ms=now_ms)
+                combined = with_own[key] = rule_set.with_own(
+                    own, zone=zone or own_zone, now_ms=now_ms
+                )
             rule_set = combined
         per_request.append(rule_set)
     whole = len(positions) == len(batch.requests)

@@ -82,6 +82,7 @@ def test_decisions_come_newest_first_with_what_decided_them(api, snapshot):
         "rule": None,
         "message_id": "p",
         "outcome": "sent",
+        "experiment": None,
     }
     assert (otp["category"], otp["outcome"], otp["rule"]) == ("transactional", None, None)
     # The deciding rule as the rules endpoint describes it.
