@@ -117,5 +117,44 @@ def main(argv: list[str]) -> None:
         f"{median * 1e3:.0f} ms   (target < 1000 ms)"
     )
     print(f"  verdict: {report['verdict']}")
+    drained = drain_cost(row.pk)
     print("figures:", json.dumps({"study_day_rows": days_rows, "study_event_rows": event_rows,
-                                  "seconds": runs}))  # fmt: skip
+                                  "seconds": runs, "drain_us": drained}))  # fmt: skip
+
+
+def drain_cost(study: int, calls: int = 100, size: int = 1_000) -> list[float]:
+    """What the drain pays for decisions of users in a running experiment
+    (limits.studies.decisions_noted, in its transaction): per decision, for users new to it and
+    for the same users again."""
+    from django.db import transaction
+
+    from limits.ledger.stream import ARM_CODES, Decided
+    from limits.models import StudyMember
+    from limits.reasons import Category, Reason
+
+    StudyMember.objects.filter(study=study).delete()
+    at = int(time.time() * 1000)
+    batch = [
+        Decided(
+            at_ms=at, channel="email", campaign="bench", tags=[], priority=5,
+            category=Category.MARKETING, version="bench", users=users, messages=[""] * size,
+            segments=["active"] * size, reasons=[Reason.ALLOWED] * size, rules=[None] * size,
+            arms=[study * ARM_CODES + 1 + u % 2 for u in users],
+        )
+        for c in range(calls)
+        for users in [list(range(c * size, (c + 1) * size))]
+    ]  # fmt: skip
+    from limits.studies import decisions_noted
+
+    figures = []
+    for what in ("new to it", "already in it"):
+        started = time.perf_counter()
+        with transaction.atomic():
+            decisions_noted(batch, None)
+        seconds = time.perf_counter() - started
+        figures.append(seconds / (calls * size) * 1e6)
+        print(
+            f"the drain's share for {calls * size:,} decisions of users {what}: {seconds:.2f} s, "
+            f"{figures[-1]:.1f} us a decision"
+        )
+    return figures

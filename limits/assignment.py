@@ -14,6 +14,7 @@ who was out; one that shrinks lets back exactly those between the two bounds). A
 range in order of their shares.
 """
 
+import functools
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ _MUL2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
+@functools.lru_cache(maxsize=1024)
 def salt_key(salt: str) -> tuple[int, int]:
     """The two 64-bit halves of a salt's key."""
     digest = hashlib.blake2b(salt.encode(), digest_size=16, person=b"gk-assignment").digest()
@@ -62,13 +64,21 @@ def in_share(user_ids: Sequence[int] | Any, salt: str, share: float) -> Any:
     return hashes < np.uint64(bound(share))
 
 
+@functools.lru_cache(maxsize=256)
+def _edges(shares: tuple[float, ...]) -> Any:
+    """Where each arm's range ends (uint64 bounds, in order)."""
+    if any(s < 0 for s in shares) or sum(shares) > 1 + 1e-9:
+        raise ValueError(f"shares are each 0 or more and add up to at most 1, not {shares!r}")
+    edges = np.array([bound(min(1.0, e)) for e in np.cumsum(shares)], dtype=np.uint64)
+    edges.flags.writeable = False
+    return edges
+
+
 def arms_of(user_ids: Sequence[int] | Any, salt: str, shares: Sequence[float]) -> Any:
     """Each user's arm (its position in `shares`), or -1 for a user in none (when the shares
     add up to less than 1), as an int array. The arms take the range in order."""
     total = sum(shares)
-    if any(s < 0 for s in shares) or total > 1 + 1e-9:
-        raise ValueError(f"shares are each 0 or more and add up to at most 1, not {shares!r}")
-    edges = np.array([bound(min(1.0, e)) for e in np.cumsum(shares)], dtype=np.uint64)
+    edges = _edges(tuple(shares))
     hashes = keyed_hashes(user_ids, salt)
     arms = np.searchsorted(edges, hashes, side="right").astype(np.int64)
     if total >= 1 - 1e-12:
@@ -88,9 +98,10 @@ class HoldoutView:
 
     def held(
         self, user_ids: Sequence[int], segments: Sequence[str | None], tags: Iterable[str]
-    ) -> list[bool] | None:
+    ) -> Any:
         """Per user, whether they are held out of a marketing send carrying `tags` (their
-        segments as resolved); None when nobody can be (no group, or an excluded tag)."""
+        segments as resolved: read only when the group excludes some), as a bool array; None
+        when nobody is (no group, an excluded tag, or none of them in it)."""
         if self.share <= 0 or not user_ids or self.exclude_tags.intersection(tags):
             return None
         inside = in_share(np.asarray(user_ids, dtype=np.uint64), self.salt, self.share)
@@ -100,4 +111,4 @@ class HoldoutView:
             for k, segment in enumerate(segments):
                 if inside[k] and segment in self.exclude_segments:
                     inside[k] = False
-        return [bool(v) for v in inside]
+        return inside

@@ -183,16 +183,22 @@ class Reserve(Body, kw_only=True):
     ]
 
 
-class RuleCreateBody(Body, kw_only=True):
+class ArmRuleBody(Body, kw_only=True):
+    """A rule's own fields (an experiment's arm's rules have just these: the segment is the
+    experiment's)."""
+
     name: RuleName
-    # Required: null is an explicit "every segment", never a forgotten field.
-    segment: RuleSegment
     channel: Scope
     match: Match = "any"
     tag: RuleTag = None
     window: Window
     limit: RuleLimit
     reserve: Annotated[Reserve | None, Meta(description="null: no reserve.")] = None
+
+
+class RuleCreateBody(ArmRuleBody, kw_only=True):
+    # Required: null is an explicit "every segment", never a forgotten field.
+    segment: RuleSegment
     enabled: bool = True
 
 
@@ -414,18 +420,6 @@ Aware = Annotated[datetime, Meta(tz=True, description="ISO 8601 with its offset 
 ExperimentName = Annotated[
     str, Meta(max_length=100, description='In your words: "3 or 5 a week for Active".')
 ]
-
-
-class ArmRuleBody(Body, kw_only=True):
-    """A rule of an arm: a cap rule's fields, without a segment (the experiment's)."""
-
-    name: RuleName
-    channel: Scope
-    match: Match = "any"
-    tag: RuleTag = None
-    window: Window
-    limit: RuleLimit
-    reserve: Annotated[Reserve | None, Meta(description="null: no reserve.")] = None
 
 
 class ArmBody(Body, kw_only=True):

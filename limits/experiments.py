@@ -345,7 +345,11 @@ def experiment_conclude(
 
     now = now or timezone.now()
     with transaction.atomic():
-        locked = Experiment.objects.select_for_update().select_related("segment").get(pk=row.pk)
+        locked = (
+            Experiment.objects.select_for_update(of=("self",))
+            .select_related("segment")
+            .get(pk=row.pk)
+        )
         status = status_of(locked.state, locked.starts_at, locked.ends_at, now)
         if status in (SCHEDULED, CONCLUDED):
             raise NotNow(

@@ -74,6 +74,10 @@ class RuleUsage:
         return max(self.limit - self.used, 0)
 
 
+# Rule sets a call of gk_decide_each may have: a request's set byte + 128 marks a dry run.
+EACH_SETS = 127
+
+
 def _now_arg(now: float | None) -> str:
     return "" if now is None else str(round(now * 1000))
 
@@ -111,11 +115,12 @@ class Limiter:
         priority: int = DEFAULT_PRIORITY,
         retention_ms: int = 8 * 86_400_000,
         now: float | None = None,
-        dry_run: bool = False,
+        dry_run: bool | Sequence[bool] = False,
         holder: int = 0,
         uncounted: bool = False,
     ) -> list[Decision]:
-        """One decision per request, in order. Records the admitted ones unless `dry_run`.
+        """One decision per request, in order. Records the admitted ones unless `dry_run` (for
+        all, or per request: marked one by one in the same calls, gk_decide_each).
         `rule_sets`: one per request (or one for all): the rules each must fit.
         `holder`: the send job the entries are recorded for (a duplicate answers the holder of
         the entry found); `uncounted`: record in the users' uncounted logs (a job's
@@ -147,32 +152,58 @@ class Limiter:
             # The old logs could not be counted: deciding without them could admit too much.
             fail(list(range(len(requests))))
             return [d for d in results if d is not None]
-        head = [_now_arg(now), "1" if dry_run else "0", channel, str(priority), str(retention_ms)]
+        dry = [dry_run] * len(requests) if isinstance(dry_run, bool) else list(dry_run)
+        if len(dry) != len(requests):
+            raise ValueError(f"{len(requests)} requests but {len(dry)} dry-run flags")
+        heads = {
+            flag: [_now_arg(now), "1" if flag else "0", channel, str(priority), str(retention_ms)]
+            for flag in (False, True)
+        }
         tail = [str(holder), "1" if uncounted else "0"]
         tag_hashes = log.tags_bytes(tags)
         payload_head = log.short_hash(campaign) + bytes((len(tag_hashes) // 4,)) + tag_hashes
         hashes = [log.message_hash(message_id) for _, message_id in requests]
 
+        mixed = len(set(dry)) > 1
+
         def build(batches: list[list[int]]) -> Iterator[Call]:
             for chunk in batches:
-                keys: dict[str, int] = {}
-                set_index: dict[int, int] = {}
-                set_records: list[bytes] = []  # each: its rule count, then its records
-                parts: list[bytes] = []
-                for i in chunk:
-                    user_id = user_ids[i]
-                    key = log.bucket_key(self.prefix, user_id)
-                    k = keys.get(key)
-                    if k is None:
-                        k = keys[key] = len(keys) + 1
-                    rule_set = sets[i]
-                    s = set_index.get(id(rule_set))
-                    if s is None:
-                        set_records.append(bytes((len(rule_set.rules),)) + rule_set.records)
-                        s = set_index[id(rule_set)] = len(set_records)
-                    parts.append(_REQUEST.pack(k, user_id & 0xFF) + hashes[i] + bytes((s,)))
-                payload = b"".join((payload_head, bytes((len(set_records),)), *set_records, *parts))
-                yield Call("gk_decide", [len(keys), *keys, *head, payload, *tail], chunk)
+                flags = {dry[i] for i in chunk} if mixed else {dry[chunk[0]]}
+                if len(flags) == 1:
+                    yield call_of(chunk, heads[flags.pop()], each=False)
+                    continue
+                call = call_of(chunk, heads[False], each=True)
+                if call is not None:
+                    yield call
+                    continue
+                for flag in (False, True):  # too many rule sets to mark: a call each
+                    yield call_of([i for i in chunk if dry[i] == flag], heads[flag], each=False)
+
+        def call_of(chunk: list[int], head: list[str], *, each: bool) -> Any:
+            """A call deciding `chunk`; `each`: its dry runs marked one by one (gk_decide_each;
+            None when its rule sets are too many to mark)."""
+            keys: dict[str, int] = {}
+            set_index: dict[int, int] = {}
+            set_records: list[bytes] = []  # each: its rule count, then its records
+            parts: list[bytes] = []
+            for i in chunk:
+                user_id = user_ids[i]
+                key = log.bucket_key(self.prefix, user_id)
+                k = keys.get(key)
+                if k is None:
+                    k = keys[key] = len(keys) + 1
+                rule_set = sets[i]
+                s = set_index.get(id(rule_set))
+                if s is None:
+                    set_records.append(bytes((len(rule_set.rules),)) + rule_set.records)
+                    s = set_index[id(rule_set)] = len(set_records)
+                    if each and s > EACH_SETS:
+                        return None
+                mark = s + 128 if each and dry[i] else s
+                parts.append(_REQUEST.pack(k, user_id & 0xFF) + hashes[i] + bytes((mark,)))
+            payload = b"".join((payload_head, bytes((len(set_records),)), *set_records, *parts))
+            name = "gk_decide_each" if each else "gk_decide"
+            return Call(name, [len(keys), *keys, *head, payload, *tail], chunk)
 
         def collect(call: Call, reply: list[Any]) -> None:
             for i, answer in zip(call.indexes, log.iter_replies(reply[1]), strict=True):

@@ -717,15 +717,26 @@ class StudyMember(models.Model):
         return f"{self.user_id} in study {self.study}, arm {self.arm}"
 
 
-class StudyDay(models.Model):
-    """One UTC day of one bucket of one arm of a study: users who entered, marketing sends
-    admitted, unsubscribes and complaints of its members (limits/studies.py). The report sums
-    days and reads buckets (limits.lift)."""
+class StudyCell(models.Model):
+    """One UTC day of one bucket of one arm of a study (limits/studies.py): what the report
+    sums over days and reads by bucket (limits.lift)."""
 
     study = models.IntegerField()
     day = models.DateField()
     arm = models.PositiveSmallIntegerField()
     bucket = models.PositiveSmallIntegerField()
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"study {self.study} {self.day} arm {self.arm} bucket {self.bucket}"
+
+
+class StudyDay(StudyCell):
+    """Users who entered, marketing sends admitted, unsubscribes and complaints of a study's
+    members, a day, arm and bucket at a time."""
+
     entered = models.BigIntegerField(default=0, db_default=0)
     sends = models.BigIntegerField(default=0, db_default=0)
     unsubscribes = models.BigIntegerField(default=0, db_default=0)
@@ -738,19 +749,12 @@ class StudyDay(models.Model):
             ),
         ]
 
-    def __str__(self) -> str:
-        return f"study {self.study} {self.day} arm {self.arm} bucket {self.bucket}"
 
+class StudyEvent(StudyCell):
+    """The outcome events of one name a study's members had (POST /api/v1/events/), how many
+    and their value, a day, arm and bucket at a time. Events are kept this way only, never one
+    by one."""
 
-class StudyEvent(models.Model):
-    """One UTC day of one bucket of one arm of a study: the outcome events of one name its
-    members had (POST /api/v1/events/), how many and their value. Events are kept this way only,
-    never one by one."""
-
-    study = models.IntegerField()
-    day = models.DateField()
-    arm = models.PositiveSmallIntegerField()
-    bucket = models.PositiveSmallIntegerField()
     name = models.CharField(max_length=64)
     count = models.BigIntegerField(default=0, db_default=0)
     value = models.FloatField(default=0.0, db_default=0.0)
@@ -761,9 +765,6 @@ class StudyEvent(models.Model):
                 fields=["study", "day", "arm", "bucket", "name"], name="limits_one_study_event"
             ),
         ]
-
-    def __str__(self) -> str:
-        return f"study {self.study} {self.day} arm {self.arm} {self.name}"
 
 
 class EventSeen(models.Model):

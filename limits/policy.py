@@ -251,7 +251,11 @@ class PolicyTable:
             return []
         found: list[tuple[ExperimentView, int] | None] = [None] * len(user_ids)
         for experiment in running:
-            positions = [k for k, s in enumerate(segments) if experiment.covers(s)]
+            positions = (
+                list(range(len(user_ids)))
+                if experiment.segment is None
+                else [k for k, s in enumerate(segments) if s == experiment.segment]
+            )
             if not positions:
                 continue
             places = arms_of([user_ids[k] for k in positions], experiment.salt, experiment.shares)

@@ -24,7 +24,6 @@ are dropped): who is in it changed.
 """
 
 import hashlib
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -67,14 +66,6 @@ def control_arms(user_ids: Sequence[int] | Any, segments: Sequence[str], group: 
     return arms
 
 
-@dataclass(slots=True)
-class _Seen:
-    arm: int
-    bucket: int
-    day: date
-    sends: Counter[date]
-
-
 def _upsert(cursor: Any, table: str, keys: Sequence[str], columns: Sequence[str],
             rows: Mapping[tuple[Any, ...], Sequence[float]]) -> None:  # fmt: skip
     """Add `rows` ({key values: column values}) into `table`'s counters."""
@@ -102,7 +93,8 @@ def decisions_noted(calls: Iterable[Any], group: HoldoutView | None) -> None:
     the control group as it stands (None: none)."""
     from limits.ledger.stream import arm_of_code
 
-    seen: dict[tuple[int, int], _Seen] = {}
+    seen: dict[tuple[int, int], tuple[int, int, date]] = {}  # -> arm, bucket, first day
+    days: dict[tuple[Any, ...], list[int]] = {}  # (study, day, arm, bucket) -> entered, sends
     for call in calls:
         if call.category != Category.MARKETING or (not call.arms and group is None):
             continue  # nobody of this call is in a study: nothing per decision
@@ -123,35 +115,46 @@ def decisions_noted(calls: Iterable[Any], group: HoldoutView | None) -> None:
                 found = seen.get((study, user_id))
                 if found is None:
                     if study not in buckets:
-                        buckets[study] = buckets_of(users, study)
-                    found = seen[(study, user_id)] = _Seen(
-                        arm, int(buckets[study][k]), day, Counter()
-                    )
+                        buckets[study] = buckets_of(users, study).tolist()
+                    found = seen[(study, user_id)] = (arm, buckets[study][k], day)
                 if call.reasons[k] == Reason.ALLOWED:
-                    found.sends[day] += 1
+                    days.setdefault((study, day, found[0], found[1]), [0, 0])[1] += 1
     if not seen:
         return
-    adapt = connection.ops.adapt_datefield_value
+    with connection.cursor() as cursor:
+        for study, user_id in _members_added(cursor, seen):
+            arm, bucket, day = seen[(study, user_id)]
+            days.setdefault((study, day, arm, bucket), [0, 0])[0] += 1
+        _upsert(cursor, _DAYS, ("study", "day", "arm", "bucket"), ("entered", "sends"), days)
+
+
+def _members_added(
+    cursor: Any, seen: Mapping[tuple[int, int], tuple[int, int, date]]
+) -> list[tuple[int, int]]:
+    """Insert the members not yet in; (study, user id) of those that were not."""
     from limits.ledger.table import values_inserted
 
-    days: dict[tuple[Any, ...], list[float]] = {}
-    with connection.cursor() as cursor:
-        entered = values_inserted(
-            cursor,
-            f"INSERT INTO {_MEMBERS} (study, user_id, arm, bucket, entered)",
-            [
-                (study, user_id, s.arm, s.bucket, adapt(s.day))
-                for (study, user_id), s in seen.items()
-            ],
-            "ON CONFLICT (study, user_id) DO NOTHING RETURNING study, user_id",
+    tail = "ON CONFLICT (study, user_id) DO NOTHING RETURNING study, user_id"
+    if connection.vendor == "postgresql":
+        # Columns as arrays: one statement whatever the count, nothing for the driver to split.
+        columns: list[list[Any]] = [[], [], [], [], []]
+        for (study, user_id), (arm, bucket, day) in seen.items():
+            for column, value in zip(columns, (study, user_id, arm, bucket, day), strict=True):
+                column.append(value)
+        cursor.execute(
+            f"INSERT INTO {_MEMBERS} (study, user_id, arm, bucket, entered) SELECT * FROM "
+            "unnest(%s::integer[], %s::bigint[], %s::smallint[], %s::smallint[], %s::date[]) "
+            + tail,
+            columns,
         )
-        for study, user_id in entered:
-            s = seen[(study, user_id)]
-            days.setdefault((study, s.day, s.arm, s.bucket), [0, 0])[0] += 1
-        for (study, _), s in seen.items():
-            for day, n in s.sends.items():
-                days.setdefault((study, day, s.arm, s.bucket), [0, 0])[1] += n
-        _upsert(cursor, _DAYS, ("study", "day", "arm", "bucket"), ("entered", "sends"), days)
+        return [tuple(row) for row in cursor.fetchall()]
+    adapt = connection.ops.adapt_datefield_value
+    rows = [
+        (study, user_id, arm, bucket, adapt(day))
+        for (study, user_id), (arm, bucket, day) in seen.items()
+    ]
+    return [(row[0], row[1]) for row in values_inserted(cursor, f"INSERT INTO {_MEMBERS} "
+            "(study, user_id, arm, bucket, entered)", rows, tail)]  # fmt: skip
 
 
 def _memberships(user_ids: set[int], studies: set[int]) -> dict[int, list[StudyMember]]:

@@ -273,8 +273,8 @@ def verdict(report: Mapping[str, Any], event: str | None) -> str:
             if found is None:
                 continue
             points = found["difference"] * 100
-            if points == 0 and not found["significant"]:
-                continue
+            if abs(points) < 0.005 and not found["significant"]:
+                continue  # nothing to say: it would read "0.00 points"
             part = (
                 f"{abs(points):.2f} points {'more' if points >= 0 else 'fewer'} {key} per 100 users"
             )

@@ -181,7 +181,7 @@ class Gate:
             )
             for stage in STAGES:
                 stage.run(batch, self)
-                if not batch.pending:
+                if not batch.pending and not batch.dry:
                     break
             batch.mark_arms()
             decisions = cast(list[Decision], batch.decisions)  # the last stage decides the rest

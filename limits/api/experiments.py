@@ -1,7 +1,7 @@
 """REST views of cap experiments (limits/experiments.py): list, create, read, change, stop and
 conclude."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 import msgspec
@@ -36,8 +36,7 @@ from limits.experiments import (
     experiment_create,
     experiment_stop,
 )
-from limits.ledger.api import CsvReportView
-from limits.ledger.reports import decisions_csv
+from limits.ledger.api import CsvRenderer, CsvReportView
 from limits.models import Experiment
 from limits.serializers import BodyShapedField
 from limits.study_report import (
@@ -222,20 +221,11 @@ class ExperimentConcludeView(JsonAPIView):
 # --- the experiments report ---------------------------------------------------------------------
 
 
-class ExperimentReportCsvRenderer(BaseRenderer):
-    """The experiments report as CSV: a row per arm and measure."""
+class ExperimentReportCsvRenderer(CsvRenderer):
+    """The experiments report: a row per arm and measure."""
 
-    media_type = "text/csv"
-    format = "csv"
-    charset = "utf-8"
-
-    def render(
-        self,
-        data: Any,
-        accepted_media_type: str | None = None,
-        renderer_context: Mapping[str, Any] | None = None,
-    ) -> bytes:
-        return decisions_csv(report_rows(data), columns=CSV_COLUMNS).encode()
+    def table(self, data: Any) -> tuple[list[str], Iterable[Mapping[str, Any]]]:
+        return CSV_COLUMNS, report_rows(data)
 
 
 class MeasureSerializer(serializers.Serializer):

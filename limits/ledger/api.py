@@ -1,6 +1,6 @@
 """REST views of the send ledger: a user's decision history and the decisions report (JSON or CSV)."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from drf_spectacular.types import OpenApiTypes
@@ -187,13 +187,16 @@ class HistoryView(JsonAPIView):
         return Response({"user_id": uid, "results": results, "next": next_url})
 
 
-class DecisionsCsvRenderer(BaseRenderer):
-    """The decisions report as CSV: a header row (the grouped fields, then `count`), a line per
-    row."""
+class CsvRenderer(BaseRenderer):
+    """A report as CSV (decisions_csv: a header row, then a line per row): `table` gives the
+    columns and rows of the report's data."""
 
     media_type = "text/csv"
     format = "csv"
     charset = "utf-8"
+
+    def table(self, data: Any) -> tuple[list[str], Iterable[Mapping[str, Any]]]:
+        raise NotImplementedError
 
     def render(
         self,
@@ -201,8 +204,15 @@ class DecisionsCsvRenderer(BaseRenderer):
         accepted_media_type: str | None = None,
         renderer_context: Mapping[str, Any] | None = None,
     ) -> bytes:
-        columns = [*data["group_by"], "count"]
-        return decisions_csv(data["results"], columns=columns).encode()
+        columns, rows = self.table(data)
+        return decisions_csv(rows, columns=columns).encode()
+
+
+class DecisionsCsvRenderer(CsvRenderer):
+    """The decisions report: the grouped fields, then `count`, a line per row."""
+
+    def table(self, data: Any) -> tuple[list[str], Iterable[Mapping[str, Any]]]:
+        return [*data["group_by"], "count"], data["results"]
 
 
 # The API's renderers (JSON, the browsable API; classes once DRF has imported them), and CSV.

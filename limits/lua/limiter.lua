@@ -89,6 +89,12 @@ gk_decide  (gk_acquire, with the holder its entries get and the log they go to; 
   ARGV[8]  "1": the sends are not counted (transactional): recorded in the uncounted log, no
            rule applies; "0": counted
 
+gk_decide_each  (gk_decide, some of its requests dry runs: the control group's held-out users
+           asked what they would have got, in the same call as the others)
+  as gk_decide with ARGV[2] "0", and a request's rule set byte + 128 for a dry run (decided,
+  recorded nothing); at most 127 rule sets. A library of the previous version lacks it: the
+  caller loads this one again ("Function not found"), and that one still has gk_decide.
+
 gk_release
   KEYS     one per request; ARGV[1] the channel; then 2 per request: field, message hash
            (field `~` and the low byte: the uncounted log); or ARGV[1] the channel, ARGV[2] a
@@ -720,7 +726,7 @@ end
 
 --- Functions --------------------------------------------------------------------------------
 
-local function decide(keys, args)
+local function decide(keys, args, each)
   if not floor then bind() end
   local now = clock(args[1])
   local holder = (tonumber(args[7]) or 0) % PRIORITY_UNIT
@@ -806,6 +812,8 @@ local function decide(keys, args)
 
     for m = i, j - 1 do
       local p = base + m * REQUEST
+      local set, skip = byte(requests, p + 11), dry -- its rule set; whether to record nothing
+      if each and set > 127 then set, skip = set - 128, true end
       local f = byte(requests, p + 2)
       local id = k * 256 + f
       local log = logs[id]
@@ -851,8 +859,8 @@ local function decide(keys, args)
       if e then
         outcome = 2
         decider_used = holder_at(found[1], found[found_slot + 1] + e * found[3])
-      elseif not all_have_room(fasts[byte(requests, p + 11)], log, slot, day, week, campaign) then
-        local rules = sets[byte(requests, p + 11)]
+      elseif not all_have_room(fasts[set], log, slot, day, week, campaign) then
+        local rules = sets[set]
         local never = false
         local raw, W, C = log[1], log[3], log[4]
         for r = 1, #rules do
@@ -890,7 +898,7 @@ local function decide(keys, args)
       end
       if outcome == 1 then
         day, week = day + 1, week + 1
-        if not dry then
+        if not skip then
           local raw
           if slot == 5 and log[4] == 1 and tag_slots <= log[2] and last_t <= now
              and first_t > cutoff then
@@ -1131,6 +1139,7 @@ end
 
 redis.register_function('gk_acquire', acquire)
 redis.register_function('gk_decide', decide)
+redis.register_function('gk_decide_each', function(keys, args) return decide(keys, args, true) end)
 redis.register_function('gk_run', run_record)
 redis.register_function('gk_release', release)
 redis.register_function{function_name = 'gk_usage', callback = usage, flags = {'no-writes'}}

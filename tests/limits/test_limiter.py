@@ -166,6 +166,25 @@ def test_dry_run_decides_but_records_nothing(limiter: Limiter) -> None:
     assert [e.message for e in limiter.entries(1)] == [log.stored_message_hash("m2")]
 
 
+@pytest.mark.parametrize("distinct_sets", [1, 130])
+def test_dry_runs_marked_one_by_one_record_nothing_beside_the_rest(
+    limiter: Limiter, distinct_sets: int
+) -> None:
+    """The control group's held-out users ride in the same calls as the others (one round
+    trip), marked one by one; past 127 rule sets a call cannot mark them and splits in two."""
+    users = list(range(1, 201))
+    sets = [caps(daily=1 + n % distinct_sets) for n in range(len(users))]
+    dry = [user % 3 == 0 for user in users]
+    first = limiter.acquire("email", [(u, f"a{u}") for u in users], sets, now=NOW, dry_run=dry)
+    assert {d.reason for d in first} == {"allowed"}
+    again = limiter.acquire("email", [(u, f"b{u}") for u in users], sets, now=NOW + 1)
+    for user, flag, decision in zip(users, dry, again, strict=True):
+        # Recorded only where it was not a dry run: its one slot a day is taken.
+        limit = 1 + (user - 1) % distinct_sets
+        assert decision.allowed == (flag or limit > 1), (user, decision)
+        assert decision.counts["daily"] == (1 if flag else 2) - (0 if decision.allowed else 1)
+
+
 def test_release_takes_a_send_back_out(limiter: Limiter) -> None:
     rules = caps(daily=1, all_daily=1)
     send(limiter, 1, "m1", rules, NOW)

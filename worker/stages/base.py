@@ -39,10 +39,15 @@ class Batch:
     topic: TopicView | None = None  # what the sends are about (None: no topic)
     decisions: list[Decision | None] = field(init=False)
     pending: list[int] = field(init=False)  # positions no stage has decided, in order
+    # Positions refused before the rules whose decision shows what the rules would have done
+    # (the control group's): the rules stage asks for them as a dry run, in its own round trip,
+    # and refuses them again with the reason given here and what it would have been.
+    dry: dict[int, Reason] = field(init=False, default_factory=dict)
     _fallbacks: dict[str | None, str] = field(init=False, default_factory=dict)
     # Per request, its arm of a running experiment (the experiment and the arm's place), or
     # None; the list itself None until asked, and empty when no experiment runs.
     _arms: list[tuple[ExperimentView, int] | None] | None = field(init=False, default=None)
+    _armed: list[int] = field(init=False, default_factory=list)  # positions with an arm
 
     def __post_init__(self) -> None:
         self.decisions = [None] * len(self.requests)
@@ -65,30 +70,39 @@ class Batch:
             )
         return fallback
 
-    def arm(self, i: int) -> tuple[ExperimentView, int] | None:
-        """Request `i`'s arm of a running experiment (limits.policy.ExperimentView: the
-        experiment and the arm's place), or None: its user is in none."""
+    def arms(self) -> list[tuple[ExperimentView, int] | None]:
+        """Per request, its arm of a running experiment (limits.policy.ExperimentView: the
+        experiment and the arm's place), or None: its user is in none; empty when no
+        experiment runs."""
         if self._arms is None:
             self._arms = self._assigned()
-        return self._arms[i] if self._arms else None
+        return self._arms
 
     def _assigned(self) -> list[tuple[ExperimentView, int] | None]:
-        return self.table.arms(
-            [user_id for user_id, _ in self.requests],
-            [self.segment(i) for i in range(len(self.requests))],
-            now_ms=round(self.clock * 1000),
+        if not self.table.experiments:
+            return []
+        segments = self.segments if self.segments is not None else [None] * len(self.requests)
+        found = self.table.arms(
+            [user_id for user_id, _ in self.requests], segments, now_ms=round(self.clock * 1000)
         )
+        self._armed = [i for i, arm in enumerate(found) if arm is not None]
+        return found
 
     def mark_arms(self) -> None:
         """Put on every decision its user's experiment and arm (DESIGN.md: `experiment`, for
         any reason), once every stage has decided."""
         if self._arms is None:
             self._arms = self._assigned()
-        for i, found in enumerate(self._arms):
-            decision = self.decisions[i]
+        named: dict[tuple[int, int], dict[str, Any]] = {}  # one per arm, shared, never changed
+        for i in self._armed:
+            decision, found = self.decisions[i], self._arms[i]
             if found is not None and decision is not None:
                 experiment, place = found
-                decision.experiment = {"id": experiment.id, "arm": experiment.arms[place].name}
+                key = (experiment.id, place)
+                shown = named.get(key)
+                if shown is None:
+                    shown = named[key] = {"id": experiment.id, "arm": experiment.arms[place].name}
+                decision.experiment = shown
                 decision.arm_place = place
 
     def refuse(

@@ -4,11 +4,13 @@ the users of its excluded segments and sends carrying one of its excluded tags p
 held out.
 
 Each refusal says what the send would have got (the ledger keeps it, for the control group's
-report): the rules are asked as a dry run, so a decision of `holdout` with no rule would have
-been sent, and one naming a rule would have been refused by it; nothing is charged."""
+report): the rules stage asks for them as a dry run (`Batch.dry`), in its own round trip, so a
+decision of `holdout` with no rule would have been sent, and one naming a rule would have been
+refused by it; nothing is charged."""
+
+import numpy as np
 
 from limits.reasons import Reason
-from worker.stages import rules
 from worker.stages.base import Batch, Parts, Stage
 
 
@@ -18,18 +20,16 @@ def run(batch: Batch, parts: Parts) -> None:
         return
     held = group.held(
         [batch.requests[i][0] for i in batch.pending],
-        [batch.segment(i) for i in batch.pending],
+        # Read only when some segment is excluded.
+        [batch.segment(i) for i in batch.pending] if group.exclude_segments else [],
         batch.tags,
     )
     if held is None:
         return  # nobody here is held out
-    out = [i for i, h in zip(batch.pending, held, strict=True) if h]
-    for i, would in zip(out, rules.asked(batch, parts, out, dry_run=True), strict=True):
-        if would.reason == Reason.UNAVAILABLE:
-            batch.decisions[i] = would  # the limiter away: as any other send (tried again)
-            continue
-        batch.refuse(i, Reason.HOLDOUT, would=would)
-    batch.pending = [i for i, h in zip(batch.pending, held, strict=True) if not h]
+    positions = np.asarray(batch.pending)
+    # Refused by the rules stage, with what it would have got from them (a dry run).
+    batch.dry.update(dict.fromkeys(positions[held].tolist(), Reason.HOLDOUT))
+    batch.pending = positions[~held].tolist()
 
 
 STAGE = Stage("holdout", (Reason.HOLDOUT, Reason.UNAVAILABLE), run)
