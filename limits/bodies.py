@@ -487,8 +487,10 @@ class EventBody(Body, kw_only=True):
     name: Annotated[Tag, Meta(description='What happened: "order", "signup" (a tag\'s form).')]
     at: Annotated[Aware, Meta(description="When it happened.")]
     value: Annotated[
-        float, Meta(description="What it was worth (an order's amount), 0 when left out.")
-    ] = 0.0
+        float,
+        Meta(ge=-1e12, le=1e12, description="What it was worth (an order's amount), 0 when "
+             "left out; within +/- 10^12."),
+    ] = 0.0  # fmt: skip
 
 
 class EventsBody(Body, kw_only=True):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
@@ -34,8 +35,8 @@ from django.utils import timezone
 from gatekeeper.lib.conflicts import Conflict
 from limits.authored import who
 from limits.channels import ALL
-from limits.holdout import new_salt
-from limits.models import Experiment, ExperimentArm, ExperimentChange, Rule
+from limits.holdout import holdout_read, new_salt
+from limits.models import Experiment, ExperimentArm, ExperimentChange, Holdout, Rule
 from limits.rules import rule_fields_of_json, rule_problems
 from segments.models import Segment
 
@@ -243,6 +244,14 @@ def _write_arms(row: Experiment, arms: Sequence[ArmFields]) -> None:
     )
 
 
+def _writers_locked() -> None:
+    """Take the experiments' writers' lock for the rest of the transaction: one writer at a
+    time checks for overlaps and writes, even when no live experiment exists to lock (the
+    control group's one row serves: it always exists once read)."""
+    holdout_read()
+    Holdout.objects.select_for_update().filter(pk=1).exists()
+
+
 def experiment_create(
     fields: ExperimentFields, *, user: Any = None, via: str = "api", now: datetime | None = None
 ) -> Experiment:
@@ -251,8 +260,7 @@ def experiment_create(
     if not fields.salt:
         fields.salt = new_salt()
     with transaction.atomic():
-        # Serialises writers of experiments, so two overlapping ones cannot both pass.
-        list(Experiment.objects.select_for_update().filter(state=Experiment.State.ACTIVE))
+        _writers_locked()  # so that two overlapping ones cannot both pass
         segment = _checked(fields, pk=None, now=now)
         row = Experiment.objects.create(
             name=fields.name.strip(),
@@ -280,8 +288,12 @@ def experiment_change(
     the field otherwise, and nothing changed."""
     now = now or timezone.now()
     with transaction.atomic():
-        list(Experiment.objects.select_for_update().filter(state=Experiment.State.ACTIVE))
-        locked = Experiment.objects.select_related("segment").get(pk=row.pk)
+        _writers_locked()
+        locked = (
+            Experiment.objects.select_for_update(of=("self",))
+            .select_related("segment")
+            .get(pk=row.pk)
+        )
         status = status_of(locked.state, locked.starts_at, locked.ends_at, now)
         before = experiment_fields(locked)
         fields = ExperimentFields(**{**before.__dict__, **changes})
@@ -295,19 +307,32 @@ def experiment_change(
                 for name in changes
                 if name not in CHANGEABLE_RUNNING and changes[name] != getattr(before, name)
             }
-            ended = status in (STOPPED, CONCLUDED)
+            ended = status in (STOPPED, CONCLUDED, ENDED)
             if ended and changes.get("ends_at", before.ends_at) != before.ends_at:
                 fixed["ends_at"] = [f"The experiment is {status}: its end is past."]
             if status == RUNNING and fields.ends_at < now:
                 fixed.setdefault("ends_at", []).append("Now or later: stop it to end it now.")
             if fixed:
                 raise ValidationError(fixed)
+        elif (locked.starts_at - now).total_seconds() < settings.GATEKEEPER_CAPS_TTL_SECONDS + 1:
+            soon = {
+                name: [
+                    "It starts in a moment: every process must know its arms before it "
+                    "starts. Move its start first, or stop it and start another."
+                ]
+                for name in changes
+                if name not in CHANGEABLE_RUNNING
+                and changes[name] != getattr(before, name)
+                and name != "starts_at"
+            }
+            if soon:
+                raise ValidationError(soon)
         moved = "starts_at" in changes and changes["starts_at"] != before.starts_at
         segment = _checked(fields, pk=locked.pk, now=now if moved else None)
         recorded = _recorded(locked)
         locked.name, locked.segment, locked.salt = fields.name.strip(), segment, fields.salt
         locked.starts_at, locked.ends_at = fields.starts_at, fields.ends_at
-        locked.save()
+        locked.save(update_fields=["name", "segment", "salt", "starts_at", "ends_at"])
         if fields.arms != before.arms:
             _write_arms(locked, fields.arms)
         if _recorded(locked) != recorded:
@@ -322,6 +347,7 @@ def experiment_stop(
     scheduled experiment stopped never starts. NotNow when it is already stopped or concluded."""
     now = now or timezone.now()
     with transaction.atomic():
+        _writers_locked()
         locked = Experiment.objects.select_for_update().get(pk=row.pk)
         if locked.state != Experiment.State.ACTIVE:
             raise NotNow(f"The experiment is already {locked.state}.")

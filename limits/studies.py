@@ -74,9 +74,9 @@ def _upsert(cursor: Any, table: str, keys: Sequence[str], columns: Sequence[str]
     if not rows:
         return
     adapt = connection.ops.adapt_datefield_value
-    values = [
-        tuple(adapt(v) if isinstance(v, date) else v for v in key) + tuple(more)
-        for key, more in rows.items()
+    values = [  # in key order: two writers of the same rows take their locks alike
+        tuple(adapt(v) if isinstance(v, date) else v for v in key) + tuple(rows[key])
+        for key in sorted(rows)
     ]
     added = ", ".join(f"{c} = {table}.{c} + excluded.{c}" for c in columns)
     values_inserted(

@@ -116,6 +116,8 @@ def report_period(
     end = days["to"] or min(today, study.last_day or today)
     start = days["from"] or (study.first_day if study.id != CONTROL_GROUP else
                              max(study.first_day, end - timedelta(days=29)))  # fmt: skip
+    if not errors and end < start and days["to"] is None and days["from"] is None:
+        end = start  # not started yet: its first day, with nobody in it
     if not errors and end < start:
         errors["to"] = ["On or after `from`."]
     elif not errors and (end - start).days >= LONGEST:

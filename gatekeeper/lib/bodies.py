@@ -186,7 +186,9 @@ def _field_errors(spec: type, raw: bytes, text: str) -> dict[str, list[str]]:
         return {field: [f"Must be {_kind(m[1])}."]}
     if m := re.fullmatch(r"Expected `(?:int|float)` (>=|<=|>|<) (\S+)", message):
         words = {">=": "at least", "<=": "at most", ">": "more than", "<": "less than"}[m[1]]
-        return {field: [f"Must be {words} {int(m[2]):,}."]}
+        bound = float(m[2])  # an int's bound, or a float's (1000000000000.0, 1e+300)
+        shown = f"{int(bound):,}" if bound.is_integer() and abs(bound) < 1e18 else m[2]
+        return {field: [f"Must be {words} {shown}."]}
     if m := re.fullmatch(r"Expected `str` of length (>=|<=) (\d+)", message):
         limit = int(m[2])
         if m[1] == ">=":

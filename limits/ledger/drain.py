@@ -44,11 +44,9 @@ from limits.models import (
     LedgerCount,
     LedgerEntry,
     LedgerKind,
-    StudyDay,
-    StudyEvent,
 )
 from limits.reasons import Outcome, Reason
-from limits.studies import CONTROL_GROUP, decisions_noted, events_prune
+from limits.studies import decisions_noted, events_prune
 
 logger = logging.getLogger(__name__)
 
@@ -466,10 +464,8 @@ def ledger_upkeep(*, now: datetime | None = None) -> Upkeep:
         kinds_forget()
     LedgerCount.objects.filter(hour__lt=cutoff).delete()
     LedgerBatch.objects.filter(drained_at__lt=now - timedelta(days=1)).delete()
-    # The control group's days go with the ledger's (an experiment's stay with it), and the
-    # outcome events' ids past the time a repeat must count once.
-    StudyDay.objects.filter(study=CONTROL_GROUP, day__lt=keep_from).delete()
-    StudyEvent.objects.filter(study=CONTROL_GROUP, day__lt=keep_from).delete()
+    # The outcome events' ids past the time a repeat must count once. (The studies' days stay:
+    # a member's day of entry is what the report counts them by, and they are few.)
     events_prune(now=now)
     return report
 

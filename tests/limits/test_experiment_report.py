@@ -144,6 +144,7 @@ def test_the_control_group_is_read_against_its_treatment_sample(api, published):
         ({"name": "Not A Tag"}, "events"),
         ({"user_id": -1}, "events"),
         ({"event_id": ""}, "events"),
+        ({"value": 1e300}, "events"),
     ],
 )
 def test_bad_events_are_a_400_naming_them_and_count_nothing(api, snapshot, change, field):
@@ -180,3 +181,19 @@ def test_a_report_asked_badly_says_so(api, running):
     assert backwards.status_code == 400 and "to" in backwards.json()
     assert call(viewer, "GET", f"{base}?format=xml").status_code == 400
     assert call(api("nobody"), "GET", base).status_code == 403
+
+
+def test_a_scheduled_experiments_report_is_empty_not_an_error(api, published):
+    published(vip=(10, USERS, {}))
+    later = datetime.now(UTC) + timedelta(days=3)
+    body = {"name": "Later", "segment": "vip", "starts_at": later.isoformat(),
+            "ends_at": (later + timedelta(days=7)).isoformat(),
+            "arms": [{"name": "a", "share": 0.5, "rules": [{"name": "1", "channel": "email",
+                                                             "window": DAY, "limit": 1}]},
+                     {"name": "b", "share": 0.5, "rules": [{"name": "2", "channel": "email",
+                                                             "window": DAY, "limit": 2}]}]}  # fmt: skip
+    made = call(api("marketer"), "POST", "/api/v1/experiments/", json=body).json()
+    report = call(api("viewer"), "GET", f"/api/v1/reports/experiments/{made['id']}/")
+    assert report.status_code == 200, report.text
+    assert [a["users"] for a in report.json()["arms"]] == [0, 0]
+    assert report.json()["verdict"].startswith("No user has entered yet")

@@ -283,3 +283,34 @@ def test_the_quota_shows_the_users_arm_and_its_rules(api, vip):
     after = call(api("viewer"), "GET", f"/api/v1/users/{user}/quota/").json()
     assert after["experiment"] is None
     assert {(r["name"], r["kind"]) for r in after["rules"]} == {("2 a day", "rule")}
+
+
+def test_an_ended_one_keeps_its_end_and_one_about_to_start_keeps_its_arms(api, vip):
+    from limits.experiments import experiment_change
+
+    marketer = api("marketer")
+    made = call(marketer, "POST", PATH, json=body()).json()
+    row = Experiment.objects.get(pk=made["id"])
+    later = row.ends_at + timedelta(days=1)
+    with pytest.raises(Exception, match="its end is past"):
+        experiment_change(row, {"ends_at": later}, now=later)  # ended: fixed
+    start = call(marketer, "POST", PATH, json=body(
+        segment=None, salt="soon", starts_at=(row.ends_at + timedelta(days=2)).isoformat(),
+        ends_at=(row.ends_at + timedelta(days=9)).isoformat())).json()  # fmt: skip
+    scheduled = Experiment.objects.get(pk=start["id"])
+    with pytest.raises(Exception, match="starts in a moment"):
+        experiment_change(scheduled, {"salt": "other"}, now=scheduled.starts_at - timedelta(seconds=1))
+    renamed = experiment_change(scheduled, {"name": "Renamed"}, now=scheduled.starts_at)
+    assert renamed.name == "Renamed"
+
+
+def test_a_stopped_ones_rename_keeps_its_state(api, vip):
+    from limits.experiments import experiment_change
+
+    made = call(api("marketer"), "POST", PATH, json=body()).json()
+    call(api("marketer"), "POST", f"{PATH}{made['id']}/stop/")
+    stale = Experiment.objects.get(pk=made["id"])
+    stale.state = "active"  # as a writer that read it before the stop would hold it
+    experiment_change(stale, {"name": "After"})
+    again = Experiment.objects.get(pk=made["id"])
+    assert (again.name, again.state) == ("After", "stopped")
