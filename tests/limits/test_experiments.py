@@ -299,7 +299,9 @@ def test_an_ended_one_keeps_its_end_and_one_about_to_start_keeps_its_arms(api, v
         ends_at=(row.ends_at + timedelta(days=9)).isoformat())).json()  # fmt: skip
     scheduled = Experiment.objects.get(pk=start["id"])
     with pytest.raises(Exception, match="starts in a moment"):
-        experiment_change(scheduled, {"salt": "other"}, now=scheduled.starts_at - timedelta(seconds=1))
+        experiment_change(
+            scheduled, {"salt": "other"}, now=scheduled.starts_at - timedelta(seconds=1)
+        )
     renamed = experiment_change(scheduled, {"name": "Renamed"}, now=scheduled.starts_at)
     assert renamed.name == "Renamed"
 
