@@ -27,6 +27,7 @@ from limits.models import Experiment, StudyDay, StudyEvent
 from limits.studies import CONTROL_GROUP, HELD, SAMPLE
 
 LONGEST = 366  # days a report may span
+EVENT_MAX = 64  # an event name's length (limits.bodies.EventBody.name: a tag's form)
 # The measures every study has, in the report's order: (key, what it is per user).
 BASE_MEASURES = (
     ("sends", "marketing sends"),
@@ -124,6 +125,8 @@ def report_period(
         errors["to"] = [f"At most {LONGEST} days from `from`."]
     asked = params.get("event") or []
     event = asked[-1] if asked else None
+    if event is not None and len(event) > EVENT_MAX:
+        errors["event"] = [f"At most {EVENT_MAX} characters: an event's name."]
     if errors:
         raise ValidationError(errors)
     return start, end, event

@@ -41,6 +41,7 @@ from limits.models import Experiment
 from limits.serializers import BodyShapedField
 from limits.study_report import (
     CSV_COLUMNS,
+    EVENT_MAX,
     report_period,
     report_rows,
     study_of,
@@ -328,7 +329,7 @@ class ExperimentReportView(CsvReportView):
             ),
             OpenApiParameter(
                 "event",
-                {"type": "string", "maxLength": 64},
+                {"type": "string", "maxLength": EVENT_MAX},
                 description="The event the verdict reads; default: the most frequent.",
             ),
             OpenApiParameter("format", {"type": "string", "enum": ["json", "csv"]}),

@@ -180,6 +180,8 @@ def test_a_report_asked_badly_says_so(api, running):
     backwards = call(viewer, "GET", f"{base}?from=2026-05-02&to=2026-05-01")
     assert backwards.status_code == 400 and "to" in backwards.json()
     assert call(viewer, "GET", f"{base}?format=xml").status_code == 400
+    long = call(viewer, "GET", f"{base}?event={'o' * 65}")
+    assert long.status_code == 400 and "event" in long.json()
     assert call(api("nobody"), "GET", base).status_code == 403
 
 
