@@ -38,6 +38,7 @@ from limits.channels import ALL
 from limits.holdout import holdout_read, new_salt
 from limits.models import Experiment, ExperimentArm, ExperimentChange, Holdout, Rule
 from limits.rules import rule_fields_of_json, rule_problems
+from limits.services import RULES
 from segments.models import Segment
 
 ARMS_MIN, ARMS_MAX = 2, 5
@@ -367,8 +368,6 @@ def experiment_conclude(
     channels they name disabled, each change recorded as any rule's (via `experiment`); the
     experiment ends. Returns it and what was done, in words. NotNow for a scheduled or
     already concluded one; a ValidationError naming `arm` for an arm it does not have."""
-    from limits.services import RULES  # the rules' writer (it reads this module's neighbours)
-
     now = now or timezone.now()
     with transaction.atomic():
         locked = (

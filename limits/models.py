@@ -592,8 +592,9 @@ class Holdout(models.Model):
         return f"control group of {self.share:.1%}"
 
 
-class HoldoutChange(models.Model):
-    """One change of the control group: what it was and became, who made it and how."""
+class WholeChange(models.Model):
+    """One change of a thing kept whole (the control group, an experiment): what it was and
+    became, who made it and how, newest first."""
 
     before = models.JSONField(null=True, blank=True)
     after = models.JSONField()
@@ -604,7 +605,12 @@ class HoldoutChange(models.Model):
     changed_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        abstract = True
         ordering = ["-id"]
+
+
+class HoldoutChange(WholeChange):
+    """One change of the control group."""
 
     def __str__(self) -> str:
         return f"control group changed ({self.via})"
@@ -678,23 +684,12 @@ class ExperimentArm(models.Model):
         return self.name
 
 
-class ExperimentChange(models.Model):
-    """One change of an experiment (created, changed, stopped, concluded): what it was and
-    became, in words too, who made it and how."""
+class ExperimentChange(WholeChange):
+    """One change of an experiment (created, changed, stopped, concluded), in words too."""
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="changes")
     action = models.CharField(max_length=16)
-    before = models.JSONField(null=True, blank=True)
-    after = models.JSONField()
     words = models.TextField(blank=True)
-    via = models.CharField(max_length=16, help_text="api or admin.")
-    changed_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
-    )
-    changed_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["-id"]
 
     def __str__(self) -> str:
         return f"{self.experiment_id} {self.action} ({self.via})"

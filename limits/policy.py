@@ -193,9 +193,6 @@ class ExperimentView:
     def running(self, now_ms: int) -> bool:
         return self.starts_ms <= now_ms < self.ends_ms
 
-    def covers(self, segment: str | None) -> bool:
-        return self.segment is None or self.segment == segment
-
 
 @dataclass(frozen=True)
 class PolicyTable:

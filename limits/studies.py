@@ -34,6 +34,8 @@ from django.conf import settings
 from django.db import connection
 
 from limits.assignment import HoldoutView, bound, keyed_hashes
+from limits.ledger.stream import arm_of_code
+from limits.ledger.table import values_inserted
 from limits.lift import BUCKETS
 from limits.models import EventSeen, Experiment, StudyDay, StudyEvent, StudyMember
 from limits.reasons import Category, Reason
@@ -69,8 +71,6 @@ def control_arms(user_ids: Sequence[int] | Any, segments: Sequence[str], group: 
 def _upsert(cursor: Any, table: str, keys: Sequence[str], columns: Sequence[str],
             rows: Mapping[tuple[Any, ...], Sequence[float]]) -> None:  # fmt: skip
     """Add `rows` ({key values: column values}) into `table`'s counters."""
-    from limits.ledger.table import values_inserted
-
     if not rows:
         return
     adapt = connection.ops.adapt_datefield_value
@@ -91,8 +91,6 @@ def decisions_noted(calls: Iterable[Any], group: HoldoutView | None) -> None:
     """In the drain's transaction: the members the decisions of `calls` (limits.ledger.stream
     Decided entries) bring into studies, and their admitted marketing sends per day. `group`:
     the control group as it stands (None: none)."""
-    from limits.ledger.stream import arm_of_code
-
     seen: dict[tuple[int, int], tuple[int, int, date]] = {}  # -> arm, bucket, first day
     days: dict[tuple[Any, ...], list[int]] = {}  # (study, day, arm, bucket) -> entered, sends
     for call in calls:
@@ -132,8 +130,6 @@ def _members_added(
     cursor: Any, seen: Mapping[tuple[int, int], tuple[int, int, date]]
 ) -> list[tuple[int, int]]:
     """Insert the members not yet in; (study, user id) of those that were not."""
-    from limits.ledger.table import values_inserted
-
     tail = "ON CONFLICT (study, user_id) DO NOTHING RETURNING study, user_id"
     if connection.vendor == "postgresql":
         # Columns as arrays: one statement whatever the count, nothing for the driver to split.
@@ -244,8 +240,6 @@ def events_record(events: Sequence[Event]) -> dict[str, int]:
     """Count outcome events into their users' studies, each event id once (within
     GATEKEEPER_EVENTS_DEDUP_DAYS). In the caller's transaction. Returns `accepted` (new),
     `repeated` (seen before, or twice in this batch) and `counted` (into some study)."""
-    from limits.ledger.table import values_inserted
-
     adapt = connection.ops.adapt_datefield_value
     by_key: dict[int, Event] = {}
     for event in events:
