@@ -44,6 +44,7 @@ from worker.api import (
     SendJobListView,
     SendJobPauseView,
     SendJobResumeView,
+    SendJobStartView,
     SendJobWaitingView,
 )
 from worker.health import healthz, readyz
@@ -113,6 +114,7 @@ v1 = [
     path("sends/", SendJobListView.as_view(), name="sends"),
     path("sends/<int:job_id>/", SendJobDetailView.as_view(), name="send"),
     path("sends/<int:job_id>/waiting/", SendJobWaitingView.as_view(), name="send-waiting"),
+    path("sends/<int:job_id>/start/", SendJobStartView.as_view(), name="send-start"),
     path("sends/<int:job_id>/pause/", SendJobPauseView.as_view(), name="send-pause"),
     path("sends/<int:job_id>/resume/", SendJobResumeView.as_view(), name="send-resume"),
     path("sends/<int:job_id>/cancel/", SendJobCancelView.as_view(), name="send-cancel"),

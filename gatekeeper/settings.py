@@ -175,6 +175,9 @@ CELERY_BEAT_SCHEDULE = {
     # Deferred and retried chunks wait in the database, not in the broker (a countdown longer
     # than the visibility timeout would be delivered again and again); this queues them when due.
     "send-chunks-due": {"task": "worker.tasks.send_chunks_due", "schedule": 10.0},
+    # Scheduled send jobs started within seconds of their start_at (not as countdown tasks:
+    # the broker would hold them for days, past its visibility timeout).
+    "send-jobs-start-due": {"task": "worker.tasks.send_jobs_start_due", "schedule": 2.0},
     # A large user list whose validation task was lost is queued again.
     "user-lists-stalled": {"task": "segments.tasks.user_lists_stalled", "schedule": 300.0},
     # Users whose whole send log has aged out are dropped from their (still live) buckets.

@@ -32,28 +32,44 @@ from worker.models import JOB_CAMPAIGN_MAX, SendJob
 from worker.recipients import FILE_FORMAT
 from worker.selectors import send_job_waiting
 from worker.services import (
+    EDITABLE,
     send_job_cancel,
     send_job_cancel_waiting,
+    send_job_edit,
     send_job_from_file,
     send_job_pause,
     send_job_resume,
+    send_job_start,
 )
 
-CONTROLS = {"pause": send_job_pause, "resume": send_job_resume, "cancel": send_job_cancel}
+CONTROLS = {
+    "start": send_job_start,
+    "pause": send_job_pause,
+    "resume": send_job_resume,
+    "cancel": send_job_cancel,
+}
 
 
-class SendFileForm(forms.Form):
-    """A campaign file and its job's fields, as the REST API's multipart upload takes them."""
+class InstantField(forms.CharField):
+    """An instant typed as ISO 8601 with its UTC offset; empty: None. The service says whether
+    it may be (in the future, not too far ahead)."""
 
-    recipients_file = forms.FileField(
-        label="Recipients file", help_text=f"CSV, plain or gzip: {FILE_FORMAT}."
-    )
-    channel = forms.ChoiceField(choices=())
-    campaign = forms.CharField(
-        max_length=JOB_CAMPAIGN_MAX,
-        help_text="Also the start of each send's message id, <campaign>:<user_id>: a user gets "
-        "one send of a campaign.",
-    )
+    def clean(self, value: Any) -> Any:
+        text = (super().clean(value) or "").strip()
+        if not text:
+            return None
+        try:
+            return datetime_from_text(text)
+        except ValueError as exc:
+            raise ValidationError(str(exc)) from None
+
+
+INSTANT_FORMAT = "ISO 8601 with its UTC offset (2026-06-11T09:00:00+02:00)"
+
+
+class JobFieldsForm(forms.Form):
+    """The fields of a job that can change until it starts (worker.services.EDITABLE)."""
+
     template = forms.ChoiceField(choices=(), help_text="templates/<channel>/<template>/")
     tags = forms.CharField(
         required=False, help_text="Comma separated; tag rules count the sends carrying them."
@@ -70,17 +86,20 @@ class SendFileForm(forms.Form):
         help_text="What the sends are about; people's preferences per topic govern them.",
     )
     on_capped = forms.ChoiceField(choices=SendJob.OnCapped.choices, label="Capped sends")
-    on_invalid = forms.ChoiceField(choices=SendJob.OnInvalid.choices, label="Bad rows")
-    expires_at = forms.CharField(
+    start_at = InstantField(
+        required=False,
+        label="Start at",
+        help_text=f"{INSTANT_FORMAT}; empty: at once. Until then the job is scheduled: it can "
+        "be edited, rescheduled, started early or cancelled.",
+    )
+    expires_at = InstantField(
         required=False,
         label="Waiting sends expire at",
-        help_text="ISO 8601 with its UTC offset (2026-06-11T09:00:00+02:00); empty: 24 hours "
-        "from now.",
+        help_text=f"{INSTANT_FORMAT}; empty: 24 hours after the start.",
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        cast(forms.ChoiceField, self.fields["channel"]).choices = [(c, c) for c in channels()]
         cast(forms.ChoiceField, self.fields["template"]).choices = [
             (t, t) for t in template_names()
         ]
@@ -92,14 +111,65 @@ class SendFileForm(forms.Form):
     def clean_tags(self) -> list[str]:
         return [tag.strip() for tag in self.cleaned_data["tags"].split(",") if tag.strip()]
 
-    def clean_expires_at(self) -> Any:
-        text = self.cleaned_data["expires_at"].strip()
-        if not text:
-            return None
-        try:
-            return datetime_from_text(text)
-        except ValueError as exc:
-            raise ValidationError(str(exc)) from None
+
+class SendFileForm(JobFieldsForm):
+    """A campaign file and its job's fields, as the REST API's multipart upload takes them."""
+
+    recipients_file = forms.FileField(
+        label="Recipients file", help_text=f"CSV, plain or gzip: {FILE_FORMAT}."
+    )
+    channel = forms.ChoiceField(choices=())
+    campaign = forms.CharField(
+        max_length=JOB_CAMPAIGN_MAX,
+        help_text="Also the start of each send's message id, <campaign>:<user_id>: a user gets "
+        "one send of a campaign.",
+    )
+    on_invalid = forms.ChoiceField(choices=SendJob.OnInvalid.choices, label="Bad rows")
+
+    field_order = [
+        "recipients_file",
+        "channel",
+        "campaign",
+        "template",
+        "tags",
+        "priority",
+        "topic",
+        "on_capped",
+        "on_invalid",
+        "start_at",
+        "expires_at",
+    ]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cast(forms.ChoiceField, self.fields["channel"]).choices = [(c, c) for c in channels()]
+
+
+class JobEditForm(JobFieldsForm):
+    """A scheduled job's fields, edited on its page (start_at is required: to start it now,
+    its Start now button)."""
+
+    def __init__(self, *args: Any, job: SendJob, **kwargs: Any) -> None:
+        initial = {name: getattr(job, name) for name in EDITABLE}
+        initial["tags"] = ", ".join(job.tags)
+        for name in ("start_at", "expires_at"):
+            initial[name] = initial[name].isoformat() if initial[name] else ""
+        super().__init__(*args, initial=initial, **kwargs)
+        self.fields["start_at"].required = True
+        self.fields["start_at"].help_text = f"{INSTANT_FORMAT}."
+        self.fields["expires_at"].required = True
+        self.fields["expires_at"].help_text = f"{INSTANT_FORMAT}."
+        self.job = job
+
+    def changes(self) -> dict[str, Any]:
+        """What differs from the job, as send_job_edit takes it (a moved start moves the expiry
+        with it unless the expiry was changed too)."""
+        data = self.cleaned_data
+        return {name: data[name] for name in EDITABLE if data[name] != self.initial_value(name)}
+
+    def initial_value(self, name: str) -> Any:
+        value = getattr(self.job, name)
+        return list(value) if name == "tags" else value
 
 
 @admin.register(SendJob)
@@ -112,6 +182,7 @@ class SendJobAdmin(admin.ModelAdmin):
         "tags_shown",
         "priority",
         "status",
+        "start_at",
         "progress",
         "total",
         *SendJob.OUTCOMES,
@@ -153,6 +224,7 @@ class SendJobAdmin(admin.ModelAdmin):
                 view(self.progress_view),
                 name="worker_sendjob_progress",
             ),
+            path("<int:job_id>/edit/", view(self.edit_view), name="worker_sendjob_edit"),
             path(
                 "<int:job_id>/control/<str:action>/",
                 view(self.control_view),
@@ -197,6 +269,44 @@ class SendJobAdmin(admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/gatekeeper/sendjob_upload.html", context)
 
+    def edit_view(self, request: HttpRequest, job_id: int) -> HttpResponse:
+        """Edit or reschedule a job that has not started (those who may send campaigns)."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        job = get_object_or_404(SendJob, pk=job_id)
+        back = HttpResponseRedirect(reverse("admin:worker_sendjob_change", args=[job.pk]))
+        if not job.waits_to_start:
+            messages.error(request, f"Send job #{job.pk} has started: it can no longer be edited.")
+            return back
+        form = JobEditForm(request.POST or None, job=job)
+        if request.method == "POST" and form.is_valid():
+            changes = form.changes()
+            try:
+                job = send_job_edit(job=job, changes=changes, user=request.user)
+            except ValidationError as exc:
+                for field, problems in exc.message_dict.items():
+                    form.add_error(field if field in form.fields else None, problems)
+            except Conflict as exc:
+                messages.error(request, str(exc))
+                return back
+            else:
+                what = ", ".join(str(form[name].label).lower() for name in changes) or "nothing"
+                self.log_change(request, job, f"Changed {what} before the start")
+                messages.success(
+                    request,
+                    f"Send job #{job.pk}: changed {what}; it starts at "
+                    f"{job.start_at:%Y-%m-%d %H:%M:%S} UTC.",
+                )
+                return back
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Edit or reschedule send job #{job.pk}",
+            "form": form,
+            "job": job,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/gatekeeper/sendjob_edit.html", context)
+
     def progress_view(self, request: HttpRequest, job_id: int) -> JsonResponse:
         """What the job's page polls: its status, progress and counts."""
         if not request.user.has_perms(VIEW_SEND_JOBS):
@@ -204,7 +314,7 @@ class SendJobAdmin(admin.ModelAdmin):
         return JsonResponse(job_progress(get_object_or_404(SendJob, pk=job_id)))
 
     def control_view(self, request: HttpRequest, job_id: int, action: str) -> HttpResponse:
-        """POST only (the buttons on the job's page): pause, resume or cancel the job."""
+        """POST only (the buttons on the job's page): start now, pause, resume or cancel."""
         if action not in CONTROLS:
             raise Http404
         if request.method != "POST":
@@ -217,7 +327,12 @@ class SendJobAdmin(admin.ModelAdmin):
         except Conflict as exc:
             messages.error(request, str(exc))
         else:
-            done = {"pause": "Paused", "resume": "Resumed", "cancel": "Cancelled"}[action]
+            done = {
+                "start": "Started",
+                "pause": "Paused",
+                "resume": "Resumed",
+                "cancel": "Cancelled",
+            }[action]
             self.log_change(request, job, f"{done} the job")
             messages.success(request, f"{done} send job #{job.pk}: it is {job.status} now.")
         return HttpResponseRedirect(reverse("admin:worker_sendjob_change", args=[job.pk]))
@@ -237,6 +352,7 @@ class SendJobAdmin(admin.ModelAdmin):
             if job is not None:
                 context["job_progress"] = job_progress(job)
                 context["progress_url"] = reverse("admin:worker_sendjob_progress", args=[job.pk])
+                context["can_edit"] = job.waits_to_start and self.has_add_permission(request)
         return super().change_view(request, object_id, form_url, context)
 
     def cancel_waiting_view(self, request: HttpRequest, job_id: int) -> HttpResponse:
@@ -271,6 +387,11 @@ def job_progress(job: SendJob) -> dict[str, Any]:
         )
     elif job.status == SendJob.Status.FAILED:
         stage = "the file was refused: nothing was sent"
+    elif job.status == SendJob.Status.SCHEDULED and job.start_at is not None:
+        stage = (
+            f"{count(job.total, 'recipient')}, starting at "
+            f"{job.start_at:%Y-%m-%d %H:%M:%S} UTC; nothing goes out before"
+        )
     else:
         stage = f"{job.processed:,} of {count(job.total, 'recipient')} settled"
         waiting = send_job_waiting(job.pk)["sends"] if not job.ended else 0
@@ -284,5 +405,6 @@ def job_progress(job: SendJob) -> dict[str, Any]:
         "error": job.error,
         "done": job.ended,
         "paused": job.paused_at is not None,
+        "scheduled": job.waits_to_start,
         "counts": {name: getattr(job, name) for name in (*SendJob.OUTCOMES, "pending")},
     }

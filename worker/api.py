@@ -1,5 +1,5 @@
-"""REST views of the gate (check, release) and of send jobs (hand over, read, pause, resume,
-cancel, their waiting sends)."""
+"""REST views of the gate (check, release) and of send jobs (hand over, read, edit or
+reschedule before they start, start early, pause, resume, cancel, their waiting sends)."""
 
 from typing import Any
 
@@ -32,6 +32,7 @@ from worker.bodies import (
     GateReleaseBody,
     GateRequest,
     SendJobBody,
+    SendJobChangeBody,
     form_fields,
 )
 from worker.gate import gate_check, gate_release
@@ -46,9 +47,11 @@ from worker.services import (
     send_job_cancel,
     send_job_cancel_waiting,
     send_job_create,
+    send_job_edit,
     send_job_from_file,
     send_job_pause,
     send_job_resume,
+    send_job_start,
 )
 
 
@@ -233,6 +236,7 @@ class SendJobListView(JsonAPIView):
             "on_capped": body.on_capped,
             "on_invalid": body.on_invalid,
             "expires_at": body.expires_at,
+            "start_at": body.start_at,
             "user": request.user,
         }
         try:
@@ -255,8 +259,9 @@ class SendJobListView(JsonAPIView):
 
 
 class SendJobDetailView(JsonAPIView):
-    rights = {"GET": VIEW_SEND_JOBS}
-    operation_ids = {"GET": "send_job_get"}
+    rights = {"GET": VIEW_SEND_JOBS, "PATCH": GATE}
+    bodies = {"PATCH": SendJobChangeBody}
+    operation_ids = {"GET": "send_job_get", "PATCH": "send_job_edit"}
 
     @extend_schema(
         summary="A send job's progress and counts",
@@ -264,6 +269,32 @@ class SendJobDetailView(JsonAPIView):
     )
     def get(self, request: Request, job_id: int) -> Response:
         return Response(SendJobSerializer(get_object_or_404(SendJob, pk=job_id)).data)
+
+    @extend_schema(
+        summary="Edit or reschedule a job that has not started; the job, as it is now",
+        description=(
+            "Until a scheduled job starts (`status` scheduled, or preparing with a start_at "
+            "ahead), its start_at, expires_at, template, topic, tags, priority and on_capped "
+            "can change, each checked as at creation (a 400 names the field). A new start_at "
+            "moves expires_at by as much unless it is given too. Its recipients, channel and "
+            "campaign cannot (cancel it and hand over another). A 409 once it has started."
+        ),
+        responses={200: SendJobSerializer, **errors(400, 404, 409)},
+    )
+    def patch(self, request: Request, job_id: int) -> Response:
+        body = decode(request.data, SendJobChangeBody)
+        job = get_object_or_404(SendJob, pk=job_id)
+        changes: dict[str, Any] = {
+            name: getattr(body, name)
+            for name in body.__struct_fields__
+            if getattr(body, name) is not msgspec.UNSET
+        }
+        if "tags" in changes:
+            changes["tags"] = list(tags_checked(changes["tags"]))
+        if "topic" in changes:
+            changes["topic"] = changes["topic"] or ""
+        job = send_job_edit(job=job, changes=changes, user=request.user)
+        return Response(SendJobSerializer(job).data)
 
 
 class SendJobWaitingView(JsonAPIView):
@@ -299,6 +330,12 @@ _CONTROLS = {
         "Resume a paused send job",
         "Its chunks are handed out again. Idempotent.",
     ),
+    "start": (
+        send_job_start,
+        "Start a scheduled send job now",
+        "Its chunks are handed out at once instead of at its start_at. A 409 for a job that is "
+        "not scheduled (started, cancelled, or its file still being read).",
+    ),
     "cancel": (
         send_job_cancel,
         "Cancel a send job",
@@ -333,4 +370,5 @@ def _control_view(action: str) -> type[JsonAPIView]:
 
 SendJobPauseView = _control_view("pause")
 SendJobResumeView = _control_view("resume")
+SendJobStartView = _control_view("start")
 SendJobCancelView = _control_view("cancel")

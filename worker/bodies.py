@@ -8,7 +8,7 @@ decoding, by the view or the service, with the same 400 format.
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from msgspec import Meta
+from msgspec import UNSET, Meta, UnsetType
 
 from gatekeeper.lib.bodies import Body, schema_fill
 from gatekeeper.lib.ids import JsonUserId
@@ -19,7 +19,7 @@ from limits.rules import CAMPAIGN_MAX
 from segments.bodies import TimeZone
 from segments.store import KEY_MAX
 from worker.delivery.rendering import TEMPLATE_NAME, template_names
-from worker.models import EXPIRY_DEFAULT, EXPIRY_MAX, JOB_CAMPAIGN_MAX, MESSAGE_ID_MAX
+from worker.models import EXPIRY_DEFAULT, EXPIRY_MAX, JOB_CAMPAIGN_MAX, MESSAGE_ID_MAX, START_MAX
 
 GATE_LIMIT = 10_000
 SEND_LIMIT = 100_000
@@ -90,6 +90,45 @@ class RecipientBody(Body, kw_only=True):
     ) = None
 
 
+JobTemplate = Annotated[
+    str,
+    Meta(
+        pattern=TEMPLATE_NAME,
+        description="Templates under templates/<channel>/<template>/.",
+        extra_json_schema=schema_fill(
+            "template", lambda: {"type": "string", "enum": template_names()}
+        ),
+    ),
+]
+OnCapped = Annotated[
+    Literal["drop", "defer"],
+    Meta(
+        description="drop: sends refused by a cap or quiet hours are counted as `capped`; "
+        "defer: they wait (in the database) until their `retry_after` and are gated again "
+        "then, grouped by the minute of their release (never before it)."
+    ),
+]
+StartAt = Annotated[
+    datetime,
+    Meta(
+        description="ISO 8601 with its UTC offset, in the future, at most "
+        f"{START_MAX.days} days ahead: the job waits as `scheduled` until then (it can be "
+        "edited, rescheduled, started early or cancelled meanwhile), and starts within seconds "
+        "of it. null or absent: it starts at once."
+    ),
+]
+ExpiresAt = Annotated[
+    datetime,
+    Meta(
+        description="ISO 8601 with its UTC offset (2026-06-11T09:00:00+02:00 or ...Z), after "
+        f"the job's start, at most {EXPIRY_MAX.days} days after it; default "
+        f"{int(EXPIRY_DEFAULT.total_seconds() // 3600)} hours after its start (its start_at, "
+        "or its creation). Deferred sends still waiting then (or released only after it) count "
+        "as `expired`."
+    ),
+]
+
+
 class SendJobBody(Body, kw_only=True):
     channel: Channel
     campaign: Annotated[
@@ -100,37 +139,14 @@ class SendJobBody(Body, kw_only=True):
             description="Also the start of the default message ids, <campaign>:<user_id>.",
         ),
     ]
-    template: Annotated[
-        str,
-        Meta(
-            pattern=TEMPLATE_NAME,
-            description="Templates under templates/<channel>/<template>/.",
-            extra_json_schema=schema_fill(
-                "template", lambda: {"type": "string", "enum": template_names()}
-            ),
-        ),
-    ]
+    template: JobTemplate
     topic: SendTopic = None
     category: Category = Category.MARKETING
     tags: Tags = []
     priority: Priority = DEFAULT_PRIORITY
-    on_capped: Annotated[
-        Literal["drop", "defer"],
-        Meta(
-            description="drop: sends refused by a cap or quiet hours are counted as `capped`; "
-            "defer: they wait (in the database) until their `retry_after` and are gated again "
-            "then, grouped by the minute of their release (never before it)."
-        ),
-    ] = "drop"
-    expires_at: Annotated[
-        datetime | None,
-        Meta(
-            description="ISO 8601 with its UTC offset (2026-06-11T09:00:00+02:00 or ...Z), in "
-            f"the future, at most {EXPIRY_MAX.days} days ahead; default "
-            f"{int(EXPIRY_DEFAULT.total_seconds() // 3600)} hours after creation. Deferred "
-            "sends still waiting then (or released only after it) count as `expired`."
-        ),
-    ] = None
+    on_capped: OnCapped = "drop"
+    start_at: StartAt | None = None
+    expires_at: ExpiresAt | None = None
     on_invalid: Annotated[
         Literal["reject", "skip"],
         Meta(
@@ -163,6 +179,19 @@ class SendJobBody(Body, kw_only=True):
         ]
         | None
     ) = None
+
+
+class SendJobChangeBody(Body, kw_only=True):
+    """A job that has not started, edited: only the fields given change. A new start_at moves
+    its expiry by as much, unless expires_at is given too."""
+
+    start_at: StartAt | UnsetType = UNSET
+    expires_at: ExpiresAt | UnsetType = UNSET
+    template: JobTemplate | UnsetType = UNSET
+    topic: SendTopic | UnsetType = UNSET
+    tags: Tags | UnsetType = UNSET
+    priority: Priority | UnsetType = UNSET
+    on_capped: OnCapped | UnsetType = UNSET
 
 
 # A multipart/form-data upload: the job's fields as form fields (tags comma separated or

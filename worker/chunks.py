@@ -58,7 +58,7 @@ from worker.delivery.registry import dispatcher_for
 from worker.delivery.rendering import Renderer
 from worker.delivery.sms_numbers import sms_numbers_record
 from worker.delivery.throttle import RETHROTTLED_MAX, Throttle, paced, throttle_for
-from worker.gate import gate_check, gate_holders, gate_outcomes, gate_release
+from worker.gate import gate_holders, gate_outcomes, gate_release, job_gate_check
 from worker.models import SendChunk, SendJob
 from worker.timings import timed
 
@@ -436,18 +436,8 @@ def _run_gated(
     # No later than the gate's own time for the ledger (its outcomes are found from it).
     gating = clock.timestamp() if clock is not None else time.time() - 1
     with timed("gate"):
-        decisions = gate_check(
-            channel=job.channel,
-            requests=[(r.user_id, r.message_id) for r in recipients],
-            campaign=job.campaign,
-            category=job.category,
-            tags=tuple(job.tags),
-            priority=job.priority,
-            time_zones=[r.time_zone for r in recipients],
-            now=clock.timestamp() if clock is not None else None,
-            job=job.pk,
-            topic=job.topic,
-            topic_gone="ignore",  # checked when the job was made; deleted since: no topic
+        decisions = job_gate_check(
+            job, recipients, now=clock.timestamp() if clock is not None else None
         )
     # What `retry_after` counts from: the gate's clock (taken after it answered, so that a
     # release read from it is never early).
@@ -637,11 +627,11 @@ def chunks_runnable(*, job_id: int, now: Any = None) -> list[int]:
     now = now or timezone.now()
     runnable = SendChunk.objects.filter(_runnable(now), job_id=job_id)
     ids = list(runnable.order_by("pk").values_list("pk", flat=True))
-    _update(ids, queued_at=now)
+    chunks_update(ids, queued_at=now)
     return ids
 
 
-def _update(ids: list[int], **fields: Any) -> None:
+def chunks_update(ids: list[int], **fields: Any) -> None:
     """Set `fields` on the chunks `ids`, a few thousand at a time: a job of 100M recipients has
     100,000 chunks, more than a database takes as parameters of one statement."""
     for start in range(0, len(ids), 5000):
@@ -729,7 +719,7 @@ def _close_never_run(job_id: int, chunks: Any, now: Any) -> Counter[str]:
             return Counter()
         for how, ids in closing.items():
             # expired or cancelled, as the outcome
-            _update(ids, status=SendChunk.Status(how), lease_until=None)
+            chunks_update(ids, status=SendChunk.Status(how), lease_until=None)
         reasons = Counter(job.reasons)
         reasons.update(outcomes)
         job.reasons = dict(reasons)

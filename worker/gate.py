@@ -307,6 +307,28 @@ def gate_check(
     )
 
 
+def job_gate_check(
+    job: Any, recipients: Sequence[Any], *, now: float | None, gate: Gate | None = None
+) -> list[Decision]:
+    """A send job's recipients (typed: user_id, message_id, time_zone) as its run puts them
+    through the gate (`gate`: the process's), at `now` (None: the gate's clock). The one place
+    that says how a job's fields become a gate call: the run and the plan (worker/plan.py) ask
+    the same question."""
+    return (gate or _default_gate).check(
+        channel=job.channel,
+        requests=[(r.user_id, r.message_id) for r in recipients],
+        campaign=job.campaign,
+        category=job.category,
+        tags=tuple(job.tags),
+        priority=job.priority,
+        time_zones=[r.time_zone for r in recipients],
+        now=now,
+        job=job.pk,
+        topic=job.topic,
+        topic_gone="ignore",  # checked when the job was made; deleted since: no topic
+    )
+
+
 def gate_release(
     *,
     channel: str,

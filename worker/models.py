@@ -20,6 +20,8 @@ JOB_CAMPAIGN_MAX = MESSAGE_ID_MAX - 21
 # default a day after it was created, at most EXPIRY_MAX after.
 EXPIRY_DEFAULT = timedelta(hours=24)
 EXPIRY_MAX = timedelta(days=90)
+# A scheduled job starts at most this far ahead (its expiry at most EXPIRY_MAX after its start).
+START_MAX = timedelta(days=90)
 
 
 def expiry_default() -> Any:
@@ -50,6 +52,10 @@ class SendJob(models.Model):
 
     class Status(models.TextChoices):
         PREPARING = "preparing", "preparing: its file is being read; nothing is queued yet"
+        SCHEDULED = (
+            "scheduled",
+            "scheduled: waits for its start; can be edited, rescheduled or cancelled until then",
+        )
         QUEUED = "queued"
         RUNNING = "running"
         PAUSED = "paused", "paused: no chunk is handed out until it is resumed"
@@ -101,6 +107,15 @@ class SendJob(models.Model):
     )
     cancelled = models.PositiveIntegerField(
         default=0, help_text="Deferred sends waiting when their waiting was cancelled."
+    )
+    start_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When it starts (empty: as soon as it is handed over); until then it is "
+        "scheduled, and can be edited, rescheduled or cancelled.",
+    )
+    started_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its chunks were first handed out."
     )
     expires_at = models.DateTimeField(
         default=expiry_default,
@@ -167,6 +182,10 @@ class SendJob(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        indexes = [
+            # Beat's look for scheduled jobs whose start has come, every few seconds.
+            models.Index(fields=["status", "start_at"], name="job_start_due"),
+        ]
         permissions = [
             ("cancel_sendjob", "Can pause, resume and cancel a send job, or its waiting sends")
         ]
@@ -191,6 +210,15 @@ class SendJob(models.Model):
                 min(99, int(100 * self.read_bytes / self.source_bytes)) if self.source_bytes else 0
             )
         return 100 if not self.total else min(100, int(100 * self.processed / self.total))
+
+    @property
+    def waits_to_start(self) -> bool:
+        """Not started yet, and to start later: scheduled, or being read with a start ahead.
+        Until then the job can be edited and rescheduled."""
+        return self.started_at is None and (
+            self.status == self.Status.SCHEDULED
+            or (self.status == self.Status.PREPARING and self.start_at is not None)
+        )
 
     @property
     def ended(self) -> bool:

@@ -250,13 +250,17 @@ def _finish(job_id: int, staging: _Staging, lease: _Lease, read_bytes: int) -> l
             job.status = SendJob.Status.CANCELLED
         elif not staging.staged:
             job.status = SendJob.Status.DONE
+        elif job.start_at is not None and job.start_at > now:
+            job.status = SendJob.Status.SCHEDULED  # staged until its start (worker.scheduling)
         elif job.paused_at is not None:  # queued when it is resumed
             staged.update(status=SendChunk.Status.QUEUED)
             job.status = SendJob.Status.PAUSED
+            job.started_at = now
         else:
             ids = list(staged.order_by("pk").values_list("pk", flat=True))
             staged.update(status=SendChunk.Status.QUEUED, queued_at=now)
             job.status = SendJob.Status.QUEUED
+            job.started_at = now
         job.save()
         file_removed_on_commit(job)
     logger.info(

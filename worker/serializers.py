@@ -200,6 +200,13 @@ class SendJobSerializer(serializers.Serializer):
         "ambiguous + duplicate + invalid + expired + cancelled + pending = total."
     )
     waiting = serializers.SerializerMethodField()
+    start_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="When it starts; until then it is `scheduled` (null: at once when handed over).",
+    )
+    started_at = serializers.DateTimeField(
+        allow_null=True, help_text="When its chunks were first handed out (null: not yet)."
+    )
     expires_at = serializers.DateTimeField(
         help_text="Deferred sends still waiting then are dropped (counted as `expired`)."
     )

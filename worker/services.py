@@ -30,11 +30,12 @@ from worker import tasks
 from worker.chunks import chunks_runnable, waiting_close
 from worker.delivery.rendering import TEMPLATE_NAME_RE, TEMPLATE_NAME_WORDS, template_check
 from worker.models import (
+    EXPIRY_DEFAULT,
     EXPIRY_MAX,
     JOB_CAMPAIGN_MAX,
+    START_MAX,
     SendChunk,
     SendJob,
-    expiry_default,
 )
 from worker.preparing import (
     INVALID_ROWS_KEPT,
@@ -43,6 +44,7 @@ from worker.preparing import (
     file_removed_on_commit,
 )
 from worker.recipients import FileError, RecipientRules, RowError, line_words, recipient_lines
+from worker.scheduling import job_started, staged_cancel
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +59,11 @@ def send_job_create(
     Every send of the job carries `tags` (tag rules count them), `priority` (a rule's
     reserve reads it) and its `topic` (a topic's slug, sent on the job's channel; the ledger
     keeps it); a recipient may name its `time_zone`, which decides its calendar days.
-    `expires_at` (aware, in the future, at most EXPIRY_MAX ahead; default EXPIRY_DEFAULT after
-    now): sends the gate deferred that still wait then are dropped as expired.
+    `start_at` (aware, in the future, at most START_MAX ahead; default none): the job waits as
+    `scheduled` until then (worker.scheduling starts it), and can be edited (send_job_edit),
+    started early (send_job_start) or cancelled meanwhile.
+    `expires_at` (aware, after the start, at most EXPIRY_MAX after it; default EXPIRY_DEFAULT
+    after the start): sends the gate deferred that still wait then are dropped as expired.
     Raises ValidationError naming the field, or the recipient row (`recipients[3].address`).
     A bad row (not a user id, an address the channel cannot send to, a message id used twice,
     a context that cannot be stored, an unknown time zone) refuses the whole job with
@@ -79,6 +84,11 @@ def send_job_create(
             }
         )
     size = settings.GATEKEEPER_SEND_CHUNK_SIZE
+    scheduled = fields["start_at"] is not None and bool(rows)
+    if scheduled:
+        status = SendJob.Status.SCHEDULED
+    else:
+        status = SendJob.Status.QUEUED if rows else SendJob.Status.DONE
     with transaction.atomic():
         job = SendJob.objects.create(
             **fields,
@@ -86,15 +96,23 @@ def send_job_create(
             invalid=len(invalid),
             duplicate=repeats,
             invalid_rows=invalid[:INVALID_ROWS_KEPT],
-            status=SendJob.Status.QUEUED if rows else SendJob.Status.DONE,
+            status=status,
+            started_at=None if scheduled else timezone.now(),
         )
+        chunk_status = SendChunk.Status.STAGED if scheduled else SendChunk.Status.QUEUED
         chunks = SendChunk.objects.bulk_create(
-            SendChunk(job=job, recipients=rows[i : i + size], size=len(rows[i : i + size]))
+            SendChunk(
+                job=job,
+                recipients=rows[i : i + size],
+                size=len(rows[i : i + size]),
+                status=chunk_status,
+            )
             for i in range(0, len(rows), size)
         )
-        ids = [chunk.pk for chunk in chunks]
+        ids = [] if scheduled else [chunk.pk for chunk in chunks]
         # Handed over now (to the broker, or to the caller that runs them with queue=False):
-        # send_chunks_due leaves them alone unless they are still waiting much later.
+        # send_chunks_due leaves them alone unless they are still waiting much later. A
+        # scheduled job's wait, staged, for its start (worker.scheduling).
         SendChunk.objects.filter(pk__in=ids).update(queued_at=timezone.now())
         if queue and ids:
             # robust: a broker outage here leaves the chunks for beat's send_chunks_due, not
@@ -197,7 +215,7 @@ def send_job_pause(*, job: SendJob, user: Any = None) -> SendJob:
         _not_ended(locked, "paused")
         if locked.paused_at is None:
             locked.paused_at = timezone.now()
-            if locked.status != SendJob.Status.PREPARING:
+            if locked.status not in (SendJob.Status.PREPARING, SendJob.Status.SCHEDULED):
                 locked.status = SendJob.Status.PAUSED
             locked.save(update_fields=["paused_at", "status", "updated_at"])
     logger.info("Job %s paused by %s", job.pk, _who(user))
@@ -249,12 +267,91 @@ def send_job_cancel(*, job: SendJob, user: Any = None) -> SendJob:
                 SendChunk.objects.filter(job=locked, status=SendChunk.Status.STAGED).delete()
                 locked.status = SendJob.Status.CANCELLED
                 file_removed_on_commit(locked)
+            elif locked.status == SendJob.Status.SCHEDULED:
+                staged_cancel(locked)  # nothing of it was handed out
             locked.save()
-    if locked.status != SendJob.Status.PREPARING:
+    if locked.status not in (SendJob.Status.PREPARING, SendJob.Status.CANCELLED):
         waiting_close(now=now, job_id=job.pk)
     logger.info("Job %s cancelled by %s", job.pk, _who(user))
     job.refresh_from_db()
     return job
+
+
+# The fields of a job that can change until it starts: its recipients, channel and campaign
+# (which the message ids are made of) cannot; cancel it and hand over another instead.
+EDITABLE = (
+    "start_at",
+    "expires_at",
+    "template",
+    "tags",
+    "priority",
+    "topic",
+    "on_capped",
+)
+
+
+def send_job_edit(*, job: SendJob, changes: Mapping[str, Any], user: Any = None) -> SendJob:
+    """Change a job that has not started (scheduled, or its file still being read with a start
+    ahead): any of EDITABLE, checked as at creation (a ValidationError naming the field); a new
+    `start_at` reschedules it. A Conflict once it has started (or was cancelled), or for a field
+    that cannot change. Returns the job as it is now."""
+    fixed = sorted(set(changes) - set(EDITABLE))
+    if fixed:
+        raise ValidationError(
+            {
+                fixed[0]: f"Cannot change once handed over (only {', '.join(EDITABLE)} can, "
+                "until the job starts); cancel the job and hand over another."
+            }
+        )
+    with transaction.atomic():
+        locked = SendJob.objects.select_for_update().get(pk=job.pk)
+        if not locked.waits_to_start or locked.cancelled_at is not None:
+            raise Conflict(_started_words(locked, "edited"), field="status")
+        current = {name: getattr(locked, name) for name in EDITABLE}
+        if "start_at" in changes and changes["start_at"] is None:
+            raise ValidationError({"start_at": "Give the new start (to start it now, use start/)."})
+        merged = {**current, **changes}
+        if "start_at" in changes and "expires_at" not in changes and locked.start_at:
+            # The expiry keeps its distance from the start (as it was given or by default).
+            start = _start_checked(changes["start_at"], now=timezone.now())
+            assert start is not None
+            merged["expires_at"] = locked.expires_at + (start - locked.start_at)
+        fields = _job_fields(channel=locked.channel, campaign=locked.campaign, **merged)
+        changed = [name for name in EDITABLE if fields[name] != current[name]]
+        for name in changed:
+            setattr(locked, name, fields[name])
+        if changed:
+            locked.save(update_fields=[*changed, "updated_at"])
+    logger.info(
+        "Job %s edited by %s: %s",
+        job.pk,
+        _who(user),
+        ", ".join(f"{name} {current[name]!s} -> {getattr(locked, name)!s}" for name in changed)
+        or "nothing changed",
+    )
+    return locked
+
+
+def send_job_start(*, job: SendJob, user: Any = None, queue: bool = True) -> SendJob:
+    """Start a scheduled job now, before its `start_at` (a Conflict when it is not scheduled)."""
+    with transaction.atomic():
+        ids = job_started(job.pk)
+        if queue and ids:
+            transaction.on_commit(lambda: tasks.send_chunks(ids), robust=True)
+    logger.info("Job %s started early by %s", job.pk, _who(user))
+    job.refresh_from_db()
+    return job
+
+
+def _started_words(job: SendJob, what: str) -> str:
+    if job.cancelled_at is not None or job.status == SendJob.Status.CANCELLED:
+        return f"The job was cancelled: it cannot be {what}."
+    if job.started_at is not None:
+        return (
+            f"The job started at {job.started_at.isoformat()}: it can no longer be {what} "
+            "(pause or cancel it instead)."
+        )
+    return f"The job is {job.status} and was not scheduled: it cannot be {what}."
 
 
 def _not_ended(job: SendJob, what: str) -> None:
@@ -278,10 +375,12 @@ def _job_fields(
     tags: Iterable[str] = (),
     priority: int = DEFAULT_PRIORITY,
     expires_at: datetime | None = None,
+    start_at: datetime | None = None,
     user: Any = None,
     topic: str = "",
 ) -> dict[str, Any]:
-    """A new job's fields, each checked: a ValidationError naming the first bad one."""
+    """A new job's fields (or a scheduled job's, edited), each checked: a ValidationError naming
+    the first bad one."""
     validate_channel(channel, field="channel")
     validate_category(category, field="category")
     if topic:
@@ -300,7 +399,9 @@ def _job_fields(
             }
         )
     job_tags = _tags_checked(tags)
-    expiry = _expiry_checked(expires_at)
+    now = timezone.now()
+    start = _start_checked(start_at, now=now)
+    expiry = _expiry_checked(expires_at, start=start, now=now)
     low, high = PRIORITIES
     if type(priority) is not int or not low <= priority <= high:  # a bool is no priority
         raise ValidationError(
@@ -328,27 +429,54 @@ def _job_fields(
         "on_capped": on_capped,
         "on_invalid": on_invalid,
         "expires_at": expiry,
+        "start_at": start,
         "created_by": user if user is not None and user.is_authenticated else None,
     }
 
 
-def _expiry_checked(expires_at: Any) -> Any:
-    """The job's expiry: given, an aware instant in the future and at most EXPIRY_MAX ahead;
-    not given, EXPIRY_DEFAULT from now. A ValidationError naming `expires_at` otherwise."""
+def _start_checked(start_at: Any, *, now: datetime) -> datetime | None:
+    """The job's start: None (as soon as it is handed over), or an aware instant in the future
+    and at most START_MAX ahead. A ValidationError naming `start_at` otherwise."""
+    if start_at is None:
+        return None
+    if not isinstance(start_at, datetime) or timezone.is_naive(start_at):
+        raise ValidationError({"start_at": f"The UTC offset is missing. {DATETIME_WORDS}"})
+    if start_at <= now:
+        raise ValidationError(
+            {
+                "start_at": f"Must be in the future; {start_at.isoformat()} has passed (leave it "
+                "out to start at once)."
+            }
+        )
+    if start_at > now + START_MAX:
+        raise ValidationError(
+            {"start_at": f"At most {START_MAX.days} days ahead; {start_at.isoformat()} is later."}
+        )
+    return start_at
+
+
+def _expiry_checked(expires_at: Any, *, start: datetime | None, now: datetime) -> Any:
+    """The job's expiry: given, an aware instant after its start (`start`, its start_at; None:
+    now) and at most EXPIRY_MAX after it; not given, EXPIRY_DEFAULT after its start. A
+    ValidationError naming `expires_at` otherwise."""
     if expires_at is None:
-        return expiry_default()
+        return (start or now) + EXPIRY_DEFAULT
     days = EXPIRY_MAX.days
     if not isinstance(expires_at, datetime) or timezone.is_naive(expires_at):
         raise ValidationError({"expires_at": f"The UTC offset is missing. {DATETIME_WORDS}"})
-    now = timezone.now()
-    if expires_at <= now:
-        raise ValidationError(
-            {"expires_at": f"Must be in the future; {expires_at.isoformat()} has passed."}
+    if start is None:
+        early = f"Must be in the future; {expires_at.isoformat()} has passed."
+        late = f"At most {days} days ahead; {expires_at.isoformat()} is later."
+    else:
+        early = f"Must be after the job's start_at ({start.isoformat()}); {expires_at.isoformat()} is not."
+        late = (
+            f"At most {days} days after the job's start_at ({start.isoformat()}); "
+            f"{expires_at.isoformat()} is later."
         )
-    if expires_at > now + EXPIRY_MAX:
-        raise ValidationError(
-            {"expires_at": f"At most {days} days ahead; {expires_at.isoformat()} is later."}
-        )
+    if expires_at <= (start or now):
+        raise ValidationError({"expires_at": early})
+    if expires_at > (start or now) + EXPIRY_MAX:
+        raise ValidationError({"expires_at": late})
     return expires_at
 
 

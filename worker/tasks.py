@@ -10,6 +10,7 @@ from gatekeeper.lib.bodies import datetime_from_text
 from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run, waiting_close
 from worker.delivery import dead_addresses
 from worker.preparing import jobs_preparing_stalled, send_job_prepare_run
+from worker.scheduling import jobs_start_due
 from worker.timings import timed
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,15 @@ def send_chunks_due(now: str | None = None) -> int:
     for job_id in jobs_preparing_stalled(now=instant):
         send_job_prepare.delay(job_id)
     ids = chunks_due(now=instant)
+    send_chunks(ids, now=now)
+    return len(ids)
+
+
+@shared_task
+def send_jobs_start_due(now: str | None = None) -> int:
+    """Beat, every 2 s: start the scheduled jobs whose `start_at` has come (worker.scheduling)
+    and queue their chunks. Returns how many chunks it queued. `now` as send_chunks_due's."""
+    ids = jobs_start_due(now=_instant(now))
     send_chunks(ids, now=now)
     return len(ids)
 

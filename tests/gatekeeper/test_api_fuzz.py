@@ -60,6 +60,8 @@ NOT_EXPRESSIBLE = {
     # An event's time is within the last GATEKEEPER_EVENTS_DEDUP_DAYS days, not ahead.
     "POST /api/v1/events/",
     "POST /api/v1/sends/",
+    # A job's start is in the future, its expiry after its start, its template exists.
+    "PATCH /api/v1/sends/{job_id}/",
     "POST /api/v1/rules/",
     "PATCH /api/v1/rules/{rule_id}/",
     "POST /api/v1/quiet-hours/",

@@ -22,7 +22,16 @@ from worker.recipients import FILE_FORMAT
 from worker.selectors import send_job_waiting
 from worker.services import send_job_from_file
 
-JOB_OPTIONS = ("tags", "priority", "channel", "template", "campaign", "expires_at", "topic")
+JOB_OPTIONS = (
+    "tags",
+    "priority",
+    "channel",
+    "template",
+    "campaign",
+    "expires_at",
+    "start_at",
+    "topic",
+)
 
 
 class Command(BaseCommand):
@@ -61,9 +70,15 @@ class Command(BaseCommand):
             help="defer: sends refused by a cap or quiet hours wait for their release",
         )
         parser.add_argument(
+            "--start-at",
+            help="ISO 8601 with its UTC offset (2026-06-11T09:00:00+02:00): the job waits as "
+            "scheduled until then (beat starts it; edit or cancel it meanwhile in the admin or "
+            "over REST); default: at once",
+        )
+        parser.add_argument(
             "--expires-at",
             help="ISO 8601 with its UTC offset (2026-06-11T09:00:00+02:00): deferred sends "
-            "still waiting then are dropped as expired (default: 24 hours from now)",
+            "still waiting then are dropped as expired (default: 24 hours after the start)",
         )
         parser.add_argument(
             "--on-invalid",
@@ -87,13 +102,13 @@ class Command(BaseCommand):
         except NotAWholeNumber as exc:
             raise CommandError(f"Nothing was sent. {exc}") from None
         tags = [tag.strip() for tag in options["tags"].split(",") if tag.strip()]
-        expires_at = None
-        if options["expires_at"]:
-            try:
-                # Without a UTC offset, send_job_create refuses it (in the words of the API).
-                expires_at = datetime_from_text(options["expires_at"])
-            except ValueError as exc:
-                raise CommandError(f"Nothing was sent. --expires-at: {exc}") from None
+        expires_at = self._instant(options, "expires_at")
+        start_at = self._instant(options, "start_at")
+        if start_at is not None and options["wait"]:
+            raise CommandError(
+                "Nothing was sent. --wait sends in this process now; a job with --start-at is "
+                "started by beat at its time (leave out one of the two)."
+            )
         path = options["recipients"]
         try:
             handle = Path(path).open("rb")  # noqa: SIM115 (closed by the reading below)
@@ -115,6 +130,7 @@ class Command(BaseCommand):
                 on_capped=options["on_capped"],
                 on_invalid=options["on_invalid"],
                 expires_at=expires_at,
+                start_at=start_at,
             )
         except ValidationError as exc:
             handle.close()
@@ -135,6 +151,16 @@ class Command(BaseCommand):
         job.refresh_from_db()
         if job.status == SendJob.Status.FAILED:
             raise CommandError(f"Nothing was sent. {path}: {job.error}")
+        if job.status == SendJob.Status.SCHEDULED:
+            assert job.start_at is not None
+            self.stdout.write(
+                f"Send job #{job.pk} scheduled for {job.start_at:%Y-%m-%d %H:%M:%S} UTC: "
+                f"{count(job.total, 'recipient')}; beat starts it then (until then it can be "
+                "edited, rescheduled or cancelled in the admin or over REST)."
+            )
+            if options["follow"]:
+                self._follow(job)
+            return
         if not options["wait"]:
             tasks.send_chunks(ids)
             timings.flush()  # this process's reading and chunking, for /metrics
@@ -175,6 +201,18 @@ class Command(BaseCommand):
                 self.stdout.write(f"\nStopped watching; job #{job.pk} goes on.")
                 return
         self._summary(job)
+
+    @staticmethod
+    def _instant(options: dict[str, Any], name: str) -> Any:
+        """An instant option (--start-at, --expires-at) read, or None; without a UTC offset,
+        the service refuses it in the words of the API."""
+        if not options[name]:
+            return None
+        try:
+            return datetime_from_text(options[name])
+        except ValueError as exc:
+            option = "--" + name.replace("_", "-")
+            raise CommandError(f"Nothing was sent. {option}: {exc}") from None
 
     @staticmethod
     def _where(path: str, field: str) -> str:

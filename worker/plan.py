@@ -1,0 +1,250 @@
+"""The forward plan: for every scheduled send job, per recipient, what the gate will decide when
+the job starts, given each user's log now, every rule, quiet hours, preferences, suppression and
+the control group, and every job that starts before it (its admitted sends counted as if made).
+
+How: the replay. The logs of every user a scheduled job reaches are copied (DUMP and RESTORE of
+their buckets) under a scratch prefix, then each job, in the order the jobs start, is put
+through the gate itself, not a model of it, at its `start_at` (the gate's explicit clock), on
+that copy: the same stages, the same Lua function, the same rules (calendar windows in each
+user's zone, DST included), so that a prediction is the gate's own answer. An earlier job's
+admitted sends are recorded in the copy, so the later jobs count them. Nothing is written to the
+live logs, the ledger or the decision counts; the copy is removed afterwards (and, should the
+process die, expires by itself within PLAN_SCRATCH_TTL).
+
+What a prediction assumes (docs/worker.md, "The plan"): every send of a job is decided at its
+`start_at`, and nothing else is sent in between (no other campaign, no send of a job that is
+running now). Waiting sends a job defers are shown as held, with when they would be released;
+what the gate decides then is not predicted.
+"""
+
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from gatekeeper.lib.redis_client import REDIS_DOWN
+from limits import log
+from limits.limiter import Decision, Limiter, get_limiter
+from limits.policy import PolicyTable
+from limits.quota import Unavailable
+from limits.reasons import Reason
+from worker.delivery.base import recipients_typed
+from worker.gate import Gate, job_gate_check
+from worker.models import SendChunk, SendJob
+
+logger = logging.getLogger(__name__)
+
+PLAN_SCRATCH_TTL = 3600  # seconds a scratch copy of the logs outlives a plan that died
+COPY_BATCH = 500  # bucket keys copied per pipeline
+LOST_SHOWN = 100  # users named per job among those who lose a send to an earlier job
+HELD = (Reason.QUIET_HOURS,)
+# Refusals whose room another send could have taken (a rule had no room at the job's start).
+BY_RULE = (Reason.DAILY_CAP, Reason.WEEKLY_CAP, Reason.CAP)
+
+
+@dataclass
+class JobPlan:
+    """One scheduled job's predicted decisions, counted."""
+
+    job_id: int
+    campaign: str
+    channel: str
+    priority: int
+    start_at: datetime
+    tags: tuple[str, ...] = ()
+    recipients: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    # (rule id, rule name) -> sends that rule will refuse
+    rules: Counter[tuple[int, str]] = field(default_factory=Counter)
+    # earlier job id -> this job's sends refused by a rule whose room that job took
+    taken_by: Counter[int] = field(default_factory=Counter)
+    lost_users: list[int] = field(default_factory=list)  # the first LOST_SHOWN of them
+    held_from: float | None = None  # quiet hours: the first and last release, epoch seconds
+    held_until: float | None = None
+    # the users whose send it records (allowed; not a duplicate), sorted
+    admitted: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
+
+    @property
+    def sent(self) -> int:
+        return self.reasons[Reason.ALLOWED] + self.reasons[Reason.EXEMPT]
+
+    @property
+    def held(self) -> int:
+        return sum(self.reasons[r] for r in HELD)
+
+
+def scheduled_jobs(*, until: datetime | None = None) -> list[SendJob]:
+    """The jobs a plan covers, in the order they start (ties: the higher priority first, then
+    the older): every `scheduled` job (its recipients are read), up to `until`."""
+    jobs = SendJob.objects.filter(status=SendJob.Status.SCHEDULED, cancelled_at__isnull=True)
+    if until is not None:
+        jobs = jobs.filter(start_at__lte=until)
+    return list(jobs.order_by("start_at", "-priority", "pk"))
+
+
+def plan_compute(
+    jobs: Sequence[SendJob] | None = None, *, limiter: Limiter | None = None
+) -> list[JobPlan]:
+    """Every job's predicted decisions (`jobs` in the order they start; default
+    scheduled_jobs()), by the process's gate on a scratch copy of the logs of `limiter` (default:
+    the live one). Raises Unavailable when Redis does not answer."""
+    jobs = scheduled_jobs() if jobs is None else list(jobs)
+    live = limiter or get_limiter()
+    scratch = Limiter(live.client, prefix=f"{live.prefix}plan:{uuid.uuid4().hex[:12]}:")
+    replay = Gate(limiter=scratch, record_stats=False, record_ledger=False)
+    started = time.monotonic()
+    scratch_keys: list[str] = []
+    plans: list[JobPlan] = []
+    try:
+        users = np.unique(
+            np.fromiter((r.user_id for job in jobs for r in _recipients(job)), dtype=np.uint64)
+        )
+        scratch_keys = _logs_copied(live, scratch.prefix, users)
+        for job in jobs:
+            plans.append(_job_planned(job, replay, earlier=plans))
+    except REDIS_DOWN as exc:
+        raise Unavailable(f"Redis is not answering; the plan cannot be made: {exc}") from exc
+    finally:
+        _removed(live.client, scratch_keys)
+    logger.info(
+        "Planned %d jobs (%d recipients, %d users) in %.1f s",
+        len(jobs),
+        sum(p.recipients for p in plans),
+        int(users.size) if jobs else 0,
+        time.monotonic() - started,
+    )
+    return plans
+
+
+def _chunks(job: SendJob) -> Iterator[list[Any]]:
+    """A scheduled job's recipients, chunk by chunk as its run will gate them."""
+    chunks = SendChunk.objects.filter(job=job, status=SendChunk.Status.STAGED).order_by("pk")
+    for recipients in chunks.values_list("recipients", flat=True).iterator(chunk_size=20):
+        yield recipients_typed(recipients)
+
+
+def _recipients(job: SendJob) -> Iterator[Any]:
+    for chunk in _chunks(job):
+        yield from chunk
+
+
+def _job_planned(job: SendJob, gate: Gate, *, earlier: list[JobPlan]) -> JobPlan:
+    assert job.start_at is not None
+    plan = JobPlan(
+        job_id=job.pk,
+        campaign=job.campaign,
+        channel=job.channel,
+        priority=job.priority,
+        start_at=job.start_at,
+        tags=tuple(job.tags),
+    )
+    at = job.start_at.timestamp()
+    admitted: list[int] = []
+    table = gate.policy.table()
+    for part in _chunks(job):
+        decisions = job_gate_check(job, part, now=at, gate=gate)
+        if any(d.reason == Reason.UNAVAILABLE for d in decisions):
+            raise Unavailable("Redis or the segment snapshot is not available; no plan.")
+        plan.recipients += len(decisions)
+        for d in decisions:
+            plan.reasons[d.reason] += 1
+            if d.reason == Reason.ALLOWED:  # recorded: a duplicate takes no room
+                admitted.append(d.user_id)
+            if d.rule is not None:
+                plan.rules[(int(d.rule["id"]), str(d.rule["name"]))] += 1
+            if d.reason in HELD and d.retry_after is not None:
+                release = at + d.retry_after
+                plan.held_from = min(plan.held_from or release, release)
+                plan.held_until = max(plan.held_until or release, release)
+        _slots_taken(plan, job, decisions, earlier, table)
+    plan.admitted = np.unique(np.asarray(admitted, dtype=np.uint64))
+    return plan
+
+
+def _slots_taken(
+    plan: JobPlan,
+    job: SendJob,
+    decisions: Sequence[Decision],
+    earlier: list[JobPlan],
+    table: PolicyTable,
+) -> None:
+    """Name, for each send a rule refuses, the earlier jobs whose admitted send to that user
+    the rule counts (same channel or the rule's `all`; its tag or campaign): they took the
+    room. A send refused by a rule that no earlier job touched lost to the user's log alone."""
+    refused = [d for d in decisions if d.reason in BY_RULE and d.rule is not None]
+    if not refused or not earlier:
+        return
+    users = np.asarray([d.user_id for d in refused], dtype=np.uint64)
+    lost = np.zeros(users.size, dtype=bool)
+    rules = {rule.id: rule for rule in table.rules}
+    for before in earlier:
+        hit = np.isin(users, before.admitted)
+        if not hit.any():
+            continue
+        counted = np.array(
+            [
+                bool(h) and _counts(rules.get(int(d.rule["id"])), before, job)  # type: ignore[index]
+                for h, d in zip(hit, refused, strict=True)
+            ],
+            dtype=np.bool_,
+        )
+        if counted.any():
+            plan.taken_by[before.job_id] += int(counted.sum())
+            lost |= counted
+    room = LOST_SHOWN - len(plan.lost_users)
+    if room > 0:
+        plan.lost_users += [int(u) for u in users[lost][:room]]
+
+
+def _counts(rule: Any, before: JobPlan, job: SendJob) -> bool:
+    """Whether `rule` (a rule view; None: a person's own or an arm's rule) counts a send of the
+    earlier job `before`: its channel, and its match."""
+    if rule is None:
+        return before.channel == job.channel
+    if rule.channel not in ("all", before.channel):
+        return False
+    if rule.match == "tag":
+        return rule.tag in before.tags
+    if rule.match == "campaign":
+        return before.campaign == job.campaign
+    return True
+
+
+def _logs_copied(live: Limiter, scratch_prefix: str, users: np.ndarray) -> list[str]:
+    """Copy the log buckets of `users` under `scratch_prefix` (DUMP, RESTORE with a TTL);
+    returns the scratch keys of every bucket of theirs (copied, or to be made by the replay)."""
+    buckets = np.unique(users >> np.uint64(log.BUCKET_BITS))
+    client = live.client
+    written: list[str] = []
+    for start in range(0, buckets.size, COPY_BATCH):
+        part = [int(b) << log.BUCKET_BITS for b in buckets[start : start + COPY_BATCH]]
+        reading = client.pipeline(transaction=False)
+        for first in part:
+            reading.dump(log.bucket_key(live.prefix, first))
+        dumps = reading.execute()
+        writing = client.pipeline(transaction=False)
+        for first, dumped in zip(part, dumps, strict=True):
+            key = log.bucket_key(scratch_prefix, first)
+            written.append(key)  # removed afterwards: the replay may write it when none was
+            if dumped is not None:
+                writing.restore(key, PLAN_SCRATCH_TTL * 1000, dumped, replace=True)
+        writing.execute()
+    return written
+
+
+def _removed(client: Any, keys: list[str]) -> None:
+    for start in range(0, len(keys), COPY_BATCH):
+        try:
+            pipe = client.pipeline(transaction=False)
+            for key in keys[start : start + COPY_BATCH]:
+                pipe.unlink(key)
+            pipe.execute()
+        except Exception:  # they expire by themselves
+            logger.warning("Could not remove the plan's scratch logs; they expire in an hour")
+            return
