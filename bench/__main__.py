@@ -22,6 +22,7 @@ SUITES = [
     "memory",
     "reports",
     "experiments",
+    "plan",
     "providers",
 ]
 

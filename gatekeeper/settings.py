@@ -178,6 +178,8 @@ CELERY_BEAT_SCHEDULE = {
     # Scheduled send jobs started within seconds of their start_at (not as countdown tasks:
     # the broker would hold them for days, past its visibility timeout).
     "send-jobs-start-due": {"task": "worker.tasks.send_jobs_start_due", "schedule": 2.0},
+    # The plan of the scheduled jobs, made again when a job, a rule or the snapshot changes.
+    "plan-refresh-due": {"task": "worker.tasks.plan_refresh_due", "schedule": 30.0},
     # A large user list whose validation task was lost is queued again.
     "user-lists-stalled": {"task": "segments.tasks.user_lists_stalled", "schedule": 300.0},
     # Users whose whole send log has aged out are dropped from their (still live) buckets.

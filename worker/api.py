@@ -1,12 +1,13 @@
 """REST views of the gate (check, release) and of send jobs (hand over, read, edit or
 reschedule before they start, start early, pause, resume, cancel, their waiting sends)."""
 
+from datetime import datetime
 from typing import Any
 
 import msgspec
 from django.conf import settings
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
@@ -19,9 +20,11 @@ from gatekeeper.lib.permissions import CANCEL_SENDS, GATE, VIEW_SEND_JOBS
 from gatekeeper.lib.zones import UnknownTimeZone, zone
 from limits.bodies import tags_checked
 from limits.channels import validate_channel
+from limits.ledger.history import INSTANT, INSTANT_WORDS, interval_from_text
 from limits.limiter import Decision
 from limits.quota import Unavailable
 from segments.index import max_answerable_user_id
+from worker import tasks
 from worker.bodies import (
     FILE_PART,
     GATE_BODY_BYTES,
@@ -37,8 +40,11 @@ from worker.bodies import (
 )
 from worker.gate import gate_check, gate_release
 from worker.models import SendJob
+from worker.plan import plan_computing, plan_inputs, plan_latest
 from worker.serializers import (
     GateResultsSerializer,
+    JobPlanSerializer,
+    PlanSerializer,
     ReleaseResultsSerializer,
     SendJobCreatedSerializer,
     SendJobSerializer,
@@ -372,3 +378,90 @@ SendJobPauseView = _control_view("pause")
 SendJobResumeView = _control_view("resume")
 SendJobStartView = _control_view("start")
 SendJobCancelView = _control_view("cancel")
+
+
+def _plan_now() -> dict[str, Any]:
+    """The latest plan, with whether it is stale; a stale or missing plan is queued to be made
+    again (worker.tasks.plan_refresh_due), and the answer says so."""
+    latest = plan_latest()
+    stale = latest is None or latest["inputs"] != plan_inputs()
+    computing = plan_computing()
+    if stale and not computing:
+        tasks.plan_refresh_due.delay()
+        computing = True
+    return {
+        "computed_at": latest["computed_at"] if latest else None,
+        "seconds": latest["seconds"] if latest else None,
+        "stale": stale,
+        "computing": computing,
+        "jobs": latest["jobs"] if latest else [],
+    }
+
+
+class PlanView(JsonAPIView):
+    rights = {"GET": VIEW_SEND_JOBS}
+    operation_ids = {"GET": "plan_get"}
+
+    @extend_schema(
+        summary="The forward plan: per scheduled job, what the gate will decide when it starts",
+        description=(
+            "Per scheduled job starting in ?from= to ?to= (each a UTC day or an instant with its "
+            "offset; either may be left out), in the order they start: recipients predicted "
+            "sent, refused (by reason and by rule), held by quiet hours, and the earlier jobs "
+            "that take the slots it needed, with the first users who lose one. A prediction is "
+            "the gate's own decision at the job's start_at on a copy of the users' logs, "
+            "counting the sends of every job that starts before it, assuming nothing else is "
+            "sent in between (docs/worker.md, 'The plan'). The plan is made in the background "
+            "whenever a job, a rule or the snapshot changes: `stale` says a newer one is being "
+            "made."
+        ),
+        parameters=[
+            OpenApiParameter(
+                "from",
+                {"type": "string", "pattern": f"^{INSTANT.pattern}$"},
+                OpenApiParameter.QUERY,
+                description=f"Jobs starting at or after this. {INSTANT_WORDS}",
+            ),
+            OpenApiParameter(
+                "to",
+                {"type": "string", "pattern": f"^{INSTANT.pattern}$"},
+                OpenApiParameter.QUERY,
+                description=f"Jobs starting before this. {INSTANT_WORDS} A day: included.",
+            ),
+        ],
+        responses={200: PlanSerializer, **errors(400)},
+    )
+    def get(self, request: Request) -> Response:
+        since, until = interval_from_text(
+            request.query_params.get("from"), request.query_params.get("to")
+        )
+        answer = _plan_now()
+        answer["jobs"] = [
+            job
+            for job in answer["jobs"]
+            if (since is None or datetime.fromisoformat(job["start_at"]) >= since)
+            and (until is None or datetime.fromisoformat(job["start_at"]) < until)
+        ]
+        return Response(answer)
+
+
+class SendJobPlanView(JsonAPIView):
+    rights = {"GET": VIEW_SEND_JOBS}
+    operation_ids = {"GET": "send_job_plan"}
+
+    @extend_schema(
+        summary="A scheduled job's part of the forward plan",
+        description="As in GET /api/v1/plan/, for one job; 404 when it is not in the plan "
+        "(not scheduled, or scheduled after the plan was made: see `stale`).",
+        responses={200: JobPlanSerializer, **errors(404)},
+    )
+    def get(self, request: Request, job_id: int) -> Response:
+        job = get_object_or_404(SendJob, pk=job_id)
+        if job.status != SendJob.Status.SCHEDULED:
+            why = f"it is not scheduled (it is {job.status})"
+        else:
+            for planned in _plan_now()["jobs"]:
+                if planned["job"] == job.pk:
+                    return Response(planned)
+            why = "the plan is being made again with it; ask again in a while"
+        return Response({"detail": f"Send job {job.pk} is not in the plan: {why}."}, status=404)

@@ -17,13 +17,15 @@ running now). Waiting sends a job defers are shown as held, with when they would
 what the gate decides then is not predicted.
 """
 
+import json
 import logging
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
+from hashlib import blake2b
 from typing import Any
 
 import numpy as np
@@ -34,8 +36,10 @@ from limits.limiter import Decision, Limiter, get_limiter
 from limits.policy import PolicyTable
 from limits.quota import Unavailable
 from limits.reasons import Reason
+from limits.selectors import policy_read
+from segments.index import get_index
 from worker.delivery.base import recipients_typed
-from worker.gate import Gate, job_gate_check
+from worker.gate import Gate, SegmentResolver, job_gate_check
 from worker.models import SendChunk, SendJob
 
 logger = logging.getLogger(__name__)
@@ -89,15 +93,19 @@ def scheduled_jobs(*, until: datetime | None = None) -> list[SendJob]:
 
 
 def plan_compute(
-    jobs: Sequence[SendJob] | None = None, *, limiter: Limiter | None = None
+    jobs: Sequence[SendJob] | None = None,
+    *,
+    limiter: Limiter | None = None,
+    index: SegmentResolver | None = None,
 ) -> list[JobPlan]:
     """Every job's predicted decisions (`jobs` in the order they start; default
-    scheduled_jobs()), by the process's gate on a scratch copy of the logs of `limiter` (default:
-    the live one). Raises Unavailable when Redis does not answer."""
+    scheduled_jobs()), by the process's gate (`index`: resolve segments with this one instead of
+    the loaded snapshot) on a scratch copy of the logs of `limiter` (default: the live one).
+    Raises Unavailable when Redis does not answer."""
     jobs = scheduled_jobs() if jobs is None else list(jobs)
     live = limiter or get_limiter()
     scratch = Limiter(live.client, prefix=f"{live.prefix}plan:{uuid.uuid4().hex[:12]}:")
-    replay = Gate(limiter=scratch, record_stats=False, record_ledger=False)
+    replay = Gate(limiter=scratch, index=index, record_stats=False, record_ledger=False)
     started = time.monotonic()
     scratch_keys: list[str] = []
     plans: list[JobPlan] = []
@@ -248,3 +256,112 @@ def _removed(client: Any, keys: list[str]) -> None:
         except Exception:  # they expire by themselves
             logger.warning("Could not remove the plan's scratch logs; they expire in an hour")
             return
+
+
+# --- the plan kept: computed in the background, read by the API and the admin ---------------
+
+PLAN_KEY = "plan-result"  # under the limiter's prefix: the latest plan, as JSON
+PLAN_LOCK = "plan-computing"  # held while one process computes (one at a time)
+PLAN_LOCK_SECONDS = 1800
+PLAN_MAX_AGE = 900  # seconds: a plan is made again at least this often while jobs wait
+
+
+def plan_inputs(jobs: Sequence[SendJob] | None = None) -> str:
+    """What a plan depends on, hashed: the scheduled jobs as they are (each edit changes its
+    `updated_at`), every rule, quiet hours, topic, holdout and experiment as the gate reads
+    them, and the snapshot this process resolves segments with. People's own changes
+    (preferences, suppression) are not in it: the plan is made again every PLAN_MAX_AGE."""
+    jobs = scheduled_jobs() if jobs is None else jobs
+    index = get_index()
+    parts = [
+        repr([(j.pk, j.updated_at.isoformat(), j.total) for j in jobs]),
+        repr(policy_read()),
+        index.version if index is not None else "",
+    ]
+    return blake2b("\n".join(parts).encode(), digest_size=16).hexdigest()
+
+
+def plan_shape(plans: Sequence[JobPlan], jobs: Sequence[SendJob]) -> list[dict[str, Any]]:
+    """The plan as JSON, one object per job (the API's and the admin's shape)."""
+    names = {job.pk: job.campaign for job in jobs}
+    out = []
+    for plan in plans:
+        refused = {
+            str(reason): n
+            for reason, n in sorted(plan.reasons.items())
+            if reason not in (Reason.ALLOWED, Reason.EXEMPT, *HELD) and n
+        }
+        out.append(
+            {
+                "job": plan.job_id,
+                "campaign": plan.campaign,
+                "channel": plan.channel,
+                "priority": plan.priority,
+                "start_at": plan.start_at.isoformat(),
+                "recipients": plan.recipients,
+                "sent": plan.sent,
+                "held": plan.held,
+                "held_from": _iso(plan.held_from),
+                "held_until": _iso(plan.held_until),
+                "refused": refused,
+                "rules": [
+                    {"id": rule_id, "name": name, "refused": n}
+                    for (rule_id, name), n in plan.rules.most_common()
+                ],
+                "taken_by": [
+                    {"job": job_id, "campaign": names.get(job_id, ""), "sends": n}
+                    for job_id, n in plan.taken_by.most_common()
+                ],
+                "lost_users": plan.lost_users,
+            }
+        )
+    return out
+
+
+def _iso(epoch: float | None) -> str | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, tz=UTC).isoformat()
+
+
+def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool:
+    """Make the plan again when its inputs changed or it is older than PLAN_MAX_AGE (`force`:
+    whatever), unless another process is making it. True when this call made one."""
+    live = limiter or get_limiter()
+    latest = plan_latest(limiter=live)
+    jobs = scheduled_jobs()
+    inputs = plan_inputs(jobs)
+    fresh = (
+        latest is not None
+        and latest["inputs"] == inputs
+        and time.time() - latest["computed_epoch"] < PLAN_MAX_AGE
+    )
+    if fresh and not force:
+        return False
+    lock = f"{live.prefix}{PLAN_LOCK}"
+    if not live.client.set(lock, "1", nx=True, ex=PLAN_LOCK_SECONDS):
+        return False
+    try:
+        started = time.time()
+        plans = plan_compute(jobs, limiter=live)
+        result = {
+            "inputs": inputs,
+            "computed_epoch": started,
+            "computed_at": datetime.fromtimestamp(started, tz=UTC).isoformat(),
+            "seconds": round(time.time() - started, 3),
+            "jobs": plan_shape(plans, jobs),
+        }
+        live.client.set(f"{live.prefix}{PLAN_KEY}", json.dumps(result))
+    finally:
+        live.client.delete(lock)
+    return True
+
+
+def plan_latest(*, limiter: Limiter | None = None) -> dict[str, Any] | None:
+    """The latest plan made (plan_refresh), or None."""
+    live = limiter or get_limiter()
+    raw = live.client.get(f"{live.prefix}{PLAN_KEY}")
+    return None if raw is None else json.loads(raw)
+
+
+def plan_computing(*, limiter: Limiter | None = None) -> bool:
+    live = limiter or get_limiter()
+    return bool(live.client.exists(f"{live.prefix}{PLAN_LOCK}"))

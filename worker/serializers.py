@@ -232,3 +232,60 @@ class SendJobSerializer(serializers.Serializer):
 
 class SendJobCreatedSerializer(SendJobSerializer):
     url = serializers.URLField(help_text="Where to follow the job (also the Location header).")
+
+
+class PlanRuleSerializer(serializers.Serializer):
+    id = serializers.IntegerField(help_text="The rule (GET /api/v1/rules/<id>/).")
+    name = serializers.CharField()
+    refused = serializers.IntegerField(help_text="Of this job's sends, those it will refuse.")
+
+
+class PlanTakerSerializer(serializers.Serializer):
+    job = serializers.IntegerField(help_text="An earlier scheduled job.")
+    campaign = serializers.CharField()
+    sends = serializers.IntegerField(
+        help_text="This job's sends refused by a rule that counts that job's send to the user."
+    )
+
+
+class JobPlanSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    campaign = serializers.CharField()
+    channel = serializers.CharField()
+    priority = serializers.IntegerField()
+    start_at = serializers.DateTimeField()
+    recipients = serializers.IntegerField()
+    sent = serializers.IntegerField(help_text="Predicted to go out (allowed or exempt).")
+    held = serializers.IntegerField(help_text="Held by quiet hours at the start.")
+    held_from = serializers.DateTimeField(
+        allow_null=True, help_text="When the first held send is released (null: none held)."
+    )
+    held_until = serializers.DateTimeField(
+        allow_null=True, help_text="When the last held send is released."
+    )
+    refused = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Predicted refusals by reason (daily_cap, cap, blocked, suppressed, "
+        "preference, holdout, duplicate...).",
+    )
+    rules = PlanRuleSerializer(many=True, help_text="The rules that refuse, most first.")
+    taken_by = PlanTakerSerializer(
+        many=True, help_text="The earlier jobs that take the slots this job needed, most first."
+    )
+    lost_users = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="The first 100 users who lose a send to an earlier job.",
+    )
+
+
+class PlanSerializer(serializers.Serializer):
+    computed_at = serializers.DateTimeField(
+        allow_null=True, help_text="When this plan was made (null: none yet)."
+    )
+    seconds = serializers.FloatField(allow_null=True, help_text="How long it took to make.")
+    stale = serializers.BooleanField(
+        help_text="A job, a rule or the snapshot changed since (or it is old): a new one is "
+        "being made; ask again in a while."
+    )
+    computing = serializers.BooleanField(help_text="A new plan is being made now.")
+    jobs = JobPlanSerializer(many=True, help_text="The scheduled jobs, in the order they start.")

@@ -9,6 +9,7 @@ from celery import shared_task
 from gatekeeper.lib.bodies import datetime_from_text
 from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run, waiting_close
 from worker.delivery import dead_addresses
+from worker.plan import plan_refresh
 from worker.preparing import jobs_preparing_stalled, send_job_prepare_run
 from worker.scheduling import jobs_start_due
 from worker.timings import timed
@@ -110,6 +111,14 @@ def send_jobs_start_due(now: str | None = None) -> int:
     ids = jobs_start_due(now=_instant(now))
     send_chunks(ids, now=now)
     return len(ids)
+
+
+@shared_task
+def plan_refresh_due(force: bool = False) -> bool:
+    """Beat, every 30 s (and the plan's API when it finds the plan stale): make the plan of the
+    scheduled jobs again if a job, a rule or the snapshot changed, or it is older than
+    worker.plan.PLAN_MAX_AGE; one process at a time. True when this run made it."""
+    return plan_refresh(force=force)
 
 
 @shared_task

@@ -28,7 +28,7 @@ from limits.ledger.history import (
     POSITION,
     POSITION_WORDS,
     Position,
-    instant_from_text,
+    interval_from_text,
     position_from_text,
     user_history,
 )
@@ -74,19 +74,6 @@ def _history_filter(params: Any, name: str) -> str | None:
     if value is not None and (problem := FILTER_PROBLEMS[name](value)):
         raise ValidationError({name: [problem]})
     return cast(str | None, value)
-
-
-def _history_interval(since: str | None, until: str | None) -> tuple[Any, Any]:
-    bounds = []
-    for field, value, end in (("from", since, False), ("to", until, True)):
-        try:
-            bounds.append(None if value is None else instant_from_text(value, end=end))
-        except ValueError as exc:
-            raise ValidationError({field: [str(exc)]}) from None
-    start, stop = bounds
-    if start is not None and stop is not None and stop <= start:
-        raise ValidationError({"to": [f"Ends before it starts: {until} is not after {since}."]})
-    return start, stop
 
 
 def _instant_text(at: Any) -> str:
@@ -167,7 +154,7 @@ class HistoryView(JsonAPIView):
             validate_channel(channel, field="channel")
         campaign = _history_filter(params, "campaign")
         reason = _history_filter(params, "reason")
-        since, until = _history_interval(params.get("from"), params.get("to"))
+        since, until = interval_from_text(params.get("from"), params.get("to"))
         page = user_history(
             user_id=uid,
             limit=limit,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db.models import Q
 
 from gatekeeper.lib.ids import DATABASE_MAX
@@ -87,6 +88,21 @@ def instant_from_text(text: str, *, end: bool = False) -> datetime:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
     except (ValueError, OverflowError) as exc:
         raise ValueError(f"'{text}' is not a date and time there is: {exc}.") from None
+
+
+def interval_from_text(since: str | None, until: str | None) -> tuple[Any, Any]:
+    """`?from=` and `?to=` (either may be missing: None) as instant_from_text reads them, `to`
+    after `from`; a ValidationError naming the field otherwise."""
+    bounds = []
+    for field, value, end in (("from", since, False), ("to", until, True)):
+        try:
+            bounds.append(None if value is None else instant_from_text(value, end=end))
+        except ValueError as exc:
+            raise ValidationError({field: [str(exc)]}) from None
+    start, stop = bounds
+    if start is not None and stop is not None and stop <= start:
+        raise ValidationError({"to": [f"Ends before it starts: {until} is not after {since}."]})
+    return start, stop
 
 
 @dataclass

@@ -71,6 +71,7 @@ NOT_EXPRESSIBLE = {
 }
 QUOTA = "GET /api/v1/users/{user_id}/quota/"
 HISTORY = "GET /api/v1/users/{user_id}/history/"
+PLAN = "GET /api/v1/plan/"
 REPORT = "GET /api/v1/reports/decisions/"
 STUDY_REPORT = "GET /api/v1/reports/experiments/{study}/"
 
@@ -90,9 +91,9 @@ def may_refuse_valid_data(case: schemathesis.Case) -> bool:
     # sends (which depends on the rules): a pattern states its form, not its bounds.
     if case.operation.label == QUOTA and "window" in (case.query or {}):
         return True
-    # A history's ?from= and ?to=: a pattern states the form of a day or an instant, not the
+    # A history's (and the plan's) ?from= and ?to=: a pattern states the form of a day or an instant, not the
     # calendar (2026-02-30), and `to` must come after `from`.
-    if case.operation.label == HISTORY and bool({"from", "to"} & set(case.query or {})):
+    if case.operation.label in (HISTORY, PLAN) and bool({"from", "to"} & set(case.query or {})):
         return True
     # The decisions report's ?from= and ?to=: a date's form, not the days the ledger keeps
     # (GATEKEEPER_LEDGER_DAYS back from today) nor `from` before `to`; the same for an

@@ -180,3 +180,55 @@ def test_the_plan_names_the_earlier_job_that_takes_the_slot(world):
     assert second.taken_by == Counter({promo.pk: 2})
     assert sorted(second.lost_users) == [2, 3]
     assert list(second.rules.values()) == [2]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_plan_over_rest_is_made_in_the_background_and_follows_edits(api, snapshot):
+    from tests.support import broker
+    from tests.support.api import call
+    from worker import tasks
+
+    broker.clear("sends")  # user 7: one email a day and a week (the snapshot's default caps)
+    s = api("gate")
+    start = timezone.now() + timedelta(hours=3)
+    body = {"channel": "email", "template": "welcome", "start_at": start.isoformat()}
+    first = call(
+        s, "POST", "/api/v1/sends/", json={**body, "campaign": "a", "recipients": recipients(1, 7)}
+    )
+    later = {**body, "start_at": (start + timedelta(hours=1)).isoformat()}
+    second = call(
+        s, "POST", "/api/v1/sends/", json={**later, "campaign": "b", "recipients": recipients(7)}
+    )
+    viewer = api("viewer")
+    answer = call(viewer, "GET", "/api/v1/plan/").json()
+    assert (answer["stale"], answer["computing"], answer["jobs"]) == (True, True, [])
+    assert [name for name, _ in broker.queued("sends")] == ["worker.tasks.plan_refresh_due"]
+    assert tasks.plan_refresh_due() is True
+    answer = call(viewer, "GET", "/api/v1/plan/").json()
+    assert (answer["stale"], answer["computing"]) == (False, False)
+    a, b = answer["jobs"]
+    assert (a["job"], a["sent"], a["refused"]) == (first.json()["id"], 2, {})
+    assert (b["job"], b["sent"], b["refused"]) == (second.json()["id"], 0, {"weekly_cap": 1})
+    assert b["taken_by"] == [{"job": a["job"], "campaign": "a", "sends": 1}]
+    assert b["lost_users"] == [7] and b["rules"][0]["refused"] == 1
+    assert tasks.plan_refresh_due() is False  # nothing changed: not made again
+
+    day = start.date().isoformat()
+    only = call(viewer, "GET", f"/api/v1/plan/?from={b['start_at'].replace('+00:00', 'Z')}").json()
+    assert [j["job"] for j in only["jobs"]] == [b["job"]]
+    assert len(call(viewer, "GET", f"/api/v1/plan/?to={day}").json()["jobs"]) == 2
+    bad = call(viewer, "GET", "/api/v1/plan/?from=tomorrow")
+    assert bad.status_code == 400 and "from" in bad.json()
+    one = call(viewer, "GET", f"/api/v1/sends/{b['job']}/plan/")
+    assert one.status_code == 200 and one.json()["refused"] == {"weekly_cap": 1}
+
+    # Moving the second job eight days on frees its slot: the plan is stale until made again.
+    moved = (start + timedelta(days=8)).isoformat()
+    assert call(s, "PATCH", f"/api/v1/sends/{b['job']}/", json={"start_at": moved}).ok
+    assert call(viewer, "GET", "/api/v1/plan/").json()["stale"] is True
+    assert tasks.plan_refresh_due() is True
+    b = call(viewer, "GET", f"/api/v1/sends/{b['job']}/plan/").json()
+    assert (b["sent"], b["refused"], b["taken_by"]) == (1, {}, [])
+    assert call(s, "POST", f"/api/v1/sends/{b['job']}/cancel/").ok
+    gone = call(viewer, "GET", f"/api/v1/sends/{b['job']}/plan/")
+    assert gone.status_code == 404 and "not scheduled" in gone.json()["detail"]
