@@ -437,6 +437,68 @@ def studies_beside_none(url: str, seconds: float) -> None:
     print(f"  ratio {ratio:.3f}x (median of run pairs)   (target >= 0.97x)")
 
 
+def reservations_beside_none(url: str, seconds: float, jobs: int = 20) -> None:
+    """Gate decisions/s of priority-5 sends with `jobs` reserved scheduled jobs holding slots
+    (priority 9, starting over the next day, 50,000 users each, overlapping) against none, runs
+    alternated; and the bytes the holds take where they are stored (Redis)."""
+    from limits.holds import HeldJob, Holds, holds_decode, holds_encode
+
+    client = _redis(url)
+    client.flushdb()
+    limiter = Limiter(client, prefix="bench:")
+    index = in_memory_index()
+    table = PolicyTable(rules=CLASSIC, classic={}, zones={})
+    rng = np.random.default_rng(21)
+    now_ms = int(time.time() * 1000)
+    held = [
+        (
+            HeldJob(n + 1, 9, now_ms + (2 + n) * 3_600_000, "email", f"launch-{n}", ()),
+            np.sort(rng.choice(USERS, 50_000, replace=False).astype(np.uint64)),
+        )
+        for n in range(jobs)
+    ]
+    blob = holds_encode(held)
+    holds = holds_decode(blob)
+    client.set("bench:holds", blob)
+    stored = client.memory_usage("bench:holds") or 0
+    client.delete("bench:holds")
+    reserved_sends = sum(int(users.size) for _, users in held)
+
+    def gate(with_holds: Holds) -> Gate:
+        return Gate(
+            limiter=limiter, policy=PolicyCache.holding(table), index=index,
+            suppressions=SuppressionCache.holding(), holds=with_holds, record_ledger=False,
+        )  # fmt: skip
+
+    gates = [gate(Holds()), gate(holds)]
+    pick = random.Random(14)
+    counter = iter(range(10**9))
+
+    def step(g: Gate) -> int:
+        n = next(counter)
+        requests = [(u, f"r{n}-{u}") for u in pick.sample(range(USERS), 1000)]
+        return len(g.check(channel="email", requests=requests))
+
+    rounds = 8
+    none, reserved, ratio = alternated(
+        functools.partial(step, gates[0]),
+        functools.partial(step, gates[1]),
+        seconds,
+        rounds=rounds,
+        between=client.flushdb,
+    )
+    print(
+        f"gate with no reservation: {none:,.0f} decisions/s; with {jobs} reserved jobs holding "
+        f"{reserved_sends:,} sends (a user held by {reserved_sends / USERS:.1f} jobs on "
+        f"average): {reserved:,.0f} decisions/s (medians of {rounds} alternated runs)"
+    )
+    print(f"  ratio {ratio:.3f}x (median of run pairs)   (target >= 0.95x)")
+    print(
+        f"  the holds in Redis: {stored:,} bytes (MEMORY USAGE), "
+        f"{stored / reserved_sends:.2f} bytes a reserved send   (target <= 8)"
+    )
+
+
 def own_cap_redis_cpu(url: str, users: int = 50_000, rounds: int = 12) -> None:
     """Redis CPU per decision (INFO commandstats, the function calls' microseconds) when every
     user holds their own frequency on the channel ("at most 7 in any 7 days", a fifth rule
@@ -838,7 +900,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--suppressed", type=int, default=1_000_000)
     parser.add_argument(
         "--only",
-        choices=["suppressions", "preferences", "preference-memory", "own-cap", "studies"],
+        choices=[
+            "suppressions",
+            "preferences",
+            "preference-memory",
+            "own-cap",
+            "studies",
+            "reservations",
+        ],
         help="run only this part (with its figures)",
     )
     parser.add_argument(
@@ -880,11 +949,15 @@ def main(argv: list[str]) -> None:
     if args.only == "studies":
         studies_beside_none(args.redis_url, 2 * args.seconds)
         return
+    if args.only == "reservations":
+        reservations_beside_none(args.redis_url, 2 * args.seconds)
+        return
     gate_beside_limiter(args.redis_url, args.seconds)
     quiet_hours_beside_none(args.redis_url, 2 * args.seconds)
     suppressions_beside_none(2 * args.seconds, args.suppressed)
     preferences_beside_none(args.redis_url, 2 * args.seconds)
     studies_beside_none(args.redis_url, 2 * args.seconds)
+    reservations_beside_none(args.redis_url, 2 * args.seconds)
     preferences_memory()
     own_cap_redis_cpu(args.redis_url)
     campaign(args.recipients)

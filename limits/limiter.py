@@ -49,6 +49,8 @@ class Decision:
     retry_after: float | None
     rule: dict[str, Any] | None = None
     reserved: int | None = None
+    # On reason `reserved`: the scheduled job whose reservation held the slot back.
+    reserved_for: int | None = None
     segment: str | None = None
     holder: int | None = None  # a duplicate's: the send job that recorded it (0: none)
     # On reason `preference`: what the person switched off ({"topic": slug or None, "channel"}).
@@ -207,7 +209,7 @@ class Limiter:
 
         def collect(call: Call, reply: list[Any]) -> None:
             for i, answer in zip(call.indexes, log.iter_replies(reply[1]), strict=True):
-                results[i] = self._decision(requests[i], sets[i], *answer)
+                results[i] = self._decision(requests[i], sets[i], *answer, now_ms=int(reply[0]))
 
         self.transport.run(user_ids, build, collect, fail)
         return [d for d in results if d is not None]
@@ -222,6 +224,8 @@ class Limiter:
         retry: int,
         day: int,
         week: int,
+        *,
+        now_ms: int = 0,
     ) -> Decision:
         user_id, message_id = request
         counts = {"daily": day, "weekly": week}
@@ -237,9 +241,8 @@ class Limiter:
                 holder=None if outcome == ALLOWED else used,
             )
         rule = rule_set.rules[rule_at - 1]
-        reserved = None
-        if rule_set.effective[rule_at - 1] < rule.limit and used < rule.limit:
-            reserved = rule.reserve_slots  # the rule had room; its reserve did not
+        # The rule had room; its reserve (or a reserved job's hold) did not.
+        reserved = rule.reserved_count(rule_set.effective[rule_at - 1], used)
         return Decision(
             user_id=user_id,
             message_id=message_id,
@@ -247,9 +250,10 @@ class Limiter:
             reason=rule.reason(),
             counts=counts,
             limits=rule_set.limits,
-            retry_after=(retry - 1) / 1000 if retry else None,
+            retry_after=rule.retry_after(retry, now_ms),
             rule=rule.as_decision(used),
             reserved=reserved,
+            reserved_for=rule.reserved_for,
         )
 
     def release(

@@ -85,6 +85,22 @@ class RuleView:
             return Reason.WEEKLY_CAP
         return Reason.CAP
 
+    def reserved_count(self, effective: int, used: int) -> int | None:
+        """On a refusal by this rule: the slots held back from the send (`reserved`), or None
+        when the rule itself was full. Here: its priority reserve, when the rule had room."""
+        if effective < self.limit and used < self.limit:
+            return self.reserve_slots
+        return None
+
+    @property
+    def reserved_for(self) -> int | None:
+        """The scheduled job whose reservation this record is (limits.holds); None: a rule."""
+        return None
+
+    def retry_after(self, retry: int, now_ms: int) -> float | None:
+        """A refusal's retry_after in seconds from the limiter's `retry` (1 + ms; 0: never)."""
+        return (retry - 1) / 1000 if retry else None
+
     def limit_for(self, priority: int) -> int:
         """The limit a send of `priority` must fit: less the reserve when it is below it."""
         if (

@@ -22,6 +22,7 @@ class Reason(StrEnum):
     WEEKLY_CAP = "weekly_cap"  # ... a week
     CAP = "cap"  # ... any other window
     BLOCKED = "blocked"  # refused by a rule whose limit is 0
+    RESERVED = "reserved"  # a reserved scheduled job holds the rule's last slots (limits.holds)
     QUIET_HOURS = "quiet_hours"  # held: the user's quiet hours
     SUPPRESSED = "suppressed"  # the user is on the channel's suppression list
     PREFERENCE = "preference"  # the person switched this topic (or channel) off
@@ -47,7 +48,8 @@ REFUSED: tuple[Reason, ...] = tuple(r for r in REASONS if r not in ADMITTED)
 # A rule had no room: the decision names the rule.
 CAPPED: tuple[Reason, ...] = (Reason.DAILY_CAP, Reason.WEEKLY_CAP, Reason.CAP)
 # Refusals `on_capped: defer` waits out: a slot frees, or the user's quiet hours end.
-DEFERRABLE: tuple[Reason, ...] = (*CAPPED, Reason.QUIET_HOURS)
+# A reservation's hold ends when its job starts.
+DEFERRABLE: tuple[Reason, ...] = (*CAPPED, Reason.QUIET_HOURS, Reason.RESERVED)
 
 # How the admin's charts colour each reason (the same colour on every chart).
 COLOURS: dict[Reason, str] = {
@@ -58,6 +60,7 @@ COLOURS: dict[Reason, str] = {
     Reason.WEEKLY_CAP: "#d0662b",
     Reason.CAP: "#c4883a",
     Reason.BLOCKED: "#b23b3b",
+    Reason.RESERVED: "#d98b8b",
     Reason.QUIET_HOURS: "#8a63c9",
     Reason.SUPPRESSED: "#3d3d3d",
     Reason.PREFERENCE: "#2f6f73",

@@ -43,6 +43,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _test_settings(settings, tmp_path):
+    from limits.holds import holds_cache
     from limits.ledger.table import kinds_forget
     from limits.preferences import preference_cache
     from limits.selectors import policy_cache
@@ -53,6 +54,7 @@ def _test_settings(settings, tmp_path):
     policy_cache().invalidate()
     suppression_cache().clear()
     preference_cache().clear()
+    holds_cache().clear()  # the reservations' holds, as the plan wrote them
     kinds_forget()  # the ledger's kinds this process remembers, by id
     settings.REDIS_URL = TEST_REDIS_URL
     settings.GATEKEEPER_STORE_URL = str(tmp_path / "store")

@@ -92,6 +92,12 @@ class JobFieldsForm(forms.Form):
         help_text=f"{INSTANT_FORMAT}; empty: at once. Until then the job is scheduled: it can "
         "be edited, rescheduled, started early or cancelled.",
     )
+    reserve = forms.BooleanField(
+        required=False,
+        label="Reserve its slots",
+        help_text="A scheduled job only: until it starts, its predicted sends hold their slots; "
+        "an earlier send of a lower priority that would take one is refused.",
+    )
     expires_at = InstantField(
         required=False,
         label="Waiting sends expire at",
@@ -137,6 +143,7 @@ class SendFileForm(JobFieldsForm):
         "on_capped",
         "on_invalid",
         "start_at",
+        "reserve",
         "expires_at",
     ]
 

@@ -100,6 +100,7 @@ def _decision(d: Decision) -> dict[str, Any]:
         "limits": d.limits,
         "rule": d.rule,
         "reserved": d.reserved,
+        "reserved_for": d.reserved_for,
         "preference": d.preference,
         "experiment": d.experiment,
         "retry_after": d.retry_after,
@@ -243,6 +244,7 @@ class SendJobListView(JsonAPIView):
             "on_invalid": body.on_invalid,
             "expires_at": body.expires_at,
             "start_at": body.start_at,
+            "reserve": body.reserve,
             "user": request.user,
         }
         try:

@@ -117,6 +117,14 @@ StartAt = Annotated[
         "of it. null or absent: it starts at once."
     ),
 ]
+Reserve = Annotated[
+    bool,
+    Meta(
+        description="A scheduled job only: until it starts, its predicted sends (the plan, GET "
+        "/api/v1/plan/) hold their slots: an earlier send of a lower priority that would take "
+        "one is refused with reason `reserved` naming this job."
+    ),
+]
 ExpiresAt = Annotated[
     datetime,
     Meta(
@@ -146,6 +154,7 @@ class SendJobBody(Body, kw_only=True):
     priority: Priority = DEFAULT_PRIORITY
     on_capped: OnCapped = "drop"
     start_at: StartAt | None = None
+    reserve: Reserve = False
     expires_at: ExpiresAt | None = None
     on_invalid: Annotated[
         Literal["reject", "skip"],
@@ -186,6 +195,7 @@ class SendJobChangeBody(Body, kw_only=True):
     its expiry by as much, unless expires_at is given too."""
 
     start_at: StartAt | UnsetType = UNSET
+    reserve: Reserve | UnsetType = UNSET
     expires_at: ExpiresAt | UnsetType = UNSET
     template: JobTemplate | UnsetType = UNSET
     topic: SendTopic | UnsetType = UNSET
@@ -199,6 +209,7 @@ class SendJobChangeBody(Body, kw_only=True):
 FILE_PART = "recipients_file"
 FORM_LISTS = ("tags",)
 FORM_INTEGERS = ("priority",)
+FORM_BOOLEANS = ("reserve",)
 
 
 def form_fields(form: Any, files: Any) -> dict[str, Any]:
@@ -214,6 +225,8 @@ def form_fields(form: Any, files: Any) -> dict[str, Any]:
             fields[name] = [v.strip() for value in values for v in value.split(",") if v.strip()]
         elif name in FORM_INTEGERS and len(values) == 1 and values[0].strip().isdigit():
             fields[name] = int(values[0])
+        elif name in FORM_BOOLEANS and len(values) == 1 and values[0] in ("true", "false"):
+            fields[name] = values[0] == "true"
         else:
             fields[name] = values[0] if len(values) == 1 else values
     return fields

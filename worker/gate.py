@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol, cast
 from django.core.exceptions import ValidationError
 
 from limits.channels import validate_channel
+from limits.holds import Holds, holds_cache
 from limits.ledger.stream import ledger_append, ledger_enabled, ledger_outcomes
 from limits.limiter import Decision, Limiter, get_limiter
 from limits.log import holder_of
@@ -75,8 +76,11 @@ class Gate:
         preferences: PreferenceCache | None = None,
         record_stats: bool = True,
         record_ledger: bool | None = None,
+        holds: Holds | None = None,
     ) -> None:
-        """`record_ledger`: keep decisions in the send ledger (None: as GATEKEEPER_LEDGER says)."""
+        """`record_ledger`: keep decisions in the send ledger (None: as GATEKEEPER_LEDGER says).
+        `holds`: the reservations' holds to apply (None: those the plan wrote, limits.holds)."""
+        self._holds = holds
         self._limiter = limiter
         self._policy = policy
         self._index = index
@@ -92,6 +96,13 @@ class Gate:
     @property
     def policy(self) -> PolicyCache:
         return self._policy or policy_cache()
+
+    @property
+    def holds(self) -> Holds:
+        if self._holds is not None:
+            return self._holds
+        limiter = self.limiter
+        return holds_cache().get(limiter.client, limiter.prefix)
 
     @property
     def suppressions(self) -> SuppressionCache:

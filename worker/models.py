@@ -117,6 +117,11 @@ class SendJob(models.Model):
     started_at = models.DateTimeField(
         null=True, blank=True, help_text="When its chunks were first handed out."
     )
+    reserve = models.BooleanField(
+        default=False,
+        help_text="Until it starts, its predicted sends hold their slots: an earlier send of a "
+        "lower priority that would take one is refused as `reserved`.",
+    )
     expires_at = models.DateTimeField(
         default=expiry_default,
         help_text="Sends still waiting (deferred by the gate) then are dropped as expired.",

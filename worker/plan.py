@@ -32,6 +32,7 @@ import numpy as np
 
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits import log
+from limits.holds import HeldJob, Holds, holds_cache, holds_decode, holds_encode, holds_store
 from limits.limiter import Decision, Limiter, get_limiter
 from limits.policy import PolicyTable
 from limits.quota import Unavailable
@@ -97,15 +98,21 @@ def plan_compute(
     *,
     limiter: Limiter | None = None,
     index: SegmentResolver | None = None,
+    holds: Holds | None = None,
 ) -> list[JobPlan]:
     """Every job's predicted decisions (`jobs` in the order they start; default
     scheduled_jobs()), by the process's gate (`index`: resolve segments with this one instead of
-    the loaded snapshot) on a scratch copy of the logs of `limiter` (default: the live one).
-    Raises Unavailable when Redis does not answer."""
+    the loaded snapshot) on a scratch copy of the logs of `limiter` (default: the live one),
+    with the reservations' `holds` (default: those in force). Raises Unavailable when Redis does
+    not answer."""
     jobs = scheduled_jobs() if jobs is None else list(jobs)
     live = limiter or get_limiter()
     scratch = Limiter(live.client, prefix=f"{live.prefix}plan:{uuid.uuid4().hex[:12]}:")
-    replay = Gate(limiter=scratch, index=index, record_stats=False, record_ledger=False)
+    if holds is None:
+        holds = holds_cache().get(live.client, live.prefix)
+    replay = Gate(
+        limiter=scratch, index=index, holds=holds, record_stats=False, record_ledger=False
+    )
     started = time.monotonic()
     scratch_keys: list[str] = []
     plans: list[JobPlan] = []
@@ -264,6 +271,9 @@ PLAN_KEY = "plan-result"  # under the limiter's prefix: the latest plan, as JSON
 PLAN_LOCK = "plan-computing"  # held while one process computes (one at a time)
 PLAN_LOCK_SECONDS = 1800
 PLAN_MAX_AGE = 900  # seconds: a plan is made again at least this often while jobs wait
+# A reserved job's holds change what earlier jobs get, which may change what it gets: the plan
+# is made again with the holds it made until they stop changing (two rounds, as a rule).
+HOLDS_ROUNDS = 4
 
 
 def plan_inputs(jobs: Sequence[SendJob] | None = None) -> str:
@@ -283,7 +293,7 @@ def plan_inputs(jobs: Sequence[SendJob] | None = None) -> str:
 
 def plan_shape(plans: Sequence[JobPlan], jobs: Sequence[SendJob]) -> list[dict[str, Any]]:
     """The plan as JSON, one object per job (the API's and the admin's shape)."""
-    names = {job.pk: job.campaign for job in jobs}
+    by_id = {job.pk: job for job in jobs}
     out = []
     for plan in plans:
         refused = {
@@ -297,6 +307,7 @@ def plan_shape(plans: Sequence[JobPlan], jobs: Sequence[SendJob]) -> list[dict[s
                 "campaign": plan.campaign,
                 "channel": plan.channel,
                 "priority": plan.priority,
+                "reserve": bool(by_id[plan.job_id].reserve) if plan.job_id in by_id else False,
                 "start_at": plan.start_at.isoformat(),
                 "recipients": plan.recipients,
                 "sent": plan.sent,
@@ -309,7 +320,11 @@ def plan_shape(plans: Sequence[JobPlan], jobs: Sequence[SendJob]) -> list[dict[s
                     for (rule_id, name), n in plan.rules.most_common()
                 ],
                 "taken_by": [
-                    {"job": job_id, "campaign": names.get(job_id, ""), "sends": n}
+                    {
+                        "job": job_id,
+                        "campaign": by_id[job_id].campaign if job_id in by_id else "",
+                        "sends": n,
+                    }
                     for job_id, n in plan.taken_by.most_common()
                 ],
                 "lost_users": plan.lost_users,
@@ -341,7 +356,16 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
         return False
     try:
         started = time.time()
-        plans = plan_compute(jobs, limiter=live)
+        # First as if each reserved job got every recipient it names: an earlier send of a
+        # lower priority must not take what it would get; then with what it does get.
+        holds = holds_decode(plan_holds([], jobs, everyone=True))
+        blob = holds_encode([])
+        for _ in range(HOLDS_ROUNDS):
+            plans = plan_compute(jobs, limiter=live, holds=holds)
+            blob = plan_holds(plans, jobs)
+            if blob == holds_encode(holds.by_job()):
+                break  # the holds the plan was made with are those it makes
+            holds = holds_decode(blob)
         result = {
             "inputs": inputs,
             "computed_epoch": started,
@@ -350,9 +374,42 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
             "jobs": plan_shape(plans, jobs),
         }
         live.client.set(f"{live.prefix}{PLAN_KEY}", json.dumps(result))
+        holds_store(live.client, live.prefix, blob, version=f"{inputs}:{started}")
     finally:
         live.client.delete(lock)
     return True
+
+
+def plan_holds(
+    plans: Sequence[JobPlan], jobs: Sequence[SendJob], *, everyone: bool = False
+) -> bytes:
+    """The holds of the reserved jobs among `jobs`: each one's predicted recorded sends (in
+    `plans`), or with `everyone` every recipient it names."""
+    admitted = {plan.job_id: plan.admitted for plan in plans}
+    held = []
+    for job in jobs:
+        if not job.reserve or job.start_at is None:
+            continue
+        if everyone:
+            users = np.unique(np.fromiter((r.user_id for r in _recipients(job)), dtype=np.uint64))
+        elif job.pk in admitted:
+            users = admitted[job.pk]
+        else:
+            continue
+        held.append(
+            (
+                HeldJob(
+                    id=job.pk,
+                    priority=job.priority,
+                    start_ms=round(job.start_at.timestamp() * 1000),
+                    channel=job.channel,
+                    campaign=job.campaign,
+                    tags=tuple(job.tags),
+                ),
+                users,
+            )
+        )
+    return holds_encode(held)
 
 
 def plan_latest(*, limiter: Limiter | None = None) -> dict[str, Any] | None:

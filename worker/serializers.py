@@ -75,6 +75,11 @@ class DecisionSerializer(serializers.Serializer):
         help_text="When the rule had room but its reserve kept the last slots for sends of a "
         "higher priority: how many. null otherwise.",
     )
+    reserved_for = serializers.IntegerField(
+        allow_null=True,
+        help_text="On reason `reserved`: the scheduled job (GET /api/v1/sends/<id>/) whose "
+        "reservation holds the slot until it starts. null otherwise.",
+    )
     preference = PreferenceOffSerializer(
         allow_null=True,
         help_text="On reason preference: what the person switched off. null otherwise.",
@@ -207,6 +212,9 @@ class SendJobSerializer(serializers.Serializer):
     started_at = serializers.DateTimeField(
         allow_null=True, help_text="When its chunks were first handed out (null: not yet)."
     )
+    reserve = serializers.BooleanField(
+        help_text="Until it starts, its predicted sends hold their slots (reason `reserved`)."
+    )
     expires_at = serializers.DateTimeField(
         help_text="Deferred sends still waiting then are dropped (counted as `expired`)."
     )
@@ -253,6 +261,7 @@ class JobPlanSerializer(serializers.Serializer):
     campaign = serializers.CharField()
     channel = serializers.CharField()
     priority = serializers.IntegerField()
+    reserve = serializers.BooleanField(help_text="Its predicted sends hold their slots.")
     start_at = serializers.DateTimeField()
     recipients = serializers.IntegerField()
     sent = serializers.IntegerField(help_text="Predicted to go out (allowed or exempt).")

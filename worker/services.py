@@ -18,7 +18,10 @@ from django.utils import timezone
 from gatekeeper.lib.bodies import DATETIME_WORDS
 from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.files import storage_name
+from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.channels import validate_channel
+from limits.holds import holds_without
+from limits.limiter import get_limiter
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
 from limits.quota import Unavailable
 from limits.reasons import Category, validate_category
@@ -61,7 +64,8 @@ def send_job_create(
     keeps it); a recipient may name its `time_zone`, which decides its calendar days.
     `start_at` (aware, in the future, at most START_MAX ahead; default none): the job waits as
     `scheduled` until then (worker.scheduling starts it), and can be edited (send_job_edit),
-    started early (send_job_start) or cancelled meanwhile.
+    started early (send_job_start) or cancelled meanwhile. `reserve` (a scheduled job only):
+    its predicted sends hold their slots until it starts (worker/plan.py, limits.holds).
     `expires_at` (aware, after the start, at most EXPIRY_MAX after it; default EXPIRY_DEFAULT
     after the start): sends the gate deferred that still wait then are dropped as expired.
     Raises ValidationError naming the field, or the recipient row (`recipients[3].address`).
@@ -269,6 +273,7 @@ def send_job_cancel(*, job: SendJob, user: Any = None) -> SendJob:
                 file_removed_on_commit(locked)
             elif locked.status == SendJob.Status.SCHEDULED:
                 staged_cancel(locked)  # nothing of it was handed out
+            _holds_dropped_on_commit(locked)
             locked.save()
     if locked.status not in (SendJob.Status.PREPARING, SendJob.Status.CANCELLED):
         waiting_close(now=now, job_id=job.pk)
@@ -281,6 +286,7 @@ def send_job_cancel(*, job: SendJob, user: Any = None) -> SendJob:
 # (which the message ids are made of) cannot; cancel it and hand over another instead.
 EDITABLE = (
     "start_at",
+    "reserve",
     "expires_at",
     "template",
     "tags",
@@ -322,6 +328,7 @@ def send_job_edit(*, job: SendJob, changes: Mapping[str, Any], user: Any = None)
             setattr(locked, name, fields[name])
         if changed:
             locked.save(update_fields=[*changed, "updated_at"])
+            _holds_dropped_on_commit(locked if locked.reserve else job)
     logger.info(
         "Job %s edited by %s: %s",
         job.pk,
@@ -336,6 +343,7 @@ def send_job_start(*, job: SendJob, user: Any = None, queue: bool = True) -> Sen
     """Start a scheduled job now, before its `start_at` (a Conflict when it is not scheduled)."""
     with transaction.atomic():
         ids = job_started(job.pk)
+        _holds_dropped_on_commit(job)
         if queue and ids:
             transaction.on_commit(lambda: tasks.send_chunks(ids), robust=True)
     logger.info("Job %s started early by %s", job.pk, _who(user))
@@ -352,6 +360,22 @@ def _started_words(job: SendJob, what: str) -> str:
             "(pause or cancel it instead)."
         )
     return f"The job is {job.status} and was not scheduled: it cannot be {what}."
+
+
+def _holds_dropped_on_commit(job: SendJob) -> None:
+    """A reserved job that starts, is cancelled or changes gives up its holds at once (the next
+    plan makes them again if they still stand); a failure to reach Redis leaves them to it."""
+    if not job.reserve:
+        return
+
+    def drop() -> None:
+        limiter = get_limiter()
+        try:
+            holds_without(limiter.client, limiter.prefix, job.pk)
+        except REDIS_DOWN:
+            logger.warning("Job %s's holds stay until the next plan: Redis is down", job.pk)
+
+    transaction.on_commit(drop)
 
 
 def _not_ended(job: SendJob, what: str) -> None:
@@ -376,6 +400,7 @@ def _job_fields(
     priority: int = DEFAULT_PRIORITY,
     expires_at: datetime | None = None,
     start_at: datetime | None = None,
+    reserve: bool = False,
     user: Any = None,
     topic: str = "",
 ) -> dict[str, Any]:
@@ -401,6 +426,15 @@ def _job_fields(
     job_tags = _tags_checked(tags)
     now = timezone.now()
     start = _start_checked(start_at, now=now)
+    if type(reserve) is not bool:
+        raise ValidationError({"reserve": "true or false."})
+    if reserve and start is None:
+        raise ValidationError(
+            {
+                "reserve": "Only a scheduled job holds slots ahead: give its start_at too (a job "
+                "that starts at once has nothing to hold them for)."
+            }
+        )
     expiry = _expiry_checked(expires_at, start=start, now=now)
     low, high = PRIORITIES
     if type(priority) is not int or not low <= priority <= high:  # a bool is no priority
@@ -430,6 +464,7 @@ def _job_fields(
         "on_invalid": on_invalid,
         "expires_at": expiry,
         "start_at": start,
+        "reserve": reserve,
         "created_by": user if user is not None and user.is_authenticated else None,
     }
 

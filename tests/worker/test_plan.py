@@ -1,6 +1,7 @@
 """The forward plan predicts, per recipient, what the gate decides when each scheduled job
-starts: checked against the gate's own later decisions over random rules, quiet hours, jobs,
-earlier sends and clocks around DST changes, when nothing else happens in between."""
+starts: checked against the gate's own later decisions over random rules, quiet hours, jobs
+(some of them reserved), earlier sends and clocks around DST changes, when nothing else happens
+in between."""
 
 import random
 from collections import Counter
@@ -10,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from limits import log
+from limits.holds import holds_cache
 from limits.limiter import get_limiter
 from limits.quiet import QuietFields
 from limits.selectors import policy_cache
@@ -19,7 +21,7 @@ from tests.support.sends import make_rule, recipients
 from worker.chunks import send_chunk_run
 from worker.gate import gate_check
 from worker.models import SendChunk, SendJob
-from worker.plan import plan_compute, scheduled_jobs
+from worker.plan import plan_compute, plan_refresh, scheduled_jobs
 from worker.scheduling import jobs_start_due
 from worker.services import send_job_create
 
@@ -77,6 +79,7 @@ def random_job(rng: random.Random, n: int, start: datetime) -> SendJob:
         priority=rng.randint(0, 9),
         recipients=rows,
         start_at=timezone.now() + timedelta(days=1),
+        reserve=rng.random() < 0.4,
         queue=False,
     )
     # The clock of the case (around a DST change, months ahead), set past the API's bounds.
@@ -100,7 +103,7 @@ def in_logs(job: SendJob) -> set[int]:
     return users
 
 
-@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("seed", range(24))
 def test_the_plan_is_what_the_gate_decides_when_each_job_starts(world, seed):
     rng = random.Random(seed)
     base = CHANGES[seed % len(CHANGES)]
@@ -135,6 +138,8 @@ def test_the_plan_is_what_the_gate_decides_when_each_job_starts(world, seed):
     jobs = [random_job(rng, n, start) for n, start in enumerate(starts)]
     assert [j.pk for j in scheduled_jobs()] == [j.pk for j in jobs]
 
+    assert plan_refresh(force=True)  # the reserved jobs' holds with it
+    holds_cache().clear()
     plans = plan_compute()
     live = get_limiter()
     assert not list(live.client.scan_iter(f"{live.prefix}plan:*"))  # the copy is removed
@@ -232,3 +237,53 @@ def test_the_plan_over_rest_is_made_in_the_background_and_follows_edits(api, sna
     assert call(s, "POST", f"/api/v1/sends/{b['job']}/cancel/").ok
     gone = call(viewer, "GET", f"/api/v1/sends/{b['job']}/plan/")
     assert gone.status_code == 404 and "not scheduled" in gone.json()["detail"]
+
+
+@pytest.mark.cluster
+def test_the_plan_and_its_holds_on_one_node_and_on_a_cluster(published, settings, settings_redis):
+    """Users on every node of a cluster: the plan is what the gate then decides, a reserved
+    job's holds refuse what they must, and no scratch copy is left on any node."""
+    settings.GATEKEEPER_DISPATCHERS = {"push": "null", "email": "null"}
+    users = [k * 257 + 1 for k in range(30)]  # 30 buckets: slots on every node
+    published(vip=(10, users[:10], {}))
+    make_rule("1 promo a day", channel="all", match="tag", tag="promo", limit=1)
+    policy_cache().invalidate()
+    start = timezone.now() + timedelta(hours=2)
+
+    def job(members, *, hours, priority, reserve=False, tags=("promo",)):
+        return send_job_create(
+            channel="email",
+            campaign=f"c{hours}",
+            template="welcome",
+            tags=list(tags),
+            priority=priority,
+            recipients=recipients(*members),
+            start_at=start + timedelta(hours=hours),
+            reserve=reserve,
+            queue=False,
+        )
+
+    jobs = [
+        job(users[:20], hours=0, priority=3),
+        job(users[5:25], hours=4, priority=8, reserve=True),
+        job(users[10:], hours=30, priority=5, tags=()),
+    ]
+    assert plan_refresh(force=True)
+    holds_cache().clear()
+    plans = plan_compute()
+    assert plans[0].reasons["reserved"] == 15  # users[5:20] are held for the second job
+    nodes = (
+        [settings_redis.get_redis_connection(n) for n in settings_redis.get_primaries()]
+        if hasattr(settings_redis, "get_primaries")
+        else [settings_redis]
+    )
+    prefix = get_limiter().prefix
+    assert not [k for node in nodes for k in node.scan_iter(f"{prefix}plan:*")]
+    for planned, scheduled in zip(plans, jobs, strict=True):
+        before = in_logs(scheduled)
+        jobs_start_due(now=scheduled.start_at)
+        for chunk in SendChunk.objects.filter(job=scheduled).order_by("pk"):
+            send_chunk_run(chunk_id=chunk.pk, now=scheduled.start_at)
+        scheduled.refresh_from_db()
+        assert Counter(scheduled.reasons) == +planned.reasons
+        assert in_logs(scheduled) - before == {int(u) for u in planned.admitted}

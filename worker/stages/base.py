@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from limits.holds import Holds
 from limits.limiter import Decision, Limiter
 from limits.policy import ExperimentView, PolicyTable
 from limits.preferences import PreferenceCache
@@ -149,6 +150,9 @@ class Parts(Protocol):
 
     @property
     def preferences(self) -> PreferenceCache: ...
+
+    @property
+    def holds(self) -> Holds: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,9 @@
 channel's and `all`'s, every send, its tags, its campaign), resolved per segment and time zone (a
 calendar window in the user's own zone), with the person's own frequency on the channel added as
 rules of theirs (limits.preferences: the same log, the same call), and asked of the limiter in
-one round trip per Redis node. Admitted sends are recorded (unless a dry run); a refusal names
-the rule (`kind` person: their own)."""
+one round trip per Redis node. A reserved scheduled job's holds (limits.holds) are more records
+of the same call, for the users it will reach. Admitted sends are recorded (unless a dry run); a
+refusal names the rule (`kind` person: their own; reason `reserved`: a reservation's hold)."""
 
 from typing import Any
 
@@ -42,9 +43,12 @@ def asked(batch: Batch, parts: Parts, positions: list[int]) -> list[Decision]:
     sets: dict[tuple[str | None, str, tuple[int, int] | None], RuleSet] = {}
     with_own: dict[tuple[Any, ...], RuleSet] = {}
     per_request: list[RuleSet] = []
-    owns = parts.preferences.own_rules(
-        batch.channel, batch.topic, [batch.requests[i][0] for i in positions]
-    )
+    users = [batch.requests[i][0] for i in positions]
+    owns = parts.preferences.own_rules(batch.channel, batch.topic, users)
+    holds = parts.holds
+    # Per request, the reserved jobs that hold a send of this user against this one.
+    held = holds.of(users, priority=batch.priority, now_ms=now_ms) if holds else None
+    with_holds: dict[tuple[Any, ...], RuleSet] = {}
     arms = batch.arms()
     for k, i in enumerate(positions):
         segment = batch.segment(i)
@@ -78,6 +82,15 @@ def asked(batch: Batch, parts: Parts, positions: list[int]) -> list[Decision]:
                     own, zone=zone or own_zone, now_ms=now_ms
                 )
             rule_set = combined
+        if held is not None and held[k]:
+            hold_zone = batch.zone(i)
+            hold_key = (id(rule_set), held[k], hold_zone)
+            holding = with_holds.get(hold_key)
+            if holding is None:
+                holding = with_holds[hold_key] = holds.rule_set(
+                    rule_set, held[k], campaign=batch.campaign, zone=hold_zone, now_ms=now_ms
+                )
+            rule_set = holding
         per_request.append(rule_set)
     whole = len(positions) == len(batch.requests)
     decided = parts.limiter.acquire(
@@ -99,6 +112,13 @@ def asked(batch: Batch, parts: Parts, positions: list[int]) -> list[Decision]:
 
 STAGE = Stage(
     "rules",
-    (Reason.ALLOWED, Reason.DUPLICATE, *CAPPED, Reason.BLOCKED, Reason.UNAVAILABLE),
+    (
+        Reason.ALLOWED,
+        Reason.DUPLICATE,
+        *CAPPED,
+        Reason.BLOCKED,
+        Reason.RESERVED,
+        Reason.UNAVAILABLE,
+    ),
     run,
 )

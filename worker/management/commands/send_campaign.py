@@ -30,6 +30,7 @@ JOB_OPTIONS = (
     "campaign",
     "expires_at",
     "start_at",
+    "reserve",
     "topic",
 )
 
@@ -74,6 +75,12 @@ class Command(BaseCommand):
             help="ISO 8601 with its UTC offset (2026-06-11T09:00:00+02:00): the job waits as "
             "scheduled until then (beat starts it; edit or cancel it meanwhile in the admin or "
             "over REST); default: at once",
+        )
+        parser.add_argument(
+            "--reserve",
+            action="store_true",
+            help="with --start-at: until it starts, its predicted sends hold their slots (an "
+            "earlier send of a lower priority that would take one is refused)",
         )
         parser.add_argument(
             "--expires-at",
@@ -131,6 +138,7 @@ class Command(BaseCommand):
                 on_invalid=options["on_invalid"],
                 expires_at=expires_at,
                 start_at=start_at,
+                reserve=options["reserve"],
             )
         except ValidationError as exc:
             handle.close()

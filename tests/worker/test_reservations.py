@@ -1,0 +1,199 @@
+"""Reservations: a reserved scheduled job's predicted sends hold their slots until it starts. An
+earlier send of a lower priority that would take one is refused as `reserved`, naming the job;
+a send of its priority or higher is not; the hold ends when the job starts or is cancelled."""
+
+import itertools
+import random
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from limits import log
+from limits.holds import holds_cache, holds_decode, holds_encode
+from limits.limiter import get_limiter
+from limits.selectors import policy_cache
+from tests.support.sends import make_rule, recipients
+from worker.chunks import send_chunk_run
+from worker.gate import gate_check
+from worker.models import SendChunk, SendJob
+from worker.plan import plan_latest, plan_refresh
+from worker.scheduling import jobs_start_due
+from worker.services import send_job_cancel, send_job_create, send_job_edit
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def promo_a_day(published, settings):
+    settings.GATEKEEPER_DISPATCHERS = {"push": "null", "email": "null"}
+    published(vip=(10, [1, 2], {}))
+    make_rule("1 promo a day", channel="all", match="tag", tag="promo", limit=1)
+    policy_cache().invalidate()
+
+
+def scheduled(users, *, hours: float, priority: int, reserve: bool = False, channel="email"):
+    rows = recipients(*users)
+    if channel == "push":
+        rows = [{"user_id": u, "address": f"token-{u}"} for u in users]
+    return send_job_create(
+        channel=channel,
+        campaign=f"c-{channel}-{priority}-{hours}",
+        template="welcome",
+        tags=["promo"],
+        priority=priority,
+        recipients=rows,
+        start_at=timezone.now() + timedelta(hours=hours),
+        reserve=reserve,
+        queue=False,
+    )
+
+
+def run(job: SendJob) -> SendJob:
+    assert job.start_at is not None
+    jobs_start_due(now=job.start_at)
+    for chunk in SendChunk.objects.filter(job=job).order_by("pk"):
+        send_chunk_run(chunk_id=chunk.pk, now=job.start_at)
+    job.refresh_from_db()
+    return job
+
+
+def ask(users, *, priority: int, at=None):
+    return gate_check(
+        channel="email",
+        requests=[(u, f"ad-hoc:{u}") for u in users],
+        campaign="ad-hoc",
+        tags=("promo",),
+        priority=priority,
+        dry_run=True,
+        now=(at or timezone.now()).timestamp(),
+    )
+
+
+def test_an_earlier_lower_priority_send_is_refused_as_reserved_naming_the_job(promo_a_day):
+    launch = scheduled([1, 2], hours=20, priority=9, reserve=True, channel="push")
+    promo = scheduled([1, 2, 3], hours=2, priority=5)
+    assert plan_refresh(force=True)
+    holds_cache().clear()
+    latest = plan_latest()
+    assert latest is not None
+    plan = {j["job"]: j for j in latest["jobs"]}
+    assert (plan[promo.pk]["sent"], plan[promo.pk]["refused"]) == (1, {"reserved": 2})
+    assert (plan[launch.pk]["sent"], plan[launch.pk]["reserve"]) == (2, True)
+
+    low = ask([1, 3], priority=5)
+    assert [d.reason for d in low] == ["reserved", "allowed"]
+    held = low[0]
+    assert (held.reserved_for, held.reserved, held.rule["name"]) == (launch.pk, 1, "1 promo a day")
+    until = launch.start_at.timestamp() - timezone.now().timestamp()
+    assert held.retry_after == pytest.approx(until, abs=2)
+    assert [d.reason for d in ask([1], priority=9)] == ["allowed"]  # as important: not held
+
+    promo = run(promo)
+    assert (promo.sent, promo.reasons) == (1, {"allowed": 1, "reserved": 2})
+    launch = run(launch)
+    assert launch.sent == 2
+    # Started: its hold is gone, and the rule alone decides.
+    assert [d.reason for d in ask([1, 3], priority=5, at=launch.start_at)] == ["daily_cap"] * 2
+
+
+def test_a_cancelled_or_changed_reserved_job_holds_nothing_from_then_on(
+    promo_a_day, django_capture_on_commit_callbacks
+):
+    launch = scheduled([1, 2], hours=20, priority=9, reserve=True)
+    other = scheduled([3], hours=22, priority=8, reserve=True)
+    plan_refresh(force=True)
+    holds_cache().clear()
+    assert [d.reason for d in ask([1, 2, 3], priority=5)] == ["reserved"] * 3
+    with django_capture_on_commit_callbacks(execute=True):
+        send_job_cancel(job=launch)
+    holds_cache().clear()
+    assert [d.reason for d in ask([1, 2, 3], priority=5)] == ["allowed", "allowed", "reserved"]
+    with django_capture_on_commit_callbacks(execute=True):
+        send_job_edit(job=other, changes={"reserve": False})
+    holds_cache().clear()
+    assert [d.reason for d in ask([1, 2, 3], priority=5)] == ["allowed"] * 3
+    plan_refresh(force=True)  # made again: no reserved job is left
+    holds_cache().clear()
+    assert [d.reason for d in ask([1, 2, 3], priority=5)] == ["allowed"] * 3
+
+
+def test_reserve_needs_a_start(promo_a_day):
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError, match="Only a scheduled job holds slots"):
+        send_job_create(
+            channel="email",
+            campaign="now",
+            template="welcome",
+            recipients=recipients(1),
+            reserve=True,
+            queue=False,
+        )
+
+
+def test_holds_take_8_bytes_a_reserved_send_and_read_back_the_same():
+    from limits.holds import HeldJob
+
+    rng = random.Random(1)
+    jobs = [
+        (
+            HeldJob(n, 9, 1_800_000_000_000 + n, "email", f"c{n}", ("promo",)),
+            np_sorted(rng.sample(range(1, 10**9), 1000)),
+        )
+        for n in range(3)
+    ]
+    blob = holds_encode(jobs)
+    header = len(holds_encode([(job, np_sorted([])) for job, _ in jobs]))
+    assert len(blob) - header == 8 * 3000
+    back = holds_decode(blob)
+    assert [(j, list(u)) for j, u in back.by_job()] == [(j, list(u)) for j, u in jobs]
+
+
+def promo_times(limiter, user: int) -> list[int]:
+    """When the user's logged sends carrying `promo` were recorded (ms), in order."""
+    raw = limiter.client.hget(log.bucket_key(limiter.prefix, user), log.bucket_field(user))
+    promo = log.short_hash("promo")
+    return sorted(e.at_ms for e in log.decode(raw) if promo in e.tags)
+
+
+def np_sorted(values):
+    import numpy as np
+
+    return np.sort(np.asarray(values, dtype=np.uint64))
+
+
+def test_holds_never_over_admit_nor_strand_a_slot_after_their_job(promo_a_day):
+    """A random walk of reserved and plain jobs, ad-hoc sends between them and cancels: at every
+    step no user holds more promos in a day than the rule allows, and once every reserved job
+    has started or was cancelled, no send is refused as `reserved`."""
+    rng = random.Random(7)
+    limiter = get_limiter()
+    users = list(range(1, 9))
+    jobs = [
+        scheduled(
+            rng.sample(users, rng.randint(1, 8)),
+            hours=1 + 3 * n,
+            priority=rng.randint(0, 9),
+            reserve=rng.random() < 0.6,
+            channel=rng.choice(["email", "push"]),
+        )
+        for n in range(6)
+    ]
+    for job in jobs:
+        plan_refresh(force=True)
+        holds_cache().clear()
+        before = job.start_at - timedelta(minutes=30)
+        for decision in ask(users, priority=rng.randint(0, 9), at=before):
+            assert decision.reason in ("allowed", "reserved", "daily_cap")
+        if rng.random() < 0.2:
+            send_job_cancel(job=job)
+            continue
+        run(job)
+        for user in users:
+            times = promo_times(limiter, user)
+            assert all(b - a >= 86_400_000 for a, b in itertools.pairwise(times)), (user, times)
+    plan_refresh(force=True)
+    holds_cache().clear()
+    last = max(job.start_at for job in jobs) + timedelta(minutes=1)
+    assert "reserved" not in [d.reason for d in ask(users, priority=0, at=last)]
