@@ -410,6 +410,8 @@ SPECTACULAR_SETTINGS = {
         "SendJobStatusEnum": "worker.models.SendJob.Status",
         "ExperimentStatusEnum": "limits.experiments.STATUSES",
         "OnCappedEnum": "worker.models.SendJob.OnCapped",
+        # The same choices as a request body states them (msgspec lists a Literal's values sorted).
+        "OnCappedChoiceEnum": [("defer", "defer"), ("drop", "drop")],
         "OnInvalidEnum": "worker.models.SendJob.OnInvalid",
         # A channel, and a channel or `all` (rules, caps): both are fields named `channel`.
         "ChannelEnum": "limits.channels.channels",

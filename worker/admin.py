@@ -19,8 +19,8 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from gatekeeper.lib.bodies import datetime_from_text
 from gatekeeper.lib.conflicts import Conflict
+from gatekeeper.lib.instants import INSTANT_FORMAT, InstantField
 from gatekeeper.lib.permissions import CANCEL_SENDS, SEND_CAMPAIGNS, VIEW_SEND_JOBS
 from gatekeeper.lib.words import count
 from limits.channels import channels
@@ -48,23 +48,6 @@ CONTROLS = {
     "resume": send_job_resume,
     "cancel": send_job_cancel,
 }
-
-
-class InstantField(forms.CharField):
-    """An instant typed as ISO 8601 with its UTC offset; empty: None. The service says whether
-    it may be (in the future, not too far ahead)."""
-
-    def clean(self, value: Any) -> Any:
-        text = (super().clean(value) or "").strip()
-        if not text:
-            return None
-        try:
-            return datetime_from_text(text)
-        except ValueError as exc:
-            raise ValidationError(str(exc)) from None
-
-
-INSTANT_FORMAT = "ISO 8601 with its UTC offset (2026-06-11T09:00:00+02:00)"
 
 
 class JobFieldsForm(forms.Form):

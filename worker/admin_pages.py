@@ -4,6 +4,7 @@ people switched off and back on) and the what-if of a draft change of caps for o
 a campaign, tags and priority, with what people's own preferences would block."""
 
 import time
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 
@@ -18,8 +19,9 @@ from django.http import (
 from django.urls import URLPattern
 
 from gatekeeper.lib.console import ConsoleLink, ago, page, render, require
+from gatekeeper.lib.instants import INSTANT_FORMAT, InstantField
 from gatekeeper.lib.integers import WholeNumberField
-from gatekeeper.lib.permissions import VIEW_REPORTS
+from gatekeeper.lib.permissions import VIEW_REPORTS, VIEW_SEND_JOBS
 from limits.channels import channels, scopes
 from limits.ledger.reports import (
     DEFAULT_DAYS,
@@ -35,7 +37,7 @@ from limits.models import Cap, Topic
 from limits.policy import DEFAULT_PRIORITY, PRIORITIES
 from limits.preference_switches import topic_switches
 from limits.quota import Unavailable
-from limits.reasons import COLOURS, REFUSED
+from limits.reasons import COLOURS, REFUSED, Reason
 from limits.rules import TAGS_MAX, tags_problem
 from limits.selectors import topics_read
 from limits.services import cap_from_text, cap_text
@@ -44,7 +46,9 @@ from segments.models import Segment
 from segments.selectors import snapshot_live_version
 from segments.store import StoreError
 from worker import stats as decision_stats
-from worker.models import JOB_CAMPAIGN_MAX
+from worker import tasks
+from worker.models import JOB_CAMPAIGN_MAX, SendJob
+from worker.plan import plan_computing, plan_inputs, plan_latest, plan_what_if, scheduled_jobs
 from worker.processes import processes_list
 from worker.selectors import (
     WHAT_IF_LIMIT,
@@ -71,6 +75,13 @@ LINKS = [
         "limits.view_cap",
         "Try a change of caps on an audience before making it.",
     ),
+    ConsoleLink(
+        "The plan",
+        "plan",
+        "worker.view_sendjob",
+        "The scheduled jobs ahead: what each will send, who loses a send to whom, and what if "
+        "one moved.",
+    ),
 ]
 
 
@@ -79,6 +90,7 @@ def urls(site: AdminSite) -> list[URLPattern]:
         page(site, "dashboard/", dashboard, "dashboard"),
         page(site, "dashboard/decisions.csv", decisions_csv_download, "decisions_csv"),
         page(site, "what-if/", what_if_page, "what_if"),
+        page(site, "plan/", plan_page, "plan"),
     ]
 
 
@@ -345,4 +357,95 @@ def what_if_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         send_words=send_words,
         problem=problem,
         limit=WHAT_IF_LIMIT,
+    )
+
+
+# --- the plan --------------------------------------------------------------------------------
+
+
+class PlanMoveForm(forms.Form):
+    """A what-if move of one scheduled job: nothing is saved."""
+
+    job = forms.TypedChoiceField(coerce=int, choices=(), label="Job")
+    start_at = InstantField(
+        label="Starting at", help_text=f"{INSTANT_FORMAT}: where it would move."
+    )
+
+    def __init__(self, *args: Any, jobs: list[SendJob], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["job"].choices = [  # type: ignore[attr-defined]
+            (job.pk, f"#{job.pk} {job.campaign} ({job.channel}, {job.start_at:%a %d %b %H:%M} UTC)")
+            for job in jobs
+        ]
+
+
+def _bars(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """A job's predicted decisions as a stacked bar's parts (sent, held, each refusal), with
+    their share of its recipients."""
+    total = max(1, job["recipients"])
+    parts = [("sent", job["sent"], Reason.ALLOWED), ("held", job["held"], Reason.QUIET_HOURS)]
+    parts += [(reason, n, Reason(reason)) for reason, n in sorted(job["refused"].items())]
+    return [
+        {"label": label, "count": n, "share": 100 * n / total, "colour": COLOURS.get(key, "#999")}
+        for label, n, key in parts
+        if n
+    ]
+
+
+def plan_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
+    require(request, *VIEW_SEND_JOBS)
+    latest = plan_latest()
+    jobs = scheduled_jobs()
+    stale = latest is None or latest["inputs"] != plan_inputs(jobs)
+    if stale and not plan_computing():
+        tasks.plan_refresh_due.delay()
+    planned = latest["jobs"] if latest else []
+    names = {job.pk: job for job in jobs}
+    days: dict[str, list[dict[str, Any]]] = {}
+    for job in planned:
+        start = datetime.fromisoformat(job["start_at"])
+        days.setdefault(f"{start:%A %d %B %Y}", []).append(
+            {**job, "start": start, "bars": _bars(job), "known": job["job"] in names}
+        )
+    form = PlanMoveForm(request.POST or None, jobs=jobs)
+    moved: dict[str, Any] | None = None
+    problem = ""
+    if request.method == "POST" and form.is_valid():
+        try:
+            moved = plan_what_if(form.cleaned_data["job"], form.cleaned_data["start_at"])
+        except ValueError as exc:
+            problem = str(exc)
+        except Unavailable as exc:
+            problem = str(exc)
+    comparison = []
+    if moved is not None:
+        after = {job["job"]: job for job in moved["after"]}
+        for job in moved["before"]:
+            later = after[job["job"]]
+            comparison.append(
+                {
+                    "job": job["job"],
+                    "campaign": job["campaign"],
+                    "start_before": datetime.fromisoformat(job["start_at"]),
+                    "start_after": datetime.fromisoformat(later["start_at"]),
+                    "sent_before": job["sent"],
+                    "sent_after": later["sent"],
+                    "difference": later["sent"] - job["sent"],
+                    "refused_after": later["refused"],
+                }
+            )
+    return render(
+        request,
+        site,
+        "plan.html",
+        "The plan",
+        latest=latest,
+        stale=stale,
+        days=days,
+        jobs_count=len(planned),
+        overlaps=latest.get("overlaps", []) if latest else [],
+        losers=[job for job in planned if job["taken_by"]],
+        form=form,
+        comparison=comparison,
+        problem=problem,
     )

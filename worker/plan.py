@@ -67,13 +67,15 @@ class JobPlan:
     reasons: Counter[str] = field(default_factory=Counter)
     # (rule id, rule name) -> sends that rule will refuse
     rules: Counter[tuple[int, str]] = field(default_factory=Counter)
-    # earlier job id -> this job's sends refused by a rule whose room that job took
+    # job id -> this job's sends refused by a rule whose room that job takes (an earlier job),
+    # or holds (a later reserved job)
     taken_by: Counter[int] = field(default_factory=Counter)
     lost_users: list[int] = field(default_factory=list)  # the first LOST_SHOWN of them
     held_from: float | None = None  # quiet hours: the first and last release, epoch seconds
     held_until: float | None = None
     # the users whose send it records (allowed; not a duplicate), sorted
     admitted: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
+    audience: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
 
     @property
     def sent(self) -> int:
@@ -161,24 +163,31 @@ def _job_planned(job: SendJob, gate: Gate, *, earlier: list[JobPlan]) -> JobPlan
     )
     at = job.start_at.timestamp()
     admitted: list[int] = []
+    audience: list[int] = []
     table = gate.policy.table()
     for part in _chunks(job):
         decisions = job_gate_check(job, part, now=at, gate=gate)
         if any(d.reason == Reason.UNAVAILABLE for d in decisions):
             raise Unavailable("Redis or the segment snapshot is not available; no plan.")
         plan.recipients += len(decisions)
+        audience += [d.user_id for d in decisions]
         for d in decisions:
             plan.reasons[d.reason] += 1
             if d.reason == Reason.ALLOWED:  # recorded: a duplicate takes no room
                 admitted.append(d.user_id)
             if d.rule is not None:
                 plan.rules[(int(d.rule["id"]), str(d.rule["name"]))] += 1
+            if d.reserved_for is not None:  # held for a later, more important job
+                plan.taken_by[d.reserved_for] += 1
+                if len(plan.lost_users) < LOST_SHOWN:
+                    plan.lost_users.append(d.user_id)
             if d.reason in HELD and d.retry_after is not None:
                 release = at + d.retry_after
                 plan.held_from = min(plan.held_from or release, release)
                 plan.held_until = max(plan.held_until or release, release)
         _slots_taken(plan, job, decisions, earlier, table)
     plan.admitted = np.unique(np.asarray(admitted, dtype=np.uint64))
+    plan.audience = np.unique(np.asarray(audience, dtype=np.uint64))
     return plan
 
 
@@ -356,28 +365,85 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
         return False
     try:
         started = time.time()
-        # First as if each reserved job got every recipient it names: an earlier send of a
-        # lower priority must not take what it would get; then with what it does get.
-        holds = holds_decode(plan_holds([], jobs, everyone=True))
-        blob = holds_encode([])
-        for _ in range(HOLDS_ROUNDS):
-            plans = plan_compute(jobs, limiter=live, holds=holds)
-            blob = plan_holds(plans, jobs)
-            if blob == holds_encode(holds.by_job()):
-                break  # the holds the plan was made with are those it makes
-            holds = holds_decode(blob)
+        plans, blob = plan_with_holds(jobs, limiter=live)
         result = {
             "inputs": inputs,
             "computed_epoch": started,
             "computed_at": datetime.fromtimestamp(started, tz=UTC).isoformat(),
             "seconds": round(time.time() - started, 3),
             "jobs": plan_shape(plans, jobs),
+            "overlaps": plan_overlaps(plans),
         }
         live.client.set(f"{live.prefix}{PLAN_KEY}", json.dumps(result))
         holds_store(live.client, live.prefix, blob, version=f"{inputs}:{started}")
     finally:
         live.client.delete(lock)
     return True
+
+
+def plan_with_holds(
+    jobs: Sequence[SendJob], *, limiter: Limiter | None = None
+) -> tuple[list[JobPlan], bytes]:
+    """The plan of `jobs` with the holds of its reserved ones, and those holds (encoded).
+
+    First as if each reserved job got every recipient it names (so that no earlier send of a
+    lower priority takes what it would get), then with what it is predicted to get, until the
+    holds the plan is made with are those it makes (HOLDS_ROUNDS at most)."""
+    holds = holds_decode(plan_holds([], jobs, everyone=True))
+    plans: list[JobPlan] = []
+    blob = holds_encode([])
+    for _ in range(HOLDS_ROUNDS):
+        plans = plan_compute(jobs, limiter=limiter, holds=holds)
+        blob = plan_holds(plans, jobs)
+        if blob == holds_encode(holds.by_job()):
+            break
+        holds = holds_decode(blob)
+    return plans, blob
+
+
+def plan_overlaps(plans: Sequence[JobPlan]) -> list[dict[str, Any]]:
+    """Every pair of jobs that reach some users in common: how many, and on which channels."""
+    out = []
+    for i, a in enumerate(plans):
+        for b in plans[i + 1 :]:
+            both = int(np.intersect1d(a.audience, b.audience, assume_unique=True).size)
+            if both:
+                out.append(
+                    {
+                        "jobs": [a.job_id, b.job_id],
+                        "campaigns": [a.campaign, b.campaign],
+                        "channels": [a.channel, b.channel],
+                        "users": both,
+                    }
+                )
+    return out
+
+
+WHAT_IF_PLAN_LIMIT = 200_000  # recipients of every scheduled job: a what-if's bound
+
+
+def plan_what_if(
+    job_id: int, start_at: datetime, *, limiter: Limiter | None = None
+) -> dict[str, Any]:
+    """What the plan would be if scheduled job `job_id` started at `start_at` instead (nothing
+    saved, no hold changed): {"before", "after"} as plan_shape has them. ValueError (in words)
+    for a job that is not scheduled, or plans too large to try while a page waits."""
+    jobs = scheduled_jobs()
+    moved = next((job for job in jobs if job.pk == job_id), None)
+    if moved is None:
+        raise ValueError(f"Send job {job_id} is not scheduled.")
+    total = sum(job.total for job in jobs)
+    if total > WHAT_IF_PLAN_LIMIT:
+        raise ValueError(
+            f"The scheduled jobs have {total:,} recipients; a what-if is tried here up to "
+            f"{WHAT_IF_PLAN_LIMIT:,} (move the job, and the plan is made again in the "
+            "background)."
+        )
+    before = plan_with_holds(jobs, limiter=limiter)[0]
+    moved.start_at = start_at
+    after_jobs = sorted(jobs, key=lambda j: (j.start_at, -j.priority, j.pk))
+    after = plan_with_holds(after_jobs, limiter=limiter)[0]
+    return {"before": plan_shape(before, jobs), "after": plan_shape(after, after_jobs)}
 
 
 def plan_holds(

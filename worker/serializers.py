@@ -249,10 +249,11 @@ class PlanRuleSerializer(serializers.Serializer):
 
 
 class PlanTakerSerializer(serializers.Serializer):
-    job = serializers.IntegerField(help_text="An earlier scheduled job.")
+    job = serializers.IntegerField(help_text="An earlier scheduled job, or a later reserved one.")
     campaign = serializers.CharField()
     sends = serializers.IntegerField(
-        help_text="This job's sends refused by a rule that counts that job's send to the user."
+        help_text="This job's sends refused by a rule that counts that job's send to the user "
+        "(an earlier job), or keeps the slot for it (a later reserved job: reason reserved)."
     )
 
 

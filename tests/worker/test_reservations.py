@@ -7,7 +7,17 @@ import random
 from datetime import timedelta
 
 import pytest
+from django.test import TestCase
 from django.utils import timezone
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from limits import log
 from limits.holds import holds_cache, holds_decode, holds_encode
@@ -163,37 +173,117 @@ def np_sorted(values):
     return np.sort(np.asarray(values, dtype=np.uint64))
 
 
-def test_holds_never_over_admit_nor_strand_a_slot_after_their_job(promo_a_day):
-    """A random walk of reserved and plain jobs, ad-hoc sends between them and cancels: at every
-    step no user holds more promos in a day than the rule allows, and once every reserved job
-    has started or was cancelled, no send is refused as `reserved`."""
-    rng = random.Random(7)
-    limiter = get_limiter()
-    users = list(range(1, 9))
-    jobs = [
-        scheduled(
-            rng.sample(users, rng.randint(1, 8)),
-            hours=1 + 3 * n,
-            priority=rng.randint(0, 9),
-            reserve=rng.random() < 0.6,
-            channel=rng.choice(["email", "push"]),
+USERS = tuple(range(1, 7))
+
+
+class Reservations(RuleBasedStateMachine):
+    """Reserved and plain jobs scheduled, the plan made, ad-hoc sends of any priority, time
+    passing (each job run at its start), cancels, in any order. After every step no user holds
+    more promos in a day than the rule allows (never over-admitted), and a send is refused as
+    `reserved` only for a reserved job of a higher priority that has not started and was not
+    cancelled (no slot stranded after its job)."""
+
+    seen = 0  # sends refused as reserved, over every example: the holds were exercised
+
+    def __init__(self) -> None:
+        super().__init__()
+        SendJob.objects.all().delete()
+        get_limiter().client.flushdb()
+        holds_cache().clear()
+        self.clock = timezone.now() + timedelta(days=2)
+        self.sent = 0
+
+    def live_reserved(self) -> dict[int, SendJob]:
+        return {
+            job.pk: job
+            for job in SendJob.objects.filter(status="scheduled", reserve=True)
+            if job.start_at is not None and job.start_at > self.clock
+        }
+
+    @rule(
+        users=st.sets(st.sampled_from(USERS), min_size=1, max_size=6),
+        hours=st.integers(1, 20),
+        priority=st.integers(0, 9),
+        reserve=st.booleans(),
+        channel=st.sampled_from(["email", "push"]),
+    )
+    def schedule(self, users, hours, priority, reserve, channel):
+        job = scheduled(
+            sorted(users), hours=24, priority=priority, reserve=reserve, channel=channel
         )
-        for n in range(6)
-    ]
-    for job in jobs:
+        start = self.clock + timedelta(hours=hours, minutes=len(users))
+        SendJob.objects.filter(pk=job.pk).update(
+            start_at=start, expires_at=start + timedelta(days=1)
+        )
+        self.plan()  # as beat does within seconds
+
+    @rule()
+    def plan(self):
         plan_refresh(force=True)
         holds_cache().clear()
-        before = job.start_at - timedelta(minutes=30)
-        for decision in ask(users, priority=rng.randint(0, 9), at=before):
-            assert decision.reason in ("allowed", "reserved", "daily_cap")
-        if rng.random() < 0.2:
-            send_job_cancel(job=job)
-            continue
-        run(job)
-        for user in users:
+
+    @rule(users=st.sets(st.sampled_from(USERS), min_size=1), priority=st.integers(0, 9))
+    def ad_hoc(self, users, priority):
+        self.sent += 1
+        decisions = gate_check(
+            channel="email",
+            requests=[(u, f"ad-hoc-{self.sent}:{u}") for u in sorted(users)],
+            campaign="ad-hoc",
+            tags=("promo",),
+            priority=priority,
+            now=self.clock.timestamp(),
+        )
+        live = self.live_reserved()
+        for d in decisions:
+            if d.reason == "reserved":
+                Reservations.seen += 1
+                assert d.reserved_for in live, (d, sorted(live))
+                assert live[d.reserved_for].priority > priority
+
+    @precondition(lambda self: bool(self.live_reserved()))
+    @rule(data=st.data())
+    def ad_hoc_to_a_reserved_jobs_users(self, data):
+        """A send to users a reserved job will reach, below its priority (the case it is for)."""
+        job = data.draw(st.sampled_from(sorted(self.live_reserved().values(), key=lambda j: j.pk)))
+        users = {r["user_id"] for chunk in job.chunks.all() for r in chunk.recipients}
+        self.ad_hoc(users, data.draw(st.integers(0, max(0, job.priority - 1))))
+
+    @rule(minutes=st.integers(1, 3000))
+    def time_passes(self, minutes):
+        until = self.clock + timedelta(minutes=minutes)
+        due = SendJob.objects.filter(status="scheduled", start_at__lte=until)
+        for job in due.order_by("start_at", "-priority", "pk"):
+            assert job.start_at is not None
+            self.clock = max(self.clock, job.start_at)
+            run(job)
+        self.clock = until
+        holds_cache().clear()  # as the processes' copies lapse
+
+    @rule(data=st.data())
+    def cancel(self, data):
+        waiting = list(SendJob.objects.filter(status="scheduled").order_by("pk"))
+        if waiting:
+            job = data.draw(st.sampled_from(waiting))
+            with TestCase.captureOnCommitCallbacks(execute=True):
+                send_job_cancel(job=job)
+            holds_cache().clear()
+
+    @invariant()
+    def never_over_admitted(self):
+        limiter = get_limiter()
+        for user in USERS:
             times = promo_times(limiter, user)
             assert all(b - a >= 86_400_000 for a, b in itertools.pairwise(times)), (user, times)
-    plan_refresh(force=True)
-    holds_cache().clear()
-    last = max(job.start_at for job in jobs) + timedelta(minutes=1)
-    assert "reserved" not in [d.reason for d in ask(users, priority=0, at=last)]
+
+
+def test_holds_never_over_admit_nor_strand_a_slot_after_their_job(promo_a_day):
+    run_state_machine_as_test(
+        Reservations,
+        settings=settings(
+            max_examples=40,
+            stateful_step_count=12,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+    assert Reservations.seen > 0
