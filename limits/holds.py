@@ -1,23 +1,23 @@
 """Reservations: the slots a reserved scheduled job's predicted sends hold (worker/plan.py makes
-them from the plan), and how the gate applies them: as extra rule records in the same limiter
-call, on the same log.
+them from the plan), and how the gate applies them: as a priority reserve does, by lowering the
+rule's limit in the same limiter call, on the same log.
 
 A reserved job R (priority p, starting at t) is predicted to send to some users. For each of
-them and each rule r that counts R's send, the window r will count at t is held: a send of a
-priority below p before t that r counts, and that falls into that window, is admitted only if
-the window, with every reserved send still to come in it (R's and any other reserved job's that
-r counts), stays within r's limit. A refusal is reason `reserved`, names the rule, how many
-slots are held (`reserved`) and the job (`reserved_for`). Sends of priority p or higher, and
-R's own, are never held back by R; once R starts (or is cancelled) its hold is gone.
+them and each rule r that counts R's send, a send of a priority below p before t that r counts,
+and that falls into the window r will count at t (a rolling window: its length back from t; a
+calendar window: t's period in the user's zone), sees r's limit lowered by the reserved sends to
+come that it shares a window with (R's, and any other reserved job's r counts). It is admitted
+only if r still has room: a refusal that only the hold caused is reason `reserved`, names the
+rule, the sends held (`reserved`) and the first job (`reserved_for`), with `retry_after` until
+that job starts. Sends of priority p or higher, and R's own, are never held back by R; once R
+starts (or is cancelled) its hold is gone.
 
-The window at t is encoded as a calendar record whose period runs from the window's start to t:
-a rolling window of W from t - W (the entries that will still count at t; a send now falls into
-it only when now is after t - W), a calendar window from its period's start in the user's zone
-(only when now is in the same period). Its limit is r's less the reserved sends to come in it.
+Like a priority reserve, a hold counts the rule's window as it is now: an entry that will have
+left the window by t still counts against the send now (it errs toward holding the slot).
 
-What Redis holds: nothing. The holds live in the processes, read from one binary value the plan
-writes (`<prefix>{holds}`): per reserved job a header and its users' ids, 8 bytes each
-(docs/worker.md, "Reservations").
+What Redis holds: no state per hold. The holds live in the processes, read from one binary value
+the plan writes (`<prefix>{holds}`): per reserved job a header and its users' ids, 4 bytes each
+(8 when an id is 2^32 or more) (docs/worker.md, "Reservations").
 """
 
 import struct
@@ -31,9 +31,8 @@ import numpy as np
 from django.conf import settings
 
 from gatekeeper.lib.redis_client import REDIS_DOWN
-from limits.log import calendar_record
-from limits.policy import ALL, RuleSet, RuleView
-from limits.reasons import Reason
+from limits.log import RULE_RECORD
+from limits.policy import ALL, ARM, RULE, RuleSet, RuleView
 from limits.windows import period_bounds
 
 # Under the limiter's prefix; one hash tag, so that both are written in one transaction on a
@@ -42,7 +41,8 @@ HOLDS_KEY = "{holds}"
 HOLDS_VERSION_KEY = "{holds}:version"  # changes with every plan that changes them
 # version 1 | jobs, then per job: id, priority, start ms, channel, campaign, tags, users
 _HEAD = struct.Struct(">BI")
-_JOB = struct.Struct(">QBQHHHI")  # id, priority, start, len channel, campaign, tags, users
+# id, priority, start ms, lengths of channel, campaign and tags, bytes an id, users
+_JOB = struct.Struct(">QBQHHHBI")
 
 
 @dataclass(frozen=True)
@@ -67,39 +67,6 @@ class HeldJob:
         return True
 
 
-@dataclass(frozen=True, slots=True)
-class HoldView(RuleView):
-    """A rule's window at a reserved job's start, as the limiter counts it for a send now."""
-
-    job: int = 0
-    window_start_ms: int = 0
-    start_ms: int = 0
-    held: int = 0  # reserved sends to come in the window
-
-    def record(self, *, limit: int, zone: str, now_ms: int) -> bytes:
-        return calendar_record(
-            kind=self.match,
-            every_channel=self.channel == ALL,
-            limit=limit,
-            starts=(self.window_start_ms, self.start_ms, self.start_ms + 1),
-            tag=self.tag,
-        )
-
-    def reason(self) -> Reason:
-        return Reason.RESERVED
-
-    def reserved_count(self, effective: int, used: int) -> int | None:
-        return self.held
-
-    @property
-    def reserved_for(self) -> int | None:
-        return self.job
-
-    def retry_after(self, retry: int, now_ms: int) -> float | None:
-        # Held until the job starts (a hold of limit 0 has no room before then at all).
-        return max(0.0, (self.start_ms - now_ms) / 1000)
-
-
 @dataclass
 class Holds:
     """Every reserved job's held users: one sorted array of user ids, and beside it which job
@@ -109,6 +76,9 @@ class Holds:
     users: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
     owners: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint16))
     version: bytes = b""
+    _memo: dict[tuple[Any, ...], tuple[Any, ...]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def __bool__(self) -> bool:
         return bool(self.jobs)
@@ -123,17 +93,25 @@ class Holds:
         """Per user, the places of the jobs that hold one of their sends against a send of
         `priority` at `now_ms` (a higher priority, not started yet); () for most."""
         out: list[tuple[int, ...]] = [()] * len(user_ids)
-        live = [k for k, j in enumerate(self.jobs) if j.priority > priority and j.start_ms > now_ms]
-        if not live or not self.users.size:
+        live = np.array(
+            [j.priority > priority and j.start_ms > now_ms for j in self.jobs], dtype=bool
+        )
+        if not live.any() or not self.users.size:
             return out
         ids = np.asarray(user_ids, dtype=np.uint64)
         left = np.searchsorted(self.users, ids, side="left")
         right = np.searchsorted(self.users, ids, side="right")
-        wanted = set(live)
-        for i in np.flatnonzero(right > left):
-            places = tuple(int(k) for k in self.owners[left[i] : right[i]] if int(k) in wanted)
+        many = right - left
+        one = np.flatnonzero(many == 1)
+        if one.size:  # held by one job: the usual case, vectorised
+            owners = self.owners[left[one]]
+            keep = live[owners]
+            for i, owner in zip(one[keep].tolist(), owners[keep].tolist(), strict=True):
+                out[i] = (owner,)
+        for i in np.flatnonzero(many > 1).tolist():
+            places = tuple(k for k in self.owners[left[i] : right[i]].tolist() if live[k])
             if places:
-                out[int(i)] = places
+                out[i] = places
         return out
 
     def rule_set(
@@ -141,69 +119,118 @@ class Holds:
         base: RuleSet,
         places: tuple[int, ...],
         *,
+        channel: str,
         campaign: str,
         zone: str,
         now_ms: int,
     ) -> RuleSet:
-        """`base` with the windows these jobs hold for this user, each a record of its own."""
-        jobs = [self.jobs[k] for k in places]
-        extra: list[HoldView] = []
-        for rule in base.rules:
-            if rule.kind != "rule" and rule.kind != "arm":
-                continue  # a person's own frequency holds nothing for anyone
-            counted = [j for j in jobs if j.counted_by(rule, campaign)]
-            for job in counted:
-                window = _window(rule, job.start_ms, zone=zone, now_ms=now_ms)
-                if window is None:
-                    continue  # a send now does not fall into the window the job will count
-                held = sum(1 for j in counted if window <= j.start_ms <= job.start_ms)
-                extra.append(
-                    HoldView(
-                        **{f: getattr(rule, f) for f in RULE_FIELDS},
-                        job=job.id,
-                        window_start_ms=window,
-                        start_ms=job.start_ms,
-                        held=held,
-                    )
+        """`base` with each rule that counts these jobs' sends lowered by the reserved sends to
+        come that a send now would share a window with (as a priority reserve lowers it): only
+        the limits in its records change. Kept per rule set, jobs and zone for as long as no
+        window boundary passes (a batch's users share a few)."""
+        key = (base.records, channel, campaign, zone, places)
+        hit = self._memo.get(key)
+        if hit is None or not hit[0] <= now_ms < hit[1] or hit[3] != base.rules:
+            if len(self._memo) >= MEMO_MAX:
+                self._memo.clear()
+            since, until, held, records, effective = self._held(
+                base, places, campaign, zone, now_ms
+            )
+            made = (
+                RuleSet(
+                    records=records,
+                    rules=base.rules,
+                    effective=effective,
+                    limits=base.limits,
+                    held=held,
                 )
-        if not extra:
+                if held
+                else None
+            )
+            # Kept with the rules it was made for (the policy table's, the same object while
+            # the table stands, compared one by one): another table's rules are made again.
+            hit = self._memo[key] = (since, until, made, base.rules)
+        made = hit[2]
+        if made is None:
             return base
-        limits = tuple(max(0, hold.limit - hold.held) for hold in extra)
-        return RuleSet(
-            records=base.records
-            + b"".join(
-                hold.record(limit=limit, zone=zone, now_ms=now_ms)
-                for hold, limit in zip(extra, limits, strict=True)
-            ),
-            rules=base.rules + tuple(extra),
-            effective=base.effective + limits,
-            limits=base.limits,
-        )
+        if made.limits != base.limits:
+            return RuleSet(
+                records=made.records,
+                rules=base.rules,
+                effective=made.effective,
+                limits=base.limits,
+                held=made.held,
+            )
+        return made
+
+    def _held(
+        self, base: RuleSet, places: tuple[int, ...], campaign: str, zone: str, now_ms: int
+    ) -> tuple[Any, ...]:
+        """(valid from, valid until, per rule its hold or None (() when none holds), records,
+        effective limits) at `now_ms`."""
+        jobs = [self.jobs[k] for k in places]
+        held: list[tuple[int, int, int] | None] = []
+        since, until = -(2**62), 2**62
+        for rule in base.rules:
+            counted = (
+                [j for j in jobs if j.counted_by(rule, campaign)]
+                if rule.kind in (RULE, ARM)  # a person's own frequency holds nothing
+                else []
+            )
+            # The reserved sends whose window (the one the rule counts at their start) a send
+            # now falls into; the first of them is named.
+            sharing = []
+            for job in counted:
+                first, end = _window(rule, job.start_ms, zone=zone)
+                if first < now_ms < end:
+                    sharing.append(job)
+                    since, until = max(since, first + 1), min(until, end)
+                elif now_ms <= first:
+                    until = min(until, first + 1)
+                else:
+                    since = max(since, end)
+            sharing.sort(key=lambda j: j.start_ms)
+            held.append((len(sharing), sharing[0].id, sharing[0].start_ms) if sharing else None)
+        if not any(held):
+            return (since, until, (), base.records, base.effective)
+        records = bytearray(base.records)
+        effective = list(base.effective)
+        for n, hold in enumerate(held):
+            if hold is not None:
+                effective[n] = max(0, effective[n] - hold[0])
+                LIMIT.pack_into(records, n * RULE_RECORD.size + LIMIT_AT, effective[n])
+        return (since, until, tuple(held), bytes(records), tuple(effective))
 
 
-RULE_FIELDS = tuple(f for f in RuleView.__dataclass_fields__)
+MEMO_MAX = 100_000  # rule sets kept with their holds, per plan's holds
+
+# A rule record's limit: its 4 bytes after kind, scope and calendar (limits.log.RULE_RECORD).
+LIMIT = struct.Struct(">I")
+LIMIT_AT = 3
 
 
-def _window(rule: RuleView, start_ms: int, *, zone: str, now_ms: int) -> int | None:
-    """Where `rule`'s window at `start_ms` starts (the first ms it counts), when a send at
-    `now_ms` falls into it; None otherwise."""
+def _window(rule: RuleView, start_ms: int, *, zone: str) -> tuple[int, int]:
+    """The sends at times in (first, end) fall into the window `rule` counts at `start_ms` (a
+    rolling window: its length back from it; a calendar one: its period in the user's zone)."""
     if rule.calendar:
         first, end = period_bounds(zone or "UTC", rule.window_unit, start_ms)
-        return first if first <= now_ms < end else None
-    first = start_ms - int(rule.window_seconds or 0) * 1000 + 1
-    return first if first <= now_ms < start_ms else None
+        return first - 1, end
+    return start_ms - int(rule.window_seconds or 0) * 1000, start_ms
 
 
 def holds_encode(jobs: list[tuple[HeldJob, np.ndarray]]) -> bytes:
-    """The holds as the plan stores them: a header per job and its users (uint64, big-endian)."""
+    """The holds as the plan stores them: a header per job and its users, big-endian, 4 bytes
+    each when every id fits (ids below 2^32, the usual snapshot), else 8."""
     parts = [_HEAD.pack(1, len(jobs))]
     for job, users in jobs:
         names = [job.channel.encode(), job.campaign.encode(), ",".join(job.tags).encode()]
+        ids = np.asarray(users, dtype=np.uint64)
+        width = 4 if not ids.size or int(ids.max()) < 2**32 else 8
         parts.append(
-            _JOB.pack(job.id, job.priority, job.start_ms, *(len(n) for n in names), users.size)
+            _JOB.pack(job.id, job.priority, job.start_ms, *(len(n) for n in names), width, ids.size)
         )
         parts += names
-        parts.append(np.asarray(users, dtype=">u8").tobytes())
+        parts.append(ids.astype(f">u{width}").tobytes())
     return b"".join(parts)
 
 
@@ -216,7 +243,7 @@ def holds_decode(blob: bytes) -> Holds:
     users: list[np.ndarray] = []
     owners: list[np.ndarray] = []
     for place in range(count):
-        job_id, priority, start_ms, a, b, c, n = _JOB.unpack_from(blob, pos)
+        job_id, priority, start_ms, a, b, c, width, n = _JOB.unpack_from(blob, pos)
         pos += _JOB.size
         channel, campaign, tags = (
             blob[pos : pos + a].decode(),
@@ -224,8 +251,8 @@ def holds_decode(blob: bytes) -> Holds:
             blob[pos + a + b : pos + a + b + c].decode(),
         )
         pos += a + b + c
-        ids = np.frombuffer(blob, dtype=">u8", count=n, offset=pos).astype(np.uint64)
-        pos += 8 * n
+        ids = np.frombuffer(blob, dtype=f">u{width}", count=n, offset=pos).astype(np.uint64)
+        pos += width * n
         jobs.append(
             HeldJob(
                 job_id,

@@ -185,7 +185,7 @@ class Limiter:
             """A call deciding `chunk`; `each`: its dry runs marked one by one (gk_decide_each;
             None when its rule sets are too many to mark)."""
             keys: dict[str, int] = {}
-            set_index: dict[int, int] = {}
+            set_index: dict[bytes, int] = {}
             set_records: list[bytes] = []  # each: its rule count, then its records
             parts: list[bytes] = []
             for i in chunk:
@@ -195,10 +195,12 @@ class Limiter:
                 if k is None:
                     k = keys[key] = len(keys) + 1
                 rule_set = sets[i]
-                s = set_index.get(id(rule_set))
+                # By its records: rule sets that differ only in what their decisions show (a
+                # reservation's hold naming its job) are one set of the call.
+                s = set_index.get(rule_set.records)
                 if s is None:
                     set_records.append(bytes((len(rule_set.rules),)) + rule_set.records)
-                    s = set_index[id(rule_set)] = len(set_records)
+                    s = set_index[rule_set.records] = len(set_records)
                     if each and s > EACH_SETS:
                         return None
                 mark = s + 128 if each and dry[i] else s
@@ -209,7 +211,9 @@ class Limiter:
 
         def collect(call: Call, reply: list[Any]) -> None:
             for i, answer in zip(call.indexes, log.iter_replies(reply[1]), strict=True):
-                results[i] = self._decision(requests[i], sets[i], *answer, now_ms=int(reply[0]))
+                results[i] = self._decision(
+                    requests[i], sets[i], *answer, now_ms=int(reply[0]), priority=priority
+                )
 
         self.transport.run(user_ids, build, collect, fail)
         return [d for d in results if d is not None]
@@ -226,6 +230,7 @@ class Limiter:
         week: int,
         *,
         now_ms: int = 0,
+        priority: int = DEFAULT_PRIORITY,
     ) -> Decision:
         user_id, message_id = request
         counts = {"daily": day, "weekly": week}
@@ -241,19 +246,27 @@ class Limiter:
                 holder=None if outcome == ALLOWED else used,
             )
         rule = rule_set.rules[rule_at - 1]
-        # The rule had room; its reserve (or a reserved job's hold) did not.
-        reserved = rule.reserved_count(rule_set.effective[rule_at - 1], used)
+        reason, reserved, reserved_for = rule.reason(), None, None
+        retry_after = (retry - 1) / 1000 if retry else None
+        hold = rule_set.held[rule_at - 1] if rule_set.held else None
+        if hold is not None and used < rule.limit_for(priority):
+            # The rule had room, even after its priority reserve; a reservation's hold did not:
+            # held until the reserved job starts.
+            reason, reserved, reserved_for = Reason.RESERVED, hold[0], hold[1]
+            retry_after = max(0.0, (hold[2] - now_ms) / 1000)
+        elif rule_set.effective[rule_at - 1] < rule.limit and used < rule.limit:
+            reserved = rule.reserve_slots  # the rule had room; its reserve did not
         return Decision(
             user_id=user_id,
             message_id=message_id,
             allowed=False,
-            reason=rule.reason(),
+            reason=reason,
             counts=counts,
             limits=rule_set.limits,
-            retry_after=rule.retry_after(retry, now_ms),
+            retry_after=retry_after,
             rule=rule.as_decision(used),
             reserved=reserved,
-            reserved_for=rule.reserved_for,
+            reserved_for=reserved_for,
         )
 
     def release(

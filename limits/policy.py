@@ -85,22 +85,6 @@ class RuleView:
             return Reason.WEEKLY_CAP
         return Reason.CAP
 
-    def reserved_count(self, effective: int, used: int) -> int | None:
-        """On a refusal by this rule: the slots held back from the send (`reserved`), or None
-        when the rule itself was full. Here: its priority reserve, when the rule had room."""
-        if effective < self.limit and used < self.limit:
-            return self.reserve_slots
-        return None
-
-    @property
-    def reserved_for(self) -> int | None:
-        """The scheduled job whose reservation this record is (limits.holds); None: a rule."""
-        return None
-
-    def retry_after(self, retry: int, now_ms: int) -> float | None:
-        """A refusal's retry_after in seconds from the limiter's `retry` (1 + ms; 0: never)."""
-        return (retry - 1) / 1000 if retry else None
-
     def limit_for(self, priority: int) -> int:
         """The limit a send of `priority` must fit: less the reserve when it is below it."""
         if (
@@ -157,6 +141,9 @@ class RuleSet:
     rules: tuple[RuleView, ...]
     effective: tuple[int, ...]
     limits: dict[str, int | None]
+    # Per rule, a reservation's hold on it (limits.holds): (sends held, the job, its start in
+    # ms), or None; empty: no hold at all.
+    held: tuple[tuple[int, int, int] | None, ...] = ()
 
     def with_own(self, own: Sequence[RuleView], *, zone: str, now_ms: int) -> "RuleSet":
         """These rules and a person's own (their frequency on the channel), counted on the same

@@ -142,22 +142,23 @@ def test_reserve_needs_a_start(promo_a_day):
         )
 
 
-def test_holds_take_8_bytes_a_reserved_send_and_read_back_the_same():
+def test_holds_take_4_bytes_a_reserved_send_and_read_back_the_same():
     from limits.holds import HeldJob
 
     rng = random.Random(1)
-    jobs = [
-        (
-            HeldJob(n, 9, 1_800_000_000_000 + n, "email", f"c{n}", ("promo",)),
-            np_sorted(rng.sample(range(1, 10**9), 1000)),
-        )
-        for n in range(3)
-    ]
-    blob = holds_encode(jobs)
-    header = len(holds_encode([(job, np_sorted([])) for job, _ in jobs]))
-    assert len(blob) - header == 8 * 3000
-    back = holds_decode(blob)
-    assert [(j, list(u)) for j, u in back.by_job()] == [(j, list(u)) for j, u in jobs]
+    for top, width in ((10**9, 4), (2**63, 8)):  # ids of a 32-bit snapshot, and wider ones
+        jobs = [
+            (
+                HeldJob(n, 9, 1_800_000_000_000 + n, "email", f"c{n}", ("promo", "news")),
+                np_sorted(rng.sample(range(1, top), 1000)),
+            )
+            for n in range(3)
+        ]
+        blob = holds_encode(jobs)
+        header = len(holds_encode([(job, np_sorted([])) for job, _ in jobs]))
+        assert len(blob) - header == width * 3000
+        back = holds_decode(blob)
+        assert [(j, list(u)) for j, u in back.by_job()] == [(j, list(u)) for j, u in jobs]
 
 
 def promo_times(limiter, user: int) -> list[int]:

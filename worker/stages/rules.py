@@ -49,6 +49,7 @@ def asked(batch: Batch, parts: Parts, positions: list[int]) -> list[Decision]:
     # Per request, the reserved jobs that hold a send of this user against this one.
     held = holds.of(users, priority=batch.priority, now_ms=now_ms) if holds else None
     with_holds: dict[tuple[Any, ...], RuleSet] = {}
+    calendars: dict[int, bool] = {}  # per rule set: whether any window is a calendar one
     arms = batch.arms()
     for k, i in enumerate(positions):
         segment = batch.segment(i)
@@ -83,12 +84,21 @@ def asked(batch: Batch, parts: Parts, positions: list[int]) -> list[Decision]:
                 )
             rule_set = combined
         if held is not None and held[k]:
-            hold_zone = batch.zone(i)
+            # The user's zone only when a calendar window's period depends on it.
+            calendar = calendars.get(id(rule_set))
+            if calendar is None:
+                calendar = calendars[id(rule_set)] = any(r.calendar for r in rule_set.rules)
+            hold_zone = batch.zone(i) if calendar else ""
             hold_key = (id(rule_set), held[k], hold_zone)
             holding = with_holds.get(hold_key)
             if holding is None:
                 holding = with_holds[hold_key] = holds.rule_set(
-                    rule_set, held[k], campaign=batch.campaign, zone=hold_zone, now_ms=now_ms
+                    rule_set,
+                    held[k],
+                    channel=batch.channel,
+                    campaign=batch.campaign,
+                    zone=hold_zone,
+                    now_ms=now_ms,
                 )
             rule_set = holding
         per_request.append(rule_set)
