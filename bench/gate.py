@@ -103,6 +103,36 @@ def alternated(
     return statistics.median(rates[0]), statistics.median(rates[1]), ratio
 
 
+ROUNDS = 8  # alternated runs of each gate, in the parts below
+
+
+def gates_alternated(
+    gates: list[Gate],
+    client: redis.Redis,
+    seconds: float,
+    *,
+    seed: int,
+    check: Callable[[Gate, list[tuple[int, str]]], list[Any]],
+) -> tuple[float, float, float]:
+    """Decisions/s of two gates, each asked batches of 1,000 random users (fresh message ids)
+    by `check`, in ROUNDS alternated runs with the logs flushed between: (the first's, the
+    second's, the median of the run pairs' ratios)."""
+    pick = random.Random(seed)
+    counter = iter(range(10**9))
+
+    def step(gate: Gate) -> int:
+        n = next(counter)
+        return len(check(gate, [(u, f"{seed}-{n}-{u}") for u in pick.sample(range(USERS), 1000)]))
+
+    return alternated(
+        functools.partial(step, gates[0]),
+        functools.partial(step, gates[1]),
+        seconds,
+        rounds=ROUNDS,
+        between=client.flushdb,
+    )
+
+
 def gate_beside_limiter(url: str, seconds: float) -> None:
     client = _redis(url)
     client.flushdb()
@@ -348,21 +378,12 @@ def preferences_beside_none(url: str, seconds: float, share: float = 0.1) -> Non
         else:
             said[user] = {"topics": {"news": {"push": False}}, "channels": {"sms": False}}
     gates = [_gate_holding(limiter, table, index, {}), _gate_holding(limiter, table, index, said)]
-    pick = random.Random(12)
-    counter = iter(range(10**9))
-
-    def step(gate: Gate) -> int:
-        n = next(counter)
-        requests = [(u, f"p{n}-{u}") for u in pick.sample(range(USERS), 1000)]
-        return len(gate.check(channel="email", requests=requests, topic="news"))
-
-    rounds = 8
-    plain, held, ratio = alternated(
-        functools.partial(step, gates[0]),
-        functools.partial(step, gates[1]),
+    plain, held, ratio = gates_alternated(
+        gates,
+        client,
         seconds,
-        rounds=rounds,
-        between=client.flushdb,
+        seed=12,
+        check=lambda gate, requests: gate.check(channel="email", requests=requests, topic="news"),
     )
     probe = list(range(0, USERS, USERS // 5000))[:5000]
     started = time.perf_counter()
@@ -373,7 +394,7 @@ def preferences_beside_none(url: str, seconds: float, share: float = 0.1) -> Non
         f"gate with nobody's preferences: {plain:,.0f} decisions/s; with {len(said):,} of "
         f"{USERS:,} users holding some ({share:.0%}; 1 in 10 of them this topic off, 1 in 10 "
         f"this channel paused, 1 in 10 their own frequency on it): {held:,.0f} decisions/s "
-        f"(medians of {rounds} alternated runs)"
+        f"(medians of {ROUNDS} alternated runs)"
     )
     print(f"  ratio {ratio:.3f}x (median of run pairs)   (target >= 0.95x)")
     print(f"  a lookup of 5,000 users against them: {lookup_us:,.0f} us")
@@ -413,26 +434,17 @@ def studies_beside_none(url: str, seconds: float) -> None:
         rules=rules, classic={}, zones={}, holdout=group, experiments=(experiment,)
     )
     gates = [_gate_holding(limiter, t, index, {}) for t in (plain, studied)]
-    pick = random.Random(13)
-    counter = iter(range(10**9))
-
-    def step(gate: Gate) -> int:
-        n = next(counter)
-        requests = [(u, f"s{n}-{u}") for u in pick.sample(range(USERS), 1000)]
-        return len(gate.check(channel="email", requests=requests))
-
-    rounds = 8
-    neither, both, ratio = alternated(
-        functools.partial(step, gates[0]),
-        functools.partial(step, gates[1]),
+    neither, both, ratio = gates_alternated(
+        gates,
+        client,
         seconds,
-        rounds=rounds,
-        between=client.flushdb,
+        seed=13,
+        check=lambda gate, requests: gate.check(channel="email", requests=requests),
     )
     print(
         f"gate with no control group and no experiment: {neither:,.0f} decisions/s; with a "
         f"control group of 5 % and an experiment of two arms on a sixth of the users: "
-        f"{both:,.0f} decisions/s (medians of {rounds} alternated runs)"
+        f"{both:,.0f} decisions/s (medians of {ROUNDS} alternated runs)"
     )
     print(f"  ratio {ratio:.3f}x (median of run pairs)   (target >= 0.97x)")
 
@@ -473,30 +485,18 @@ def reservations_beside_none(url: str, seconds: float, jobs: int = 20) -> None:
         )  # fmt: skip
 
     gates = [gate(Holds()), gate(holds)]
-    pick = random.Random(14)
-    counter = iter(range(10**9))
-
     reasons: Counter[str] = Counter()
 
-    def step(g: Gate) -> int:
-        n = next(counter)
-        requests = [(u, f"r{n}-{u}") for u in pick.sample(range(USERS), 1000)]
+    def check(g: Gate, requests: list[tuple[int, str]]) -> list[Any]:
         decisions = g.check(channel="email", requests=requests, priority=5)
         reasons.update(d.reason for d in decisions)
-        return len(decisions)
+        return decisions
 
-    rounds = 8
-    none, reserved, ratio = alternated(
-        functools.partial(step, gates[0]),
-        functools.partial(step, gates[1]),
-        seconds,
-        rounds=rounds,
-        between=client.flushdb,
-    )
+    none, reserved, ratio = gates_alternated(gates, client, seconds, seed=14, check=check)
     print(
         f"gate with no reservation: {none:,.0f} decisions/s; with {jobs} reserved jobs holding "
         f"{reserved_sends:,} sends (a user held by {reserved_sends / USERS:.1f} jobs on "
-        f"average): {reserved:,.0f} decisions/s (medians of {rounds} alternated runs)"
+        f"average): {reserved:,.0f} decisions/s (medians of {ROUNDS} alternated runs)"
     )
     print(f"  ratio {ratio:.3f}x (median of run pairs)   (target >= 0.95x)")
     print(f"  decisions by reason, both gates: {dict(reasons.most_common())}")

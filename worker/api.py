@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 from django.conf import settings
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
@@ -20,7 +20,8 @@ from gatekeeper.lib.permissions import CANCEL_SENDS, GATE, VIEW_SEND_JOBS
 from gatekeeper.lib.zones import UnknownTimeZone, zone
 from limits.bodies import tags_checked
 from limits.channels import validate_channel
-from limits.ledger.history import INSTANT, INSTANT_WORDS, interval_from_text
+from limits.ledger.api import interval_parameters
+from limits.ledger.history import interval_from_text
 from limits.limiter import Decision
 from limits.quota import Unavailable
 from segments.index import max_answerable_user_id
@@ -417,20 +418,7 @@ class PlanView(JsonAPIView):
             "whenever a job, a rule or the snapshot changes: `stale` says a newer one is being "
             "made."
         ),
-        parameters=[
-            OpenApiParameter(
-                "from",
-                {"type": "string", "pattern": f"^{INSTANT.pattern}$"},
-                OpenApiParameter.QUERY,
-                description=f"Jobs starting at or after this. {INSTANT_WORDS}",
-            ),
-            OpenApiParameter(
-                "to",
-                {"type": "string", "pattern": f"^{INSTANT.pattern}$"},
-                OpenApiParameter.QUERY,
-                description=f"Jobs starting before this. {INSTANT_WORDS} A day: included.",
-            ),
-        ],
+        parameters=interval_parameters("Jobs starting"),
         responses={200: PlanSerializer, **errors(400)},
     )
     def get(self, request: Request) -> Response:

@@ -76,6 +76,25 @@ def _history_filter(params: Any, name: str) -> str | None:
     return cast(str | None, value)
 
 
+def interval_parameters(what: str) -> list[OpenApiParameter]:
+    """`?from=` and `?to=` as interval_from_text reads them, for the schema: `what` (Decisions,
+    Jobs starting) at or after `from` and before `to`."""
+    return [
+        OpenApiParameter(
+            "from",
+            {"type": "string", "pattern": f"^{INSTANT.pattern}$"},
+            OpenApiParameter.QUERY,
+            description=f"{what} at or after this. {INSTANT_WORDS} A day: its start.",
+        ),
+        OpenApiParameter(
+            "to",
+            {"type": "string", "pattern": f"^{INSTANT.pattern}$"},
+            OpenApiParameter.QUERY,
+            description=f"{what} before this. {INSTANT_WORDS} A day: that whole day included.",
+        ),
+    ]
+
+
 def _instant_text(at: Any) -> str:
     # Ledger times are milliseconds (the gate's clock); more digits only when a row has them.
     spec = "milliseconds" if at.microsecond % 1000 == 0 else "microseconds"
@@ -128,19 +147,7 @@ class HistoryView(JsonAPIView):
                 OpenApiParameter.QUERY,
                 description="Only decisions of this reason.",
             ),
-            OpenApiParameter(
-                "from",
-                {"type": "string", "pattern": f"^{INSTANT.pattern}$"},
-                OpenApiParameter.QUERY,
-                description=f"Decisions at or after this. {INSTANT_WORDS} A day: its start.",
-            ),
-            OpenApiParameter(
-                "to",
-                {"type": "string", "pattern": f"^{INSTANT.pattern}$"},
-                OpenApiParameter.QUERY,
-                description=f"Decisions before this. {INSTANT_WORDS} A day: that whole day "
-                "included.",
-            ),
+            *interval_parameters("Decisions"),
         ],
         responses={200: HistorySerializer, **errors(400)},
     )
