@@ -32,7 +32,7 @@ from django.conf import settings
 
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.log import RULE_RECORD
-from limits.policy import ALL, ARM, RULE, RuleSet, RuleView
+from limits.policy import ARM, RULE, RuleSet, RuleView
 from limits.windows import period_bounds
 
 # Under the limiter's prefix; one hash tag, so that both are written in one transaction on a
@@ -58,13 +58,9 @@ class HeldJob:
 
     def counted_by(self, rule: RuleView, campaign: str) -> bool:
         """Whether `rule`, applying to a send of `campaign`, counts this job's send too."""
-        if rule.channel not in (ALL, self.channel):
-            return False
-        if rule.match == "tag":
-            return rule.tag in self.tags
-        if rule.match == "campaign":
-            return self.campaign == campaign
-        return True
+        return rule.counts(
+            channel=self.channel, tags=self.tags, campaign=self.campaign, asked=campaign
+        )
 
 
 @dataclass
@@ -75,7 +71,6 @@ class Holds:
     jobs: tuple[HeldJob, ...] = ()
     users: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
     owners: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint16))
-    version: bytes = b""
     _memo: dict[tuple[Any, ...], tuple[Any, ...]] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -266,14 +261,13 @@ def holds_decode(blob: bytes) -> Holds:
         users.append(ids)
         owners.append(np.full(n, place, dtype=np.uint16))
     if not jobs:
-        return Holds(version=blob)
+        return Holds()
     all_users = np.concatenate(users)
     order = np.argsort(all_users, kind="stable")
     return Holds(
         jobs=tuple(jobs),
         users=all_users[order],
         owners=np.concatenate(owners)[order],
-        version=blob[:64],
     )
 
 

@@ -229,8 +229,8 @@ class Limiter:
         day: int,
         week: int,
         *,
-        now_ms: int = 0,
-        priority: int = DEFAULT_PRIORITY,
+        now_ms: int,
+        priority: int,
     ) -> Decision:
         user_id, message_id = request
         counts = {"daily": day, "weekly": week}

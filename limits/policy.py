@@ -85,6 +85,18 @@ class RuleView:
             return Reason.WEEKLY_CAP
         return Reason.CAP
 
+    def counts(self, *, channel: str, tags: tuple[str, ...], campaign: str, asked: str) -> bool:
+        """Whether this rule, deciding a send of campaign `asked`, counts a send on `channel`
+        carrying `tags` of `campaign` (the one place that says so in Python; the limiter's
+        function counts the log by the same terms)."""
+        if self.channel not in (channel, ALL):
+            return False
+        if self.match == "tag":
+            return self.tag in tags
+        if self.match == "campaign":
+            return bool(asked) and campaign == asked
+        return True
+
     def limit_for(self, priority: int) -> int:
         """The limit a send of `priority` must fit: less the reserve when it is below it."""
         if (
@@ -309,9 +321,7 @@ class PolicyTable:
         return tuple(
             rule
             for rule in self.candidates(segment=segment, channel=channel, arm=arm)
-            if rule.match == "any"
-            or (rule.match == "tag" and rule.tag in tags)
-            or (rule.match == "campaign" and campaign)
+            if rule.counts(channel=channel, tags=tags, campaign=campaign, asked=campaign)
         )
 
     def classic_limits(self, *, segment: str | None, channel: str) -> dict[str, int | None]:

@@ -46,9 +46,8 @@ from segments.models import Segment
 from segments.selectors import snapshot_live_version
 from segments.store import StoreError
 from worker import stats as decision_stats
-from worker import tasks
 from worker.models import JOB_CAMPAIGN_MAX, SendJob
-from worker.plan import plan_computing, plan_inputs, plan_latest, plan_what_if, scheduled_jobs
+from worker.plan import plan_what_if, scheduled_jobs
 from worker.processes import processes_list
 from worker.selectors import (
     WHAT_IF_LIMIT,
@@ -59,6 +58,7 @@ from worker.selectors import (
     what_if_file_audience,
     what_if_segment_audience,
 )
+from worker.services import plan_current
 
 NO_TOPIC = "(no topic)"  # a send that names no topic, in the what-if's table
 
@@ -394,12 +394,9 @@ def _bars(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 def plan_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     require(request, *VIEW_SEND_JOBS)
-    latest = plan_latest()
     jobs = scheduled_jobs()
-    stale = latest is None or latest["inputs"] != plan_inputs(jobs)
-    if stale and not plan_computing():
-        tasks.plan_refresh_due.delay()
-    planned = latest["jobs"] if latest else []
+    current = plan_current(jobs)
+    planned = current["jobs"]
     names = {job.pk: job for job in jobs}
     days: dict[str, list[dict[str, Any]]] = {}
     for job in planned:
@@ -413,9 +410,7 @@ def plan_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             moved = plan_what_if(form.cleaned_data["job"], form.cleaned_data["start_at"])
-        except ValueError as exc:
-            problem = str(exc)
-        except Unavailable as exc:
+        except (ValueError, Unavailable) as exc:
             problem = str(exc)
     comparison = []
     if moved is not None:
@@ -431,7 +426,6 @@ def plan_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
                     "sent_before": job["sent"],
                     "sent_after": later["sent"],
                     "difference": later["sent"] - job["sent"],
-                    "refused_after": later["refused"],
                 }
             )
     return render(
@@ -439,11 +433,9 @@ def plan_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         site,
         "plan.html",
         "The plan",
-        latest=latest,
-        stale=stale,
+        current=current,
         days=days,
-        jobs_count=len(planned),
-        overlaps=latest.get("overlaps", []) if latest else [],
+        overlaps=current["overlaps"],
         losers=[job for job in planned if job["taken_by"]],
         form=form,
         comparison=comparison,

@@ -25,7 +25,6 @@ from limits.ledger.history import interval_from_text
 from limits.limiter import Decision
 from limits.quota import Unavailable
 from segments.index import max_answerable_user_id
-from worker import tasks
 from worker.bodies import (
     FILE_PART,
     GATE_BODY_BYTES,
@@ -41,7 +40,6 @@ from worker.bodies import (
 )
 from worker.gate import gate_check, gate_release
 from worker.models import SendJob
-from worker.plan import plan_computing, plan_inputs, plan_latest
 from worker.serializers import (
     GateResultsSerializer,
     JobPlanSerializer,
@@ -51,6 +49,8 @@ from worker.serializers import (
     SendJobSerializer,
 )
 from worker.services import (
+    EDITABLE,
+    plan_current,
     send_job_cancel,
     send_job_cancel_waiting,
     send_job_create,
@@ -283,8 +283,8 @@ class SendJobDetailView(JsonAPIView):
         summary="Edit or reschedule a job that has not started; the job, as it is now",
         description=(
             "Until a scheduled job starts (`status` scheduled, or preparing with a start_at "
-            "ahead), its start_at, expires_at, template, topic, tags, priority and on_capped "
-            "can change, each checked as at creation (a 400 names the field). A new start_at "
+            f"ahead), its {', '.join(EDITABLE)} can change, each checked as at creation (a 400 "
+            "names the field). A new start_at "
             "moves expires_at by as much unless it is given too. Its recipients, channel and "
             "campaign cannot (cancel it and hand over another). A 409 once it has started."
         ),
@@ -383,24 +383,6 @@ SendJobStartView = _control_view("start")
 SendJobCancelView = _control_view("cancel")
 
 
-def _plan_now() -> dict[str, Any]:
-    """The latest plan, with whether it is stale; a stale or missing plan is queued to be made
-    again (worker.tasks.plan_refresh_due), and the answer says so."""
-    latest = plan_latest()
-    stale = latest is None or latest["inputs"] != plan_inputs()
-    computing = plan_computing()
-    if stale and not computing:
-        tasks.plan_refresh_due.delay()
-        computing = True
-    return {
-        "computed_at": latest["computed_at"] if latest else None,
-        "seconds": latest["seconds"] if latest else None,
-        "stale": stale,
-        "computing": computing,
-        "jobs": latest["jobs"] if latest else [],
-    }
-
-
 class PlanView(JsonAPIView):
     rights = {"GET": VIEW_SEND_JOBS}
     operation_ids = {"GET": "plan_get"}
@@ -425,7 +407,8 @@ class PlanView(JsonAPIView):
         since, until = interval_from_text(
             request.query_params.get("from"), request.query_params.get("to")
         )
-        answer = _plan_now()
+        answer = plan_current()
+        answer.pop("overlaps")  # the admin page's, not in the API's answer
         answer["jobs"] = [
             job
             for job in answer["jobs"]
@@ -450,7 +433,7 @@ class SendJobPlanView(JsonAPIView):
         if job.status != SendJob.Status.SCHEDULED:
             why = f"it is not scheduled (it is {job.status})"
         else:
-            for planned in _plan_now()["jobs"]:
+            for planned in plan_current()["jobs"]:
                 if planned["job"] == job.pk:
                     return Response(planned)
             why = "the plan is being made again with it; ask again in a while"

@@ -86,13 +86,16 @@ class JobPlan:
         return sum(self.reasons[r] for r in HELD)
 
 
-def scheduled_jobs(*, until: datetime | None = None) -> list[SendJob]:
-    """The jobs a plan covers, in the order they start (ties: the higher priority first, then
-    the older): every `scheduled` job (its recipients are read), up to `until`."""
+def start_order(job: SendJob) -> tuple[Any, ...]:
+    """The order a plan takes jobs in: as they start; ties, the higher priority first, then the
+    older."""
+    return (job.start_at, -job.priority, job.pk)
+
+
+def scheduled_jobs() -> list[SendJob]:
+    """The jobs a plan covers, every `scheduled` one (its recipients are read), in start_order."""
     jobs = SendJob.objects.filter(status=SendJob.Status.SCHEDULED, cancelled_at__isnull=True)
-    if until is not None:
-        jobs = jobs.filter(start_at__lte=until)
-    return list(jobs.order_by("start_at", "-priority", "pk"))
+    return sorted(jobs, key=start_order)
 
 
 def plan_compute(
@@ -101,12 +104,14 @@ def plan_compute(
     limiter: Limiter | None = None,
     index: SegmentResolver | None = None,
     holds: Holds | None = None,
+    audiences: dict[int, np.ndarray] | None = None,
 ) -> list[JobPlan]:
     """Every job's predicted decisions (`jobs` in the order they start; default
     scheduled_jobs()), by the process's gate (`index`: resolve segments with this one instead of
     the loaded snapshot) on a scratch copy of the logs of `limiter` (default: the live one),
-    with the reservations' `holds` (default: those in force). Raises Unavailable when Redis does
-    not answer."""
+    with the reservations' `holds` (default: those in force). `audiences`: each job's users, as
+    job_audiences read them (default: read here). Raises Unavailable when Redis does not
+    answer."""
     jobs = scheduled_jobs() if jobs is None else list(jobs)
     live = limiter or get_limiter()
     scratch = Limiter(live.client, prefix=f"{live.prefix}plan:{uuid.uuid4().hex[:12]}:")
@@ -119,12 +124,13 @@ def plan_compute(
     scratch_keys: list[str] = []
     plans: list[JobPlan] = []
     try:
-        users = np.unique(
-            np.fromiter((r.user_id for job in jobs for r in _recipients(job)), dtype=np.uint64)
-        )
+        if audiences is None:
+            audiences = job_audiences(jobs)
+        users = np.unique(np.concatenate([audiences[job.pk] for job in jobs] or [_NONE]))
         scratch_keys = _logs_copied(live, scratch.prefix, users)
         for job in jobs:
             plans.append(_job_planned(job, replay, earlier=plans))
+            plans[-1].audience = audiences[job.pk]
     except REDIS_DOWN as exc:
         raise Unavailable(f"Redis is not answering; the plan cannot be made: {exc}") from exc
     finally:
@@ -133,7 +139,7 @@ def plan_compute(
         "Planned %d jobs (%d recipients, %d users) in %.1f s",
         len(jobs),
         sum(p.recipients for p in plans),
-        int(users.size) if jobs else 0,
+        int(users.size),
         time.monotonic() - started,
     )
     return plans
@@ -146,9 +152,17 @@ def _chunks(job: SendJob) -> Iterator[list[Any]]:
         yield recipients_typed(recipients)
 
 
-def _recipients(job: SendJob) -> Iterator[Any]:
-    for chunk in _chunks(job):
-        yield from chunk
+_NONE = np.empty(0, dtype=np.uint64)
+
+
+def job_audiences(jobs: Sequence[SendJob]) -> dict[int, np.ndarray]:
+    """Each job's users (sorted, once each), read once for a plan and its rounds."""
+    return {
+        job.pk: np.unique(
+            np.fromiter((r.user_id for chunk in _chunks(job) for r in chunk), dtype=np.uint64)
+        )
+        for job in jobs
+    }
 
 
 def _job_planned(job: SendJob, gate: Gate, *, earlier: list[JobPlan]) -> JobPlan:
@@ -163,14 +177,12 @@ def _job_planned(job: SendJob, gate: Gate, *, earlier: list[JobPlan]) -> JobPlan
     )
     at = job.start_at.timestamp()
     admitted: list[int] = []
-    audience: list[int] = []
     table = gate.policy.table()
     for part in _chunks(job):
         decisions = job_gate_check(job, part, now=at, gate=gate)
         if any(d.reason == Reason.UNAVAILABLE for d in decisions):
             raise Unavailable("Redis or the segment snapshot is not available; no plan.")
         plan.recipients += len(decisions)
-        audience += [d.user_id for d in decisions]
         for d in decisions:
             plan.reasons[d.reason] += 1
             if d.reason == Reason.ALLOWED:  # recorded: a duplicate takes no room
@@ -187,7 +199,6 @@ def _job_planned(job: SendJob, gate: Gate, *, earlier: list[JobPlan]) -> JobPlan
                 plan.held_until = max(plan.held_until or release, release)
         _slots_taken(plan, job, decisions, earlier, table)
     plan.admitted = np.unique(np.asarray(admitted, dtype=np.uint64))
-    plan.audience = np.unique(np.asarray(audience, dtype=np.uint64))
     return plan
 
 
@@ -227,17 +238,15 @@ def _slots_taken(
 
 
 def _counts(rule: Any, before: JobPlan, job: SendJob) -> bool:
-    """Whether `rule` (a rule view; None: a person's own or an arm's rule) counts a send of the
-    earlier job `before`: its channel, and its match."""
+    """Whether `rule` (a rule view; None: a person's own or an arm's rule, on the channel)
+    counts a send of the earlier job `before` when it decides one of `job`."""
     if rule is None:
         return before.channel == job.channel
-    if rule.channel not in ("all", before.channel):
-        return False
-    if rule.match == "tag":
-        return rule.tag in before.tags
-    if rule.match == "campaign":
-        return before.campaign == job.campaign
-    return True
+    return bool(
+        rule.counts(
+            channel=before.channel, tags=before.tags, campaign=before.campaign, asked=job.campaign
+        )
+    )
 
 
 def _logs_copied(live: Limiter, scratch_prefix: str, users: np.ndarray) -> list[str]:
@@ -269,7 +278,7 @@ def _removed(client: Any, keys: list[str]) -> None:
             for key in keys[start : start + COPY_BATCH]:
                 pipe.unlink(key)
             pipe.execute()
-        except Exception:  # they expire by themselves
+        except REDIS_DOWN:  # they expire by themselves
             logger.warning("Could not remove the plan's scratch logs; they expire in an hour")
             return
 
@@ -389,11 +398,12 @@ def plan_with_holds(
     First as if each reserved job got every recipient it names (so that no earlier send of a
     lower priority takes what it would get), then with what it is predicted to get, until the
     holds the plan is made with are those it makes (HOLDS_ROUNDS at most)."""
-    holds = holds_decode(plan_holds([], jobs, everyone=True))
+    audiences = job_audiences(jobs)
+    holds = holds_decode(plan_holds([], jobs, everyone=audiences))
     plans: list[JobPlan] = []
     blob = holds_encode([])
     for _ in range(HOLDS_ROUNDS):
-        plans = plan_compute(jobs, limiter=limiter, holds=holds)
+        plans = plan_compute(jobs, limiter=limiter, holds=holds, audiences=audiences)
         blob = plan_holds(plans, jobs)
         if blob == holds_encode(holds.by_job()):
             break
@@ -441,26 +451,24 @@ def plan_what_if(
         )
     before = plan_with_holds(jobs, limiter=limiter)[0]
     moved.start_at = start_at
-    after_jobs = sorted(jobs, key=lambda j: (j.start_at, -j.priority, j.pk))
+    after_jobs = sorted(jobs, key=start_order)
     after = plan_with_holds(after_jobs, limiter=limiter)[0]
     return {"before": plan_shape(before, jobs), "after": plan_shape(after, after_jobs)}
 
 
 def plan_holds(
-    plans: Sequence[JobPlan], jobs: Sequence[SendJob], *, everyone: bool = False
+    plans: Sequence[JobPlan],
+    jobs: Sequence[SendJob],
+    *,
+    everyone: dict[int, np.ndarray] | None = None,
 ) -> bytes:
     """The holds of the reserved jobs among `jobs`: each one's predicted recorded sends (in
-    `plans`), or with `everyone` every recipient it names."""
-    admitted = {plan.job_id: plan.admitted for plan in plans}
+    `plans`), or every user it names (`everyone`: the jobs' audiences)."""
+    held_users = everyone if everyone is not None else {p.job_id: p.admitted for p in plans}
     held = []
     for job in jobs:
-        if not job.reserve or job.start_at is None:
-            continue
-        if everyone:
-            users = np.unique(np.fromiter((r.user_id for r in _recipients(job)), dtype=np.uint64))
-        elif job.pk in admitted:
-            users = admitted[job.pk]
-        else:
+        users = held_users.get(job.pk)
+        if not job.reserve or job.start_at is None or users is None:
             continue
         held.append(
             (

@@ -4,7 +4,7 @@ cancelled, and quota resets.
 """
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -40,6 +40,7 @@ from worker.models import (
     SendChunk,
     SendJob,
 )
+from worker.plan import plan_computing, plan_inputs, plan_latest
 from worker.preparing import (
     INVALID_ROWS_KEPT,
     REJECTED_ROWS_SHOWN,
@@ -273,7 +274,8 @@ def send_job_cancel(*, job: SendJob, user: Any = None) -> SendJob:
                 file_removed_on_commit(locked)
             elif locked.status == SendJob.Status.SCHEDULED:
                 staged_cancel(locked)  # nothing of it was handed out
-            _holds_dropped_on_commit(locked)
+            if locked.reserve:
+                _holds_dropped_on_commit(locked.pk)
             locked.save()
     if locked.status not in (SendJob.Status.PREPARING, SendJob.Status.CANCELLED):
         waiting_close(now=now, job_id=job.pk)
@@ -328,7 +330,8 @@ def send_job_edit(*, job: SendJob, changes: Mapping[str, Any], user: Any = None)
             setattr(locked, name, fields[name])
         if changed:
             locked.save(update_fields=[*changed, "updated_at"])
-            _holds_dropped_on_commit(locked if locked.reserve else job)
+            if current["reserve"] or locked.reserve:  # held before the edit, or now
+                _holds_dropped_on_commit(locked.pk)
     logger.info(
         "Job %s edited by %s: %s",
         job.pk,
@@ -343,7 +346,8 @@ def send_job_start(*, job: SendJob, user: Any = None, queue: bool = True) -> Sen
     """Start a scheduled job now, before its `start_at` (a Conflict when it is not scheduled)."""
     with transaction.atomic():
         ids = job_started(job.pk)
-        _holds_dropped_on_commit(job)
+        if job.reserve:
+            _holds_dropped_on_commit(job.pk)
         if queue and ids:
             transaction.on_commit(lambda: tasks.send_chunks(ids), robust=True)
     logger.info("Job %s started early by %s", job.pk, _who(user))
@@ -362,18 +366,16 @@ def _started_words(job: SendJob, what: str) -> str:
     return f"The job is {job.status} and was not scheduled: it cannot be {what}."
 
 
-def _holds_dropped_on_commit(job: SendJob) -> None:
+def _holds_dropped_on_commit(job_id: int) -> None:
     """A reserved job that starts, is cancelled or changes gives up its holds at once (the next
     plan makes them again if they still stand); a failure to reach Redis leaves them to it."""
-    if not job.reserve:
-        return
 
     def drop() -> None:
         limiter = get_limiter()
         try:
-            holds_without(limiter.client, limiter.prefix, job.pk)
+            holds_without(limiter.client, limiter.prefix, job_id)
         except REDIS_DOWN:
-            logger.warning("Job %s's holds stay until the next plan: Redis is down", job.pk)
+            logger.warning("Job %s's holds stay until the next plan: Redis is down", job_id)
 
     transaction.on_commit(drop)
 
@@ -596,3 +598,24 @@ def send_job_cancel_waiting(*, job: SendJob, user: Any = None, now: Any = None) 
     )
     job.refresh_from_db()
     return job
+
+
+def plan_current(jobs: Sequence[SendJob] | None = None) -> dict[str, Any]:
+    """The latest plan (worker.plan) and whether it is `stale` (a job, a rule or the snapshot
+    changed since it was made: `jobs`, the scheduled jobs if the caller read them); a stale or
+    missing plan is queued to be made again (worker.tasks.plan_refresh_due), and `computing`
+    says one is on its way."""
+    latest = plan_latest()
+    stale = latest is None or latest["inputs"] != plan_inputs(jobs)
+    computing = plan_computing()
+    if stale and not computing:
+        tasks.plan_refresh_due.delay()
+        computing = True
+    return {
+        "computed_at": latest["computed_at"] if latest else None,
+        "seconds": latest["seconds"] if latest else None,
+        "stale": stale,
+        "computing": computing,
+        "jobs": latest["jobs"] if latest else [],
+        "overlaps": latest.get("overlaps", []) if latest else [],
+    }
