@@ -50,6 +50,7 @@ FROM = "Rides <marketing@example.com>"
 WEBHOOK_SECRET = "hook:s3cret-for-tests"
 MAILGUN_SIGNING_KEY = "mailgun-webhook-signing-key"
 TIMEOUT = 0.5  # seconds the ESP may take: a hanging one costs a test no more
+MOTO_TIMEOUT = 10.0  # seconds moto's SES may take to answer
 
 pytestmark = pytest.mark.filterwarnings("ignore::anymail.exceptions.AnymailNotSupportedWarning")
 
@@ -267,7 +268,7 @@ def test_an_esp_anymail_has_no_dispatcher_of_ours_for_sends_one_message_a_call(s
 # --- Amazon SES: moto's server ----------------------------------------------------------------
 
 
-def _ses_settings(settings: Any, endpoint: str) -> None:
+def _ses_settings(settings: Any, endpoint: str, *, read_timeout: float = TIMEOUT) -> None:
     settings.DEFAULT_FROM_EMAIL = FROM
     settings.EMAIL_BACKEND = "anymail.backends.amazon_ses.EmailBackend"
     settings.ANYMAIL = {
@@ -276,7 +277,7 @@ def _ses_settings(settings: Any, endpoint: str) -> None:
             "region_name": "us-east-1",
             "aws_access_key_id": "test",
             "aws_secret_access_key": "test",
-            "config": {"connect_timeout": 1, "read_timeout": TIMEOUT},
+            "config": {"connect_timeout": 1, "read_timeout": read_timeout},
         },
     }
 
@@ -292,7 +293,9 @@ def ses(settings, s3_endpoint: str) -> Callable[[], list[Any]]:
         aws_access_key_id="test",
         aws_secret_access_key="test",
     ).create_email_identity(EmailIdentity="example.com")
-    _ses_settings(settings, s3_endpoint)
+    # moto answers every call (no hang to wait out), but on a busy machine its first answer
+    # of a kind can take longer than a hanging fake's bound.
+    _ses_settings(settings, s3_endpoint, read_timeout=MOTO_TIMEOUT)
     backend = ses_backends[DEFAULT_ACCOUNT_ID]["us-east-1"]
     start = len(backend.sent_messages)
     return lambda: list(backend.sent_messages[start:])
