@@ -26,7 +26,7 @@ from limits.api.suppressions import (
     SuppressionRemoveView,
 )
 from limits.api.topics import TopicDetailView, TopicListView
-from limits.ledger.api import DecisionsReportView, HistoryView
+from limits.ledger.api import DecisionsReportView, ExportView, HistoryView
 from segments.api import (
     BuildDetailView,
     LookupView,
@@ -103,6 +103,7 @@ v1 = [
     path("gate/release/", GateReleaseView.as_view(), name="gate-release"),
     path("users/<str:user_id>/quota/", QuotaView.as_view(), name="quota"),
     path("users/<str:user_id>/history/", HistoryView.as_view(), name="history"),
+    path("users/<str:user_id>/export/", ExportView.as_view(), name="export"),
     path("users/<str:user_id>/preferences/", PreferencesView.as_view(), name="preferences"),
     path("preferences/import/", PreferencesImportView.as_view(), name="preferences-import"),
     path("snapshots/", SnapshotListView.as_view(), name="snapshots"),

@@ -8,7 +8,7 @@ from drf_spectacular.plumbing import ResolvedComponent
 from rest_framework import serializers
 
 from gatekeeper.lib.bodies import openapi_components
-from limits.bodies import Reserve, Window
+from limits.bodies import OwnFrequency, Reserve, Window
 from limits.models import Cap, QuietHours, Rule, Topic
 from limits.quiet import CLOCK, SPREAD_MAX, quiet_as_json, quiet_describe, quiet_view
 from limits.rules import MATCHES, rule_as_json, rule_describe
@@ -293,3 +293,23 @@ def topics_shown(topics: Iterable[Topic]) -> list[dict[str, Any]]:
         }
         for topic in topics
     ]
+
+
+class PreferencesSerializer(serializers.Serializer):
+    user_id = serializers.IntegerField()
+    topics = serializers.DictField(
+        child=serializers.DictField(child=serializers.BooleanField()),
+        help_text="Per topic, per channel subscribed or not; what is not named follows the "
+        "topic's default.",
+    )
+    channels = serializers.DictField(
+        child=serializers.BooleanField(), help_text="Per channel, marketing on or off."
+    )
+    paused_until = serializers.DateTimeField(allow_null=True, help_text="null: no pause.")
+    paused_channels = serializers.DictField(
+        child=serializers.DateTimeField(), help_text="Per channel, paused until then."
+    )
+    frequency = serializers.ListField(
+        child=BodyShapedField(OwnFrequency),
+        help_text="Their own frequency per channel: at most `limit` sends in `window`.",
+    )

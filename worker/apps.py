@@ -16,7 +16,10 @@ class WorkerConfig(AppConfig):
             throttle,  # noqa: F401  (registers the provider rates' check)
         )
         from worker.delivery.tracking import tracking_received
+        from worker.personal import places_register
 
         # The ESPs' tracking webhooks (bounces, complaints, unsubscribes) feed the suppression
         # list; the uid keeps it connected once however often ready() runs.
         anymail_tracking.connect(tracking_received, dispatch_uid="worker.tracking")
+        # The send jobs' recipients, dead addresses and SMS numbers in a person's export.
+        places_register()

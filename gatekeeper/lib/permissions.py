@@ -76,6 +76,13 @@ RESET_QUOTA = ("limits.reset_quota",)
 SEND_CAMPAIGNS = ("worker.add_sendjob",)
 # Cancelling a send job's waiting sends (deferred by the gate): marketers and campaign systems.
 CANCEL_SENDS = ("worker.cancel_sendjob",)
+# A person's export (everything held about them): whoever may read each place of it.
+EXPORT_PERSONAL_DATA = (
+    "limits.view_cap",
+    "limits.view_suppression",
+    "limits.view_preference",
+    "worker.view_sendjob",
+)
 # Calling the gate and handing over send jobs (campaign systems).
 GATE = ("limits.use_gate",)
 # Posting outcome events (conversions) for the experiments report: the company's systems.

@@ -5,7 +5,6 @@ from typing import Any
 
 import msgspec
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -13,7 +12,7 @@ from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
 from gatekeeper.lib.bodies import decode
 from gatekeeper.lib.ids import max_user_id, user_id_from_text
 from gatekeeper.lib.permissions import CHANGE_PREFERENCES, VIEW_PREFERENCES
-from limits.bodies import OwnFrequency, PreferencesBody, PreferencesChangeBody
+from limits.bodies import PreferencesBody, PreferencesChangeBody
 from limits.preferences import (
     PreferencesFields,
     preferences_as_json,
@@ -23,7 +22,7 @@ from limits.preferences import (
     preferences_replace,
 )
 from limits.selectors import topics_read
-from limits.serializers import BodyShapedField
+from limits.serializers import PreferencesSerializer
 
 CHECKS = (
     "Checked by the one rule for preferences (limits.preferences.preferences_problems): topics "
@@ -33,26 +32,6 @@ CHECKS = (
     "names each bad choice "
     "(`topics.product-news.sms`) and nothing changes. Journaled with source `api`."
 )
-
-
-class PreferencesSerializer(serializers.Serializer):
-    user_id = serializers.IntegerField()
-    topics = serializers.DictField(
-        child=serializers.DictField(child=serializers.BooleanField()),
-        help_text="Per topic, per channel subscribed or not; what is not named follows the "
-        "topic's default.",
-    )
-    channels = serializers.DictField(
-        child=serializers.BooleanField(), help_text="Per channel, marketing on or off."
-    )
-    paused_until = serializers.DateTimeField(allow_null=True, help_text="null: no pause.")
-    paused_channels = serializers.DictField(
-        child=serializers.DateTimeField(), help_text="Per channel, paused until then."
-    )
-    frequency = serializers.ListField(
-        child=BodyShapedField(OwnFrequency),
-        help_text="Their own frequency per channel: at most `limit` sends in `window`.",
-    )
 
 
 def _user(user_id: str) -> int:

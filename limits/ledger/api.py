@@ -16,6 +16,7 @@ from gatekeeper.lib.bodies import NO_NUL
 from gatekeeper.lib.ids import max_user_id, user_id_from_text
 from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from gatekeeper.lib.permissions import (
+    EXPORT_PERSONAL_DATA,
     VIEW_CAPS,
     VIEW_REPORTS,
 )
@@ -32,6 +33,7 @@ from limits.ledger.history import (
     position_from_text,
     user_history,
 )
+from limits.ledger.personal import person_export
 from limits.ledger.reports import (
     DEFAULT_DAYS,
     DEFAULT_GROUP_BY,
@@ -44,7 +46,12 @@ from limits.ledger.reports import (
     decisions_report,
     report_filename,
 )
-from limits.ledger.serializers import DecisionsReportSerializer, HistorySerializer
+from limits.ledger.serializers import (
+    DecisionsReportSerializer,
+    ExportSerializer,
+    HistorySerializer,
+)
+from limits.quota import Unavailable
 from limits.reasons import REASONS
 from limits.rules import CAMPAIGN_MAX
 
@@ -179,6 +186,36 @@ class HistoryView(JsonAPIView):
             next_url = request.build_absolute_uri(f"{request.path}?{following.urlencode()}")
         results = [{**d, "at": _instant_text(d["at"])} for d in page.decisions]
         return Response({"user_id": uid, "results": results, "next": next_url})
+
+
+class ExportView(JsonAPIView):
+    rights = {"GET": EXPORT_PERSONAL_DATA}
+    operation_ids = {"GET": "user_export"}
+
+    @extend_schema(
+        summary="Everything held about one person, as one JSON document",
+        description=(
+            "A person's data on request (GDPR article 15, CCPA's right to know): one key per "
+            "place Gatekeeper keeps personal data in, whole (no pages): the ledger's decisions "
+            "and outcomes, the cap log in Redis, reservations, the suppression list and its "
+            "journal, preferences and their journal, quota resets, experiments, the send jobs' "
+            "recipient records (addresses, contexts), dead addresses and SMS numbers. Reads "
+            "only. 503 when Redis does not answer: an export is whole or not given. A user id "
+            "nobody ever sent to answers 200 with every place empty. docs/api.md describes "
+            "each field."
+        ),
+        parameters=[user_id_parameter(OpenApiParameter.PATH)],
+        responses={200: ExportSerializer, **errors(400, 503)},
+    )
+    def get(self, request: Request, user_id: str) -> Response:
+        uid = user_id_from_text(user_id, field="user_id", maximum=max_user_id())
+        try:
+            document = person_export(uid)
+        except Unavailable as exc:
+            return Response({"detail": str(exc)}, status=503)
+        for decision in document["decisions"]:
+            decision["at"] = _instant_text(decision["at"])
+        return Response(document)
 
 
 class CsvRenderer(BaseRenderer):

@@ -153,6 +153,17 @@ def user_history(
     )
 
 
+def user_decisions(user_id: int) -> list[dict[str, Any]]:
+    """Every decision the ledger keeps for the user, newest first, as user_history shows them
+    (the export: the rows of 90 days are a few thousand at most)."""
+    rows = list(
+        LedgerEntry.objects.filter(user_id=user_id).select_related("kind").order_by("-at", "-id")
+    )
+    rules = _rules({row.kind.rule_id for row in rows if row.kind.rule_id is not None})
+    arms = _arms(rows)
+    return [_decision(row, rules, arms) for row in rows]
+
+
 def _arms(rows: list[LedgerEntry]) -> dict[tuple[int, int], ExperimentArm]:
     """The experiments' arms the rows name, by (experiment id, place)."""
     wanted = {(row.kind.experiment, row.kind.arm) for row in rows if row.kind.experiment}

@@ -83,6 +83,17 @@ ENDPOINTS = [
     ("POST", "/api/v1/gate/release/", GATE_BODY, {"limits.use_gate"}),
     ("GET", "/api/v1/users/1/quota/", None, {"limits.view_cap"}),
     ("GET", "/api/v1/users/1/history/", None, {"limits.view_cap"}),
+    (
+        "GET",
+        "/api/v1/users/1/export/",
+        None,
+        {
+            "limits.view_cap",
+            "limits.view_suppression",
+            "limits.view_preference",
+            "worker.view_sendjob",
+        },
+    ),
     ("GET", "/api/v1/users/1/preferences/", None, {"limits.view_preference"}),
     ("PUT", "/api/v1/users/1/preferences/", {"colour": 1}, {"limits.change_preference"}),
     ("PATCH", "/api/v1/users/1/preferences/", {"colour": 1}, {"limits.change_preference"}),

@@ -1,0 +1,122 @@
+"""The worker's places of personal data (limits.ledger.personal): a send job's recipients (an
+address, a message id, the template's context), the dead addresses providers reported, and the
+phone numbers an SMS went to. Registered by the app's ready()."""
+
+from typing import Any
+
+from django.db import connection
+from django.db.models import Q, TextField
+from django.db.models.functions import Cast
+from rest_framework import serializers
+
+from limits.ledger.personal import Place, place_register
+from worker.models import DeadAddress, SendChunk, SmsNumber
+
+
+def chunks_holding(user_id: int) -> list[SendChunk]:
+    """The chunks whose recipients name `user_id`, oldest first. PostgreSQL finds them by JSON
+    containment; elsewhere the stored text is searched for the id, then read."""
+    chunks = SendChunk.objects.select_related("job").order_by("pk")
+    if connection.vendor == "postgresql":
+        return list(chunks.filter(recipients__contains=[{"user_id": user_id}]))
+    text = chunks.annotate(text=Cast("recipients", TextField()))
+    needle = f'"user_id":{user_id}'
+    found = text.filter(Q(text__contains=f"{needle},") | Q(text__contains=f"{needle}}}"))
+    return [chunk for chunk in found if any(r["user_id"] == user_id for r in chunk.recipients)]
+
+
+def _recipients(user_id: int) -> list[dict[str, Any]]:
+    """The user's recipient records in send jobs, each with its job and what became of it
+    (a chunk queued or waiting: not sent yet)."""
+    out = []
+    for chunk in chunks_holding(user_id):
+        job = chunk.job
+        for row in chunk.recipients:
+            if row["user_id"] != user_id:
+                continue
+            out.append(
+                {
+                    "job": job.pk,
+                    "campaign": job.campaign,
+                    "channel": job.channel,
+                    "job_status": job.status,
+                    "pending": chunk.status in (SendChunk.Status.QUEUED, SendChunk.Status.STAGED),
+                    "waiting_until": chunk.not_before,
+                    "address": row["address"],
+                    "message_id": row["message_id"],
+                    "context": row.get("context") or {},
+                    "time_zone": row.get("time_zone"),
+                }
+            )
+    return out
+
+
+def _dead_addresses(user_id: int) -> list[dict[str, Any]]:
+    rows = DeadAddress.objects.filter(user_id=user_id).order_by("-at", "-pk")
+    return [
+        {"job": row.job_id, "address": row.address, "reason": row.reason, "at": row.at}
+        for row in rows
+    ]
+
+
+def _sms_numbers(user_id: int) -> list[dict[str, Any]]:
+    rows = SmsNumber.objects.filter(user_id=user_id).order_by("-last_sent_at", "number")
+    return [{"number": row.number, "last_sent_at": row.last_sent_at} for row in rows]
+
+
+class ExportRecipientSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    campaign = serializers.CharField(allow_blank=True)
+    channel = serializers.CharField()
+    job_status = serializers.CharField()
+    pending = serializers.BooleanField(help_text="Not sent yet: its chunk is queued or staged.")
+    waiting_until = serializers.DateTimeField(
+        allow_null=True, help_text="A send the gate deferred: when it is tried again."
+    )
+    address = serializers.CharField()
+    message_id = serializers.CharField()
+    context = serializers.DictField(  # type: ignore[assignment]  # a field named context
+        help_text="What the template reads for them."
+    )
+    time_zone = serializers.CharField(allow_null=True)
+
+
+class ExportDeadAddressSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    address = serializers.CharField()
+    reason = serializers.CharField(help_text="What the provider said.")
+    at = serializers.DateTimeField()
+
+
+class ExportSmsNumberSerializer(serializers.Serializer):
+    number = serializers.CharField(help_text="E.164.")
+    last_sent_at = serializers.DateTimeField()
+
+
+def places_register() -> None:
+    for place in (
+        Place(
+            "send_jobs",
+            "Their recipient records in send jobs (address, message id, the template's context, "
+            "time zone), each with its job, whether it is still to be sent and until when it "
+            "waits.",
+            _recipients,
+            lambda: ExportRecipientSerializer(many=True),
+            (SendChunk,),
+        ),
+        Place(
+            "dead_addresses",
+            "Addresses or push tokens a provider said are dead, with what it said.",
+            _dead_addresses,
+            lambda: ExportDeadAddressSerializer(many=True),
+            (DeadAddress,),
+        ),
+        Place(
+            "sms_numbers",
+            "The phone numbers texts went to (a reply such as STOP names only the number).",
+            _sms_numbers,
+            lambda: ExportSmsNumberSerializer(many=True),
+            (SmsNumber,),
+        ),
+    ):
+        place_register(place)
