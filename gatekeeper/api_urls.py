@@ -26,7 +26,13 @@ from limits.api.suppressions import (
     SuppressionRemoveView,
 )
 from limits.api.topics import TopicDetailView, TopicListView
-from limits.ledger.api import DecisionsReportView, ExportView, HistoryView
+from limits.ledger.api import (
+    DecisionsReportView,
+    EraseView,
+    ErasureView,
+    ExportView,
+    HistoryView,
+)
 from segments.api import (
     BuildDetailView,
     LookupView,
@@ -104,6 +110,8 @@ v1 = [
     path("users/<str:user_id>/quota/", QuotaView.as_view(), name="quota"),
     path("users/<str:user_id>/history/", HistoryView.as_view(), name="history"),
     path("users/<str:user_id>/export/", ExportView.as_view(), name="export"),
+    path("users/erase/", EraseView.as_view(), name="users-erase"),
+    path("erasures/<int:erasure_id>/", ErasureView.as_view(), name="erasure"),
     path("users/<str:user_id>/preferences/", PreferencesView.as_view(), name="preferences"),
     path("preferences/import/", PreferencesImportView.as_view(), name="preferences-import"),
     path("snapshots/", SnapshotListView.as_view(), name="snapshots"),

@@ -192,6 +192,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "limits.tasks.suppression_journal_prune",
         "schedule": 86400.0,
     },
+    # Erasures: their second pass, a pass that waited for sends being made, a lost run.
+    "users-erase-due": {"task": "limits.tasks.users_erase_due", "schedule": 30.0},
     # Dead push tokens and mailboxes POSTed to GATEKEEPER_DEAD_ADDRESS_WEBHOOK (when set);
     # those the receiver did not take go again on the next run.
     "dead-addresses-report": {"task": "worker.tasks.dead_addresses_report_due", "schedule": 30.0},
@@ -227,6 +229,10 @@ GATEKEEPER_CAPS_TTL_SECONDS = env.float("GATEKEEPER_CAPS_TTL_SECONDS", default=2
 # How long a process may decide by its in-memory suppression list before reading the changes
 # made since (seconds; the process that made a change reads it at once).
 GATEKEEPER_SUPPRESSION_TTL_SECONDS = env.float("GATEKEEPER_SUPPRESSION_TTL_SECONDS", default=2.0)
+# The key of the hash an erased person is kept as (the gate refuses them by it). Set it once and
+# never change it: a new key forgets who was erased. Empty: derived from SECRET_KEY, which then
+# must not change either.
+GATEKEEPER_ERASURE_KEY = env.str("GATEKEEPER_ERASURE_KEY", default="")
 # The address where recipients reach this gatekeeper: the unsubscribe links in marketing
 # emails point here (https in production: mailbox providers ignore other one-click links).
 GATEKEEPER_PUBLIC_URL = env.str("GATEKEEPER_PUBLIC_URL", default="http://127.0.0.1:8000")

@@ -535,3 +535,18 @@ class SuppressionAddBody(Body, kw_only=True):
 class SuppressionRemoveBody(Body, kw_only=True):
     channel: Scope
     user_ids: SuppressionIds
+
+
+ERASE_IDS_MAX = 1000
+
+
+class EraseBody(Body, kw_only=True):
+    user_ids: Annotated[
+        list[JsonUserId],
+        Meta(
+            min_length=1,
+            max_length=ERASE_IDS_MAX,
+            description=f"1 to {ERASE_IDS_MAX:,} user ids (repeats count once); more: "
+            "several calls, or `manage.py erase_users FILE`.",
+        ),
+    ]

@@ -320,6 +320,23 @@ def holds_cache() -> HoldsCache:
     return HoldsCache(ttl=settings.GATEKEEPER_CAPS_TTL_SECONDS)
 
 
+def holds_without_users(client: Any, prefix: str, user_ids: list[int]) -> int:
+    """Drop the users from every job's holds at once (an erasure). Returns the holds dropped."""
+    blob = client.get(f"{prefix}{HOLDS_KEY}")
+    if not blob:
+        return 0
+    holds = holds_decode(blob)
+    gone = np.isin(holds.users, np.asarray(user_ids, dtype=np.uint64))
+    if not gone.any():
+        return 0
+    kept = [
+        (job, np.sort(holds.users[(holds.owners == place) & ~gone]))
+        for place, job in enumerate(holds.jobs)
+    ]
+    holds_store(client, prefix, holds_encode(kept), version=f"erased {time.time()}")
+    return int(gone.sum())
+
+
 def holds_without(client: Any, prefix: str, job_id: int) -> bool:
     """Drop one job's holds at once (it started, was cancelled or edited; the next plan makes
     them again if they still stand). True when it held any."""

@@ -59,6 +59,8 @@ class Decision:
     # `arm_place`: the arm's place in it (what the ledger keeps).
     experiment: dict[str, Any] | None = None
     arm_place: int | None = None
+    # Refused as an erased person (limits.suppression.erased_keys): not kept in the ledger.
+    erased: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,6 +373,26 @@ class Limiter:
             forgot = self.legacy.forget(user_id)
         key, field = log.bucket_key(self.prefix, user_id), log.bucket_field(user_id)
         return bool(self.client.hdel(key, field)) or forgot
+
+    def forget(self, user_ids: Sequence[int]) -> int:
+        """Forget the users' logs, counted and uncounted (an erasure): one HDEL per bucket, in
+        pipelines (on a cluster, each node's part to its node). Returns the fields removed."""
+        forgot = 0
+        if self.legacy is not None:
+            forgot += sum(bool(self.legacy.forget(user_id)) for user_id in user_ids)
+        fields: dict[str, list[bytes]] = {}
+        for user_id in user_ids:
+            key = log.bucket_key(self.prefix, user_id)
+            fields.setdefault(key, []).extend(
+                (log.bucket_field(user_id), log.uncounted_field(user_id))
+            )
+        keys = list(fields)
+        for first in range(0, len(keys), 500):
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys[first : first + 500]:
+                pipe.hdel(key, *fields[key])
+            forgot += sum(int(n) for n in pipe.execute())
+        return forgot
 
     def _legacy_moved(
         self, user_ids: Sequence[int], *, now: float | None, retention_ms: int = 0

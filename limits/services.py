@@ -3,6 +3,7 @@ caps through `cap_set`, rules and quiet hours through their authored kinds (`RUL
 `RULES.update`, `RULES.delete`, and the same of `QUIET_HOURS`: limits/authored.py); each change
 is recorded with who made it, in the same transaction."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,10 +15,12 @@ from gatekeeper.lib.integers import INT32_MAX, NotAWholeNumber, whole_number
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.authored import AuthoredKind, who
 from limits.channels import noun, scope_label, validate_scope
+from limits.ledger.erasure import users_packed
 from limits.limiter import get_limiter
 from limits.models import (
     Cap,
     CapChange,
+    Erasure,
     QuietHours,
     QuietHoursChange,
     QuotaReset,
@@ -49,6 +52,7 @@ from limits.rules import (
     window_seconds_of,
 )
 from limits.selectors import policy_cache
+from limits.tasks import users_erase
 from limits.topics import (
     TOPIC_SHOWN,
     TopicFields,
@@ -355,3 +359,18 @@ def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
         except REDIS_DOWN as exc:  # the audit row is rolled back with the transaction
             raise Unavailable(f"Redis is not answering ({exc}); nothing was reset.") from exc
     return record
+
+
+# --- erasures ---------------------------------------------------------------------------------
+
+
+def erasure_start(*, user_ids: Sequence[int], via: str, by: Any = None) -> Erasure:
+    """An erasure of `user_ids` (each once), queued once committed; beat takes it up should the
+    task be lost. Idempotent in effect: erasing someone again removes nothing more."""
+    ids = sorted(set(user_ids))
+    with transaction.atomic():
+        erasure = Erasure.objects.create(
+            requested_by=who(by), via=via, count=len(ids), users=users_packed(ids)
+        )
+        transaction.on_commit(lambda: users_erase.delay(erasure.pk))
+    return erasure

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
 from functools import cache
+from hashlib import blake2b
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ from pyroaring import BitMap64
 from gatekeeper.lib.ids import max_user_id, out_of_bounds
 from limits.channels import ALL, validate_scope
 from limits.journaled import JournaledCache
-from limits.models import Suppression, SuppressionChange, SuppressionLock
+from limits.models import ErasedPerson, Suppression, SuppressionChange, SuppressionLock
 from limits.studies import outcomes_noted
 from segments.parsing import ListSummary, UserListError, iter_ids
 
@@ -186,21 +187,29 @@ def suppression_import(
     nothing is added). Returns {"added", "already", "lines"}."""
     suppression_checked(channel, reason)
     summary = ListSummary()
+    ids = ids_file_read(fileobj, summary)
+    added = suppress(channel=channel, user_ids=ids, reason=reason, source=source, by=by)
+    return {"added": added, "already": len(ids) - added, "lines": summary.lines}
+
+
+def ids_file_read(fileobj: Any, summary: ListSummary | None = None) -> list[int]:
+    """A file of user ids, sorted, each once: read as segments read user lists (text or gzip,
+    a header line, blank lines and repeats allowed, the lists' size limits); UserListError
+    names the first bad line."""
     chunks = list(
         iter_ids(
             fileobj,
             width=int(settings.GATEKEEPER_ID_WIDTH),
-            summary=summary,
+            summary=summary or ListSummary(),
             max_bytes=int(settings.GATEKEEPER_USER_LIST_MAX_BYTES),
             max_lines=int(settings.GATEKEEPER_USER_LIST_MAX_LINES),
         )
     )
-    ids = np.unique(np.concatenate(chunks)).tolist() if chunks else []
+    ids: list[int] = np.unique(np.concatenate(chunks)).tolist() if chunks else []
     too_large = [user_id for user_id in ids[-1:] if user_id > max_user_id()]
     if too_large:
         raise UserListError(f"{out_of_bounds(too_large[0], max_user_id())} (in the file)")
-    added = suppress(channel=channel, user_ids=ids, reason=reason, source=source, by=by)
-    return {"added": added, "already": len(ids) - added, "lines": summary.lines}
+    return ids
 
 
 def _read_after_commit() -> None:
@@ -216,6 +225,30 @@ def journal_prune(*, now: Any = None) -> int:
     return deleted
 
 
+def _erasure_key() -> bytes:
+    key = settings.GATEKEEPER_ERASURE_KEY or f"erasure:{settings.SECRET_KEY}"
+    return blake2b(key.encode(), digest_size=32).digest()
+
+
+def erased_keys(user_ids: Sequence[int]) -> list[int]:
+    """The keyed hashes erased people are kept as (63 bits, a signed column's): a person's id
+    cannot be read back from one without the key, and the gate can still tell them."""
+    key = _erasure_key()
+    return [
+        int.from_bytes(blake2b(u.to_bytes(8, "big"), key=key, digest_size=8).digest(), "big") >> 1
+        for u in user_ids
+    ]
+
+
+def erased_add(user_ids: Sequence[int]) -> None:
+    """Keep `user_ids` as erased people (refused on every channel from then on); again is
+    nothing."""
+    ErasedPerson.objects.bulk_create(
+        [ErasedPerson(key=k) for k in erased_keys(user_ids)], ignore_conflicts=True, batch_size=5000
+    )
+    _read_after_commit()
+
+
 class SuppressionUnavailable(Exception):
     """The list has never been read in this process (the database is away): nobody can be
     told not suppressed, so the gate refuses marketing as `unavailable` (fail closed)."""
@@ -229,6 +262,8 @@ class SuppressionCache(JournaledCache):
 
     def _reset(self) -> None:
         self._scopes: dict[str, BitMap64] = {}
+        self._erased: BitMap64 = BitMap64()  # erased people's keys (erased_keys)
+        self._last_erased = 0
 
     @classmethod
     def holding(cls, **scopes: BitMap64) -> "SuppressionCache":
@@ -255,6 +290,16 @@ class SuppressionCache(JournaledCache):
             answers = [user_id in first or user_id in second for user_id in user_ids]
         return answers if any(answers) else None
 
+    def erased(self, user_ids: Sequence[int]) -> list[bool] | None:
+        """Per user id, whether the person was erased (refused on every channel); None when
+        nobody of them was (free while nobody ever was). Raises SuppressionUnavailable while
+        the list has never been read."""
+        self._current()
+        if not self._erased or not user_ids:
+            return None
+        answers = list(map(self._erased.__contains__, erased_keys(user_ids)))
+        return answers if any(answers) else None
+
     def count(self, channel: str) -> int:
         return len(self._current().get(channel, ()))
 
@@ -274,6 +319,7 @@ class SuppressionCache(JournaledCache):
                 bitmap = scopes[channel] = BitMap64()
             bitmap.add(user_id)
         self._scopes, self._last_change = scopes, last or 0
+        self._erased, self._last_erased = BitMap64(), 0
         self._read_changes()
 
     def _read_changes(self) -> None:
@@ -292,6 +338,14 @@ class SuppressionCache(JournaledCache):
             else:
                 bitmap.discard(user_id)
             self._last_change = change_id
+        erased = (
+            ErasedPerson.objects.filter(id__gt=self._last_erased)
+            .order_by("id")
+            .values_list("id", "key")
+        )
+        for erased_id, key in erased.iterator(chunk_size=50_000):
+            self._erased.add(key)
+            self._last_erased = erased_id
 
 
 @cache

@@ -6,6 +6,8 @@ from celery import shared_task
 
 from limits.ledger.drain import ledger_drain_all
 from limits.ledger.drain import ledger_upkeep as ledger_upkeep_run
+from limits.ledger.erasure import erasure_run, erasures_due
+from limits.quota import Unavailable
 from limits.suppression import journal_prune
 from limits.upkeep import send_logs_sweep_run
 
@@ -54,3 +56,23 @@ def suppression_journal_prune() -> int:
     """Beat, daily: drop the suppression journal's changes older than 30 days (the list stays;
     processes only ever read its last seconds)."""
     return journal_prune()
+
+
+@shared_task(expires=3600)
+def users_erase(erasure_id: int) -> str | None:
+    """An erasure's run, queued when it is made (limits.ledger.erasure). Returns its status."""
+    erasure = erasure_run(erasure_id)
+    return erasure.status if erasure is not None else None
+
+
+@shared_task(expires=60)
+def users_erase_due() -> int:
+    """Beat, every 30 s: the erasures whose next pass is due, or whose run was lost, run here.
+    Returns how many ran."""
+    ran = 0
+    for erasure_id in erasures_due():
+        try:
+            ran += erasure_run(erasure_id) is not None
+        except Unavailable:
+            logger.warning("Erasure %d waits for Redis", erasure_id)
+    return ran

@@ -833,3 +833,54 @@ def send_chunk_fail(*, chunk_id: int, error: str) -> None:
         SendChunk.objects.filter(pk=chunk_id).update(
             status=SendChunk.Status.FAILED, error=error[:2000], lease_until=None
         )
+
+
+# --- an erasure -------------------------------------------------------------------------------
+
+# What an erased person's recipient record becomes in a chunk that will never run again: its
+# place kept (the chunk's size and its counts stay), nothing of them in it.
+ERASED_RECIPIENT = {"user_id": 0, "address": "", "message_id": ""}
+FINISHED = (
+    SendChunk.Status.DONE,
+    SendChunk.Status.FAILED,
+    SendChunk.Status.EXPIRED,
+    SendChunk.Status.CANCELLED,
+)
+
+
+def chunk_withdraw(chunk_id: int, user_ids: set[int], *, now: Any = None) -> tuple[int, int]:
+    """Take erased people's recipient records out of one chunk, under its row lock: blanked in
+    a chunk that will not run again; removed from one that never ran and no run holds (a queued
+    or staged chunk, waiting sends included), each counted `cancelled` on its job; left, for a
+    later try, in one a run holds or ran (its record keeps sends by place): the gate refuses
+    them there meanwhile. Returns (records removed or blanked, records left)."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        chunk = SendChunk.objects.select_for_update().filter(pk=chunk_id).first()
+        if chunk is None:
+            return 0, 0
+        theirs = [i for i, r in enumerate(chunk.recipients) if r["user_id"] in user_ids]
+        if not theirs:
+            return 0, 0
+        if chunk.status in FINISHED:
+            for i in theirs:
+                chunk.recipients[i] = ERASED_RECIPIENT
+            chunk.save(update_fields=["recipients"])
+            return len(theirs), 0
+        held = chunk.lease_until is not None and chunk.lease_until >= now
+        if held or chunk.runs:
+            return 0, len(theirs)
+        chunk.recipients = [r for r in chunk.recipients if r["user_id"] not in user_ids]
+        chunk.size = len(chunk.recipients)
+        if not chunk.recipients:
+            chunk.status = SendChunk.Status.CANCELLED
+        chunk.save(update_fields=["recipients", "size", "status"])
+        job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
+        job.cancelled += len(theirs)
+        if job.processed >= job.total and job.status not in (
+            SendJob.Status.SCHEDULED,
+            SendJob.Status.PREPARING,
+        ):
+            job.status = SendJob.Status.CANCELLED if job.cancelled_at else SendJob.Status.DONE
+        job.save()
+        return len(theirs), 0

@@ -200,6 +200,7 @@ class Gate:
             if self.record_stats:
                 stats.record(channel=channel, decisions=decisions)
             if self._ledger_on():
+                kept = [d for d in decisions if not d.erased]  # an erased person's: not named
                 ledger_append(
                     at=time.time() if now is None else now,
                     channel=channel,
@@ -208,7 +209,7 @@ class Gate:
                     priority=priority,
                     category=category,
                     snapshot_version=index.version if index is not None else "",
-                    decisions=decisions,
+                    decisions=kept,
                     topic=topic,
                 )
         return decisions

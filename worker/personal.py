@@ -9,7 +9,8 @@ from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 from rest_framework import serializers
 
-from limits.ledger.personal import Place, place_register
+from limits.ledger.personal import Erased, Place, place_register, rows_deleted
+from worker.chunks import chunk_withdraw
 from worker.models import DeadAddress, SendChunk, SmsNumber
 
 
@@ -49,6 +50,23 @@ def _recipients(user_id: int) -> list[dict[str, Any]]:
                 }
             )
     return out
+
+
+def _recipients_erase(user_ids: list[int]) -> Erased:
+    """Every chunk is read once (an erasure's ids at a time), and those naming any of them
+    withdrawn from (worker.chunks.chunk_withdraw)."""
+    wanted = set(user_ids)
+    removed = waiting = 0
+    rows = SendChunk.objects.order_by("pk").values_list("pk", "recipients")
+    hits = [
+        pk
+        for pk, recipients in rows.iterator(chunk_size=200)
+        if any(r["user_id"] in wanted for r in recipients)
+    ]
+    for pk in hits:
+        done, left = chunk_withdraw(pk, wanted)
+        removed, waiting = removed + done, waiting + left
+    return Erased(removed, waiting)
 
 
 def _dead_addresses(user_id: int) -> list[dict[str, Any]]:
@@ -103,6 +121,7 @@ def places_register() -> None:
             _recipients,
             lambda: ExportRecipientSerializer(many=True),
             (SendChunk,),
+            _recipients_erase,
         ),
         Place(
             "dead_addresses",
@@ -110,6 +129,7 @@ def places_register() -> None:
             _dead_addresses,
             lambda: ExportDeadAddressSerializer(many=True),
             (DeadAddress,),
+            rows_deleted(DeadAddress),
         ),
         Place(
             "sms_numbers",
@@ -117,6 +137,7 @@ def places_register() -> None:
             _sms_numbers,
             lambda: ExportSmsNumberSerializer(many=True),
             (SmsNumber,),
+            rows_deleted(SmsNumber),
         ),
     ):
         place_register(place)

@@ -83,6 +83,9 @@ EXPORT_PERSONAL_DATA = (
     "limits.view_preference",
     "worker.view_sendjob",
 )
+# Erasing people everywhere, and reading how an erasure goes (a privacy officer's or tool's).
+ERASE_USERS = ("limits.erase_users",)
+VIEW_ERASURES = ("limits.view_erasure",)
 # Calling the gate and handing over send jobs (campaign systems).
 GATE = ("limits.use_gate",)
 # Posting outcome events (conversions) for the experiments report: the company's systems.

@@ -5,22 +5,26 @@ from typing import Any, cast
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
-from gatekeeper.lib.bodies import NO_NUL
-from gatekeeper.lib.ids import max_user_id, user_id_from_text
+from gatekeeper.lib.bodies import NO_NUL, decode
+from gatekeeper.lib.ids import max_user_id, user_id_from_text, user_ids_checked
 from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from gatekeeper.lib.permissions import (
+    ERASE_USERS,
     EXPORT_PERSONAL_DATA,
     VIEW_CAPS,
+    VIEW_ERASURES,
     VIEW_REPORTS,
 )
+from limits.bodies import EraseBody
 from limits.channels import channels, validate_channel
+from limits.ledger.erasure import erasure_progress
 from limits.ledger.history import (
     INSTANT,
     INSTANT_WORDS,
@@ -48,12 +52,15 @@ from limits.ledger.reports import (
 )
 from limits.ledger.serializers import (
     DecisionsReportSerializer,
+    ErasureSerializer,
     ExportSerializer,
     HistorySerializer,
 )
+from limits.models import Erasure
 from limits.quota import Unavailable
 from limits.reasons import REASONS
 from limits.rules import CAMPAIGN_MAX
+from limits.services import erasure_start
 
 
 def _history_limit(value: str | None) -> int:
@@ -216,6 +223,64 @@ class ExportView(JsonAPIView):
         for decision in document["decisions"]:
             decision["at"] = _instant_text(decision["at"])
         return Response(document)
+
+
+def _erasure_shown(request: Request, erasure: Erasure) -> dict[str, Any]:
+    by = erasure.requested_by
+    return {
+        "id": erasure.pk,
+        "url": request.build_absolute_uri(f"/api/v1/erasures/{erasure.pk}/"),
+        "status": erasure.status,
+        "count": erasure.count,
+        "requested_at": erasure.requested_at,
+        "requested_by": by.get_username() if by is not None else None,
+        "via": erasure.via,
+        "progress": round(erasure_progress(erasure), 1),
+        "removed": erasure.removed,
+        "waiting": erasure.waiting,
+        "finished_at": erasure.finished_at,
+    }
+
+
+class EraseView(JsonAPIView):
+    rights = {"POST": ERASE_USERS}
+    bodies = {"POST": EraseBody}
+    operation_ids = {"POST": "users_erase"}
+
+    @extend_schema(
+        summary="Erase people everywhere (GDPR article 17); 202 with the erasure to follow",
+        description=(
+            "From the erasure's first seconds the gate refuses them on every channel and keeps "
+            "none of their decisions; then every place of a person's export loses their part "
+            "(ledger rows deleted, their cap log and reservations in Redis, suppression and "
+            "preferences with their journals, quota resets, studies, their recipient records "
+            "in send jobs, dead addresses, SMS numbers), twice, the second pass 30 s after the "
+            "first. They are kept only as a keyed hash of the id, by which the gate goes on "
+            "refusing them. Erasing someone again removes nothing more. docs/api.md says what "
+            "each place does."
+        ),
+        responses={202: ErasureSerializer, **errors(400, 413)},
+    )
+    def post(self, request: Request) -> Response:
+        body = decode(request.data, EraseBody)
+        ids = user_ids_checked(body.user_ids, field="user_ids", maximum=max_user_id())
+        erasure = erasure_start(user_ids=ids, via="api", by=request.user)
+        return Response(_erasure_shown(request, erasure), status=202)
+
+
+class ErasureView(JsonAPIView):
+    rights = {"GET": VIEW_ERASURES}
+    operation_ids = {"GET": "erasure_get"}
+
+    @extend_schema(
+        summary="An erasure: how far it got",
+        responses={200: ErasureSerializer, **errors(404)},
+    )
+    def get(self, request: Request, erasure_id: int) -> Response:
+        erasure = Erasure.objects.filter(pk=erasure_id).select_related("requested_by").first()
+        if erasure is None:
+            raise NotFound(f"No erasure {erasure_id}.")
+        return Response(_erasure_shown(request, erasure))
 
 
 class CsvRenderer(BaseRenderer):

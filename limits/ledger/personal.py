@@ -25,13 +25,40 @@ class Place:
     """One store of personal data: `key` names it in the export document, `words` says what it
     holds (the schema and docs/api.md), `export` reads one person's part of it (JSON-ready),
     `shape` makes the field that describes it in the schema, `tables` are the models it covers
-    (each user id column of the database is some place's)."""
+    (each user id column of the database is some place's), `erase` removes many people's part
+    of it (idempotent; None: the place is the company's own input, see docs/api.md)."""
 
     key: str
     words: str
     export: Callable[[int], Any]
     shape: Callable[[], serializers.Field]
     tables: tuple[type[Model], ...] = ()
+    erase: "Callable[[list[int]], Erased] | None" = None
+
+
+@dataclass(frozen=True)
+class Erased:
+    """What a place's erase did: rows, entries or records `removed`, and those `waiting` (a
+    send being made to them now: erased on a later try)."""
+
+    removed: int
+    waiting: int = 0
+
+
+ERASE_BATCH = 5000  # ids per DELETE (SQLite takes at most 32,766 parameters a statement)
+
+
+def rows_deleted(model: type[Model]) -> "Callable[[list[int]], Erased]":
+    """A place's erase that deletes `model`'s rows of the users (its `user_id` column)."""
+
+    def erase(user_ids: list[int]) -> Erased:
+        removed = 0
+        for first in range(0, len(user_ids), ERASE_BATCH):
+            batch = user_ids[first : first + ERASE_BATCH]
+            removed += model._default_manager.filter(user_id__in=batch).delete()[0]
+        return Erased(removed)
+
+    return erase
 
 
 _PLACES: dict[str, Place] = {}

@@ -8,9 +8,10 @@ import numpy as np
 from rest_framework import serializers
 
 from gatekeeper.lib.redis_client import REDIS_DOWN
-from limits.holds import holds_cache
+from limits.holds import holds_cache, holds_without_users
+from limits.ledger.drain import ledger_drain_all
 from limits.ledger.history import user_decisions
-from limits.ledger.personal import Place, place_register
+from limits.ledger.personal import Erased, Place, place_register, rows_deleted
 from limits.ledger.serializers import (
     ExportLogEntrySerializer,
     ExportPreferenceChangeSerializer,
@@ -150,6 +151,29 @@ def _reservations(user_id: int) -> list[int]:
     return sorted({holds.jobs[place].id for place in places.tolist()})
 
 
+def _decisions_erase(user_ids: list[int]) -> Erased:
+    """The users' decisions: deleted (not kept under a hash): the reports count from the hourly
+    counts, which name no one, so they stay whole. The ledger's stream is drained first, so
+    that decisions still in Redis are in the table to delete."""
+    ledger_drain_all()
+    return rows_deleted(LedgerEntry)(user_ids)
+
+
+def _send_log_erase(user_ids: list[int]) -> Erased:
+    try:
+        return Erased(get_limiter().forget(user_ids))
+    except REDIS_DOWN as exc:
+        raise Unavailable(f"Redis is not answering ({type(exc).__name__}: {exc}).") from exc
+
+
+def _reservations_erase(user_ids: list[int]) -> Erased:
+    limiter = get_limiter()
+    try:
+        return Erased(holds_without_users(limiter.client, limiter.prefix, user_ids))
+    except REDIS_DOWN as exc:
+        raise Unavailable(f"Redis is not answering ({type(exc).__name__}: {exc}).") from exc
+
+
 def _many(serializer: type[serializers.Serializer]) -> Any:
     return lambda: serializer(many=True)
 
@@ -170,6 +194,7 @@ def places_register() -> None:
             user_decisions,
             _many(HistoryDecisionSerializer),
             (LedgerEntry,),
+            _decisions_erase,
         ),
         Place(
             "send_log",
@@ -177,12 +202,14 @@ def places_register() -> None:
             "message id, campaign and tags, newest first.",
             _send_log,
             _many(ExportLogEntrySerializer),
+            erase=_send_log_erase,
         ),
         Place(
             "reservations",
             "The scheduled jobs whose reservation holds one of their sends (job ids).",
             _reservations,
             lambda: serializers.ListField(child=serializers.IntegerField()),
+            erase=_reservations_erase,
         ),
         Place(
             "suppression",
@@ -190,6 +217,7 @@ def places_register() -> None:
             _suppression,
             _many(ExportSuppressionSerializer),
             (Suppression,),
+            rows_deleted(Suppression),
         ),
         Place(
             "suppression_journal",
@@ -197,6 +225,7 @@ def places_register() -> None:
             _suppression_journal,
             _many(ExportSuppressionChangeSerializer),
             (SuppressionChange,),
+            rows_deleted(SuppressionChange),
         ),
         Place(
             "preferences",
@@ -205,6 +234,7 @@ def places_register() -> None:
             _preferences,
             lambda: ExportPreferencesSerializer(allow_null=True),
             (Preference,),
+            rows_deleted(Preference),
         ),
         Place(
             "preference_journal",
@@ -212,6 +242,7 @@ def places_register() -> None:
             _preference_journal,
             _many(ExportPreferenceChangeSerializer),
             (PreferenceChange,),
+            rows_deleted(PreferenceChange),
         ),
         Place(
             "quota_resets",
@@ -219,6 +250,7 @@ def places_register() -> None:
             _quota_resets,
             _many(ExportQuotaResetSerializer),
             (QuotaReset,),
+            rows_deleted(QuotaReset),
         ),
         Place(
             "studies",
@@ -227,6 +259,7 @@ def places_register() -> None:
             _studies,
             _many(ExportStudySerializer),
             (StudyMember,),
+            rows_deleted(StudyMember),
         ),
     ):
         place_register(place)

@@ -180,3 +180,28 @@ class ExportSerializer(serializers.Serializer):
             field.help_text = place.words
             fields[place.key] = field
         return fields
+
+
+class ErasureSerializer(serializers.Serializer):
+    """An erasure: who asked, when, how many, how far it got; never whom."""
+
+    id = serializers.IntegerField()
+    url = serializers.URLField(help_text="This erasure: GET it to follow its progress.")
+    status = serializers.ChoiceField(
+        choices=["queued", "running", "waiting", "done"],
+        help_text="waiting: for its second pass (30 s after the first), or for sends being "
+        "made to these people now to end.",
+    )
+    count = serializers.IntegerField(help_text="How many people it erases.")
+    requested_at = serializers.DateTimeField()
+    requested_by = serializers.CharField(allow_null=True, help_text="The account that asked.")
+    via = serializers.CharField(help_text="api or command.")
+    progress = serializers.FloatField(help_text="Percent of the places erased, both passes.")
+    removed = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Per place (the keys of a person's export): rows, entries or records removed.",
+    )
+    waiting = serializers.IntegerField(
+        help_text="Send-job records left until the sends being made to them end."
+    )
+    finished_at = serializers.DateTimeField(allow_null=True)

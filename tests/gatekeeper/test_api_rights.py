@@ -83,6 +83,8 @@ ENDPOINTS = [
     ("POST", "/api/v1/gate/release/", GATE_BODY, {"limits.use_gate"}),
     ("GET", "/api/v1/users/1/quota/", None, {"limits.view_cap"}),
     ("GET", "/api/v1/users/1/history/", None, {"limits.view_cap"}),
+    ("POST", "/api/v1/users/erase/", {"user_ids": [424242]}, {"limits.erase_users"}),
+    ("GET", "/api/v1/erasures/1/", None, {"limits.view_erasure"}),
     (
         "GET",
         "/api/v1/users/1/export/",

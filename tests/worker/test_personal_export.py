@@ -9,14 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.apps import apps
 
-from limits.ledger.drain import ledger_drain_all
 from limits.ledger.personal import places
-from limits.models import LedgerEntry, StudyMember
-from limits.services import quota_reset
-from limits.suppression import suppress, unsuppress
 from tests.support.api import call
+from tests.support.personal import person_everywhere
 from worker.gate import gate_check
-from worker.models import DeadAddress, SendJob, SmsNumber
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,45 +26,7 @@ def export(session, user_id):
 
 
 def test_every_place_of_a_person_comes_out_and_nothing_of_anyone_else(api, snapshot):
-    gate_check(channel="email", requests=[(1, "welcome:1"), (2, "welcome:2")], now=NOW - 60)
-    gate_check(
-        channel="push", requests=[(1, "promo:1")], campaign="spring", tags=("promo",), now=NOW
-    )
-    ledger_drain_all()
-    LedgerEntry.objects.filter(message_id="promo:1").update(outcome="sent")
-    suppress(channel="sms", user_ids=[1, 2], reason="complained", source="test", note="asked")
-    suppress(channel="push", user_ids=[1], reason="unsubscribed", source="test")
-    unsuppress(channel="push", user_ids=[1], source="test")
-    s = api("gate")
-    prefs = {
-        "channels": {"push": False},
-        "frequency": [{"channel": "email", "window": {"kind": "calendar", "unit": "day"}, "limit": 2}],
-    }  # fmt: skip
-    put = call(s, "PUT", "/api/v1/users/1/preferences/", json=prefs)
-    assert put.status_code == 200, put.text
-    quota_reset(user_id=1, reason="support ticket 12")
-    StudyMember.objects.create(study=0, user_id=1, arm=1, bucket=5, entered="2026-11-20")
-    start = datetime.now(UTC) + timedelta(hours=3)
-    created = call(
-        s,
-        "POST",
-        "/api/v1/sends/",
-        json={
-            "channel": "email",
-            "campaign": "launch",
-            "template": "welcome",
-            "start_at": start.isoformat(),
-            "recipients": [
-                {"user_id": 1, "address": "one@example.com", "context": {"name": "Ana"}},
-                {"user_id": 2, "address": "two@example.com"},
-                {"user_id": 11, "address": "eleven@example.com"},
-            ],
-        },
-    )
-    assert created.status_code == 202, created.text
-    job = SendJob.objects.get(pk=created.json()["id"])
-    DeadAddress.objects.create(job=job, user_id=1, address="old@example.com", reason="550 gone")
-    SmsNumber.objects.create(number="+15550100", user_id=1, last_sent_at=datetime.now(UTC))
+    job = person_everywhere(api("gate"), 1, others=(2, 11), now=NOW)
 
     viewer = api("viewer")
     mine = export(viewer, 1)
@@ -126,10 +84,10 @@ def test_every_place_of_a_person_comes_out_and_nothing_of_anyone_else(api, snaps
     theirs = export(viewer, 2)
     text = str(theirs)
     assert "one@example.com" not in text and "Ana" not in text and "+15550100" not in text
-    assert [j["address"] for j in theirs["send_jobs"]] == ["two@example.com"]
+    assert [j["address"] for j in theirs["send_jobs"]] == ["u2@example.com"]
     assert theirs["preferences"] is None and theirs["studies"] == []
     # Ids that share digits with another's (1 and 11) are told apart.
-    assert [j["address"] for j in export(viewer, 11)["send_jobs"]] == ["eleven@example.com"]
+    assert [j["address"] for j in export(viewer, 11)["send_jobs"]] == ["u11@example.com"]
 
 
 def test_preferences_put_back_as_they_came_out_read_the_same(api, snapshot):

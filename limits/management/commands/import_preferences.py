@@ -6,10 +6,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
+from gatekeeper.lib.accounts import account_named
 from gatekeeper.lib.words import count
 from limits.preferences_import import (
     FORMATS,
@@ -43,11 +43,7 @@ class Command(BaseCommand):
         path: Path = options["file"]
         if options["every"] < 1:
             raise CommandError("--every must be at least 1.")
-        by = None
-        if options["by"]:
-            by = get_user_model().objects.filter(username=options["by"]).first()
-            if by is None:
-                raise CommandError(f"No user '{options['by']}'.")
+        by = account_named(options["by"])
         try:
             file_format = import_format(given=options["format"], name=path.name)
         except PreferencesFileRefused as exc:

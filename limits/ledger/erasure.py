@@ -1,0 +1,109 @@
+"""Erasing people everywhere (GDPR article 17, CCPA's right to delete): the work of an
+`Erasure`, place by place (limits.ledger.personal's registry, the same places a person's export
+reads).
+
+First the people are kept as erased (a keyed hash of each id, limits.suppression.erased_add):
+from that commit on the gate refuses them on every channel and keeps none of their decisions,
+so nothing new of them is written while the places are emptied. Then each place's erase, all
+the ids at once (a place batches as it needs); a place done is noted on the erasure, so that a
+run that dies is taken up again (beat's `users_erase_due`) where it stopped, and every erase is
+idempotent besides. A place that must wait (a send job's chunk being sent now keeps its records
+by place) is tried again RETRY_IN later; the erasure is `waiting` until then. Every place is
+erased twice, the second pass RETRY_IN after the first: other processes learn of an erasure
+within their suppression list's TTL (2 s), and what they decided of these people meanwhile
+(a chunk being sent) is gone after the second. Done, the ids are dropped: the erasure keeps who
+asked, when, how many and what each place removed, never whom.
+"""
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from limits.ledger.personal import places
+from limits.models import Erasure
+from limits.suppression import erased_add
+
+logger = logging.getLogger(__name__)
+
+LEASE = timedelta(minutes=10)  # a run holds its erasure this long (renewed after each place)
+RETRY_IN = timedelta(seconds=30)  # a place that waits is tried again this much later
+PASSES = 2  # over every place: the second after the other processes' caches learned of it
+
+
+def users_packed(user_ids: list[int]) -> bytes:
+    return np.asarray(user_ids, dtype=">u8").tobytes()
+
+
+def users_unpacked(blob: bytes | memoryview | None) -> list[int]:
+    return [] if not blob else np.frombuffer(bytes(blob), dtype=">u8").tolist()
+
+
+def _free(now: Any) -> Q:
+    return Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+
+
+def erasures_due(*, now: Any = None) -> list[int]:
+    """The erasures not done whose time to (try again) has come and no live run holds."""
+    now = now or timezone.now()
+    due = Q(next_at__isnull=True) | Q(next_at__lte=now)
+    open_ = Erasure.objects.exclude(status=Erasure.Status.DONE)
+    return list(open_.filter(due, _free(now)).order_by("pk").values_list("pk", flat=True))
+
+
+def erasure_run(erasure_id: int, *, now: Any = None) -> Erasure | None:
+    """Take the erasure (None when a live run holds it, or it is done) and erase its people
+    from every place not done yet. Raises what a place raises (Redis down: Unavailable); the
+    erasure is then taken up again when its lease runs out."""
+    now = now or timezone.now()
+    taken = Erasure.objects.filter(_free(now), pk=erasure_id).exclude(status=Erasure.Status.DONE)
+    if not taken.update(lease_until=now + LEASE, status=Erasure.Status.RUNNING):
+        return None
+    erasure = Erasure.objects.get(pk=erasure_id)
+    ids = users_unpacked(erasure.users)
+    with transaction.atomic():
+        erased_add(ids)
+    waiting = 0
+    for place in places():
+        if place.erase is None or place.key in erasure.places_done:
+            continue
+        result = place.erase(ids)
+        erasure.removed[place.key] = erasure.removed.get(place.key, 0) + result.removed
+        if result.waiting:
+            waiting += result.waiting
+        else:
+            erasure.places_done.append(place.key)
+        erasure.lease_until = timezone.now() + LEASE
+        erasure.save(update_fields=["removed", "places_done", "lease_until"])
+    erasure.waiting, erasure.lease_until = waiting, None
+    if not waiting:
+        erasure.passes += 1
+    if waiting or erasure.passes < PASSES:
+        if not waiting:
+            erasure.places_done = []  # the next pass: every place again
+        erasure.status, erasure.next_at = Erasure.Status.WAITING, now + RETRY_IN
+    else:
+        erasure.status, erasure.users = Erasure.Status.DONE, None
+        erasure.finished_at, erasure.next_at = timezone.now(), None
+    erasure.save()
+    logger.info(
+        "Erasure %d of %d people: %s (%s)",
+        erasure.pk,
+        erasure.count,
+        erasure.status,
+        ", ".join(f"{key} {n}" for key, n in erasure.removed.items()),
+    )
+    return erasure
+
+
+def erasure_progress(erasure: Erasure) -> float:
+    """Percent of the places that erase, done."""
+    erasing = [place.key for place in places() if place.erase is not None]
+    if erasure.status == Erasure.Status.DONE:
+        return 100.0
+    done = erasure.passes * len(erasing) + sum(1 for k in erasing if k in erasure.places_done)
+    return 100.0 * done / max(PASSES * len(erasing), 1)
