@@ -23,6 +23,7 @@ SUITES = [
     "reports",
     "experiments",
     "plan",
+    "erase",
     "providers",
 ]
 

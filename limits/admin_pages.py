@@ -1,8 +1,8 @@
 """The limits app's console pages: a segment's cap grid (channels and `all` x daily / weekly),
 with plain-language readings and the history, saved through `limits.services.cap_grid_save`; a
 user's lookup (zone and local time, quiet hours per channel, classic caps, every rule's figures,
-recent sends, the timeline of decisions from the ledger) with the audited quota reset; and the
-index's links to the cap rules and the quiet hours (their pages are limits.admin's)."""
+recent sends, the timeline of decisions from the ledger) with the audited quota reset, the
+person's export as a file and their erasure; and the index's links to the cap rules and the quiet hours (their pages are limits.admin's)."""
 
 import contextlib
 import datetime as dt
@@ -18,6 +18,7 @@ from django.http import (
     HttpRequest,
     HttpResponse,
     HttpResponseRedirect,
+    JsonResponse,
 )
 from django.shortcuts import get_object_or_404
 from django.urls import URLPattern, reverse
@@ -25,16 +26,25 @@ from django.urls import URLPattern, reverse
 from gatekeeper.lib.console import ConsoleLink, ago, page, render, require
 from gatekeeper.lib.ids import max_user_id
 from gatekeeper.lib.integers import WholeNumberField
+from gatekeeper.lib.permissions import EXPORT_PERSONAL_DATA
 from gatekeeper.lib.zones import UnknownTimeZone, zone
 from limits.channels import scope_label, scopes
 from limits.ledger.history import position_from_text, user_history
+from limits.ledger.personal import person_export, places
 from limits.ledger.stream import ledger_enabled
 from limits.models import Cap, CapChange, PreferenceChange, Rule, Topic
 from limits.preferences import preferences_read, preferences_words
 from limits.quota import Unavailable, user_quiet_hours, user_quota, user_recent_sends
 from limits.reasons import ADMITTED
 from limits.selectors import topics_read
-from limits.services import cap_describe, cap_from_text, cap_grid_save, cap_text, cap_warnings
+from limits.services import (
+    cap_describe,
+    cap_from_text,
+    cap_grid_save,
+    cap_text,
+    cap_warnings,
+    erasure_start,
+)
 from limits.services import quota_reset as quota_reset_service
 from segments.models import Segment
 
@@ -65,6 +75,8 @@ def urls(site: AdminSite) -> list[URLPattern]:
         page(site, "segments/segment/<int:segment_id>/caps/", cap_grid, "cap_grid"),
         page(site, "users/", user_lookup, "user_lookup"),
         page(site, "users/<int:user_id>/reset/", quota_reset, "quota_reset"),
+        page(site, "users/<int:user_id>/export/", person_download, "person_export"),
+        page(site, "users/<int:user_id>/erase/", person_erase, "person_erase"),
     ]
 
 
@@ -312,6 +324,8 @@ def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         said=said,
         problem=problem,
         can_reset=request.user.has_perm("limits.reset_quota"),
+        can_export=request.user.has_perms(EXPORT_PERSONAL_DATA),
+        can_erase=request.user.has_perm("limits.erase_users"),
         can_see_rules=request.user.has_perm("limits.view_rule"),
     )
 
@@ -348,4 +362,47 @@ def quota_reset(request: HttpRequest, *, site: AdminSite, user_id: int) -> HttpR
         quota=quota,
         form=form,
         lookup=lookup,
+    )
+
+
+def _known_id(user_id: int) -> None:
+    if user_id > max_user_id():
+        raise Http404(f"No user id above {max_user_id():,}.")
+
+
+def person_download(request: HttpRequest, *, site: AdminSite, user_id: int) -> HttpResponse:
+    """Everything held about the person, as GET /api/v1/users/<id>/export/ answers it, as a
+    file to hand them."""
+    require(request, *EXPORT_PERSONAL_DATA)
+    _known_id(user_id)
+    try:
+        document = person_export(user_id)
+    except Unavailable as exc:
+        messages.error(request, f"No export: {exc}")
+        return HttpResponseRedirect(f"{reverse('admin:user_lookup')}?user_id={user_id}")
+    response = JsonResponse(document, json_dumps_params={"indent": 2})
+    response["Content-Disposition"] = f'attachment; filename="user-{user_id}.json"'
+    return response
+
+
+def person_erase(request: HttpRequest, *, site: AdminSite, user_id: int) -> HttpResponse:
+    """Erase the person everywhere, once confirmed (limits/ledger/erasure.py)."""
+    require(request, "limits.erase_users")
+    _known_id(user_id)
+    if request.method == "POST":
+        erasure = erasure_start(user_ids=[user_id], via="admin", by=request.user)
+        messages.success(
+            request,
+            f"Erasure {erasure.pk} started: the person is refused on every channel within "
+            "seconds, and their data goes from every place within a minute.",
+        )
+        return HttpResponseRedirect(reverse("admin:limits_erasure_change", args=[erasure.pk]))
+    return render(
+        request,
+        site,
+        "person_erase_confirm.html",
+        f"Erase user {user_id} everywhere",
+        user_id=user_id,
+        places=[place for place in places() if place.erase is not None],
+        lookup=f"{reverse('admin:user_lookup')}?user_id={user_id}",
     )

@@ -52,6 +52,7 @@ from limits.rules import (
     window_seconds_of,
 )
 from limits.selectors import policy_cache
+from limits.suppression import erased_add
 from limits.tasks import users_erase
 from limits.topics import (
     TOPIC_SHOWN,
@@ -366,9 +367,11 @@ def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
 
 def erasure_start(*, user_ids: Sequence[int], via: str, by: Any = None) -> Erasure:
     """An erasure of `user_ids` (each once), queued once committed; beat takes it up should the
-    task be lost. Idempotent in effect: erasing someone again removes nothing more."""
+    task be lost. The people are kept as erased in the same transaction: from its commit the
+    gate refuses them. Idempotent in effect: erasing someone again removes nothing more."""
     ids = sorted(set(user_ids))
     with transaction.atomic():
+        erased_add(ids)
         erasure = Erasure.objects.create(
             requested_by=who(by), via=via, count=len(ids), users=users_packed(ids)
         )

@@ -1,7 +1,19 @@
 """The limits app's admin, a module per kind: caps (with their history and quota resets), cap
-rules, quiet hours, topics, the global control group, cap experiments and the suppression list;
+rules, quiet hours, topics, the global control group, cap experiments, the suppression list and
+erasures;
 `base` holds what they share. Importing the package registers them all with the admin site."""
 
-from limits.admin import caps, experiments, holdout, quiet, rules, suppressions, topics
+from limits.admin import (
+    caps,
+    erasures,
+    experiments,
+    holdout,
+    quiet,
+    rules,
+    suppressions,
+    topics,
+)
 
-__all__ = ["caps", "experiments", "holdout", "quiet", "rules", "suppressions", "topics"]
+__all__ = [
+    "caps", "erasures", "experiments", "holdout", "quiet", "rules", "suppressions", "topics",
+]  # fmt: skip
