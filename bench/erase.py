@@ -55,14 +55,6 @@ def _fill(client: redis.Redis, users: int) -> None:
         while ledger_drain(client=client).entries:
             pass
     ledger = time.perf_counter() - started
-    ids = list(range(1_000_000))
-    started = time.perf_counter()
-    erased_keys(ids)
-    hashing = (time.perf_counter() - started) / len(ids) * 1e6
-    print(
-        f"the gate while anyone is erased: {hashing:.2f} us a request more (its id's keyed "
-        f"hash, looked up among the erased)"
-    )
     client.flushdb()
     report = logs_rebuild()
     logs = time.perf_counter() - started - ledger
@@ -101,13 +93,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--erase", type=int, default=100_000)
     args = parser.parse_args(argv)
     client = redis.Redis.from_url(REDIS_URL)
-    ids = list(range(1_000_000))
+    sample = list(range(1_000_000))
     started = time.perf_counter()
-    erased_keys(ids)
-    hashing = (time.perf_counter() - started) / len(ids) * 1e6
+    erased_keys(sample)
+    hashing = (time.perf_counter() - started) / len(sample) * 1e6
     print(
-        f"the gate while anyone is erased: {hashing:.2f} us a request more (its id's keyed "
-        f"hash, looked up among the erased)"
+        f"the gate while anyone is erased: {hashing:.2f} us a request more to hash its id "
+        f"(keyed BLAKE2b; the lookup among the erased adds about 0.1 us)"
     )
     client.flushdb()
     _fill(client, args.users)
@@ -131,13 +123,5 @@ def main(argv: list[str]) -> None:
         f"{one:.1f} s, second {two:.1f} s; target 300 s); removed: "
         f"{', '.join(f'{k} {n:,}' for k, n in done.removed.items())}; by place, both passes: "
         f"{by_place}"
-    )
-    ids = list(range(1_000_000))
-    started = time.perf_counter()
-    erased_keys(ids)
-    hashing = (time.perf_counter() - started) / len(ids) * 1e6
-    print(
-        f"the gate while anyone is erased: {hashing:.2f} us a request more (its id's keyed "
-        f"hash, looked up among the erased)"
     )
     client.flushdb()

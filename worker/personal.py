@@ -11,7 +11,7 @@ from rest_framework import serializers
 
 from limits.ledger.personal import Erased, Place, place_register, rows_deleted
 from worker.chunks import chunk_withdraw
-from worker.models import DeadAddress, SendChunk, SmsNumber
+from worker.models import DeadAddress, SendChunk, SendJob, SmsNumber
 
 
 def chunks_holding(user_id: int) -> list[SendChunk]:
@@ -54,9 +54,12 @@ def _recipients(user_id: int) -> list[dict[str, Any]]:
 
 def _recipients_erase(user_ids: list[int]) -> Erased:
     """Every chunk is read once (an erasure's ids at a time), and those naming any of them
-    withdrawn from (worker.chunks.chunk_withdraw)."""
+    withdrawn from (worker.chunks.chunk_withdraw). Waits while a campaign file is being read."""
     wanted = set(user_ids)
     removed = waiting = 0
+    # A campaign file being read stages its records as it goes: the erasure waits for it (the
+    # gate refuses them meanwhile), so that none is staged after its last pass.
+    waiting += SendJob.objects.filter(status=SendJob.Status.PREPARING).count()
     rows = SendChunk.objects.order_by("pk").values_list("pk", "recipients")
     hits = [
         pk

@@ -25,7 +25,7 @@ from limits.reasons import Reason
 from tests.support.api import call, make_user, token_session
 from tests.support.personal import ADDRESS, NUMBER, person_everywhere
 from worker.gate import gate_check
-from worker.models import SendChunk
+from worker.models import SendChunk, SendJob
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -214,3 +214,15 @@ def test_the_logs_are_forgotten_on_every_node(limiter):
     assert all(limiter.entries(u) == [] for u in users)
     assert all(len(limiter.entries(u)) == 1 for u in keep)
     assert limiter.forget(users) == 0
+
+
+def test_an_erasure_waits_while_a_campaign_file_is_being_read(api, snapshot, officer):
+    reading = SendJob.objects.create(
+        channel="email", campaign="file", template="welcome", status=SendJob.Status.PREPARING
+    )
+    erasure_id = erase(officer, PERSON)["id"]
+    first = erasure_run(erasure_id)
+    assert first is not None and (first.status, first.waiting) == ("waiting", 1)
+    assert "send_jobs" not in first.places_done
+    SendJob.objects.filter(pk=reading.pk).update(status=SendJob.Status.QUEUED)
+    assert both_passes(erasure_id).status == "done"
