@@ -229,9 +229,9 @@ GATEKEEPER_CAPS_TTL_SECONDS = env.float("GATEKEEPER_CAPS_TTL_SECONDS", default=2
 # How long a process may decide by its in-memory suppression list before reading the changes
 # made since (seconds; the process that made a change reads it at once).
 GATEKEEPER_SUPPRESSION_TTL_SECONDS = env.float("GATEKEEPER_SUPPRESSION_TTL_SECONDS", default=2.0)
-# The key of the hash an erased person is kept as (the gate refuses them by it). Set it once and
-# never change it: a new key forgets who was erased. Empty: derived from SECRET_KEY, which then
-# must not change either.
+# The key of the hash an erased person is kept as (the gate refuses them by it). Empty: one made
+# at random and kept in the database the first time it is needed. Set, never change it: a new
+# key forgets who was erased.
 GATEKEEPER_ERASURE_KEY = env.str("GATEKEEPER_ERASURE_KEY", default="")
 # The address where recipients reach this gatekeeper: the unsubscribe links in marketing
 # emails point here (https in production: mailbox providers ignore other one-click links).

@@ -824,3 +824,15 @@ class ErasedPerson(models.Model):
 
     def __str__(self) -> str:
         return f"erased person {self.key:x}"
+
+
+class ErasureKey(models.Model):
+    """The key erased people's ids are hashed with (limits.suppression.erased_keys): made once,
+    at random, the first time it is needed, and never changed, so that rotating SECRET_KEY
+    forgets no erasure. GATEKEEPER_ERASURE_KEY, when set, is used instead."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    key = models.CharField(max_length=64)
+
+    def __str__(self) -> str:
+        return "the erasure key"

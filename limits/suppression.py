@@ -18,6 +18,7 @@ list is empty.
 """
 
 import logging
+import secrets
 from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
 from functools import cache
@@ -27,14 +28,20 @@ from typing import Any
 import numpy as np
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pyroaring import BitMap64
 
 from gatekeeper.lib.ids import max_user_id, out_of_bounds
 from limits.channels import ALL, validate_scope
 from limits.journaled import JournaledCache
-from limits.models import ErasedPerson, Suppression, SuppressionChange, SuppressionLock
+from limits.models import (
+    ErasedPerson,
+    ErasureKey,
+    Suppression,
+    SuppressionChange,
+    SuppressionLock,
+)
 from limits.studies import outcomes_noted
 from segments.parsing import ListSummary, UserListError, iter_ids
 
@@ -225,6 +232,29 @@ def journal_prune(*, now: Any = None) -> int:
     return deleted
 
 
+_ERASURE_KEY: list[str] = []  # this process's, once read (it never changes)
+
+
+def erasure_key() -> str:
+    """GATEKEEPER_ERASURE_KEY, else the one the database keeps (made at random when first
+    needed: never derived from SECRET_KEY, whose rotation would forget every erasure)."""
+    if settings.GATEKEEPER_ERASURE_KEY:
+        return str(settings.GATEKEEPER_ERASURE_KEY)
+    if not _ERASURE_KEY:
+        made = secrets.token_hex(32)
+        try:
+            row, _ = ErasureKey.objects.get_or_create(pk=1, defaults={"key": made})
+        except IntegrityError:  # another process made it first
+            row = ErasureKey.objects.get(pk=1)
+        _ERASURE_KEY.append(row.key)
+    return _ERASURE_KEY[0]
+
+
+def erasure_key_forget() -> None:
+    """Read the key again at its next use (tests, whose database is emptied between them)."""
+    _ERASURE_KEY.clear()
+
+
 @cache
 def _erasure_hash(key: str) -> Any:
     """The keyed BLAKE2b state erased people's ids are hashed from (a copy per id: keying it
@@ -235,7 +265,7 @@ def _erasure_hash(key: str) -> Any:
 def erased_keys(user_ids: Sequence[int]) -> list[int]:
     """The keyed hashes erased people are kept as (63 bits, a signed column's): a person's id
     cannot be read back from one without the key, and the gate can still tell them."""
-    base = _erasure_hash(settings.GATEKEEPER_ERASURE_KEY or f"erasure:{settings.SECRET_KEY}")
+    base = _erasure_hash(erasure_key())
 
     def digest(user_id: int, base: Any = base) -> bytes:
         state = base.copy()

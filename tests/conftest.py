@@ -47,7 +47,7 @@ def _test_settings(settings, tmp_path):
     from limits.ledger.table import kinds_forget
     from limits.preferences import preference_cache
     from limits.selectors import policy_cache
-    from limits.suppression import suppression_cache
+    from limits.suppression import erasure_key_forget, suppression_cache
 
     # Rules, the suppression list and people's preferences are kept per process: never carry
     # one test's into the next.
@@ -55,6 +55,7 @@ def _test_settings(settings, tmp_path):
     suppression_cache().clear()
     preference_cache().clear()
     holds_cache().clear()  # the reservations' holds, as the plan wrote them
+    erasure_key_forget()  # the erasure key the emptied database made
     kinds_forget()  # the ledger's kinds this process remembers, by id
     settings.REDIS_URL = TEST_REDIS_URL
     settings.GATEKEEPER_STORE_URL = str(tmp_path / "store")

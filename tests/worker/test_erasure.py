@@ -22,6 +22,7 @@ from limits.limiter import get_limiter
 from limits.models import Erasure, LedgerEntry
 from limits.policy import NO_RULES
 from limits.reasons import Reason
+from limits.suppression import erased_keys, erasure_key_forget
 from tests.support.api import call, make_user, token_session
 from tests.support.personal import ADDRESS, NUMBER, person_everywhere
 from worker.gate import gate_check
@@ -226,3 +227,14 @@ def test_an_erasure_waits_while_a_campaign_file_is_being_read(api, snapshot, off
     assert "send_jobs" not in first.places_done
     SendJob.objects.filter(pk=reading.pk).update(status=SendJob.Status.QUEUED)
     assert both_passes(erasure_id).status == "done"
+
+
+def test_the_erasure_key_is_made_once_kept_and_outlives_a_secret_key_rotation(settings):
+    settings.GATEKEEPER_ERASURE_KEY = ""
+    keys = erased_keys([5, 6])
+    assert len(set(keys)) == 2 and all(0 <= k < 2**63 for k in keys)
+    settings.SECRET_KEY = "rotated"
+    erasure_key_forget()  # as another process would: read from the database
+    assert erased_keys([5, 6]) == keys
+    settings.GATEKEEPER_ERASURE_KEY = "the operator's own"
+    assert erased_keys([5, 6]) != keys
