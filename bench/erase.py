@@ -27,7 +27,7 @@ from limits.ledger.erasure import RETRY_IN, erasure_run, users_packed
 from limits.ledger.personal import Erased, place_register, places
 from limits.ledger.rebuild import logs_rebuild
 from limits.models import ErasedPerson, Erasure, Suppression, SuppressionChange
-from limits.suppression import erased_keys, suppress
+from limits.suppression import erased_add, erased_keys, suppress
 from worker.models import SendChunk, SendJob
 
 CHUNK = 1000
@@ -109,6 +109,7 @@ def main(argv: list[str]) -> None:
             place_register(dataclasses.replace(place, erase=_timed(place.erase, spent, place.key)))
     rng = np.random.default_rng(11)
     ids = np.sort(rng.choice(args.users, args.erase, replace=False)).tolist()
+    erased_add(ids)  # as erasure_start does, without queueing a task
     erasure = Erasure.objects.create(via="bench", count=len(ids), users=users_packed(ids))
     started = time.perf_counter()
     first = erasure_run(erasure.pk)

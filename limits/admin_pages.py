@@ -2,7 +2,8 @@
 with plain-language readings and the history, saved through `limits.services.cap_grid_save`; a
 user's lookup (zone and local time, quiet hours per channel, classic caps, every rule's figures,
 recent sends, the timeline of decisions from the ledger) with the audited quota reset, the
-person's export as a file and their erasure; and the index's links to the cap rules and the quiet hours (their pages are limits.admin's)."""
+person's export as a file and their erasure; and the index's links to the cap rules and the
+quiet hours (their pages are limits.admin's)."""
 
 import contextlib
 import datetime as dt
@@ -26,7 +27,7 @@ from django.urls import URLPattern, reverse
 from gatekeeper.lib.console import ConsoleLink, ago, page, render, require
 from gatekeeper.lib.ids import max_user_id
 from gatekeeper.lib.integers import WholeNumberField
-from gatekeeper.lib.permissions import EXPORT_PERSONAL_DATA
+from gatekeeper.lib.permissions import ERASE_USERS, EXPORT_PERSONAL_DATA
 from gatekeeper.lib.zones import UnknownTimeZone, zone
 from limits.channels import scope_label, scopes
 from limits.ledger.history import position_from_text, user_history
@@ -257,7 +258,7 @@ def _timeline(user_id: int, before: str | None, now: float) -> dict[str, Any]:
     for decision in page.decisions:
         decision["ago"] = ago(now - decision["at"].timestamp())
         decision["admitted"] = decision["reason"] in ADMITTED
-    here = f"{reverse('admin:user_lookup')}?user_id={user_id}"
+    here = _lookup_url(user_id)
     return {
         "user_id": user_id,
         "decisions": page.decisions,
@@ -325,16 +326,15 @@ def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         problem=problem,
         can_reset=request.user.has_perm("limits.reset_quota"),
         can_export=request.user.has_perms(EXPORT_PERSONAL_DATA),
-        can_erase=request.user.has_perm("limits.erase_users"),
+        can_erase=request.user.has_perms(ERASE_USERS),
         can_see_rules=request.user.has_perm("limits.view_rule"),
     )
 
 
 def quota_reset(request: HttpRequest, *, site: AdminSite, user_id: int) -> HttpResponse:
     require(request, "limits.reset_quota")
-    if user_id > max_user_id():
-        raise Http404(f"No user id above {max_user_id():,}.")
-    lookup = f"{reverse('admin:user_lookup')}?user_id={user_id}"
+    _known_id(user_id)
+    lookup = _lookup_url(user_id)
     form = QuotaResetForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         try:
@@ -370,6 +370,10 @@ def _known_id(user_id: int) -> None:
         raise Http404(f"No user id above {max_user_id():,}.")
 
 
+def _lookup_url(user_id: int) -> str:
+    return f"{reverse('admin:user_lookup')}?user_id={user_id}"
+
+
 def person_download(request: HttpRequest, *, site: AdminSite, user_id: int) -> HttpResponse:
     """Everything held about the person, as GET /api/v1/users/<id>/export/ answers it, as a
     file to hand them."""
@@ -379,7 +383,7 @@ def person_download(request: HttpRequest, *, site: AdminSite, user_id: int) -> H
         document = person_export(user_id)
     except Unavailable as exc:
         messages.error(request, f"No export: {exc}")
-        return HttpResponseRedirect(f"{reverse('admin:user_lookup')}?user_id={user_id}")
+        return HttpResponseRedirect(_lookup_url(user_id))
     response = JsonResponse(document, json_dumps_params={"indent": 2})
     response["Content-Disposition"] = f'attachment; filename="user-{user_id}.json"'
     return response
@@ -387,7 +391,7 @@ def person_download(request: HttpRequest, *, site: AdminSite, user_id: int) -> H
 
 def person_erase(request: HttpRequest, *, site: AdminSite, user_id: int) -> HttpResponse:
     """Erase the person everywhere, once confirmed (limits/ledger/erasure.py)."""
-    require(request, "limits.erase_users")
+    require(request, *ERASE_USERS)
     _known_id(user_id)
     if request.method == "POST":
         erasure = erasure_start(user_ids=[user_id], via="admin", by=request.user)
@@ -404,5 +408,5 @@ def person_erase(request: HttpRequest, *, site: AdminSite, user_id: int) -> Http
         f"Erase user {user_id} everywhere",
         user_id=user_id,
         places=[place for place in places() if place.erase is not None],
-        lookup=f"{reverse('admin:user_lookup')}?user_id={user_id}",
+        lookup=_lookup_url(user_id),
     )

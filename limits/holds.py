@@ -23,6 +23,7 @@ the plan writes (`<prefix>{holds}`): per reserved job a header and its users' id
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -320,32 +321,40 @@ def holds_cache() -> HoldsCache:
     return HoldsCache(ttl=settings.GATEKEEPER_CAPS_TTL_SECONDS)
 
 
-def holds_without_users(client: Any, prefix: str, user_ids: list[int]) -> int:
-    """Drop the users from every job's holds at once (an erasure). Returns the holds dropped."""
+Pairs = list[tuple[HeldJob, np.ndarray]]
+
+
+def _holds_rewritten(
+    client: Any, prefix: str, kept_of: Callable[[Pairs], tuple[Pairs, int]], why: str
+) -> int:
+    """The holds in Redis rewritten as `kept_of` keeps them (each job with its users, and how
+    many holds it dropped); nothing written when it drops none. Returns that count."""
     blob = client.get(f"{prefix}{HOLDS_KEY}")
     if not blob:
         return 0
-    holds = holds_decode(blob)
-    gone = np.isin(holds.users, np.asarray(user_ids, dtype=np.uint64))
-    if not gone.any():
-        return 0
-    kept = [
-        (job, np.sort(holds.users[(holds.owners == place) & ~gone]))
-        for place, job in enumerate(holds.jobs)
-    ]
-    holds_store(client, prefix, holds_encode(kept), version=f"erased {time.time()}")
-    return int(gone.sum())
+    kept, dropped = kept_of(holds_decode(blob).by_job())
+    if dropped:
+        holds_store(client, prefix, holds_encode(kept), version=f"{why} {time.time()}")
+    return dropped
+
+
+def holds_without_users(client: Any, prefix: str, user_ids: list[int]) -> int:
+    """Drop the users from every job's holds at once (an erasure). Returns the holds dropped."""
+    gone = np.asarray(user_ids, dtype=np.uint64)
+
+    def kept_of(pairs: Pairs) -> tuple[Pairs, int]:
+        kept = [(job, users[~np.isin(users, gone)]) for job, users in pairs]
+        return kept, sum(u.size for _, u in pairs) - sum(u.size for _, u in kept)
+
+    return _holds_rewritten(client, prefix, kept_of, "erased")
 
 
 def holds_without(client: Any, prefix: str, job_id: int) -> bool:
     """Drop one job's holds at once (it started, was cancelled or edited; the next plan makes
     them again if they still stand). True when it held any."""
-    blob = client.get(f"{prefix}{HOLDS_KEY}")
-    if not blob:
-        return False
-    holds = holds_decode(blob)
-    kept = [(job, users) for job, users in holds.by_job() if job.id != job_id]
-    if len(kept) == len(holds.jobs):
-        return False
-    holds_store(client, prefix, holds_encode(kept), version=f"without {job_id} {time.time()}")
-    return True
+
+    def kept_of(pairs: Pairs) -> tuple[Pairs, int]:
+        kept = [(job, users) for job, users in pairs if job.id != job_id]
+        return kept, len(pairs) - len(kept)
+
+    return bool(_holds_rewritten(client, prefix, kept_of, f"without {job_id}"))

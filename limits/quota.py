@@ -35,7 +35,8 @@ def live_index() -> SegmentIndex:
     return index
 
 
-def _redis_down(exc: Exception) -> Unavailable:
+def redis_unavailable(exc: Exception) -> Unavailable:
+    """What a read that needs Redis raises when Redis does not answer."""
     return Unavailable(f"Redis is not answering ({type(exc).__name__}: {exc}).")
 
 
@@ -55,7 +56,7 @@ def user_quota(
             user_id, now=now, time_zone=time_zone, window_seconds=window_seconds, campaign=campaign
         )
     except REDIS_DOWN as exc:
-        raise _redis_down(exc) from exc
+        raise redis_unavailable(exc) from exc
 
 
 def _user_quota(
@@ -174,7 +175,7 @@ def user_recent_sends(
     try:
         entries = get_limiter().history(user_id, now=now)[:limit]
     except REDIS_DOWN as exc:
-        raise _redis_down(exc) from exc
+        raise redis_unavailable(exc) from exc
     campaigns = _campaign_names(min((e.at_ms for e in entries), default=0))
     tags = {short_hash(t): t for t in policy_cache().table().tags()}
     return [

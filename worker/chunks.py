@@ -515,13 +515,15 @@ def _still_queued(chunk_id: int) -> bool:
 
 
 def _count_on_job(job: SendJob, outcomes: Counter[str]) -> None:
-    """Add a chunk's outcomes to its (locked) job; the job is done once all have one."""
+    """Add a chunk's outcomes to its (locked) job; the job is done once all have one (not one
+    whose file is still being read, its total still growing, nor one waiting for its start)."""
     unknown = set(outcomes) - set(SendJob.OUTCOMES)
     if unknown:
         raise ValueError(f"not outcomes of a send job: {', '.join(sorted(unknown))}")
     for outcome, count in outcomes.items():
         setattr(job, outcome, getattr(job, outcome) + count)
-    if job.processed >= job.total:
+    waits = job.status in (SendJob.Status.SCHEDULED, SendJob.Status.PREPARING)
+    if job.processed >= job.total and not waits:
         job.status = SendJob.Status.CANCELLED if job.cancelled_at else SendJob.Status.DONE
     job.save()
 
@@ -876,11 +878,5 @@ def chunk_withdraw(chunk_id: int, user_ids: set[int], *, now: Any = None) -> tup
             chunk.status = SendChunk.Status.CANCELLED
         chunk.save(update_fields=["recipients", "size", "status"])
         job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
-        job.cancelled += len(theirs)
-        if job.processed >= job.total and job.status not in (
-            SendJob.Status.SCHEDULED,
-            SendJob.Status.PREPARING,
-        ):
-            job.status = SendJob.Status.CANCELLED if job.cancelled_at else SendJob.Status.DONE
-        job.save()
+        _count_on_job(job, Counter({JobOutcome.CANCELLED: len(theirs)}))
         return len(theirs), 0

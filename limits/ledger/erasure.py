@@ -3,8 +3,8 @@
 reads).
 
 First the people are kept as erased (a keyed hash of each id, limits.suppression.erased_add), in
-the transaction that makes the erasure and again by each run: from that commit on the gate
-refuses them on every channel and keeps none of their decisions, so nothing new of them is
+the transaction that makes the erasure (limits.services.erasure_start): from that commit on the
+gate refuses them on every channel and keeps none of their decisions, so nothing new of them is
 written while the places are emptied. Then each place's erase, all
 the ids at once (a place batches as it needs); a place done is noted on the erasure, so that a
 run that dies is taken up again (beat's `users_erase_due`) where it stopped, and every erase is
@@ -21,13 +21,11 @@ from datetime import timedelta
 from typing import Any
 
 import numpy as np
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from limits.ledger.personal import places
 from limits.models import Erasure
-from limits.suppression import erased_add
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +63,7 @@ def erasure_run(erasure_id: int, *, now: Any = None) -> Erasure | None:
     if not taken.update(lease_until=now + LEASE, status=Erasure.Status.RUNNING):
         return None
     erasure = Erasure.objects.get(pk=erasure_id)
-    ids = users_unpacked(erasure.users)
-    with transaction.atomic():
-        erased_add(ids)
+    ids = users_unpacked(erasure.users)  # kept as erased already, with the erasure itself
     waiting = 0
     for place in places():
         if place.erase is None or place.key in erasure.places_done:

@@ -34,7 +34,7 @@ from limits.models import (
     SuppressionChange,
 )
 from limits.preferences import preferences_as_json, preferences_read
-from limits.quota import Unavailable
+from limits.quota import redis_unavailable
 from limits.selectors import topics_read
 from segments.index import get_index
 
@@ -51,7 +51,7 @@ def _send_log(user_id: int) -> list[dict[str, Any]]:
         found = [(True, e) for e in limiter.entries(user_id)]
         found += [(False, e) for e in limiter.entries(user_id, uncounted=True)]
     except REDIS_DOWN as exc:
-        raise Unavailable(f"Redis is not answering ({type(exc).__name__}: {exc}).") from exc
+        raise redis_unavailable(exc) from exc
     return [
         {
             "at": entry.at,
@@ -146,7 +146,7 @@ def _reservations(user_id: int) -> list[int]:
     try:
         holds = holds_cache().get(limiter.client, limiter.prefix)
     except REDIS_DOWN as exc:
-        raise Unavailable(f"Redis is not answering ({type(exc).__name__}: {exc}).") from exc
+        raise redis_unavailable(exc) from exc
     places = holds.owners[holds.users == np.uint64(user_id)]
     return sorted({holds.jobs[place].id for place in places.tolist()})
 
@@ -163,7 +163,7 @@ def _send_log_erase(user_ids: list[int]) -> Erased:
     try:
         return Erased(get_limiter().forget(user_ids))
     except REDIS_DOWN as exc:
-        raise Unavailable(f"Redis is not answering ({type(exc).__name__}: {exc}).") from exc
+        raise redis_unavailable(exc) from exc
 
 
 def _reservations_erase(user_ids: list[int]) -> Erased:
@@ -171,7 +171,7 @@ def _reservations_erase(user_ids: list[int]) -> Erased:
     try:
         return Erased(holds_without_users(limiter.client, limiter.prefix, user_ids))
     except REDIS_DOWN as exc:
-        raise Unavailable(f"Redis is not answering ({type(exc).__name__}: {exc}).") from exc
+        raise redis_unavailable(exc) from exc
 
 
 def _many(serializer: type[serializers.Serializer]) -> Any:
