@@ -93,9 +93,11 @@ def start_worker(inbox, redis_client, settings) -> Iterator[Callable[..., subpro
         GATEKEEPER_CHUNK_LEASE_SECONDS="3",
     )
 
-    def start(root: Path = ROOT) -> subprocess.Popen[bytes]:
-        """A worker of this version, or of the release whose source tree is `root`."""
-        process = start_celery_worker("sends,builds", env, root=root)
+    def start(root: Path = ROOT, redis_url: str | None = None) -> subprocess.Popen[bytes]:
+        """A worker of this version, or of the release whose source tree is `root`; on the
+        tests' Redis, or the one at `redis_url`."""
+        own = env if redis_url is None else {**env, "REDIS_URL": redis_url}
+        process = start_celery_worker("sends,builds", own, root=root)
         started.append(process)
         return process
 

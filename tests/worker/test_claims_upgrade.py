@@ -29,8 +29,13 @@ def previous_release(tmp_path_factory):
 
 
 def test_a_job_the_previous_release_left_midway_is_finished_without_a_loss_or_a_double(
-    published, start_worker, inbox, settings, previous_release
+    published, start_worker, inbox, settings, previous_release, own_redis
 ):
+    # A Redis server of the test's own: the previous release loads its library of functions,
+    # which is the server's, not a database's, over this version's; on the shared server it
+    # would answer the calls of any suite running beside this one with the previous release's
+    # functions.
+    settings.REDIS_URL = own_redis.url
     settings.GATEKEEPER_SEND_CHUNK_SIZE = 40
     published(vip=(10, [1], {}))
     handler = inbox[0]
@@ -39,14 +44,14 @@ def test_a_job_the_previous_release_left_midway_is_finished_without_a_loss_or_a_
     # it heard so: its second chunk is charged in the logs (entries naming no job), claimed
     # in its per-message strings, 19 of them sent and the 60th cut off.
     handler.hold(at=60, accept=True)
-    old = start_worker(root=previous_release)
+    old = start_worker(root=previous_release, redis_url=own_redis.url)
     try:
         assert handler.holding.wait(90), "the previous release's worker never reached the 60th"
     finally:
         kill(old)
     handler.release()
     # This version's worker takes the job over and finishes it.
-    start_worker()
+    start_worker(redis_url=own_redis.url)
     wait_for(lambda: job_done(job), seconds=120, what="the job to finish after the upgrade")
 
     received = received_once(handler)

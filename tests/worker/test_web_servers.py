@@ -29,9 +29,10 @@ def lookup(base: str, token: str) -> dict | None:
         response = requests.get(
             f"{base}/api/v1/segments/lookup/?user_id=1",
             headers={"Authorization": f"Token {token}"},
-            timeout=5,
+            timeout=15,
         )
-    except requests.ConnectionError:
+    except (requests.ConnectionError, requests.Timeout):
+        # Not up yet, or slow to answer on a loaded machine: asked again until the deadline.
         return None
     return response.json() if response.status_code == 200 else None
 
