@@ -32,6 +32,7 @@ from limits.ledger.api import (
     ErasureView,
     ExportView,
     HistoryView,
+    StreamView,
 )
 from segments.api import (
     BuildDetailView,
@@ -110,6 +111,7 @@ v1 = [
     path("users/<str:user_id>/quota/", QuotaView.as_view(), name="quota"),
     path("users/<str:user_id>/history/", HistoryView.as_view(), name="history"),
     path("users/<str:user_id>/export/", ExportView.as_view(), name="export"),
+    path("stream/", StreamView.as_view(), name="stream"),
     path("users/erase/", EraseView.as_view(), name="users-erase"),
     path("erasures/<int:erasure_id>/", ErasureView.as_view(), name="erasure"),
     path("users/<str:user_id>/preferences/", PreferencesView.as_view(), name="preferences"),

@@ -433,6 +433,39 @@ class LedgerBatch(models.Model):
         return self.stream_id
 
 
+class StreamBatch(models.Model):
+    """A run of the event stream's events (limits/ledger/events.py), written by the drain in
+    the transaction that writes what they tell of: a range of ledger rows (decisions), the rows
+    that took an outcome, or a range of the suppression list's or preferences' journal. It names
+    no one: an event is read from the row it points at, so an erasure or the ledger's upkeep
+    that removes the row removes the event. Batches commit in the order of their ids (one
+    drainer at a time), and a stream's position is a batch and a place in it."""
+
+    class Source(models.IntegerChoices):
+        DECISIONS = 1  # ledger rows `first` to `last`
+        OUTCOMES = 2  # `refs`: per row that took an outcome, its id (8 bytes) and code (1)
+        SUPPRESSION = 3  # SuppressionChange rows `first` to `last`
+        PREFERENCES = 4  # PreferenceChange rows `first` to `last`
+
+    id = models.BigAutoField(primary_key=True)
+    source = models.PositiveSmallIntegerField(choices=Source.choices)
+    first = models.BigIntegerField()
+    last = models.BigIntegerField()
+    # The decisions' earliest and latest time: their rows are read from those days only.
+    since = models.DateTimeField(null=True, blank=True)
+    until = models.DateTimeField(null=True, blank=True)
+    refs = models.BinaryField(null=True, blank=True)
+    made_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        permissions = [("read_stream", "Can read the event stream of decisions and changes")]
+        # Where the stream last took a journal up to: the newest batch of its source.
+        indexes = [models.Index(fields=["source", "id"], name="limits_stream_source")]
+
+    def __str__(self) -> str:
+        return f"stream batch {self.pk} ({self.get_source_display()})"
+
+
 class Suppression(models.Model):
     """A user who must get no marketing on a channel (or on any channel: `all`): they opted out,
     their address bounced for good, or they complained. The gate refuses their marketing sends

@@ -86,6 +86,8 @@ EXPORT_PERSONAL_DATA = (
 # Erasing people everywhere, and reading how an erasure goes (a privacy officer's or tool's).
 ERASE_USERS = ("limits.erase_users",)
 VIEW_ERASURES = ("limits.view_erasure",)
+# Pulling the event stream (a warehouse loader's account): every person's decisions and changes.
+READ_STREAM = ("limits.read_stream",)
 # Calling the gate and handing over send jobs (campaign systems).
 GATE = ("limits.use_gate",)
 # Posting outcome events (conversions) for the experiments report: the company's systems.

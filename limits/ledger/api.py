@@ -3,6 +3,8 @@
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
+import msgspec
+from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.exceptions import NotFound, ValidationError
@@ -18,12 +20,14 @@ from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from gatekeeper.lib.permissions import (
     ERASE_USERS,
     EXPORT_PERSONAL_DATA,
+    READ_STREAM,
     VIEW_CAPS,
     VIEW_ERASURES,
     VIEW_REPORTS,
 )
 from limits.bodies import EraseBody
 from limits.channels import channels, validate_channel
+from limits.ledger import events as stream
 from limits.ledger.erasure import erasure_progress
 from limits.ledger.history import (
     INSTANT,
@@ -55,6 +59,7 @@ from limits.ledger.serializers import (
     ErasureSerializer,
     ExportSerializer,
     HistorySerializer,
+    StreamPageSerializer,
 )
 from limits.models import Erasure
 from limits.quota import Unavailable
@@ -336,6 +341,19 @@ def _report_parameter(
     )
 
 
+def channel_filter(description: str) -> OpenApiParameter:
+    """`?channel=`, repeated for several, as the ledger's readers take it."""
+    return _report_parameter(
+        "channel", {"type": "string", "enum": channels()}, description, repeated=True
+    )
+
+
+def campaign_filter(description: str) -> OpenApiParameter:
+    """`?campaign=`, repeated for several, as the ledger's readers take it."""
+    schema = {"type": "string", "maxLength": CAMPAIGN_MAX, "pattern": NO_NUL}
+    return _report_parameter("campaign", schema, description, repeated=True)
+
+
 class CsvReportView(JsonAPIView):
     """A report answered as JSON, or as CSV with `?format=csv` or `Accept: text/csv`
     (`csv_renderer`); an unknown format is a 400, and a refusal is JSON whatever was asked."""
@@ -402,24 +420,14 @@ class DecisionsReportView(CsvReportView):
                 f"the rows sorted by them. Default: {','.join(DEFAULT_GROUP_BY)}. Empty: one "
                 "row, the total.",
             ),
-            _report_parameter(
-                "campaign",
-                {"type": "string", "maxLength": CAMPAIGN_MAX, "pattern": NO_NUL},
-                "Only this campaign's decisions; empty: those of no campaign.",
-                repeated=True,
-            ),
+            campaign_filter("Only this campaign's decisions; empty: those of no campaign."),
             _report_parameter(
                 "segment",
                 {"type": "string", "maxLength": SEGMENT_MAX, "pattern": SLUG},
                 "Only this segment's decisions (its slug).",
                 repeated=True,
             ),
-            _report_parameter(
-                "channel",
-                {"type": "string", "enum": channels()},
-                "Only this channel's decisions.",
-                repeated=True,
-            ),
+            channel_filter("Only this channel's decisions."),
             _report_parameter(
                 "reason",
                 {"type": "string", "enum": list(REASONS)},
@@ -455,3 +463,96 @@ class DecisionsReportView(CsvReportView):
         if self.as_csv(request):
             response["Content-Disposition"] = f'attachment; filename="{report_filename(query)}"'
         return response
+
+
+class StreamView(JsonAPIView):
+    rights = {"GET": READ_STREAM}
+    operation_ids = {"GET": "stream_read"}
+
+    @extend_schema(
+        summary="The event stream: every decision, outcome and change, in order, from a cursor",
+        description=(
+            "Every gate decision the ledger keeps, every send outcome, and every change of the "
+            "suppression list and of people's preferences, in one order, from `after` (a "
+            "position this answer gave as `next`; `0` for the start of what the ledger keeps, "
+            "`end` for only what comes next). Kept as long as the ledger keeps its rows; an "
+            "erased person's events are gone with their rows. An event read twice has the same "
+            "`id`. Read on from `next` while `more`; at the end `next` is where new events "
+            "will follow. The filters keep some events: by `type`, `channel` (suppressions "
+            "of every channel and preference changes pass any), `campaign` (only decisions and "
+            'outcomes). docs/api.md, "The event stream", lists each type\'s fields.'
+        ),
+        parameters=[
+            OpenApiParameter(
+                "after",
+                {"type": "string", "pattern": r"^(0|end|[0-9]{1,18}\.[0-9]{1,18})$"},
+                OpenApiParameter.QUERY,
+                description=f"Where to read from: {stream.POSITION_WORDS}. Default: `0`.",
+            ),
+            OpenApiParameter(
+                "limit",
+                {"type": "integer", "minimum": 1, "maximum": stream.PAGE_MAX},
+                OpenApiParameter.QUERY,
+                description=f"At most this many events (default {stream.PAGE_DEFAULT}).",
+            ),
+            _report_parameter(
+                "type",
+                {"type": "string", "enum": list(stream.EVENT_TYPES)},
+                "Only these types.",
+                repeated=True,
+            ),
+            channel_filter("Only these channels."),
+            campaign_filter("Only the decisions and outcomes of these campaigns."),
+        ],
+        responses={200: StreamPageSerializer, **errors(400)},
+    )
+    def get(self, request: Request) -> HttpResponse:
+        params = request.query_params
+        problems: dict[str, list[str]] = {}
+        after_text = params.get("after", "0")
+        try:
+            after = stream.position_from_text(after_text)
+        except ValueError as exc:
+            problems["after"] = [str(exc)]
+        try:
+            limit = _stream_limit(params.get("limit"))
+        except ValidationError as exc:
+            problems.update(cast(dict[str, list[str]], exc.detail))
+        wanted: dict[str, frozenset[str]] = {}
+        for name, problem_of in (
+            ("type", _type_problem),
+            ("channel", FILTER_PROBLEMS["channel"]),
+            ("campaign", FILTER_PROBLEMS["campaign"]),
+        ):
+            values = params.getlist(name)
+            problem = next((p for p in map(problem_of, values) if p), None)
+            if problem:
+                problems[name] = [problem]
+            wanted[name] = frozenset(values)
+        if problems:
+            raise ValidationError(problems)
+        filters = stream.Filters(
+            types=wanted["type"], channels=wanted["channel"], campaigns=wanted["campaign"]
+        )
+        page = stream.stream_read(after, limit, filters)
+        body = {
+            "events": stream.events_public(page.events),
+            "next": str(page.next),
+            "more": page.more,
+        }
+        return HttpResponse(msgspec.json.encode(body), content_type="application/json")
+
+
+def _stream_limit(value: str | None) -> int:
+    if value is None:
+        return stream.PAGE_DEFAULT
+    try:
+        return whole_number(value, maximum=stream.PAGE_MAX, minimum=1, what="limit", padded=False)
+    except NotAWholeNumber as exc:
+        raise ValidationError({"limit": [str(exc)]}) from None
+
+
+def _type_problem(value: str) -> str | None:
+    if value in stream.EVENT_TYPES:
+        return None
+    return f"{value!r} is not an event type: one of {', '.join(stream.EVENT_TYPES)}"

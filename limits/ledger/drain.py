@@ -28,6 +28,13 @@ from redis.exceptions import LockError
 
 from gatekeeper.lib.redis_client import RedisClient, get_redis
 from limits.holdout import holdout_view
+from limits.ledger.events import (
+    decisions_batched,
+    drain_serialized,
+    journals_batched,
+    outcomes_batched,
+    row_time,
+)
 from limits.ledger.stream import Decided, Outcomes, arm_of_code, ledger_entry, stream_key
 from limits.ledger.table import (
     KIND_TABLE,
@@ -44,6 +51,7 @@ from limits.models import (
     LedgerCount,
     LedgerEntry,
     LedgerKind,
+    StreamBatch,
 )
 from limits.reasons import Outcome, Reason
 from limits.studies import decisions_noted, events_prune
@@ -64,6 +72,7 @@ class Drained:
     unreadable: int = 0  # stream entries no drainer can read (dropped, logged)
     outcomes: int = 0  # rows that took a send outcome (a message admitted twice: two rows)
     unmatched: int = 0  # send outcomes whose decision the ledger does not hold
+    changes: int = 0  # suppression and preference changes the event stream took
 
 
 def _consumer() -> str:
@@ -98,9 +107,13 @@ def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drai
             entries.extend(found)
     report = Drained(entries=len(entries))
     if not entries:
+        with transaction.atomic():
+            drain_serialized()
+            report.changes = journals_batched(datetime.now(tz=UTC))
         return report
     ids = [_text(entry_id) for entry_id, _ in entries]
     with transaction.atomic():
+        drain_serialized()  # batches of the event stream commit in the order of their ids
         done = set(
             LedgerBatch.objects.filter(stream_id__in=ids).values_list("stream_id", flat=True)
         )
@@ -128,7 +141,12 @@ def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drai
         # blast's: a chunk's outcomes follow its decisions within a second); the others update
         # the rows an earlier round wrote.
         known, outcomes, report.outcomes = outcomes_merged(calls, outcomes)
-        ledger_write(calls, known)
+        first = ledger_write(calls, known)
+        # The event stream: the rows just written, then the outcomes they were written with.
+        if calls:
+            ats = [call.at for call in calls]
+            decisions_batched(first, first + report_rows(calls) - 1, min(ats), max(ats))
+            outcomes_batched(_known_taken(calls, known, first))
         counts_add(calls)
         # Who the decisions bring into studies, and their sends (the experiments report).
         decisions_noted(calls, holdout_view())
@@ -139,19 +157,41 @@ def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drai
             # them costs ten times running them.
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL jit = off")
+        taken: list[tuple[int, int, datetime]] = []
         for found in outcomes:
-            matched = outcomes_write(found)
+            matched = outcomes_write(found, taken)
             report.outcomes += matched
             report.unmatched += max(len(found.rows) - matched, 0)
+        outcomes_batched(taken)
+        report.changes = journals_batched(datetime.now(tz=UTC))
         LedgerBatch.objects.bulk_create(
             [LedgerBatch(stream_id=text_id) for text_id in ids if text_id not in done]
         )
-        report.rows = sum(len(call.users) for call in calls)
+        report.rows = report_rows(calls)
     pipe = client.pipeline(transaction=False)  # one round trip; one slot (the stream's key)
     pipe.xack(key, GROUP, *ids)
     pipe.xdel(key, *ids)
     pipe.execute()
     return report
+
+
+def report_rows(calls: Sequence[Decided]) -> int:
+    return sum(len(call.users) for call in calls)
+
+
+def _known_taken(
+    calls: Sequence[Decided], known: Sequence[dict[int, str]], first: int
+) -> list[tuple[int, int, datetime]]:
+    """The outcomes written with their rows, as the event stream takes them: (row id, code,
+    the row's time); the rows' ids run from `first` in the order written."""
+    taken = []
+    start = first
+    for call, found in zip(calls, known, strict=True):
+        for k in sorted(found):
+            if found[k]:
+                taken.append((start + k, LEDGER_OUTCOME_CODES[found[k]], call.at))
+        start += len(call.users)
+    return taken
 
 
 def _text(value: Any) -> str:
@@ -198,24 +238,36 @@ def outcomes_merged(
     return known, left, taken
 
 
-def ledger_write(calls: Sequence[Decided], outcomes: Sequence[dict[int, str]] = ()) -> None:
+def ledger_write(calls: Sequence[Decided], outcomes: Sequence[dict[int, str]] = ()) -> int:
     """Insert gate calls' decisions in the current transaction (limits/ledger/table.py: each a
     row naming its kind): COPY on PostgreSQL, into the day partitions (made when missing), bulk
     inserts elsewhere. `outcomes`: per call, the outcomes of its rows already known
-    (outcomes_merged)."""
+    (outcomes_merged). Returns the first row's id: the rows' ids follow on from it in the
+    order of `calls` and their rows (the event stream points at them by id); 0 for none.
+
+    The ids are consecutive: one drain writes at a time (drain_serialized), and on PostgreSQL
+    it takes them from the table's sequence as one block, each row written with its own."""
     if not calls:
-        return
+        return 0
     known = list(outcomes) or [{} for _ in calls]
     kinds = _kinds(calls)
     if connection.vendor == "postgresql":
         partitions_ensure({call.at.date() for call in calls})
         with connection.cursor() as cursor:
-            sql = f"COPY {TABLE} ({', '.join(ROW_COLUMNS)}) FROM STDIN"
+            cursor.execute(
+                "SELECT setval(pg_get_serial_sequence(%s, 'id'), "
+                "nextval(pg_get_serial_sequence(%s, 'id')) + %s - 1)",
+                [TABLE, TABLE, report_rows(calls)],
+            )
+            first = int(cursor.fetchone()[0]) - report_rows(calls) + 1
+            sql = f"COPY {TABLE} (id, {', '.join(ROW_COLUMNS)}) FROM STDIN"
             with cursor.cursor.copy(sql) as copy:
+                start = first
                 for call, found, kind in zip(calls, known, kinds, strict=True):
-                    copy.write(_copy_text(call, found, kind))
-        return
-    LedgerEntry.objects.bulk_create(
+                    copy.write(_copy_text(call, found, kind, start))
+                    start += len(call.users)
+        return first
+    written = LedgerEntry.objects.bulk_create(
         [
             LedgerEntry(
                 at=call.at,
@@ -231,6 +283,10 @@ def ledger_write(calls: Sequence[Decided], outcomes: Sequence[dict[int, str]] = 
         ],
         batch_size=500,
     )
+    ids = [row.pk for row in written]
+    if ids[-1] - ids[0] != len(ids) - 1:  # another writer's rows among them: never, one drains
+        raise RuntimeError(f"the ledger's new rows' ids are not consecutive: {ids[0]}..{ids[-1]}")
+    return int(ids[0])
 
 
 Own = tuple[str, str, int | None, int]  # a decision's segment, reason, rule id and arm code
@@ -261,15 +317,15 @@ def _kinds(calls: Sequence[Decided]) -> list[dict[Own, int]]:
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
-def _copy_text(call: Decided, outcomes: dict[int, str], kinds: dict[Own, int]) -> str:
+def _copy_text(call: Decided, outcomes: dict[int, str], kinds: dict[Own, int], first: int) -> str:
     """A gate call's rows in COPY's text format (the time formatted once): about five times
     cheaper than a row at a time. `outcomes`: by row, those already known; `kinds`: the
-    call's kinds' ids by (segment, reason, rule id, arm code)."""
-    head = f"{call.at.isoformat()}\t"
+    call's kinds' ids by (segment, reason, rule id, arm code); `first`: its first row's id."""
+    head = f"\t{call.at.isoformat()}\t"
     codes = LEDGER_OUTCOME_CODES
     return "".join(
         [
-            head + str(user_id) + "\t" + str(kinds[(segment, reason, rule_id, arm)]) + "\t"
+            str(first + k) + head + str(user_id) + "\t" + str(kinds[(segment, reason, rule_id, arm)]) + "\t"
             + str(codes[outcomes.get(k, "")]) + "\t"
             + _copy_message(message_stored(call.campaign, user_id, message_id)) + "\n"
             for k, ((user_id, message_id, segment, reason, rule_id), arm) in enumerate(
@@ -333,28 +389,30 @@ def outcomes_sql(rows: int, vendor: str) -> str:
     values = ", ".join(["(%s, %s, %s)"] * rows)
     if vendor == "postgresql":
         return (
-            f"SELECT v.column3, f.part, f.place, f.outcome FROM (VALUES {values}) AS v "
-            f"CROSS JOIN LATERAL (SELECT e.tableoid::regclass::text AS part, "
-            f"e.ctid::text AS place, e.outcome FROM {TABLE} e JOIN {KIND_TABLE} k "
+            f"SELECT v.column3, f.part, f.place, f.outcome, f.id, f.at FROM (VALUES {values}) "
+            f"AS v CROSS JOIN LATERAL (SELECT e.tableoid::regclass::text AS part, "
+            f"e.ctid::text AS place, e.outcome, e.id, e.at FROM {TABLE} e JOIN {KIND_TABLE} k "
             f"ON k.id = e.kind_id WHERE e.user_id = v.column1 AND {_ROW} OFFSET 0) AS f"
         )
     return (
-        f"SELECT v.column3, NULL, e.id, e.outcome FROM (VALUES {values}) AS v "
+        f"SELECT v.column3, NULL, e.id, e.outcome, e.id, e.at FROM (VALUES {values}) AS v "
         f"JOIN {TABLE} e ON e.user_id = v.column1 JOIN {KIND_TABLE} k ON k.id = e.kind_id "
         f"WHERE {_ROW}"
     )
 
 
-def outcomes_write(found: Outcomes) -> int:
+def outcomes_write(found: Outcomes, taken: list[tuple[int, int, datetime]] | None = None) -> int:
     """Write send outcomes on their rows (the admitting decisions of those messages at or after
     `found.since`), in the current transaction. Returns how many times a row took one.
 
     Every row is found first (outcomes_sql, 500 outcomes a query), its outcome settled in the
     entry's order, then each row that changes is updated once, by where it is: a row is never
-    looked up after it was updated (on PostgreSQL its place changes when updated)."""
+    looked up after it was updated (on PostgreSQL its place changes when updated). `taken`
+    gets each row whose outcome changed: its id, new outcome's code and time (the event
+    stream's)."""
     adapt = connection.ops.adapt_datetimefield_value
     matched = 0
-    settled: dict[tuple[str | None, Any], list[int]] = {}  # where: [outcome now, outcome then]
+    settled: dict[tuple[str | None, Any], list[Any]] = {}  # where: [now, then, id, at]
     with connection.cursor() as cursor:
         for start in range(0, len(found.rows), 500):
             part = found.rows[start : start + 500]
@@ -366,16 +424,20 @@ def outcomes_write(found: Outcomes) -> int:
                     adapt(found.since),
                 ],
             )
-            for place, table, key, code in sorted(cursor.fetchall(), key=lambda hit: hit[0]):
-                state = settled.setdefault((table, key), [code, code])
+            for place, table, key, code, row, at in sorted(
+                cursor.fetchall(), key=lambda hit: hit[0]
+            ):
+                state = settled.setdefault((table, key), [code, code, row, at])
                 outcome = LEDGER_OUTCOME_CODES[part[place][2]]
                 if outcome != _RELEASED or not state[1]:
                     state[1] = outcome
                 matched += 1
         changed: dict[tuple[str | None, int], list[Any]] = {}
-        for (table, key), (before, after) in settled.items():
+        for (table, key), (before, after, row, at) in settled.items():
             if after != before:
                 changed.setdefault((table, after), []).append(key)
+                if taken is not None:
+                    taken.append((row, after, row_time(at)))
         for (table, code), keys in changed.items():
             for start in range(0, len(keys), 1000):
                 some = keys[start : start + 1000]
@@ -464,6 +526,8 @@ def ledger_upkeep(*, now: datetime | None = None) -> Upkeep:
         kinds_forget()
     LedgerCount.objects.filter(hour__lt=cutoff).delete()
     LedgerBatch.objects.filter(drained_at__lt=now - timedelta(days=1)).delete()
+    # The event stream's batches as long as the rows they point at.
+    StreamBatch.objects.filter(made_at__lt=cutoff).delete()
     # The outcome events' ids past the time a repeat must count once. (The studies' days stay:
     # a member's day of entry is what the report counts them by, and they are few.)
     events_prune(now=now)

@@ -139,10 +139,26 @@ def values_inserted(
     return returned
 
 
+# Kinds read back by id (the event stream's readers): a kind never changes once made.
+_read: dict[int, dict[str, Any]] = {}
+
+
+def kinds_read(ids: Iterable[int]) -> dict[int, dict[str, Any]]:
+    """Kinds' fields by id (a dict per kind), read from the database once per process."""
+    missing = [i for i in ids if i not in _read]
+    if missing:
+        if len(_read) + len(missing) > KINDS_CACHED_MAX:
+            _read.clear()
+        for kind in LedgerKind.objects.filter(id__in=missing).values():
+            _read[kind["id"]] = dict(kind)
+    return _read
+
+
 def kinds_forget() -> None:
     """Forget the kinds this process remembered (after the upkeep deleted some, and in
     tests that empty the table)."""
     _known.clear()
+    _read.clear()
 
 
 def kinds_analyze() -> None:

@@ -85,6 +85,7 @@ ENDPOINTS = [
     ("GET", "/api/v1/users/1/history/", None, {"limits.view_cap"}),
     ("POST", "/api/v1/users/erase/", {"user_ids": [424242]}, {"limits.erase_users"}),
     ("GET", "/api/v1/erasures/1/", None, {"limits.view_erasure"}),
+    ("GET", "/api/v1/stream/", None, {"limits.read_stream"}),
     (
         "GET",
         "/api/v1/users/1/export/",

@@ -1,0 +1,45 @@
+# The event stream (limits/ledger/events.py): its batches, and on PostgreSQL a BRIN index on the
+# ledger's ids, by which a batch's rows are read (ids grow as rows are appended, so a BRIN
+# index, a few pages per day, finds them as a B-tree would at a thousandth of its size).
+
+from django.db import migrations, models
+
+BRIN = "CREATE INDEX IF NOT EXISTS limits_ledger_id ON limits_ledgerentry USING brin (id)"
+
+
+def brin_made(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(BRIN)
+
+
+def brin_dropped(apps, schema_editor):
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute("DROP INDEX IF EXISTS limits_ledger_id")
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ('limits', '0022_erasure_key'),
+    ]
+
+    operations = [
+        migrations.CreateModel(
+            name='StreamBatch',
+            fields=[
+                ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                ('source', models.PositiveSmallIntegerField(choices=[(1, 'Decisions'), (2, 'Outcomes'), (3, 'Suppression'), (4, 'Preferences')])),
+                ('first', models.BigIntegerField()),
+                ('last', models.BigIntegerField()),
+                ('since', models.DateTimeField(blank=True, null=True)),
+                ('until', models.DateTimeField(blank=True, null=True)),
+                ('refs', models.BinaryField(blank=True, null=True)),
+                ('made_at', models.DateTimeField(db_index=True)),
+            ],
+            options={
+                'permissions': [('read_stream', 'Can read the event stream of decisions and changes')],
+                'indexes': [models.Index(fields=['source', 'id'], name='limits_stream_source')],
+            },
+        ),
+        migrations.RunPython(brin_made, brin_dropped),
+    ]
