@@ -24,6 +24,7 @@ SUITES = [
     "experiments",
     "plan",
     "erase",
+    "stream",
     "providers",
 ]
 

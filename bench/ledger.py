@@ -265,7 +265,12 @@ def rebuild(users: int, per_user: int) -> None:
     )
 
 
-def _fill_batch(client: redis.Redis, start: int, count: int, users: int, per_user: int) -> None:
+def _fill_batch(
+    client: redis.Redis, start: int, count: int, users: int, per_user: int, *, at: float = 0.0
+) -> None:
+    """Gate calls of 1,000 allowed decisions: users `start` to `start + count` (modulo
+    `users`), each user's k-th an hour later than their (k-1)-th, the last an hour ago; all at
+    `at` instead when given."""
     from limits.ledger.stream import ledger_append
     from limits.limiter import Decision
     from limits.reasons import Category, Reason
@@ -275,7 +280,7 @@ def _fill_batch(client: redis.Redis, start: int, count: int, users: int, per_use
         size = min(1000, start + count - call)
         k = call // users  # the round: each user's k-th send
         ledger_append(
-            at=now - 3600 * (per_user - k),
+            at=at or now - 3600 * (per_user - k),
             channel="email",
             campaign=f"campaign-{k}",
             tags=("promo",) if k % 2 else (),

@@ -26,6 +26,7 @@ from limits.api.suppressions import (
     SuppressionRemoveView,
 )
 from limits.api.topics import TopicDetailView, TopicListView
+from limits.api.webhooks import WebhookDetailView, WebhookListView
 from limits.ledger.api import (
     DecisionsReportView,
     EraseView,
@@ -112,6 +113,8 @@ v1 = [
     path("users/<str:user_id>/history/", HistoryView.as_view(), name="history"),
     path("users/<str:user_id>/export/", ExportView.as_view(), name="export"),
     path("stream/", StreamView.as_view(), name="stream"),
+    path("webhooks/", WebhookListView.as_view(), name="webhooks"),
+    path("webhooks/<int:webhook_id>/", WebhookDetailView.as_view(), name="webhook"),
     path("users/erase/", EraseView.as_view(), name="users-erase"),
     path("erasures/<int:erasure_id>/", ErasureView.as_view(), name="erasure"),
     path("users/<str:user_id>/preferences/", PreferencesView.as_view(), name="preferences"),

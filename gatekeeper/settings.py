@@ -192,6 +192,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "limits.tasks.suppression_journal_prune",
         "schedule": 86400.0,
     },
+    # The event stream posted to the company's webhook endpoints: a run per endpoint due.
+    "webhooks-deliver-due": {"task": "limits.tasks.webhooks_deliver_due", "schedule": 1.0},
     # Erasures: their second pass, a pass that waited for sends being made, a lost run.
     "users-erase-due": {"task": "limits.tasks.users_erase_due", "schedule": 30.0},
     # Dead push tokens and mailboxes POSTed to GATEKEEPER_DEAD_ADDRESS_WEBHOOK (when set);
@@ -421,6 +423,8 @@ SPECTACULAR_SETTINGS = {
         "OnInvalidEnum": "worker.models.SendJob.OnInvalid",
         # A channel, and a channel or `all` (rules, caps): both are fields named `channel`.
         "ChannelEnum": "limits.channels.channels",
+        # An event type of the stream: its events' `type`, and the types an endpoint takes.
+        "EventTypeEnum": [(t, t) for t in ("decision", "outcome", "preferences", "suppression")],
         "ScopeEnum": "limits.channels.scopes",
         # A decision's reason, and why a user is on the suppression list: both `reason`.
         "ReasonEnum": "limits.reasons.REASONS",

@@ -7,6 +7,7 @@ from celery import shared_task
 from limits.ledger.drain import ledger_drain_all
 from limits.ledger.drain import ledger_upkeep as ledger_upkeep_run
 from limits.ledger.erasure import erasure_run, erasures_due
+from limits.ledger.webhooks import deliveries_prune, webhook_deliver, webhooks_due
 from limits.quota import Unavailable
 from limits.suppression import journal_prune
 from limits.upkeep import send_logs_sweep_run
@@ -42,6 +43,7 @@ def ledger_upkeep() -> int:
     """Beat, hourly: drop the ledger's days past GATEKEEPER_LEDGER_DAYS. Returns rows or days
     dropped."""
     report = ledger_upkeep_run()
+    deliveries_prune()  # the webhooks' attempts, kept a week
     if report.dropped_days or report.deleted_rows:
         logger.info(
             "Ledger upkeep: %d days dropped, %d rows deleted",
@@ -76,3 +78,22 @@ def users_erase_due() -> int:
         except Unavailable:
             logger.warning("Erasure %d waits for Redis", erasure_id)
     return ran
+
+
+# Queued again every second while due: a run still queued by then is dropped.
+@shared_task(expires=10)
+def webhook_run(endpoint_id: int) -> int:
+    """One endpoint's delivery run (limits.ledger.webhooks). Returns the events it took (0 when
+    another run holds it or it is not due)."""
+    report = webhook_deliver(endpoint_id)
+    return report.events if report is not None else 0
+
+
+@shared_task(expires=2)
+def webhooks_deliver_due() -> int:
+    """Beat, every second: a delivery run queued for each endpoint that is due and that no run
+    holds. Returns how many were queued."""
+    due = webhooks_due()
+    for endpoint_id in due:
+        webhook_run.delay(endpoint_id)
+    return len(due)

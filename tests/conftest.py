@@ -26,6 +26,7 @@ pytest_plugins = [
     "tests.support.sends",
     "tests.support.sms",
     "tests.support.stores",
+    "tests.support.webhooks",
     "tests.support.worker_processes",
 ]
 

@@ -88,6 +88,11 @@ ERASE_USERS = ("limits.erase_users",)
 VIEW_ERASURES = ("limits.view_erasure",)
 # Pulling the event stream (a warehouse loader's account): every person's decisions and changes.
 READ_STREAM = ("limits.read_stream",)
+# The stream's webhook endpoints (their secrets with them: who reads one verifies its requests).
+VIEW_WEBHOOKS = ("limits.view_webhookendpoint",)
+ADD_WEBHOOKS = ("limits.add_webhookendpoint",)
+CHANGE_WEBHOOKS = ("limits.change_webhookendpoint",)
+DELETE_WEBHOOKS = ("limits.delete_webhookendpoint",)
 # Calling the gate and handing over send jobs (campaign systems).
 GATE = ("limits.use_gate",)
 # Posting outcome events (conversions) for the experiments report: the company's systems.

@@ -1,6 +1,6 @@
 """The limits app's admin, a module per kind: caps (with their history and quota resets), cap
-rules, quiet hours, topics, the global control group, cap experiments, the suppression list and
-erasures;
+rules, quiet hours, topics, the global control group, cap experiments, the suppression list,
+erasures and the event stream's webhook endpoints;
 `base` holds what they share. Importing the package registers them all with the admin site."""
 
 from limits.admin import (
@@ -12,8 +12,10 @@ from limits.admin import (
     rules,
     suppressions,
     topics,
+    webhooks,
 )
 
 __all__ = [
     "caps", "erasures", "experiments", "holdout", "quiet", "rules", "suppressions", "topics",
+    "webhooks",
 ]  # fmt: skip

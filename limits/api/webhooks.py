@@ -1,0 +1,151 @@
+"""REST views of the event stream's webhook endpoints (limits/ledger/webhooks.py): listed, made,
+read with their last deliveries, changed (paused, resumed, moved, a new secret) and deleted."""
+
+from typing import Any
+
+import msgspec
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from gatekeeper.lib.api import JsonAPIView, errors
+from gatekeeper.lib.bodies import decode
+from gatekeeper.lib.permissions import (
+    ADD_WEBHOOKS,
+    CHANGE_WEBHOOKS,
+    DELETE_WEBHOOKS,
+    VIEW_WEBHOOKS,
+)
+from limits.bodies import WebhookChangeBody, WebhookCreateBody
+from limits.ledger.serializers import WebhookSerializer
+from limits.ledger.webhooks import (
+    WebhookFields,
+    WebhookInvalid,
+    recent_deliveries,
+    webhook_change,
+    webhook_create,
+    webhook_shown,
+)
+from limits.models import WebhookEndpoint
+
+WEBHOOK_ID = OpenApiParameter(
+    "webhook_id", int, OpenApiParameter.PATH, description="The endpoint's id."
+)
+CHECKS = (
+    "Checked whole by the one rule for endpoints (limits.ledger.webhooks.webhook_problems): an "
+    "http or https URL, event types, channels from settings and campaigns each once. The "
+    'events are POSTed as `{"events": [...]}` (GET /api/v1/stream/\'s events), signed as '
+    'Standard Webhooks sign (docs/api.md, "Webhooks").'
+)
+
+
+def _found(webhook_id: int) -> WebhookEndpoint:
+    endpoint = WebhookEndpoint.objects.filter(pk=webhook_id).first()
+    if endpoint is None:
+        raise NotFound(f"No webhook endpoint {webhook_id}.")
+    return endpoint
+
+
+def _shown(endpoint: WebhookEndpoint, *, deliveries: bool = False) -> dict[str, Any]:
+    shown = webhook_shown(endpoint)
+    if deliveries:
+        shown["deliveries"] = [
+            {
+                "at": d.at, "message_id": d.message_id, "events": d.events, "ok": d.ok,
+                "status_code": d.status_code, "error": d.error, "milliseconds": d.milliseconds,
+            }
+            for d in recent_deliveries(endpoint)
+        ]  # fmt: skip
+    return shown
+
+
+def _applied(call: Any) -> Any:
+    """`call`'s answer; its problems as a 400 naming each field."""
+    try:
+        return call()
+    except WebhookInvalid as exc:
+        raise ValidationError(exc.problems) from None
+    except ValueError as exc:  # the start position
+        raise ValidationError({"start": [str(exc)]}) from None
+
+
+class WebhookListView(JsonAPIView):
+    rights = {"GET": VIEW_WEBHOOKS, "POST": ADD_WEBHOOKS}
+    bodies = {"POST": WebhookCreateBody}
+    operation_ids = {"GET": "webhooks_list", "POST": "webhook_create"}
+
+    @extend_schema(
+        summary="The event stream's webhook endpoints",
+        responses={200: WebhookSerializer(many=True), **errors()},
+    )
+    def get(self, request: Request) -> Response:
+        return Response([_shown(e) for e in WebhookEndpoint.objects.order_by("id")])
+
+    @extend_schema(
+        summary="Add a webhook endpoint: the stream's events POSTed to it, signed",
+        description=CHECKS + " It starts active, with a new secret, from `start`.",
+        responses={201: WebhookSerializer, **errors(400, 413)},
+    )
+    def post(self, request: Request) -> Response:
+        body = decode(request.data, WebhookCreateBody)
+        fields = WebhookFields(
+            url=body.url, description=body.description, types=tuple(body.types),
+            channels=tuple(body.channels), campaigns=tuple(body.campaigns),
+        )  # fmt: skip
+        endpoint = _applied(
+            lambda: webhook_create(fields=fields, by=request.user, start=body.start)
+        )
+        return Response(_shown(endpoint), status=201)
+
+
+class WebhookDetailView(JsonAPIView):
+    rights = {"GET": VIEW_WEBHOOKS, "PATCH": CHANGE_WEBHOOKS, "DELETE": DELETE_WEBHOOKS}
+    bodies = {"PATCH": WebhookChangeBody}
+    operation_ids = {"GET": "webhook_get", "PATCH": "webhook_change", "DELETE": "webhook_delete"}
+
+    @extend_schema(
+        summary="One webhook endpoint, with its last 20 deliveries",
+        parameters=[WEBHOOK_ID],
+        responses={200: WebhookSerializer, **errors(404)},
+    )
+    def get(self, request: Request, webhook_id: int) -> Response:
+        return Response(_shown(_found(webhook_id), deliveries=True))
+
+    @extend_schema(
+        summary="Change a webhook endpoint: its fields, paused or resumed, its position, a new "
+        "secret",
+        description=CHECKS,
+        parameters=[WEBHOOK_ID],
+        responses={200: WebhookSerializer, **errors(400, 404, 413)},
+    )
+    def patch(self, request: Request, webhook_id: int) -> Response:
+        endpoint = _found(webhook_id)
+        body = decode(request.data, WebhookChangeBody)
+        changes = msgspec.structs.asdict(body)
+        given = {k: v for k, v in changes.items() if v is not msgspec.UNSET}
+        fields = None
+        if given.keys() & {"url", "description", "types", "channels", "campaigns"}:
+            fields = WebhookFields(
+                url=given.get("url", endpoint.url),
+                description=given.get("description", endpoint.description),
+                types=tuple(given.get("types", endpoint.types)),
+                channels=tuple(given.get("channels", endpoint.channels)),
+                campaigns=tuple(given.get("campaigns", endpoint.campaigns)),
+            )
+        changed = _applied(
+            lambda: webhook_change(
+                endpoint, fields=fields, active=given.get("active"), start=given.get("start"),
+                new_secret=body.new_secret,
+            ),
+        )  # fmt: skip
+        return Response(_shown(changed, deliveries=True))
+
+    @extend_schema(
+        summary="Delete a webhook endpoint (its deliveries with it)",
+        parameters=[WEBHOOK_ID],
+        responses={204: None, **errors(404)},
+    )
+    def delete(self, request: Request, webhook_id: int) -> Response:
+        _found(webhook_id).delete()
+        return Response(status=204)
