@@ -662,7 +662,12 @@ def _command_usec(servers: list[redis.Redis]) -> Counter[str]:
 
 
 def campaign(
-    recipients: int, *, cluster: bool = False, postgres: bool = False, profile: bool = False
+    recipients: int,
+    *,
+    cluster: bool = False,
+    postgres: bool = False,
+    profile: bool = False,
+    stream_out: bool = False,
 ) -> None:
     """A campaign file of `recipients` through `send_campaign` and 2 worker processes: wall
     time from the file handed over to the last send settled, each process's peak memory, and
@@ -675,7 +680,10 @@ def campaign(
     (the age of the oldest undrained entry, sampled every half second) and how long after the
     last send it holds every decision.
     `profile`: one worker process (Celery's solo pool) under cProfile instead of two; the
-    functions that took the most of its own time are printed after the figures."""
+    functions that took the most of its own time are printed after the figures.
+    `stream_out` (with `postgres`): a webhook endpoint is posted the event stream by a process
+    delivering every second as beat's runs do, to a local receiver: how long after its
+    decision each decision event arrived."""
     from limits.ledger.stream import stream_key
     from worker.timings import STEPS, timings_key
 
@@ -739,6 +747,9 @@ def campaign(
             )  # fmt: skip
             stack.callback(drainer.wait)
             stack.callback(drainer.terminate)  # if the run fails before it is stopped below
+        deliverer, receiving = None, None
+        if stream_out:
+            deliverer, receiving = _stream_out(env, stack)
         stream = stream_key()
         lags: list[float] = []
 
@@ -799,6 +810,10 @@ def campaign(
                     caught_up = time.perf_counter() - started - wall
                 drainer.terminate()  # before the flush below: it would make the stream again
                 drainer.wait(timeout=60)
+            if deliverer is not None:
+                time.sleep(5)  # its last runs: a delivery every second
+                deliverer.terminate()
+                deliverer.wait(timeout=60)
         finally:
             os.killpg(worker.pid, 15)
             worker.wait(timeout=60)
@@ -834,6 +849,18 @@ def campaign(
                     else f"{left:,} stream entries not drained {caught_up:.0f} s after it; "
                 )
                 + f"{int(counted[0]):,} rows, {int(counted[1]):,} with their outcome"
+            )
+        if receiving is not None:
+            from bench.stream import _report
+
+            received, arrived = _report(*receiving)
+            arrived.sort()
+            print(
+                f"  the event stream posted to a webhook endpoint (a delivery every second): "
+                f"{received:,} events; from decision to the endpoint p50 "
+                f"{statistics.median(arrived or [0]):.1f} s, p99 "
+                f"{arrived[int(len(arrived) * 0.99)] if arrived else 0:.1f} s, max "
+                f"{max(arrived, default=0):.1f} s   (target p99 < 5 s)"
             )
         print(f"  of which send_campaign reading, validating and queueing the file: {queued:.1f} s")
         print(f"  sent and gate reasons: {out.strip()}")
@@ -883,6 +910,48 @@ def campaign(
             _profile_print(profiled, recipients)
 
 
+# Beat's schedule for one webhook endpoint: a delivery run every second (webhooks_deliver_due).
+DELIVERER = """
+import django, signal, sys, threading, time
+django.setup()
+from limits.ledger.webhooks import webhook_deliver
+stop = threading.Event()
+signal.signal(signal.SIGTERM, lambda *a: stop.set())
+while not stop.is_set():
+    started = time.monotonic()
+    webhook_deliver(int(sys.argv[1]))
+    stop.wait(max(0.0, 1.0 - (time.monotonic() - started)))
+"""
+
+
+def _stream_out(env: dict[str, str], stack: contextlib.ExitStack) -> tuple[Any, Any]:
+    """A local receiver (bench/stream.py's), an endpoint for it made in the campaign's database,
+    and a process delivering to it every second: (the deliverer, what _report reads)."""
+    import multiprocessing
+
+    from bench.stream import _receiver
+
+    ports: Any = multiprocessing.Queue()
+    results: Any = multiprocessing.Queue()
+    receiver = multiprocessing.Process(target=_receiver, args=(ports, results), daemon=True)
+    receiver.start()
+    stack.callback(receiver.terminate)
+    port = ports.get(timeout=30)
+    made = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-v", "0", "-c",
+         "from limits.ledger.webhooks import WebhookFields, webhook_create;"
+         f"print(webhook_create(fields=WebhookFields(url='http://127.0.0.1:{port}/in')).pk)"],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    deliverer = subprocess.Popen(
+        [sys.executable, "-c", DELIVERER, made.stdout.strip()], cwd=ROOT,
+        env={**env, "DJANGO_SETTINGS_MODULE": "gatekeeper.settings"},
+    )  # fmt: skip
+    stack.callback(deliverer.wait)
+    stack.callback(deliverer.terminate)
+    return deliverer, (port, results)
+
+
 def _used_memory(servers: list[Any]) -> int:
     """Bytes the Redis servers hold (INFO memory's used_memory, summed)."""
     return sum(int(server.info("memory")["used_memory"]) for server in servers)
@@ -929,6 +998,11 @@ def main(argv: list[str]) -> None:
         help="only the campaign, on PostgreSQL, the ledger drained as it goes (its lag)",
     )
     parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="with --postgres: the event stream posted to a webhook endpoint as it goes (its lag)",
+    )
+    parser.add_argument(
         "--cluster",
         action="store_true",
         help="only the campaign, its gate's Redis a 3-master cluster started on loopback",
@@ -939,8 +1013,9 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.cluster or args.postgres or args.profile or args.campaign:
         campaign(
-            args.recipients, cluster=args.cluster, postgres=args.postgres, profile=args.profile
-        )
+            args.recipients, cluster=args.cluster, postgres=args.postgres, profile=args.profile,
+            stream_out=args.stream,
+        )  # fmt: skip
         return
     if args.only == "suppressions":
         suppressions_beside_none(2 * args.seconds, args.suppressed)
