@@ -810,8 +810,8 @@ def campaign(
                     caught_up = time.perf_counter() - started - wall
                 drainer.terminate()  # before the flush below: it would make the stream again
                 drainer.wait(timeout=60)
-            if deliverer is not None:
-                time.sleep(5)  # its last runs: a delivery every second
+            if deliverer is not None and receiving is not None:
+                _caught_up(receiving[0])
                 deliverer.terminate()
                 deliverer.wait(timeout=60)
         finally:
@@ -922,6 +922,21 @@ while not stop.is_set():
     webhook_deliver(int(sys.argv[1]))
     stop.wait(max(0.0, 1.0 - (time.monotonic() - started)))
 """
+
+
+def _caught_up(port: int, *, quiet: float = 3.0, longest: float = 300.0) -> None:
+    """Until the receiver has taken nothing more for `quiet` seconds: the delivery has posted
+    everything (the campaign's figures are not cut short of its slowest events)."""
+    import requests
+
+    began, last, still = time.monotonic(), -1, time.monotonic()
+    while time.monotonic() - began < longest:
+        count = int(requests.get(f"http://127.0.0.1:{port}/count", timeout=30).text)
+        if count != last:
+            last, still = count, time.monotonic()
+        elif time.monotonic() - still >= quiet:
+            return
+        time.sleep(0.5)
 
 
 def _stream_out(env: dict[str, str], stack: contextlib.ExitStack) -> tuple[Any, Any]:

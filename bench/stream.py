@@ -23,7 +23,6 @@ On the benchmarks' own PostgreSQL database (bench/postgres.py) and Redis databas
 
 import argparse
 import functools
-import json
 import multiprocessing
 import os
 import random
@@ -35,6 +34,7 @@ from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import msgspec
 import redis
 from django import db
 
@@ -67,20 +67,24 @@ def _receiver(port_out: Any, results: Any) -> None:
             self.send_response(200)
             self.send_header("content-length", "0")
             self.end_headers()
-            events = json.loads(body)["events"]
+            events = msgspec.json.decode(body)["events"]
             counted[0] += len(events)
             for event in events:
                 if event["type"] == "decision":
                     at = datetime.fromisoformat(event["at"]).timestamp()
                     lags.append(arrived - at)
 
-        def do_GET(self) -> None:  # noqa: N802: the report, then the lags are forgotten
-            results.put((counted[0], list(lags)))
-            counted[0] = 0
-            lags.clear()
+        def do_GET(self) -> None:
+            # /count: how many so far; /report: the figures, then they are forgotten.
+            body = str(counted[0]).encode()
+            if self.path != "/count":
+                results.put((counted[0], list(lags)))
+                counted[0] = 0
+                lags.clear()
             self.send_response(200)
-            self.send_header("content-length", "0")
+            self.send_header("content-length", str(len(body)))
             self.end_headers()
+            self.wfile.write(body)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass

@@ -3,7 +3,6 @@
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-import msgspec
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -535,12 +534,8 @@ class StreamView(JsonAPIView):
             types=wanted["type"], channels=wanted["channel"], campaigns=wanted["campaign"]
         )
         page = stream.stream_read(after, limit, filters)
-        body = {
-            "events": page.events,
-            "next": str(page.next),
-            "more": page.more,
-        }
-        return HttpResponse(msgspec.json.encode(body), content_type="application/json")
+        body = page.json(next=str(page.next), more=page.more)
+        return HttpResponse(body, content_type="application/json")
 
 
 def _stream_limit(value: str | None) -> int:

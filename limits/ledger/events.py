@@ -27,13 +27,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
+import msgspec
 import numpy as np
 from django.db import connection
 from django.db.models import F, Func, IntegerField
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from limits.ledger.table import kinds_read, message_of
+from limits.ledger.table import kinds_read
 from limits.models import (
     LEDGER_OUTCOMES,
     LedgerEntry,
@@ -43,6 +44,7 @@ from limits.models import (
 )
 
 Source = StreamBatch.Source
+LEDGER_OUTCOME_BYTES = [name.encode() for name in LEDGER_OUTCOMES]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 EVENT_TYPES = ("decision", "outcome", "suppression", "preferences")
 PAGE_DEFAULT = 1000
@@ -172,14 +174,13 @@ class Filters:
     channels: frozenset[str] = frozenset()
     campaigns: frozenset[str] = frozenset()
 
-    def keeps(self, event: dict[str, Any]) -> bool:
-        if self.types and event["type"] not in self.types:
+    def keeps(self, kind: str, channel: str | None, campaign: str | None) -> bool:
+        """Whether an event of this type, channel (None: of none) and campaign passes."""
+        if self.types and kind not in self.types:
             return False
-        if self.channels:
-            channel = event.get("channel")
-            if channel is not None and channel != "all" and channel not in self.channels:
-                return False
-        return not self.campaigns or event.get("campaign") in self.campaigns
+        if self.channels and channel not in (None, "all") and channel not in self.channels:
+            return False
+        return not self.campaigns or campaign in self.campaigns
 
     def wants(self, source: int) -> bool:
         """Whether any event of a batch from `source` can pass (a batch of none is not read)."""
@@ -200,9 +201,19 @@ _SOURCE_TYPE: dict[int, str] = {
 
 @dataclass
 class Page:
-    events: list[dict[str, Any]]
+    encoded: list[bytes]  # the events, each as JSON
     next: Position  # where the next read starts
     more: bool  # whether there was more to read after `next` when this was read
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        return [msgspec.json.decode(event) for event in self.encoded]
+
+    def json(self, **more: Any) -> bytes:
+        """`{"events": [...], <more>}` as JSON."""
+        rest = b"".join(b"," + msgspec.json.encode(k) + b":" + msgspec.json.encode(v)
+                        for k, v in more.items())  # fmt: skip
+        return b'{"events":[' + b",".join(self.encoded) + b"]" + rest + b"}"
 
 
 def stream_read(
@@ -211,7 +222,7 @@ def stream_read(
     """Up to `limit` events after `after`, in stream order. Looks at no more than LOOK_MAX rows
     (a filter that keeps few of them returns fewer events, and `next` past those it looked
     at): a reader asks again from `next` while `more`."""
-    events: list[dict[str, Any]] = []
+    events: list[bytes] = []
     keys: list[int] = []  # each event's key in its batch
     position, looked = after, 0
     for batch in _batches_from(max(after.batch, 1)):
@@ -226,8 +237,8 @@ def stream_read(
             span = min(LOOK_MAX - looked, wanted if filters == EVERY else 4 * wanted + 100)
             found, key, seen = _read(batch, position.key, span)
             looked += seen
-            for place, event in found:
-                if filters is EVERY or filters.keeps(event):
+            for place, kind, channel, campaign, event in found:
+                if filters is EVERY or filters.keeps(kind, channel, campaign):
                     events.append(event)
                     keys.append(place)
             position = Position(batch.id, key)
@@ -240,7 +251,7 @@ def stream_read(
         # one given (in the batch the last read was of).
         del events[limit:]
         position = Position(position.batch, keys[limit - 1])
-    return Page(events=events, next=position, more=position < stream_end())
+    return Page(encoded=events, next=position, more=position < stream_end())
 
 
 def _batches_from(first: int) -> Iterator[StreamBatch]:
@@ -273,7 +284,8 @@ def _refs(batch_id: int, key: int, span: int) -> Any:
     return np.frombuffer(bytes(found[0] or b"") if found else b"", dtype=OUTCOME_REF)
 
 
-Found = list[tuple[int, dict[str, Any]]]  # events, each with its key in its batch
+# Events: each with its key in its batch, type, channel and campaign (None: it has none), JSON.
+Found = list[tuple[int, str, str | None, str | None, bytes]]
 
 
 def _read(batch: StreamBatch, key: int, span: int) -> tuple[Found, int, int]:
@@ -284,7 +296,12 @@ def _read(batch: StreamBatch, key: int, span: int) -> tuple[Found, int, int]:
     if batch.source == Source.DECISIONS:
         rows, kinds = _rows("id > %s AND id <= %s", [lower, upto], batch)
         instant = _Instants()
-        return [(row[0], _decision(row, kinds, instant)) for row in rows], upto, upto - lower
+        found: Found = []
+        for row in rows:
+            kind = kinds[row[3]]
+            found.append((row[0], "decision", kind["channel"], kind["campaign"],
+                          _decision(row, kind, instant)))  # fmt: skip
+        return found, upto, upto - lower
     if batch.source == Source.OUTCOMES:
         part = _refs(batch.id, key, span)
         if not len(part):
@@ -296,19 +313,26 @@ def _read(batch: StreamBatch, key: int, span: int) -> tuple[Found, int, int]:
             batch,
         )
         by_id = {row[0]: row for row in rows}
-        made, instant = _instant(batch.made_at), _Instants()
-        found = [
-            (key + place + 1, _outcome(by_id[row], code, made, kinds, instant))
-            for place, (row, code) in enumerate(zip(ids, part["code"].tolist(), strict=True))
-            if row in by_id
-        ]
+        made, instant = _instant(batch.made_at).encode(), _Instants()
+        found = []
+        for place, (row_id, code) in enumerate(zip(ids, part["code"].tolist(), strict=True)):
+            hit = by_id.get(row_id)
+            if hit is not None:
+                kind = kinds[hit[3]]
+                found.append((key + place + 1, "outcome", kind["channel"], kind["campaign"],
+                              _outcome(hit, code, made, kind, instant)))  # fmt: skip
         return found, key + len(part), len(part)
     looked = upto - lower
     if batch.source == Source.SUPPRESSION:
         changes = SuppressionChange.objects.filter(id__gt=lower, id__lte=upto).order_by("id")
-        return [(c.id, _suppression(c)) for c in changes], upto, looked
+        return [
+            (c.id, "suppression", c.channel, None, msgspec.json.encode(_suppression(c)))
+            for c in changes
+        ], upto, looked  # fmt: skip
     changed = PreferenceChange.objects.filter(id__gt=lower, id__lte=upto).order_by("id")
-    return [(c.pk, _preferences(c)) for c in changed], upto, looked
+    return [
+        (c.pk, "preferences", None, None, msgspec.json.encode(_preferences(c))) for c in changed
+    ], upto, looked  # fmt: skip
 
 
 Row = tuple[int, int, int, int, int, str | None]  # its time in microseconds since the epoch
@@ -354,67 +378,68 @@ def _instant(at: datetime) -> str:
 
 
 class _Instants:
-    """_instant of a time in microseconds, remembering the last: a gate call's decisions share
-    their time."""
+    """_instant of a time in microseconds, as bytes, remembering the last: a gate call's
+    decisions share their time."""
 
     def __init__(self) -> None:
         self.at: int | None = None
-        self.text = ""
+        self.text = b""
 
-    def __call__(self, at: int) -> str:
+    def __call__(self, at: int) -> bytes:
         if at != self.at:
-            self.at, self.text = at, _instant(EPOCH + timedelta(microseconds=at))
+            self.at, self.text = at, _instant(EPOCH + timedelta(microseconds=at)).encode()
         return self.text
 
 
-def _decision(
-    row: Row, kinds: dict[int, dict[str, Any]], instant: Callable[[int], str]
-) -> dict[str, Any]:
-    row_id, at, user_id, kind_id, _, stored = row
-    kind = kinds[kind_id]
-    return {
-        "id": f"d{row_id}",
-        "type": "decision",
-        "at": instant(at),
-        "user_id": user_id,
-        "channel": kind["channel"],
-        "campaign": kind["campaign"],
-        "message_id": message_of(kind["campaign"], user_id, stored),
-        "reason": kind["reason"],
-        "rule_id": kind["rule_id"],
-        "segment": kind["segment"],
-        "tags": kind["tags"],
-        "priority": kind["priority"],
-        "category": kind["category"],
-        "topic": kind["topic"],
-        "snapshot_version": kind["snapshot_version"],
-        "experiment": kind["experiment"],
-        "arm": kind["arm"],
-    }
+# What a kind's events share, as JSON, made once per kind (a blast names a few dozen) and kept
+# in the kind's dict (table.kinds_read's: forgotten with it): an event is its own few fields
+# written around them.
+_SHARED = ("channel", "campaign", "reason", "rule_id", "segment", "tags", "priority", "category",
+           "topic", "snapshot_version", "experiment", "arm")  # fmt: skip
+
+
+def _tail(kind: dict[str, Any], what: str) -> bytes:
+    found: bytes | None = kind.get(f"_{what}")
+    if found is None:
+        if what == "campaign":  # as it is written inside a JSON string, for a message id
+            found = msgspec.json.encode(kind["campaign"])[1:-1]
+        else:
+            names = _SHARED if what == "decision" else ("channel", "campaign")
+            found = b"," + msgspec.json.encode({k: kind[k] for k in names})[1:-1]
+        kind[f"_{what}"] = found
+    return found
+
+
+def _message(kind: dict[str, Any], user_id: int, stored: str | None) -> bytes:
+    """A row's message id as a JSON string (message_of's, without building it when it is the
+    campaign's own)."""
+    if stored is None:
+        return b'"%s:%d"' % (_tail(kind, "campaign"), user_id)
+    return msgspec.json.encode(stored)
+
+
+def _decision(row: Row, kind: dict[str, Any], instant: Callable[[int], bytes]) -> bytes:
+    row_id, at, user_id, _, _, stored = row
+    return b'{"id":"d%d","type":"decision","at":"%s","user_id":%d,"message_id":%s%s}' % (
+        row_id,
+        instant(at),
+        user_id,
+        _message(kind, user_id, stored),
+        _tail(kind, "decision"),
+    )
 
 
 def _outcome(
-    row: Row,
-    code: int,
-    made: str,
-    kinds: dict[int, dict[str, Any]],
-    instant: Callable[[int], str],
-) -> dict[str, Any]:
-    row_id, at, user_id, kind_id, _, stored = row
-    kind = kinds[kind_id]
-    outcome = LEDGER_OUTCOMES[code]
-    return {
-        "id": f"o{row_id}.{outcome}",
-        "type": "outcome",
-        "at": made,
-        "decision": f"d{row_id}",
-        "decided_at": instant(at),
-        "user_id": user_id,
-        "channel": kind["channel"],
-        "campaign": kind["campaign"],
-        "message_id": message_of(kind["campaign"], user_id, stored),
-        "outcome": outcome,
-    }
+    row: Row, code: int, made: bytes, kind: dict[str, Any], instant: Callable[[int], bytes]
+) -> bytes:
+    row_id, at, user_id, _, _, stored = row
+    outcome = LEDGER_OUTCOME_BYTES[code]
+    return (
+        b'{"id":"o%d.%s","type":"outcome","at":"%s","decision":"d%d","decided_at":"%s",'
+        b'"user_id":%d,"message_id":%s,"outcome":"%s"%s}'
+        % (row_id, outcome, made, row_id, instant(at), user_id,
+           _message(kind, user_id, stored), outcome, _tail(kind, "outcome"))
+    )  # fmt: skip
 
 
 def _suppression(change: SuppressionChange) -> dict[str, Any]:

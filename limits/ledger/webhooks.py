@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import msgspec
 import requests
 from django.db import transaction
 from django.db.models import Q
@@ -272,18 +271,18 @@ def _deliver(
     deadline = time.monotonic() + seconds
     while True:
         page = stream_read(position, BATCH, filters)
-        if not page.events:
+        if not page.encoded:
             if page.next != position:  # past events its filters drop
                 _saved(endpoint, before=position, position=page.next, now=now)
             return
         message_id = f"msg_{endpoint.pk}_{position}_{page.next}"
-        body = msgspec.json.encode({"events": page.events})
+        body = page.json()
         ok, code, error, took = _post(session, endpoint, message_id, body)
         report.requests += 1
         # The attempt and what it did to the endpoint, in one commit.
         with transaction.atomic():
             WebhookDelivery.objects.create(
-                endpoint=endpoint, at=now, message_id=message_id, events=len(page.events),
+                endpoint=endpoint, at=now, message_id=message_id, events=len(page.encoded),
                 ok=ok, status_code=code, error=error, milliseconds=took,
             )  # fmt: skip
             if not ok:
@@ -291,10 +290,10 @@ def _deliver(
                 _failed(endpoint, now=now, error=error)
                 return
             moved = _saved(
-                endpoint, before=position, position=page.next, delivered=len(page.events),
+                endpoint, before=position, position=page.next, delivered=len(page.encoded),
                 now=now,
             )  # fmt: skip
-        report.events += len(page.events)
+        report.events += len(page.encoded)
         position = page.next
         if not moved or not page.more or time.monotonic() > deadline:
             return

@@ -235,3 +235,22 @@ def test_over_rest_with_the_right_and_not_without(snapshot, live_server):
     assert [e["message_id"] for e in rest["events"]] == ["r2"] and rest["more"] is False
     viewer = token_session(live_server.url, make_user("viewer", "limits.view_cap"))
     assert call(viewer, "GET", "/api/v1/stream/").status_code == 403
+
+
+def test_events_are_valid_json_whatever_the_campaign_and_message_hold(snapshot):
+    ledger_drain_all()
+    campaign = 'say "hi" \\ \u00e9\u6f22 \t'
+    gate_check(
+        channel="email",
+        requests=[(9, f"{campaign}:9"), (2, 'own "id" \\n')],
+        campaign=campaign,
+        now=NOW,
+    )
+    gate_outcomes(channel="email", since=NOW - 1, outcomes=[(9, f"{campaign}:9", "sent")])
+    ledger_drain_all()
+    events, _ = everything()
+    assert [(e["type"], e["campaign"], e["message_id"]) for e in events] == [
+        ("decision", campaign, f"{campaign}:9"),
+        ("decision", campaign, 'own "id" \\n'),
+        ("outcome", campaign, f"{campaign}:9"),
+    ]
