@@ -747,9 +747,6 @@ def campaign(
             )  # fmt: skip
             stack.callback(drainer.wait)
             stack.callback(drainer.terminate)  # if the run fails before it is stopped below
-        deliverer, receiving = None, None
-        if stream_out:
-            deliverer, receiving = _stream_out(env, stack)
         stream = stream_key()
         lags: list[float] = []
 
@@ -763,6 +760,9 @@ def campaign(
 
         time.sleep(3)  # the worker's start-up (snapshot loaded, pool forked) is not the campaign's
         data.delete(stream)  # the demo's decisions: Redis's memory is measured without them
+        deliverer, receiving = None, None
+        if stream_out:  # from here on: the demo's decisions are not the campaign's
+            deliverer, receiving = _stream_out(env, stack)
         held_before = _used_memory(servers)
         redis_cpu = _redis_cpu(servers)
         broker_cpu = _redis_cpu([broker])
