@@ -67,11 +67,12 @@ from limits.rules import CAMPAIGN_MAX
 from limits.services import erasure_start
 
 
-def _history_limit(value: str | None) -> int:
+def _page_limit(value: str | None, *, default: int, maximum: int) -> int:
+    """`?limit=`: 1 to `maximum`, `default` when absent; a 400 naming it otherwise."""
     if value is None:
-        return PAGE_DEFAULT
+        return default
     try:
-        return whole_number(value, maximum=PAGE_MAX, minimum=1, what="limit", padded=False)
+        return whole_number(value, maximum=maximum, minimum=1, what="limit", padded=False)
     except NotAWholeNumber as exc:
         raise ValidationError({"limit": [str(exc)]}) from None
 
@@ -111,12 +112,6 @@ def interval_parameters(what: str) -> list[OpenApiParameter]:
             description=f"{what} before this. {INSTANT_WORDS} A day: that whole day included.",
         ),
     ]
-
-
-def _instant_text(at: Any) -> str:
-    # Ledger times are milliseconds (the gate's clock); more digits only when a row has them.
-    spec = "milliseconds" if at.microsecond % 1000 == 0 else "microseconds"
-    return str(at.isoformat(timespec=spec)).replace("+00:00", "Z")
 
 
 class HistoryView(JsonAPIView):
@@ -172,7 +167,7 @@ class HistoryView(JsonAPIView):
     def get(self, request: Request, user_id: str) -> Response:
         params = request.query_params
         uid = user_id_from_text(user_id, field="user_id", maximum=max_user_id())
-        limit = _history_limit(params.get("limit"))
+        limit = _page_limit(params.get("limit"), default=PAGE_DEFAULT, maximum=PAGE_MAX)
         before = _history_before(params.get("before"))
         channel = params.get("channel")
         if channel is not None:
@@ -195,7 +190,7 @@ class HistoryView(JsonAPIView):
             following = params.copy()
             following["before"] = page.next.text()
             next_url = request.build_absolute_uri(f"{request.path}?{following.urlencode()}")
-        results = [{**d, "at": _instant_text(d["at"])} for d in page.decisions]
+        results = [{**d, "at": stream.instant_text(d["at"])} for d in page.decisions]
         return Response({"user_id": uid, "results": results, "next": next_url})
 
 
@@ -225,7 +220,7 @@ class ExportView(JsonAPIView):
         except Unavailable as exc:
             return Response({"detail": str(exc)}, status=503)
         for decision in document["decisions"]:
-            decision["at"] = _instant_text(decision["at"])
+            decision["at"] = stream.instant_text(decision["at"])
         return Response(document)
 
 
@@ -514,7 +509,9 @@ class StreamView(JsonAPIView):
         except ValueError as exc:
             problems["after"] = [str(exc)]
         try:
-            limit = _stream_limit(params.get("limit"))
+            limit = _page_limit(
+                params.get("limit"), default=stream.PAGE_DEFAULT, maximum=stream.PAGE_MAX
+            )
         except ValidationError as exc:
             problems.update(cast(dict[str, list[str]], exc.detail))
         wanted: dict[str, frozenset[str]] = {}
@@ -536,12 +533,3 @@ class StreamView(JsonAPIView):
         page = stream.stream_read(after, limit, filters)
         body = page.json(next=str(page.next), more=page.more)
         return HttpResponse(body, content_type="application/json")
-
-
-def _stream_limit(value: str | None) -> int:
-    if value is None:
-        return stream.PAGE_DEFAULT
-    try:
-        return whole_number(value, maximum=stream.PAGE_MAX, minimum=1, what="limit", padded=False)
-    except NotAWholeNumber as exc:
-        raise ValidationError({"limit": [str(exc)]}) from None

@@ -313,7 +313,7 @@ def _read(batch: StreamBatch, key: int, span: int) -> tuple[Found, int, int]:
             batch,
         )
         by_id = {row[0]: row for row in rows}
-        made, instant = _instant(batch.made_at).encode(), _Instants()
+        made, instant = instant_text(batch.made_at).encode(), _Instants()
         found = []
         for place, (row_id, code) in enumerate(zip(ids, part["code"].tolist(), strict=True)):
             hit = by_id.get(row_id)
@@ -372,7 +372,9 @@ def row_time(value: Any) -> datetime:
     return cast(datetime, ops.convert_datetimefield_value(value, None, connection))
 
 
-def _instant(at: datetime) -> str:
+def instant_text(at: datetime) -> str:
+    """A ledger time as the API writes it: ISO 8601 in UTC, milliseconds (the gate's clock),
+    more digits only when it has them."""
     spec = "milliseconds" if at.microsecond % 1000 == 0 else "microseconds"
     return at.isoformat(timespec=spec).replace("+00:00", "Z")
 
@@ -387,7 +389,7 @@ class _Instants:
 
     def __call__(self, at: int) -> bytes:
         if at != self.at:
-            self.at, self.text = at, _instant(EPOCH + timedelta(microseconds=at)).encode()
+            self.at, self.text = at, instant_text(EPOCH + timedelta(microseconds=at)).encode()
         return self.text
 
 
@@ -446,7 +448,7 @@ def _suppression(change: SuppressionChange) -> dict[str, Any]:
     return {
         "id": f"s{change.id}",
         "type": "suppression",
-        "at": _instant(change.at),
+        "at": instant_text(change.at),
         "user_id": change.user_id,
         "channel": change.channel,
         "action": change.action,
@@ -459,7 +461,7 @@ def _preferences(change: PreferenceChange) -> dict[str, Any]:
     return {
         "id": f"p{change.pk}",
         "type": "preferences",
-        "at": _instant(change.changed_at),
+        "at": instant_text(change.changed_at),
         "user_id": change.user_id,
         "source": change.source,
         "preferences": change.after,

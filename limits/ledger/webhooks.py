@@ -191,11 +191,16 @@ def webhooks_due(now: datetime | None = None) -> list[int]:
     """The active endpoints whose delivery is due and that no run holds."""
     now = now or timezone.now()
     return list(
-        WebhookEndpoint.objects.filter(state=State.ACTIVE)
+        _due(WebhookEndpoint.objects.all(), now).order_by("id").values_list("id", flat=True)
+    )
+
+
+def _due(endpoints: Any, now: datetime) -> Any:
+    """Those of `endpoints` due at `now`: active, not waiting for a retry, held by no run."""
+    return (
+        endpoints.filter(state=State.ACTIVE)
         .filter(Q(next_at__isnull=True) | Q(next_at__lte=now))
         .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
-        .order_by("id")
-        .values_list("id", flat=True)
     )
 
 
@@ -233,11 +238,8 @@ def webhook_deliver(
     or another run holds it. `now` (tests) is the time its bookkeeping goes by; signatures carry
     the real time, which receivers compare with their clock."""
     now = now or timezone.now()
-    taken = (
-        WebhookEndpoint.objects.filter(pk=endpoint_id, state=State.ACTIVE)
-        .filter(Q(next_at__isnull=True) | Q(next_at__lte=now))
-        .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
-        .update(lease_until=now + LEASE)
+    taken = _due(WebhookEndpoint.objects.filter(pk=endpoint_id), now).update(
+        lease_until=now + LEASE
     )
     if not taken:
         return None

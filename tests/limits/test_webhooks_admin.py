@@ -30,6 +30,7 @@ def test_an_operator_adds_an_endpoint_and_resumes_it_after_it_failed(
     )
     page = Page(browser, live_server.url, prefix="webhooks-")
     page.log_in("otto", "/admin/limits/webhookendpoint/add/")
+    page.wait_for(lambda: "Add webhook endpoint" in page.text(), "the form")  # after the login
     page.type("#id_url", "ftp://warehouse.example/in")
     page.click("input[name=_save]")
     page.wait_for(lambda: "is not an http or https URL" in page.text(), "the URL's error")
