@@ -161,7 +161,27 @@ CELERY_TASK_DEFAULT_QUEUE = "sends"
 # Celery closes the database connections around every task unless told to reuse them; the
 # worker then closes only unusable or old ones before each task (worker/celery_hooks.py).
 CELERY_DB_REUSE_MAX = 1000
-CELERY_TASK_ROUTES = {"segments.tasks.*": {"queue": "builds"}}
+# The periodic tasks that keep everything else going run on a queue of their own, `upkeep`,
+# served by a worker of its own (Procfile, docs/deploy.md): on `sends`, behind a blast's chunk
+# tasks, the ledger's drain (which expires after 10 s) would never run and the ledger's stream
+# would grow until trimmed. Each of these is short; the long work some of them start (chunks,
+# webhook runs) goes to `sends`, and so do the periodic tasks that may run long themselves
+# (the plan, erasures, the ledger's hourly upkeep, the dead addresses' report, which waits on a
+# receiver), which would hold the upkeep worker up.
+UPKEEP_QUEUE = "upkeep"
+UPKEEP_TASKS = (
+    "limits.tasks.ledger_drain",
+    "limits.tasks.send_logs_sweep",
+    "limits.tasks.suppression_journal_prune",
+    "limits.tasks.webhooks_deliver_due",
+    "segments.tasks.user_lists_stalled",
+    "worker.tasks.send_chunks_due",
+    "worker.tasks.send_jobs_start_due",
+)
+CELERY_TASK_ROUTES = {
+    "segments.tasks.*": {"queue": "builds"},
+    **{name: {"queue": UPKEEP_QUEUE} for name in UPKEEP_TASKS},
+}
 # Above the longest task, so a task still running is never handed to a second worker.
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3 * 3600),
@@ -170,7 +190,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "unacked_restore_throttle": 1,
 }
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# django-celery-beat's scheduler (the schedule in the database), run by any number of beat
+# processes: the one holding a lease in Redis sends the tasks (gatekeeper/beat.py). A dead
+# leader's lease ends after this many seconds and another beat takes the lead within a third
+# of it more.
+CELERY_BEAT_SCHEDULER = "gatekeeper.beat:LeaderScheduler"
+GATEKEEPER_BEAT_LOCK_SECONDS = env.float("GATEKEEPER_BEAT_LOCK_SECONDS", default=15.0)
 CELERY_BEAT_SCHEDULE = {
     # Deferred and retried chunks wait in the database, not in the broker (a countdown longer
     # than the visibility timeout would be delivered again and again); this queues them when due.
@@ -445,3 +470,27 @@ LOGGING = {
     # twilio-python logs every request's URL and headers at INFO: ten lines per text.
     "loggers": {"twilio.http_client": {"level": "WARNING"}},
 }
+
+# --- Logs and errors (gatekeeper/lib/json_logs.py, gatekeeper/lib/reporting.py) -------------
+# `json`: one JSON object a line, for a log shipper (Celery's worker and beat too).
+GATEKEEPER_LOG_FORMAT = env.str("GATEKEEPER_LOG_FORMAT", default="plain")
+if GATEKEEPER_LOG_FORMAT not in ("plain", "json"):
+    raise ValueError(f"GATEKEEPER_LOG_FORMAT is {GATEKEEPER_LOG_FORMAT!r}: plain or json.")
+if GATEKEEPER_LOG_FORMAT == "json":
+    LOGGING = {
+        **LOGGING,
+        "formatters": {"json": {"()": "gatekeeper.lib.json_logs.json_formatter"}},
+        "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
+    }
+# Errors to Sentry (none by default): a project's DSN; sentry-sdk is imported only then.
+SENTRY_DSN = env.str("SENTRY_DSN", default="")
+SENTRY_ENVIRONMENT = env.str("SENTRY_ENVIRONMENT", default="")
+SENTRY_TRACES_SAMPLE_RATE = env.float("SENTRY_TRACES_SAMPLE_RATE", default=0.0)
+if SENTRY_DSN:
+    from gatekeeper.lib.reporting import sentry_start
+
+    sentry_start(
+        dsn=SENTRY_DSN,
+        environment=SENTRY_ENVIRONMENT,
+        traces_sample_rate=SENTRY_TRACES_SAMPLE_RATE,
+    )

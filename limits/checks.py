@@ -70,6 +70,15 @@ def limits_settings_check(app_configs: Any, **kwargs: Any) -> list[CheckMessage]
                 id="limits.E007",
             )
         )
+    if float(settings.GATEKEEPER_BEAT_LOCK_SECONDS) < 3:
+        errors.append(
+            Error(
+                "GATEKEEPER_BEAT_LOCK_SECONDS must be at least 3.",
+                hint="How long the beat leader's lease lasts unrenewed; the leader renews it "
+                "every third of it, so shorter would hand the lead to and fro.",
+                id="limits.E010",
+            )
+        )
     errors.extend(_public_url_problems(str(settings.GATEKEEPER_PUBLIC_URL)))
     return errors
 

@@ -247,6 +247,11 @@ class IndexHolder:
         self.source = ""
         self.loaded_at: datetime | None = None
         self.error = ""
+        # What the store said at the last poll: whether it answered, and the live version it
+        # named (None: none published, or not asked yet). A process that cannot load that
+        # version keeps its own and says so here.
+        self.store_answered: bool | None = None
+        self.store_version: str | None = None
         self.follow_lazily = True
         self.on_poll: Callable[[dict[str, Any]], None] | None = None
         self._etag: str | None = None
@@ -317,14 +322,18 @@ class IndexHolder:
         try:
             changed = self.store.get_if_changed(CURRENT, self._etag)
         except StoreError as exc:
-            if "does not exist" in str(exc):
+            self.store_answered = "does not exist" in str(exc)
+            if self.store_answered:
+                self.store_version = None
                 self.error = f"no snapshot has been published to {self.store.url} yet"
                 return False
             raise
+        self.store_answered = True
         if changed is None:
             return False
         data, etag = changed
         version = data.decode().strip()
+        self.store_version = version
         if self.index is not None and version == self.index.version:
             self._etag = etag
             return False
@@ -408,7 +417,11 @@ class IndexHolder:
             "version": self.version,
             "source": self.source or None,
             "loaded_at": self.loaded_at.isoformat() if self.loaded_at else None,
+            # When its build published it (the manifest's time): how old its lists are.
+            "published_at": self.index.manifest.get("created_at") if self.index else None,
             "store": self.store.url,
+            "store_answered": self.store_answered,
+            "store_version": self.store_version,
             "error": self.error or None,
         }
 

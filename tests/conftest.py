@@ -72,12 +72,15 @@ def _fresh_index() -> Iterator[None]:
     written."""
     from segments.index import reset_index
     from tests.support import broker
-    from worker import stats, timings
+    from worker import latency, stats, timings
+    from worker.delivery import answers
 
     broker.clear("sends", "builds")
     reset_index()
     stats.discard_pending()
     timings.discard_pending()
+    latency.discard_pending()
+    answers.discard_pending()
     yield
     reset_index()
 

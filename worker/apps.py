@@ -10,7 +10,7 @@ class WorkerConfig(AppConfig):
         # which the app registry allows only once it is ready.
         from anymail.signals import tracking as anymail_tracking
 
-        from worker import celery_hooks  # noqa: F401
+        from worker import celery_hooks, stopping  # noqa: F401
         from worker.delivery import (
             registry,  # noqa: F401  (registers the dispatchers' check)
             throttle,  # noqa: F401  (registers the provider rates' check)

@@ -1,14 +1,25 @@
 """Celery worker signals: the snapshot is loaded in the parent, followed in each child; the
-database connection is kept between tasks."""
+database connection is kept between tasks; logs as JSON when GATEKEEPER_LOG_FORMAT says so."""
 
 import gc
+import logging
 import os
 from typing import Any
 
-from celery.signals import task_prerun, worker_init, worker_process_init, worker_process_shutdown
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+)
+from django.conf import settings
 from django.db import close_old_connections
 
-from worker import stats, timings
+from gatekeeper.lib.json_logs import json_formatter
+from worker import latency, stats, timings
+from worker.delivery import answers
 from worker.startup import after_fork, load_snapshot
 
 
@@ -47,3 +58,15 @@ def _fresh_connections(sender: Any = None, **kwargs: Any) -> None:
 def _write_counts(**kwargs: Any) -> None:
     stats.flush()
     timings.flush()
+    latency.flush()
+    answers.flush()
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _json_logs(logger: logging.Logger | None = None, **kwargs: Any) -> None:
+    # Celery's worker and beat set up logging their own way (the root logger taken over, its
+    # own format): with GATEKEEPER_LOG_FORMAT=json their lines are JSON like the rest.
+    if settings.GATEKEEPER_LOG_FORMAT == "json" and logger is not None:
+        for handler in logger.handlers:
+            handler.setFormatter(json_formatter())

@@ -42,6 +42,7 @@ from worker.claims import (
     record_read,
     state_at,
 )
+from worker.delivery.answers import answers_add
 from worker.delivery.base import (
     AMBIGUOUS,
     PERMANENT,
@@ -60,6 +61,7 @@ from worker.delivery.sms_numbers import sms_numbers_record
 from worker.delivery.throttle import RETHROTTLED_MAX, Throttle, paced, throttle_for
 from worker.gate import gate_holders, gate_outcomes, gate_release, job_gate_check
 from worker.models import SendChunk, SendJob
+from worker.stopping import WorkerStopping, stopping
 from worker.timings import timed
 
 logger = logging.getLogger(__name__)
@@ -84,15 +86,15 @@ def lease_end(now: Any) -> Any:
     return now + timedelta(seconds=float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS))
 
 
-def _free(now: Any) -> Q:
+def chunks_free(now: Any) -> Q:
     """Chunks no live run holds at `now`: never leased, or the lease ran out."""
     return Q(lease_until__isnull=True) | Q(lease_until__lt=now)
 
 
-def _runnable(now: Any) -> Q:
+def chunks_runnable_at(now: Any) -> Q:
     """Chunks that may run at `now`: queued, due, not leased by a live run, their job not
     paused."""
-    free = _free(now)
+    free = chunks_free(now)
     due = Q(not_before__isnull=True) | Q(not_before__lte=now)
     return free & due & Q(status=SendChunk.Status.QUEUED, job__paused_at__isnull=True)
 
@@ -111,7 +113,7 @@ class _Lease:
     def take(self, now: Any) -> bool:
         """For a run, which may gate and send: counted in the chunk's `runs`."""
         until = lease_end(now)
-        runnable = SendChunk.objects.filter(_runnable(now), pk=self.chunk_id)
+        runnable = SendChunk.objects.filter(chunks_runnable_at(now), pk=self.chunk_id)
         if runnable.update(lease_until=until, runs=F("runs") + 1):
             self.until = until
             return True
@@ -121,7 +123,7 @@ class _Lease:
         """For closing a waiting chunk (expired, cancelled) whatever its `not_before`: no run."""
         until = lease_end(now)
         queued = SendChunk.objects.filter(
-            _free(now), pk=self.chunk_id, status=SendChunk.Status.QUEUED
+            chunks_free(now), pk=self.chunk_id, status=SendChunk.Status.QUEUED
         )
         if queued.update(lease_until=until):
             self.until = until
@@ -289,6 +291,11 @@ class _Run:
                 with timed("claims"):
                     self.record.mark(marks)  # what went out is known; the next is not marked
                 raise
+            if k + 1 < len(batches) and stopping():
+                # The worker is stopping: what went out is known, the rest is another run's.
+                with timed("claims"):
+                    self.record.mark(marks)
+                raise WorkerStopping(f"chunk {self.chunk.pk} handed back: the worker stops")
             if k + 1 < len(batches):
                 batch, messages = self._rendered(batches[k + 1], renderer)
                 marks += self._states(batch, SENDING_STATE)
@@ -346,7 +353,9 @@ class _Run:
         the pause it asked for (every worker pauses), RETHROTTLED_MAX times at most."""
 
         def send(part: Sequence[Message]) -> list[DispatchError | None]:
-            return self.dispatcher.send_many(part)
+            answers = self.dispatcher.send_many(part)
+            answers_add(self.dispatcher.provider, answers)  # for the operator (/metrics)
+            return answers
 
         errors = paced(self.throttle, messages, send, waiting=self.keeper.wait)
         for _round in range(RETHROTTLED_MAX):
@@ -616,7 +625,7 @@ def chunks_due(*, now: Any = None) -> list[int]:
     stale = now - timedelta(seconds=settings.GATEKEEPER_CHUNK_REQUEUE_SECONDS)
     waiting = Q(queued_at__isnull=True) | Q(queued_at__lt=stale)
     ids = list(
-        SendChunk.objects.filter(_runnable(now), waiting)
+        SendChunk.objects.filter(chunks_runnable_at(now), waiting)
         .order_by("pk")
         .values_list("pk", flat=True)[:1000]
     )
@@ -627,7 +636,7 @@ def chunks_due(*, now: Any = None) -> list[int]:
 def chunks_runnable(*, job_id: int, now: Any = None) -> list[int]:
     """A job's chunks that may run now (a resumed job's), marked as handed out now."""
     now = now or timezone.now()
-    runnable = SendChunk.objects.filter(_runnable(now), job_id=job_id)
+    runnable = SendChunk.objects.filter(chunks_runnable_at(now), job_id=job_id)
     ids = list(runnable.order_by("pk").values_list("pk", flat=True))
     chunks_update(ids, queued_at=now)
     return ids
@@ -681,7 +690,7 @@ def waiting_close(*, now: Any = None, job_id: int | None = None) -> Counter[str]
     waiting = SendChunk.objects.filter(_ended(now), status=SendChunk.Status.QUEUED)
     if job_id is not None:
         waiting = waiting.filter(job_id=job_id)
-    free = _free(now)
+    free = chunks_free(now)
     ended: Counter[str] = Counter()
     for job in list(waiting.values_list("job_id", flat=True).distinct()[:1000]):
         ended.update(_close_never_run(job, waiting.filter(free, job_id=job, runs=0), now))

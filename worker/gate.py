@@ -28,7 +28,7 @@ from limits.selectors import PolicyCache, policy_cache
 from limits.suppression import SuppressionCache, suppression_cache
 from limits.topics import topic_problem
 from segments.index import get_index
-from worker import stats
+from worker import latency, stats
 from worker.stages import holdout, preferences, quiet_hours, rules, snapshot, suppressed
 from worker.stages.base import Batch, Stage
 
@@ -140,6 +140,7 @@ class Gate:
         `table`: decide by these rules instead of the live ones (the what-if). `job`: the send
         job whose run asks (worker/claims.py): its admitted sends, transactional ones too, are
         recorded for it, and a duplicate names the job that recorded it (`holder`)."""
+        started = time.perf_counter()
         _checked(channel, category)
         policy = table
         if topic:
@@ -212,6 +213,8 @@ class Gate:
                     decisions=kept,
                     topic=topic,
                 )
+            if self.record_stats:
+                latency.observe(channel, len(requests), time.perf_counter() - started)
         return decisions
 
     def _unruled(

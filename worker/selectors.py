@@ -1,6 +1,7 @@
 """Reads of the worker app: the what-if of a draft change of caps (dry runs of the gate over an
 audience, and what people's own preferences would block), the dashboard's counts, and send
-jobs' waiting sends. None of them writes anything."""
+jobs' waiting sends, and the operator's figures of send work (/metrics). None of them writes
+anything."""
 
 import datetime as dt
 import time
@@ -10,8 +11,9 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from django.db.models import Max, Min, Q, Sum
-from django.db.models.functions import TruncHour
+from django.conf import settings
+from django.db.models import Count, Max, Min, Q, Sum
+from django.db.models.functions import Coalesce, TruncHour
 from django.utils import timezone
 
 from limits.channels import channels
@@ -23,8 +25,9 @@ from limits.selectors import policy_read, topics_read
 from limits.topics import REQUIRED, TopicView, topic_problem
 from segments.index import SegmentIndex, get_index
 from segments.parsing import UserListError, iter_ids
+from worker.chunks import chunks_free, chunks_runnable_at
 from worker.gate import Gate
-from worker.models import SendChunk
+from worker.models import SendChunk, SendJob
 from worker.stats import stats_for_days
 
 # Audience members evaluated per what-if: 4 dry runs of 100,000 take a few seconds (two
@@ -333,3 +336,116 @@ def waiting_by_hour(*, now: Any = None, hours: int = 48) -> dict[str, Any]:
         "later": totals["later"] or 0,
         "total": totals["total"] or 0,
     }
+
+
+# --- the operator's figures (/metrics) ----------------------------------------------------------
+
+CHUNK_STATES = ("due", "running", "waiting", "paused")
+
+
+def chunks_backlog(*, now: Any = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every queued chunk (not settled) by kind, then by state, with its recipients and, for
+    the due ones, how long the oldest has been due: one grouped query, served by the index on
+    (kind, status, not_before). The states, one per chunk:
+    - `due`: may run now (worker.chunks' rule: no live run holds it, its release has come, its
+      job is not paused); a worker takes it when one is free;
+    - `running`: a live run holds its lease;
+    - `waiting`: its release is ahead (a deferral, a retry's backoff);
+    - `paused`: due, but its job is paused.
+    A due chunk is due since its release (`not_before`), else since it was last handed to the
+    broker (`queued_at`: beat hands a lost one out again after GATEKEEPER_CHUNK_REQUEUE_SECONDS,
+    and its age counts from then), else since it was made. Returns
+    {kind: {state: {"chunks", "sends"}}, plus "lag_seconds" under "due"}."""
+    now = now or timezone.now()
+    free = chunks_free(now)
+    due = Q(not_before__isnull=True) | Q(not_before__lte=now)
+    states = {
+        "due": chunks_runnable_at(now),
+        "running": ~free,
+        "waiting": free & Q(not_before__gt=now),
+        "paused": free & due & Q(job__paused_at__isnull=False),
+    }
+    aggregates: dict[str, Any] = {}
+    for state, where in states.items():
+        aggregates[f"{state}_chunks"] = Count("pk", filter=where)
+        aggregates[f"{state}_sends"] = Sum("size", filter=where)
+    aggregates["due_since"] = Min(
+        Coalesce("not_before", "queued_at", "created_at"), filter=states["due"]
+    )
+    rows = (
+        SendChunk.objects.filter(kind__in=SendChunk.Kind.values, status=SendChunk.Status.QUEUED)
+        .values("kind")
+        .annotate(**aggregates)
+    )
+    found: dict[str, Any] = {row["kind"]: row for row in rows}
+    backlog: dict[str, dict[str, dict[str, Any]]] = {}
+    for kind in SendChunk.Kind.values:
+        row: dict[str, Any] = found.get(kind, {})
+        backlog[kind] = {
+            state: {
+                "chunks": row.get(f"{state}_chunks") or 0,
+                "sends": row.get(f"{state}_sends") or 0,
+            }
+            for state in CHUNK_STATES
+        }
+        since = row.get("due_since")
+        backlog[kind]["due"]["lag_seconds"] = (
+            max(0.0, (now - since).total_seconds()) if since is not None else 0.0
+        )
+    return backlog
+
+
+ACTIVE_JOBS = (
+    SendJob.Status.PREPARING,
+    SendJob.Status.SCHEDULED,
+    SendJob.Status.QUEUED,
+    SendJob.Status.RUNNING,
+    SendJob.Status.PAUSED,
+)
+
+
+def jobs_by_status() -> dict[str, int]:
+    """Send jobs not ended, by status (every status of ACTIVE_JOBS, 0 included)."""
+    counted = dict(
+        SendJob.objects.filter(status__in=ACTIVE_JOBS)
+        .values_list("status")
+        .annotate(n=Count("pk"))
+        .values_list("status", "n")
+    )
+    return {status: counted.get(status, 0) for status in ACTIVE_JOBS}
+
+
+def jobs_idle(*, now: Any = None) -> list[dict[str, Any]]:
+    """The queued and running jobs (not paused) with chunks to run now, each with the seconds
+    since its last sign of progress: a chunk of it settled (its counts saved, `updated_at`) or a
+    run of it took or renewed a chunk's lease (a run renews it every third of
+    GATEKEEPER_CHUNK_LEASE_SECONDS while it sends or waits for its provider's rate). A job that
+    has only waiting sends is not listed: it waits by design."""
+    now = now or timezone.now()
+    lease = dt.timedelta(seconds=float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS))
+    due = Q(not_before__isnull=True) | Q(not_before__lte=now)
+    # From the queued chunks (the index on (kind, status, not_before)), not from the jobs: a
+    # running job's settled chunks, all but a few of a large one's, are never read.
+    jobs = (
+        SendChunk.objects.filter(
+            kind__in=SendChunk.Kind.values,
+            status=SendChunk.Status.QUEUED,
+            job__status__in=(SendJob.Status.QUEUED, SendJob.Status.RUNNING),
+            job__paused_at__isnull=True,
+        )
+        .values("job_id", "job__channel", "job__campaign", "job__updated_at")
+        .annotate(to_run=Count("pk", filter=due), leased=Max("lease_until"))
+        .filter(to_run__gt=0)
+    )
+    idle = []
+    for job in jobs:
+        signs = [job["job__updated_at"]] + ([job["leased"] - lease] if job["leased"] else [])
+        idle.append(
+            {
+                "job": job["job_id"],
+                "channel": job["job__channel"],
+                "campaign": job["job__campaign"],
+                "idle_seconds": max(0.0, (now - max(signs)).total_seconds()),
+            }
+        )
+    return sorted(idle, key=lambda j: j["job"])

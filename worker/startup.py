@@ -12,7 +12,8 @@ import logging
 from gatekeeper.lib.redis_client import reset_redis_clients
 from limits.limiter import reset_limiter
 from segments.index import get_holder, get_index, index_status
-from worker import stats
+from worker import latency, stats
+from worker.delivery import answers
 from worker.processes import process_report
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,9 @@ def after_fork(*, role: str) -> None:
 
 
 def _on_poll(role: str, status: dict[str, object]) -> None:
-    """After each snapshot poll: report this process's version, and write the decision counts
-    it still holds (record() writes at most once a second, and only when called again)."""
+    """After each snapshot poll: report this process's version, and write the counts it still
+    holds (they are written at most once a second, and only when counted again)."""
     process_report(role=role, status=status)
     stats.flush()
+    latency.flush()
+    answers.flush()

@@ -12,6 +12,7 @@ from worker.delivery import dead_addresses
 from worker.plan import plan_refresh
 from worker.preparing import jobs_preparing_stalled, send_job_prepare_run
 from worker.scheduling import jobs_start_due
+from worker.stopping import WorkerStopping
 from worker.timings import timed
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,12 @@ def send_chunk(self: Any, chunk_id: int, now: str | None = None) -> dict[str, in
         # Another delivery runs it (or ran it and died): look again when its lease ends. A new
         # message, not a retry, so it spends none of the retries.
         send_chunk.apply_async((chunk_id,), {"now": now}, countdown=busy.retry_in)
+        return {}
+    except WorkerStopping as stopped:
+        # This worker stops (worker/stopping.py): the chunk, its lease given back, goes to
+        # another worker now, not when a lease would have run out.
+        logger.info("%s", stopped)
+        send_chunk.apply_async((chunk_id,), {"now": now})
         return {}
     except Exception as exc:
         if self.request.retries >= MAX_RETRIES:

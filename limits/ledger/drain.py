@@ -534,6 +534,29 @@ def ledger_upkeep(*, now: datetime | None = None) -> Upkeep:
     return report
 
 
+@dataclass
+class Backlog:
+    entries: int  # stream entries not drained yet (gate calls, and send outcomes)
+    lag_seconds: float  # how long the oldest of them has waited (0: none)
+
+
+def drain_backlog(*, now: float | None = None, client: RedisClient | None = None) -> Backlog:
+    """How far the drain is behind, for the operator: the stream's length and the age of its
+    oldest entry. The drain deletes what it wrote, so every entry left is undrained, the oldest
+    first; its id is the time Redis appended it (in ms). One round trip: XLEN and XRANGE of
+    one entry. The age is read against this process's clock (`now`: tests)."""
+    client = client or get_redis()
+    pipe = client.pipeline(transaction=False)  # one slot: the stream's key
+    pipe.xlen(stream_key())
+    pipe.xrange(stream_key(), count=1)
+    length, oldest = pipe.execute()
+    if not oldest:
+        return Backlog(entries=int(length), lag_seconds=0.0)
+    appended_ms = int(_text(oldest[0][0]).partition("-")[0])
+    now = time.time() if now is None else now
+    return Backlog(entries=int(length), lag_seconds=max(0.0, now - appended_ms / 1000))
+
+
 def drainer_key() -> str:
     return f"{stream_key()}:drainer"
 

@@ -28,6 +28,11 @@ def test_the_sweep_needs_a_budget(settings) -> None:
     assert ids({"GATEKEEPER_LOG_SWEEP_BUCKETS": 0}, settings) == {"limits.E004"}
 
 
+def test_the_beat_leaders_lease_lasts_long_enough_to_be_renewed(settings) -> None:
+    assert ids({"GATEKEEPER_BEAT_LOCK_SECONDS": 1}, settings) == {"limits.E010"}
+    assert ids({"GATEKEEPER_BEAT_LOCK_SECONDS": 3}, settings) == set()
+
+
 def test_the_unsubscribe_links_base_is_an_http_address_and_https_off_loopback(settings) -> None:
     assert ids({"GATEKEEPER_PUBLIC_URL": "gate.example.com"}, settings) == {"limits.E008"}
     assert ids({"GATEKEEPER_PUBLIC_URL": "https://gate.example.com/?a=1"}, settings) == {

@@ -93,10 +93,14 @@ def start_worker(inbox, redis_client, settings) -> Iterator[Callable[..., subpro
         GATEKEEPER_CHUNK_LEASE_SECONDS="3",
     )
 
-    def start(root: Path = ROOT, redis_url: str | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        root: Path = ROOT, redis_url: str | None = None, **settings: str
+    ) -> subprocess.Popen[bytes]:
         """A worker of this version, or of the release whose source tree is `root`; on the
-        tests' Redis, or the one at `redis_url`."""
-        own = env if redis_url is None else {**env, "REDIS_URL": redis_url}
+        tests' Redis, or the one at `redis_url`; `settings`: more of its environment."""
+        own = {**env, **settings}
+        if redis_url is not None:
+            own["REDIS_URL"] = redis_url
         process = start_celery_worker("sends,builds", own, root=root)
         started.append(process)
         return process

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from django.conf import settings
 
 from tests.support.celery_workers import (
     start_celery_beat,
@@ -48,7 +49,11 @@ def worker_and_beat(inbox, redis_client, tmp_path) -> Iterator[Path]:
         GATEKEEPER_CAPS_TTL_SECONDS="2",
     )
     log = tmp_path / "worker.log"
-    processes = [start_celery_worker("sends", env, log=log), start_celery_beat(env, tmp_path)]
+    # Beat's tasks run on the upkeep queue (gatekeeper/settings.py), its chunks on sends.
+    processes = [
+        start_celery_worker(f"sends,{settings.UPKEEP_QUEUE}", env, log=log),
+        start_celery_beat(env, tmp_path),
+    ]
     yield log
     for process in processes:
         stop_celery_worker(process)
