@@ -166,6 +166,49 @@ def gate_beside_limiter(url: str, seconds: float) -> None:
     )
 
 
+def metrics_beside_none(url: str, seconds: float) -> None:
+    """What recording the operator's figures costs the gate (worker/stats.py's day counters,
+    worker/latency.py's histogram; both flushed to Redis once a second): the same gate with
+    `record_stats` on and off, alternated, for one-request calls and batches of 1,000."""
+    client = _redis(url)
+    client.flushdb()
+    limiter = Limiter(client, prefix="bench:")
+
+    def gate(on: bool) -> Gate:
+        return Gate(
+            limiter=limiter,
+            policy=PolicyCache.holding(PolicyTable(rules=CLASSIC, classic={}, zones={})),
+            index=in_memory_index(),
+            suppressions=SuppressionCache.holding(),
+            record_stats=on,
+            record_ledger=False,
+        )
+
+    off, on = gate(False), gate(True)
+    rng = random.Random(8)
+    counter = iter(range(10**9))
+    for size in (1, 1000):
+
+        def step(g: Gate, size: int = size) -> int:
+            n = next(counter)
+            requests = [(u, f"x{n}-{u}") for u in rng.sample(range(USERS), size)]
+            return len(g.check(channel="email", requests=requests))
+
+        plain, kept, ratio = alternated(
+            functools.partial(step, off),
+            functools.partial(step, on),
+            seconds,
+            rounds=ROUNDS,
+            between=client.flushdb,
+        )
+        print(
+            f"gate with the metrics recorded against not, {'one request a call' if size == 1 else 'batches of 1,000'}: "
+            f"{kept:,.0f} against {plain:,.0f} decisions/s, ratio {ratio:.3f}x   (target >= 0.98x; "
+            f"medians of {ROUNDS} alternated runs)"
+        )
+    client.flushdb()
+
+
 # Zones within a few hours of each other, so that quiet hours can be set where none holds.
 ZONES = [
     "Europe/London",
@@ -1099,6 +1142,7 @@ def main(argv: list[str]) -> None:
             "own-cap",
             "studies",
             "reservations",
+            "metrics",
         ],
         help="run only this part (with its figures)",
     )
@@ -1161,12 +1205,16 @@ def main(argv: list[str]) -> None:
     if args.only == "reservations":
         reservations_beside_none(args.redis_url, 2 * args.seconds)
         return
+    if args.only == "metrics":
+        metrics_beside_none(args.redis_url, 2 * args.seconds)
+        return
     gate_beside_limiter(args.redis_url, args.seconds)
     quiet_hours_beside_none(args.redis_url, 2 * args.seconds)
     suppressions_beside_none(2 * args.seconds, args.suppressed)
     preferences_beside_none(args.redis_url, 2 * args.seconds)
     studies_beside_none(args.redis_url, 2 * args.seconds)
     reservations_beside_none(args.redis_url, 2 * args.seconds)
+    metrics_beside_none(args.redis_url, 2 * args.seconds)
     preferences_memory()
     own_cap_redis_cpu(args.redis_url)
     campaign(args.recipients)

@@ -33,10 +33,19 @@ def batch_label(size: int) -> str:
     return LARGEST
 
 
+# (channel, batch label) -> its fields: one per bucket, then the sum's (made once each).
+_fields: dict[tuple[str, str], tuple[list[str], str]] = {}
+
+
 def observe(channel: str, size: int, seconds: float) -> None:
     """Count one gate call of `size` requests on `channel` that took `seconds`."""
-    where = f"{channel}|{batch_label(size)}"
-    _counters.add({f"{where}|{bisect_left(BUCKETS, seconds)}": 1, f"{where}|sum": seconds})
+    label = batch_label(size)
+    fields = _fields.get((channel, label))
+    if fields is None:
+        where = f"{channel}|{label}"
+        fields = ([f"{where}|{b}" for b in range(len(BUCKETS) + 1)], f"{where}|sum")
+        _fields[(channel, label)] = fields
+    _counters.add2(fields[0][bisect_left(BUCKETS, seconds)], 1, fields[1], seconds)
 
 
 def histograms() -> dict[tuple[str, str], tuple[list[tuple[str, float]], float]]:

@@ -12,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable
+from operator import attrgetter
 from typing import Protocol
 
 from django.conf import settings
@@ -21,6 +22,7 @@ from gatekeeper.lib.redis_client import get_redis
 logger = logging.getLogger(__name__)
 
 FLUSH_EVERY_SECONDS = 1.0
+EPOCH_ORDINAL = dt.date(1970, 1, 1).toordinal()
 KEEP_DAYS = 35
 Key = tuple[str, str, str]
 """(segment, channel, reason)"""
@@ -36,21 +38,35 @@ def stats_key(day: dt.date) -> str:
     return f"{settings.GATEKEEPER_KEY_PREFIX}stats:{day.isoformat()}"
 
 
+# A decision's (segment, reason), read in C: a batch is counted by Counter's C loop, and only
+# its few distinct pairs pass through Python (0.65 us a decision before, as one tuple each).
+_SEGMENT_REASON = attrgetter("segment", "reason")
+
+
 class StatsRecorder:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pending: Counter[tuple[dt.date, Key]] = Counter()
         self._last_flush = time.monotonic()
+        self._day = dt.date.min
+        self._day_ends = 0.0  # time.time() at which `_day` ends (UTC midnight)
+
+    def _today(self) -> dt.date:
+        now = time.time()
+        if now >= self._day_ends:
+            self._day = dt.datetime.fromtimestamp(now, dt.UTC).date()
+            self._day_ends = (self._day.toordinal() - EPOCH_ORDINAL + 1) * 86400.0
+        return self._day
 
     def record(
         self, *, channel: str, decisions: Iterable[_HasReason], day: dt.date | None = None
     ) -> None:
-        day = day or dt.datetime.now(dt.UTC).date()
-        batch: Counter[tuple[dt.date, Key]] = Counter(
-            (day, (d.segment or "unknown", channel, d.reason)) for d in decisions
-        )
+        day = day or self._today()
+        found = Counter(map(_SEGMENT_REASON, decisions))
         with self._lock:
-            self._pending.update(batch)
+            pending = self._pending
+            for (segment, reason), n in found.items():
+                pending[(day, (segment or "unknown", channel, reason))] += n
             due = time.monotonic() - self._last_flush >= FLUSH_EVERY_SECONDS
         if due:
             self.flush()
