@@ -115,8 +115,9 @@ def gates_alternated(
     *,
     seed: int,
     check: Callable[[Gate, list[tuple[int, str]]], list[Any]],
+    size: int = 1000,
 ) -> tuple[float, float, float]:
-    """Decisions/s of two gates, each asked batches of 1,000 random users (fresh message ids)
+    """Decisions/s of two gates, each asked batches of `size` random users (fresh message ids)
     by `check`, in ROUNDS alternated runs with the logs flushed between: (the first's, the
     second's, the median of the run pairs' ratios)."""
     pick = random.Random(seed)
@@ -124,7 +125,7 @@ def gates_alternated(
 
     def step(gate: Gate) -> int:
         n = next(counter)
-        return len(check(gate, [(u, f"{seed}-{n}-{u}") for u in pick.sample(range(USERS), 1000)]))
+        return len(check(gate, [(u, f"{seed}-{n}-{u}") for u in pick.sample(range(USERS), size)]))
 
     return alternated(
         functools.partial(step, gates[0]),
@@ -184,22 +185,14 @@ def metrics_beside_none(url: str, seconds: float) -> None:
             record_ledger=False,
         )
 
-    off, on = gate(False), gate(True)
-    rng = random.Random(8)
-    counter = iter(range(10**9))
     for size in (1, 1000):
-
-        def step(g: Gate, size: int = size) -> int:
-            n = next(counter)
-            requests = [(u, f"x{n}-{u}") for u in rng.sample(range(USERS), size)]
-            return len(g.check(channel="email", requests=requests))
-
-        plain, kept, ratio = alternated(
-            functools.partial(step, off),
-            functools.partial(step, on),
+        plain, kept, ratio = gates_alternated(
+            [gate(False), gate(True)],
+            client,
             seconds,
-            rounds=ROUNDS,
-            between=client.flushdb,
+            seed=8,
+            check=lambda g, requests: g.check(channel="email", requests=requests),
+            size=size,
         )
         print(
             f"gate with the metrics recorded against not, {'one request a call' if size == 1 else 'batches of 1,000'}: "

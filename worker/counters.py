@@ -45,16 +45,6 @@ class RedisCounters:
         if due:
             self.flush()
 
-    def add2(self, first: str, a: float, second: str, b: float) -> None:
-        """`add` for two fields, without a dict (the gate's latency, once per call)."""
-        with self._lock:
-            pending = self._pending
-            pending[first] = pending.get(first, 0.0) + a
-            pending[second] = pending.get(second, 0.0) + b
-            due = time.monotonic() - self._last_flush >= FLUSH_EVERY_SECONDS
-        if due:
-            self.flush()
-
     def flush(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, {}

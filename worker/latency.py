@@ -45,7 +45,7 @@ def observe(channel: str, size: int, seconds: float) -> None:
         where = f"{channel}|{label}"
         fields = ([f"{where}|{b}" for b in range(len(BUCKETS) + 1)], f"{where}|sum")
         _fields[(channel, label)] = fields
-    _counters.add2(fields[0][bisect_left(BUCKETS, seconds)], 1, fields[1], seconds)
+    _counters.add({fields[0][bisect_left(BUCKETS, seconds)]: 1, fields[1]: seconds})
 
 
 def histograms() -> dict[tuple[str, str], tuple[list[tuple[str, float]], float]]:
