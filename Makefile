@@ -1,4 +1,5 @@
-# Gatekeeper. `make run` starts everything on embedded defaults; `make test` runs the suite.
+# Gatekeeper. `make run` starts everything on embedded defaults; `make check` answers in minutes
+# after a change; `make test` runs the whole suite, as CI does (docs/testing.md).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -7,7 +8,7 @@ STAMP := $(VENV)/.installed
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/test
 PYTEST_ARGS ?=
 
-.PHONY: run test test-sqlite test-postgres lint format bench setup clean
+.PHONY: run check test test-sqlite test-postgres lint format bench setup clean
 
 setup: $(STAMP)
 
@@ -30,7 +31,20 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# Everything on SQLite and, side by side with it, the database tests once more on PostgreSQL.
+# Lint, types and every test that starts no process of its own (no server, no cluster, no
+# browser), on SQLite and the machine's Redis, over both cores, with the app's lines covered.
+CHECK_TESTS := not processes and not cluster
+check: $(STAMP)
+	@start=$$(date +%s); \
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy . && \
+	$(BIN)/pytest -m "$(CHECK_TESTS)" -n 2 --dist worksteal --hypothesis-profile=check \
+	  --cov --cov-report=term:skip-covered --cov-fail-under=70 $(PYTEST_ARGS); \
+	status=$$?; took=$$(( $$(date +%s) - start )); \
+	echo "make check: $$([ $$status -eq 0 ] && echo passed || echo FAILED) in $$took s"; \
+	exit $$status
+
+# Everything on SQLite (over both cores) and, side by side with it, the tests whose behaviour
+# depends on the database once more on PostgreSQL.
 test: lint $(STAMP)
 	$(BIN)/python scripts/system_deps.py
 	PG_TEST_URL=$(PG_TEST_URL) scripts/test_both.sh $(PYTEST_ARGS)
@@ -38,13 +52,13 @@ test: lint $(STAMP)
 # Either run alone.
 test-sqlite: $(STAMP)
 	$(BIN)/python scripts/system_deps.py
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n 2 --dist worksteal $(PYTEST_ARGS)
 
 test-postgres: $(STAMP)
-	DATABASE_URL=$(PG_TEST_URL) $(BIN)/pytest -m database $(PYTEST_ARGS)
+	DATABASE_URL=$(PG_TEST_URL) $(BIN)/pytest -m postgres $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis .coverage .coverage.*

@@ -482,6 +482,16 @@ if GATEKEEPER_LOG_FORMAT == "json":
         "formatters": {"json": {"()": "gatekeeper.lib.json_logs.json_formatter"}},
         "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
     }
+# The level from which Celery's routine lines about the periodic tasks of CELERY_BEAT_SCHEDULE
+# are written (beat's "Sending due task", a worker's "Task ... received" and "succeeded", all at
+# INFO): WARNING keeps the several lines a second they make out of the logs; INFO shows them
+# (worker/celery_hooks.py). Everything else logs as LOG_LEVEL and --loglevel say.
+GATEKEEPER_PERIODIC_LOG_LEVEL = env.str("GATEKEEPER_PERIODIC_LOG_LEVEL", default="WARNING").upper()
+if GATEKEEPER_PERIODIC_LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+    raise ValueError(
+        f"GATEKEEPER_PERIODIC_LOG_LEVEL is {GATEKEEPER_PERIODIC_LOG_LEVEL!r}: DEBUG, INFO, "
+        "WARNING, ERROR or CRITICAL."
+    )
 # Errors to Sentry (none by default): a project's DSN; sentry-sdk is imported only then.
 SENTRY_DSN = env.str("SENTRY_DSN", default="")
 SENTRY_ENVIRONMENT = env.str("SENTRY_ENVIRONMENT", default="")

@@ -23,6 +23,9 @@ from limits.windows import LONGEST, period_starts
 
 DAY_SECONDS, WEEK_SECONDS = 86_400, 604_800
 MIN_RETENTION = timedelta(days=7)
+# A person may always count their own week, any 7 days or a calendar one (Monday to Sunday in
+# their zone: 7 days and an hour when the clocks go back that week).
+OWN_WEEK = LONGEST["week"]
 ROLLING_SECONDS = (60, 7_776_000)  # 1 minute to 90 days
 PRIORITIES = (0, 9)
 DEFAULT_PRIORITY = 5
@@ -241,11 +244,17 @@ class PolicyTable:
         return max(int(self.rules_keep().total_seconds() * 1000), self.own_keeps_ms)
 
     def rules_keep(self) -> timedelta:
-        """The longest window of any enabled rule, 7 days at least: the longest a person's own
-        frequency may be (the rules allow no longer a window to be counted)."""
+        """The longest window of any enabled rule, 7 days at least."""
         arms = (rule for e in self.experiments for arm in e.arms for rule in arm.rules)
         longest = max((rule.keeps() for rule in (*self.rules, *arms)), default=MIN_RETENTION)
         return max(longest, MIN_RETENTION)
+
+    def own_keep(self) -> timedelta:
+        """The longest a person's own frequency may count: the longest window of the enabled
+        rules, and a week whatever they are, a calendar week included (7 days and the hour of
+        a DST change, as a calendar rule of a week keeps). The logs then keep what it counts
+        (`own_keeps_ms`), as they keep what the rules count."""
+        return max(self.rules_keep(), OWN_WEEK)
 
     def running(self, now_ms: int) -> tuple[ExperimentView, ...]:
         """The experiments running at `now_ms` (at most one on any user: limits.experiments

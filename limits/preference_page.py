@@ -1,9 +1,10 @@
 """The hosted preference page (`/p/<token>/`): where a person says, without logging in, which
 topics they want on which channel, switches a whole channel off, says how many a week they want
-at most on a channel (their own frequency: only the numbers tighter than the rules for
-everyone are offered), or pauses their marketing for a week, a month or until a day. Linked from every message (`{{ preferences_url }}` in the
-templates); the link carries the user id signed with SECRET_KEY (salted for this use, as the
-unsubscribe link is), so it cannot be made for another person.
+at most on a channel, in any 7 days or in each calendar week, Monday to Sunday (their own
+frequency: only the numbers tighter than the rules for everyone are offered), or pauses their
+marketing for a week, a month or until a day. Linked from every message
+(`{{ preferences_url }}` in the templates); the link carries the user id signed with SECRET_KEY
+(salted for this use, as the unsubscribe link is), so it cannot be made for another person.
 
 A plain HTML form: it works without JavaScript, every switch has its label and the page reads
 in the person's language (English and French are shipped: the browser's Accept-Language
@@ -40,6 +41,10 @@ from limits.topics import REQUIRED, UNSUBSCRIBED
 _SALT = "gatekeeper.preferences"
 PAUSES = {"week": timedelta(days=7), "month": timedelta(days=30)}
 WEEK = {"kind": "rolling", "seconds": 604_800}  # the page's "a week": any 7 days
+CALENDAR_WEEK = {"kind": "calendar", "unit": "week"}  # Monday to Sunday, in the person's zone
+# The weeks the page offers, by the prefix of a choice's value in the form ("2": at most 2 in
+# any 7 days; "calendar:2": at most 2 each calendar week).
+WEEKS = {"": WEEK, "calendar": CALENDAR_WEEK}
 OFTEN_MAX = 7  # the most a week the page offers
 
 
@@ -89,30 +94,56 @@ def _rows(prefs: PreferencesFields) -> list[dict[str, Any]]:
     return rows
 
 
-def _weekly(channel: str, limit: int) -> dict[str, Any]:
-    return {"channel": channel, "window": WEEK, "limit": limit}
+def _value(prefix: str, limit: int) -> str:
+    """A choice's value in the form."""
+    return f"{prefix}:{limit}" if prefix else str(limit)
+
+
+def _weekly(prefs: PreferencesFields, channel: str) -> list[dict[str, Any]]:
+    """The person's own frequencies on `channel` over a week the page offers."""
+    return [e for e in prefs.frequency if e["channel"] == channel and e["window"] in WEEKS.values()]
+
+
+def _shown(prefs: PreferencesFields, channel: str) -> str:
+    """The value the page shows chosen for `channel` ("": none): their weekly frequency (the
+    first, should they have set two over the API)."""
+    for e in _weekly(prefs, channel):
+        prefix = next(p for p, window in WEEKS.items() if window == e["window"])
+        return _value(prefix, e["limit"])
+    return ""
 
 
 def _often(prefs: PreferencesFields, table: PolicyTable) -> list[dict[str, Any]]:
-    """Per channel, the "at most N a week" choices the rules leave (each checked by the one
-    rule for a frequency) and the person's own, if they have one."""
+    """Per channel, the "at most N a week" choices the rules leave, in any 7 days and each
+    calendar week (each checked by the one rule for a frequency), and the person's own, if
+    they have one."""
     rows = []
     for channel in channels():
-        mine = next(
-            (
-                e["limit"]
-                for e in prefs.frequency
-                if e["channel"] == channel and e["window"] == WEEK
-            ),
-            None,
-        )
-        offered = [
-            n
-            for n in range(1, OFTEN_MAX + 1)
-            if n == mine or not frequency_problems([_weekly(channel, n)], table=table)
-        ]
-        rows.append({"channel": channel, "choices": offered, "mine": mine})
+        mine = _shown(prefs, channel)
+        weeks = []
+        for prefix, window in WEEKS.items():
+            choices = [
+                {"value": _value(prefix, n), "n": n}
+                for n in range(1, OFTEN_MAX + 1)
+                if _value(prefix, n) == mine
+                or not frequency_problems(
+                    [{"channel": channel, "window": window, "limit": n}], table=table
+                )
+            ]
+            weeks.append({"calendar": bool(prefix), "choices": choices})
+        rows.append({"channel": channel, "weeks": weeks, "mine": mine})
     return rows
+
+
+def _often_posted(value: str) -> dict[str, Any] | str | None:
+    """The window and limit of a choice posted ("2", "calendar:2"), None for none, or why it
+    cannot be read."""
+    if not value:
+        return None
+    prefix, _colon, limit = value.rpartition(":")
+    if prefix not in WEEKS or not limit.isdigit() or value != _value(prefix, int(limit)):
+        return _("Choose how many a week from the list.")
+    return {"window": WEEKS[prefix], "limit": int(limit)}
 
 
 def _posted(data: Any, current: PreferencesFields, today: date) -> PreferencesFields | str:
@@ -141,14 +172,20 @@ def _posted(data: Any, current: PreferencesFields, today: date) -> PreferencesFi
         until = datetime.combine(day, time(), tzinfo=UTC)
     else:
         until = current.paused_until
-    # "At most N a week" per channel; their other frequencies (set elsewhere) are kept.
-    frequency = [e for e in current.frequency if e["window"] != WEEK]
+    # "At most N a week" per channel, in any 7 days or each calendar week; their other
+    # frequencies (set elsewhere) are kept, and so are their weekly ones on a channel whose
+    # choice stays as the page showed it.
+    frequency = [e for e in current.frequency if e["window"] not in WEEKS.values()]
     for channel in channels():
         often = data.get(f"often:{channel}", "")
-        if often.isdigit() and int(often) > 0:
-            frequency.append(_weekly(channel, int(often)))
-        elif often:
-            return _("Choose how many a week from the list.")
+        if often == _shown(current, channel):
+            frequency += _weekly(current, channel)
+            continue
+        picked = _often_posted(often)
+        if isinstance(picked, str):
+            return picked
+        if picked is not None:
+            frequency.append({"channel": channel, **picked})
     return PreferencesFields(
         topics=topics,
         channels=chosen,

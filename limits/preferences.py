@@ -10,10 +10,13 @@ the changes after the last one it has.
 The one rule for valid preferences is `preferences_problems` (REST, the import, the preference
 page): a topic that exists, on a channel it is sent on, never a `required` topic switched off;
 channels from settings; a pause in the future, with its UTC offset; a frequency on a window the
-rules may have, no longer than the rules count, and tighter than every rule that applies to
-everyone on its channel (a frequency such a rule always holds would never decide). Choices about a topic that
-was deleted since, and pauses that have ended, are dropped when preferences are read, so that a
-change made later is never refused for them.
+rules may have, no longer than a week (a calendar week included) or the longest window the
+rules count (the logs then keep what it counts: PolicyTable.own_keep), and tighter than every
+rule that applies to everyone on its channel (a frequency such a rule always holds would never
+decide). Choices about a topic that was deleted since, and pauses that have ended, are dropped
+when preferences are read, so that a change made later is never refused for them. Whose they
+are, when a body says it (`user_id`: a line of an imported file, or a REST body sent back as a
+GET answers it), is decided by `preferences_user_id`.
 
 Writes go through `preferences_replace` (the whole of them) and `preferences_patch` (some):
 each takes PreferenceLock, changes the person's row (deleted when nothing is left) and
@@ -24,7 +27,7 @@ does a thousand people at a time (limits/preferences_import.py).
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any, Protocol
 
@@ -37,11 +40,13 @@ from django.db.models import Model
 from django.utils import timezone
 from pyroaring import BitMap64
 
+from gatekeeper.lib.ids import max_user_id, user_id_from_json
 from gatekeeper.lib.integers import INT32_MAX
+from gatekeeper.lib.words import count
 from limits.channels import channels
 from limits.journaled import JournaledCache
 from limits.models import Preference, PreferenceChange, PreferenceLock
-from limits.policy import RULE, PolicyTable, RuleView, own_rule
+from limits.policy import OWN_WEEK, RULE, PolicyTable, RuleView, own_rule
 from limits.reasons import Reason
 from limits.rules import always_stricter, duration_words, window_problems, window_words
 from limits.selectors import policy_cache
@@ -143,7 +148,7 @@ def frequency_problems(
     problems: list[tuple[str, str]] = []
     seen: set[tuple[str, str]] = set()
     rules = table.rules if table is not None else ()
-    keep = table.rules_keep() if table is not None else None
+    keep = table.own_keep() if table is not None else None
     for n, entry in enumerate(frequency):
         at = f"frequency.{n}"
         channel, window, limit = entry["channel"], entry["window"], entry["limit"]
@@ -163,8 +168,7 @@ def frequency_problems(
             problems.append((at, f"A second frequency on {channel} {key[1]}: one is enough."))
         seen.add(key)
         if keep is not None and mine.keeps() > keep:
-            problems.append((f"{at}.window", "The rules count no window longer than "
-                             f"{duration_words(int(keep.total_seconds()))}."))  # fmt: skip
+            problems.append((f"{at}.window", _too_long(keep)))
         for rule in rules:
             if rule.kind == RULE and rule.segment is None and always_stricter(rule, mine):
                 problems.append((f"{at}.limit", f"No fewer than the rule '{rule.name}' already "
@@ -172,6 +176,40 @@ def frequency_problems(
                                  "fewer, or a shorter window."))  # fmt: skip
                 break
     return problems
+
+
+def _too_long(keep: timedelta) -> str:
+    """Why a window is longer than a person's own frequency may count (`keep`:
+    PolicyTable.own_keep)."""
+    if keep <= OWN_WEEK:
+        return "At most a week (any 7 days, or a calendar week): the rules count no longer window."
+    seconds = int(keep.total_seconds())
+    days, rest = divmod(seconds, 86_400)
+    longest = duration_words(seconds)
+    if days >= 2 and rest and rest % 3_600 == 0:  # a calendar month's: 31 days and 1 hour
+        longest = f"{count(days, 'day')} and {count(rest // 3_600, 'hour')}"
+    return f"The rules count no window longer than {longest}."
+
+
+def preferences_user_id(given: Any, *, path: int | None = None, maximum: int | None = None) -> int:
+    """Whose preferences a body says they are: its `user_id`, read by the one rule for a user id
+    in a JSON body (gatekeeper.lib.ids.user_id_from_json: an integer, or a string of its
+    digits, within `maximum`, by default the configured width's). A line of an imported file
+    names its person (`path` None); a body sent to a person's own URL (`path`: the id it names)
+    may leave it out or give it, as a GET answers it, and never names another person. Raises
+    ValueError with the words."""
+    if given is msgspec.UNSET:
+        if path is None:
+            raise ValueError("Required: the user id whose preferences these are.")
+        return path
+    maximum = max_user_id() if maximum is None else maximum
+    user_id = user_id_from_json(given, maximum=maximum)
+    if path is not None and user_id != path:
+        raise ValueError(
+            f"These are the preferences of user {path} (the user id in the path): leave "
+            f"user_id out or give {path}, not {user_id}."
+        )
+    return user_id
 
 
 def preferences_given(body: Any) -> PreferencesFields:
@@ -421,6 +459,7 @@ def preferences_store(writes: Sequence[PreferencesWrite], *, source: str, by: An
 
     at = ops.adapt_datetimefield_value(timezone.now())
     changed_by = by.pk if by is not None and getattr(by, "is_authenticated", False) else None
+    longest = 0  # the longest own frequency written, in seconds
     for user_id, row_id, current, new in writes:
         before = preferences_as_json(user_id, current)
         after = preferences_as_json(user_id, new)
@@ -430,13 +469,15 @@ def preferences_store(writes: Sequence[PreferencesWrite], *, source: str, by: An
             if row_id is not None:
                 deleted.append(row_id)
         else:
+            keeps = own_keeps_seconds(after["frequency"])
+            longest = max(longest, keeps)
             values = [
                 json_value(after["topics"]),
                 json_value(after["channels"]),
                 ops.adapt_datetimefield_value(new.paused_until),
                 json_value(after["paused_channels"]),
                 json_value(after["frequency"]),
-                own_keeps_seconds(after["frequency"]),
+                keeps,
                 at,
             ]
             if row_id is None:
@@ -456,6 +497,10 @@ def preferences_store(writes: Sequence[PreferencesWrite], *, source: str, by: An
             cursor.executemany(_insert_sql(PreferenceChange, JOURNAL_COLUMNS), journal)
     if journal:
         transaction.on_commit(preference_cache().read_now)
+    if longest and longest * 1000 > policy_cache().table().retention_ms:
+        # The logs must keep longer (PolicyTable.own_keeps_ms): at once in this process, as
+        # the person's frequency is enforced; within the cache's TTL in every other.
+        transaction.on_commit(policy_cache().invalidate)
     return len(journal)
 
 

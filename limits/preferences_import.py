@@ -48,7 +48,7 @@ from django.utils import timezone
 from rest_framework.exceptions import ParseError, ValidationError
 
 from gatekeeper.lib.bodies import DATETIME_WORDS, DEFAULT_MAX_BODY_BYTES, decode
-from gatekeeper.lib.ids import JsonUserId, max_user_id, user_id_from_json, user_id_from_text
+from gatekeeper.lib.ids import JsonUserId, max_user_id, user_id_from_text
 from limits.bodies import PreferencesBody
 from limits.preferences import (
     SOURCES,
@@ -58,6 +58,7 @@ from limits.preferences import (
     preferences_problems,
     preferences_standing,
     preferences_store,
+    preferences_user_id,
 )
 from limits.selectors import policy_cache, topics_read
 from limits.topics import TopicView
@@ -88,7 +89,8 @@ TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 
 class PreferencesLine(PreferencesBody, kw_only=True):
-    """One line of a JSON lines file: a person, and the whole of their preferences."""
+    """One line of a JSON lines file: a person, and the whole of their preferences (read as a
+    REST body's, limits.preferences.preferences_user_id; required here)."""
 
     user_id: JsonUserId
 
@@ -358,7 +360,7 @@ def _json_people(
             problems.add(number, "", str(exc.detail))
             continue
         try:
-            user_id = user_id_from_json(body.user_id, maximum=maximum)
+            user_id = preferences_user_id(body.user_id, maximum=maximum)
         except ValueError as exc:
             problems.add(number, "user_id", str(exc))
             continue

@@ -296,7 +296,10 @@ def topics_shown(topics: Iterable[Topic]) -> list[dict[str, Any]]:
 
 
 class PreferencesSerializer(serializers.Serializer):
-    user_id = serializers.IntegerField()
+    user_id = serializers.IntegerField(
+        help_text="Whose they are: the user id in the path (a PUT or PATCH may send the answer "
+        "back as it is)."
+    )
     topics = serializers.DictField(
         child=serializers.DictField(child=serializers.BooleanField()),
         help_text="Per topic, per channel subscribed or not; what is not named follows the "

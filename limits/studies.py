@@ -19,6 +19,16 @@ and per event name (`StudyEvent`): the outcome events the company posts (POST
 user is a member of that runs at its time (from the day they entered). Events are not kept one
 by one: only their ids' hashes, for GATEKEEPER_EVENTS_DEDUP_DAYS, so that a repeat counts once.
 
+**When an event is counted.** Members are written by the drain, seconds (more behind a large
+campaign) after their decisions; an event posted in between must still find them. So posted
+events take the decisions' way: events_taken appends them to the ledger's Redis stream, behind
+every decision already made, and the drain counts them (events_counted) in the stream's order,
+in the transaction that writes the members of the decisions before them. An event thus counts
+for every study its user entered with a decision made before it was posted, however far the
+drain lags; not for one they enter with a later decision (it reached Gatekeeper before they
+were ever in the study). Its id's hash is kept in the same transaction: a repeat, posted again
+or taken again by a drain that retries, counts no second time.
+
 A change of the control group's share or salt starts its report afresh (its members and days
 are dropped): who is in it changed.
 """
@@ -29,12 +39,14 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+import msgspec
 import numpy as np
 from django.conf import settings
 from django.db import connection
 
+from gatekeeper.lib.redis_client import RedisClient, get_redis
 from limits.assignment import HoldoutView, bound, keyed_hashes
-from limits.ledger.stream import arm_of_code
+from limits.ledger.stream import arm_of_code, stream_key
 from limits.ledger.table import values_inserted
 from limits.lift import BUCKETS
 from limits.models import EventSeen, Experiment, StudyDay, StudyEvent, StudyMember
@@ -236,45 +248,162 @@ def event_key(event_id: str) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
-def events_record(events: Sequence[Event]) -> dict[str, int]:
-    """Count outcome events into their users' studies, each event id once (within
-    GATEKEEPER_EVENTS_DEDUP_DAYS). In the caller's transaction. Returns `accepted` (new),
-    `repeated` (seen before, or twice in this batch) and `counted` (into some study)."""
-    adapt = connection.ops.adapt_datefield_value
+# The ledger stream's field of an entry of outcome events (its own entries' field is "d"), and
+# the events an entry holds at most (a request's 10,000 make ten: a drain's round stays small).
+EVENTS_FIELD = "e"
+EVENTS_PER_ENTRY = 1_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class PostedEvents(msgspec.Struct, array_like=True, frozen=True):
+    """A ledger stream entry of outcome events, as events_taken packs it (msgpack), a column at
+    a time: each event's id as its hash (event_key), user, name, time (microseconds since
+    1970, UTC) and value."""
+
+    keys: list[int]
+    users: list[int]
+    names: list[str]
+    at_us: list[int]
+    values: list[float]
+
+    def rows(self) -> Iterable[tuple[int, int, str, datetime, float]]:
+        """(key, user id, name, time, value) per event."""
+        for key, user, name, at_us, value in zip(
+            self.keys, self.users, self.names, self.at_us, self.values, strict=True
+        ):
+            yield key, user, name, _EPOCH + timedelta(microseconds=at_us), value
+
+
+_POSTED = msgspec.msgpack.Decoder(PostedEvents)
+
+
+def events_entry(packed: bytes) -> PostedEvents:
+    """A stream entry of outcome events, its types checked. Raises msgspec.DecodeError (or
+    ValueError) for what events_taken does not write."""
+    entry = _POSTED.decode(packed)
+    if not (
+        len(entry.keys) == len(entry.users) == len(entry.names) == len(entry.at_us)
+        == len(entry.values)
+    ):  # fmt: skip
+        raise ValueError("an entry of outcome events has columns of different lengths")
+    return entry
+
+
+def _seen(keys: Sequence[int]) -> set[int]:
+    found: set[int] = set()
+    for start in range(0, len(keys), 5_000):
+        part = keys[start : start + 5_000]
+        found.update(EventSeen.objects.filter(key__in=part).values_list("key", flat=True))
+    return found
+
+
+def events_taken(events: Sequence[Event], *, client: RedisClient | None = None) -> dict[str, int]:
+    """Take posted outcome events (already checked: event_problems) for counting: append them
+    to the ledger's Redis stream, behind every decision made before them, where the drain
+    counts them (events_counted). Returns `accepted` (taken) and `repeated` (ids already
+    counted, or twice in `events`: not taken). An id posted again before the drain counted it
+    the first time is taken again, and the drain counts it once.
+
+    One round trip (the entries pipelined, one key). Raises what the Redis client raises
+    (gatekeeper.lib.redis_client.REDIS_DOWN) when Redis does not take them: a retry of the
+    whole request then counts each event once, whatever part of it was taken."""
     by_key: dict[int, Event] = {}
     for event in events:
         by_key.setdefault(event_key(event.event_id), event)
+    seen = _seen(list(by_key))
+    fresh = [(key, event) for key, event in by_key.items() if key not in seen]
+    if fresh:
+        pipe = (client or get_redis()).pipeline(transaction=False)
+        for start in range(0, len(fresh), EVENTS_PER_ENTRY):
+            packed = msgspec.msgpack.encode(_packed(fresh[start : start + EVENTS_PER_ENTRY]))
+            pipe.xadd(
+                stream_key(),
+                {EVENTS_FIELD: packed},
+                maxlen=settings.GATEKEEPER_LEDGER_BUFFER_MAX,
+                approximate=True,
+            )
+        pipe.execute()
+    return {"accepted": len(fresh), "repeated": len(events) - len(fresh)}
+
+
+def _packed(events: Sequence[tuple[int, Event]]) -> PostedEvents:
+    """Events with their ids' keys, as a stream entry holds them."""
+    return PostedEvents(
+        keys=[key for key, _ in events],
+        users=[e.user_id for _, e in events],
+        names=[e.name for _, e in events],
+        at_us=[(e.at - _EPOCH) // timedelta(microseconds=1) for _, e in events],
+        values=[float(e.value) for _, e in events],
+    )
+
+
+def events_record(events: Sequence[Event]) -> dict[str, int]:
+    """Count outcome events at once, in the caller's transaction, against the members written
+    so far, each id once: for a caller that drained the ledger first (the demo's seed). The API
+    takes events with events_taken, which waits for nothing and misses no member the drain has
+    still to write. Returns `accepted` (new), `repeated` (seen before, or twice in `events`)
+    and `counted` (of the new, those of a user in a running study)."""
+    counted = events_counted([_packed([(event_key(e.event_id), e) for e in events])])
+    return {"accepted": counted.new, "repeated": counted.repeated, "counted": counted.counted}
+
+
+@dataclass
+class Counted:
+    """What events_counted did: events `new` (counted once, into every study of theirs or
+    none), `repeated` (ids already counted: nothing), `counted` (of the new, those of a user
+    in some running study)."""
+
+    new: int = 0
+    repeated: int = 0
+    counted: int = 0
+
+
+def events_counted(entries: Sequence[PostedEvents]) -> Counted:
+    """In the caller's transaction (the drain's): count the outcome events of `entries` into
+    their users' studies, each event id once (within GATEKEEPER_EVENTS_DEDUP_DAYS), against the
+    members written so far (the drain's: those of every decision before the entries in the
+    stream)."""
+    adapt = connection.ops.adapt_datefield_value
+    by_key: dict[int, tuple[int, str, datetime, float]] = {}
+    taken = 0
+    for entry in entries:
+        for key, user, name, at, value in entry.rows():
+            by_key.setdefault(key, (user, name, at, value))
+            taken += 1
+    report = Counted()
+    if not by_key:
+        return report
     with connection.cursor() as cursor:
         new = {
             key
             for (key,) in values_inserted(
                 cursor,
                 f"INSERT INTO {_SEEN} (key, day)",
-                [(key, adapt(e.at.astimezone(UTC).date())) for key, e in by_key.items()],
+                [(key, adapt(at.date())) for key, (_, _, at, _) in by_key.items()],
                 "ON CONFLICT (key) DO NOTHING RETURNING key",
                 per=1_000,
             )
         }
         fresh = [by_key[key] for key in new]
-        live = _studies_at({e.at for e in fresh})
+        live = _studies_at({at for _, _, at, _ in fresh})
         members = _memberships(
-            {e.user_id for e in fresh}, set().union(*live.values()) if live else set()
+            {user for user, _, _, _ in fresh}, set().union(*live.values()) if live else set()
         )
         rows: dict[tuple[Any, ...], list[float]] = {}
-        counted = 0
-        for event in fresh:
-            day = event.at.astimezone(UTC).date()
-            mine = [m for m in members.get(event.user_id, ()) if m.study in live[event.at]]
+        for user, name, at, value in fresh:
+            day = at.date()
+            mine = [m for m in members.get(user, ()) if m.study in live[at] and m.entered <= day]
             for m in mine:
-                if m.entered <= day:
-                    row = rows.setdefault((m.study, day, m.arm, m.bucket, event.name), [0, 0.0])
-                    row[0] += 1
-                    row[1] += event.value
-            counted += any(m.entered <= day for m in mine)
+                row = rows.setdefault((m.study, day, m.arm, m.bucket, name), [0, 0.0])
+                row[0] += 1
+                row[1] += value
+            report.counted += bool(mine)
         _upsert(
             cursor, _EVENTS, ("study", "day", "arm", "bucket", "name"), ("count", "value"), rows
         )
-    return {"accepted": len(new), "repeated": len(events) - len(new), "counted": counted}
+    report.new = len(new)
+    report.repeated = taken - len(new)
+    return report
 
 
 def events_prune(*, now: datetime | None = None) -> int:

@@ -5,15 +5,16 @@ GATEKEEPER_TEST_REDIS_URL points elsewhere; tests use their own database number 
 so they never touch the data of a running gatekeeper.
 """
 
-import os
 from collections.abc import Iterator
 
 import boto3
 import pytest
 import redis
+from hypothesis import settings as hypothesis_settings
 from moto.server import ThreadedMotoServer
 
 from bench.servers import free_port
+from tests.settings import per_worker
 
 # The suite's shared fixtures, by theme (tests/support/).
 pytest_plugins = [
@@ -26,20 +27,78 @@ pytest_plugins = [
     "tests.support.sends",
     "tests.support.sms",
     "tests.support.stores",
+    "tests.support.timing",
     "tests.support.webhooks",
     "tests.support.worker_processes",
 ]
 
-TEST_REDIS_URL = os.environ.get("GATEKEEPER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# Hypothesis's profiles (docs/testing.md): `ci`, the default and `make test`'s, runs every test's
+# full count of examples, the same ones every run (derandomized: a failure in CI is found again by
+# running the test, and no run meets luckier examples than another); `check` (`make check`) runs a
+# tenth of them; `explore` draws new examples each run, for looking for bugs on purpose. None has
+# a deadline: an example slowed by a busy machine is not a failure.
+hypothesis_settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
+hypothesis_settings.register_profile(
+    "check", deadline=None, derandomize=True, print_blob=True, max_examples=10
+)
+hypothesis_settings.register_profile("explore", deadline=None)
+hypothesis_settings.load_profile("ci")  # --hypothesis-profile chooses another
+
+
+def examples(full: int) -> int:
+    """A test's count of examples under the profile in force: `full` but under `check`."""
+    if hypothesis_settings.get_current_profile_name() == "check":
+        return max(3, full // 10)
+    return full
+
+
+TEST_REDIS_URL = per_worker(
+    "GATEKEEPER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15,redis://127.0.0.1:6379/14"
+)
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server", "admin_client"}
+# Fixtures that start processes of their own (Redis servers and clusters, Celery workers,
+# Chromium): a test asking for one is `processes`, and `make check` leaves it to `make test`.
+PROCESS_FIXTURES = {
+    "browser",
+    "own_redis",
+    "redis_cluster",
+    "cluster_client",
+    "replicated_cluster",
+    "start_worker",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Mark every test that reaches the database, so `make test` can run them again on PostgreSQL.
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
+        # Every test that reaches the database; those whose behaviour depends on the database
+        # are marked `postgres` by hand (docs/testing.md) and run again on PostgreSQL.
         if item.get_closest_marker("django_db") or fixtures & DB_FIXTURES:
             item.add_marker(pytest.mark.database)
+        elif item.get_closest_marker("postgres"):
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked postgres but never touches the database"
+            )
+        if fixtures & PROCESS_FIXTURES or item.get_closest_marker("browser"):
+            item.add_marker(pytest.mark.processes)
+
+
+@pytest.fixture(autouse=True)
+def _processes_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that starts a process must say so (`processes`): `make check` runs only those
+    that start none. Starting one unmarked fails the test, naming the command."""
+    if request.node.get_closest_marker("processes"):
+        return
+    import subprocess
+
+    def refuse(self, args, *rest, **kwargs):
+        command = args if isinstance(args, str) else " ".join(map(str, args))
+        raise AssertionError(
+            f"this test starts a process ({command[:120]}): mark it "
+            "`@pytest.mark.processes` (or its module's pytestmark)"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,11 @@
 """Celery worker signals: the snapshot is loaded in the parent, followed in each child; the
-database connection is kept between tasks; logs as JSON when GATEKEEPER_LOG_FORMAT says so."""
+database connection is kept between tasks; logs as JSON when GATEKEEPER_LOG_FORMAT says so, and
+Celery's routine lines about the periodic tasks only from GATEKEEPER_PERIODIC_LOG_LEVEL."""
 
 import gc
 import logging
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from celery.signals import (
@@ -70,3 +72,60 @@ def _json_logs(logger: logging.Logger | None = None, **kwargs: Any) -> None:
     if settings.GATEKEEPER_LOG_FORMAT == "json" and logger is not None:
         for handler in logger.handlers:
             handler.setFormatter(json_formatter())
+
+
+# Where Celery writes its routine lines about a task (celery 5), all at INFO: beat's "Scheduler:
+# Sending due task <entry> (<task>)" (celery.beat); a worker's "Task <name>[<id>] received"
+# (celery.worker.strategy), "... succeeded in ...", "... retry", "... ignored" (celery.app.trace),
+# whose records carry the task's name in their `data` extra (the context Celery formats them
+# with), and "Discarding revoked task: <name>[<id>]" (celery.worker.request: a task that expired
+# in the queue, as a periodic tick does while its worker starts), the name its first argument.
+PERIODIC_LOGGERS = (
+    "celery.beat",
+    "celery.worker.strategy",
+    "celery.app.trace",
+    "celery.worker.request",
+)
+BEAT_SENDING = "Scheduler: Sending due task"
+DISCARDING = "Discarding revoked task"
+
+
+class PeriodicTaskLines(logging.Filter):
+    """Drops Celery's routine records about periodic tasks below `level`: beat's sending of any
+    due task, and a worker's records about one of `tasks`. Every other record passes: a send
+    job's chunks, errors and warnings (at or above `level`), everything not Celery's."""
+
+    def __init__(self, level: int, tasks: Iterable[str]) -> None:
+        super().__init__()
+        self.level = level
+        self.tasks = frozenset(tasks)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= self.level:
+            return True
+        message = str(record.msg)
+        if record.name == "celery.beat":
+            return not message.startswith(BEAT_SENDING)
+        if record.name == "celery.worker.request":
+            args = record.args if isinstance(record.args, tuple) else ()
+            return not (message.startswith(DISCARDING) and args[:1] and args[0] in self.tasks)
+        data = getattr(record, "data", None)
+        return not (isinstance(data, dict) and data.get("name") in self.tasks)
+
+
+def periodic_lines_filtered() -> None:
+    """Put PeriodicTaskLines, at GATEKEEPER_PERIODIC_LOG_LEVEL, on the loggers that write those
+    lines (replacing one put there before), for the tasks of CELERY_BEAT_SCHEDULE."""
+    level = logging.getLevelNamesMapping()[settings.GATEKEEPER_PERIODIC_LOG_LEVEL]
+    tasks = {str(entry["task"]) for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    for name in PERIODIC_LOGGERS:
+        logger = logging.getLogger(name)
+        for earlier in [f for f in logger.filters if isinstance(f, PeriodicTaskLines)]:
+            logger.removeFilter(earlier)
+        logger.addFilter(PeriodicTaskLines(level, tasks))
+
+
+@after_setup_logger.connect
+def _periodic_lines(**kwargs: Any) -> None:
+    # Once Celery's worker or beat has set up its logging (its children inherit the filters).
+    periodic_lines_filtered()

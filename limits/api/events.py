@@ -1,8 +1,8 @@
 """REST view of outcome events (limits/studies.py): the company's systems post what people did
-(orders, sign-ups), counted for the experiments report."""
+(orders, sign-ups), taken into the ledger's stream and counted by its drain for the experiments
+report."""
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -13,18 +13,19 @@ from gatekeeper.lib.api import JsonAPIView, errors
 from gatekeeper.lib.bodies import decode
 from gatekeeper.lib.ids import max_user_id, user_ids_checked
 from gatekeeper.lib.permissions import POST_EVENTS
+from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.bodies import EVENTS_MAX, EventsBody
-from limits.studies import Event, event_problems, events_record
+from limits.quota import redis_unavailable
+from limits.studies import Event, event_problems, events_taken
 
 
-class EventsRecordedSerializer(serializers.Serializer):
-    accepted = serializers.IntegerField(help_text="Events new to Gatekeeper.")
-    repeated = serializers.IntegerField(
-        help_text="Events whose id was seen before (or twice in this request): counted once."
+class EventsTakenSerializer(serializers.Serializer):
+    accepted = serializers.IntegerField(
+        help_text="Events taken: the ledger's drain counts each within seconds, once."
     )
-    counted = serializers.IntegerField(
-        help_text="Of the accepted, those of a user in a running study (an experiment or the "
-        "control group) when it happened: the others count for nothing."
+    repeated = serializers.IntegerField(
+        help_text="Events whose id was counted before (or is twice in this request): not "
+        "taken again."
     )
 
 
@@ -39,12 +40,14 @@ class EventsView(JsonAPIView):
     @extend_schema(
         summary="Post outcome events (conversions) for the experiments report",
         description=f"Up to {EVENTS_MAX:,} events a request, idempotent by `event_id` (within "
-        "GATEKEEPER_EVENTS_DEDUP_DAYS: a retry counts once). Each counts, by UTC day, for "
-        "every running study its user is in (from the day they entered it: their first "
-        "marketing decision while it ran); events are kept only as those counts. An event "
-        "from the future (beyond an hour) or from before GATEKEEPER_EVENTS_DEDUP_DAYS is a 400 "
-        "naming it (`events.3.at`), and nothing of the request is counted.",
-        responses={200: EventsRecordedSerializer, **errors(400, 413)},
+        "GATEKEEPER_EVENTS_DEDUP_DAYS: a retry counts once). 202: the events are in the "
+        "ledger's stream, behind every decision made before them; its drain counts each, by "
+        "UTC day, for every running study its user is in (from the day they entered it: their "
+        "first marketing decision while it ran), within seconds, however far the drain lags. "
+        "Events are kept only as those counts. An event from the future (beyond an hour) or "
+        "from before GATEKEEPER_EVENTS_DEDUP_DAYS is a 400 naming it (`events.3.at`), and "
+        "nothing of the request is taken; 503 when Redis does not answer (post them again).",
+        responses={202: EventsTakenSerializer, **errors(400, 413, 503)},
     )
     def post(self, request: Request) -> Response:
         body = decode(request.data, EventsBody)
@@ -58,6 +61,8 @@ class EventsView(JsonAPIView):
         problems = event_problems(events, now=timezone.now())
         if problems:
             raise ValidationError(problems)
-        with transaction.atomic():
-            recorded = events_record(events)
-        return Response(EventsRecordedSerializer(recorded).data)
+        try:
+            taken = events_taken(events)
+        except REDIS_DOWN as exc:
+            return Response({"detail": str(redis_unavailable(exc))}, status=503)
+        return Response(EventsTakenSerializer(taken).data, status=202)

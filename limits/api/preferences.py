@@ -1,16 +1,18 @@
 """REST view of a person's preferences (limits/preferences.py): read, replaced whole, or some
 of them changed; each change journaled with its source."""
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from msgspec import UNSET, Meta, UnsetType
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
 from gatekeeper.lib.bodies import decode
-from gatekeeper.lib.ids import max_user_id, user_id_from_text
+from gatekeeper.lib.ids import JsonUserId, max_user_id, user_id_from_text
 from gatekeeper.lib.permissions import CHANGE_PREFERENCES, VIEW_PREFERENCES
 from limits.bodies import PreferencesBody, PreferencesChangeBody
 from limits.preferences import (
@@ -20,6 +22,7 @@ from limits.preferences import (
     preferences_patch,
     preferences_read,
     preferences_replace,
+    preferences_user_id,
 )
 from limits.selectors import topics_read
 from limits.serializers import PreferencesSerializer
@@ -28,14 +31,47 @@ CHECKS = (
     "Checked by the one rule for preferences (limits.preferences.preferences_problems): topics "
     "that exist, on channels they are sent on, a required topic never switched off, channels "
     "from settings, pauses in the future with their UTC offset, a frequency (their own) on a "
-    "window the rules count and tighter than every rule on everyone on its channel; a 400 "
-    "names each bad choice "
-    "(`topics.product-news.sms`) and nothing changes. Journaled with source `api`."
+    "window of a rule, at most a week (any 7 days, or a calendar week) or the longest window "
+    "the rules count, and tighter than every rule on everyone on its channel; a 400 names each "
+    "bad choice (`topics.product-news.sms`) and nothing changes. `user_id` may be sent back as "
+    "a GET answers it (the path's), or left out; another person's is a 400 naming `user_id`. "
+    "Journaled with source `api`."
 )
+
+# A body's `user_id`: what a GET answers, so that the answer can be sent back as it is.
+PathUserId = Annotated[
+    JsonUserId,
+    Meta(
+        description="The user id in the path (what a GET answers), as a number or its digits; "
+        "may be left out. Another person's is a 400 naming `user_id`."
+    ),
+]
+
+
+class PreferencesReplaceBody(PreferencesBody, kw_only=True):
+    """A person's preferences, whole (what is left out is the default), as a GET answers
+    them."""
+
+    user_id: PathUserId | UnsetType = UNSET
+
+
+class PreferencesPatchBody(PreferencesChangeBody, kw_only=True):
+    """Some of a person's preferences, merged choice by choice into theirs; a null takes a
+    choice back to the default (`paused_until`: null ends the pause)."""
+
+    user_id: PathUserId | UnsetType = UNSET
 
 
 def _user(user_id: str) -> int:
     return user_id_from_text(user_id, field="user_id", maximum=max_user_id())
+
+
+def _owner_checked(given: Any, user_id: int) -> None:
+    """A 400 naming `user_id` when a body's is not the path's (limits.preferences)."""
+    try:
+        preferences_user_id(given, path=user_id)
+    except ValueError as exc:
+        raise ValidationError({"user_id": [str(exc)]}) from None
 
 
 def _shown(user_id: int, prefs: PreferencesFields) -> Response:
@@ -47,7 +83,7 @@ USER = user_id_parameter(OpenApiParameter.PATH)
 
 class PreferencesView(JsonAPIView):
     rights = {"GET": VIEW_PREFERENCES, "PUT": CHANGE_PREFERENCES, "PATCH": CHANGE_PREFERENCES}
-    bodies = {"PUT": PreferencesBody, "PATCH": PreferencesChangeBody}
+    bodies = {"PUT": PreferencesReplaceBody, "PATCH": PreferencesPatchBody}
     operation_ids = {
         "GET": "preferences_get",
         "PUT": "preferences_replace",
@@ -71,7 +107,8 @@ class PreferencesView(JsonAPIView):
     )
     def put(self, request: Request, user_id: str) -> Response:
         uid = _user(user_id)
-        body = decode(request.data, PreferencesBody)
+        body = decode(request.data, PreferencesReplaceBody)
+        _owner_checked(body.user_id, uid)
         saved = preferences_replace(
             user_id=uid,
             prefs=preferences_given(body),
@@ -89,10 +126,11 @@ class PreferencesView(JsonAPIView):
     )
     def patch(self, request: Request, user_id: str) -> Response:
         uid = _user(user_id)
-        body = decode(request.data, PreferencesChangeBody)
+        body = decode(request.data, PreferencesPatchBody)
+        _owner_checked(body.user_id, uid)
         changes: dict[str, Any] = {
             name: getattr(body, name)
-            for name in body.__struct_fields__
+            for name in PreferencesChangeBody.__struct_fields__
             if getattr(body, name) is not msgspec.UNSET
         }
         if changes.get("frequency") is not None:

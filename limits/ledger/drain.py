@@ -4,10 +4,19 @@ database exactly once, counted per hour, and kept GATEKEEPER_LEDGER_DAYS days.
 `ledger_drain` (beat every 2 s) reads the stream as the consumer group `drain`, writes the
 decisions in one transaction (COPY on PostgreSQL, bulk inserts on SQLite) together with the ids
 of the stream entries written (`LedgerBatch`), then acknowledges and deletes the entries. A
-drainer that dies after reading leaves its entries pending: the next drain claims them once they
-have been idle for CLAIM_IDLE_MS. One that dies after committing and before acknowledging leaves
-entries whose ids are already in `LedgerBatch`: they are acknowledged without being written
-again. So each decision is written exactly once.
+drain whose transaction fails because the database (or Redis) failed under it gives its entries
+back (made idle for CLAIM_IDLE_MS, so any drainer claims them at once), and every drain takes
+its own pending entries first: the ledger is complete within a drain's period of the database
+coming back. A failure that may come of the entries themselves leaves them to CLAIM_IDLE_MS, so
+that they do not hold up the entries after them. A drainer that dies after reading gives nothing
+back: its entries stay pending until they have been idle for CLAIM_IDLE_MS, then the next drain
+claims them. One that dies after committing and before acknowledging leaves entries whose ids
+are already in `LedgerBatch`: they are acknowledged without being written again. So each
+decision is written exactly once, whoever takes its entry and however often.
+
+The stream also carries the outcome events the company posts (limits.studies.events_taken):
+they are counted in the stream's order, after the members of the decisions before them are
+written (a batch that holds events first takes every older entry still pending elsewhere).
 """
 
 import logging
@@ -18,15 +27,16 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from itertools import groupby
 from typing import Any
 
 import msgspec
 import redis
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from redis.exceptions import LockError
 
-from gatekeeper.lib.redis_client import RedisClient, get_redis
+from gatekeeper.lib.redis_client import REDIS_DOWN, RedisClient, get_redis
 from limits.holdout import holdout_view
 from limits.ledger.events import (
     decisions_batched,
@@ -54,12 +64,23 @@ from limits.models import (
     StreamBatch,
 )
 from limits.reasons import Outcome, Reason
-from limits.studies import decisions_noted, events_prune
+from limits.studies import (
+    EVENTS_FIELD,
+    PostedEvents,
+    decisions_noted,
+    events_counted,
+    events_entry,
+    events_prune,
+)
 
 logger = logging.getLogger(__name__)
 
 GROUP = "drain"
 CLAIM_IDLE_MS = 60_000  # a pending entry this long unacknowledged belongs to a dead drainer
+FAILED = "failed"  # the consumer holding entries whose write failed, not for want of the database
+# Failures of the database or Redis themselves, gone when they are back: a drain that met one
+# hands its entries on at once.
+_PASSING = (OperationalError, InterfaceError, *REDIS_DOWN)
 TABLE = LedgerEntry._meta.db_table
 COUNTS = LedgerCount._meta.db_table
 
@@ -73,6 +94,8 @@ class Drained:
     outcomes: int = 0  # rows that took a send outcome (a message admitted twice: two rows)
     unmatched: int = 0  # send outcomes whose decision the ledger does not hold
     changes: int = 0  # suppression and preference changes the event stream took
+    events: int = 0  # outcome events counted (new ids; in a study of their user or none)
+    events_repeated: int = 0  # outcome events whose id was counted before: not again
 
 
 def _consumer() -> str:
@@ -87,24 +110,17 @@ def _group(client: RedisClient, key: str) -> None:
             raise
 
 
-def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drained:
-    """Move up to `count` stream entries (gate calls) into the database, exactly once. Entries
-    a dead drainer left pending are taken first."""
+def ledger_drain(
+    *, count: int = 200, client: RedisClient | None = None, consumer: str | None = None
+) -> Drained:
+    """Move up to `count` stream entries (gate calls, send outcomes, outcome events) into the
+    database, exactly once. This drainer's own entries still pending (a run of its that failed)
+    are taken first, then those a dead drainer left (idle CLAIM_IDLE_MS), then new ones.
+    `consumer`: the drainer's name in the group (default: this process's, host and pid)."""
     client = client or get_redis()
     key = stream_key()
-    consumer = _consumer()
-    try:
-        claimed: Any = client.xautoclaim(key, GROUP, consumer, CLAIM_IDLE_MS, "0-0", count=count)
-    except redis.ResponseError as exc:
-        if "NOGROUP" not in str(exc):
-            raise
-        _group(client, key)  # the first drain, or Redis lost its data
-        claimed = client.xautoclaim(key, GROUP, consumer, CLAIM_IDLE_MS, "0-0", count=count)
-    entries: list[Any] = list(claimed[1]) if claimed else []
-    if len(entries) < count:
-        read: Any = client.xreadgroup(GROUP, consumer, {key: ">"}, count=count - len(entries))
-        for _, found in read or []:  # [[key, [(id, fields), ...]]] (RESP2)
-            entries.extend(found)
+    consumer = consumer or _consumer()
+    entries = _entries_taken(client, key, consumer, count)
     report = Drained(entries=len(entries))
     if not entries:
         with transaction.atomic():
@@ -112,6 +128,118 @@ def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drai
             report.changes = journals_batched(datetime.now(tz=UTC))
         return report
     ids = [_text(entry_id) for entry_id, _ in entries]
+    try:
+        _entries_written(entries, ids, report)
+        pipe = client.pipeline(transaction=False)  # one round trip; one slot (the stream's key)
+        pipe.xack(key, GROUP, *ids)
+        pipe.xdel(key, *ids)
+        pipe.execute()
+    except BaseException as exc:
+        _given_back(client, key, consumer, ids, exc)
+        raise
+    return report
+
+
+def _entry_order(entry_id: Any) -> tuple[int, int]:
+    ms, _, seq = _text(entry_id).partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _read(client: RedisClient, key: str, consumer: str, since: str, count: int) -> list[Any]:
+    read: Any = client.xreadgroup(GROUP, consumer, {key: since}, count=count)
+    return [entry for _, found in read or [] for entry in found]  # [[key, [(id, fields)]]]
+
+
+def _entries_taken(client: RedisClient, key: str, consumer: str, count: int) -> list[Any]:
+    """The entries a drain takes, oldest first: its own pending ones (ID 0: those a failed run
+    of this drainer read and did not acknowledge), then a dead drainer's idle for
+    CLAIM_IDLE_MS (or given back by a failed drain), then new ones; `count` in all. A batch
+    holding outcome events also takes every older entry pending elsewhere (_earlier_taken)."""
+    try:
+        entries = _read(client, key, consumer, "0", count)
+    except redis.ResponseError as exc:
+        if "NOGROUP" not in str(exc):
+            raise
+        _group(client, key)  # the first drain, or Redis lost its data
+        entries = []
+    if len(entries) < count:
+        claimed: Any = client.xautoclaim(
+            key, GROUP, consumer, CLAIM_IDLE_MS, "0-0", count=count - len(entries)
+        )
+        entries.extend(claimed[1] if claimed else [])
+    if len(entries) < count:
+        entries.extend(_read(client, key, consumer, ">", count - len(entries)))
+    events = [entry_id for entry_id, fields in entries if _is_events(fields)]
+    if events:
+        entries.extend(
+            _earlier_taken(client, key, consumer, entries, max(events, key=_entry_order))
+        )
+    return sorted(entries, key=lambda entry: _entry_order(entry[0]))
+
+
+def _is_events(fields: Any) -> bool:
+    return bool(fields) and EVENTS_FIELD.encode() in fields
+
+
+def _earlier_taken(
+    client: RedisClient, key: str, consumer: str, entries: Sequence[Any], newest: Any
+) -> list[Any]:
+    """The entries older than `newest` (the batch's newest outcome events) still pending with
+    any drainer (or with this one, beyond `count`) and not in `entries`: claimed whatever their
+    idle time, so that the decisions before the events are written (their members with them)
+    before the events are counted. A live drainer that had them loses nothing: of two drains of
+    one entry the second to commit finds it written (LedgerBatch) and only acknowledges it.
+    Entries whose write failed on their own (FAILED's) are not waited for: they would fail the
+    events' batch with them."""
+    have = {_text(entry_id) for entry_id, _ in entries}
+    wanted: list[Any] = []
+    start = "-"
+    while True:
+        page: Any = client.xpending_range(key, GROUP, min=start, max=newest, count=1_000)
+        wanted += [
+            _text(p["message_id"])
+            for p in page
+            if _text(p["message_id"]) not in have and _text(p["consumer"]) != FAILED
+        ]
+        if len(page) < 1_000:
+            break
+        start = "(" + _text(page[-1]["message_id"])
+    if not wanted:
+        return []
+    claimed: Any = client.xclaim(key, GROUP, consumer, 0, wanted)
+    return [(entry_id, fields) for entry_id, fields in claimed or [] if entry_id is not None]
+
+
+def _given_back(
+    client: RedisClient, key: str, consumer: str, ids: Sequence[str], error: BaseException
+) -> None:
+    """A drain that failed hands its entries on. When the database (or Redis) failed under it
+    (the connection lost or refused, a lock or a disk: `_PASSING`), they are made idle for
+    CLAIM_IDLE_MS (XCLAIM ... IDLE): the next drain, of this process or another, takes them at
+    once. Any other failure may come of the entries themselves (a value the table refuses, a
+    bug): they go to the consumer FAILED, off this drainer's own pending entries, and are taken
+    again only once idle for CLAIM_IDLE_MS, as a dead drainer's, while new entries go on being
+    drained. Only logged when Redis cannot take them (its own next run takes them anyway, or
+    any drain a minute later)."""
+    passing = isinstance(error, _PASSING)
+    try:
+        if passing:
+            client.xclaim(key, GROUP, consumer, 0, list(ids), idle=CLAIM_IDLE_MS, justid=True)
+        else:
+            client.xclaim(key, GROUP, FAILED, 0, list(ids), justid=True)
+    except REDIS_DOWN as exc:
+        logger.warning("A failed drain could not hand its %d entries on: %s", len(ids), exc)
+    if not passing:
+        logger.error(
+            "A drain of %d entries failed (%s: %s): tried again in %d s",
+            len(ids), type(error).__name__, error, CLAIM_IDLE_MS // 1000,
+        )  # fmt: skip
+
+
+def _entries_written(entries: Sequence[Any], ids: Sequence[str], report: Drained) -> None:
+    """Write the entries (their ids `ids`) in one transaction: decisions and their counts, send
+    outcomes, the members the decisions bring into studies and the outcome events after them,
+    the event stream's batches, and the ids in LedgerBatch."""
     with transaction.atomic():
         drain_serialized()  # batches of the event stream commit in the order of their ids
         done = set(
@@ -119,11 +247,15 @@ def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drai
         )
         calls: list[Decided] = []
         outcomes: list[Outcomes] = []
+        steps: list[Decided | PostedEvents] = []  # decisions and outcome events, in order
         for (_, fields), text_id in zip(entries, ids, strict=True):
             if text_id in done:
                 report.skipped += 1
                 continue
             try:
+                if _is_events(fields):
+                    steps.append(events_entry(fields[EVENTS_FIELD.encode()]))
+                    continue
                 entry = ledger_entry((fields or {}).get(b"d") or b"")
             except (msgspec.DecodeError, ValueError, TypeError) as exc:
                 # Written by no gate of this version (or cut short): kept out, and marked
@@ -137,6 +269,7 @@ def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drai
                 outcomes.append(entry)
             else:
                 calls.append(entry)
+                steps.append(entry)
         # Outcomes whose decisions this round writes too are written with them (most of a
         # blast's: a chunk's outcomes follow its decisions within a second); the others update
         # the rows an earlier round wrote.
@@ -148,8 +281,16 @@ def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drai
             decisions_batched(first, first + report_rows(calls) - 1, min(ats), max(ats))
             outcomes_batched(_known_taken(calls, known, first))
         counts_add(calls)
-        # Who the decisions bring into studies, and their sends (the experiments report).
-        decisions_noted(calls, holdout_view())
+        # Who the decisions bring into studies, and their sends (the experiments report); the
+        # outcome events after them, against the members written so far.
+        group = holdout_view()
+        for are_events, run in groupby(steps, key=lambda step: isinstance(step, PostedEvents)):
+            if are_events:
+                counted = events_counted([step for step in run if isinstance(step, PostedEvents)])
+                report.events += counted.new
+                report.events_repeated += counted.repeated
+            else:
+                decisions_noted(run, group)
         # After the decisions: an entry's outcomes follow its decisions in the stream.
         if outcomes and connection.vendor == "postgresql":
             # For the rest of this transaction: the outcomes' lookups' estimated cost (every
@@ -168,11 +309,6 @@ def ledger_drain(*, count: int = 200, client: RedisClient | None = None) -> Drai
             [LedgerBatch(stream_id=text_id) for text_id in ids if text_id not in done]
         )
         report.rows = report_rows(calls)
-    pipe = client.pipeline(transaction=False)  # one round trip; one slot (the stream's key)
-    pipe.xack(key, GROUP, *ids)
-    pipe.xdel(key, *ids)
-    pipe.execute()
-    return report
 
 
 def report_rows(calls: Sequence[Decided]) -> int:

@@ -15,7 +15,7 @@ from rest_framework.authtoken.models import Token
 
 from tests.support import broker
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.processes, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 OPERATIONS = {
     "build_get", "build_start", "cap_set", "caps_list", "gate_check", "gate_release",
     "quiet_hours_change", "quiet_hours_create", "quiet_hours_delete", "quiet_hours_get",

@@ -28,6 +28,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from gatekeeper.api_urls import v1
+from tests.conftest import examples
+
+pytestmark = pytest.mark.postgres
 
 CHECKS = [
     not_a_server_error,
@@ -143,7 +146,7 @@ def test_no_server_errors_and_responses_match_the_served_schema(
 
 def fuzz(operation: Any, mode: GenerationMode, base: str, headers: dict) -> None:
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples(30), deadline=None, suppress_health_check=list(HealthCheck))
     def run(case: schemathesis.Case) -> None:
         note(f"{case.method} {case.formatted_path} ({mode.value})")
         checks = list(CHECKS)

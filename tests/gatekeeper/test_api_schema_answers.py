@@ -154,6 +154,7 @@ def test_rules_with_and_without_a_reserve_and_the_quota_that_shows_them(api, sna
     answers(m, "PUT", "/api/v1/limits/gold/push/", 404, json={"daily": 4, "weekly": None})
 
 
+@pytest.mark.postgres
 def test_a_users_history_with_and_without_the_deciding_rule(api, snapshot, answers):
     g = api("gate")
     answers(g, "POST", "/api/v1/gate/check/", 200, json=check_body([(2, "a"), (2, "b"), (2, "c")]))
@@ -234,6 +235,7 @@ def test_send_jobs(api, snapshot, answers):
     answers(g, "GET", "/api/v1/sends/999999/", 404)
 
 
+@pytest.mark.postgres
 def test_suppressions_and_reports(api, snapshot, answers):
     g, m, v = api("gate"), api("marketer"), api("viewer")
     answers(g, "POST", "/api/v1/suppressions/", 200, json={"channel": "email", "user_ids": [1, 2]})

@@ -84,7 +84,9 @@ def beats(tmp_path: Path) -> Iterator[list[subprocess.Popen[Any]]]:
         stop_celery_worker(process)
 
 
+@pytest.mark.processes
 @pytest.mark.slow
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_one_beat_sends_the_tasks_and_another_takes_over_when_it_is_killed(beats) -> None:
     broker = redis.Redis.from_url(TEST_BROKER_URL)

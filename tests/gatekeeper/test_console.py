@@ -248,6 +248,7 @@ def make_rule(name, **values):
     return RULES.create(fields=RuleFields(name=name, **{**fields, **values}), via="command")
 
 
+@pytest.mark.postgres
 def test_a_user_lookup_shows_segment_zone_quota_rules_and_recent_sends(marketer_client, demo):
     vip = Segment.objects.get(slug="vip")
     vip.time_zone = "Asia/Kathmandu"
@@ -411,6 +412,7 @@ def test_the_dashboard_shows_versions_processes_decisions_and_sizes(marketer_cli
     assert "chart.umd.min.js" in page
 
 
+@pytest.mark.postgres
 def test_segment_pages_link_to_their_caps(marketer_client, demo):
     vip = Segment.objects.get(slug="vip")
     listing = text(marketer_client.get(reverse("admin:segments_segment_changelist")))
@@ -470,13 +472,61 @@ def test_the_demo_seeds_group_logins_a_service_account_and_a_live_dashboard(
     # A finished send job, so the send-job pages are not empty on first look.
     from worker.models import SendJob
 
-    job = SendJob.objects.get()
+    job = SendJob.objects.get(campaign="demo-welcome")
     assert job.status == "done" and job.pending == 0 and job.invalid == 3
     assert job.sent > 0 and job.capped > 0
     jobs = text(client.get(reverse("admin:worker_sendjob_changelist")))
     assert "demo-welcome" in jobs
     call_command("seed_demo", stdout=out)  # a second start seeds nothing
     assert "already there" in out.getvalue()
+    assert SendJob.objects.count() == 3  # the finished one and the two scheduled
+
+
+@pytest.mark.postgres
+def test_the_demo_seeds_the_newer_pages_a_plan_an_experiment_topics_and_preferences(
+    client, redis_client, settings
+):
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from gatekeeper.lib.groups import groups_sync
+    from limits.experiments import status_of
+    from limits.models import Experiment, Preference, StudyDay, StudyEvent, Topic
+    from limits.selectors import topics_read
+    from worker.models import SendJob
+
+    groups_sync()
+    call_command("seed_demo", stdout=io.StringIO())
+    client.login(username="marketer", password="gatekeeper-demo")
+    # A scheduled job and a reserved one, both ahead, and the plan page lists both.
+    scheduled = list(SendJob.objects.filter(status="scheduled").order_by("start_at"))
+    assert [job.reserve for job in scheduled] == [False, True]
+    assert all(job.start_at is not None and job.start_at > timezone.now() for job in scheduled)
+    plan = text(client.get("/admin/plan/"))
+    assert "No plan yet" not in plan and "Made at" in plan
+    for job in scheduled:
+        assert f'id="plan-job-{job.pk}"' in plan and job.campaign in plan
+    shown = client.get("/admin/plan/").context["current"]
+    assert not shown["stale"] and len(shown["jobs"]) == 2
+    reserved, earlier = shown["jobs"][1], shown["jobs"][0]
+    assert reserved["reserve"] and reserved["sent"] > 0
+    assert earlier["refused"].get("reserved", 0) > 0  # what the reservation holds for itself
+    # A running experiment whose users entered with the demo newsletter, with outcome events.
+    (experiment,) = Experiment.objects.all()
+    now = timezone.now()
+    assert status_of(experiment.state, experiment.starts_at, experiment.ends_at, now) == "running"
+    days = StudyDay.objects.filter(study=experiment.pk)
+    assert {d.arm for d in days} == {0, 1} and sum(d.entered for d in days) > 0
+    rides = StudyEvent.objects.filter(study=experiment.pk, name="ride")
+    assert sum(e.count for e in rides) > 0 and sum(e.value for e in rides) > 0
+    report = text(client.get(reverse("admin:limits_experiment_report", args=[experiment.pk])))
+    assert "ride" in report
+    # Topics, and people's preferences about them.
+    assert set(topics_read()) == {"offers", "product-news", "partner-offers", "safety"}
+    assert Topic.objects.get(slug="safety").default == "required"
+    assert Preference.objects.count() == 2_000
+    assert Preference.objects.filter(topics__offers__push=False).exists()
+    assert "Topics" in text(client.get(reverse("admin:limits_topic_changelist")))
 
 
 def test_a_large_audience_is_estimated_from_a_sample(marketer_client, demo, monkeypatch):

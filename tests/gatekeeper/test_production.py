@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from django.test import Client, override_settings
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

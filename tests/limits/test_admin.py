@@ -263,6 +263,7 @@ def test_a_bad_rule_is_refused_naming_the_field_and_nothing_is_saved(
     assert not Rule.objects.exists() and not RuleChange.objects.exists()
 
 
+@pytest.mark.postgres
 def test_a_rule_change_and_delete_go_through_the_services_and_show_in_its_history(
     admin_client, admin_user
 ):
@@ -485,6 +486,7 @@ def test_bad_quiet_hours_are_refused_naming_the_field_and_nothing_is_saved(
     assert not QuietHours.objects.exists() and not QuietHoursChange.objects.exists()
 
 
+@pytest.mark.postgres
 def test_quiet_hours_change_and_delete_go_through_the_services_and_show_in_the_history(
     admin_client, admin_user, vip
 ):

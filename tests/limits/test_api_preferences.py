@@ -34,6 +34,7 @@ def topics(api):
         assert call(m, "POST", "/api/v1/topics/", json=body).status_code == 201
 
 
+@pytest.mark.postgres
 def test_a_persons_preferences_are_read_replaced_and_changed_choice_by_choice(
     api, snapshot, topics
 ):
@@ -103,7 +104,7 @@ def test_a_persons_preferences_are_read_replaced_and_changed_choice_by_choice(
             {"frequency": [{"channel": "email", "window": SECONDS_5, "limit": 2}]},
             "frequency.0.window.seconds",
         ),
-        # Longer than any window the rules count (7 days when no rule counts longer).
+        # Longer than a week (a calendar one included) when no rule counts longer.
         ({"frequency": [{"channel": "email", "window": MONTH, "limit": 2}]}, "frequency.0.window"),
         (
             {
@@ -151,6 +152,7 @@ def test_a_user_id_in_the_path_is_its_digits(api, snapshot):
         assert answer.status_code == 400 and list(answer.json()) == ["user_id"], bad
 
 
+@pytest.mark.postgres
 def test_a_persons_own_frequency_is_kept_and_never_looser_than_the_rules_for_everyone(
     api, snapshot, topics
 ):
@@ -176,3 +178,102 @@ def test_a_persons_own_frequency_is_kept_and_never_looser_than_the_rules_for_eve
     assert call(gate, "GET", PATH).json()["frequency"] == [day]
     assert call(gate, "PATCH", PATH, json={"frequency": None}).json()["frequency"] == []
     assert not Preference.objects.exists()
+
+
+CALENDAR_WEEK = {"kind": "calendar", "unit": "week"}
+
+
+@pytest.mark.postgres
+def test_what_a_get_answers_put_back_as_it_is_changes_nothing(api, snapshot, topics):
+    gate = api("gate")
+    whole = {
+        "topics": {"news": {"email": False}, "offers": {"push": True}},
+        "channels": {"sms": False},
+        "paused_until": later_text(2),
+        "paused_channels": {"push": later_text(3)},
+        "frequency": [{"channel": "email", "window": WEEK, "limit": 2}],
+    }
+    assert call(gate, "PUT", PATH, json=whole).status_code == 200
+    shown = call(gate, "GET", PATH).json()
+    assert shown["user_id"] == 42
+    # The very body a GET answers, its user id the path's (as a number or its digits).
+    for method in ("PUT", "PATCH"):
+        for user_id in (42, "42"):
+            again = call(gate, method, PATH, json={**shown, "user_id": user_id})
+            assert again.status_code == 200, (method, user_id, again.text)
+            assert again.json() == shown, (method, user_id)
+    assert call(gate, "PATCH", PATH, json={"user_id": 42}).json() == shown
+    assert call(gate, "GET", PATH).json() == shown
+    assert PreferenceChange.objects.count() == 1  # none of them changed anything
+
+
+@pytest.mark.parametrize("user_id", [43, "43", 0, -1, "042", "abc", None, 1.5, 2**64])
+def test_a_user_id_not_the_paths_is_a_400_naming_it_and_nothing_changes(
+    api, snapshot, topics, user_id
+):
+    gate = api("gate")
+    before = {"topics": {"news": {"email": False}}}
+    shown = call(gate, "PUT", PATH, json=before).json()
+    for method, body in (
+        ("PUT", {**shown, "user_id": user_id}),
+        ("PATCH", {"channels": {"sms": False}, "user_id": user_id}),
+    ):
+        refused = call(gate, method, PATH, json=body)
+        assert refused.status_code == 400, (method, refused.text)
+        assert list(refused.json()) == ["user_id"], (method, refused.json())
+    if user_id in (43, "43", 0):
+        assert "42" in refused.json()["user_id"][0], refused.json()
+    assert call(gate, "GET", PATH).json() == shown
+    assert list(Preference.objects.values_list("user_id", flat=True)) == [42]
+    assert PreferenceChange.objects.count() == 1
+
+
+def test_the_schema_declares_the_body_a_get_answers_as_one_put_and_patch_take(
+    api, snapshot, topics
+):
+    from openapi_schema_validator import OAS30WriteValidator, oas30_format_checker
+
+    gate = api("gate")
+    body = {"topics": {"news": {"email": False}}, "paused_until": later_text(),
+            "frequency": [{"channel": "email", "window": CALENDAR_WEEK, "limit": 2},
+                          {"channel": "push", "window": WEEK, "limit": 3}]}  # fmt: skip
+    assert call(gate, "PUT", PATH, json=body).status_code == 200
+    shown = call(gate, "GET", PATH).json()
+    served = call(api("viewer"), "GET", "/api/schema/?format=json").json()
+    operations = served["paths"]["/api/v1/users/{user_id}/preferences/"]
+    for method in ("put", "patch"):
+        declared = operations[method]["requestBody"]["content"]["application/json"]["schema"]
+        validator = OAS30WriteValidator(
+            {**declared, "components": served["components"]}, format_checker=oas30_format_checker
+        )
+        errors = [error.message for error in validator.iter_errors(shown)]
+        assert not errors, (method, errors)
+        # The user id is declared, as the path's (a number, or its digits), and may be left out.
+        component = declared["$ref"].rsplit("/", 1)[-1]
+        properties = served["components"]["schemas"][component]["properties"]
+        assert "user_id" in properties and "path" in properties["user_id"]["description"]
+        assert "user_id" not in served["components"]["schemas"][component].get("required", [])
+        assert validator.is_valid({**shown, "user_id": "42"})
+        assert not validator.is_valid({**shown, "user_id": -1})
+
+
+@pytest.mark.postgres
+def test_a_persons_own_calendar_week_is_taken_and_the_logs_keep_it_whole(api, snapshot, topics):
+    gate = api("gate")
+    mine = {"channel": "email", "window": CALENDAR_WEEK, "limit": 2}
+    for method in ("PUT", "PATCH"):
+        answer = call(gate, method, PATH, json={"frequency": [mine]})
+        assert answer.status_code == 200, (method, answer.text)
+        assert answer.json()["frequency"] == [mine]
+    # A calendar week in a zone that changes its clocks lasts 7 days and an hour: the logs keep
+    # that long for it.
+    assert Preference.objects.get(user_id=42).keeps_seconds == 7 * 86_400 + 3_600
+    assert policy_cache().table().retention_ms == (7 * 86_400 + 3_600) * 1000
+    # Nothing longer than a week when the rules count no longer.
+    refused = call(gate, "PATCH", PATH, json={"frequency": [{**mine, "window": MONTH}]})
+    assert refused.status_code == 400
+    assert "calendar week" in refused.json()["frequency.0.window"][0], refused.json()
+    eight_days = {"kind": "rolling", "seconds": 8 * 86_400}
+    assert call(gate, "PATCH", PATH, json={"frequency": [{**mine, "window": eight_days}]}).json()[
+        "frequency.0.window"
+    ]

@@ -123,6 +123,7 @@ def test_a_topic_made_in_the_admin_is_read_in_plain_words_and_recorded_with_who(
     ]
 
 
+@pytest.mark.postgres
 def test_a_gate_call_names_its_topic_which_must_exist_on_its_channel_and_the_ledger_keeps_it(
     api, snapshot
 ):

@@ -38,6 +38,7 @@ def test_the_hash_is_its_reference_and_does_not_change_between_releases():
     ]  # fmt: skip
 
 
+@pytest.mark.processes
 def test_another_process_assigns_the_same_people():
     ids = list(range(0, 5_000_000, 997))
     mine = in_share(ids, "spring", 0.1)

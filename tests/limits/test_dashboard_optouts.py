@@ -60,6 +60,7 @@ def by_day(switches, slug: str) -> dict[str, tuple[int, int]]:
     }
 
 
+@pytest.mark.postgres
 def test_it_counts_people_switching_a_topic_off_and_back_on_per_day(topics):
     change(1, 2, topics={"news": {"email": False}})
     change(1, 2, hour=13, topics={"news": {"push": False}})  # the same day: once
@@ -81,6 +82,7 @@ def test_it_counts_people_switching_a_topic_off_and_back_on_per_day(topics):
     ]
 
 
+@pytest.mark.postgres
 def test_a_topic_people_must_ask_for_is_on_only_once_they_did(topics):
     change(1, 3, topics={"offers": {"email": False}})  # off already: no switch
     change(2, 3, topics={"offers": {"email": True}})
@@ -90,6 +92,7 @@ def test_a_topic_people_must_ask_for_is_on_only_once_they_did(topics):
     assert by_day(switches, "offers") == {"2026-03-17": (0, 1), "2026-03-19": (1, 0)}
 
 
+@pytest.mark.postgres
 def test_only_the_days_shown_are_counted_in_one_query_bounded_by_time(topics):
     change(1, 30, topics={"news": {"email": False}})  # a day before the 30 shown
     change(1, 29, hour=0, topics={"news": {"email": None}})  # the first day shown, at 00:00
@@ -104,6 +107,7 @@ def test_only_the_days_shown_are_counted_in_one_query_bounded_by_time(topics):
     assert topic_switches(topics=topics_read(), days=30, now=NOW + timedelta(days=30)) is None
 
 
+@pytest.mark.postgres
 def test_nobody_switching_anything_is_none(topics):
     change(1, 0, paused_until=NOW + timedelta(days=400))
     assert topic_switches(topics=topics_read(), days=30, now=NOW) is None
@@ -119,6 +123,7 @@ def dashboard(client) -> tuple[str, dict]:
     return page, json.loads(data.group(1))
 
 
+@pytest.mark.postgres
 def test_the_dashboard_charts_and_tables_the_switches_by_topic_name(
     topics, viewer_client, redis_client
 ):

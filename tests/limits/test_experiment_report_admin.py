@@ -93,6 +93,7 @@ def chart_data(response: Any) -> dict[str, Any]:
     return json.loads(found.group(1))
 
 
+@pytest.mark.postgres
 def test_the_result_shows_the_verdict_charts_table_and_csv(admin_client):
     row = make()
     today = today_utc()
@@ -201,6 +202,7 @@ def test_a_split_that_is_off_is_said_before_the_figures(admin_client):
     assert page.index('id="report-split-off"') < page.index('id="report-table"')
 
 
+@pytest.mark.postgres
 def test_the_control_groups_result_and_its_link_from_its_page(admin_client):
     Holdout.objects.update_or_create(pk=1, defaults={"share": 0.05, "salt": "report"})
     holdout_read()

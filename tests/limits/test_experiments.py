@@ -63,6 +63,7 @@ def _segment_id(slug: str) -> int:
     return Segment.objects.get(slug=slug).pk
 
 
+@pytest.mark.postgres
 def test_made_read_changed_and_stopped_over_rest_each_step_recorded(api, vip):
     marketer = api("marketer")
     made = call(marketer, "POST", PATH, json=body())
@@ -201,6 +202,7 @@ def test_stopped_every_user_is_back_on_the_segments_rules(api, vip):
     assert all(d.experiment is None for d in decided)
 
 
+@pytest.mark.postgres
 def test_concluding_promotes_the_arm_and_disables_what_it_replaces(api, vip):
     marketer = api("marketer")
     made = call(marketer, "POST", PATH, json=body()).json()
@@ -223,6 +225,7 @@ def test_concluding_promotes_the_arm_and_disables_what_it_replaces(api, vip):
     assert call(marketer, "POST", one, json={"arm": "three"}).status_code == 409
 
 
+@pytest.mark.postgres
 def test_decisions_name_the_arm_in_the_ledger_and_history(api, vip):
     from limits.ledger.drain import ledger_drain
     from limits.models import LedgerKind

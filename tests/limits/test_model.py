@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from limits.limiter import Limiter
 from limits.policy import ArmView, ExperimentView, PolicyTable, RuleView
-from tests.conftest import TEST_REDIS_URL
+from tests.conftest import TEST_REDIS_URL, examples
 from worker.claims import (
     NOT_SENT,
     SENDING_STATE,
@@ -430,7 +430,7 @@ class LimiterMachine(RuleBasedStateMachine):
 
 TestLimiterMatchesModel = LimiterMachine.TestCase
 TestLimiterMatchesModel.settings = settings(
-    max_examples=300,
+    max_examples=examples(300),
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -495,5 +495,5 @@ class RecordMachine(RuleBasedStateMachine):
 CHUNK = SimpleNamespace(pk=7_000_001, created_at=datetime(2026, 11, 27, tzinfo=UTC))
 TestChunkRecordsMatchModel = RecordMachine.TestCase
 TestChunkRecordsMatchModel.settings = settings(
-    max_examples=100, stateful_step_count=30, deadline=None
+    max_examples=examples(100), stateful_step_count=30, deadline=None
 )

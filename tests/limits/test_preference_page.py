@@ -11,6 +11,7 @@ from django.urls import reverse
 
 from limits.models import Preference, PreferenceChange
 from limits.preference_page import preferences_reader, preferences_token, preferences_url
+from limits.preferences import PreferencesFields
 from limits.services import TOPICS
 from limits.topics import TopicFields
 
@@ -50,6 +51,7 @@ def test_the_link_is_signed_for_one_person_and_a_tampered_one_is_refused(client,
     assert not PreferenceChange.objects.exists()
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db
 def test_the_page_shows_each_topic_as_the_person_gets_it_and_saves_what_they_choose(client):
     topics_made()
@@ -120,6 +122,57 @@ def test_the_page_offers_only_a_frequency_tighter_than_the_rules_and_keeps_the_c
         assert refused.status_code == 400, bad
     assert Preference.objects.get(user_id=7).frequency[0]["limit"] == 2
     assert PreferenceChange.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_the_page_offers_each_calendar_week_too_and_keeps_what_it_leaves_as_it_was(client):
+    from limits.preferences import preferences_replace
+    from limits.selectors import topics_read
+
+    topics_made()
+    week = {"kind": "rolling", "seconds": 604_800}
+    calendar = {"kind": "calendar", "unit": "week"}
+    page = text(client.get(page_path(7)))
+    email = re.search(r'<select id="often-email" name="often:email">(.*?)</select>', page)
+    assert email is not None
+    assert re.findall(r'value="calendar:(\d+)"', email.group(1)) == [str(n) for n in range(1, 8)]
+    assert '<optgroup label="Each calendar week (Monday to Sunday)">' in email.group(1)
+    base = {"channel:email": "on", "channel:push": "on", "channel:sms": "on",
+            "topic:news:email": "on", "topic:news:push": "on"}  # fmt: skip
+    chosen = {**base, "often:email": "calendar:2", "often:push": "3"}
+    saved = client.post(page_path(7), chosen)
+    assert saved.status_code == 200, text(saved)
+    row = Preference.objects.get(user_id=7)
+    assert row.frequency == [
+        {"channel": "email", "window": calendar, "limit": 2},
+        {"channel": "push", "window": week, "limit": 3},
+    ]
+    # A calendar week lasts 7 days and an hour where the clocks go back: the logs keep that.
+    assert row.keeps_seconds == 7 * 86_400 + 3_600
+    assert '<option value="calendar:2" selected>At most 2 a calendar week</option>' in text(saved)
+    assert '<option value="3" selected>At most 3 a week</option>' in text(saved)
+    french = text(client.get(page_path(7), HTTP_ACCEPT_LANGUAGE="fr"))
+    assert "Au plus 2 par semaine du calendrier" in french
+    # Saved again as it is: nothing changes. A choice the page never offers: refused.
+    assert client.post(page_path(7), chosen).status_code == 200
+    for bad in ("calendar:0", "calendar:two", "month:2", ":2", "calendar:"):
+        refused = client.post(page_path(7), {**chosen, "often:email": bad})
+        assert refused.status_code == 400, bad
+    assert PreferenceChange.objects.count() == 1
+    # Two weekly frequencies on one channel (set over the API): the page shows one, and keeps
+    # both while its choice stays as shown.
+    both = [{"channel": "email", "window": calendar, "limit": 2},
+            {"channel": "email", "window": week, "limit": 3}]  # fmt: skip
+    preferences_replace(user_id=8, prefs=PreferencesFields(frequency=both), topics=topics_read(),
+                        source="api")  # fmt: skip
+    shown = text(client.get(page_path(8)))
+    assert '<option value="calendar:2" selected>' in shown and "selected>At most 3" not in shown
+    assert client.post(page_path(8), {**base, "often:email": "calendar:2"}).status_code == 200
+    assert Preference.objects.get(user_id=8).frequency == both
+    assert client.post(page_path(8), {**base, "often:email": "1"}).status_code == 200
+    assert Preference.objects.get(user_id=8).frequency == [
+        {"channel": "email", "window": week, "limit": 1}
+    ]
 
 
 @pytest.mark.django_db

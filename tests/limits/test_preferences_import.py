@@ -59,6 +59,7 @@ def journal() -> list[tuple[int, str, str | None]]:
     )
 
 
+@pytest.mark.postgres
 def test_a_json_lines_file_replaces_the_preferences_of_each_person_in_it(api, topics):
     gate = api("gate")
     before = {"topics": {"news": {"push": False}}, "channels": {"sms": False}}
@@ -86,6 +87,7 @@ def test_a_json_lines_file_replaces_the_preferences_of_each_person_in_it(api, to
     assert imported.before is not None and imported.before["channels"] == {"sms": False}
 
 
+@pytest.mark.postgres
 def test_a_csv_file_has_one_choice_a_row_and_a_persons_rows_together(api, topics):
     body = (
         "\ufeffuser_id,topic,channel,subscribed,paused_until\r\n"
@@ -114,6 +116,7 @@ def test_a_csv_file_has_one_choice_a_row_and_a_persons_rows_together(api, topics
     assert not Preference.objects.filter(user_id=11).exists()
 
 
+@pytest.mark.postgres
 def test_a_gzip_file_is_told_by_its_bytes_and_the_format_by_the_query(api, topics):
     body = gzip.compress(b"user_id,channel,subscribed\n3,email,0\n4,push,1\n")
     answer = call(
@@ -269,6 +272,7 @@ def test_a_gzip_that_inflates_past_the_limit_is_refused(api, topics, monkeypatch
     assert many.json()["line"] == 4
 
 
+@pytest.mark.postgres
 def test_the_same_file_again_changes_nothing_and_journals_nothing(api, topics):
     gate = api("gate")
     body = lines(*({"user_id": n, "topics": {"news": {"email": n % 2 == 0}}} for n in range(10)))

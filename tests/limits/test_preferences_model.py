@@ -2,7 +2,8 @@
 that end, their own frequencies, and reads of the journal or of the whole table, in any order;
 after each step every person's answer from another process's cache (reading the journal) and
 from a fresh one (reading the table) is the model's: `preference` naming what was switched off,
-`paused`, or nothing, and the rules of their own the gate adds to their sends."""
+`paused`, or nothing, and the rules of their own the gate adds to their sends; and the logs keep
+what the longest of them counts."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from limits.models import Preference, PreferenceChange
+from limits.policy import own_rule
 from limits.preferences import (
     PreferenceCache,
     PreferencesFields,
@@ -19,9 +21,11 @@ from limits.preferences import (
     preferences_replace,
 )
 from limits.reasons import Reason
+from limits.selectors import own_keeps_ms
 from limits.topics import TopicView
+from tests.conftest import examples
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
 START = datetime(2026, 11, 27, 12, tzinfo=UTC)
 TOPICS = {
@@ -44,6 +48,12 @@ topic_choices = st.fixed_dictionaries(
     },
 )
 hours = st.integers(min_value=1, max_value=48)
+# A person's own windows: a day and a week rolling, a calendar week (7 days and an hour at most).
+WINDOWS = [
+    {"kind": "rolling", "seconds": 86_400},
+    {"kind": "rolling", "seconds": 604_800},
+    {"kind": "calendar", "unit": "week"},
+]
 
 
 class Machine(RuleBasedStateMachine):
@@ -99,10 +109,9 @@ class Machine(RuleBasedStateMachine):
 
     @rule(user=st.sampled_from(USERS), channel=st.sampled_from(CHANNELS),
           limit=st.none() | st.integers(min_value=1, max_value=4),
-          days=st.sampled_from([1, 7]))  # fmt: skip
-    def own_frequency(self, user, channel, limit, days):
+          window=st.sampled_from(WINDOWS))  # fmt: skip
+    def own_frequency(self, user, channel, limit, window):
         mine = self.model.setdefault(user, PreferencesFields())
-        window = {"kind": "rolling", "seconds": days * 86_400}
         kept = [e for e in mine.frequency if (e["channel"], e["window"]) != (channel, window)]
         if limit is not None:
             kept.append({"channel": channel, "window": window, "limit": limit})
@@ -139,7 +148,7 @@ class Machine(RuleBasedStateMachine):
     def own(self, cache: PreferenceCache, topic: str | None, channel: str):
         found = cache.own_rules(channel, TOPICS.get(topic) if topic else None, list(USERS))
         return [
-            sorted((r.window_seconds, r.limit) for r in rules)
+            sorted((r.window_seconds or 0, r.window_unit, r.limit) for r in rules)
             for rules in (found or [()] * len(USERS))
         ]
 
@@ -148,8 +157,18 @@ class Machine(RuleBasedStateMachine):
             return []
         said = self.model.get(user) or PreferencesFields()
         return sorted(
-            (e["window"]["seconds"], e["limit"]) for e in said.frequency if e["channel"] == channel
+            (e["window"].get("seconds", 0), e["window"].get("unit", ""), e["limit"])
+            for e in said.frequency
+            if e["channel"] == channel
         )
+
+    @invariant()
+    def the_logs_keep_the_longest_own_window(self):
+        longest = max(
+            (own_rule(**e).keeps() for said in self.model.values() for e in said.frequency),
+            default=timedelta(0),
+        )
+        assert own_keeps_ms() == longest.total_seconds() * 1000
 
     @invariant()
     def every_cache_answers_as_the_model(self):
@@ -167,7 +186,7 @@ def test_preferences_match_the_model():
     run_state_machine_as_test(
         Machine,
         settings=settings(
-            max_examples=40,
+            max_examples=examples(40),
             stateful_step_count=12,
             deadline=None,
             suppress_health_check=list(HealthCheck),

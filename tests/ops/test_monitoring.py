@@ -14,6 +14,8 @@ import pytest
 import yaml
 from django.test import Client
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "gatekeeper-alerts.yml"
 RULE_TESTS = ROOT / "deploy" / "prometheus" / "gatekeeper-alerts.test.yml"

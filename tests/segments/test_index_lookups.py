@@ -14,6 +14,7 @@ from pyroaring import BitMap, BitMap64, FrozenBitMap
 from segments.bitmaps import AnyFrozen, deserialize, serialize, sha256
 from segments.index import SegmentIndex, SnapshotError, index_from_objects
 from segments.packed import PackedSegments, PortableFormatError, parse_portable
+from tests.conftest import examples
 
 DATA = Path(__file__).parent / "data" / "roaring"
 MAX_32 = 2**32 - 1
@@ -215,7 +216,7 @@ def test_an_index_built_from_bitmaps_answers_the_same():
     assert built.resolve_many(ids) == loaded.resolve_many(ids)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.lists(
         st.tuples(

@@ -74,6 +74,7 @@ def builds_queue(settings) -> list[dict]:
     return [json.loads(message)["headers"] for message in broker.lrange("builds", 0, -1)]
 
 
+@pytest.mark.postgres
 def test_a_large_list_is_stored_unchecked_then_validated_in_the_background(
     vip, settings, django_capture_on_commit_callbacks
 ):
@@ -101,6 +102,7 @@ def test_a_large_list_is_stored_unchecked_then_validated_in_the_background(
     assert user_list_validate(user_list_id=stored.pk).status == "ready"  # a redelivery: no-op
 
 
+@pytest.mark.postgres
 def test_a_large_list_that_fails_in_the_background_says_why_and_is_never_built(
     vip, settings, django_capture_on_commit_callbacks
 ):

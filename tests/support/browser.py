@@ -22,17 +22,22 @@ CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 
 @pytest.fixture(scope="session")
-def screenshots() -> Path:
+def screenshots(request: pytest.FixtureRequest) -> Path:
     """The screenshot folder, emptied once per run: numbered by step, an earlier run's would mix
-    with this one's (each test names its own with a prefix)."""
+    with this one's (each test names its own with a prefix). In a run spread over processes,
+    each empties only what it will write again: the files of its own tests' prefixes are
+    replaced as they are taken."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    for old in SHOTS.glob("*.png"):
-        old.unlink()
+    if not hasattr(request.config, "workerinput"):
+        for old in SHOTS.glob("*.png"):
+            old.unlink()
     return SHOTS
 
 
-@pytest.fixture
-def browser(screenshots) -> Iterator[object]:
+@pytest.fixture(scope="session")
+def chromium(screenshots) -> Iterator[object]:
+    """One headless Chromium for the run (per process of a run spread over several): starting
+    one costs a second or two of CPU, and every browser test would pay it."""
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         pytest.skip("headless Chromium is not installed (scripts/system_deps.py installs it)")
     from selenium import webdriver
@@ -50,6 +55,23 @@ def browser(screenshots) -> Iterator[object]:
     driver.implicitly_wait(0)
     yield driver
     driver.quit()
+
+
+@pytest.fixture
+def browser(chromium) -> Iterator[object]:
+    """The run's Chromium as a new visitor finds it: no cookies or stored data from an earlier
+    test, a blank page, the usual window size, no extra tabs."""
+    driver = chromium
+    yield driver
+    for handle in driver.window_handles[1:]:
+        driver.switch_to.window(handle)
+        driver.close()
+    driver.switch_to.window(driver.window_handles[0])
+    driver.get("about:blank")
+    driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+    driver.execute_cdp_cmd("Network.clearBrowserCache", {})
+    driver.execute_cdp_cmd("Storage.clearDataForOrigin", {"origin": "*", "storageTypes": "all"})
+    driver.set_window_size(1400, 1000)
 
 
 class Page:

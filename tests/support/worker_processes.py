@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import tests.settings  # noqa: F401 (sets CELERY_BROKER_URL)
 from tests.support.celery_workers import (
     ROOT,
     start_celery_worker,
@@ -23,8 +24,8 @@ from tests.support.sends import smtp_serving
 from worker.models import SendJob
 from worker.services import send_job_create
 
-# The test process queues to this broker database too (tests/settings.py).
-TEST_BROKER_URL = os.environ.get("GATEKEEPER_TEST_BROKER_URL", "redis://127.0.0.1:6379/9")
+# The test process queues to this broker database too (tests/settings.py sets it).
+TEST_BROKER_URL = os.environ["CELERY_BROKER_URL"]
 
 
 class SlowInbox:

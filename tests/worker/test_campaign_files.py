@@ -47,6 +47,7 @@ def staged_or_queued(job: SendJob) -> list[SendChunk]:
     return list(SendChunk.objects.filter(job=job).order_by("pk"))
 
 
+@pytest.mark.postgres
 def test_a_gzip_file_is_staged_while_read_and_queued_once_all_of_it_is_valid(push, settings):
     settings.GATEKEEPER_SEND_CHUNK_SIZE = 2
     text = (
@@ -84,6 +85,7 @@ def test_a_gzip_file_is_staged_while_read_and_queued_once_all_of_it_is_valid(pus
     assert (job.status, job.sent, job.duplicate, job.pending) == ("done", 4, 1, 0)
 
 
+@pytest.mark.postgres
 def test_a_bad_line_deep_in_the_file_fails_the_job_and_nothing_is_queued(push, monkeypatch):
     monkeypatch.setattr(services, "HEAD_LINES", 5)
     lines = [f"{i},token-{i}" for i in range(1, 60)]

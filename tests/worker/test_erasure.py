@@ -67,6 +67,7 @@ def rows_naming(value: str) -> list[str]:
     return found
 
 
+@pytest.mark.postgres
 def test_an_erased_person_is_gone_from_every_place_and_the_gate_refuses_them(
     api, snapshot, officer, redis_client
 ):
@@ -128,6 +129,7 @@ def test_an_erased_person_is_gone_from_every_place_and_the_gate_refuses_them(
     assert again.status == "done" and set(again.removed.values()) == {0}
 
 
+@pytest.mark.postgres
 def test_a_chunk_being_sent_keeps_their_records_until_its_run_ends(api, snapshot, officer):
     created = call(
         api("gate"),
@@ -187,6 +189,7 @@ def test_erasures_refuse_bad_input_and_need_their_right(api, snapshot, officer):
     assert call(officer, "GET", "/api/v1/erasures/999/").status_code == 404
 
 
+@pytest.mark.postgres
 def test_the_command_erases_a_file_of_ids_both_passes(api, snapshot, tmp_path, monkeypatch):
     person_everywhere(api("gate"), PERSON, others=(2,), now=NOW)
     monkeypatch.setattr("limits.ledger.erasure.RETRY_IN", timedelta(0))

@@ -23,6 +23,7 @@ def news(published):
     )
 
 
+@pytest.mark.postgres
 def test_a_job_names_a_topic_that_exists_on_its_channel(news, relay):
     with pytest.raises(ValidationError) as refused:
         make_job(1, topic="nope")
@@ -39,6 +40,7 @@ def test_a_job_names_a_topic_that_exists_on_its_channel(news, relay):
     assert sorted(decisions().values_list("user_id", "topic")) == [(1, "news"), (9, "news")]
 
 
+@pytest.mark.postgres
 def test_a_topic_deleted_before_the_job_runs_lets_its_sends_go_without_it(news, relay, caplog):
     job = make_job(1, topic="news")
     TOPICS.delete(row=news, via="command")
@@ -67,6 +69,7 @@ def test_send_campaign_takes_a_topic_and_names_a_bad_one(news, tmp_path):
     assert SendJob.objects.get().topic == "news"
 
 
+@pytest.mark.postgres
 def test_a_change_made_while_a_job_runs_governs_the_chunks_not_yet_gated(
     news, relay, settings, django_capture_on_commit_callbacks
 ):

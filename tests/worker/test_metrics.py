@@ -129,6 +129,7 @@ def test_the_ledger_stream_and_the_drain_lag(vip, redis_client):
     assert value(samples, "gatekeeper_ledger_drain_lag_seconds") == 0
 
 
+@pytest.mark.postgres
 def test_chunks_by_kind_and_state_with_the_oldest_due_ones_lag(vip):
     now = timezone.now()
     job = make_job(1, 2, 3)  # one chunk of 3, queued, not handed out
@@ -159,6 +160,7 @@ def test_chunks_by_kind_and_state_with_the_oldest_due_ones_lag(vip):
     assert value(samples, "gatekeeper_send_jobs", status="paused") == 1
 
 
+@pytest.mark.postgres
 def test_a_job_idle_since_its_last_progress_and_one_that_only_waits_is_not(vip, settings):
     now = timezone.now()
     settings.GATEKEEPER_CHUNK_LEASE_SECONDS = 60
@@ -245,6 +247,7 @@ def test_a_scrape_answers_when_redis_does_not(vip, settings):
     assert value(samples, "gatekeeper_send_chunks", kind="send", state="due") == 1
 
 
+@pytest.mark.postgres
 def test_a_scrape_answers_when_the_database_does_not(vip):
     gate_check(channel="email", requests=[(1, "a")])
     saved = dict(connection.settings_dict)

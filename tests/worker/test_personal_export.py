@@ -25,6 +25,7 @@ def export(session, user_id):
     return response.json()
 
 
+@pytest.mark.postgres
 def test_every_place_of_a_person_comes_out_and_nothing_of_anyone_else(api, snapshot):
     job = person_everywhere(api("gate"), 1, others=(2, 11), now=NOW)
 
@@ -90,6 +91,7 @@ def test_every_place_of_a_person_comes_out_and_nothing_of_anyone_else(api, snaps
     assert [j["address"] for j in export(viewer, 11)["send_jobs"]] == ["u11@example.com"]
 
 
+@pytest.mark.postgres
 def test_preferences_put_back_as_they_came_out_read_the_same(api, snapshot):
     s = api("gate")
     prefs = {

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from limits.limiter import Decision
 from limits.preferences import PreferenceCache, PreferencesFields, preferences_patch
 from limits.preferences import preferences_replace as replace
 from limits.selectors import policy_cache, topics_read
@@ -88,6 +89,7 @@ def test_transactional_sends_and_required_topics_pass_everything(topics):
     assert [r[0] for r in reasons(users=(1,), category="transactional")] == ["exempt"]
 
 
+@pytest.mark.postgres
 def test_a_change_reaches_this_process_at_once_and_another_within_its_ttl(topics):
     clock = [0.0]
     other = PreferenceCache(ttl=2.0, clock=lambda: clock[0])
@@ -205,6 +207,7 @@ def test_the_logs_keep_what_an_own_frequency_counts_after_the_rule_that_allowed_
     assert policy_cache().table().retention_ms >= 31 * 86_400_000
 
 
+@pytest.mark.postgres
 def test_a_refusal_by_an_own_frequency_is_kept_in_the_history_as_theirs(topics, api):
     from limits.ledger.drain import ledger_drain
 
@@ -220,3 +223,34 @@ def test_a_refusal_by_an_own_frequency_is_kept_in_the_history_as_theirs(topics, 
         0,
         "Their own frequency",
     )
+
+
+def test_an_own_calendar_week_counts_the_whole_week_in_the_users_zone_across_a_dst_change(
+    topics,
+):
+    """America/New_York's clocks go back an hour on Sunday 3 November 2030: that calendar week
+    (Monday 28 October to Sunday 3 November, local) lasts 7 days and an hour, so its first send
+    is still counted after more than 7 x 24 hours."""
+    week = {"kind": "calendar", "unit": "week"}
+    said(1, frequency=[{"channel": "email", "window": week, "limit": 2}])
+    zone = "America/New_York"
+
+    def send(message_id: str, at: datetime) -> Decision:
+        return gate_check(channel="email", requests=[(1, message_id)], now=at.timestamp(),
+                          time_zones=[zone])[0]  # fmt: skip
+
+    monday = datetime(2030, 10, 28, 4, 30, tzinfo=UTC)  # 00:30 EDT, Monday 28 October
+    sunday_night = datetime(2030, 11, 4, 4, 40, tzinfo=UTC)  # 23:40 EST, Sunday 3 November
+    next_monday = datetime(2030, 11, 4, 5, 0, tzinfo=UTC)  # 00:00 EST, Monday 4 November
+    assert sunday_night - monday > timedelta(days=7)
+    first = send("a", monday)
+    second = send("b", sunday_night)
+    third = send("c", sunday_night + timedelta(minutes=10))
+    assert [first.reason, second.reason, third.reason] == ["allowed", "allowed", "cap"]
+    assert third.rule == {"id": 0, "kind": "person", "name": "Their own frequency",
+                          "window": week, "limit": 2, "used": 2}  # fmt: skip
+    assert third.retry_after == pytest.approx(600, abs=1)  # at local midnight, Monday
+    # The next calendar week: room again, from its first minute.
+    assert send("d", next_monday + timedelta(minutes=1)).reason == "allowed"
+    assert send("e", next_monday + timedelta(minutes=2)).reason == "allowed"
+    assert send("f", next_monday + timedelta(minutes=3)).reason == "cap"

@@ -22,7 +22,12 @@ from tests.support.sends import recorded
 from tests.support.worker_processes import TEST_BROKER_URL, job_counts, job_done, wait_for
 from worker.services import send_job_create
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.postgres,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+]
 
 RECIPIENTS = 100_000
 USERS = range(1, RECIPIENTS + 1)

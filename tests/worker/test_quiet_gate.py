@@ -97,6 +97,7 @@ def test_a_disabled_entry_holds_nobody(snapshot):
     assert gate_check(channel="email", requests=[(1, "a")], now=NIGHT)[0].reason == "allowed"
 
 
+@pytest.mark.processes
 def test_quiet_sends_cost_redis_nothing(snapshot, tmp_path):
     # A redis-server of the test's own: its command counts are this test's alone.
     server = RedisServer(tmp_path).start()

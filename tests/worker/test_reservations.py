@@ -281,6 +281,8 @@ def test_holds_never_over_admit_nor_strand_a_slot_after_their_job(promo_a_day):
     run_state_machine_as_test(
         Reservations,
         settings=settings(
+            # All 40 under every profile: 7 of them reach a refusal as `reserved`, the tenth
+            # `make check` would run none.
             max_examples=40,
             stateful_step_count=12,
             deadline=None,

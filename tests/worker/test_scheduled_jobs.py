@@ -91,6 +91,7 @@ def test_beats_task_queues_the_started_jobs_chunks(push):
     assert job.status == "queued"
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db
 def test_until_it_starts_a_job_is_edited_rescheduled_and_its_expiry_moves_with_it(push):
     start = ahead(days=2)
@@ -138,6 +139,7 @@ def test_an_edit_is_checked_as_at_creation_and_changes_nothing_when_refused(push
     )
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db
 def test_a_scheduled_job_started_early_paused_or_cancelled(push):
     start = ahead(hours=5)

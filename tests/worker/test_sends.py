@@ -397,6 +397,7 @@ def test_a_lost_chunk_is_queued_again(campaign, settings):
     assert broker.queued("sends") == [("worker.tasks.send_chunk", [chunk.pk])]
 
 
+@pytest.mark.postgres
 def test_a_chunk_given_up_counts_each_recipient_by_its_claim_and_gives_quota_back(
     campaign, redis_client
 ):

@@ -194,6 +194,7 @@ def test_cancel_ends_every_waiting_send_and_every_later_deferral(quiet_vip, smtp
     assert adds_up(send_job_cancel_waiting(job=job))["cancelled"] == 200
 
 
+@pytest.mark.postgres
 def test_a_waiting_chunk_a_dead_run_left_is_closed_by_its_claims(quiet_vip, smtp):
     job = night_job()
     run_all(job, now=NIGHT)
@@ -260,6 +261,7 @@ def test_capped_sends_wait_for_their_own_slot_grouped_by_minute(published, smtp)
     assert (counts["sent"], counts["pending"]) == (2, 1)
 
 
+@pytest.mark.postgres
 def test_the_dashboard_counts_waiting_sends_by_hour_of_release(quiet_vip, smtp):
     job = night_job()
     run_all(job, now=NIGHT)

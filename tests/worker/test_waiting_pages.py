@@ -95,6 +95,7 @@ def test_a_viewer_sees_waiting_sends_but_cannot_cancel_them(viewer_client, waiti
     assert (waiting_job.cancelled, waiting_job.pending) == (0, 3)
 
 
+@pytest.mark.postgres
 def test_the_dashboard_counts_waiting_sends_by_hour_of_release(marketer_client, waiting_job):
     page = text(marketer_client.get(reverse("admin:dashboard")))
     assert '<strong id="waiting-total">3</strong>' in page

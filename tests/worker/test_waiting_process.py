@@ -28,7 +28,12 @@ from worker.selectors import send_job_waiting
 from worker.services import send_job_cancel_waiting, send_job_create
 from worker.tasks import send_chunk, send_chunks_due
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.processes,
+    pytest.mark.postgres,
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+]
 BEAT_TICK = re.compile(rb"send_chunks_due\[[^\]]+\] succeeded in [\d.e-]+s: (\d+)")
 
 

@@ -19,8 +19,9 @@ from segments.models import Segment
 from segments.publishing import build_run
 from segments.services import build_start, user_list_import
 from tests.support.celery_workers import ROOT, worker_env
+from tests.support.worker_processes import TEST_BROKER_URL
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.processes, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 BIN = Path(sys.executable).parent
 
 
@@ -64,7 +65,7 @@ def test_a_web_process_picks_up_a_newly_published_snapshot(published, command):
     user.user_permissions.add(Permission.objects.get(codename="view_segment"))
     token = Token.objects.create(user=user).key
     bind = f"127.0.0.1:{free_port()}"
-    env = worker_env("redis://127.0.0.1:6379/9", GATEKEEPER_SNAPSHOT_POLL_SECONDS="0.5")
+    env = worker_env(TEST_BROKER_URL, GATEKEEPER_SNAPSHOT_POLL_SECONDS="0.5")
     server = subprocess.Popen(
         [part.format(bind=bind) for part in command],
         cwd=ROOT,

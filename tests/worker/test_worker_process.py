@@ -25,7 +25,7 @@ from worker.models import SendJob
 from worker.processes import processes_list
 from worker.services import send_job_create
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.processes, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 def test_a_cap_edit_governs_a_running_worker_within_five_seconds(published, start_worker, inbox):
@@ -93,6 +93,7 @@ def test_an_unsubscribe_governs_a_running_worker_within_seconds(published, start
     assert inbox[0].recipients == ["nine@example.com"] * n
 
 
+@pytest.mark.postgres
 def test_workers_killed_at_several_points_send_nobody_twice_and_every_send_is_counted(
     published, start_worker, inbox, settings
 ):
@@ -169,6 +170,7 @@ class DedupingRelay:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
+@pytest.mark.postgres
 def test_a_push_cut_off_by_a_killed_worker_is_sent_again_with_its_key_and_nothing_is_lost(
     published, redis_client, settings
 ):

@@ -41,6 +41,7 @@ def every_page(session, user_id, **params) -> tuple[list[str], int]:
     return seen, pages
 
 
+@pytest.mark.postgres
 def test_decisions_come_newest_first_with_what_decided_them(api, snapshot):
     gate_check(channel="email", requests=[(1, "a"), (1, "b"), (1, "c")], now=NOW)
     gate_check(
@@ -134,6 +135,7 @@ def test_a_deleted_rule_is_still_named_by_its_id(api, snapshot):
     assert refused["rule"] == {"id": rule.pk, "name": None, "description": None, "classic": None}
 
 
+@pytest.mark.postgres
 @pytest.mark.parametrize("limit", [1, 4, 5, 12, 500])
 def test_pages_follow_each_other_without_repeats_or_gaps(api, snapshot, limit):
     # Twelve decisions in six gate calls, many sharing their call's instant; another user's
@@ -158,6 +160,7 @@ def test_pages_follow_each_other_without_repeats_or_gaps(api, snapshot, limit):
     assert messages(history(viewer, 9, limit=1)) == ["newer"]
 
 
+@pytest.mark.postgres
 def test_the_default_page_is_50(api, snapshot):
     gate_check(channel="push", requests=[(9, f"m{i}") for i in range(60)], now=NOW)
     ledger_drain_all()
@@ -188,6 +191,7 @@ def three_days(snapshot):
     assert ledger_drain_all() == 5
 
 
+@pytest.mark.postgres
 @pytest.mark.parametrize(
     ("params", "expected"),
     [
@@ -218,6 +222,7 @@ def test_each_filter(api, three_days, params, expected):
     assert messages(history(api("viewer"), 1, **params)) == expected
 
 
+@pytest.mark.postgres
 def test_the_next_page_keeps_the_filters(api, three_days):
     seen, pages = every_page(api("viewer"), 1, channel="email", limit=1)
     assert (seen, pages) == (["e4", "e3", "e2", "e1"], 4)
@@ -260,6 +265,7 @@ def test_bad_input_is_a_400_naming_the_field(api, snapshot, path_id, params, fie
     assert list(response.json()) == [field], response.json()
 
 
+@pytest.mark.postgres
 def test_any_position_of_the_documented_form_is_taken(api, snapshot):
     gate_check(channel="push", requests=[(9, "a")], now=NOW)
     ledger_drain_all()

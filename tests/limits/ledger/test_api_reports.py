@@ -77,6 +77,7 @@ def mix(db):
     return d1.date(), d2.date()
 
 
+@pytest.mark.postgres
 def test_it_groups_by_day_and_reason_unless_told_otherwise(mix):
     d1, d2 = mix
     assert report() == [
@@ -88,6 +89,7 @@ def test_it_groups_by_day_and_reason_unless_told_otherwise(mix):
     ]
 
 
+@pytest.mark.postgres
 @pytest.mark.parametrize(
     "group_by", [c for n in range(len(GROUPS) + 1) for c in combinations(GROUPS, n)]
 )
@@ -106,6 +108,7 @@ def test_every_grouping_sums_the_same_counts_by_its_fields(mix, group_by):
     assert rows == sorted(rows, key=lambda row: [row[name] for name in group_by])
 
 
+@pytest.mark.postgres
 def test_the_order_of_group_by_is_the_order_of_columns_and_rows(mix):
     d1, d2 = mix
     assert report(group_by="reason,day", reason=["daily_cap", "exempt"]) == [
@@ -119,6 +122,7 @@ def test_the_order_of_group_by_is_the_order_of_columns_and_rows(mix):
     )
 
 
+@pytest.mark.postgres
 def test_rows_are_in_code_point_order_on_every_database(db):
     names = ["é-promo", "alpha", "Zeta", "_internal", "-dash", "zeta", "10", "9"]
     for n, name in enumerate(names):
@@ -131,12 +135,14 @@ def test_rows_are_in_code_point_order_on_every_database(db):
     )
 
 
+@pytest.mark.postgres
 def test_an_empty_group_by_is_one_total_even_of_nothing(mix):
     assert report(group_by="") == [{"count": 22}]
     assert report(group_by="", campaign="nothing-like-it") == [{"count": 0}]
     assert report(group_by="day", campaign="nothing-like-it") == []
 
 
+@pytest.mark.postgres
 def test_filters_keep_only_their_decisions(mix):
     _, d2 = mix
     assert report(group_by="campaign", campaign="autumn") == [{"campaign": "autumn", "count": 3}]
@@ -151,6 +157,7 @@ def test_filters_keep_only_their_decisions(mix):
     ]
 
 
+@pytest.mark.postgres
 def test_days_are_utc_days_whatever_the_time_zone_setting(mix, settings):
     settings.TIME_ZONE = "Pacific/Kiritimati"  # UTC+14: local days would cut elsewhere
     d1, d2 = mix
@@ -160,6 +167,7 @@ def test_days_are_utc_days_whatever_the_time_zone_setting(mix, settings):
     assert report(group_by="", **{"from": str(d2), "to": str(d2)}) == [{"count": 14}]
 
 
+@pytest.mark.postgres
 def test_from_and_to_are_both_included(db):
     first, last = date(2026, 11, 1), date(2026, 11, 3)
     count(midnight(first) - HOUR, 1)  # the evening before
@@ -239,6 +247,7 @@ def test_each_bad_field_is_named_at_once(db):
     }
 
 
+@pytest.mark.postgres
 def test_days_at_the_calendars_ends_are_no_error(db):
     last = decisions_query({"from": ["9999-12-20"]}, now=NOW)
     assert (last.start, last.end) == (date(9999, 12, 20), date(9999, 12, 31))
@@ -252,6 +261,7 @@ def test_the_oldest_day_kept_is_accepted(db):
     )
 
 
+@pytest.mark.postgres
 def test_day_series_split_days_by_a_field_the_rest_together(mix):
     d1, d2 = mix
     query = DecisionsQuery(start=d1, end=d2 + DAY, group_by=("day", "campaign", "reason"))
@@ -285,6 +295,7 @@ def get(session, **params):
     return call(session, "GET", URL, params=params)
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_decisions_made_by_the_gate_are_reported_by_utc_day(api, snapshot):
     # Around a midnight UTC, two days ago: the last half second of one day, then the next.
@@ -345,6 +356,7 @@ def test_decisions_made_by_the_gate_are_reported_by_utc_day(api, snapshot):
     assert sum(row["count"] for row in recent["results"]) == 7
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_report_as_csv_with_a_header_row(api):
     day = today() - 3 * DAY

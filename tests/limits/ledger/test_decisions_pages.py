@@ -53,6 +53,7 @@ def test_an_empty_ledger_leaves_the_dashboard_working(marketer_client, redis_cli
     assert 'id="decisions-csv"' in page
 
 
+@pytest.mark.postgres
 def test_the_chart_shows_refused_sends_per_day_by_reason_and_by_campaign(
     marketer_client, redis_client
 ):
@@ -80,6 +81,7 @@ def test_the_chart_shows_refused_sends_per_day_by_reason_and_by_campaign(
     assert sum(data["campaigns"][-1]["values"]) == 4 + 3 + 2 + 1  # c6 to c9
 
 
+@pytest.mark.postgres
 def test_decisions_of_the_gate_reach_the_chart_through_the_ledger(marketer_client, published):
     published(vip=(10, [1, 2], {"email": (1, None)}))
     now = datetime.now(tz=UTC).timestamp()
@@ -91,6 +93,7 @@ def test_decisions_of_the_gate_reach_the_chart_through_the_ledger(marketer_clien
     assert [(s["label"], s["values"][-1]) for s in data["campaigns"]] == [("spring", 2)]
 
 
+@pytest.mark.postgres
 def test_the_csv_download_is_the_reports_rows(marketer_client, redis_client):
     add(1, 3, campaign="spring", reason="daily_cap", days_ago=2)
     add(2, 5, campaign="=cmd", reason="weekly_cap", days_ago=2)

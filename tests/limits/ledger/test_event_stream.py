@@ -45,6 +45,7 @@ def everything(after: Position = START, filters: Filters = EVERY, limit: int = 1
             return events, after
 
 
+@pytest.mark.postgres
 def test_decisions_and_their_outcomes_are_streamed_in_order(snapshot):
     ledger_drain_all()  # the stream's first drain: it starts here
     gate_check(
@@ -77,6 +78,7 @@ def test_decisions_and_their_outcomes_are_streamed_in_order(snapshot):
     assert (failed["decision"], failed["user_id"], failed["campaign"]) == (c["id"], 9, "spring")
 
 
+@pytest.mark.postgres
 def test_a_reader_resumes_where_it_stopped_and_a_repeat_has_the_same_ids(snapshot):
     ledger_drain_all()
     for k in range(5):
@@ -105,6 +107,7 @@ def test_a_reader_resumes_where_it_stopped_and_a_repeat_has_the_same_ids(snapsho
     assert stream_read(position_from_text("end"), 10).events == []
 
 
+@pytest.mark.postgres
 def test_suppression_and_preference_changes_after_the_first_drain_are_streamed(
     snapshot, live_server
 ):
@@ -130,6 +133,7 @@ def test_suppression_and_preference_changes_after_the_first_drain_are_streamed(
     assert [e["type"] for e in everything()[0]] == [e["type"] for e in events]  # none before
 
 
+@pytest.mark.postgres
 def test_filters_keep_the_events_asked_for(snapshot):
     ledger_drain_all()
     gate_check(channel="email", requests=[(9, "e1")], campaign="spring", now=NOW)
@@ -151,6 +155,7 @@ def test_filters_keep_the_events_asked_for(snapshot):
     assert ids(channels={"email"}, campaigns={"autumn"}) == []
 
 
+@pytest.mark.postgres
 def test_a_reader_filtering_out_a_long_run_still_moves_on(snapshot, monkeypatch):
     from limits.ledger import events
 
@@ -166,6 +171,7 @@ def test_a_reader_filtering_out_a_long_run_still_moves_on(snapshot, monkeypatch)
     assert LOOK_MAX >= 10_000
 
 
+@pytest.mark.postgres
 def test_a_send_given_back_streams_released(snapshot):
     ledger_drain_all()
     gate_check(channel="email", requests=[(9, "back")])
@@ -179,6 +185,7 @@ def test_a_send_given_back_streams_released(snapshot):
     ]
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_an_erased_persons_events_are_gone_and_others_stay(snapshot):
     ledger_drain_all()
@@ -194,6 +201,7 @@ def test_an_erased_persons_events_are_gone_and_others_stay(snapshot):
     assert [e["type"] for e in events] == ["decision", "suppression"]
 
 
+@pytest.mark.postgres
 def test_the_upkeep_forgets_batches_as_old_as_the_rows_it_drops(snapshot, settings):
     ledger_drain_all()
     gate_check(channel="email", requests=[(9, "x")], now=NOW)
@@ -224,6 +232,7 @@ def test_bad_input_gets_a_400_naming_it(live_server, query, field, words):
     assert words in response.json()[field][0]
 
 
+@pytest.mark.postgres
 def test_over_rest_with_the_right_and_not_without(snapshot, live_server):
     ledger_drain_all()
     gate_check(channel="email", requests=[(9, "r1"), (9, "r2")], now=NOW)
@@ -237,6 +246,7 @@ def test_over_rest_with_the_right_and_not_without(snapshot, live_server):
     assert call(viewer, "GET", "/api/v1/stream/").status_code == 403
 
 
+@pytest.mark.postgres
 def test_events_are_valid_json_whatever_the_campaign_and_message_hold(snapshot):
     ledger_drain_all()
     campaign = 'say "hi" \\ \u00e9\u6f22 \t'

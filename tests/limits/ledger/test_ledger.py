@@ -31,6 +31,8 @@ from tests.support.sends import make_job
 from worker.chunks import send_chunk_run
 from worker.gate import Gate, gate_check, gate_release
 
+pytestmark = pytest.mark.postgres
+
 NOW = 1_763_800_000.0  # 2025-11-22 08:26:40 UTC
 
 

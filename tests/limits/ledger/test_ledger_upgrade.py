@@ -14,6 +14,8 @@ from limits.ledger.stream import Decided
 from limits.ledger.table import decisions, kinds_forget
 from limits.models import LedgerKind
 
+pytestmark = pytest.mark.postgres
+
 BEFORE = [("limits", "0012_change_label")]
 NOW = datetime(2025, 11, 22, 8, 26, 40, tzinfo=UTC)
 OLD_COLUMNS = (

@@ -16,6 +16,8 @@ from limits.rules import RuleFields
 from limits.services import RULES
 from worker.gate import gate_check, gate_release
 
+pytestmark = pytest.mark.postgres
+
 NOW = float(int(time.time()))
 DAY = 86_400.0
 USERS = [1, 2, 3, 9, 10, 11]  # 1-3 vip (1 a day, 20 a week on email), the others default

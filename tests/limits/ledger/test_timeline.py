@@ -39,6 +39,7 @@ def rows(page: str) -> list[str]:
     return re.findall(r"<tr><td>(.*?)</tr>", table.group(1))
 
 
+@pytest.mark.postgres
 def test_the_timeline_shows_each_decision_and_links_its_rule(marketer_client, vip):
     gate_check(channel="email", requests=[(1, "a"), (1, "b")], campaign="spring", now=NOW)
     gate_check(channel="push", requests=[(1, "p")], now=NOW + 90)
@@ -61,6 +62,7 @@ def test_the_timeline_shows_each_decision_and_links_its_rule(marketer_client, vi
     assert 'id="timeline-older"' not in page and 'id="timeline-newest"' not in page
 
 
+@pytest.mark.postgres
 def test_older_decisions_are_a_page_away(marketer_client, vip):
     for k in range(3):
         gate_check(channel="push", requests=[(1, f"m{k}-{j}") for j in range(40)], now=NOW + k)

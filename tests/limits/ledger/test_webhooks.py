@@ -51,6 +51,7 @@ def deliver(endpoint: WebhookEndpoint, *, at: datetime | None = None):
     return webhook_deliver(endpoint.pk, now=at or timezone.now())
 
 
+@pytest.mark.postgres
 def test_events_are_posted_signed_and_in_order(snapshot, receiver):
     endpoint = endpoint_for(receiver)
     decided("a", "b")
@@ -158,6 +159,7 @@ def test_an_endpoint_failing_for_three_days_is_paused_until_resumed(snapshot, re
     assert [e["message_id"] for e in receiver.taken()] == ["a"]
 
 
+@pytest.mark.postgres
 def test_filters_choose_what_an_endpoint_gets(snapshot, receiver):
     endpoint = endpoint_for(receiver, channels=("push",), types=("decision",))
     decided("e1")

@@ -160,6 +160,7 @@ def test_sms_numbers_are_checked_as_e164_when_a_job_is_created(db, client):
     assert taken.status_code == 202 and taken.json()["total"] == 2
 
 
+@pytest.mark.postgres
 def test_the_numbers_texted_are_kept_per_user_and_their_last_text(db):
     earlier = datetime(2026, 6, 1, tzinfo=UTC)
     later = datetime(2026, 6, 2, tzinfo=UTC)
