@@ -62,6 +62,7 @@ PROCESS_FIXTURES = {
     "browser",
     "own_redis",
     "redis_cluster",
+    "cluster_processes",
     "cluster_client",
     "replicated_cluster",
     "start_worker",
@@ -79,7 +80,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             raise pytest.UsageError(
                 f"{item.nodeid} is marked postgres but never touches the database"
             )
-        if fixtures & PROCESS_FIXTURES or item.get_closest_marker("browser"):
+        # A test on the Redis Cluster may start it (the run's first does).
+        if fixtures & PROCESS_FIXTURES or any(
+            item.get_closest_marker(name) for name in ("browser", "cluster")
+        ):
             item.add_marker(pytest.mark.processes)
 
 

@@ -17,10 +17,23 @@ PREFIX = "test:"
 
 
 @pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
+def cluster_processes(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[RedisClusterProcesses]:
+    """The run's Redis Cluster (one per test process): starting one takes seconds, so every
+    test on a cluster shares it, emptied before each (`redis_cluster`, `cluster_client`'s users)."""
     cluster = RedisClusterProcesses(tmp_path_factory.mktemp("cluster")).start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster(
+    cluster_processes: RedisClusterProcesses, cluster_client: RedisCluster
+) -> RedisClusterProcesses:
+    """The run's Redis Cluster, every primary emptied for this test."""
+    cluster_client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    return cluster_processes
 
 
 @pytest.fixture
@@ -32,8 +45,8 @@ def replicated_cluster(tmp_path: Path) -> Iterator[RedisClusterProcesses]:
 
 
 @pytest.fixture(scope="session")
-def cluster_client(redis_cluster: RedisClusterProcesses) -> Iterator[RedisCluster]:
-    client = RedisCluster.from_url(redis_cluster.url)
+def cluster_client(cluster_processes: RedisClusterProcesses) -> Iterator[RedisCluster]:
+    client = RedisCluster.from_url(cluster_processes.url)
     yield client
     client.close()
 
