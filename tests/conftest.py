@@ -53,7 +53,8 @@ def examples(full: int) -> int:
 
 
 TEST_REDIS_URL = per_worker(
-    "GATEKEEPER_TEST_REDIS_URL", "redis://127.0.0.1:6379/15,redis://127.0.0.1:6379/14"
+    "GATEKEEPER_TEST_REDIS_URL",
+    "redis://127.0.0.1:6379/15,redis://127.0.0.1:6379/14,redis://127.0.0.1:6379/11",
 )
 DB_FIXTURES = {"db", "transactional_db", "django_db_reset_sequences", "live_server", "admin_client"}
 # Fixtures that start processes of their own (Redis servers and clusters, Celery workers,

@@ -28,7 +28,8 @@ os.environ.setdefault("GATEKEEPER_METRICS_NETWORKS", "127.0.0.0/8,::1/128")
 # (they inherit it from the process that started them).
 if os.environ.get("CELERY_BROKER_URL") in (None, os.environ.get("GATEKEEPER_TEST_BROKER_SET")):
     os.environ["CELERY_BROKER_URL"] = os.environ["GATEKEEPER_TEST_BROKER_SET"] = per_worker(
-        "GATEKEEPER_TEST_BROKER_URL", "redis://127.0.0.1:6379/9,redis://127.0.0.1:6379/10"
+        "GATEKEEPER_TEST_BROKER_URL",
+        "redis://127.0.0.1:6379/9,redis://127.0.0.1:6379/10,redis://127.0.0.1:6379/8",
     )
 
 from django.conf import global_settings  # noqa: E402
