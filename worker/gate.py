@@ -3,9 +3,11 @@
 `gate_check` is what the REST API, the send worker and the admin's what-if all call. Per batch it
 resolves every user's segment in memory (one bitmap operation), takes the rules from the
 in-process cache and runs the stages in order (STAGES; worker/stages/): the suppression list,
-the snapshot, quiet hours (decided in Python: they cost Redis nothing), then the rules, resolved
-per segment and time zone (a calendar window in the user's own zone) and asked of the limiter
-in one round trip per Redis node. A transactional send passes them all (`exempt`). Every
+the person's preferences, the snapshot (no snapshot: `unavailable`), the control group and the
+experiments' arms, quiet hours (decided in Python: they cost Redis nothing), then the rules,
+resolved per segment and time zone (a calendar window in the user's own zone), the person's own
+frequency and the reservations' holds among them, asked of the limiter in one round trip per
+Redis node. A transactional send passes them all (`exempt`). Every
 decision is counted and kept in the ledger (not dry runs).
 """
 
