@@ -11,12 +11,18 @@ class LimitsConfig(AppConfig):
     def ready(self) -> None:
         # Imported here: models, and what uses them, load only once the app registry is ready.
         from limits import checks  # noqa: F401  (registers the settings checks)
+        from limits.ledger.events import StreamListener
+        from limits.ledger.listeners import drain_listen
         from limits.ledger.places import places_register
         from limits.models import Experiment
         from limits.selectors import policy_cache_invalidate_on_commit
+        from limits.study_drain import StudiesListener
         from segments.models import Segment
 
         places_register()  # this app's places of personal data (a person's export)
+        # What the ledger's drain feeds, in this order, in its transaction.
+        drain_listen(StreamListener())
+        drain_listen(StudiesListener())
         # Sent for every app; the handler acts on the last one's.
         post_migrate.connect(groups_sync_after_migrate)
         # A segment's time zone (or its deletion, with its rules) changes the rules' table, and

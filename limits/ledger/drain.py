@@ -14,9 +14,11 @@ claims them. One that dies after committing and before acknowledging leaves entr
 are already in `LedgerBatch`: they are acknowledged without being written again. So each
 decision is written exactly once, whoever takes its entry and however often.
 
-The stream also carries the outcome events the company posts (limits.studies.events_taken):
-they are counted in the stream's order, after the members of the decisions before them are
-written (a batch that holds events first takes every older entry still pending elsewhere).
+What else the drain feeds (the event stream's batches, the studies' members and the outcome
+events the company posts, which the stream carries too) registers itself as a listener
+(limits/ledger/listeners.py) and is called in the same transaction: the drain imports none of
+it. A listener's own entries are handed to it in the stream's order, after the decisions before
+them are written (a batch that holds one first takes every older entry still pending elsewhere).
 """
 
 import logging
@@ -27,7 +29,6 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from itertools import groupby
 from typing import Any
 
 import msgspec
@@ -37,13 +38,13 @@ from django.db import InterfaceError, OperationalError, connection, transaction
 from redis.exceptions import LockError
 
 from gatekeeper.lib.redis_client import REDIS_DOWN, RedisClient, get_redis
-from limits.holdout import holdout_view
-from limits.ledger.events import (
-    decisions_batched,
-    drain_serialized,
-    journals_batched,
-    outcomes_batched,
-    row_time,
+from limits.ledger.listeners import (
+    Drained,
+    DrainListener,
+    Round,
+    Taken,
+    drain_listeners,
+    entry_owner,
 )
 from limits.ledger.stream import Decided, Outcomes, arm_of_code, ledger_entry, stream_key
 from limits.ledger.table import (
@@ -53,6 +54,7 @@ from limits.ledger.table import (
     kinds_find,
     kinds_forget,
     message_stored,
+    row_time,
     values_inserted,
 )
 from limits.models import (
@@ -61,17 +63,8 @@ from limits.models import (
     LedgerCount,
     LedgerEntry,
     LedgerKind,
-    StreamBatch,
 )
 from limits.reasons import Outcome, Reason
-from limits.studies import (
-    EVENTS_FIELD,
-    PostedEvents,
-    decisions_noted,
-    events_counted,
-    events_entry,
-    events_prune,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -83,19 +76,6 @@ FAILED = "failed"  # the consumer holding entries whose write failed, not for wa
 _PASSING = (OperationalError, InterfaceError, *REDIS_DOWN)
 TABLE = LedgerEntry._meta.db_table
 COUNTS = LedgerCount._meta.db_table
-
-
-@dataclass
-class Drained:
-    entries: int = 0  # stream entries taken
-    rows: int = 0  # decisions written
-    skipped: int = 0  # stream entries already written by a drainer that died before acking
-    unreadable: int = 0  # stream entries no drainer can read (dropped, logged)
-    outcomes: int = 0  # rows that took a send outcome (a message admitted twice: two rows)
-    unmatched: int = 0  # send outcomes whose decision the ledger does not hold
-    changes: int = 0  # suppression and preference changes the event stream took
-    events: int = 0  # outcome events counted (new ids; in a study of their user or none)
-    events_repeated: int = 0  # outcome events whose id was counted before: not again
 
 
 def _consumer() -> str:
@@ -124,8 +104,11 @@ def ledger_drain(
     report = Drained(entries=len(entries))
     if not entries:
         with transaction.atomic():
-            drain_serialized()
-            report.changes = journals_batched(datetime.now(tz=UTC))
+            listeners = drain_listeners()
+            for listener in listeners:
+                listener.begun()
+            for listener in listeners:
+                listener.written(Round(now=datetime.now(tz=UTC)), report)
         return report
     ids = [_text(entry_id) for entry_id, _ in entries]
     try:
@@ -169,25 +152,19 @@ def _entries_taken(client: RedisClient, key: str, consumer: str, count: int) -> 
         entries.extend(claimed[1] if claimed else [])
     if len(entries) < count:
         entries.extend(_read(client, key, consumer, ">", count - len(entries)))
-    events = [entry_id for entry_id, fields in entries if _is_events(fields)]
-    if events:
-        entries.extend(
-            _earlier_taken(client, key, consumer, entries, max(events, key=_entry_order))
-        )
+    owned = [entry_id for entry_id, fields in entries if entry_owner(fields) is not None]
+    if owned:
+        entries.extend(_earlier_taken(client, key, consumer, entries, max(owned, key=_entry_order)))
     return sorted(entries, key=lambda entry: _entry_order(entry[0]))
-
-
-def _is_events(fields: Any) -> bool:
-    return bool(fields) and EVENTS_FIELD.encode() in fields
 
 
 def _earlier_taken(
     client: RedisClient, key: str, consumer: str, entries: Sequence[Any], newest: Any
 ) -> list[Any]:
-    """The entries older than `newest` (the batch's newest outcome events) still pending with
-    any drainer (or with this one, beyond `count`) and not in `entries`: claimed whatever their
-    idle time, so that the decisions before the events are written (their members with them)
-    before the events are counted. A live drainer that had them loses nothing: of two drains of
+    """The entries older than `newest` (the batch's newest entry of a listener's own) still
+    pending with any drainer (or with this one, beyond `count`) and not in `entries`: claimed
+    whatever their idle time, so that the decisions before it are written (and fed to the
+    listeners) before it is. A live drainer that had them loses nothing: of two drains of
     one entry the second to commit finds it written (LedgerBatch) and only acknowledges it.
     Entries whose write failed on their own (FAILED's) are not waited for: they would fail the
     events' batch with them."""
@@ -238,23 +215,26 @@ def _given_back(
 
 def _entries_written(entries: Sequence[Any], ids: Sequence[str], report: Drained) -> None:
     """Write the entries (their ids `ids`) in one transaction: decisions and their counts, send
-    outcomes, the members the decisions bring into studies and the outcome events after them,
-    the event stream's batches, and the ids in LedgerBatch."""
+    outcomes, what the listeners make of them (the event stream's batches, the studies' members
+    and outcome events), and the ids in LedgerBatch."""
     with transaction.atomic():
-        drain_serialized()  # batches of the event stream commit in the order of their ids
+        listeners = drain_listeners()
+        for listener in listeners:
+            listener.begun()  # the event stream's: batches commit in the order of their ids
         done = set(
             LedgerBatch.objects.filter(stream_id__in=ids).values_list("stream_id", flat=True)
         )
         calls: list[Decided] = []
         outcomes: list[Outcomes] = []
-        steps: list[Decided | PostedEvents] = []  # decisions and outcome events, in order
+        steps: list[tuple[DrainListener | None, Any]] = []  # decisions, listeners' entries
         for (_, fields), text_id in zip(entries, ids, strict=True):
             if text_id in done:
                 report.skipped += 1
                 continue
             try:
-                if _is_events(fields):
-                    steps.append(events_entry(fields[EVENTS_FIELD.encode()]))
+                owner: DrainListener | None = entry_owner(fields)
+                if owner is not None:
+                    steps.append((owner, owner.entry(fields[str(owner.field).encode()])))
                     continue
                 entry = ledger_entry((fields or {}).get(b"d") or b"")
             except (msgspec.DecodeError, ValueError, TypeError) as exc:
@@ -269,28 +249,13 @@ def _entries_written(entries: Sequence[Any], ids: Sequence[str], report: Drained
                 outcomes.append(entry)
             else:
                 calls.append(entry)
-                steps.append(entry)
+                steps.append((None, entry))
         # Outcomes whose decisions this round writes too are written with them (most of a
         # blast's: a chunk's outcomes follow its decisions within a second); the others update
         # the rows an earlier round wrote.
         known, outcomes, report.outcomes = outcomes_merged(calls, outcomes)
         first = ledger_write(calls, known)
-        # The event stream: the rows just written, then the outcomes they were written with.
-        if calls:
-            ats = [call.at for call in calls]
-            decisions_batched(first, first + report_rows(calls) - 1, min(ats), max(ats))
-            outcomes_batched(_known_taken(calls, known, first))
         counts_add(calls)
-        # Who the decisions bring into studies, and their sends (the experiments report); the
-        # outcome events after them, against the members written so far.
-        group = holdout_view()
-        for are_events, run in groupby(steps, key=lambda step: isinstance(step, PostedEvents)):
-            if are_events:
-                counted = events_counted([step for step in run if isinstance(step, PostedEvents)])
-                report.events += counted.new
-                report.events_repeated += counted.repeated
-            else:
-                decisions_noted(run, group)
         # After the decisions: an entry's outcomes follow its decisions in the stream.
         if outcomes and connection.vendor == "postgresql":
             # For the rest of this transaction: the outcomes' lookups' estimated cost (every
@@ -298,17 +263,21 @@ def _entries_written(entries: Sequence[Any], ids: Sequence[str], report: Drained
             # them costs ten times running them.
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL jit = off")
-        taken: list[tuple[int, int, datetime]] = []
+        taken: list[Taken] = []
         for found in outcomes:
             matched = outcomes_write(found, taken)
             report.outcomes += matched
             report.unmatched += max(len(found.rows) - matched, 0)
-        outcomes_batched(taken)
-        report.changes = journals_batched(datetime.now(tz=UTC))
+        report.rows = report_rows(calls)
+        done_round = Round(
+            now=datetime.now(tz=UTC), calls=calls, steps=steps, first=first, rows=report.rows,
+            known=_known_taken(calls, known, first), taken=taken,
+        )  # fmt: skip
+        for listener in listeners:
+            listener.written(done_round, report)
         LedgerBatch.objects.bulk_create(
             [LedgerBatch(stream_id=text_id) for text_id in ids if text_id not in done]
         )
-        report.rows = report_rows(calls)
 
 
 def report_rows(calls: Sequence[Decided]) -> int:
@@ -317,7 +286,7 @@ def report_rows(calls: Sequence[Decided]) -> int:
 
 def _known_taken(
     calls: Sequence[Decided], known: Sequence[dict[int, str]], first: int
-) -> list[tuple[int, int, datetime]]:
+) -> list[Taken]:
     """The outcomes written with their rows, as the event stream takes them: (row id, code,
     the row's time); the rows' ids run from `first` in the order written."""
     taken = []
@@ -537,7 +506,7 @@ def outcomes_sql(rows: int, vendor: str) -> str:
     )
 
 
-def outcomes_write(found: Outcomes, taken: list[tuple[int, int, datetime]] | None = None) -> int:
+def outcomes_write(found: Outcomes, taken: list[Taken] | None = None) -> int:
     """Write send outcomes on their rows (the admitting decisions of those messages at or after
     `found.since`), in the current transaction. Returns how many times a row took one.
 
@@ -662,11 +631,9 @@ def ledger_upkeep(*, now: datetime | None = None) -> Upkeep:
         kinds_forget()
     LedgerCount.objects.filter(hour__lt=cutoff).delete()
     LedgerBatch.objects.filter(drained_at__lt=now - timedelta(days=1)).delete()
-    # The event stream's batches as long as the rows they point at.
-    StreamBatch.objects.filter(made_at__lt=cutoff).delete()
-    # The outcome events' ids past the time a repeat must count once. (The studies' days stay:
-    # a member's day of entry is what the report counts them by, and they are few.)
-    events_prune(now=now)
+    # What the listeners keep that has aged out (the outcome events' ids, for one).
+    for listener in drain_listeners():
+        listener.upkeep(now, cutoff)
     return report
 
 

@@ -25,7 +25,7 @@ that sees one twice (delivery is at least once) drops the second.
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -34,7 +34,8 @@ from django.db.models import F, Func, IntegerField
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from limits.ledger.table import kinds_read
+from limits.ledger.listeners import Drained, DrainListener, Round
+from limits.ledger.table import kinds_read, row_time
 from limits.models import (
     LEDGER_OUTCOMES,
     LedgerEntry,
@@ -158,6 +159,26 @@ def journals_batched(now: datetime) -> int:
             StreamBatch.objects.create(source=source, first=mark[0] + 1, last=newest, made_at=now)
             taken += newest - mark[0]
     return taken
+
+
+class StreamListener(DrainListener):
+    """The event stream as the drain feeds it (registered in the app's `ready()`): a batch per
+    run of events each round wrote, committed in the order of their ids."""
+
+    def begun(self) -> None:
+        drain_serialized()
+
+    def written(self, done: Round, report: Drained) -> None:
+        if done.calls:
+            ats = [call.at for call in done.calls]
+            decisions_batched(done.first, done.first + done.rows - 1, min(ats), max(ats))
+        outcomes_batched(done.known)
+        outcomes_batched(done.taken)
+        report.changes = journals_batched(done.now)
+
+    def upkeep(self, now: datetime, cutoff: datetime) -> None:
+        # The batches as long as the rows they point at.
+        StreamBatch.objects.filter(made_at__lt=cutoff).delete()
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -362,14 +383,6 @@ def _rows(
 
 def _micros(at: datetime) -> int:
     return (at - EPOCH) // timedelta(microseconds=1)
-
-
-def row_time(value: Any) -> datetime:
-    """A ledger row's time as a raw query reads it: SQLite gives it as a naive or text time."""
-    if connection.vendor != "sqlite":
-        return cast(datetime, value)
-    ops: Any = connection.ops
-    return cast(datetime, ops.convert_datetimefield_value(value, None, connection))
 
 
 def instant_text(at: datetime) -> str:

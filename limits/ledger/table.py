@@ -18,8 +18,8 @@ never read `LedgerEntry` alone; the drain writes them through `kinds_find` and
 
 import hashlib
 from collections.abc import Iterable, Sequence
-from datetime import date
-from typing import Any, NamedTuple
+from datetime import date, datetime
+from typing import Any, NamedTuple, cast
 
 import msgspec
 from django.db import connection, transaction
@@ -193,3 +193,11 @@ def decisions() -> QuerySet[LedgerEntry]:
             output_field=CharField(),
         ),
     )
+
+
+def row_time(value: Any) -> datetime:
+    """A ledger row's time as a raw query reads it: SQLite gives it as a naive or text time."""
+    if connection.vendor != "sqlite":
+        return cast(datetime, value)
+    ops: Any = connection.ops
+    return cast(datetime, ops.convert_datetimefield_value(value, None, connection))
