@@ -3,11 +3,12 @@ holding a lease in Redis (the leader) sends the periodic tasks; the others wait 
 
 Why a lease and not celery-redbeat: the schedule lives in the database (django-celery-beat, so
 that an operator sees and edits it in the admin), and redbeat would move it into Redis; what
-beat lacked was only "one at a time". The lease is one Redis key holding the leader's token,
-set with NX and a TTL (GATEKEEPER_BEAT_LOCK_SECONDS, 15 s by default) and renewed by the leader
-on every tick (at least once a second here: the webhooks' dispatch is due every second). When
-the leader dies, its lease ends within the TTL and a waiting process, which tries every third
-of it, takes the lead: within TTL + TTL / 3 (20 s by default; the target is 30 s).
+beat lacked was only "one at a time". The lease is one Redis key holding the leader's token
+(a RedisLease, gatekeeper/lib/leases.py), set with NX and a TTL (GATEKEEPER_BEAT_LOCK_SECONDS,
+15 s by default) and renewed by the leader on every tick (at least once a second here: the
+webhooks' dispatch is due every second). When the leader dies, its lease ends within the TTL
+and a waiting process, which tries every third of it, takes the lead: within TTL + TTL / 3
+(20 s by default; the target is 30 s).
 
 A leader that stalls longer than the TTL (a frozen VM) may, when it wakes, tick once more
 beside the new leader before it finds the lease gone; and a new leader runs at once each task
@@ -28,30 +29,10 @@ from typing import Any
 from django.conf import settings
 from django_celery_beat.schedulers import DatabaseScheduler
 
-from gatekeeper.lib.redis_client import REDIS_DOWN, get_redis
+from gatekeeper.lib.leases import RedisLease
+from gatekeeper.lib.redis_client import REDIS_DOWN
 
 logger = logging.getLogger(__name__)
-
-# Take the lease if nobody holds it, renew it if we do; 1 when we hold it after, else 0.
-_HOLD = """
-local held = redis.call('GET', KEYS[1])
-if held == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if not held then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-"""
-# Give the lease up if we hold it (a beat stopped on purpose hands over at once).
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
 
 
 def lease_key() -> str:
@@ -59,11 +40,13 @@ def lease_key() -> str:
 
 
 class Lease:
-    """The beat leader's lease: `hold()` takes or renews it."""
+    """The beat leader's lease (a RedisLease whose token names the process): `hold()` takes
+    or renews it."""
 
     def __init__(self, seconds: float | None = None) -> None:
         self.seconds = float(seconds or settings.GATEKEEPER_BEAT_LOCK_SECONDS)
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease = RedisLease(lease_key(), self.seconds, token=self.token)
         self.held = False
 
     def hold(self) -> bool:
@@ -71,7 +54,7 @@ class Lease:
         no process does (a task sent twice is harmless; one sent by a process that cannot
         see the others is not what the lease is for)."""
         try:
-            held = bool(get_redis().eval(_HOLD, 1, lease_key(), self.token, self._ms()))
+            held = self.lease.hold()
         except REDIS_DOWN as exc:
             logger.warning("Beat cannot reach Redis for its lease: %s", exc)
             held = False
@@ -84,13 +67,10 @@ class Lease:
         if not self.held:
             return
         try:
-            get_redis().eval(_RELEASE, 1, lease_key(), self.token)
+            self.lease.release()
         except REDIS_DOWN as exc:
             logger.warning("Beat could not hand its lease back (it ends on its own): %s", exc)
         self.held = False
-
-    def _ms(self) -> int:
-        return round(self.seconds * 1000)
 
 
 class LeaderScheduler(DatabaseScheduler):

@@ -14,7 +14,8 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from gatekeeper.lib.redis_client import get_redis
+from gatekeeper.lib.leases import LeaseLost, RedisLease
+from gatekeeper.lib.redis_client import REDIS_DOWN
 from segments.bitmaps import add_ids, empty_bitmap, resolve_overlaps, serialize, sha256
 from segments.index import SnapshotNotFound, load_version
 from segments.models import Build, Segment, UserList
@@ -35,11 +36,22 @@ logger = logging.getLogger(__name__)
 LOCK_NAME = "segments:build-lock"
 
 
-def _publish_lock() -> Any:
+def _publish_lock() -> RedisLease:
     """The lock a build holds while it publishes and a rollback while it switches versions;
     under the key prefix, so deployments sharing a Redis do not block each other."""
     name = f"{settings.GATEKEEPER_KEY_PREFIX}{LOCK_NAME}"
-    return get_redis().lock(name, timeout=int(Build.LEASE.total_seconds()), blocking=False)
+    return RedisLease(name, int(Build.LEASE.total_seconds()))
+
+
+def _released(lock: RedisLease, words: str) -> None:
+    """Give the lock back; one that ran out meanwhile (another may hold it now, and keeps it)
+    or a Redis that cannot answer is logged as `words`."""
+    try:
+        released = lock.release()
+    except REDIS_DOWN:
+        released = False
+    if not released:
+        logger.warning(words)
 
 
 class BuildInProgress(Exception):
@@ -76,7 +88,7 @@ def build_run(
     store = store or store_from_settings()
     build = Build.objects.get(pk=build_id)  # before the lock: a missing build holds nothing
     lock = _publish_lock()
-    if not lock.acquire():
+    if not lock.take():
         raise BuildBusy("another build is publishing")
     try:
         if build.status == Build.Status.SUCCEEDED:
@@ -93,7 +105,8 @@ def build_run(
             build.stage = stage
             build.heartbeat_at = timezone.now()
             build.save(update_fields=["progress", "stage", "heartbeat_at"])
-            lock.reacquire()
+            if not lock.renew():
+                raise LeaseLost("the publish lock ran out; another build may be publishing")
             if on_progress:
                 on_progress(build)
 
@@ -115,10 +128,7 @@ def build_run(
         build_give_up(build, f"{type(exc).__name__}: {exc}")
         raise
     finally:
-        try:
-            lock.release()
-        except Exception:
-            logger.warning("Build lock had already expired")
+        _released(lock, "Build lock had already expired")
 
 
 def _build_and_publish(
@@ -242,14 +252,11 @@ def snapshot_rollback(*, version: str, store: SnapshotStore | None = None) -> No
     if active is not None:
         raise BuildInProgress(active)
     lock = _publish_lock()
-    if not lock.acquire():
+    if not lock.take():
         raise BuildBusy("a build is publishing; try again when it has finished")
     try:
         load_version(store, version)  # raises SnapshotError if anything is missing or corrupt
         store.put(CURRENT, version.encode())
     finally:
-        try:
-            lock.release()
-        except Exception:
-            logger.warning("Publish lock had already expired")
+        _released(lock, "Publish lock had already expired")
     logger.info("Snapshot %s is live again (rollback)", version)

@@ -24,6 +24,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from gatekeeper.lib.leases import LeaseLost, RowLease, lease_free
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.channels import SMS
 from limits.limiter import Decision
@@ -81,14 +82,14 @@ class ChunkBusy(Exception):
         self.retry_in = retry_in
 
 
-def lease_end(now: Any) -> Any:
-    """When a lease taken at `now` runs out (a chunk's, or a job's file being read)."""
-    return now + timedelta(seconds=float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS))
+def lease_length() -> timedelta:
+    """How long a run's lease lasts (a chunk's, or a job's file being read)."""
+    return timedelta(seconds=float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS))
 
 
 def chunks_free(now: Any) -> Q:
     """Chunks no live run holds at `now`: never leased, or the lease ran out."""
-    return Q(lease_until__isnull=True) | Q(lease_until__lt=now)
+    return lease_free(now)
 
 
 def chunks_runnable_at(now: Any) -> Q:
@@ -99,49 +100,25 @@ def chunks_runnable_at(now: Any) -> Q:
     return free & due & Q(status=SendChunk.Status.QUEUED, job__paused_at__isnull=True)
 
 
-class LeaseLost(Exception):
-    """This run's lease ran out and another run took the chunk over: stop, it settles."""
+def _chunk_lease(chunk_id: int) -> RowLease:
+    """A run's hold on its chunk. Two deliveries of one task (a broker redelivery, the sweeper)
+    never run at once; a run renews only the lease it holds."""
+    return RowLease(SendChunk.objects.filter(pk=chunk_id), lease_length())
 
 
-class _Lease:
-    """A run's hold on its chunk, taken with one atomic UPDATE. Two deliveries of one task (a
-    broker redelivery, the sweeper) never run at once; a run renews only the lease it holds."""
+def _taken_to_run(lease: RowLease, now: Any) -> bool:
+    """For a run, which may gate and send: counted in the chunk's `runs`."""
+    return lease.take(now, where=chunks_runnable_at(now), runs=F("runs") + 1)
 
-    def __init__(self, chunk_id: int) -> None:
-        self.chunk_id, self.until = chunk_id, None
 
-    def take(self, now: Any) -> bool:
-        """For a run, which may gate and send: counted in the chunk's `runs`."""
-        until = lease_end(now)
-        runnable = SendChunk.objects.filter(chunks_runnable_at(now), pk=self.chunk_id)
-        if runnable.update(lease_until=until, runs=F("runs") + 1):
-            self.until = until
-            return True
-        return False
+def _taken_to_close(lease: RowLease, now: Any) -> bool:
+    """For closing a waiting chunk (expired, cancelled) whatever its `not_before`: no run."""
+    return lease.take(now, where=Q(status=SendChunk.Status.QUEUED))
 
-    def take_to_close(self, now: Any) -> bool:
-        """For closing a waiting chunk (expired, cancelled) whatever its `not_before`: no run."""
-        until = lease_end(now)
-        queued = SendChunk.objects.filter(
-            chunks_free(now), pk=self.chunk_id, status=SendChunk.Status.QUEUED
-        )
-        if queued.update(lease_until=until):
-            self.until = until
-            return True
-        return False
 
-    def renew(self) -> None:
-        until = lease_end(timezone.now())
-        mine = SendChunk.objects.filter(pk=self.chunk_id, lease_until=self.until)
-        if not mine.update(lease_until=until):
-            raise LeaseLost(f"chunk {self.chunk_id}: the lease ran out and was taken over")
-        self.until = until
-
-    def give_back(self) -> None:
-        """So the task's retry can take the chunk at once; nothing if another run holds it."""
-        SendChunk.objects.filter(
-            pk=self.chunk_id, status=SendChunk.Status.QUEUED, lease_until=self.until
-        ).update(lease_until=None)
+def _given_back(lease: RowLease) -> None:
+    """So the task's retry can take the chunk at once; nothing if another run holds it."""
+    lease.give_back(where=Q(status=SendChunk.Status.QUEUED))
 
 
 def send_chunk_run(
@@ -162,9 +139,9 @@ def send_chunk_run(
     """
     clock = now
     now = now or timezone.now()
-    lease = _Lease(chunk_id)
+    lease = _chunk_lease(chunk_id)
     with timed("fetch"):
-        taken = lease.take(now)
+        taken = _taken_to_run(lease, now)
     if not taken:
         chunk = SendChunk.objects.filter(pk=chunk_id).first()
         if chunk is None or chunk.status != SendChunk.Status.QUEUED:
@@ -182,21 +159,24 @@ def send_chunk_run(
         logger.warning("%s; this run stops", lost)
         return {}
     except BaseException:
-        lease.give_back()
+        _given_back(lease)
         raise
 
 
 class _Keeper:
     """Keeps a run's lease while it sends and while it waits for its provider's rate."""
 
-    def __init__(self, lease: "_Lease", throttle: Throttle | None) -> None:
-        self.lease, self.throttle = lease, throttle
-        self.every = float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS) / 3
+    def __init__(self, chunk_id: int, lease: RowLease, throttle: Throttle | None) -> None:
+        self.chunk_id, self.lease, self.throttle = chunk_id, lease, throttle
+        self.every = lease.length.total_seconds() / 3
         self.renewed = time.monotonic()
 
     def renew_if_due(self) -> None:
+        """Renew the lease once a third of it passed. Raises LeaseLost when it ran out and
+        another run took the chunk over."""
         if time.monotonic() - self.renewed > self.every:
-            self.lease.renew()
+            if not self.lease.renew():
+                raise LeaseLost(f"chunk {self.chunk_id}: the lease ran out and was taken over")
             self.renewed = time.monotonic()
 
     def wait(self, seconds: float) -> None:
@@ -218,7 +198,7 @@ class _Run:
         recipients: list[Recipient],
         dispatcher: Dispatcher,
         record: ChunkRecord,
-        lease: "_Lease",
+        lease: RowLease,
     ) -> None:
         self.chunk, self.job = chunk, chunk.job
         self.dispatcher = dispatcher
@@ -229,7 +209,7 @@ class _Run:
         self.resend_unknown = dispatcher.idempotent
         self.throttle = throttle_for(dispatcher.provider)
         # Keeps the lease while sending and while waiting for the provider's rate.
-        self.keeper = _Keeper(lease, self.throttle)
+        self.keeper = _Keeper(chunk.pk, lease, self.throttle)
         self.last_attempt = chunk.attempts + 1 >= MAX_ATTEMPTS
         self.outcomes: Counter[str] = Counter()
         self.released: list[tuple[int, str]] = []  # quota to give back: did not go out
@@ -397,7 +377,7 @@ class _Run:
 
 
 def _run_leased(
-    chunk_id: int, dispatcher: Dispatcher | None, lease: _Lease, clock: Any
+    chunk_id: int, dispatcher: Dispatcher | None, lease: RowLease, clock: Any
 ) -> dict[str, int]:
     with timed("fetch"):
         chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
@@ -438,7 +418,7 @@ def _closed(dispatcher: Dispatcher) -> None:
 
 
 def _run_gated(
-    chunk: SendChunk, dispatcher: Dispatcher, renderer: Renderer, lease: _Lease, clock: Any
+    chunk: SendChunk, dispatcher: Dispatcher, renderer: Renderer, lease: RowLease, clock: Any
 ) -> dict[str, int]:
     job = chunk.job
     recipients = recipients_typed(chunk.recipients)
@@ -695,19 +675,19 @@ def waiting_close(*, now: Any = None, job_id: int | None = None) -> Counter[str]
     for job in list(waiting.values_list("job_id", flat=True).distinct()[:1000]):
         ended.update(_close_never_run(job, waiting.filter(free, job_id=job, runs=0), now))
     for chunk_id in list(waiting.filter(free, runs__gt=0).values_list("pk", flat=True)[:100]):
-        lease = _Lease(chunk_id)
-        if not lease.take_to_close(now):
+        lease = _chunk_lease(chunk_id)
+        if not _taken_to_close(lease, now):
             continue
         chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
         how = _chunk_end(chunk.job, chunk.kind, now)
         if how is None:  # cannot be: the job's expiry and cancels are never undone
-            lease.give_back()
+            _given_back(lease)
             continue
         try:
             outcomes = _closing_outcomes(chunk, how, earlier_runs=True)
         except REDIS_DOWN as exc:
             logger.warning("Chunk %s stays waiting until Redis answers: %s", chunk_id, exc)
-            lease.give_back()
+            _given_back(lease)
             continue
         if _close(chunk, how, outcomes):
             ended[how] += outcomes[how]
@@ -827,7 +807,7 @@ def send_chunk_fail(*, chunk_id: int, error: str) -> None:
     as a duplicate, `sending` as ambiguous (kept), and an unclaimed one as failed with its quota
     given back (the gate may have charged it). With Redis unreachable too, every recipient
     counts as failed and nothing is released."""
-    if not _Lease(chunk_id).take(timezone.now()):
+    if not _taken_to_run(_chunk_lease(chunk_id), timezone.now()):
         return  # finished, or held by a live run (a later delivery), which settles it
     chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
     try:

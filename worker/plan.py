@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from gatekeeper.lib.leases import RedisLease
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits import log
 from limits.holds import HeldJob, Holds, holds_cache, holds_decode, holds_encode, holds_store
@@ -369,8 +370,10 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
     )
     if fresh and not force:
         return False
-    lock = f"{live.prefix}{PLAN_LOCK}"
-    if not live.client.set(lock, "1", nx=True, ex=PLAN_LOCK_SECONDS):
+    # Given back only while it is this call's: a plan made for longer than PLAN_LOCK_SECONDS
+    # leaves the lock another process took since as it is.
+    lock = RedisLease(f"{live.prefix}{PLAN_LOCK}", PLAN_LOCK_SECONDS, client=live.client)
+    if not lock.take():
         return False
     try:
         started = time.time()
@@ -386,7 +389,7 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
         live.client.set(f"{live.prefix}{PLAN_KEY}", json.dumps(result))
         holds_store(live.client, live.prefix, blob, version=f"{inputs}:{started}")
     finally:
-        live.client.delete(lock)
+        lock.release()
     return True
 
 

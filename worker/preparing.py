@@ -24,9 +24,10 @@ from django.db.models import Q
 from django.utils import timezone
 
 from gatekeeper.lib.files import remover
+from gatekeeper.lib.leases import RowLease
 from segments.store import NotFound, StoreError, store_from_settings
 from worker import timings
-from worker.chunks import lease_end
+from worker.chunks import lease_length
 from worker.models import SendChunk, SendJob
 from worker.recipients import FileError, RecipientRules, SeenUsers, line_words, recipient_lines
 
@@ -38,33 +39,19 @@ REJECTED_ROWS_SHOWN = 20  # bad rows named when a job is refused (with on_invali
 STAGE_EVERY = 20  # chunks written to the database at a time (and progress noted)
 
 
-class _Lease:
-    """A run's hold on a preparing job, taken and renewed with one atomic UPDATE."""
+def _job_lease(job_id: int) -> RowLease:
+    """A run's hold on a preparing job: one run reads its file at a time."""
+    return RowLease(SendJob.objects.filter(pk=job_id), lease_length(), field="prepare_lease_until")
 
-    def __init__(self, job_id: int) -> None:
-        self.job_id, self.until = job_id, None
 
-    def take(self) -> bool:
-        now = timezone.now()
-        free = Q(prepare_lease_until__isnull=True) | Q(prepare_lease_until__lt=now)
-        until = lease_end(now)
-        preparing = SendJob.objects.filter(free, pk=self.job_id, status=SendJob.Status.PREPARING)
-        if preparing.update(prepare_lease_until=until, updated_at=now):
-            self.until = until
-            return True
-        return False
+def _taken(lease: RowLease) -> bool:
+    now = timezone.now()
+    return lease.take(now, where=Q(status=SendJob.Status.PREPARING), updated_at=now)
 
-    def renew(self, read_bytes: int) -> bool:
-        """Note the progress; False when the job was cancelled or another run took it over."""
-        now = timezone.now()
-        until = lease_end(now)
-        mine = SendJob.objects.filter(
-            pk=self.job_id, prepare_lease_until=self.until, cancelled_at__isnull=True
-        )
-        if not mine.update(prepare_lease_until=until, read_bytes=read_bytes):
-            return False
-        self.until = until
-        return True
+
+def _renewed(lease: RowLease, read_bytes: int) -> bool:
+    """Note the progress; False when the job was cancelled or another run took it over."""
+    return lease.renew(where=Q(cancelled_at__isnull=True), read_bytes=read_bytes)
 
 
 class _Staging:
@@ -153,8 +140,8 @@ def send_job_prepare_run(
     reads it). `progress(read_bytes, source_bytes)` is called as it goes. `stream` (a binary
     stream and its size): the file, when the caller holds it (`send_campaign`) instead of the
     job's upload or store object."""
-    lease = _Lease(job_id)
-    if not lease.take():
+    lease = _job_lease(job_id)
+    if not _taken(lease):
         return []
     job = SendJob.objects.get(pk=job_id)
     # An earlier run that died left what it staged: this run reads the file from the start.
@@ -189,7 +176,7 @@ def send_job_prepare_run(
                 gc.collect(1)  # the young only: cycles the writes made, not the whole heap
                 if progress is not None:
                     progress(counting.count, size)
-                if not lease.renew(counting.count):
+                if not _renewed(lease, counting.count):
                     break  # cancelled (finished below), or taken over by another run
         staging.flush(last=True)
         timings.add("reading", time.perf_counter() - started - staging.seconds)
@@ -228,7 +215,7 @@ def _fail(job_id: int, error: str, invalid_rows: list[dict[str, Any]]) -> list[i
     return []
 
 
-def _finish(job_id: int, staging: _Staging, lease: _Lease, read_bytes: int) -> list[int]:
+def _finish(job_id: int, staging: _Staging, lease: RowLease, read_bytes: int) -> list[int]:
     now = timezone.now()
     with transaction.atomic():
         job = SendJob.objects.select_for_update().get(pk=job_id)

@@ -35,8 +35,8 @@ import msgspec
 import redis
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
-from redis.exceptions import LockError
 
+from gatekeeper.lib.leases import RedisLease
 from gatekeeper.lib.redis_client import REDIS_DOWN, RedisClient, get_redis
 from limits.ledger.listeners import (
     Drained,
@@ -683,12 +683,8 @@ def ledger_drain_all(
     the last: what it wrote is committed, and the drain returns it."""
     client = client or get_redis()
     deadline = time.monotonic() + seconds
-    lock = client.lock(
-        drainer_key(),
-        timeout=CLAIM_IDLE_MS / 1000,
-        blocking_timeout=seconds if wait is None else min(wait, seconds),
-    )
-    if not lock.acquire():
+    lease = RedisLease(drainer_key(), CLAIM_IDLE_MS / 1000, client=client)
+    if not lease.take(wait=seconds if wait is None else min(wait, seconds)):
         return 0
     written, made = 0, 0
     try:
@@ -697,12 +693,8 @@ def ledger_drain_all(
             written, made = written + report.rows, made + 1
             if not report.entries or made == rounds or time.monotonic() > deadline:
                 return written
-            try:
-                lock.reacquire()  # its full time again for the next round
-            except LockError:  # the round outlasted it (the `finally` says so)
-                return written
+            if not lease.renew():  # its full time again for the next round
+                return written  # the round outlasted it (the `finally` says so)
     finally:
-        try:
-            lock.release()
-        except LockError:  # held past its time by a drain that long: another may hold it now
+        if not lease.release():  # held past its time by a drain that long: another may hold it
             logger.warning("The ledger drainer's lock expired while it drained")

@@ -24,6 +24,7 @@ import numpy as np
 from django.db.models import Q
 from django.utils import timezone
 
+from gatekeeper.lib.leases import RowLease, lease_free
 from limits.ledger.personal import places
 from limits.models import Erasure
 
@@ -42,25 +43,23 @@ def users_unpacked(blob: bytes | memoryview | None) -> list[int]:
     return [] if not blob else np.frombuffer(bytes(blob), dtype=">u8").tolist()
 
 
-def _free(now: Any) -> Q:
-    return Q(lease_until__isnull=True) | Q(lease_until__lt=now)
-
-
 def erasures_due(*, now: Any = None) -> list[int]:
     """The erasures not done whose time to (try again) has come and no live run holds."""
     now = now or timezone.now()
     due = Q(next_at__isnull=True) | Q(next_at__lte=now)
     open_ = Erasure.objects.exclude(status=Erasure.Status.DONE)
-    return list(open_.filter(due, _free(now)).order_by("pk").values_list("pk", flat=True))
+    return list(open_.filter(due, lease_free(now)).order_by("pk").values_list("pk", flat=True))
 
 
 def erasure_run(erasure_id: int, *, now: Any = None) -> Erasure | None:
     """Take the erasure (None when a live run holds it, or it is done) and erase its people
     from every place not done yet. Raises what a place raises (Redis down: Unavailable); the
-    erasure is then taken up again when its lease runs out."""
+    erasure is then taken up again when its lease runs out. None too when this run outlasted
+    its lease and another took the erasure over: what this one erased stays erased (every
+    erase is idempotent), the other notes it."""
     now = now or timezone.now()
-    taken = Erasure.objects.filter(_free(now), pk=erasure_id).exclude(status=Erasure.Status.DONE)
-    if not taken.update(lease_until=now + LEASE, status=Erasure.Status.RUNNING):
+    lease = RowLease(Erasure.objects.filter(pk=erasure_id), LEASE)
+    if not lease.take(now, where=~Q(status=Erasure.Status.DONE), status=Erasure.Status.RUNNING):
         return None
     erasure = Erasure.objects.get(pk=erasure_id)
     ids = users_unpacked(erasure.users)  # kept as erased already, with the erasure itself
@@ -74,8 +73,9 @@ def erasure_run(erasure_id: int, *, now: Any = None) -> Erasure | None:
             waiting += result.waiting
         else:
             erasure.places_done.append(place.key)
-        erasure.lease_until = timezone.now() + LEASE
-        erasure.save(update_fields=["removed", "places_done", "lease_until"])
+        if not lease.renew(removed=erasure.removed, places_done=erasure.places_done):
+            _lost(erasure)
+            return None
     erasure.waiting, erasure.lease_until = waiting, None
     if not waiting:
         erasure.passes += 1
@@ -86,7 +86,9 @@ def erasure_run(erasure_id: int, *, now: Any = None) -> Erasure | None:
     else:
         erasure.status, erasure.users = Erasure.Status.DONE, None
         erasure.finished_at, erasure.next_at = timezone.now(), None
-    erasure.save()
+    if not lease.give_back(**{field: getattr(erasure, field) for field in _SETTLED}):
+        _lost(erasure)
+        return None
     logger.info(
         "Erasure %d of %d people: %s (%s)",
         erasure.pk,
@@ -95,6 +97,19 @@ def erasure_run(erasure_id: int, *, now: Any = None) -> Erasure | None:
         ", ".join(f"{key} {n}" for key, n in erasure.removed.items()),
     )
     return erasure
+
+
+# What a run writes of its erasure as it gives the lease back.
+_SETTLED = (
+    "status", "users", "places_done", "removed", "waiting", "passes", "next_at", "finished_at"
+)  # fmt: skip
+
+
+def _lost(erasure: Erasure) -> None:
+    logger.warning(
+        "Erasure %d: this run outlasted its lease and another took it over; this run stops",
+        erasure.pk,
+    )
 
 
 def erasure_progress(erasure: Erasure) -> float:

@@ -38,6 +38,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from gatekeeper.lib.leases import RowLease, lease_free
 from gatekeeper.lib.weburls import http_url_problem
 from limits.ledger.events import (
     Filters,
@@ -197,11 +198,12 @@ def webhooks_due(now: datetime | None = None) -> list[int]:
 
 def _due(endpoints: Any, now: datetime) -> Any:
     """Those of `endpoints` due at `now`: active, not waiting for a retry, held by no run."""
-    return (
-        endpoints.filter(state=State.ACTIVE)
-        .filter(Q(next_at__isnull=True) | Q(next_at__lte=now))
-        .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
-    )
+    return endpoints.filter(_ready(now), lease_free(now))
+
+
+def _ready(now: datetime) -> Q:
+    """Endpoints active and not waiting for a retry at `now` (a lookup)."""
+    return Q(state=State.ACTIVE) & (Q(next_at__isnull=True) | Q(next_at__lte=now))
 
 
 @dataclass
@@ -238,17 +240,15 @@ def webhook_deliver(
     or another run holds it. `now` (tests) is the time its bookkeeping goes by; signatures carry
     the real time, which receivers compare with their clock."""
     now = now or timezone.now()
-    taken = _due(WebhookEndpoint.objects.filter(pk=endpoint_id), now).update(
-        lease_until=now + LEASE
-    )
-    if not taken:
+    lease = RowLease(WebhookEndpoint.objects.filter(pk=endpoint_id), LEASE)
+    if not lease.take(now, where=_ready(now)):
         return None
     endpoint = WebhookEndpoint.objects.get(pk=endpoint_id)
     report = Delivered()
     try:
-        _deliver(endpoint, report, now=now, seconds=seconds, session=session or _http())
+        _deliver(endpoint, lease, report, now=now, seconds=seconds, session=session or _http())
     finally:
-        WebhookEndpoint.objects.filter(pk=endpoint_id).update(lease_until=None)
+        lease.give_back()
     return report
 
 
@@ -262,6 +262,7 @@ def _filters(endpoint: WebhookEndpoint) -> Filters:
 
 def _deliver(
     endpoint: WebhookEndpoint,
+    lease: RowLease,
     report: Delivered,
     *,
     now: datetime,
@@ -275,7 +276,7 @@ def _deliver(
         page = stream_read(position, BATCH, filters)
         if not page.encoded:
             if page.next != position:  # past events its filters drop
-                _saved(endpoint, before=position, position=page.next, now=now)
+                _saved(endpoint, lease, before=position, position=page.next, now=now)
             return
         message_id = f"msg_{endpoint.pk}_{position}_{page.next}"
         body = page.json()
@@ -292,8 +293,8 @@ def _deliver(
                 _failed(endpoint, now=now, error=error)
                 return
             moved = _saved(
-                endpoint, before=position, position=page.next, delivered=len(page.encoded),
-                now=now,
+                endpoint, lease, before=position, position=page.next,
+                delivered=len(page.encoded), now=now,
             )  # fmt: skip
         report.events += len(page.encoded)
         position = page.next
@@ -329,6 +330,7 @@ def _post(
 
 def _saved(
     endpoint: WebhookEndpoint,
+    lease: RowLease,
     *,
     before: Position,
     position: Position,
@@ -336,9 +338,10 @@ def _saved(
     delivered: int = 0,
 ) -> bool:
     """The endpoint moved on from `before` to `position` (and its lease renewed). False when a
-    person moved it meanwhile (PATCH `start`): theirs stands, and the run stops."""
+    person moved it meanwhile (PATCH `start`), or the run outlasted its lease and another took
+    the endpoint over: theirs stands, and the run stops."""
     endpoint.position = str(position)
-    changes: dict[str, Any] = {"position": endpoint.position, "lease_until": now + LEASE}
+    changes: dict[str, Any] = {"position": endpoint.position}
     if delivered:
         endpoint.delivered += delivered
         endpoint.failures, endpoint.failing_since, endpoint.next_at = 0, None, None
@@ -348,9 +351,7 @@ def _saved(
             last_success_at=now,
         )  # fmt: skip
     # Only its own fields: a person pausing it meanwhile keeps their change.
-    return bool(
-        WebhookEndpoint.objects.filter(pk=endpoint.pk, position=str(before)).update(**changes)
-    )
+    return lease.renew(now, where=Q(position=str(before)), **changes)
 
 
 def _failed(endpoint: WebhookEndpoint, *, now: datetime, error: str) -> None:

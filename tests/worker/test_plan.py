@@ -187,6 +187,31 @@ def test_the_plan_names_the_earlier_job_that_takes_the_slot(world):
     assert list(second.rules.values()) == [2]
 
 
+def test_a_plan_that_outlived_its_lock_leaves_the_next_holders_lock(world, monkeypatch):
+    """A plan made for longer than its lock (PLAN_LOCK_SECONDS) finds, when it ends, the lock
+    another process took after it ran out: it gives back only its own, so that the other's
+    plan is not joined by a third."""
+    from worker import plan
+
+    live = get_limiter()
+    lock = f"{live.prefix}{plan.PLAN_LOCK}"
+    live.client.delete(lock)
+    real = plan.plan_with_holds
+
+    def outlasting(jobs, **kwargs):
+        assert live.client.exists(lock)  # this plan's, while it is made
+        assert live.client.pexpire(lock, 0)  # its time ran out (0 ms: the key is gone now)
+        assert live.client.set(lock, "next", nx=True, ex=60)  # and the next process took it
+        return real(jobs, **kwargs)
+
+    monkeypatch.setattr(plan, "plan_with_holds", outlasting)
+    assert plan_refresh(force=True)  # this one's plan is made all the same
+    assert live.client.get(lock) == b"next"  # the next holder's lock stands
+    assert plan.plan_computing()
+    assert not plan_refresh(force=True)  # and keeps a second plan from being made beside it
+    live.client.delete(lock)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_plan_over_rest_is_made_in_the_background_and_follows_edits(api, snapshot):
     from tests.support import broker
