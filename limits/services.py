@@ -5,11 +5,11 @@ is recorded with who made it, in the same transaction."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from gatekeeper.lib.accounts import Actor, account_acting
 from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.integers import INT32_MAX, NotAWholeNumber, whole_number
 from gatekeeper.lib.redis_client import REDIS_DOWN
@@ -138,7 +138,7 @@ def classic_rule_name(segment: Segment, channel: str, which: str) -> str:
     return f"{segment.name}: {which} cap on {scope_label(channel)}"
 
 
-def _classic_sync(cap: Cap, user: Any, via: str) -> None:
+def _classic_sync(cap: Cap, user: Actor, via: str) -> None:
     """Make the cap's two rules (rolling 24 h and 7 d, every send) match its limits."""
     for which, value in (("daily", cap.daily), ("weekly", cap.weekly)):
         seconds = window_seconds_of(which)
@@ -174,7 +174,7 @@ def cap_set(
     channel: str,
     daily: int | None,
     weekly: int | None,
-    user: Any = None,
+    user: Actor = None,
     via: str = "admin",
 ) -> Cap:
     """Create or change the cap of (segment, channel) and record the change in its history.
@@ -288,7 +288,7 @@ def cap_grid_save(
     segment: Segment,
     typed: dict[str, dict[str, str]],
     seen: dict[str, dict[str, str]],
-    user: Any = None,
+    user: Actor = None,
 ) -> GridSave:
     """Save a segment's cap grid: per scope, the cells as `typed` and as they were `seen` when
     the form was loaded. A cell the user left alone is not written; one that someone else
@@ -335,7 +335,7 @@ def cap_grid_save(
     return result
 
 
-def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
+def quota_reset(*, user_id: int, reason: str, user: Actor = None) -> QuotaReset:
     """Forget a user's send log, every channel (an audited admin action): records
     who, when, why and what was used, in the same transaction as the reset, so a failed reset
     leaves no record and a record always means the reset happened. Raises Unavailable."""
@@ -353,7 +353,7 @@ def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
             segment_slug=quota["segment"],
             usage=usage,
             reason=reason[:300],
-            reset_by=user if user is not None and user.is_authenticated else None,
+            reset_by=account_acting(user),
         )
         try:
             get_limiter().reset(user_id)
@@ -365,7 +365,7 @@ def quota_reset(*, user_id: int, reason: str, user: Any = None) -> Any:
 # --- erasures ---------------------------------------------------------------------------------
 
 
-def erasure_start(*, user_ids: Sequence[int], via: str, by: Any = None) -> Erasure:
+def erasure_start(*, user_ids: Sequence[int], via: str, by: Actor = None) -> Erasure:
     """An erasure of `user_ids` (each once), queued once committed; beat takes it up should the
     task be lost. The people are kept as erased in the same transaction: from its commit the
     gate refuses them. Idempotent in effect: erasing someone again removes nothing more."""

@@ -20,7 +20,7 @@ list is empty.
 import logging
 import secrets
 from collections.abc import Collection, Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cache
 from hashlib import blake2b
 from typing import Any
@@ -33,6 +33,7 @@ from django.utils import timezone
 from pyroaring import BitMap64
 
 from gatekeeper.lib.ids import max_user_id, out_of_bounds
+from gatekeeper.lib.instants import instant_or_now
 from limits.channels import ALL, validate_scope
 from limits.journaled import JournaledCache
 from limits.models import (
@@ -225,9 +226,9 @@ def _read_after_commit() -> None:
     transaction.on_commit(suppression_cache().read_now)
 
 
-def journal_prune(*, now: Any = None) -> int:
+def journal_prune(*, now: datetime | None = None) -> int:
     """Drop journal entries older than JOURNAL_DAYS (upkeep); the rows themselves stay."""
-    before = (now or timezone.now()) - timedelta(days=JOURNAL_DAYS)
+    before = instant_or_now(now) - timedelta(days=JOURNAL_DAYS)
     deleted, _ = SuppressionChange.objects.filter(at__lt=before).delete()
     return deleted
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from gatekeeper.lib.accounts import Actor, account_acting
 from segments import tasks
 from segments.models import Build, DefaultSegmentProtected, Segment, UserList
 from segments.publishing import BuildInProgress, build_give_up
@@ -39,13 +40,13 @@ def _taken(segment: Segment) -> None:
         )
 
 
-def _saved(segment: Segment, **save: Any) -> Segment:
+def _saved(segment: Segment, *, update_fields: list[str] | None = None) -> Segment:
     """Save after checking what is taken; a concurrent request that took it between the check
     and the write is a conflict too, not an IntegrityError."""
     _taken(segment)
     try:
         with transaction.atomic():
-            segment.save(**save)
+            segment.save(update_fields=update_fields)
     except IntegrityError as exc:
         raise SegmentConflict(
             f"A segment with the slug '{segment.slug}' or the priority {segment.priority} was "
@@ -66,7 +67,7 @@ def segment_create(
     return _saved(segment)
 
 
-def segment_change(*, segment: Segment, **changes: Any) -> Segment:
+def segment_change(*, segment: Segment, **changes: object) -> Segment:
     """Change a segment's name, priority, description or time zone. Its slug never changes: it
     names the segment in published snapshots, and caps are matched to users by it, so a renamed
     segment would lose its caps until the next build."""
@@ -91,13 +92,13 @@ def segment_delete(*, segment: Segment) -> None:
         raise SegmentConflict(exc.messages[0]) from exc
 
 
-def user_list_import(
+def user_list_import(  # type: ignore[explicit-any]  # an upload, a file or a command's stream
     *,
     segment: Segment,
     fileobj: Any,
     name: str,
     replace: bool = False,
-    user: Any = None,
+    user: Actor = None,
     inline_bytes: int | None = None,
 ) -> UserList:
     """Validate a user-list file and store it as one of the segment's lists (see
@@ -120,7 +121,7 @@ def user_list_import(
     return user_list
 
 
-def build_start(*, user: Any = None, queue: bool = True) -> Build:
+def build_start(*, user: Actor = None, queue: bool = True) -> Build:
     """Queue a build. Refused (BuildInProgress) while another build is queued or running.
 
     `queue=False` only creates the row, for a caller that runs `build_run` itself."""
@@ -134,9 +135,7 @@ def build_start(*, user: Any = None, queue: bool = True) -> Build:
             build_give_up(
                 build, "The worker running this build stopped reporting; it was given up."
             )
-        build = Build.objects.create(
-            requested_by=user if user is not None and user.is_authenticated else None
-        )
+        build = Build.objects.create(requested_by=account_acting(user))
         if queue:
             transaction.on_commit(lambda: tasks.build_snapshot.delay(build.pk))
     return build

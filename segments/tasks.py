@@ -2,7 +2,7 @@
 
 import logging
 
-from celery import shared_task
+from celery import Task, shared_task
 
 from segments import user_lists
 from segments.models import Build
@@ -12,7 +12,7 @@ logger = logging.getLogger(__name__)
 
 
 @shared_task(bind=True, acks_late=True, max_retries=60)
-def build_snapshot(self, build_id: int) -> str:
+def build_snapshot(self: Task, build_id: int) -> str:
     """Build and publish a snapshot. Redelivered after a worker dies (acks_late), it starts the
     build over; while another process holds the publish lock it waits by retrying."""
     try:

@@ -6,7 +6,7 @@ is the way in, and queues the background validation (`segments.tasks.user_list_v
 import logging
 import tempfile
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import IO, Any
 
 from django.conf import settings
@@ -15,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from gatekeeper.lib.files import remover, storage_name
+from gatekeeper.lib.instants import instant_or_now
 from segments.bitmaps import bitmap_from_chunks
 from segments.models import Segment, UserList
 from segments.parsing import ListSummary, ParseStopped, UserListError, iter_ids
@@ -183,11 +184,13 @@ def _validation_failed(
     return UserList.objects.filter(pk=user_list_id).first()
 
 
-def user_lists_stalled(*, now: Any = None, after: timedelta = timedelta(minutes=10)) -> list[int]:
+def user_lists_stalled(
+    *, now: datetime | None = None, after: timedelta = timedelta(minutes=10)
+) -> list[int]:
     """The lists whose validation task was lost (a broker outage when it was queued, a worker
     killed mid-way): validating, and no sign of progress for `after`. Marked as seen now, so
     the caller (beat, every few minutes) queues each once."""
-    now = now or timezone.now()
+    now = instant_or_now(now)
     stale = UserList.objects.filter(status=UserList.Status.VALIDATING, checked_at__lt=now - after)
     ids = list(stale.values_list("pk", flat=True)[:100])
     UserList.objects.filter(pk__in=ids).update(checked_at=now)

@@ -24,6 +24,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from gatekeeper.lib.instants import instant_checked, instant_or_now
 from gatekeeper.lib.leases import LeaseLost, RowLease, lease_free
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.channels import SMS
@@ -87,12 +88,12 @@ def lease_length() -> timedelta:
     return timedelta(seconds=float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS))
 
 
-def chunks_free(now: Any) -> Q:
+def chunks_free(now: datetime) -> Q:
     """Chunks no live run holds at `now`: never leased, or the lease ran out."""
     return lease_free(now)
 
 
-def chunks_runnable_at(now: Any) -> Q:
+def chunks_runnable_at(now: datetime) -> Q:
     """Chunks that may run at `now`: queued, due, not leased by a live run, their job not
     paused."""
     free = chunks_free(now)
@@ -106,12 +107,12 @@ def _chunk_lease(chunk_id: int) -> RowLease:
     return RowLease(SendChunk.objects.filter(pk=chunk_id), lease_length())
 
 
-def _taken_to_run(lease: RowLease, now: Any) -> bool:
+def _taken_to_run(lease: RowLease, now: datetime) -> bool:
     """For a run, which may gate and send: counted in the chunk's `runs`."""
     return lease.take(now, where=chunks_runnable_at(now), runs=F("runs") + 1)
 
 
-def _taken_to_close(lease: RowLease, now: Any) -> bool:
+def _taken_to_close(lease: RowLease, now: datetime) -> bool:
     """For closing a waiting chunk (expired, cancelled) whatever its `not_before`: no run."""
     return lease.take(now, where=Q(status=SendChunk.Status.QUEUED))
 
@@ -122,7 +123,7 @@ def _given_back(lease: RowLease) -> None:
 
 
 def send_chunk_run(
-    *, chunk_id: int, dispatcher: Dispatcher | None = None, now: Any = None
+    *, chunk_id: int, dispatcher: Dispatcher | None = None, now: datetime | None = None
 ) -> dict[str, int]:
     """Gate one chunk, dispatch the admitted sends, and settle the rest. Returns outcome counts.
 
@@ -137,8 +138,8 @@ def send_chunk_run(
     A deferred chunk (waiting sends) whose job expired or whose waiting was cancelled is not
     gated again: its sends are counted as expired or cancelled.
     """
-    clock = now
-    now = now or timezone.now()
+    clock = None if now is None else instant_checked(now)
+    now = instant_or_now(clock)
     lease = _chunk_lease(chunk_id)
     with timed("fetch"):
         taken = _taken_to_run(lease, now)
@@ -377,7 +378,7 @@ class _Run:
 
 
 def _run_leased(
-    chunk_id: int, dispatcher: Dispatcher | None, lease: RowLease, clock: Any
+    chunk_id: int, dispatcher: Dispatcher | None, lease: RowLease, clock: datetime | None
 ) -> dict[str, int]:
     with timed("fetch"):
         chunk = SendChunk.objects.select_related("job").get(pk=chunk_id)
@@ -418,7 +419,11 @@ def _closed(dispatcher: Dispatcher) -> None:
 
 
 def _run_gated(
-    chunk: SendChunk, dispatcher: Dispatcher, renderer: Renderer, lease: RowLease, clock: Any
+    chunk: SendChunk,
+    dispatcher: Dispatcher,
+    renderer: Renderer,
+    lease: RowLease,
+    clock: datetime | None,
 ) -> dict[str, int]:
     job = chunk.job
     recipients = recipients_typed(chunk.recipients)
@@ -537,7 +542,7 @@ def _settle(
     outcomes: Counter[str],
     retries: list[tuple[list[Recipient], float, int]],
     deferred: list[tuple[Recipient, datetime]],
-    now: Any,
+    now: datetime,
 ) -> None:
     """Record the chunk's results on the job and store its follow-up chunks, in one
     transaction: retries (recipients, delay from `now`, attempts) and the deferred sends
@@ -596,12 +601,12 @@ def _settle(
         _count_on_job(job, outcomes)
 
 
-def chunks_due(*, now: Any = None) -> list[int]:
+def chunks_due(*, now: datetime | None = None) -> list[int]:
     """The chunks that should be queued now (beat's `send_chunks_due` queues them, every few
     seconds): follow-ups whose `not_before` has come, and chunks queued long ago whose task was
     lost (a broker or database failure at the wrong moment). Marked as queued now. A chunk run
     twice is harmless: the lease lets one run, and a finished chunk does nothing."""
-    now = now or timezone.now()
+    now = instant_or_now(now)
     stale = now - timedelta(seconds=settings.GATEKEEPER_CHUNK_REQUEUE_SECONDS)
     waiting = Q(queued_at__isnull=True) | Q(queued_at__lt=stale)
     ids = list(
@@ -613,9 +618,9 @@ def chunks_due(*, now: Any = None) -> list[int]:
     return ids
 
 
-def chunks_runnable(*, job_id: int, now: Any = None) -> list[int]:
+def chunks_runnable(*, job_id: int, now: datetime | None = None) -> list[int]:
     """A job's chunks that may run now (a resumed job's), marked as handed out now."""
-    now = now or timezone.now()
+    now = instant_or_now(now)
     runnable = SendChunk.objects.filter(chunks_runnable_at(now), job_id=job_id)
     ids = list(runnable.order_by("pk").values_list("pk", flat=True))
     chunks_update(ids, queued_at=now)
@@ -632,7 +637,7 @@ def chunks_update(ids: list[int], **fields: Any) -> None:
 # --- waiting sends: expiry and cancelling ----------------------------------------------------
 
 
-def _waiting_end(job: SendJob, now: Any) -> str | None:
+def _waiting_end(job: SendJob, now: datetime) -> str | None:
     """How the job's waiting sends end at `now`: EXPIRED, CANCELLED, or None (they still wait).
     Whichever came first decides."""
     cancelled_at = job.waiting_cancelled_at
@@ -641,7 +646,7 @@ def _waiting_end(job: SendJob, now: Any) -> str | None:
     return CANCELLED if cancelled_at is not None else None
 
 
-def _chunk_end(job: SendJob, kind: str, now: Any) -> str | None:
+def _chunk_end(job: SendJob, kind: str, now: datetime) -> str | None:
     """How a chunk of `kind` ends at `now` without being gated: every chunk of a cancelled job
     as CANCELLED; a waiting one as its waiting sends end (_waiting_end); else None."""
     if kind == SendChunk.Kind.DEFERRED:
@@ -649,14 +654,14 @@ def _chunk_end(job: SendJob, kind: str, now: Any) -> str | None:
     return CANCELLED if job.cancelled_at is not None else None
 
 
-def _ended(now: Any) -> Q:
+def _ended(now: datetime) -> Q:
     """Chunks that end at `now` without being gated (a SendChunk lookup): the waiting ones of
     jobs that expired or had their waiting sends cancelled, and every chunk of a cancelled job."""
     waiting_ended = Q(job__expires_at__lte=now) | Q(job__waiting_cancelled_at__isnull=False)
     return Q(kind=SendChunk.Kind.DEFERRED) & waiting_ended | Q(job__cancelled_at__isnull=False)
 
 
-def waiting_close(*, now: Any = None, job_id: int | None = None) -> Counter[str]:
+def waiting_close(*, now: datetime | None = None, job_id: int | None = None) -> Counter[str]:
     """End the waiting sends of jobs that expired or whose waiting was cancelled (of one job
     with `job_id`), whatever their chunks' `not_before`. Returns how many ended as what.
 
@@ -666,7 +671,7 @@ def waiting_close(*, now: Any = None, job_id: int | None = None) -> Counter[str]
     counts as sent, what another job sent as a duplicate, what was cut off as ambiguous; Redis
     must answer for that, else it is left for the next call. A chunk a live run holds is left
     to that run, which settles it (its new deferrals are expired or cancelled then)."""
-    now = now or timezone.now()
+    now = instant_or_now(now)
     waiting = SendChunk.objects.filter(_ended(now), status=SendChunk.Status.QUEUED)
     if job_id is not None:
         waiting = waiting.filter(job_id=job_id)
@@ -694,7 +699,7 @@ def waiting_close(*, now: Any = None, job_id: int | None = None) -> Counter[str]
     return ended
 
 
-def _close_never_run(job_id: int, chunks: Any, now: Any) -> Counter[str]:
+def _close_never_run(job_id: int, chunks: Any, now: datetime) -> Counter[str]:
     """Close a job's waiting chunks that no run took, in one transaction under the job's lock.
     Their rows are locked too: a run taking one meanwhile finds it closed and does nothing."""
     with transaction.atomic():
@@ -839,13 +844,15 @@ FINISHED = (
 )
 
 
-def chunk_withdraw(chunk_id: int, user_ids: set[int], *, now: Any = None) -> tuple[int, int]:
+def chunk_withdraw(
+    chunk_id: int, user_ids: set[int], *, now: datetime | None = None
+) -> tuple[int, int]:
     """Take erased people's recipient records out of one chunk, under its row lock: blanked in
     a chunk that will not run again; removed from one that never ran and no run holds (a queued
     or staged chunk, waiting sends included), each counted `cancelled` on its job; left, for a
     later try, in one a run holds or ran (its record keeps sends by place): the gate refuses
     them there meanwhile. Returns (records removed or blanked, records left)."""
-    now = now or timezone.now()
+    now = instant_or_now(now)
     with transaction.atomic():
         chunk = SendChunk.objects.select_for_update().filter(pk=chunk_id).first()
         if chunk is None:

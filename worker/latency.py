@@ -1,5 +1,5 @@
 """How long the gate takes: a histogram of its calls' seconds, by channel and batch size, summed
-over every process (`<prefix>gate:seconds`; worker/counters.py), for /metrics
+over every process (`<prefix>gate:seconds`; gatekeeper/lib/counters.py), for /metrics
 (`gatekeeper_gate_seconds`).
 
 A call is timed from the gate's start to its end, the ledger's append included: what a caller
@@ -15,7 +15,7 @@ apart and a percentile over both would describe neither.
 
 from bisect import bisect_left
 
-from worker.counters import RedisCounters
+from gatekeeper.lib.counters import RedisCounters
 
 # Upper bounds of the buckets, in seconds (Prometheus's `le`); one more bucket holds the rest.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -15,7 +15,7 @@ import gc
 import logging
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -24,6 +24,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from gatekeeper.lib.files import remover
+from gatekeeper.lib.instants import instant_or_now
 from gatekeeper.lib.leases import RowLease
 from segments.store import NotFound, StoreError, store_from_settings
 from worker import timings
@@ -271,11 +272,11 @@ def file_removed_on_commit(job: SendJob) -> None:
     SendJob.objects.filter(pk=job.pk).update(file="")
 
 
-def jobs_preparing_stalled(*, now: Any = None) -> list[int]:
+def jobs_preparing_stalled(*, now: datetime | None = None) -> list[int]:
     """Preparing jobs that no run reads (their task was lost, or its worker died and the broker
     has not handed it out again): their lease ran out, or none was taken long after they were
     queued. Marked as handed out now; `send_chunks_due` queues them again."""
-    now = now or timezone.now()
+    now = instant_or_now(now)
     stale = now - timedelta(seconds=settings.GATEKEEPER_CHUNK_REQUEUE_SECONDS)
     lapsed = Q(prepare_lease_until__lt=now) | Q(
         prepare_lease_until__isnull=True, updated_at__lt=stale

@@ -14,8 +14,8 @@ import numpy as np
 from django.conf import settings
 from django.db.models import Count, Max, Min, Q, Sum
 from django.db.models.functions import Coalesce, TruncHour
-from django.utils import timezone
 
+from gatekeeper.lib.instants import instant_or_now
 from limits.channels import channels
 from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, RuleView, counting_rule
 from limits.preferences import PreferencesUnavailable, preference_cache
@@ -306,11 +306,11 @@ def send_job_waiting(job_id: int) -> dict[str, Any]:
     return {"sends": found["sends"] or 0, "next_at": found["next_at"], "last_at": found["last_at"]}
 
 
-def waiting_by_hour(*, now: Any = None, hours: int = 48) -> dict[str, Any]:
+def waiting_by_hour(*, now: dt.datetime | None = None, hours: int = 48) -> dict[str, Any]:
     """Every job's waiting sends by the hour (UTC) they are released in, for the next `hours`
     hours from this one: `due` (released already: queued at beat's next tick), `hours` (one row
     per hour, zeros included), `later` and `total`."""
-    now = now or timezone.now()
+    now = instant_or_now(now)
     first = now.replace(minute=0, second=0, microsecond=0)
     end = first + dt.timedelta(hours=hours)
     per_hour = {
@@ -343,7 +343,7 @@ def waiting_by_hour(*, now: Any = None, hours: int = 48) -> dict[str, Any]:
 CHUNK_STATES = ("due", "running", "waiting", "paused")
 
 
-def chunks_backlog(*, now: Any = None) -> dict[str, dict[str, dict[str, Any]]]:
+def chunks_backlog(*, now: dt.datetime | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     """Every queued chunk (not settled) by kind, then by state, with its recipients and, for
     the due ones, how long the oldest has been due: one grouped query, served by the index on
     (kind, status, not_before). The states, one per chunk:
@@ -356,7 +356,7 @@ def chunks_backlog(*, now: Any = None) -> dict[str, dict[str, dict[str, Any]]]:
     broker (`queued_at`: beat hands a lost one out again after GATEKEEPER_CHUNK_REQUEUE_SECONDS,
     and its age counts from then), else since it was made. Returns
     {kind: {state: {"chunks", "sends"}}, plus "lag_seconds" under "due"}."""
-    now = now or timezone.now()
+    now = instant_or_now(now)
     free = chunks_free(now)
     due = Q(not_before__isnull=True) | Q(not_before__lte=now)
     states = {
@@ -415,13 +415,13 @@ def jobs_by_status() -> dict[str, int]:
     return {status: counted.get(status, 0) for status in ACTIVE_JOBS}
 
 
-def jobs_idle(*, now: Any = None) -> list[dict[str, Any]]:
+def jobs_idle(*, now: dt.datetime | None = None) -> list[dict[str, Any]]:
     """The queued and running jobs (not paused) with chunks to run now, each with the seconds
     since its last sign of progress: a chunk of it settled (its counts saved, `updated_at`) or a
     run of it took or renewed a chunk's lease (a run renews it every third of
     GATEKEEPER_CHUNK_LEASE_SECONDS while it sends or waits for its provider's rate). A job that
     has only waiting sends is not listed: it waits by design."""
-    now = now or timezone.now()
+    now = instant_or_now(now)
     lease = dt.timedelta(seconds=float(settings.GATEKEEPER_CHUNK_LEASE_SECONDS))
     due = Q(not_before__isnull=True) | Q(not_before__lte=now)
     # From the queued chunks (the index on (kind, status, not_before)), not from the jobs: a

@@ -15,9 +15,11 @@ from django.db import transaction
 from django.template import TemplateDoesNotExist
 from django.utils import timezone
 
+from gatekeeper.lib.accounts import Actor, account_acting
 from gatekeeper.lib.bodies import DATETIME_WORDS
 from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.files import storage_name
+from gatekeeper.lib.instants import instant_or_now
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.channels import validate_channel
 from limits.holds import holds_without
@@ -53,7 +55,7 @@ from worker.scheduling import job_started, staged_cancel
 logger = logging.getLogger(__name__)
 
 
-def send_job_create(
+def send_job_create(  # type: ignore[explicit-any]  # rows and fields as the JSON body gives them
     *, recipients: Iterable[Mapping[str, Any]], queue: bool = True, **given: Any
 ) -> SendJob:
     """Validate a campaign's recipients, store them in chunks and queue one task per chunk.
@@ -129,7 +131,7 @@ def send_job_create(
 HEAD_LINES = 1000  # lines of a file checked while its caller waits (the rest in the background)
 
 
-def send_job_from_file(
+def send_job_from_file(  # type: ignore[explicit-any]  # an upload or a file; fields as the JSON body gives them
     *,
     fileobj: Any = None,
     name: str = "",
@@ -185,7 +187,7 @@ def send_job_from_file(
     return job_row
 
 
-def _size(fileobj: Any) -> int:
+def _size(fileobj: Any) -> int:  # type: ignore[explicit-any]  # an upload or a file
     size = getattr(fileobj, "size", None)
     if size is None:
         fileobj.seek(0, 2)
@@ -194,7 +196,7 @@ def _size(fileobj: Any) -> int:
     return int(size)
 
 
-def _head_checked(stream: Any, fields: dict[str, Any], field: str) -> None:
+def _head_checked(stream: Any, fields: dict[str, Any], field: str) -> None:  # type: ignore[explicit-any]  # a stream of any kind; the fields _job_fields made
     """The first HEAD_LINES lines of a campaign file, as its reading will check them: a
     ValidationError naming `field` and the lines (bad rows only with on_invalid: reject)."""
     rules = RecipientRules(channel=fields["channel"], campaign=fields["campaign"])
@@ -211,7 +213,7 @@ def _head_checked(stream: Any, fields: dict[str, Any], field: str) -> None:
         raise ValidationError({field: bad})
 
 
-def send_job_pause(*, job: SendJob, user: Any = None) -> SendJob:
+def send_job_pause(*, job: SendJob, user: Actor = None) -> SendJob:
     """Stop handing out the job's chunks until it is resumed: a chunk being gated or sent at
     this moment finishes; the others stay queued (a job still being read is read to the end and
     then waits). Waiting sends still expire at the job's expiry. Idempotent."""
@@ -227,7 +229,7 @@ def send_job_pause(*, job: SendJob, user: Any = None) -> SendJob:
     return locked
 
 
-def send_job_resume(*, job: SendJob, user: Any = None, queue: bool = True) -> SendJob:
+def send_job_resume(*, job: SendJob, user: Actor = None, queue: bool = True) -> SendJob:
     """Hand out a paused job's chunks again (those due now; deferred ones at their release)."""
     now = timezone.now()
     with transaction.atomic():
@@ -248,7 +250,7 @@ def send_job_resume(*, job: SendJob, user: Any = None, queue: bool = True) -> Se
     return locked
 
 
-def send_job_cancel(*, job: SendJob, user: Any = None) -> SendJob:
+def send_job_cancel(*, job: SendJob, user: Actor = None) -> SendJob:
     """Cancel the whole job: nothing of it goes out from now on. Its queued and waiting sends
     count as `cancelled` (a chunk a run took before is settled by its claims, as a given-up
     chunk is); a chunk being gated or sent at this moment finishes, and its deferrals are
@@ -261,7 +263,7 @@ def send_job_cancel(*, job: SendJob, user: Any = None) -> SendJob:
             raise Conflict(f"The job is {locked.status}: nothing to cancel.", field="status")
         if locked.cancelled_at is None:
             locked.cancelled_at = now
-            locked.cancelled_by = user if user is not None and user.is_authenticated else None
+            locked.cancelled_by = account_acting(user)
             if locked.waiting_cancelled_at is None:
                 locked.waiting_cancelled_at = now
                 locked.waiting_cancelled_by = locked.cancelled_by
@@ -298,7 +300,7 @@ EDITABLE = (
 )
 
 
-def send_job_edit(*, job: SendJob, changes: Mapping[str, Any], user: Any = None) -> SendJob:
+def send_job_edit(*, job: SendJob, changes: Mapping[str, Any], user: Actor = None) -> SendJob:  # type: ignore[explicit-any]  # fields as the JSON body gives them
     """Change a job that has not started (scheduled, or its file still being read with a start
     ahead): any of EDITABLE, checked as at creation (a ValidationError naming the field); a new
     `start_at` reschedules it. A Conflict once it has started (or was cancelled), or for a field
@@ -342,7 +344,7 @@ def send_job_edit(*, job: SendJob, changes: Mapping[str, Any], user: Any = None)
     return locked
 
 
-def send_job_start(*, job: SendJob, user: Any = None, queue: bool = True) -> SendJob:
+def send_job_start(*, job: SendJob, user: Actor = None, queue: bool = True) -> SendJob:
     """Start a scheduled job now, before its `start_at` (a Conflict when it is not scheduled)."""
     with transaction.atomic():
         ids = job_started(job.pk)
@@ -386,11 +388,11 @@ def _not_ended(job: SendJob, what: str) -> None:
         raise Conflict(f"The job is {state}: it cannot be {what}.", field="status")
 
 
-def _who(user: Any) -> str:
+def _who(user: Actor) -> str:
     return getattr(user, "username", None) or "a command"
 
 
-def _job_fields(
+def _job_fields(  # type: ignore[explicit-any]  # the model fields, of their several types
     *,
     channel: str,
     campaign: str,
@@ -403,7 +405,7 @@ def _job_fields(
     expires_at: datetime | None = None,
     start_at: datetime | None = None,
     reserve: bool = False,
-    user: Any = None,
+    user: Actor = None,
     topic: str = "",
 ) -> dict[str, Any]:
     """A new job's fields (or a scheduled job's, edited), each checked: a ValidationError naming
@@ -467,11 +469,11 @@ def _job_fields(
         "expires_at": expiry,
         "start_at": start,
         "reserve": reserve,
-        "created_by": user if user is not None and user.is_authenticated else None,
+        "created_by": account_acting(user),
     }
 
 
-def _start_checked(start_at: Any, *, now: datetime) -> datetime | None:
+def _start_checked(start_at: object, *, now: datetime) -> datetime | None:
     """The job's start: None (as soon as it is handed over), or an aware instant in the future
     and at most START_MAX ahead. A ValidationError naming `start_at` otherwise."""
     if start_at is None:
@@ -492,7 +494,7 @@ def _start_checked(start_at: Any, *, now: datetime) -> datetime | None:
     return start_at
 
 
-def _expiry_checked(expires_at: Any, *, start: datetime | None, now: datetime) -> Any:
+def _expiry_checked(expires_at: object, *, start: datetime | None, now: datetime) -> datetime:
     """The job's expiry: given, an aware instant after its start (`start`, its start_at; None:
     now) and at most EXPIRY_MAX after it; not given, EXPIRY_DEFAULT after its start. A
     ValidationError naming `expires_at` otherwise."""
@@ -528,7 +530,7 @@ def _tags_checked(tags: Iterable[str]) -> tuple[str, ...]:
     return given
 
 
-def _rows(
+def _rows(  # type: ignore[explicit-any]  # rows as the JSON body gives them
     recipients: Iterable[Mapping[str, Any]], *, campaign: str, channel: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
     """(valid rows as stored, invalid rows as {row, field, message}, repeats), in order.
@@ -538,8 +540,8 @@ def _rows(
     invalid: one of the two sends would be lost."""
     rules = RecipientRules(channel=channel, campaign=campaign)
     first_use: dict[str, tuple[int, int]] = {}  # message id -> (row, user id)
-    rows: list[dict[str, Any]] = []
-    invalid: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []  # type: ignore[explicit-any]  # rows as stored (JSON)
+    invalid: list[dict[str, Any]] = []  # type: ignore[explicit-any]  # rows as answered (JSON)
     repeats = 0
     for i, row in enumerate(recipients):
         try:
@@ -570,7 +572,9 @@ def _rows(
     return rows, invalid, repeats
 
 
-def send_job_cancel_waiting(*, job: SendJob, user: Any = None, now: Any = None) -> SendJob:
+def send_job_cancel_waiting(
+    *, job: SendJob, user: Actor = None, now: datetime | None = None
+) -> SendJob:
     """Cancel a job's waiting sends (deferred by the gate, not yet gone out): each counts as
     `cancelled`, and so does every send the job defers from now on. Sends being gated or sent
     at this moment (a run holds their chunk) are not waiting and go on. Idempotent: a second
@@ -580,14 +584,12 @@ def send_job_cancel_waiting(*, job: SendJob, user: Any = None, now: Any = None) 
     closed by their claims, which needs Redis; without it they are left to beat's
     `send_chunks_due`, which ends them within seconds of Redis answering. Returns the job, as
     it is now."""
-    now = now or timezone.now()
+    now = instant_or_now(now)
     with transaction.atomic():
         locked = SendJob.objects.select_for_update().get(pk=job.pk)
         if locked.waiting_cancelled_at is None:
             locked.waiting_cancelled_at = now
-            locked.waiting_cancelled_by = (
-                user if user is not None and user.is_authenticated else None
-            )
+            locked.waiting_cancelled_by = account_acting(user)
             locked.save(update_fields=["waiting_cancelled_at", "waiting_cancelled_by"])
     ended = waiting_close(now=now, job_id=job.pk)
     logger.info(
@@ -600,7 +602,7 @@ def send_job_cancel_waiting(*, job: SendJob, user: Any = None, now: Any = None) 
     return job
 
 
-def plan_current(jobs: Sequence[SendJob] | None = None) -> dict[str, Any]:
+def plan_current(jobs: Sequence[SendJob] | None = None) -> dict[str, Any]:  # type: ignore[explicit-any]  # the plan as the pages and the API show it (JSON)
     """The latest plan (worker.plan) and whether it is `stale` (a job, a rule or the snapshot
     changed since it was made: `jobs`, the scheduled jobs if the caller read them); a stale or
     missing plan is queued to be made again (worker.tasks.plan_refresh_due), and `computing`

@@ -2,11 +2,10 @@
 
 import logging
 from datetime import datetime
-from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 
-from gatekeeper.lib.bodies import datetime_from_text
+from gatekeeper.lib.instants import instant_from_text
 from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run, waiting_close
 from worker.delivery import dead_addresses
 from worker.plan import plan_refresh
@@ -22,16 +21,11 @@ MAX_RETRIES = 8  # with the backoff below: about 25 minutes of trying before giv
 
 def _instant(now: str | None) -> datetime | None:
     """A task's `now` (ISO 8601 with its offset, as JSON carries it), or None: the clock."""
-    if now is None:
-        return None
-    instant = datetime_from_text(now)
-    if instant.tzinfo is None:
-        raise ValueError(f"now={now!r} has no UTC offset")
-    return instant
+    return None if now is None else instant_from_text(now)
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_RETRIES)
-def send_chunk(self: Any, chunk_id: int, now: str | None = None) -> dict[str, int]:
+def send_chunk(self: Task, chunk_id: int, now: str | None = None) -> dict[str, int]:
     """Gate and dispatch one chunk of a send job. Redelivered after a worker dies; the message
     ids make the rerun send only what had not gone out.
 

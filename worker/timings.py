@@ -2,8 +2,8 @@
 
 Each process adds the wall-clock seconds of its steps up in memory and writes them to one
 Redis hash (`<prefix>worker:seconds`) at most once a second and when it stops, like the
-decision counters (worker/stats.py); /metrics shows them as `gatekeeper_worker_seconds_total`
-and the gate benchmark reads them for its breakdown. The steps, in a campaign's order:
+decision counters (worker/stats.py; both are gatekeeper/lib/counters.py's); /metrics shows
+them as `gatekeeper_worker_seconds_total` and the gate benchmark reads them for its breakdown. The steps, in a campaign's order:
 
 - reading: a campaign file's lines parsed and checked (worker.preparing)
 - chunking: its recipients stored as chunks and the chunks queued
@@ -19,17 +19,11 @@ A step's seconds are wall-clock, so they include waiting for Redis, the database
 busy machine, the CPU. Writing them costs one HINCRBYFLOAT per step and second.
 """
 
-import logging
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from django.conf import settings
-
-from gatekeeper.lib.redis_client import get_redis
-
-logger = logging.getLogger(__name__)
+from gatekeeper.lib.counters import RedisCounters
 
 STEPS = (
     "reading",
@@ -42,27 +36,19 @@ STEPS = (
     "ledger",
     "settle",
 )
-FLUSH_EVERY_SECONDS = 1.0
 
-_lock = threading.Lock()
-_pending: dict[str, float] = {}
-_last_flush = time.monotonic()
+_counters = RedisCounters("worker:seconds")
 
 
 def timings_key() -> str:
-    return f"{settings.GATEKEEPER_KEY_PREFIX}worker:seconds"
+    return _counters.key()
 
 
 def add(step: str, seconds: float) -> None:
     """Count `seconds` of `step` (one of STEPS)."""
-    global _last_flush
     if step not in STEPS:
         raise ValueError(f"{step!r} is not a worker step: one of {', '.join(STEPS)}")
-    with _lock:
-        _pending[step] = _pending.get(step, 0.0) + seconds
-        due = time.monotonic() - _last_flush >= FLUSH_EVERY_SECONDS
-    if due:
-        flush()
+    _counters.add({step: seconds})
 
 
 @contextmanager
@@ -78,30 +64,15 @@ def timed(step: str) -> Iterator[None]:
 def flush() -> None:
     """Write the seconds counted so far; a failed write is logged and they are dropped (they
     are figures, not sends)."""
-    global _last_flush, _pending
-    with _lock:
-        pending, _pending = _pending, {}
-        _last_flush = time.monotonic()
-    if not pending:
-        return
-    try:
-        pipe = get_redis().pipeline(transaction=False)
-        for step, seconds in pending.items():
-            pipe.hincrbyfloat(timings_key(), step, seconds)
-        pipe.execute()
-    except Exception:
-        logger.warning("Could not write the worker's step timings to Redis")
+    _counters.flush()
 
 
 def timings_read() -> dict[str, float]:
     """Seconds per step, every process's, since the hash was made (steps never timed: 0)."""
-    raw = get_redis().hgetall(timings_key())
-    found = {k.decode() if isinstance(k, bytes) else str(k): float(v) for k, v in raw.items()}
+    found = _counters.read()
     return {step: found.get(step, 0.0) for step in STEPS}
 
 
 def discard_pending() -> None:
     """Forget seconds not yet written (tests, which point each test at a fresh Redis DB)."""
-    global _pending
-    with _lock:
-        _pending = {}
+    _counters.discard_pending()

@@ -1,12 +1,58 @@
-"""An instant typed in a form (the admin's start and expiry of a send job, a what-if move):
-ISO 8601 with its UTC offset, read as the REST bodies read it."""
+"""Instants, one convention: an aware `datetime` at every service, task and view boundary;
+epoch milliseconds (an int, named `..._ms`) only inside the limiter's engine (limits/limiter.py,
+limits/log.py, limits/transport.py and what they call). The conversions between the two, the
+check a boundary makes of the `now` it is given (a number or a naive datetime is refused: a
+mix-up of seconds, milliseconds and local time would judge leases and expiries hours or years
+off), and an instant typed in a form (the admin's start and expiry of a send job, a what-if
+move): ISO 8601 with its UTC offset, read as the REST bodies read it."""
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django import forms
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
 from gatekeeper.lib.bodies import datetime_from_text
+
+
+def instant_checked(now: datetime) -> datetime:
+    """`now` as given, when it is an aware datetime; a TypeError for anything else (epoch
+    seconds or milliseconds, a date), a ValueError for a naive datetime."""
+    if not isinstance(now, datetime):
+        raise TypeError(
+            f"now={now!r} is not a datetime: an instant is an aware datetime here "
+            "(instant_from_ms converts epoch milliseconds)"
+        )
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise ValueError(f"now={now.isoformat()} has no UTC offset")
+    return now
+
+
+def instant_or_now(now: datetime | None) -> datetime:
+    """`now` (tests, replays), checked by instant_checked; None: this process's clock."""
+    return timezone.now() if now is None else instant_checked(now)
+
+
+def instant_from_text(text: str) -> datetime:
+    """An instant carried as text (a task's argument: ISO 8601 with its UTC offset, as JSON
+    carries it); a ValueError for a bad one or one without its offset."""
+    instant = datetime_from_text(text)
+    if instant.tzinfo is None:
+        raise ValueError(f"now={text!r} has no UTC offset")
+    return instant
+
+
+def instant_ms(at: datetime) -> int:
+    """`at` as the engine counts time: epoch milliseconds."""
+    return round(instant_checked(at).timestamp() * 1000)
+
+
+def instant_from_ms(ms: int) -> datetime:
+    """Epoch milliseconds (the engine's) as an aware datetime in UTC."""
+    if isinstance(ms, bool) or not isinstance(ms, int):
+        raise TypeError(f"{ms!r} is not epoch milliseconds (an int)")
+    return datetime.fromtimestamp(ms // 1000, UTC) + timedelta(milliseconds=ms % 1000)
 
 
 class InstantField(forms.CharField):

@@ -17,13 +17,13 @@ asked, when, how many and what each place removed, never whom.
 """
 
 import logging
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
 
 import numpy as np
 from django.db.models import Q
 from django.utils import timezone
 
+from gatekeeper.lib.instants import instant_or_now
 from gatekeeper.lib.leases import RowLease, lease_free
 from limits.ledger.personal import places
 from limits.models import Erasure
@@ -43,21 +43,21 @@ def users_unpacked(blob: bytes | memoryview | None) -> list[int]:
     return [] if not blob else np.frombuffer(bytes(blob), dtype=">u8").tolist()
 
 
-def erasures_due(*, now: Any = None) -> list[int]:
+def erasures_due(*, now: datetime | None = None) -> list[int]:
     """The erasures not done whose time to (try again) has come and no live run holds."""
-    now = now or timezone.now()
+    now = instant_or_now(now)
     due = Q(next_at__isnull=True) | Q(next_at__lte=now)
     open_ = Erasure.objects.exclude(status=Erasure.Status.DONE)
     return list(open_.filter(due, lease_free(now)).order_by("pk").values_list("pk", flat=True))
 
 
-def erasure_run(erasure_id: int, *, now: Any = None) -> Erasure | None:
+def erasure_run(erasure_id: int, *, now: datetime | None = None) -> Erasure | None:
     """Take the erasure (None when a live run holds it, or it is done) and erase its people
     from every place not done yet. Raises what a place raises (Redis down: Unavailable); the
     erasure is then taken up again when its lease runs out. None too when this run outlasted
     its lease and another took the erasure over: what this one erased stays erased (every
     erase is idempotent), the other notes it."""
-    now = now or timezone.now()
+    now = instant_or_now(now)
     lease = RowLease(Erasure.objects.filter(pk=erasure_id), LEASE)
     if not lease.take(now, where=~Q(status=Erasure.Status.DONE), status=Erasure.Status.RUNNING):
         return None

@@ -268,16 +268,3 @@ def test_a_scrape_answers_when_the_database_does_not(vip):
     assert value(samples, "gatekeeper_redis_up") == 1
     assert not named(samples, "gatekeeper_send_chunks")
     assert value(samples, "gatekeeper_decisions_total", channel="email", reason="allowed") == 1
-
-
-def test_the_day_counters_turn_to_the_next_day_at_midnight_utc(monkeypatch) -> None:
-    import datetime as dt
-
-    from worker import stats
-
-    clock = [dt.datetime(2026, 11, 28, 23, 59, 59, 500000, tzinfo=dt.UTC).timestamp()]
-    monkeypatch.setattr(stats.time, "time", lambda: clock[0])
-    recorder = stats.StatsRecorder()
-    assert recorder._today() == dt.date(2026, 11, 28)
-    clock[0] += 0.5
-    assert recorder._today() == dt.date(2026, 11, 29)

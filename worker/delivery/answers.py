@@ -1,5 +1,5 @@
 """What the providers answered: every send handed to a provider, by provider and answer, summed
-over every worker process (`<prefix>worker:answers`; worker/counters.py), for /metrics
+over every worker process (`<prefix>worker:answers`; gatekeeper/lib/counters.py), for /metrics
 (`gatekeeper_provider_answers_total`) and the alerts on a provider that fails or refuses.
 
 The answers are the delivery contract's (worker/delivery/base.py): `sent`, or the kind of the
@@ -12,7 +12,7 @@ HINCRBYFLOAT per provider and answer a second.
 from collections import Counter
 from collections.abc import Sequence
 
-from worker.counters import RedisCounters
+from gatekeeper.lib.counters import RedisCounters
 from worker.delivery.base import AMBIGUOUS, PERMANENT, THROTTLED, TRANSIENT, DispatchError
 
 SENT = "sent"
