@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 
 RANGE = 2**64
+CONTROL_GROUP = 0  # the global control group's study id (experiments' are their ids)
+HELD, SAMPLE = 0, 1  # its arms: held out, and the treatment sample
 _MUL1 = np.uint64(0xBF58476D1CE4E5B9)
 _MUL2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)

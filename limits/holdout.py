@@ -19,10 +19,9 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from limits.assignment import HoldoutView
-from limits.models import Holdout, HoldoutChange
+from limits.assignment import CONTROL_GROUP, HoldoutView
+from limits.models import Holdout, HoldoutChange, StudyDay, StudyEvent, StudyMember
 from limits.rules import validate_tag
-from limits.studies import control_group_reset
 
 SHARE_MIN, SHARE_MAX = 0.001, 0.2  # 0.1 % to 20 %; 0: no group
 
@@ -157,3 +156,9 @@ def holdout_set(
             changed_by=who,
         )
     return fields, holdout_change_words(before, fields)
+
+
+def control_group_reset() -> None:
+    """Start the control group's report afresh (its share or salt changed)."""
+    for model in (StudyMember, StudyDay, StudyEvent):
+        model.objects.filter(study=CONTROL_GROUP).delete()

@@ -45,15 +45,13 @@ from django.conf import settings
 from django.db import connection
 
 from gatekeeper.lib.redis_client import RedisClient, get_redis
-from limits.assignment import HoldoutView, bound, keyed_hashes
+from limits.assignment import CONTROL_GROUP, HELD, SAMPLE, HoldoutView, bound, keyed_hashes
 from limits.ledger.stream import arm_of_code, stream_key
 from limits.ledger.table import values_inserted
 from limits.lift import BUCKETS
 from limits.models import EventSeen, Experiment, StudyDay, StudyEvent, StudyMember
 from limits.reasons import Category, Reason
 
-CONTROL_GROUP = 0  # the global control group's study id (experiments' are their ids)
-HELD, SAMPLE = 0, 1  # its arms: held out, and the treatment sample
 _DAYS = StudyDay._meta.db_table
 _EVENTS = StudyEvent._meta.db_table
 _MEMBERS = StudyMember._meta.db_table
@@ -412,9 +410,3 @@ def events_prune(*, now: datetime | None = None) -> int:
     before = now.date() - timedelta(days=settings.GATEKEEPER_EVENTS_DEDUP_DAYS)
     deleted, _ = EventSeen.objects.filter(day__lt=before).delete()
     return deleted
-
-
-def control_group_reset() -> None:
-    """Start the control group's report afresh (its share or salt changed)."""
-    for model in (StudyMember, StudyDay, StudyEvent):
-        model.objects.filter(study=CONTROL_GROUP).delete()

@@ -21,10 +21,10 @@ import numpy as np
 from django.core.exceptions import ValidationError
 from django.db.models import Sum
 
+from limits.assignment import CONTROL_GROUP, HELD, SAMPLE
 from limits.holdout import holdout_read
 from limits.lift import BUCKETS, Estimate, Lift, estimate, lift, sample_ratio_p
 from limits.models import Experiment, StudyDay, StudyEvent
-from limits.studies import CONTROL_GROUP, HELD, SAMPLE
 
 LONGEST = 366  # days a report may span
 EVENT_MAX = 64  # an event name's length (limits.bodies.EventBody.name: a tag's form)

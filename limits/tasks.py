@@ -3,14 +3,17 @@
 import logging
 
 from celery import shared_task
+from django.conf import settings
 
 from limits.ledger.drain import ledger_drain_all
 from limits.ledger.drain import ledger_upkeep as ledger_upkeep_run
 from limits.ledger.erasure import erasure_run, erasures_due
 from limits.ledger.webhooks import deliveries_prune, webhook_deliver, webhooks_due
+from limits.limiter import get_limiter
 from limits.quota import Unavailable
+from limits.selectors import policy_cache
 from limits.suppression import journal_prune
-from limits.upkeep import send_logs_sweep_run
+from limits.upkeep import logs_sweep
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +23,11 @@ logger = logging.getLogger(__name__)
 def send_logs_sweep() -> int:
     """Beat, every minute: the next stretch of the walk over every bucket of send logs, dropping
     the users whose newest send has left the retention. Returns how many were dropped."""
-    report = send_logs_sweep_run()
+    report = logs_sweep(
+        get_limiter(),
+        buckets=settings.GATEKEEPER_LOG_SWEEP_BUCKETS,
+        retention_ms=policy_cache().table().retention_ms,  # the rules' retention
+    )
     logger.info(
         "Send logs swept: %d buckets looked at, %d users dropped, %d empty buckets deleted",
         report.buckets,

@@ -19,12 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from django.conf import settings
 from redis.cluster import RedisCluster
 
 from limits.legacy import LegacyLogs, OldLogs, parse_legacy_key
-from limits.limiter import Limiter, get_limiter
-from limits.selectors import policy_cache
+from limits.limiter import Limiter
 
 logger = logging.getLogger(__name__)
 
@@ -197,14 +195,3 @@ def logs_sweep(
             logger.warning("Sweep of the send logs on %s stopped: %s", name, exc)
         looked += seen
     return SweepReport(buckets=looked, dropped=dropped, emptied=emptied, passes=passes)
-
-
-def send_logs_sweep_run(*, now: float | None = None) -> SweepReport:
-    """The sweep as settings have it: GATEKEEPER_LOG_SWEEP_BUCKETS buckets, the rules'
-    retention."""
-    return logs_sweep(
-        get_limiter(),
-        buckets=settings.GATEKEEPER_LOG_SWEEP_BUCKETS,
-        retention_ms=policy_cache().table().retention_ms,
-        now=now,
-    )

@@ -17,10 +17,10 @@ import pytest
 from django.urls import reverse
 
 from gatekeeper.lib.groups import MARKETER
+from limits.assignment import CONTROL_GROUP
 from limits.experiments import ArmFields, ExperimentFields, experiment_create
 from limits.holdout import holdout_read
 from limits.models import Experiment, Holdout, StudyDay, StudyEvent
-from limits.studies import CONTROL_GROUP
 from limits.study_report import today_utc
 from segments.models import Segment
 from tests.support.admin import PASSWORD
