@@ -70,3 +70,10 @@ class InstantField(forms.CharField):
 
 
 INSTANT_FORMAT = "ISO 8601 with its UTC offset (2026-06-11T09:00:00+02:00)"
+
+
+def instant_text(at: datetime) -> str:
+    """A ledger time as the API writes it: ISO 8601 in UTC, milliseconds (the gate's clock),
+    more digits only when it has them."""
+    spec = "milliseconds" if at.microsecond % 1000 == 0 else "microseconds"
+    return at.isoformat(timespec=spec).replace("+00:00", "Z")

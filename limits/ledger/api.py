@@ -15,6 +15,7 @@ from rest_framework.settings import api_settings
 from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
 from gatekeeper.lib.bodies import NO_NUL, decode
 from gatekeeper.lib.ids import max_user_id, user_id_from_text, user_ids_checked
+from gatekeeper.lib.instants import instant_text
 from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from gatekeeper.lib.permissions import (
     ERASE_USERS,
@@ -190,7 +191,7 @@ class HistoryView(JsonAPIView):
             following = params.copy()
             following["before"] = page.next.text()
             next_url = request.build_absolute_uri(f"{request.path}?{following.urlencode()}")
-        results = [{**d, "at": stream.instant_text(d["at"])} for d in page.decisions]
+        results = [{**d, "at": instant_text(d["at"])} for d in page.decisions]
         return Response({"user_id": uid, "results": results, "next": next_url})
 
 
@@ -220,7 +221,7 @@ class ExportView(JsonAPIView):
         except Unavailable as exc:
             return Response({"detail": str(exc)}, status=503)
         for decision in document["decisions"]:
-            decision["at"] = stream.instant_text(decision["at"])
+            decision["at"] = instant_text(decision["at"])
         return Response(document)
 
 

@@ -34,6 +34,7 @@ from django.db.models import F, Func, IntegerField
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from gatekeeper.lib.instants import instant_text
 from limits.ledger.listeners import Drained, DrainListener, Round
 from limits.ledger.table import kinds_read, row_time
 from limits.models import (
@@ -383,13 +384,6 @@ def _rows(
 
 def _micros(at: datetime) -> int:
     return (at - EPOCH) // timedelta(microseconds=1)
-
-
-def instant_text(at: datetime) -> str:
-    """A ledger time as the API writes it: ISO 8601 in UTC, milliseconds (the gate's clock),
-    more digits only when it has them."""
-    spec = "milliseconds" if at.microsecond % 1000 == 0 else "microseconds"
-    return at.isoformat(timespec=spec).replace("+00:00", "Z")
 
 
 class _Instants:
