@@ -43,7 +43,7 @@ from pyroaring import BitMap64
 from gatekeeper.lib.ids import max_user_id, user_id_from_json
 from gatekeeper.lib.integers import INT32_MAX
 from gatekeeper.lib.words import count
-from limits.channels import channels
+from limits.channels import channel_problem, channels
 from limits.journaled import JournaledCache
 from limits.models import Preference, PreferenceChange, PreferenceLock
 from limits.policy import OWN_WEEK, RULE, PolicyTable, RuleView, own_rule
@@ -93,7 +93,7 @@ def preferences_problems(
         problems.setdefault(name, []).append(message)
 
     def channel_known(name: str, channel: str) -> bool:
-        wrong = _channel_problem(channel)
+        wrong = channel_problem(channel)
         if wrong is not None:
             add(name, wrong)
         return wrong is None
@@ -133,13 +133,6 @@ def preferences_problems(
     return problems
 
 
-def _channel_problem(channel: str) -> str | None:
-    known = channels()
-    if channel in known:
-        return None
-    return f"Unknown channel '{channel[:70]}'. Choose from: {', '.join(known)}."
-
-
 def frequency_problems(
     frequency: Sequence[Mapping[str, Any]], *, table: PolicyTable | None
 ) -> list[tuple[str, str]]:
@@ -152,7 +145,7 @@ def frequency_problems(
     for n, entry in enumerate(frequency):
         at = f"frequency.{n}"
         channel, window, limit = entry["channel"], entry["window"], entry["limit"]
-        if (unknown := _channel_problem(channel)) is not None:
+        if (unknown := channel_problem(channel)) is not None:
             problems.append((f"{at}.channel", unknown))
         wrong = window_problems(
             str(window.get("kind")), window.get("seconds"), str(window.get("unit") or "")

@@ -11,7 +11,7 @@ from typing import Any
 
 from gatekeeper.lib.integers import INT32_MAX
 from gatekeeper.lib.words import count
-from limits.channels import ALL, noun, scopes
+from limits.channels import ALL, channel_problem, noun
 from limits.policy import DAY_SECONDS, ROLLING_SECONDS, WEEK_SECONDS, RuleView
 from limits.windows import UNITS
 
@@ -103,8 +103,8 @@ def rule_problems(fields: RuleFields, *, segments: Iterable[str]) -> dict[str, l
     known = list(segments)
     if fields.segment is not None and fields.segment not in known:
         add("segment", f"No segment '{fields.segment}'. Known: {', '.join(known) or 'none'}.")
-    if fields.channel not in scopes():
-        add("channel", f"Unknown channel '{fields.channel}'. Choose one of: {', '.join(scopes())}.")
+    if (unknown := channel_problem(fields.channel, scope=True)) is not None:
+        add("channel", unknown)
     if fields.match not in MATCHES:
         add("match", f"Choose one of: {', '.join(MATCHES)}.")
     elif fields.match == "tag":
