@@ -42,6 +42,7 @@ from pyroaring import BitMap64
 
 from gatekeeper.lib.ids import max_user_id, user_id_from_json
 from gatekeeper.lib.integers import INT32_MAX
+from gatekeeper.lib.problems import Problem
 from gatekeeper.lib.words import count
 from limits.channels import channel_problem, channels
 from limits.journaled import JournaledCache
@@ -190,17 +191,18 @@ def preferences_user_id(given: Any, *, path: int | None = None, maximum: int | N
     digits, within `maximum`, by default the configured width's). A line of an imported file
     names its person (`path` None); a body sent to a person's own URL (`path`: the id it names)
     may leave it out or give it, as a GET answers it, and never names another person. Raises
-    ValueError with the words."""
+    a Problem (a ValueError) with the words, naming `user_id`."""
     if given is msgspec.UNSET:
         if path is None:
-            raise ValueError("Required: the user id whose preferences these are.")
+            raise Problem("Required: the user id whose preferences these are.", field="user_id")
         return path
     maximum = max_user_id() if maximum is None else maximum
-    user_id = user_id_from_json(given, maximum=maximum)
+    user_id = user_id_from_json(given, maximum=maximum, field="user_id")
     if path is not None and user_id != path:
-        raise ValueError(
+        raise Problem(
             f"These are the preferences of user {path} (the user id in the path): leave "
-            f"user_id out or give {path}, not {user_id}."
+            f"user_id out or give {path}, not {user_id}.",
+            field="user_id",
         )
     return user_id
 
