@@ -71,7 +71,7 @@ def answered(error: Exception) -> tuple[int, object]:
         }),
     ],
 )  # fmt: skip
-def test_any_error_carrying_problems_is_the_400_of_its_field_errors(error, body):
+def test_any_error_carrying_problems_is_the_400_of_its_field_errors(error: Exception, body):
     assert isinstance(error, CarriesProblems)
     assert answered(error) == (400, body)
 
@@ -98,13 +98,13 @@ def test_a_services_problem_reaches_the_client_as_the_field_400(live_server, red
     assert not Preference.objects.exists()
 
     bad_file = b"14\n15\nabc\n"
-    with pytest.raises(UserListError) as by_the_service:
+    with pytest.raises(UserListError) as refused_file:
         suppression_import(
             channel="email", fileobj=io.BytesIO(bad_file), reason="manual", source="import"
         )
     over_http = call(ops, "PUT", "/api/v1/suppressions/email/import/", data=bad_file)
     assert over_http.status_code == 400
-    assert over_http.json() == by_the_service.value.field_errors()
+    assert over_http.json() == refused_file.value.field_errors()
     assert over_http.json()["line"] == 3
     assert not Suppression.objects.exists()
 
