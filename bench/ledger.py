@@ -143,9 +143,10 @@ def _fill_stream(client: redis.Redis, rows: int, *, users: int, own_ids: bool = 
     name their sends)."""
     from limits.ledger.stream import ledger_append
     from limits.limiter import Decision
-    from limits.reasons import Category
+    from limits.reasons import Category, Reason
 
-    reasons = ["allowed"] * 7 + ["daily_cap", "weekly_cap", "quiet_hours"]
+    mix = {Reason.ALLOWED: 7, Reason.DAILY_CAP: 1, Reason.WEEKLY_CAP: 1, Reason.QUIET_HOURS: 1}
+    reasons = [reason for reason, n in mix.items() for _ in range(n)]
     segments = ["vip", "active", "new", "dormant", "churned", "default"]
     now = time.time()
     for call in range(0, rows, 1000):

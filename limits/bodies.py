@@ -11,6 +11,7 @@ from rest_framework.exceptions import ValidationError
 from gatekeeper.lib.bodies import NO_NUL, NOT_BLANK, Body, schema_fill, words_for_pattern
 from gatekeeper.lib.ids import JsonUserId
 from gatekeeper.lib.integers import INT32_MAX
+from gatekeeper.lib.problems import Problem
 from gatekeeper.lib.weburls import HTTP_URL, HTTP_URL_WORDS, URL_MAX
 from limits.channels import channels, scopes
 from limits.ledger.events import POSITION_PATTERN, POSITION_WORDS
@@ -82,13 +83,15 @@ Priority = Annotated[
 ]
 
 
-def window_from_text(text: str) -> int:
+def window_from_text(text: str, *, field: str = "") -> int:
     """A recent interval (`?window=3h`) by limits.rules.duration_from_text: its seconds, from 1
-    minute to 90 days. ValueError saying why otherwise."""
-    seconds = duration_from_text(text)
+    minute to 90 days. A Problem (a ValueError) saying why otherwise, naming `field`."""
+    seconds = duration_from_text(text, field=field)
     low, high = ROLLING_SECONDS
     if not low <= seconds <= high:
-        raise ValueError(f"{text} is {duration_words(seconds)}: a window is 1 minute to 90 days.")
+        raise Problem(
+            f"{text} is {duration_words(seconds)}: a window is 1 minute to 90 days.", field=field
+        )
     return seconds
 
 

@@ -21,23 +21,35 @@ def scopes() -> list[str]:
     return [*channels(), ALL]
 
 
+def channel_problem(value: str, *, scope: bool = False) -> str | None:
+    """The one rule for a channel someone names, and its one wording: None when `value` is a
+    delivery channel (with `scope`, or `all`), else what is wrong, in words. Code that collects
+    every problem of a body (rules, quiet hours, preferences, topics, the ledger's filters) adds
+    this; code that stops at the first one calls validate_channel or validate_scope."""
+    known = scopes() if scope else channels()
+    if value in known:
+        return None
+    return f"Unknown channel '{value[:70]}'. Choose one of: {', '.join(known)}."
+
+
 def validate_scope(value: str, *, field: str | None = None) -> None:
-    """The one rule for a scope (a channel or `all`). With `field`, the ValidationError names it
-    (the REST API's base answers it as that field's 400)."""
-    _known(value, scopes(), field)
+    """A scope (a channel or `all`) by channel_problem; ValidationError otherwise. With
+    `field`, the ValidationError names it (the REST API's base answers it as that field's
+    400)."""
+    _raised(channel_problem(value, scope=True), field)
 
 
 def validate_channel(value: str, *, field: str | None = None) -> None:
-    """The one rule for a delivery channel (see validate_scope for `field`)."""
-    _known(value, channels(), field)
+    """A delivery channel by channel_problem (see validate_scope for `field`)."""
+    _raised(channel_problem(value), field)
 
 
-def _known(value: str, known: list[str], field: str | None) -> None:
-    if value not in known:
-        message = f"Unknown channel '{value}'. Choose one of: {', '.join(known)}."
-        if field is not None:
-            raise ValidationError({field: [message]})
-        raise ValidationError(message, code="channel")
+def _raised(problem: str | None, field: str | None) -> None:
+    if problem is None:
+        return
+    if field is not None:
+        raise ValidationError({field: [problem]})
+    raise ValidationError(problem, code="channel")
 
 
 def scope_label(scope: str) -> str:

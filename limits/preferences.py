@@ -42,8 +42,9 @@ from pyroaring import BitMap64
 
 from gatekeeper.lib.ids import max_user_id, user_id_from_json
 from gatekeeper.lib.integers import INT32_MAX
+from gatekeeper.lib.problems import Problem
 from gatekeeper.lib.words import count
-from limits.channels import channels
+from limits.channels import channel_problem, channels
 from limits.journaled import JournaledCache
 from limits.models import Preference, PreferenceChange, PreferenceLock
 from limits.policy import OWN_WEEK, RULE, PolicyTable, RuleView, own_rule
@@ -93,7 +94,7 @@ def preferences_problems(
         problems.setdefault(name, []).append(message)
 
     def channel_known(name: str, channel: str) -> bool:
-        wrong = _channel_problem(channel)
+        wrong = channel_problem(channel)
         if wrong is not None:
             add(name, wrong)
         return wrong is None
@@ -133,13 +134,6 @@ def preferences_problems(
     return problems
 
 
-def _channel_problem(channel: str) -> str | None:
-    known = channels()
-    if channel in known:
-        return None
-    return f"Unknown channel '{channel[:70]}'. Choose from: {', '.join(known)}."
-
-
 def frequency_problems(
     frequency: Sequence[Mapping[str, Any]], *, table: PolicyTable | None
 ) -> list[tuple[str, str]]:
@@ -152,7 +146,7 @@ def frequency_problems(
     for n, entry in enumerate(frequency):
         at = f"frequency.{n}"
         channel, window, limit = entry["channel"], entry["window"], entry["limit"]
-        if (unknown := _channel_problem(channel)) is not None:
+        if (unknown := channel_problem(channel)) is not None:
             problems.append((f"{at}.channel", unknown))
         wrong = window_problems(
             str(window.get("kind")), window.get("seconds"), str(window.get("unit") or "")
@@ -197,17 +191,18 @@ def preferences_user_id(given: Any, *, path: int | None = None, maximum: int | N
     digits, within `maximum`, by default the configured width's). A line of an imported file
     names its person (`path` None); a body sent to a person's own URL (`path`: the id it names)
     may leave it out or give it, as a GET answers it, and never names another person. Raises
-    ValueError with the words."""
+    a Problem (a ValueError) with the words, naming `user_id`."""
     if given is msgspec.UNSET:
         if path is None:
-            raise ValueError("Required: the user id whose preferences these are.")
+            raise Problem("Required: the user id whose preferences these are.", field="user_id")
         return path
     maximum = max_user_id() if maximum is None else maximum
-    user_id = user_id_from_json(given, maximum=maximum)
+    user_id = user_id_from_json(given, maximum=maximum, field="user_id")
     if path is not None and user_id != path:
-        raise ValueError(
+        raise Problem(
             f"These are the preferences of user {path} (the user id in the path): leave "
-            f"user_id out or give {path}, not {user_id}."
+            f"user_id out or give {path}, not {user_id}.",
+            field="user_id",
         )
     return user_id
 

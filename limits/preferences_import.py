@@ -49,6 +49,7 @@ from rest_framework.exceptions import ParseError, ValidationError
 
 from gatekeeper.lib.bodies import DATETIME_WORDS, DEFAULT_MAX_BODY_BYTES, decode
 from gatekeeper.lib.ids import JsonUserId, max_user_id, user_id_from_text
+from gatekeeper.lib.problems import Problem as InputProblem
 from limits.bodies import PreferencesBody
 from limits.preferences import (
     SOURCES,
@@ -117,6 +118,12 @@ class PreferencesFileRefused(Exception):
     ) -> None:
         super().__init__("; ".join(messages))
         self.messages, self.line, self.problems = messages, line, list(problems)
+
+    def field_errors(self) -> dict[str, Any]:
+        """Its 400's body (it carries its problems: gatekeeper.lib.problems): the messages, the
+        line, and each problem by line and field."""
+        problems = [{"line": p.line, "field": p.field, "message": p.message} for p in self.problems]
+        return {"file": self.messages, "line": self.line, "problems": problems}
 
 
 class PreferencesFileTooLarge(Exception):
@@ -409,9 +416,8 @@ def _csv_people(lines: Iterator[tuple[int, bytes]], problems: _Problems) -> Iter
         cells = {name: cell.strip() for name, cell in zip(columns, row, strict=True)}
         try:
             user_id = user_id_from_text(cells["user_id"], field="user_id", maximum=maximum)
-        except ValidationError as exc:
-            for name, message in _details(exc.detail):
-                problems.add(number, name, message)
+        except InputProblem as exc:
+            problems.add(number, exc.field, exc.message)
             continue
         if person is None or person.user_id != user_id:
             if person is not None:

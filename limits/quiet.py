@@ -26,7 +26,7 @@ from zoneinfo import ZoneInfo
 
 from gatekeeper.lib.words import count
 from gatekeeper.lib.zones import zone
-from limits.channels import ALL, noun, scope_label, scopes
+from limits.channels import ALL, channel_problem, noun, scope_label
 
 SPREAD_MAX = 720  # minutes: 12 hours
 CLOCK = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])")
@@ -93,8 +93,8 @@ def quiet_problems(fields: QuietFields, *, segments: Iterable[str]) -> dict[str,
     known = list(segments)
     if fields.segment is not None and fields.segment not in known:
         add("segment", f"No segment '{fields.segment}'. Known: {', '.join(known) or 'none'}.")
-    if fields.channel not in scopes():
-        add("channel", f"Unknown channel '{fields.channel}'. Choose one of: {', '.join(scopes())}.")
+    if (unknown := channel_problem(fields.channel, scope=True)) is not None:
+        add("channel", unknown)
     clock: dict[str, int] = {}
     for name in ("start", "end"):
         try:

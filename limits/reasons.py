@@ -35,21 +35,29 @@ class Reason(StrEnum):
     CANCELLED = "cancelled"  # still waiting when its job's waiting sends were cancelled
 
 
+# The groups of reasons: each is named here once, and the code asks for it by its name.
+# A send job's own, never the gate's.
+JOB_OWN: tuple[Reason, ...] = (Reason.EXPIRED, Reason.CANCELLED)
 # What the gate answers (the schema's enumeration of a decision's reason), in this order.
-REASONS: tuple[Reason, ...] = tuple(
-    r for r in Reason if r not in (Reason.EXPIRED, Reason.CANCELLED)
-)
+REASONS: tuple[Reason, ...] = tuple(r for r in Reason if r not in JOB_OWN)
 # A send job's reasons: the gate's and its own.
 JOB_REASONS: tuple[Reason, ...] = tuple(Reason)
+# What the gate may answer a marketing send (all but exempt, a transactional send's).
+MARKETING_REASONS: tuple[Reason, ...] = tuple(r for r in REASONS if r != Reason.EXEMPT)
 # The send went ahead.
 ADMITTED: tuple[Reason, ...] = (Reason.ALLOWED, Reason.DUPLICATE, Reason.EXEMPT)
+# The send goes out now (a duplicate went out before): the decisions a send's outcome belongs
+# to, and what a plan counts as sent.
+SENDING: tuple[Reason, ...] = (Reason.ALLOWED, Reason.EXEMPT)
 # Every other reason of the gate's.
 REFUSED: tuple[Reason, ...] = tuple(r for r in REASONS if r not in ADMITTED)
 # A rule had no room: the decision names the rule.
 CAPPED: tuple[Reason, ...] = (Reason.DAILY_CAP, Reason.WEEKLY_CAP, Reason.CAP)
+# Held rather than refused: the send goes when the user's quiet hours end.
+HELD: tuple[Reason, ...] = (Reason.QUIET_HOURS,)
 # Refusals `on_capped: defer` waits out: a slot frees, or the user's quiet hours end.
 # A reservation's hold ends when its job starts.
-DEFERRABLE: tuple[Reason, ...] = (*CAPPED, Reason.QUIET_HOURS, Reason.RESERVED)
+DEFERRABLE: tuple[Reason, ...] = (*CAPPED, *HELD, Reason.RESERVED)
 
 # How the admin's charts colour each reason (the same colour on every chart).
 COLOURS: dict[Reason, str] = {

@@ -10,8 +10,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from gatekeeper.lib.integers import INT32_MAX
+from gatekeeper.lib.problems import Problem
 from gatekeeper.lib.words import count
-from limits.channels import ALL, noun, scopes
+from limits.channels import ALL, channel_problem, noun
 from limits.policy import DAY_SECONDS, ROLLING_SECONDS, WEEK_SECONDS, RuleView
 from limits.windows import UNITS
 
@@ -103,8 +104,8 @@ def rule_problems(fields: RuleFields, *, segments: Iterable[str]) -> dict[str, l
     known = list(segments)
     if fields.segment is not None and fields.segment not in known:
         add("segment", f"No segment '{fields.segment}'. Known: {', '.join(known) or 'none'}.")
-    if fields.channel not in scopes():
-        add("channel", f"Unknown channel '{fields.channel}'. Choose one of: {', '.join(scopes())}.")
+    if (unknown := channel_problem(fields.channel, scope=True)) is not None:
+        add("channel", unknown)
     if fields.match not in MATCHES:
         add("match", f"Choose one of: {', '.join(MATCHES)}.")
     elif fields.match == "tag":
@@ -172,17 +173,17 @@ DURATION_WORDS = (
 )
 
 
-class NotADuration(ValueError):
+class NotADuration(Problem):
     """Text that is not a length of time; the message says why, in words."""
 
 
-def duration_from_text(text: str) -> int:
+def duration_from_text(text: str, *, field: str = "") -> int:
     """The one rule for a length of time typed as text (a rule's window in the admin, the
     quota's `?window=`): its seconds. Lowercase, as DURATION has it; the bounds are the
-    caller's to judge."""
+    caller's to judge. NotADuration names `field`."""
     if not DURATION.fullmatch(text):
         shown = text if len(text) <= 30 else text[:27] + "..."
-        raise NotADuration(f"'{shown}' is not a length of time. {DURATION_WORDS}")
+        raise NotADuration(f"'{shown}' is not a length of time. {DURATION_WORDS}", field=field)
     if text.isdigit():
         return int(text)
     return sum(int(number) * UNIT_SECONDS[unit] for number, unit in _DURATION_PART.findall(text))

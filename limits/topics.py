@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from limits.channels import channels, noun
+from limits.channels import channel_problem, channels, noun
 
 SLUG = re.compile(r"[-a-zA-Z0-9_]{1,64}")
 SLUG_WORDS = "A slug is 1 to 64 letters, digits, - and _ (sends and preferences name it)."
@@ -59,12 +59,10 @@ def topic_problems(fields: TopicFields, *, segments: Iterable[str] = ()) -> dict
         add("name", f"At most {NAME_MAX} characters; {len(fields.name)} given.")
     if len(fields.description) > DESCRIPTION_MAX or "\x00" in fields.description:
         add("description", f"At most {DESCRIPTION_MAX} characters, and no NUL.")
-    known = channels()
     seen: set[str] = set()
     for i, channel in enumerate(fields.channels):
-        if channel not in known:
-            add("channels", f"channels[{i}]: unknown channel '{channel[:70]}'. Choose from: "
-                f"{', '.join(known)}.")  # fmt: skip
+        if (unknown := channel_problem(channel)) is not None:
+            add("channels", f"channels[{i}]: {unknown}")
         elif channel in seen:
             add("channels", f"channels[{i}]: '{channel}' is listed twice.")
         seen.add(channel)

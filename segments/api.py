@@ -4,7 +4,6 @@ from typing import Any
 
 import msgspec
 from django.conf import settings
-from django.core.exceptions import ValidationError as DjangoValidationError
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -59,7 +58,6 @@ from segments.serializers import (
     UserListStoredSerializer,
 )
 from segments.services import (
-    SegmentConflict,
     build_start,
     segment_change,
     segment_create,
@@ -73,18 +71,6 @@ def _no_snapshot() -> Response:
     return Response(
         {"detail": f"No segment snapshot is loaded: {index_status()['error']}"}, status=503
     )
-
-
-def _conflict(exc: SegmentConflict) -> Response:
-    """A 409 that says what conflicts (and which field, as a 400 would name it)."""
-    body: dict[str, Any] = {"detail": str(exc)}
-    if exc.field:
-        body["field"] = exc.field
-    return Response(body, status=409)
-
-
-def _field_errors(exc: DjangoValidationError) -> ValidationError:
-    return ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
 
 
 class SegmentListView(JsonAPIView):
@@ -107,12 +93,7 @@ class SegmentListView(JsonAPIView):
         body = decode(request.data, SegmentCreateBody)
         fields = msgspec.structs.asdict(body)
         fields["time_zone"] = fields["time_zone"] or ""  # null and "": the default zone
-        try:
-            segment = segment_create(**fields)
-        except DjangoValidationError as exc:
-            raise _field_errors(exc) from None
-        except SegmentConflict as exc:
-            return _conflict(exc)
+        segment = segment_create(**fields)
         return Response(SegmentSerializer(segment).data, status=201)
 
 
@@ -140,12 +121,7 @@ class SegmentDetailView(JsonAPIView):
         }
         if "time_zone" in changes:
             changes["time_zone"] = changes["time_zone"] or ""  # null and "": the default zone
-        try:
-            segment_change(segment=segment, **changes)
-        except DjangoValidationError as exc:
-            raise _field_errors(exc) from None
-        except SegmentConflict as exc:
-            return _conflict(exc)
+        segment_change(segment=segment, **changes)
         return Response(SegmentSerializer(segment).data)
 
     @extend_schema(
@@ -153,10 +129,7 @@ class SegmentDetailView(JsonAPIView):
         responses={204: None, **errors(404, 409)},
     )
     def delete(self, request: Request, slug: str) -> Response:
-        try:
-            segment_delete(segment=get_object_or_404(Segment, slug=slug))
-        except SegmentConflict as exc:
-            return _conflict(exc)
+        segment_delete(segment=get_object_or_404(Segment, slug=slug))
         return Response(status=204)
 
 
@@ -224,18 +197,15 @@ class SegmentUsersView(JsonAPIView):
         segment = get_object_or_404(Segment, slug=slug)
         stream = request.data if hasattr(request.data, "read") else None
         if stream is None:
-            return Response({"file": ["Send the list as the request body."], "line": None}, 400)
-        try:
-            user_list = user_list_import(
-                segment=segment,
-                fileobj=stream,
-                name=f"{slug}-api.txt",
-                replace=True,
-                user=request.user,
-                inline_bytes=int(settings.GATEKEEPER_USER_LIST_INLINE_BYTES),
-            )
-        except UserListError as exc:
-            return Response({"file": exc.messages, "line": exc.line}, status=400)
+            raise UserListError("Send the list as the request body.")
+        user_list = user_list_import(
+            segment=segment,
+            fileobj=stream,
+            name=f"{slug}-api.txt",
+            replace=True,
+            user=request.user,
+            inline_bytes=int(settings.GATEKEEPER_USER_LIST_INLINE_BYTES),
+        )
         answer = _list_answer(request, user_list)
         if user_list.status == UserList.Status.VALIDATING:
             return Response(answer, status=202, headers={"Location": answer["url"]})

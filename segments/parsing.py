@@ -32,11 +32,15 @@ MAX_DIGITS = {32: 10, 64: 20}
 
 
 class UserListError(ValidationError):
-    """A user list that cannot be used; the message names the line."""
+    """A user list that cannot be used; the message names the line. It carries its problem
+    (gatekeeper.lib.problems): the REST API answers it as the 400 `{"file": [...], "line"}`."""
 
     def __init__(self, message: str, *, line: int | None = None) -> None:
         super().__init__(message, code="user_list")
         self.line = line
+
+    def field_errors(self) -> dict[str, Any]:
+        return {"file": self.messages, "line": self.line}
 
 
 class ParseStopped(Exception):

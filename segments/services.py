@@ -10,20 +10,17 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from gatekeeper.lib.accounts import Actor, account_acting
+from gatekeeper.lib.conflicts import Conflict
 from segments import tasks
 from segments.models import Build, DefaultSegmentProtected, Segment, UserList
 from segments.publishing import BuildInProgress, build_give_up
 from segments.user_lists import user_list_store
 
 
-class SegmentConflict(Exception):
+class SegmentConflict(Conflict):
     """The change conflicts with another segment (its slug or priority is taken) or with what
     a segment is (the default one cannot be deleted): the REST API answers 409. `field` names
     the field at fault, if one is."""
-
-    def __init__(self, message: str, *, field: str = "") -> None:
-        super().__init__(message)
-        self.field = field
 
 
 def _taken(segment: Segment) -> None:

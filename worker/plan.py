@@ -37,7 +37,7 @@ from limits.holds import HeldJob, Holds, holds_cache, holds_decode, holds_encode
 from limits.limiter import Decision, Limiter, get_limiter
 from limits.policy import PolicyTable
 from limits.quota import Unavailable
-from limits.reasons import Reason
+from limits.reasons import CAPPED, HELD, SENDING, Reason
 from limits.selectors import policy_read
 from segments.index import get_index
 from worker.delivery.base import recipients_typed
@@ -49,9 +49,6 @@ logger = logging.getLogger(__name__)
 PLAN_SCRATCH_TTL = 3600  # seconds a scratch copy of the logs outlives a plan that died
 COPY_BATCH = 500  # bucket keys copied per pipeline
 LOST_SHOWN = 100  # users named per job among those who lose a send to an earlier job
-HELD = (Reason.QUIET_HOURS,)
-# Refusals whose room another send could have taken (a rule had no room at the job's start).
-BY_RULE = (Reason.DAILY_CAP, Reason.WEEKLY_CAP, Reason.CAP)
 
 
 @dataclass
@@ -80,7 +77,7 @@ class JobPlan:
 
     @property
     def sent(self) -> int:
-        return self.reasons[Reason.ALLOWED] + self.reasons[Reason.EXEMPT]
+        return sum(self.reasons[r] for r in SENDING)
 
     @property
     def held(self) -> int:
@@ -213,7 +210,8 @@ def _slots_taken(
     """Name, for each send a rule refuses, the earlier jobs whose admitted send to that user
     the rule counts (same channel or the rule's `all`; its tag or campaign): they took the
     room. A send refused by a rule that no earlier job touched lost to the user's log alone."""
-    refused = [d for d in decisions if d.reason in BY_RULE and d.rule is not None]
+    # A rule had no room at the job's start: another send could have taken it.
+    refused = [d for d in decisions if d.reason in CAPPED and d.rule is not None]
     if not refused or not earlier:
         return
     users = np.asarray([d.user_id for d in refused], dtype=np.uint64)
@@ -318,7 +316,7 @@ def plan_shape(plans: Sequence[JobPlan], jobs: Sequence[SendJob]) -> list[dict[s
         refused = {
             str(reason): n
             for reason, n in sorted(plan.reasons.items())
-            if reason not in (Reason.ALLOWED, Reason.EXEMPT, *HELD) and n
+            if reason not in (*SENDING, *HELD) and n
         }
         out.append(
             {

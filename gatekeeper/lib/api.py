@@ -8,7 +8,7 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -21,6 +21,7 @@ from gatekeeper.lib.bodies import (
 from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.ids import max_user_id
 from gatekeeper.lib.permissions import API_AUTHENTICATION, HasRights
+from gatekeeper.lib.problems import NON_FIELD, CarriesProblems
 
 
 class JsonAPIView(APIView):
@@ -40,17 +41,31 @@ class JsonAPIView(APIView):
     body_limit_reason: ClassVar[str] = ""
 
     def handle_exception(self, exc: Exception) -> Response:
+        """The one place the project's errors become answers: a Conflict is a 409; an error
+        that carries problems (gatekeeper.lib.problems: a Problem, a refused file) is the 400
+        with its `field_errors()`, and a service's Django ValidationError the 400 naming its
+        fields (the API's names). Views raise these and never build the answer themselves."""
         if isinstance(exc, Conflict):
             body = {"detail": str(exc), **({"field": exc.field} if exc.field else {})}
             return Response(body, status=409)
-        # A service's ValidationError names the fields (the API's names): the API's 400.
-        if isinstance(exc, DjangoValidationError):
+        if isinstance(exc, CarriesProblems):
+            exc = FieldErrors(exc.field_errors())
+        elif isinstance(exc, DjangoValidationError):
             exc = ValidationError(
-                exc.message_dict
-                if hasattr(exc, "error_dict")
-                else {"non_field_errors": exc.messages}
+                exc.message_dict if hasattr(exc, "error_dict") else {NON_FIELD: exc.messages}
             )
         return super().handle_exception(exc)
+
+
+class FieldErrors(APIException):
+    """A 400 whose body is given as it is (DRF's ValidationError would turn a file's `line`
+    number into a string)."""
+
+    status_code = 400
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        super().__init__()
+        self.detail = body
 
 
 class ApiSchema(AutoSchema):

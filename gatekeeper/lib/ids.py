@@ -13,10 +13,10 @@ from typing import Annotated, Any
 
 from django.conf import settings
 from msgspec import Meta
-from rest_framework.exceptions import ValidationError
 
 from gatekeeper.lib.bodies import schema_fill
 from gatekeeper.lib.integers import NotAWholeNumber, whole_number
+from gatekeeper.lib.problems import Problem
 
 DATABASE_MAX = 2**63 - 1
 CANONICAL = re.compile(r"0|[1-9][0-9]*")  # a number's digits, as it is written
@@ -67,18 +67,18 @@ def max_user_id(width: int | None = None) -> int:
     return min(2**width - 1, DATABASE_MAX)
 
 
-def user_id_from_json(value: Any, *, maximum: int) -> int:
+def user_id_from_json(value: Any, *, maximum: int, field: str = "") -> int:
     """A user id as a JSON body gives it: an integer, or a string of its digits 0-9 (no sign,
-    no spaces, no leading zeros, not even a trailing newline). Raises ValueError with the
-    words."""
+    no spaces, no leading zeros, not even a trailing newline). Raises a Problem (a ValueError)
+    with the words, naming `field`."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
     elif isinstance(value, str) and len(value) <= 20 and CANONICAL.fullmatch(value):
         number = int(value)
     else:
-        raise ValueError(out_of_bounds(repr(value), maximum))
+        raise Problem(out_of_bounds(repr(value), maximum), field=field)
     if not 0 <= number <= maximum:
-        raise ValueError(out_of_bounds(number, maximum))
+        raise Problem(out_of_bounds(number, maximum), field=field)
     return number
 
 
@@ -92,11 +92,8 @@ def user_ids_checked(
         return list(values)
     checked = []
     for i, value in enumerate(values):
-        try:
-            checked.append(user_id_from_json(value, maximum=maximum))
-        except ValueError as exc:
-            name = f"{field}[{i}].{item}" if item else f"{field}[{i}]"
-            raise ValidationError({name: [str(exc)]}) from None
+        name = f"{field}[{i}].{item}" if item else f"{field}[{i}]"
+        checked.append(user_id_from_json(value, maximum=maximum, field=name))
     return checked
 
 
@@ -107,7 +104,7 @@ def user_id_from_text(text: str, *, field: str, maximum: int) -> int:
         return whole_number(text, maximum=maximum, what="A user id", padded=False)
     except NotAWholeNumber:
         shown = text if len(text) <= 24 else text[:21] + "..."
-        raise ValidationError({field: [out_of_bounds(shown, maximum)]}) from None
+        raise Problem(out_of_bounds(shown, maximum), field=field) from None
 
 
 def out_of_bounds(value: object, maximum: int) -> str:

@@ -12,31 +12,42 @@ from typing import Any
 
 from django import forms
 
+from gatekeeper.lib.problems import Problem
+
 DIGITS = re.compile(r"[0-9]+")
 INT32_MAX = 2**31 - 1  # the largest value a PositiveIntegerField holds on every database
 
 
-class NotAWholeNumber(ValueError):
+class NotAWholeNumber(Problem):
     """The text is not a whole number within the bounds; the message says why, in words."""
 
 
 def whole_number(
-    text: str, *, maximum: int, minimum: int = 0, what: str = "The value", padded: bool = True
+    text: str,
+    *,
+    maximum: int,
+    minimum: int = 0,
+    what: str = "The value",
+    padded: bool = True,
+    field: str = "",
 ) -> int:
     """`text` as an int from `minimum` to `maximum`. Spaces around it are ignored (a form field
     or a CSV cell often has them) unless `padded` is False: a number in a URL (a path, a query
     string) is exactly its digits, so `/users/%201/` names no user. Anything but ASCII digits
-    inside is refused. The messages start with `what` ("email daily: at most 2,147,483,647.")."""
+    inside is refused. The messages start with `what` ("email daily: at most 2,147,483,647.");
+    NotAWholeNumber names `field` (a query string's `limit`: the REST API's 400 for it)."""
     value = text.strip(" \t\r\n") if padded else text
     if not DIGITS.fullmatch(value):
         shown = value if len(value) <= 20 else value[:17] + "..."
-        raise NotAWholeNumber(f"{what}: '{shown}' is not a whole number (digits 0-9 only).")
+        raise NotAWholeNumber(
+            f"{what}: '{shown}' is not a whole number (digits 0-9 only).", field=field
+        )
     # Compare lengths first: a 10,000-digit string is refused without building the integer.
     if len(value.lstrip("0")) > len(str(maximum)) or int(value) > maximum:
-        raise NotAWholeNumber(f"{what}: at most {maximum:,}.")
+        raise NotAWholeNumber(f"{what}: at most {maximum:,}.", field=field)
     number = int(value)
     if number < minimum:
-        raise NotAWholeNumber(f"{what}: at least {minimum:,}.")
+        raise NotAWholeNumber(f"{what}: at least {minimum:,}.", field=field)
     return number
 
 

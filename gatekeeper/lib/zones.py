@@ -6,11 +6,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from django.core.exceptions import ValidationError
 
+from gatekeeper.lib.problems import Problem
+
 EXAMPLE = "Europe/Paris"
 
 
-class UnknownTimeZone(ValueError):
-    pass
+class UnknownTimeZone(Problem):
+    """A name that is no zone; the message names it and says what a zone's name is."""
 
 
 def _unknown(name: str) -> UnknownTimeZone:
@@ -28,6 +30,14 @@ def zone(name: str) -> ZoneInfo:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):
         raise _unknown(name) from None
+
+
+def time_zone_checked(name: str, *, field: str) -> ZoneInfo:
+    """`zone(name)`, its UnknownTimeZone naming `field` (a request's `time_zone`)."""
+    try:
+        return zone(name)
+    except UnknownTimeZone as exc:
+        raise UnknownTimeZone(exc.message, field=field) from None
 
 
 def validate_time_zone(value: str) -> None:

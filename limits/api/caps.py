@@ -1,9 +1,8 @@
 """REST views of the classic caps: every cap, and a segment's cap on a channel set."""
 
-from django.core.exceptions import ValidationError as DjangoValidationError
-from django.core.validators import validate_slug
+from django.core.validators import slug_re
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -13,6 +12,7 @@ from gatekeeper.lib.permissions import (
     SET_CAPS,
     VIEW_CAPS,
 )
+from gatekeeper.lib.problems import Problem
 from limits.bodies import (
     CapBody,
 )
@@ -59,12 +59,8 @@ class CapDetailView(JsonAPIView):
         # An unknown channel is a bad request (the schema lists them); a segment that does not
         # exist is a cap that cannot exist: 404.
         validate_scope(channel, field="channel")
-        try:
-            validate_slug(segment)
-        except DjangoValidationError:
-            raise ValidationError(
-                {"segment": ["A segment's slug is letters, digits, - and _."]}
-            ) from None
+        if not slug_re.match(segment):
+            raise Problem("A segment's slug is letters, digits, - and _.", field="segment")
         target = segment_by_slug(segment)
         if target is None:
             raise NotFound(f"No segment '{segment}'.")

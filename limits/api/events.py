@@ -2,7 +2,6 @@
 (orders, sign-ups), taken into the ledger's stream and counted by its drain for the experiments
 report."""
 
-from django.core.exceptions import ValidationError
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -13,6 +12,7 @@ from gatekeeper.lib.api import JsonAPIView, errors
 from gatekeeper.lib.bodies import decode
 from gatekeeper.lib.ids import max_user_id, user_ids_checked
 from gatekeeper.lib.permissions import POST_EVENTS
+from gatekeeper.lib.problems import Problems
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.bodies import EVENTS_MAX, EventsBody
 from limits.quota import redis_unavailable
@@ -60,7 +60,7 @@ class EventsView(JsonAPIView):
         ]
         problems = event_problems(events, now=timezone.now())
         if problems:
-            raise ValidationError(problems)
+            raise Problems(problems)
         try:
             taken = events_taken(events)
         except REDIS_DOWN as exc:

@@ -6,7 +6,6 @@ from typing import Annotated, Any
 import msgspec
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from msgspec import UNSET, Meta, UnsetType
-from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -66,14 +65,6 @@ def _user(user_id: str) -> int:
     return user_id_from_text(user_id, field="user_id", maximum=max_user_id())
 
 
-def _owner_checked(given: Any, user_id: int) -> None:
-    """A 400 naming `user_id` when a body's is not the path's (limits.preferences)."""
-    try:
-        preferences_user_id(given, path=user_id)
-    except ValueError as exc:
-        raise ValidationError({"user_id": [str(exc)]}) from None
-
-
 def _shown(user_id: int, prefs: PreferencesFields) -> Response:
     return Response(PreferencesSerializer(preferences_as_json(user_id, prefs)).data)
 
@@ -108,7 +99,7 @@ class PreferencesView(JsonAPIView):
     def put(self, request: Request, user_id: str) -> Response:
         uid = _user(user_id)
         body = decode(request.data, PreferencesReplaceBody)
-        _owner_checked(body.user_id, uid)
+        preferences_user_id(body.user_id, path=uid)  # a 400 naming user_id if not the path's
         saved = preferences_replace(
             user_id=uid,
             prefs=preferences_given(body),
@@ -127,7 +118,7 @@ class PreferencesView(JsonAPIView):
     def patch(self, request: Request, user_id: str) -> Response:
         uid = _user(user_id)
         body = decode(request.data, PreferencesPatchBody)
-        _owner_checked(body.user_id, uid)
+        preferences_user_id(body.user_id, path=uid)  # a 400 naming user_id if not the path's
         changes: dict[str, Any] = {
             name: getattr(body, name)
             for name in PreferencesChangeBody.__struct_fields__

@@ -113,7 +113,7 @@ class PreferencesImportView(JsonAPIView):
     def put(self, request: Request) -> Response:
         data: Any = request.data  # the stream PreferencesFileParser left
         if not hasattr(data, "read"):
-            return _refused(PreferencesFileRefused(["Send the file as the request body."]))
+            raise PreferencesFileRefused(["Send the file as the request body."])
         try:
             file_format = import_format(
                 given=request.query_params.get("format"), content_type=request.content_type
@@ -121,13 +121,6 @@ class PreferencesImportView(JsonAPIView):
             imported = preferences_import(
                 fileobj=data, file_format=file_format, source="import", by=request.user
             )
-        except PreferencesFileRefused as exc:
-            return _refused(exc)
         except PreferencesFileTooLarge as exc:
             raise RequestTooLarge(limit=exc.limit, size=exc.size, reason=LIMIT_REASON) from None
         return Response(PreferencesImportedSerializer(imported.as_json()).data)
-
-
-def _refused(exc: PreferencesFileRefused) -> Response:
-    problems = [{"line": p.line, "field": p.field, "message": p.message} for p in exc.problems]
-    return Response({"file": exc.messages, "line": exc.line, "problems": problems}, status=400)

@@ -9,7 +9,7 @@ from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
 from gatekeeper.lib.ids import user_id_from_text
 from gatekeeper.lib.permissions import VIEW_CAPS
 from gatekeeper.lib.words import count
-from gatekeeper.lib.zones import UnknownTimeZone, zone
+from gatekeeper.lib.zones import time_zone_checked
 from limits.bodies import window_from_text
 from limits.policy import MIN_RETENTION
 from limits.quota import Unavailable, user_quota
@@ -23,10 +23,7 @@ from segments.index import max_answerable_user_id
 def _quota_time_zone(value: str | None) -> str | None:
     if value is None:
         return None
-    try:
-        zone(value)
-    except UnknownTimeZone as exc:
-        raise ValidationError({"time_zone": [str(exc)]}) from None
+    time_zone_checked(value, field="time_zone")
     return value
 
 
@@ -34,10 +31,7 @@ def _quota_window(value: str | None) -> int | None:
     """The seconds of `?window=`: by the one rule for it, and within what the log keeps."""
     if value is None:
         return None
-    try:
-        seconds = window_from_text(value)
-    except ValueError as exc:
-        raise ValidationError({"window": [str(exc)]}) from None
+    seconds = window_from_text(value, field="window")
     kept = policy_cache().table().retention_ms // 1000
     if seconds > kept:
         days = count(kept // 86_400, "day")

@@ -3,14 +3,14 @@
 from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
 from gatekeeper.lib.bodies import decode
 from gatekeeper.lib.ids import DATABASE_MAX, max_user_id, user_id_from_text, user_ids_checked
-from gatekeeper.lib.integers import NotAWholeNumber, whole_number
+from gatekeeper.lib.integers import whole_number
 from gatekeeper.lib.permissions import (
     ADD_SUPPRESSIONS,
     DELETE_SUPPRESSIONS,
@@ -59,12 +59,14 @@ def _suppression_shown(row: Suppression) -> dict[str, Any]:
 def _page_limit(text: str | None) -> int:
     if text is None:
         return SUPPRESSIONS_PAGE_DEFAULT
-    try:
-        return whole_number(
-            text, maximum=SUPPRESSIONS_PAGE_MAX, minimum=1, what="A page size", padded=False
-        )
-    except NotAWholeNumber as exc:
-        raise ValidationError({"limit": [str(exc)]}) from None
+    return whole_number(
+        text,
+        maximum=SUPPRESSIONS_PAGE_MAX,
+        minimum=1,
+        what="A page size",
+        padded=False,
+        field="limit",
+    )
 
 
 class SuppressionListView(JsonAPIView):
@@ -124,16 +126,14 @@ class SuppressionListView(JsonAPIView):
             suppression_checked(ALL, reason)
             rows = rows.filter(reason=reason)
         if params.get("before") is not None:
-            try:
-                before = whole_number(
-                    params["before"],
-                    maximum=DATABASE_MAX,
-                    minimum=1,
-                    what="A position",
-                    padded=False,
-                )
-            except NotAWholeNumber as exc:
-                raise ValidationError({"before": [str(exc)]}) from None
+            before = whole_number(
+                params["before"],
+                maximum=DATABASE_MAX,
+                minimum=1,
+                what="A position",
+                padded=False,
+                field="before",
+            )
             rows = rows.filter(id__lt=before)
         limit = _page_limit(params.get("limit"))
         page = list(rows[: limit + 1])
@@ -247,11 +247,8 @@ class SuppressionImportView(JsonAPIView):
         reason = request.query_params.get("reason", Suppression.Reason.MANUAL)
         stream = request.data if hasattr(request.data, "read") else None
         if stream is None:
-            return Response({"file": ["Send the list as the request body."], "line": None}, 400)
-        try:
-            imported = suppression_import(
-                channel=channel, fileobj=stream, reason=reason, source="import", by=request.user
-            )
-        except UserListError as exc:
-            return Response({"file": exc.messages, "line": exc.line}, status=400)
+            raise UserListError("Send the list as the request body.")
+        imported = suppression_import(
+            channel=channel, fileobj=stream, reason=reason, source="import", by=request.user
+        )
         return Response({"channel": channel, **imported})

@@ -5,7 +5,7 @@ from typing import Any
 
 import msgspec
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -21,7 +21,6 @@ from limits.bodies import WebhookChangeBody, WebhookCreateBody
 from limits.ledger.serializers import WebhookSerializer
 from limits.ledger.webhooks import (
     WebhookFields,
-    WebhookInvalid,
     recent_deliveries,
     webhook_change,
     webhook_create,
@@ -60,16 +59,6 @@ def _shown(endpoint: WebhookEndpoint, *, deliveries: bool = False) -> dict[str, 
     return shown
 
 
-def _applied(call: Any) -> Any:
-    """`call`'s answer; its problems as a 400 naming each field."""
-    try:
-        return call()
-    except WebhookInvalid as exc:
-        raise ValidationError(exc.problems) from None
-    except ValueError as exc:  # the start position
-        raise ValidationError({"start": [str(exc)]}) from None
-
-
 class WebhookListView(JsonAPIView):
     rights = {"GET": VIEW_WEBHOOKS, "POST": ADD_WEBHOOKS}
     bodies = {"POST": WebhookCreateBody}
@@ -93,9 +82,7 @@ class WebhookListView(JsonAPIView):
             url=body.url, description=body.description, types=tuple(body.types),
             channels=tuple(body.channels), campaigns=tuple(body.campaigns),
         )  # fmt: skip
-        endpoint = _applied(
-            lambda: webhook_create(fields=fields, by=request.user, start=body.start)
-        )
+        endpoint = webhook_create(fields=fields, by=request.user, start=body.start)
         return Response(_shown(endpoint), status=201)
 
 
@@ -133,11 +120,9 @@ class WebhookDetailView(JsonAPIView):
                 channels=tuple(given.get("channels", endpoint.channels)),
                 campaigns=tuple(given.get("campaigns", endpoint.campaigns)),
             )
-        changed = _applied(
-            lambda: webhook_change(
-                endpoint, fields=fields, active=given.get("active"), start=given.get("start"),
-                new_secret=body.new_secret,
-            ),
+        changed = webhook_change(
+            endpoint, fields=fields, active=given.get("active"), start=given.get("start"),
+            new_secret=body.new_secret,
         )  # fmt: skip
         return Response(_shown(changed, deliveries=True))
 

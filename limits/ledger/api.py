@@ -16,7 +16,7 @@ from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
 from gatekeeper.lib.bodies import NO_NUL, decode
 from gatekeeper.lib.ids import max_user_id, user_id_from_text, user_ids_checked
 from gatekeeper.lib.instants import instant_text
-from gatekeeper.lib.integers import NotAWholeNumber, whole_number
+from gatekeeper.lib.integers import whole_number
 from gatekeeper.lib.permissions import (
     ERASE_USERS,
     EXPORT_PERSONAL_DATA,
@@ -25,6 +25,7 @@ from gatekeeper.lib.permissions import (
     VIEW_ERASURES,
     VIEW_REPORTS,
 )
+from gatekeeper.lib.problems import Problem, Problems
 from limits.bodies import EraseBody
 from limits.channels import channels, validate_channel
 from limits.ledger import events as stream
@@ -72,19 +73,15 @@ def _page_limit(value: str | None, *, default: int, maximum: int) -> int:
     """`?limit=`: 1 to `maximum`, `default` when absent; a 400 naming it otherwise."""
     if value is None:
         return default
-    try:
-        return whole_number(value, maximum=maximum, minimum=1, what="limit", padded=False)
-    except NotAWholeNumber as exc:
-        raise ValidationError({"limit": [str(exc)]}) from None
+    return whole_number(
+        value, maximum=maximum, minimum=1, what="limit", padded=False, field="limit"
+    )
 
 
 def _history_before(value: str | None) -> Position | None:
     if value is None:
         return None
-    try:
-        return position_from_text(value)
-    except ValueError as exc:
-        raise ValidationError({"before": [str(exc)]}) from None
+    return position_from_text(value, field="before")
 
 
 def _history_filter(params: Any, name: str) -> str | None:
@@ -506,15 +503,15 @@ class StreamView(JsonAPIView):
         problems: dict[str, list[str]] = {}
         after_text = params.get("after", "0")
         try:
-            after = stream.position_from_text(after_text)
-        except ValueError as exc:
-            problems["after"] = [str(exc)]
+            after = stream.position_from_text(after_text, field="after")
+        except Problem as exc:
+            problems.update(exc.field_errors())
         try:
             limit = _page_limit(
                 params.get("limit"), default=stream.PAGE_DEFAULT, maximum=stream.PAGE_MAX
             )
-        except ValidationError as exc:
-            problems.update(cast(dict[str, list[str]], exc.detail))
+        except Problem as exc:
+            problems.update(exc.field_errors())
         wanted: dict[str, frozenset[str]] = {}
         for name, problem_of in (
             ("type", stream.type_problem),
@@ -527,7 +524,7 @@ class StreamView(JsonAPIView):
                 problems[name] = [problem]
             wanted[name] = frozenset(values)
         if problems:
-            raise ValidationError(problems)
+            raise Problems(problems)  # every one at once
         filters = stream.Filters(
             types=wanted["type"], channels=wanted["channel"], campaigns=wanted["campaign"]
         )

@@ -64,7 +64,7 @@ from limits.models import (
     LedgerEntry,
     LedgerKind,
 )
-from limits.reasons import Outcome, Reason
+from limits.reasons import SENDING, Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -310,7 +310,7 @@ def outcomes_merged(
     calls: Sequence[Decided], outcomes: Sequence[Outcomes]
 ) -> tuple[list[dict[int, str]], list[Outcomes], int]:
     """The send outcomes that fall on decisions of `calls` (rows outcomes_sql would update once
-    written: an admitting decision of the user and message on the channel, at or after the
+    written: a decision that sent (SENDING) of the user and message on the channel, at or after the
     outcome's `since`): per call, its rows' outcomes; the outcomes left for rows written before;
     and how many times a row took one (as outcomes_write counts). `released` keeps an outcome
     already known, as outcomes_sql."""
@@ -320,7 +320,7 @@ def outcomes_merged(
     admitted: dict[tuple[str, int, str], list[tuple[int, int]]] = {}
     for c, call in enumerate(calls):
         for k, (user_id, message_id, _, reason, _) in enumerate(call.rows()):
-            if reason in _ADMITTING:
+            if reason in SENDING:
                 admitted.setdefault((call.channel, user_id, message_id), []).append((c, k))
     left: list[Outcomes] = []
     taken = 0
@@ -466,14 +466,13 @@ def counts_add(calls: Sequence[Decided]) -> None:
         )
 
 
-# What an outcome's row is: an admitting decision of its user and message on its channel, made
-# at or after the outcome entry's `since`. `released` (quota given back) keeps an outcome already
-# written: a failed send is released after its failure is known.
-_ADMITTING = (Reason.ALLOWED, Reason.EXEMPT)
+# What an outcome's row is: a decision that sent (limits.reasons.SENDING) of its user and
+# message on its channel, made at or after the outcome entry's `since`. `released` (quota given
+# back) keeps an outcome already written: a failed send is released after its failure is known.
 _ROW = (
     "(e.message_id = v.column2 OR (e.message_id IS NULL "
     "AND k.campaign || ':' || e.user_id = v.column2)) AND k.channel = %s "
-    f"AND k.reason IN ({', '.join(repr(str(reason)) for reason in _ADMITTING)}) AND e.at >= %s"
+    f"AND k.reason IN ({', '.join(repr(str(reason)) for reason in SENDING)}) AND e.at >= %s"
 )
 _RELEASED = LEDGER_OUTCOME_CODES[Outcome.RELEASED]
 

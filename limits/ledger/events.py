@@ -35,6 +35,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from gatekeeper.lib.instants import instant_text
+from gatekeeper.lib.problems import Problem
 from limits.ledger.listeners import Drained, DrainListener, Round
 from limits.ledger.table import kinds_read, row_time
 from limits.models import (
@@ -77,8 +78,8 @@ POSITION_WORDS = "a position the stream gave (`next`), `0` for its start, or `en
 POSITION_PATTERN = r"^(0|end|[0-9]{1,18}\.[0-9]{1,18})$"
 
 
-def position_from_text(text: str) -> Position:
-    """A position as the stream writes it; ValueError naming the problem otherwise."""
+def position_from_text(text: str, *, field: str = "") -> Position:
+    """A position as the stream writes it; a Problem (a ValueError) naming `field` otherwise."""
     if text == "0":
         return START
     if text == "end":
@@ -87,7 +88,7 @@ def position_from_text(text: str) -> Position:
     digits = all(p.isascii() and p.isdigit() and len(p) <= 18 for p in (batch, key))
     if dot and digits:
         return Position(int(batch), int(key))
-    raise ValueError(f"{text!r} is not {POSITION_WORDS}")
+    raise Problem(f"{text!r} is not {POSITION_WORDS}", field=field)
 
 
 def type_problem(value: str) -> str | None:

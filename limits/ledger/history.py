@@ -18,6 +18,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q
 
 from gatekeeper.lib.ids import DATABASE_MAX
+from gatekeeper.lib.problems import Problem
 from limits.ledger.table import message_of
 from limits.models import ExperimentArm, LedgerEntry, Rule
 from limits.policy import arm_of_rule_id
@@ -61,12 +62,12 @@ class Position:
         return f"{(self.at - EPOCH) // timedelta(microseconds=1)}.{self.id}"
 
 
-def position_from_text(text: str) -> Position:
-    """A position as `Position.text` writes it; ValueError (with the words) for any other
-    text."""
+def position_from_text(text: str, *, field: str = "") -> Position:
+    """A position as `Position.text` writes it; a Problem (a ValueError, with the words)
+    naming `field` for any other text."""
     found = POSITION.fullmatch(text)
     if found is None:
-        raise ValueError(f"Not a page position. {POSITION_WORDS}")
+        raise Problem(f"Not a page position. {POSITION_WORDS}", field=field)
     micros = min(int(found[1]), LATEST_US)
     return Position(at=EPOCH + timedelta(microseconds=micros), id=min(int(found[2]), DATABASE_MAX))
 

@@ -24,7 +24,7 @@ from django.db import connection, transaction
 from django.db.models import BigIntegerField, Sum
 from django.db.models.functions import Cast, TruncDate
 
-from limits.channels import validate_channel
+from limits.channels import channel_problem
 from limits.models import LedgerCount
 from limits.reasons import REASONS, REFUSED
 from limits.rules import CAMPAIGN_MAX
@@ -164,14 +164,6 @@ def _segment_problem(value: str) -> str | None:
     return None
 
 
-def _channel_problem(value: str) -> str | None:
-    try:
-        validate_channel(value)
-    except ValidationError as exc:
-        return str(exc.messages[0])
-    return None
-
-
 def _reason_problem(value: str) -> str | None:
     if value not in REASONS:
         return f"Unknown reason '{value[:40]}'. Choose one of: {', '.join(REASONS)}."
@@ -183,7 +175,7 @@ def _reason_problem(value: str) -> str | None:
 FILTER_PROBLEMS: dict[str, Callable[[str], str | None]] = {
     "campaign": _campaign_problem,
     "segment": _segment_problem,
-    "channel": _channel_problem,
+    "channel": channel_problem,
     "reason": _reason_problem,
 }
 

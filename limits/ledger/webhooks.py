@@ -28,7 +28,7 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,6 +39,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from gatekeeper.lib.leases import RowLease, lease_free
+from gatekeeper.lib.problems import Problems
 from gatekeeper.lib.weburls import http_url_problem
 from limits.ledger.events import (
     Filters,
@@ -115,10 +116,8 @@ def webhook_problems(fields: WebhookFields) -> dict[str, list[str]]:
     return problems
 
 
-class WebhookInvalid(ValueError):
-    def __init__(self, problems: Mapping[str, list[str]]) -> None:
-        super().__init__("; ".join(f"{k}: {' '.join(v)}" for k, v in problems.items()))
-        self.problems = dict(problems)
+class WebhookInvalid(Problems):
+    """An endpoint's fields that break its rule (webhook_problems), every one named."""
 
 
 def _checked(fields: WebhookFields) -> WebhookFields:
@@ -134,8 +133,8 @@ def _checked(fields: WebhookFields) -> WebhookFields:
 
 def start_position(start: str) -> str:
     """Where a new endpoint starts: `end` (only what comes next), `0` (everything the stream
-    keeps) or a position; ValueError naming the problem."""
-    return str(position_from_text(start))
+    keeps) or a position; a Problem naming `start` otherwise."""
+    return str(position_from_text(start, field="start"))
 
 
 def webhook_create(*, fields: WebhookFields, by: Any = None, start: str = "end") -> WebhookEndpoint:
@@ -160,7 +159,8 @@ def webhook_change(
 ) -> WebhookEndpoint:
     """Change an endpoint: its fields (checked whole), paused or active again (a failing one
     resumes from where it stopped, at once), its position (`start`: replay or skip), a new
-    secret. WebhookInvalid or ValueError name the problem; nothing changes then."""
+    secret. WebhookInvalid or a Problem naming `start` say what is wrong; nothing changes
+    then."""
     if fields is not None:
         fields = _checked(fields)
         endpoint.url, endpoint.description = fields.url, fields.description

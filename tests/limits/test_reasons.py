@@ -13,11 +13,15 @@ from limits.reasons import (
     CAPPED,
     CATEGORIES,
     DEFERRABLE,
+    HELD,
     JOB_OUTCOMES,
+    JOB_OWN,
     JOB_REASONS,
+    MARKETING_REASONS,
     OUTCOMES,
     REASONS,
     REFUSED,
+    SENDING,
     Reason,
 )
 
@@ -114,6 +118,43 @@ def test_the_groups_cover_the_reasons_once():
     assert not set(ADMITTED) & set(REFUSED)
     assert set(CAPPED) <= set(DEFERRABLE) <= set(REFUSED)
     assert set(REASONS) < set(JOB_REASONS)  # a job adds its own (expired, cancelled)
+    assert set(JOB_REASONS) - set(REASONS) == set(JOB_OWN)
+    assert set(SENDING) < set(ADMITTED) and Reason.DUPLICATE not in SENDING
+    assert set(HELD) <= set(DEFERRABLE)
+    assert set(REASONS) - set(MARKETING_REASONS) == {Reason.EXEMPT}
+
+
+def _reason_groups(tree: ast.AST) -> Iterator[ast.expr]:
+    """Every tuple, list or set written with two or more reasons (`Reason.X`) in it, but a
+    stage's declaration of the reasons it answers (`Stage(name, (...), run)`)."""
+    declared = {
+        id(arg)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "Stage"
+        for arg in node.args
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set) and id(node) not in declared:
+            members = [
+                e
+                for e in node.elts
+                if isinstance(e, ast.Attribute)
+                and isinstance(e.value, ast.Name)
+                and e.value.id == "Reason"
+            ]
+            if len(members) >= 2:
+                yield node
+
+
+def test_a_group_of_reasons_is_named_in_the_registry_alone():
+    written = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}"
+        for path in _sources(*CODE)
+        for node in _reason_groups(ast.parse(path.read_text()))
+    ]
+    assert not written, "Name these groups in limits/reasons.py:\n" + "\n".join(written)
 
 
 def test_a_rule_refuses_with_a_reason_of_the_registry():
