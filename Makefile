@@ -26,12 +26,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy .
+	$(BIN)/lint-imports --no-cache
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# Lint, types and every test that starts no process of its own (no server, no cluster, no
+# Lint, types, the floor order and every test that starts no process of its own (no server, no cluster, no
 # browser), on SQLite and the machine's Redis, in three processes on the two cores (they wait on
 # the live server and Redis now and then), with the app's lines covered.
 CHECK_TESTS := not processes and not cluster
@@ -39,6 +40,7 @@ CHECK_PROCESSES ?= 3
 check: $(STAMP)
 	@start=$$(date +%s); \
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy . && \
+	$(BIN)/lint-imports --no-cache && \
 	$(BIN)/pytest -m "$(CHECK_TESTS)" -n $(CHECK_PROCESSES) --dist worksteal --hypothesis-profile=check \
 	  --cov --cov-report=term:skip-covered --cov-fail-under=70 $(PYTEST_ARGS); \
 	status=$$?; took=$$(( $$(date +%s) - start )); \
@@ -63,4 +65,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis .coverage .coverage.*
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis .coverage .coverage.*

@@ -1,5 +1,5 @@
 """Erasing people: how long an erasure of `--erase` people out of `--users` takes, both passes,
-place by place (limits/ledger/erasure.py), against everything a deployment of that size holds
+place by place (limits/privacy/erasure.py), against everything a deployment of that size holds
 of them.
 
 make bench BENCH_ARGS="erase" [-- --users 10000000 --erase 100000]
@@ -23,11 +23,12 @@ from django.utils import timezone
 from bench.ledger import _fill_batch, _reset_tables
 from bench.postgres import REDIS_URL, on_bench_database
 from limits.ledger.drain import ledger_drain
-from limits.ledger.erasure import RETRY_IN, erasure_run, users_packed
-from limits.ledger.personal import Erased, place_register, places
 from limits.ledger.rebuild import logs_rebuild
-from limits.models import ErasedPerson, Erasure, Suppression, SuppressionChange
-from limits.suppression import erased_add, erased_keys, suppress
+from limits.models.people import Suppression, SuppressionChange
+from limits.models.privacy import ErasedPerson, Erasure
+from limits.people.suppression import erased_add, erased_keys, suppress
+from limits.privacy.erasure import RETRY_IN, erasure_run, users_packed
+from limits.privacy.personal import Erased, place_register, places
 from worker.models import SendChunk, SendJob
 
 CHUNK = 1000

@@ -22,10 +22,10 @@ from django.core.management import call_command
 from django.db import connection
 
 from bench.postgres import on_bench_database
-from limits.experiments import ArmFields, ExperimentFields
-from limits.lift import BUCKETS
-from limits.models import Experiment, ExperimentArm, StudyDay, StudyEvent
-from limits.study_report import study_of, study_report
+from limits.models.studies import Experiment, ExperimentArm, StudyDay, StudyEvent
+from limits.studies.experiments import ArmFields, ExperimentFields
+from limits.studies.lift import BUCKETS
+from limits.studies.report import study_of, study_report
 
 RULE = {"name": "n a week", "channel": "email", "window": {"kind": "rolling", "seconds": 604_800}}
 
@@ -124,12 +124,12 @@ def main(argv: list[str]) -> None:
 
 def drain_cost(study: int, calls: int = 100, size: int = 1_000) -> list[float]:
     """What the drain pays for decisions of users in a running experiment
-    (limits.studies.decisions_noted, in its transaction): per decision, for users new to it and
+    (limits.studies.measures.decisions_noted, in its transaction): per decision, for users new to it and
     for the same users again."""
     from django.db import transaction
 
     from limits.ledger.stream import ARM_CODES, Decided
-    from limits.models import StudyMember
+    from limits.models.studies import StudyMember
     from limits.reasons import Category, Reason
 
     StudyMember.objects.filter(study=study).delete()
@@ -144,7 +144,7 @@ def drain_cost(study: int, calls: int = 100, size: int = 1_000) -> list[float]:
         for c in range(calls)
         for users in [list(range(c * size, (c + 1) * size))]
     ]  # fmt: skip
-    from limits.studies import decisions_noted
+    from limits.studies.measures import decisions_noted
 
     figures = []
     for what in ("new to it", "already in it"):

@@ -30,13 +30,13 @@ import redis
 from pyroaring import BitMap64, FrozenBitMap
 from redis.cluster import RedisCluster
 
-from limits.limiter import Limiter
-from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, counting_rule, encode
-from limits.preferences import PreferenceCache
-from limits.quiet import QuietView
+from limits.engine.limiter import Limiter
+from limits.engine.quiet import QuietView
+from limits.engine.table import DAY_SECONDS, WEEK_SECONDS, PolicyTable, counting_rule, encode
+from limits.people.preferences import PreferenceCache
+from limits.people.suppression import SuppressionCache
+from limits.policy.selectors import PolicyCache
 from limits.reasons import Reason
-from limits.selectors import PolicyCache
-from limits.suppression import SuppressionCache
 from segments.index import SegmentIndex
 from worker.gate import Gate
 
@@ -387,7 +387,7 @@ def _gate_holding(
 ) -> Gate:
     """A gate over `table` and `index` whose people said `said` (user id -> preferences), with
     nobody suppressed and no ledger."""
-    from limits.preferences import PreferenceCache
+    from limits.people.preferences import PreferenceCache
 
     return Gate(
         limiter=limiter,
@@ -405,7 +405,7 @@ def preferences_beside_none(url: str, seconds: float, share: float = 0.1) -> Non
     (most about other topics and channels, 1 in 10 of them this topic off, 1 in 10 a pause of
     this channel, 1 in 10 their own frequency on this channel) against nobody holding any, runs
     alternated; and a lookup's cost."""
-    from limits.topics import TopicView
+    from limits.engine.topics import TopicView
 
     client = _redis(url)
     client.flushdb()
@@ -462,8 +462,8 @@ def studies_beside_none(url: str, seconds: float) -> None:
     """Gate decisions/s with a control group of 5 % and a cap experiment running on the
     `active` segment (two arms of 45 %: its own "3 a week" against "5 a week", replacing its
     rules) against neither, runs alternated."""
-    from limits.assignment import HoldoutView
-    from limits.policy import ArmView, ExperimentView, RuleView
+    from limits.engine.assignment import HoldoutView
+    from limits.engine.table import ArmView, ExperimentView, RuleView
 
     client = _redis(url)
     client.flushdb()
@@ -508,8 +508,8 @@ def reservations_beside_none(url: str, seconds: float, jobs: int = 20) -> None:
     """Gate decisions/s of priority-5 sends with `jobs` reserved scheduled jobs holding slots
     (priority 9, starting over the next day, 50,000 users each, overlapping) against none, runs
     alternated; and the bytes the holds take where they are stored (Redis)."""
-    from limits.holds import HeldJob, Holds, holds_decode, holds_encode
-    from limits.preferences import PreferenceCache
+    from limits.engine.reservations import HeldJob, Holds, holds_decode, holds_encode
+    from limits.people.preferences import PreferenceCache
 
     client = _redis(url)
     client.flushdb()
@@ -628,8 +628,8 @@ def preferences_memory(people: int = 27_000_000, base: int = 270_000_000) -> Non
     fifth (some of the others) their own frequency on a channel.
     Bitmaps count their serialized size (CRoaring's in-memory size is about that), pauses
     their arrays."""
-    from limits.policy import own_rule
-    from limits.preferences import Pauses, PreferenceCache
+    from limits.engine.table import own_rule
+    from limits.people.preferences import Pauses, PreferenceCache
 
     rng = np.random.default_rng(21)
     started = time.perf_counter()
@@ -1067,7 +1067,7 @@ def campaign(
 DELIVERER = """
 import django, signal, sys, threading, time
 django.setup()
-from limits.ledger.webhooks import webhook_deliver
+from limits.stream.webhooks import webhook_deliver
 stop = threading.Event()
 signal.signal(signal.SIGTERM, lambda *a: stop.set())
 while not stop.is_set():
@@ -1107,7 +1107,7 @@ def _stream_out(env: dict[str, str], stack: contextlib.ExitStack) -> tuple[Any, 
     port = ports.get(timeout=30)
     made = subprocess.run(
         [sys.executable, "manage.py", "shell", "-v", "0", "-c",
-         "from limits.ledger.webhooks import WebhookFields, webhook_create;"
+         "from limits.stream.webhooks import WebhookFields, webhook_create;"
          f"print(webhook_create(fields=WebhookFields(url='http://127.0.0.1:{port}/in')).pk)"],
         cwd=ROOT, env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip

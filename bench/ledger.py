@@ -36,9 +36,9 @@ def _reset_tables() -> None:
 def _gates() -> tuple[Any, Any]:
     """The same gate (classic caps, an in-memory index) with the ledger on, and off."""
     from bench.gate import CLASSIC, in_memory_index
-    from limits.limiter import Limiter
-    from limits.policy import PolicyTable
-    from limits.selectors import PolicyCache
+    from limits.engine.limiter import Limiter
+    from limits.engine.table import PolicyTable
+    from limits.policy.selectors import PolicyCache
     from worker.gate import Gate
 
     make = functools.partial(
@@ -141,8 +141,8 @@ def _fill_stream(client: redis.Redis, rows: int, *, users: int, own_ids: bool = 
     six segments, the classic reasons in a marketing mix, over the last few days. Message ids
     of their own (`m<n>`), or with `own_ids` the campaign's (`<campaign>:<user>`, as send jobs
     name their sends)."""
+    from limits.engine.limiter import Decision
     from limits.ledger.stream import ledger_append
-    from limits.limiter import Decision
     from limits.reasons import Category, Reason
 
     mix = {Reason.ALLOWED: 7, Reason.DAILY_CAP: 1, Reason.WEEKLY_CAP: 1, Reason.QUIET_HOURS: 1}
@@ -272,8 +272,8 @@ def _fill_batch(
     """Gate calls of 1,000 allowed decisions: users `start` to `start + count` (modulo
     `users`), each user's k-th an hour later than their (k-1)-th, the last an hour ago; all at
     `at` instead when given."""
+    from limits.engine.limiter import Decision
     from limits.ledger.stream import ledger_append
-    from limits.limiter import Decision
     from limits.reasons import Category, Reason
 
     now = time.time()

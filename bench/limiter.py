@@ -30,11 +30,11 @@ import redis
 from hiredis import pack_command
 
 from bench.servers import RedisServer
-from limits import log
-from limits.limiter import Limiter
-from limits.policy import RuleSet, RuleView, counting_rule, encode
+from limits.engine import log
+from limits.engine.limiter import Limiter
+from limits.engine.table import RuleSet, RuleView, counting_rule, encode
+from limits.engine.transport import LIBRARY
 from limits.reasons import Reason
-from limits.transport import LIBRARY
 
 BASE_MS = 1_780_000_000_000
 SPAN_MS = 6 * 86_400_000  # a workload's sends are spread over 6 days: all inside the week

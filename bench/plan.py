@@ -17,7 +17,7 @@ import redis
 
 from bench.gate import in_memory_index
 from bench.postgres import REDIS_URL, on_bench_database
-from limits.limiter import Limiter
+from limits.engine.limiter import Limiter
 from worker.gate import Gate
 from worker.models import SendChunk, SendJob
 from worker.plan import plan_compute

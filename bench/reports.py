@@ -36,7 +36,7 @@ from rest_framework.renderers import JSONRenderer
 
 from bench.postgres import on_bench_database
 from limits.ledger.reports import GROUPS, decisions_query, decisions_report
-from limits.models import LedgerCount
+from limits.models.ledger import LedgerCount
 from limits.reasons import MARKETING_REASONS, REFUSED, Reason
 
 # Each reason's share of a campaign's decisions (most sends go through); a reason the gate

@@ -42,10 +42,10 @@ from bench.gate import USERS, alternated
 from bench.ledger import DRAINER, _fill_batch, _gates, _reset_tables
 from bench.postgres import REDIS_URL, ROOT, on_bench_database
 from limits.ledger.drain import ledger_drain, ledger_drain_all
-from limits.ledger.events import START, position_from_text, stream_end, stream_read
 from limits.ledger.stream import ledger_outcomes
-from limits.ledger.webhooks import WebhookFields, webhook_create, webhook_deliver
-from limits.models import StreamBatch, WebhookDelivery, WebhookEndpoint
+from limits.models.stream import StreamBatch, WebhookDelivery, WebhookEndpoint
+from limits.stream.events import START, position_from_text, stream_end, stream_read
+from limits.stream.webhooks import WebhookFields, webhook_create, webhook_deliver
 
 BLAST_RATE = 10_000_000 / 360  # the 10M blast in 6 minutes
 

@@ -5,35 +5,34 @@ from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from limits.api.caps import CapDetailView, CapListView
-from limits.api.events import EventsView
-from limits.api.experiments import (
-    ExperimentConcludeView,
-    ExperimentDetailView,
-    ExperimentListView,
-    ExperimentReportView,
-    ExperimentStopView,
-)
-from limits.api.holdout import HoldoutView
-from limits.api.preferences import PreferencesView
-from limits.api.preferences_import import PreferencesImportView
-from limits.api.quota import QuotaView
-from limits.api.rules import QuietHoursDetailView, QuietHoursListView, RuleDetailView, RuleListView
-from limits.api.suppressions import (
+from limits.ledger.api import DecisionsReportView, HistoryView
+from limits.people.api.preferences import PreferencesView
+from limits.people.api.preferences_import import PreferencesImportView
+from limits.people.api.suppressions import (
     SuppressionDetailView,
     SuppressionImportView,
     SuppressionListView,
     SuppressionRemoveView,
 )
-from limits.api.topics import TopicDetailView, TopicListView
-from limits.api.webhooks import WebhookDetailView, WebhookListView
-from limits.ledger.api import (
-    DecisionsReportView,
-    EraseView,
-    ErasureView,
-    ExportView,
-    HistoryView,
-    StreamView,
+from limits.policy.api.caps import CapDetailView, CapListView
+from limits.policy.api.holdout import HoldoutView
+from limits.policy.api.quota import QuotaView
+from limits.policy.api.rules import (
+    QuietHoursDetailView,
+    QuietHoursListView,
+    RuleDetailView,
+    RuleListView,
+)
+from limits.policy.api.topics import TopicDetailView, TopicListView
+from limits.privacy.api import EraseView, ErasureView, ExportView
+from limits.stream.api import StreamView, WebhookDetailView, WebhookListView
+from limits.studies.api.events import EventsView
+from limits.studies.api.experiments import (
+    ExperimentConcludeView,
+    ExperimentDetailView,
+    ExperimentListView,
+    ExperimentReportView,
+    ExperimentStopView,
 )
 from segments.api import (
     BuildDetailView,

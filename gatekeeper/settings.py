@@ -441,7 +441,7 @@ SPECTACULAR_SETTINGS = {
         "BuildStatusEnum": "segments.models.Build.Status",
         "UserListStatusEnum": "segments.models.UserList.Status",
         "SendJobStatusEnum": "worker.models.SendJob.Status",
-        "ExperimentStatusEnum": "limits.experiments.STATUSES",
+        "ExperimentStatusEnum": "limits.studies.experiments.STATUSES",
         "OnCappedEnum": "worker.models.SendJob.OnCapped",
         # The same choices as a request body states them (msgspec lists a Literal's values sorted).
         "OnCappedChoiceEnum": [("defer", "defer"), ("drop", "drop")],
@@ -453,7 +453,7 @@ SPECTACULAR_SETTINGS = {
         "ScopeEnum": "limits.channels.scopes",
         # A decision's reason, and why a user is on the suppression list: both `reason`.
         "ReasonEnum": "limits.reasons.REASONS",
-        "SuppressionReasonEnum": "limits.suppression.REASONS",
+        "SuppressionReasonEnum": "limits.people.suppression.REASONS",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

@@ -1,8 +1,8 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from limits.preference_page import preference_page
-from limits.unsubscribe import unsubscribe_view
+from limits.people.preference_page import preference_page
+from limits.people.unsubscribe import unsubscribe_view
 from worker.delivery.twilio_inbound import twilio_inbound_view
 from worker.metrics import metrics_view
 

@@ -11,12 +11,12 @@ class LimitsConfig(AppConfig):
     def ready(self) -> None:
         # Imported here: models, and what uses them, load only once the app registry is ready.
         from limits import checks  # noqa: F401  (registers the settings checks)
-        from limits.ledger.events import StreamListener
         from limits.ledger.listeners import drain_listen
-        from limits.ledger.places import places_register
-        from limits.models import Experiment
-        from limits.selectors import policy_cache_invalidate_on_commit
-        from limits.study_drain import StudiesListener
+        from limits.models.studies import Experiment
+        from limits.policy.selectors import policy_cache_invalidate_on_commit
+        from limits.privacy.places import places_register
+        from limits.stream.events import StreamListener
+        from limits.studies.drain import StudiesListener
         from segments.models import Segment
 
         places_register()  # this app's places of personal data (a person's export)

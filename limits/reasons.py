@@ -22,7 +22,7 @@ class Reason(StrEnum):
     WEEKLY_CAP = "weekly_cap"  # ... a week
     CAP = "cap"  # ... any other window
     BLOCKED = "blocked"  # refused by a rule whose limit is 0
-    RESERVED = "reserved"  # a reserved scheduled job holds the rule's last slots (limits.holds)
+    RESERVED = "reserved"  # a reserved scheduled job holds the rule's last slots (limits.engine.reservations)
     QUIET_HOURS = "quiet_hours"  # held: the user's quiet hours
     SUPPRESSED = "suppressed"  # the user is on the channel's suppression list
     PREFERENCE = "preference"  # the person switched this topic (or channel) off

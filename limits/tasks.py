@@ -1,19 +1,18 @@
-"""Celery tasks of the limits app: each calls the work in `limits.upkeep`."""
+"""Celery tasks of the limits app: each calls the work in `limits.engine.upkeep`."""
 
 import logging
 
 from celery import shared_task
 from django.conf import settings
 
+from limits.engine.limiter import get_limiter
+from limits.engine.upkeep import logs_sweep
 from limits.ledger.drain import ledger_drain_all
 from limits.ledger.drain import ledger_upkeep as ledger_upkeep_run
-from limits.ledger.erasure import erasure_run, erasures_due
-from limits.ledger.webhooks import deliveries_prune, webhook_deliver, webhooks_due
-from limits.limiter import get_limiter
-from limits.quota import Unavailable
-from limits.selectors import policy_cache
-from limits.suppression import journal_prune
-from limits.upkeep import logs_sweep
+from limits.people.suppression import journal_prune
+from limits.policy.selectors import policy_cache
+from limits.privacy.tasks import users_erase, users_erase_due  # noqa: F401
+from limits.stream.webhooks import deliveries_prune, webhook_deliver, webhooks_due
 
 logger = logging.getLogger(__name__)
 
@@ -67,30 +66,10 @@ def suppression_journal_prune() -> int:
     return journal_prune()
 
 
-@shared_task(expires=3600)
-def users_erase(erasure_id: int) -> str | None:
-    """An erasure's run, queued when it is made (limits.ledger.erasure). Returns its status."""
-    erasure = erasure_run(erasure_id)
-    return erasure.status if erasure is not None else None
-
-
-@shared_task(expires=60)
-def users_erase_due() -> int:
-    """Beat, every 30 s: the erasures whose next pass is due, or whose run was lost, run here.
-    Returns how many ran."""
-    ran = 0
-    for erasure_id in erasures_due():
-        try:
-            ran += erasure_run(erasure_id) is not None
-        except Unavailable:
-            logger.warning("Erasure %d waits for Redis", erasure_id)
-    return ran
-
-
 # Queued again every second while due: a run still queued by then is dropped.
 @shared_task(expires=10)
 def webhook_run(endpoint_id: int) -> int:
-    """One endpoint's delivery run (limits.ledger.webhooks). Returns the events it took (0 when
+    """One endpoint's delivery run (limits.stream.webhooks). Returns the events it took (0 when
     another run holds it or it is not due)."""
     report = webhook_deliver(endpoint_id)
     return report.events if report is not None else 0

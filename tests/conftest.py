@@ -108,11 +108,11 @@ def _processes_marked(request: pytest.FixtureRequest, monkeypatch: pytest.Monkey
 
 @pytest.fixture(autouse=True)
 def _test_settings(settings, tmp_path):
-    from limits.holds import holds_cache
+    from limits.engine.reservations import holds_cache
     from limits.ledger.table import kinds_forget
-    from limits.preferences import preference_cache
-    from limits.selectors import policy_cache
-    from limits.suppression import erasure_key_forget, suppression_cache
+    from limits.people.preferences import preference_cache
+    from limits.people.suppression import erasure_key_forget, suppression_cache
+    from limits.policy.selectors import policy_cache
 
     # Rules, the suppression list and people's preferences are kept per process: never carry
     # one test's into the next.

@@ -24,9 +24,9 @@ from gatekeeper.lib.instants import INSTANT_FORMAT, InstantField
 from gatekeeper.lib.permissions import CANCEL_SENDS, SEND_CAMPAIGNS, VIEW_SEND_JOBS
 from gatekeeper.lib.words import count
 from limits.channels import channels
-from limits.models import Topic
-from limits.policy import DEFAULT_PRIORITY, PRIORITIES
-from limits.quota import Unavailable
+from limits.engine.table import DEFAULT_PRIORITY, PRIORITIES
+from limits.models.policy import Topic
+from limits.policy.quota import Unavailable
 from worker.delivery.rendering import template_names
 from worker.models import JOB_CAMPAIGN_MAX, SendJob
 from worker.recipients import FILE_FORMAT

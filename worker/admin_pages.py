@@ -23,6 +23,7 @@ from gatekeeper.lib.instants import INSTANT_FORMAT, InstantField
 from gatekeeper.lib.integers import WholeNumberField
 from gatekeeper.lib.permissions import VIEW_REPORTS, VIEW_SEND_JOBS
 from limits.channels import channels, scopes
+from limits.engine.table import DEFAULT_PRIORITY, PRIORITIES
 from limits.ledger.reports import (
     DEFAULT_DAYS,
     GROUPS,
@@ -33,14 +34,13 @@ from limits.ledger.reports import (
     report_columns,
     report_filename,
 )
-from limits.models import Cap, Topic
-from limits.policy import DEFAULT_PRIORITY, PRIORITIES
-from limits.preference_switches import topic_switches
-from limits.quota import Unavailable
+from limits.models.policy import Cap, Topic
+from limits.people.preference_switches import topic_switches
+from limits.policy.quota import Unavailable
+from limits.policy.rules import TAGS_MAX, tags_problem
+from limits.policy.selectors import topics_read
+from limits.policy.services import cap_from_text, cap_text
 from limits.reasons import COLOURS, REFUSED, Reason
-from limits.rules import TAGS_MAX, tags_problem
-from limits.selectors import topics_read
-from limits.services import cap_from_text, cap_text
 from segments.index import get_index, index_status
 from segments.models import Segment
 from segments.selectors import snapshot_live_version

@@ -18,12 +18,12 @@ from gatekeeper.lib.bodies import JsonBodyParser, declared_size_checked, decode
 from gatekeeper.lib.ids import user_ids_checked
 from gatekeeper.lib.permissions import CANCEL_SENDS, GATE, VIEW_SEND_JOBS
 from gatekeeper.lib.zones import time_zone_checked
-from limits.bodies import tags_checked
 from limits.channels import validate_channel
+from limits.engine.limiter import Decision
 from limits.ledger.api import interval_parameters
 from limits.ledger.history import interval_from_text
-from limits.limiter import Decision
-from limits.quota import Unavailable
+from limits.policy.bodies import tags_checked
+from limits.policy.quota import Unavailable
 from segments.index import max_answerable_user_id
 from worker.bodies import (
     FILE_PART,

@@ -12,10 +12,10 @@ from msgspec import UNSET, Meta, UnsetType
 
 from gatekeeper.lib.bodies import Body, schema_fill
 from gatekeeper.lib.ids import JsonUserId
-from limits.bodies import Channel, Priority, SendTopic, Tags
-from limits.policy import DEFAULT_PRIORITY
+from limits.engine.table import DEFAULT_PRIORITY
+from limits.policy.bodies import Channel, Priority, SendTopic, Tags
+from limits.policy.rules import CAMPAIGN_MAX
 from limits.reasons import Category
-from limits.rules import CAMPAIGN_MAX
 from segments.bodies import TimeZone
 from segments.store import KEY_MAX
 from worker.delivery.rendering import TEMPLATE_NAME, template_names

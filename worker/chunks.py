@@ -28,11 +28,11 @@ from gatekeeper.lib.instants import instant_checked, instant_or_now
 from gatekeeper.lib.leases import LeaseLost, RowLease, lease_free
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.channels import SMS
-from limits.limiter import Decision
-from limits.log import holder_of
-from limits.models import Suppression
+from limits.engine.limiter import Decision
+from limits.engine.log import holder_of
+from limits.models.people import Suppression
+from limits.people.suppression import suppress
 from limits.reasons import DEFERRABLE, JobOutcome, Outcome, Reason
-from limits.suppression import suppress
 from worker.claims import (
     NOT_SENT,
     SENDING_STATE,

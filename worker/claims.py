@@ -3,7 +3,7 @@
 A send is claimed where it is charged. The gate's call records each admitted send of a job's run
 in its user's log with the job as the entry's holder (a transactional send in the user's
 uncounted log: claimed, never counted), in the same Redis function call that decides it
-(limits/lua/limiter.lua, gk_decide). How far each send of a chunk got is kept in the chunk's
+(limits/engine/lua/limiter.lua, gk_decide). How far each send of a chunk got is kept in the chunk's
 record, `<prefix>run:{<chunk id>}:<made, ms>` (gk_run): the run that holds the chunk, then one
 byte per recipient, by position: 0 not handed to the provider, 1 sending, 2 sent. A dispatcher batch's
 positions become 1 right before it goes out and 2 (went out) or 0 (did not; its quota is given
@@ -42,8 +42,8 @@ from typing import Any
 from django.conf import settings
 
 from gatekeeper.lib.redis_client import get_redis, pipelined
-from limits.log import holder_of
-from limits.transport import Call, FunctionTransport
+from limits.engine.log import holder_of
+from limits.engine.transport import Call, FunctionTransport
 
 RECORD_TTL_MS = 8 * 86_400_000
 SENDING, SENT = "sending", "sent"

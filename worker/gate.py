@@ -19,16 +19,16 @@ from typing import Any, Literal, Protocol, cast
 from django.core.exceptions import ValidationError
 
 from limits.channels import validate_channel
-from limits.holds import Holds, holds_cache
+from limits.engine.limiter import Decision, Limiter, get_limiter
+from limits.engine.log import holder_of
+from limits.engine.reservations import Holds, holds_cache
+from limits.engine.table import DEFAULT_PRIORITY, NO_RULES, PolicyTable
+from limits.engine.topics import topic_problem
 from limits.ledger.stream import ledger_append, ledger_enabled, ledger_outcomes
-from limits.limiter import Decision, Limiter, get_limiter
-from limits.log import holder_of
-from limits.policy import DEFAULT_PRIORITY, NO_RULES, PolicyTable
-from limits.preferences import PreferenceCache, preference_cache
+from limits.people.preferences import PreferenceCache, preference_cache
+from limits.people.suppression import SuppressionCache, suppression_cache
+from limits.policy.selectors import PolicyCache, policy_cache
 from limits.reasons import Category, Outcome, Reason, validate_category
-from limits.selectors import PolicyCache, policy_cache
-from limits.suppression import SuppressionCache, suppression_cache
-from limits.topics import topic_problem
 from segments.index import get_index
 from worker import latency, stats
 from worker.stages import holdout, preferences, quiet_hours, rules, snapshot, suppressed
@@ -81,7 +81,7 @@ class Gate:
         holds: Holds | None = None,
     ) -> None:
         """`record_ledger`: keep decisions in the send ledger (None: as GATEKEEPER_LEDGER says).
-        `holds`: the reservations' holds to apply (None: those the plan wrote, limits.holds)."""
+        `holds`: the reservations' holds to apply (None: those the plan wrote, limits.engine.reservations)."""
         self._holds = holds
         self._limiter = limiter
         self._policy = policy

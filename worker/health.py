@@ -7,7 +7,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
 from gatekeeper.lib.probes import operator_allowed
-from limits.limiter import get_limiter
+from limits.engine.limiter import get_limiter
 from segments.index import get_index, index_status
 
 

@@ -36,8 +36,8 @@ from prometheus_client.registry import Collector
 
 from gatekeeper.lib.probes import operator_allowed
 from gatekeeper.lib.redis_client import REDIS_DOWN
+from limits.engine.limiter import get_limiter
 from limits.ledger.drain import drain_backlog
-from limits.limiter import get_limiter
 from segments.index import index_status
 from worker import latency, stats, timings
 from worker.delivery import answers

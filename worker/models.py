@@ -9,7 +9,7 @@ from django.db import models
 from django.utils import timezone
 
 from gatekeeper.lib.words import count
-from limits.policy import DEFAULT_PRIORITY, PRIORITIES
+from limits.engine.table import DEFAULT_PRIORITY, PRIORITIES
 from limits.reasons import JOB_OUTCOMES, Category
 
 MESSAGE_ID_MAX = 200  # characters; the gate's limit too

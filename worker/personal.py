@@ -1,4 +1,4 @@
-"""The worker's places of personal data (limits.ledger.personal): a send job's recipients (an
+"""The worker's places of personal data (limits.privacy.personal): a send job's recipients (an
 address, a message id, the template's context), the dead addresses providers reported, and the
 phone numbers an SMS went to. Registered by the app's ready()."""
 
@@ -9,7 +9,7 @@ from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 from rest_framework import serializers
 
-from limits.ledger.personal import Erased, Place, place_register, rows_deleted
+from limits.privacy.personal import Erased, Place, place_register, rows_deleted
 from worker.chunks import chunk_withdraw
 from worker.models import DeadAddress, SendChunk, SendJob, SmsNumber
 

@@ -32,13 +32,20 @@ import numpy as np
 
 from gatekeeper.lib.leases import RedisLease
 from gatekeeper.lib.redis_client import REDIS_DOWN
-from limits import log
-from limits.holds import HeldJob, Holds, holds_cache, holds_decode, holds_encode, holds_store
-from limits.limiter import Decision, Limiter, get_limiter
-from limits.policy import PolicyTable
-from limits.quota import Unavailable
+from limits.engine import log
+from limits.engine.limiter import Decision, Limiter, get_limiter
+from limits.engine.reservations import (
+    HeldJob,
+    Holds,
+    holds_cache,
+    holds_decode,
+    holds_encode,
+    holds_store,
+)
+from limits.engine.table import PolicyTable
+from limits.policy.quota import Unavailable
+from limits.policy.selectors import policy_read
 from limits.reasons import CAPPED, HELD, SENDING, Reason
-from limits.selectors import policy_read
 from segments.index import get_index
 from worker.delivery.base import recipients_typed
 from worker.gate import Gate, SegmentResolver, job_gate_check

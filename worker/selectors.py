@@ -17,12 +17,12 @@ from django.db.models.functions import Coalesce, TruncHour
 
 from gatekeeper.lib.instants import instant_or_now
 from limits.channels import channels
-from limits.policy import DAY_SECONDS, WEEK_SECONDS, PolicyTable, RuleView, counting_rule
-from limits.preferences import PreferencesUnavailable, preference_cache
-from limits.quota import Unavailable, live_index
+from limits.engine.table import DAY_SECONDS, WEEK_SECONDS, PolicyTable, RuleView, counting_rule
+from limits.engine.topics import REQUIRED, TopicView, topic_problem
+from limits.people.preferences import PreferencesUnavailable, preference_cache
+from limits.policy.quota import Unavailable, live_index
+from limits.policy.selectors import policy_read, topics_read
 from limits.reasons import ADMITTED, REFUSED, Reason
-from limits.selectors import policy_read, topics_read
-from limits.topics import REQUIRED, TopicView, topic_problem
 from segments.index import SegmentIndex, get_index
 from segments.parsing import UserListError, iter_ids
 from worker.chunks import chunks_free, chunks_runnable_at

@@ -6,9 +6,9 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from limits.bodies import Window
+from limits.policy.bodies import Window
+from limits.policy.serializers import BodyShapedField, ExperimentArmSerializer
 from limits.reasons import CATEGORIES, REASONS
-from limits.serializers import BodyShapedField, ExperimentArmSerializer
 from worker.delivery.dead_addresses import dead_addresses_shown
 from worker.models import SendJob
 from worker.selectors import send_job_waiting

@@ -22,14 +22,14 @@ from gatekeeper.lib.files import storage_name
 from gatekeeper.lib.instants import instant_or_now
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.channels import validate_channel
-from limits.holds import holds_without
-from limits.limiter import get_limiter
-from limits.policy import DEFAULT_PRIORITY, PRIORITIES
-from limits.quota import Unavailable
+from limits.engine.limiter import get_limiter
+from limits.engine.reservations import holds_without
+from limits.engine.table import DEFAULT_PRIORITY, PRIORITIES
+from limits.engine.topics import topic_problem
+from limits.policy.quota import Unavailable
+from limits.policy.rules import tags_problem
+from limits.policy.selectors import topics_read
 from limits.reasons import Category, validate_category
-from limits.rules import tags_problem
-from limits.selectors import topics_read
-from limits.topics import topic_problem
 from segments.store import NotFound, StoreError, key_problem, store_from_settings
 from worker import tasks
 from worker.chunks import chunks_runnable, waiting_close
@@ -68,7 +68,7 @@ def send_job_create(  # type: ignore[explicit-any]  # rows and fields as the JSO
     `start_at` (aware, in the future, at most START_MAX ahead; default none): the job waits as
     `scheduled` until then (worker.scheduling starts it), and can be edited (send_job_edit),
     started early (send_job_start) or cancelled meanwhile. `reserve` (a scheduled job only):
-    its predicted sends hold their slots until it starts (worker/plan.py, limits.holds).
+    its predicted sends hold their slots until it starts (worker/plan.py, limits.engine.reservations).
     `expires_at` (aware, after the start, at most EXPIRY_MAX after it; default EXPIRY_DEFAULT
     after the start): sends the gate deferred that still wait then are dropped as expired.
     Raises ValidationError naming the field, or the recipient row (`recipients[3].address`).
@@ -520,7 +520,7 @@ def _expiry_checked(expires_at: object, *, start: datetime | None, now: datetime
 
 
 def _tags_checked(tags: Iterable[str]) -> tuple[str, ...]:
-    """The job's tags by limits.rules.tags_problem; a ValidationError naming `tags` otherwise."""
+    """The job's tags by limits.policy.rules.tags_problem; a ValidationError naming `tags` otherwise."""
     if isinstance(tags, str):
         raise ValidationError({"tags": "A list of tags, not one string."})
     given = tuple(tags)

@@ -10,7 +10,7 @@ own Redis connections.
 import logging
 
 from gatekeeper.lib.redis_client import reset_redis_clients
-from limits.limiter import reset_limiter
+from limits.engine.limiter import reset_limiter
 from segments.index import get_holder, get_index, index_status
 from worker import latency, stats
 from worker.delivery import answers

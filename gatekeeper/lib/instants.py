@@ -1,6 +1,6 @@
 """Instants, one convention: an aware `datetime` at every service, task and view boundary;
-epoch milliseconds (an int, named `..._ms`) only inside the limiter's engine (limits/limiter.py,
-limits/log.py, limits/transport.py and what they call). The conversions between the two, the
+epoch milliseconds (an int, named `..._ms`) only inside the limiter's engine (limits/engine/limiter.py,
+limits/engine/log.py, limits/engine/transport.py and what they call). The conversions between the two, the
 check a boundary makes of the `now` it is given (a number or a naive datetime is refused: a
 mix-up of seconds, milliseconds and local time would judge leases and expiries hours or years
 off), and an instant typed in a form (the admin's start and expiry of a send job, a what-if

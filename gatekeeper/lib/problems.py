@@ -9,7 +9,7 @@ Most are a `Problem`: one message, one field (or several, `Problems`). Code that
 raises one, naming the field when its caller says which; forms, commands and file readers catch
 it as the ValueError it is. Errors with a body of their own (a refused file names its line) give
 `field_errors()` themselves (segments.parsing.UserListError,
-limits.preferences_import.PreferencesFileRefused).
+limits.people.preferences_import.PreferencesFileRefused).
 """
 
 from collections.abc import Mapping

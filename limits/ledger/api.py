@@ -3,33 +3,24 @@
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
 from gatekeeper.lib.api import JsonAPIView, errors, user_id_parameter
-from gatekeeper.lib.bodies import NO_NUL, decode
-from gatekeeper.lib.ids import max_user_id, user_id_from_text, user_ids_checked
+from gatekeeper.lib.bodies import NO_NUL
+from gatekeeper.lib.ids import max_user_id, user_id_from_text
 from gatekeeper.lib.instants import instant_text
 from gatekeeper.lib.integers import whole_number
 from gatekeeper.lib.permissions import (
-    ERASE_USERS,
-    EXPORT_PERSONAL_DATA,
-    READ_STREAM,
     VIEW_CAPS,
-    VIEW_ERASURES,
     VIEW_REPORTS,
 )
-from gatekeeper.lib.problems import Problem, Problems
-from limits.bodies import EraseBody
 from limits.channels import channels, validate_channel
-from limits.ledger import events as stream
-from limits.ledger.erasure import erasure_progress
 from limits.ledger.history import (
     INSTANT,
     INSTANT_WORDS,
@@ -42,7 +33,6 @@ from limits.ledger.history import (
     position_from_text,
     user_history,
 )
-from limits.ledger.personal import person_export
 from limits.ledger.reports import (
     DEFAULT_DAYS,
     DEFAULT_GROUP_BY,
@@ -55,18 +45,9 @@ from limits.ledger.reports import (
     decisions_report,
     report_filename,
 )
-from limits.ledger.serializers import (
-    DecisionsReportSerializer,
-    ErasureSerializer,
-    ExportSerializer,
-    HistorySerializer,
-    StreamPageSerializer,
-)
-from limits.models import Erasure
-from limits.quota import Unavailable
+from limits.ledger.serializers import DecisionsReportSerializer, HistorySerializer
+from limits.policy.rules import CAMPAIGN_MAX
 from limits.reasons import REASONS
-from limits.rules import CAMPAIGN_MAX
-from limits.services import erasure_start
 
 
 def _page_limit(value: str | None, *, default: int, maximum: int) -> int:
@@ -192,94 +173,6 @@ class HistoryView(JsonAPIView):
         return Response({"user_id": uid, "results": results, "next": next_url})
 
 
-class ExportView(JsonAPIView):
-    rights = {"GET": EXPORT_PERSONAL_DATA}
-    operation_ids = {"GET": "user_export"}
-
-    @extend_schema(
-        summary="Everything held about one person, as one JSON document",
-        description=(
-            "A person's data on request (GDPR article 15, CCPA's right to know): one key per "
-            "place Gatekeeper keeps personal data in, whole (no pages): the ledger's decisions "
-            "and outcomes, the cap log in Redis, reservations, the suppression list and its "
-            "journal, preferences and their journal, quota resets, experiments, the send jobs' "
-            "recipient records (addresses, contexts), dead addresses and SMS numbers. Reads "
-            "only. 503 when Redis does not answer: an export is whole or not given. A user id "
-            "nobody ever sent to answers 200 with every place empty. docs/api.md describes "
-            "each field."
-        ),
-        parameters=[user_id_parameter(OpenApiParameter.PATH)],
-        responses={200: ExportSerializer, **errors(400, 503)},
-    )
-    def get(self, request: Request, user_id: str) -> Response:
-        uid = user_id_from_text(user_id, field="user_id", maximum=max_user_id())
-        try:
-            document = person_export(uid)
-        except Unavailable as exc:
-            return Response({"detail": str(exc)}, status=503)
-        for decision in document["decisions"]:
-            decision["at"] = instant_text(decision["at"])
-        return Response(document)
-
-
-def _erasure_shown(request: Request, erasure: Erasure) -> dict[str, Any]:
-    by = erasure.requested_by
-    return {
-        "id": erasure.pk,
-        "url": request.build_absolute_uri(f"/api/v1/erasures/{erasure.pk}/"),
-        "status": erasure.status,
-        "count": erasure.count,
-        "requested_at": erasure.requested_at,
-        "requested_by": by.get_username() if by is not None else None,
-        "via": erasure.via,
-        "progress": round(erasure_progress(erasure), 1),
-        "removed": erasure.removed,
-        "waiting": erasure.waiting,
-        "finished_at": erasure.finished_at,
-    }
-
-
-class EraseView(JsonAPIView):
-    rights = {"POST": ERASE_USERS}
-    bodies = {"POST": EraseBody}
-    operation_ids = {"POST": "users_erase"}
-
-    @extend_schema(
-        summary="Erase people everywhere (GDPR article 17); 202 with the erasure to follow",
-        description=(
-            "From the erasure's first seconds the gate refuses them on every channel and keeps "
-            "none of their decisions; then every place of a person's export loses their part "
-            "(ledger rows deleted, their cap log and reservations in Redis, suppression and "
-            "preferences with their journals, quota resets, studies, their recipient records "
-            "in send jobs, dead addresses, SMS numbers), twice, the second pass 30 s after the "
-            "first. They are kept only as a keyed hash of the id, by which the gate goes on "
-            "refusing them. Erasing someone again removes nothing more. docs/api.md says what "
-            "each place does."
-        ),
-        responses={202: ErasureSerializer, **errors(400, 413)},
-    )
-    def post(self, request: Request) -> Response:
-        body = decode(request.data, EraseBody)
-        ids = user_ids_checked(body.user_ids, field="user_ids", maximum=max_user_id())
-        erasure = erasure_start(user_ids=ids, via="api", by=request.user)
-        return Response(_erasure_shown(request, erasure), status=202)
-
-
-class ErasureView(JsonAPIView):
-    rights = {"GET": VIEW_ERASURES}
-    operation_ids = {"GET": "erasure_get"}
-
-    @extend_schema(
-        summary="An erasure: how far it got",
-        responses={200: ErasureSerializer, **errors(404)},
-    )
-    def get(self, request: Request, erasure_id: int) -> Response:
-        erasure = Erasure.objects.filter(pk=erasure_id).select_related("requested_by").first()
-        if erasure is None:
-            raise NotFound(f"No erasure {erasure_id}.")
-        return Response(_erasure_shown(request, erasure))
-
-
 class CsvRenderer(BaseRenderer):
     """A report as CSV (decisions_csv: a header row, then a line per row): `table` gives the
     columns and rows of the report's data."""
@@ -313,7 +206,11 @@ REPORT_RENDERERS = [
     *cast(Sequence[type[BaseRenderer]], api_settings.DEFAULT_RENDERER_CLASSES),
     DecisionsCsvRenderer,
 ]
+
+
 REPORT_FORMATS = ("json", "csv")
+
+
 GROUP = f"(?:{'|'.join(GROUPS)})"
 
 
@@ -455,79 +352,3 @@ class DecisionsReportView(CsvReportView):
         if self.as_csv(request):
             response["Content-Disposition"] = f'attachment; filename="{report_filename(query)}"'
         return response
-
-
-class StreamView(JsonAPIView):
-    rights = {"GET": READ_STREAM}
-    operation_ids = {"GET": "stream_read"}
-
-    @extend_schema(
-        summary="The event stream: every decision, outcome and change, in order, from a cursor",
-        description=(
-            "Every gate decision the ledger keeps, every send outcome, and every change of the "
-            "suppression list and of people's preferences, in one order, from `after` (a "
-            "position this answer gave as `next`; `0` for the start of what the ledger keeps, "
-            "`end` for only what comes next). Kept as long as the ledger keeps its rows; an "
-            "erased person's events are gone with their rows. An event read twice has the same "
-            "`id`. Read on from `next` while `more`; at the end `next` is where new events "
-            "will follow. The filters keep some events: by `type`, `channel` (suppressions "
-            "of every channel and preference changes pass any), `campaign` (only decisions and "
-            'outcomes). docs/api.md, "The event stream", lists each type\'s fields.'
-        ),
-        parameters=[
-            OpenApiParameter(
-                "after",
-                {"type": "string", "pattern": stream.POSITION_PATTERN},
-                OpenApiParameter.QUERY,
-                description=f"Where to read from: {stream.POSITION_WORDS}. Default: `0`.",
-            ),
-            OpenApiParameter(
-                "limit",
-                {"type": "integer", "minimum": 1, "maximum": stream.PAGE_MAX},
-                OpenApiParameter.QUERY,
-                description=f"At most this many events (default {stream.PAGE_DEFAULT}).",
-            ),
-            _report_parameter(
-                "type",
-                {"type": "string", "enum": list(stream.EVENT_TYPES)},
-                "Only these types.",
-                repeated=True,
-            ),
-            channel_filter("Only these channels."),
-            campaign_filter("Only the decisions and outcomes of these campaigns."),
-        ],
-        responses={200: StreamPageSerializer, **errors(400)},
-    )
-    def get(self, request: Request) -> HttpResponse:
-        params = request.query_params
-        problems: dict[str, list[str]] = {}
-        after_text = params.get("after", "0")
-        try:
-            after = stream.position_from_text(after_text, field="after")
-        except Problem as exc:
-            problems.update(exc.field_errors())
-        try:
-            limit = _page_limit(
-                params.get("limit"), default=stream.PAGE_DEFAULT, maximum=stream.PAGE_MAX
-            )
-        except Problem as exc:
-            problems.update(exc.field_errors())
-        wanted: dict[str, frozenset[str]] = {}
-        for name, problem_of in (
-            ("type", stream.type_problem),
-            ("channel", FILTER_PROBLEMS["channel"]),
-            ("campaign", FILTER_PROBLEMS["campaign"]),
-        ):
-            values = params.getlist(name)
-            problem = next((p for p in map(problem_of, values) if p), None)
-            if problem:
-                problems[name] = [problem]
-            wanted[name] = frozenset(values)
-        if problems:
-            raise Problems(problems)  # every one at once
-        filters = stream.Filters(
-            types=wanted["type"], channels=wanted["channel"], campaigns=wanted["campaign"]
-        )
-        page = stream.stream_read(after, limit, filters)
-        body = page.json(next=str(page.next), more=page.more)
-        return HttpResponse(body, content_type="application/json")

@@ -57,7 +57,7 @@ from limits.ledger.table import (
     row_time,
     values_inserted,
 )
-from limits.models import (
+from limits.models.ledger import (
     LEDGER_OUTCOME_CODES,
     LedgerBatch,
     LedgerCount,

@@ -19,11 +19,13 @@ from django.db.models import Q
 
 from gatekeeper.lib.ids import DATABASE_MAX
 from gatekeeper.lib.problems import Problem
+from limits.engine.table import arm_of_rule_id
 from limits.ledger.table import message_of
-from limits.models import ExperimentArm, LedgerEntry, Rule
-from limits.policy import arm_of_rule_id
-from limits.rules import rule_describe, rule_fields_of_json, rule_view_of
-from limits.selectors import rule_view
+from limits.models.ledger import LedgerEntry
+from limits.models.policy import Rule
+from limits.models.studies import ExperimentArm
+from limits.policy.rules import rule_describe, rule_fields_of_json, rule_view_of
+from limits.policy.selectors import rule_view
 
 PAGE_DEFAULT = 50
 PAGE_MAX = 500
@@ -224,7 +226,7 @@ def _decision(
     if kind.experiment:
         arm = arms.get((kind.experiment, kind.arm or 0))
         experiment = {"id": kind.experiment, "arm": arm.name if arm is not None else None}
-    if kind.rule_id == 0:  # the person's own frequency (limits.policy.own_rule)
+    if kind.rule_id == 0:  # the person's own frequency (limits.engine.table.own_rule)
         rule = {
             "id": 0,
             "name": "Their own frequency",

@@ -1,6 +1,6 @@
 """What the drain feeds besides the ledger's table, registered rather than imported: the event
-stream's batches (limits.ledger.events) and the studies' members and outcome events
-(limits.study_drain) each register a listener in the app's `ready()`, as the places of personal
+stream's batches (limits.stream.events) and the studies' members and outcome events
+(limits.studies.drain) each register a listener in the app's `ready()`, as the places of personal
 data do, so that the drain imports nothing above the ledger.
 
 A listener is called in the drain's transaction: `begun` first (before anything is written),

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from limits.engine.limiter import Limiter, Restored, get_limiter
 from limits.ledger.table import kinds_analyze, message_of
-from limits.limiter import Limiter, Restored, get_limiter
-from limits.models import LedgerEntry, LedgerKind
+from limits.models.ledger import LedgerEntry, LedgerKind
+from limits.policy.selectors import policy_read
 from limits.reasons import GIVEN_BACK, Category, Reason
-from limits.selectors import policy_read
 
 MARK = "rebuild"
 

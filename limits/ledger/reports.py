@@ -25,9 +25,9 @@ from django.db.models import BigIntegerField, Sum
 from django.db.models.functions import Cast, TruncDate
 
 from limits.channels import channel_problem
-from limits.models import LedgerCount
+from limits.models.ledger import LedgerCount
+from limits.policy.rules import CAMPAIGN_MAX
 from limits.reasons import REASONS, REFUSED
-from limits.rules import CAMPAIGN_MAX
 
 # What a report can group by, in the order of its columns unless `group_by` gives another.
 GROUPS = ("day", "campaign", "segment", "channel", "reason")

@@ -1,7 +1,7 @@
 """The send ledger's table: how a decision is stored, and how it is read back whole.
 
 A decision's row (`LedgerEntry`) keeps only what is its own: when, the user, the message id,
-what became of the send (a two-byte code, limits.models.LEDGER_OUTCOMES) and its **kind**
+what became of the send (a two-byte code, limits.models.ledger.LEDGER_OUTCOMES) and its **kind**
 (`LedgerKind`): the fields it shares with the other decisions of its gate call and of every
 call like it (channel, campaign, tags, priority, category, snapshot version, topic) together with its
 segment, reason and deciding rule. A blast of a million decisions names a few dozen kinds, so
@@ -26,7 +26,7 @@ from django.db import connection, transaction
 from django.db.models import CharField, F, QuerySet, Value
 from django.db.models.functions import Cast, Coalesce, Concat
 
-from limits.models import LedgerEntry, LedgerKind
+from limits.models.ledger import LedgerEntry, LedgerKind
 
 KIND_TABLE = LedgerKind._meta.db_table
 ROW_COLUMNS = ("at", "user_id", "kind_id", "outcome", "message_id")  # as COPY writes a row

@@ -105,7 +105,7 @@ def rows_moved(apps, schema_editor):
             same_rule = "k.rule_id IS NOT DISTINCT FROM o.rule_id" if postgres else "k.rule_id IS o.rule_id"
             codes = " ".join(
                 f"WHEN '{name}' THEN {code}"
-                for code, name in enumerate(limits.models.LEDGER_OUTCOMES) if name
+                for code, name in enumerate(limits.models.ledger.LEDGER_OUTCOMES) if name
             )
             cursor.execute(
                 f"INSERT INTO limits_ledgerentry (id, at, user_id, kind_id, outcome, message_id) "
@@ -175,7 +175,7 @@ def rows_back(apps, schema_editor):
                 cursor.execute(statement)
         names = " ".join(
             f"WHEN {code} THEN '{name}'"
-            for code, name in enumerate(limits.models.LEDGER_OUTCOMES) if name
+            for code, name in enumerate(limits.models.ledger.LEDGER_OUTCOMES) if name
         )
         for day in days:
             source = f"{NEW}_p{day}" if postgres else NEW
@@ -240,7 +240,7 @@ class Migration(migrations.Migration):
                 migrations.AlterField(
                     model_name="ledgerentry",
                     name="outcome",
-                    field=limits.models.OutcomeField(
+                    field=limits.models.ledger.OutcomeField(
                         default="",
                         help_text="What became of an admitted send, when known: sent, failed or ambiguous (dispatched by the worker), released (its quota given back before it went out).",
                     ),

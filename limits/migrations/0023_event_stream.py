@@ -1,4 +1,4 @@
-# The event stream (limits/ledger/events.py): its batches, and on PostgreSQL an index on the
+# The event stream (limits/stream/events.py): its batches, and on PostgreSQL an index on the
 # ledger's ids, by which a batch's rows are read. A B-tree, not BRIN: readers keep up with the
 # stream, so they read the newest rows, which no VACUUM has summarized yet, and a BRIN index
 # answers "maybe" for every unsummarized page range (measured: every page of the day read for

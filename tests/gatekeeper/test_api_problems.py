@@ -16,11 +16,11 @@ from rest_framework.test import APIRequestFactory, force_authenticate
 
 from gatekeeper.lib.api import JsonAPIView
 from gatekeeper.lib.problems import CarriesProblems, Problem, Problems
-from limits.models import Preference, Suppression
-from limits.preferences import preferences_user_id
-from limits.preferences_import import PreferencesFileRefused
-from limits.preferences_import import Problem as LineProblem
-from limits.suppression import suppression_import
+from limits.models.people import Preference, Suppression
+from limits.people.preferences import preferences_user_id
+from limits.people.preferences_import import PreferencesFileRefused
+from limits.people.preferences_import import Problem as LineProblem
+from limits.people.suppression import suppression_import
 from segments.parsing import UserListError
 from tests.support.api import call, make_user, token_session
 

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from gatekeeper.lib.groups import MARKETER
-from limits.log import stored_message_hash
-from limits.models import QuietHours, QuietHoursChange, Rule, Suppression, SuppressionChange
-from limits.suppression import suppress
+from limits.engine.log import stored_message_hash
+from limits.models.people import Suppression, SuppressionChange
+from limits.models.policy import QuietHours, QuietHoursChange, Rule
+from limits.people.suppression import suppress
 from segments.models import Segment
 from segments.selectors import snapshot_live_version
 from tests.support import broker

@@ -11,11 +11,11 @@ from django.contrib.auth.models import Group
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
+from limits.engine.log import stored_message_hash
 from limits.ledger.drain import ledger_drain_all
-from limits.log import stored_message_hash
-from limits.models import Cap, CapChange, QuotaReset, Rule
-from limits.rules import RuleFields
-from limits.services import RULES
+from limits.models.policy import Cap, CapChange, QuotaReset, Rule
+from limits.policy.rules import RuleFields
+from limits.policy.services import RULES
 from segments.models import Build, Segment
 from segments.publishing import build_run
 from segments.selectors import snapshot_live_version
@@ -490,9 +490,11 @@ def test_the_demo_seeds_the_newer_pages_a_plan_an_experiment_topics_and_preferen
     from django.utils import timezone
 
     from gatekeeper.lib.groups import groups_sync
-    from limits.experiments import status_of
-    from limits.models import Experiment, Preference, StudyDay, StudyEvent, Topic
-    from limits.selectors import topics_read
+    from limits.models.people import Preference
+    from limits.models.policy import Topic
+    from limits.models.studies import Experiment, StudyDay, StudyEvent
+    from limits.policy.selectors import topics_read
+    from limits.studies.experiments import status_of
     from worker.models import SendJob
 
     groups_sync()
@@ -560,7 +562,7 @@ def test_a_quota_reset_of_an_id_no_snapshot_can_hold_is_not_found(marketer_clien
 
 
 def test_a_stale_cap_grid_neither_reverts_nor_overwrites_a_colleagues_change(marketer_client, demo):
-    from limits.services import cap_set
+    from limits.policy.services import cap_set
 
     vip = Segment.objects.get(slug="vip")
     url = reverse("admin:cap_grid", args=[vip.pk])

@@ -22,13 +22,13 @@ def named_paths(text: str) -> list[tuple[str, str | None]]:
 
 def test_the_pattern_finds_what_docs_write():
     text = (
-        "see `tests/worker/test_gate.py::test_one`, docs/ledger.md and limits/lua/limiter.lua; "
+        "see `tests/worker/test_gate.py::test_one`, docs/ledger.md and limits/engine/lua/limiter.lua; "
         "not https://example.com/docs/x.md nor var/tests/x.py"
     )
     assert named_paths(text) == [
         ("tests/worker/test_gate.py", "test_one"),
         ("docs/ledger.md", None),
-        ("limits/lua/limiter.lua", None),
+        ("limits/engine/lua/limiter.lua", None),
     ]
 
 

@@ -13,7 +13,7 @@ from gatekeeper.lib.instants import (
     instant_ms,
     instant_or_now,
 )
-from limits.ledger.erasure import erasures_due
+from limits.privacy.erasure import erasures_due
 from worker.chunks import chunks_due
 from worker.tasks import send_chunks_due
 

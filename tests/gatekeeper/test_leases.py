@@ -13,7 +13,7 @@ from django.db.models import F, Q
 from redis.cluster import RedisCluster
 
 from gatekeeper.lib.leases import RedisLease, RowLease
-from limits.models import Erasure
+from limits.models.privacy import Erasure
 
 NOW = datetime(2027, 3, 1, 12, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)

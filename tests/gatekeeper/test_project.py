@@ -8,7 +8,7 @@ import redis
 from django.core.management import call_command
 from django.db import transaction
 
-from limits.models import Cap
+from limits.models.policy import Cap
 from segments.models import DefaultSegmentProtected, Segment
 
 

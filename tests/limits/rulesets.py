@@ -1,6 +1,6 @@
 """Rules and rule sets for limiter tests, without the database."""
 
-from limits.policy import RuleSet, RuleView, encode
+from limits.engine.table import RuleSet, RuleView, encode
 
 DAY_S, WEEK_S = 86_400, 604_800
 

@@ -7,10 +7,10 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
 from gatekeeper.lib.groups import MARKETER, VIEWER
-from limits.models import Cap, CapChange, QuietHours, QuietHoursChange, Rule, RuleChange
-from limits.quiet import QuietFields
-from limits.rules import RuleFields
-from limits.services import QUIET_HOURS, RULES, cap_set
+from limits.engine.quiet import QuietFields
+from limits.models.policy import Cap, CapChange, QuietHours, QuietHoursChange, Rule, RuleChange
+from limits.policy.rules import RuleFields
+from limits.policy.services import QUIET_HOURS, RULES, cap_set
 from segments.models import Build, Segment, UserList
 
 pytestmark = pytest.mark.django_db
@@ -597,7 +597,7 @@ def test_a_rule_of_a_channel_no_longer_configured_is_left_alone_not_an_error(
 
 
 def test_two_changes_of_different_fields_made_at_once_both_stay(db):
-    from limits.services import QUIET_HOURS, RULES
+    from limits.policy.services import QUIET_HOURS, RULES
 
     rule = make_rule("Mails", limit=3)
     stale = Rule.objects.get(pk=rule.pk)  # read by one marketer's page

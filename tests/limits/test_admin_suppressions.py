@@ -3,8 +3,8 @@ users off through the service (journalled, and the gate follows); a viewer only 
 
 import pytest
 
-from limits.models import Suppression, SuppressionChange
-from limits.suppression import suppress, suppression_cache
+from limits.models.people import Suppression, SuppressionChange
+from limits.people.suppression import suppress, suppression_cache
 from worker.gate import gate_check
 
 pytestmark = pytest.mark.django_db

@@ -5,9 +5,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from limits.models import Preference, PreferenceChange
-from limits.preferences import PreferencesFields, preferences_read
-from limits.selectors import policy_cache, topics_read
+from limits.models.people import Preference, PreferenceChange
+from limits.people.preferences import PreferencesFields, preferences_read
+from limits.policy.selectors import policy_cache, topics_read
 from tests.support.api import call
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from limits.models import QuietHours, QuietHoursChange
-from limits.quiet import user_offset
+from limits.engine.quiet import user_offset
+from limits.models.policy import QuietHours, QuietHoursChange
 from tests.support.api import call
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -3,7 +3,7 @@ valid rule, every change in the history), the classic caps' rules left to their 
 
 import pytest
 
-from limits.models import Rule, RuleChange
+from limits.models.policy import Rule, RuleChange
 from tests.support.api import call
 
 pytestmark = pytest.mark.django_db(transaction=True)

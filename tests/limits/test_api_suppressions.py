@@ -6,7 +6,7 @@ import gzip
 
 import pytest
 
-from limits.models import Suppression, SuppressionChange
+from limits.models.people import Suppression, SuppressionChange
 from tests.support.api import call, check_body
 
 pytestmark = pytest.mark.django_db(transaction=True)

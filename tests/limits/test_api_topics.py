@@ -5,7 +5,7 @@ field named and nothing stored by a refusal."""
 import pytest
 from django.urls import reverse
 
-from limits.models import Topic, TopicChange
+from limits.models.policy import Topic, TopicChange
 from tests.support.api import call
 
 pytestmark = pytest.mark.django_db(transaction=True)

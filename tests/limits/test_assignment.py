@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from limits.assignment import RANGE, arms_of, in_share, keyed_hashes, salt_key
+from limits.engine.assignment import RANGE, arms_of, in_share, keyed_hashes, salt_key
 
 MASK = RANGE - 1
 TEN_MILLION = np.arange(10_000_000, dtype=np.uint64) * np.uint64(7919) + np.uint64(12345)
@@ -43,7 +43,7 @@ def test_another_process_assigns_the_same_people():
     ids = list(range(0, 5_000_000, 997))
     mine = in_share(ids, "spring", 0.1)
     code = (
-        "import sys, numpy as np; from limits.assignment import in_share; "
+        "import sys, numpy as np; from limits.engine.assignment import in_share; "
         "ids = list(range(0, 5_000_000, 997)); "
         "sys.stdout.write(np.packbits(in_share(ids, 'spring', 0.1)).tobytes().hex())"
     )

@@ -9,9 +9,9 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from limits.channels import channel_problem, validate_channel, validate_scope
+from limits.engine.topics import TopicFields, topic_problems
 from limits.ledger.reports import FILTER_PROBLEMS
-from limits.preferences import frequency_problems
-from limits.topics import TopicFields, topic_problems
+from limits.people.preferences import frequency_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 CODE = ("limits", "worker", "segments", "gatekeeper", "bench")

@@ -11,7 +11,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from bench.servers import RedisClusterProcesses, RedisServer
-from limits.limiter import Limiter
+from limits.engine.limiter import Limiter
 from tests.limits.rulesets import DAY_S, caps, rule, rule_set
 
 NOW = 1_763_800_000.0

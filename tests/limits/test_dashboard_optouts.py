@@ -13,12 +13,12 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from gatekeeper.lib.groups import MARKETER
-from limits.models import PreferenceChange
-from limits.preference_switches import topic_switches
-from limits.preferences import preferences_patch
-from limits.selectors import topics_read
-from limits.services import TOPICS
-from limits.topics import TopicFields
+from limits.engine.topics import TopicFields
+from limits.models.people import PreferenceChange
+from limits.people.preference_switches import topic_switches
+from limits.people.preferences import preferences_patch
+from limits.policy.selectors import topics_read
+from limits.policy.services import TOPICS
 from tests.support.admin import PASSWORD
 from tests.support.browser import Page
 

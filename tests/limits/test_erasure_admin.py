@@ -8,8 +8,8 @@ import pytest
 from django.contrib.auth.models import Permission
 
 from gatekeeper.lib.groups import VIEWER
-from limits.ledger.erasure import erasure_run
-from limits.models import Erasure
+from limits.models.privacy import Erasure
+from limits.privacy.erasure import erasure_run
 from tests.support.admin import PASSWORD
 from tests.support.browser import Page
 from worker.gate import gate_check

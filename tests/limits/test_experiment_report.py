@@ -11,10 +11,10 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from limits.assignment import arms_of
+from limits.engine.assignment import arms_of
 from limits.ledger.drain import ledger_drain_all
-from limits.models import EventSeen, StudyDay, StudyEvent, StudyMember
-from limits.selectors import policy_cache
+from limits.models.studies import EventSeen, StudyDay, StudyEvent, StudyMember
+from limits.policy.selectors import policy_cache
 from tests.support.api import call
 from worker.gate import gate_check
 

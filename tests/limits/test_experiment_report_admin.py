@@ -4,7 +4,7 @@ figures in a table, the period asked by a small form (a bad day is told on its f
 500), the REST report's CSV behind the download link; linked from the experiment's page and the
 control group's; read by whoever may read experiments, and by nobody else.
 
-The study's days are written directly (limits.models.StudyDay / StudyEvent), as the ledger's
+The study's days are written directly (limits.models.studies.StudyDay / StudyEvent), as the ledger's
 drain and the events API would: a row per day, arm and bucket."""
 
 import json
@@ -17,11 +17,12 @@ import pytest
 from django.urls import reverse
 
 from gatekeeper.lib.groups import MARKETER
-from limits.assignment import CONTROL_GROUP
-from limits.experiments import ArmFields, ExperimentFields, experiment_create
-from limits.holdout import holdout_read
-from limits.models import Experiment, Holdout, StudyDay, StudyEvent
-from limits.study_report import today_utc
+from limits.engine.assignment import CONTROL_GROUP
+from limits.models.policy import Holdout
+from limits.models.studies import Experiment, StudyDay, StudyEvent
+from limits.policy.holdout import holdout_read
+from limits.studies.experiments import ArmFields, ExperimentFields, experiment_create
+from limits.studies.report import today_utc
 from segments.models import Segment
 from tests.support.admin import PASSWORD
 from tests.support.browser import Page

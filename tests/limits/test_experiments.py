@@ -8,15 +8,16 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from limits.assignment import arms_of
-from limits.experiments import (
+from limits.engine.assignment import arms_of
+from limits.models.policy import Rule, RuleChange
+from limits.models.studies import Experiment, ExperimentChange
+from limits.policy.selectors import policy_cache
+from limits.studies.experiments import (
     ArmFields,
     ExperimentFields,
     experiment_create,
     experiment_problems,
 )
-from limits.models import Experiment, ExperimentChange, Rule, RuleChange
-from limits.selectors import policy_cache
 from tests.support.api import call
 from worker.gate import gate_check
 
@@ -228,7 +229,7 @@ def test_concluding_promotes_the_arm_and_disables_what_it_replaces(api, vip):
 @pytest.mark.postgres
 def test_decisions_name_the_arm_in_the_ledger_and_history(api, vip):
     from limits.ledger.drain import ledger_drain
-    from limits.models import LedgerKind
+    from limits.models.ledger import LedgerKind
 
     made = call(api("marketer"), "POST", PATH, json=body()).json()
     policy_cache().invalidate()
@@ -289,7 +290,7 @@ def test_the_quota_shows_the_users_arm_and_its_rules(api, vip):
 
 
 def test_an_ended_one_keeps_its_end_and_one_about_to_start_keeps_its_arms(api, vip):
-    from limits.experiments import experiment_change
+    from limits.studies.experiments import experiment_change
 
     marketer = api("marketer")
     made = call(marketer, "POST", PATH, json=body()).json()
@@ -310,7 +311,7 @@ def test_an_ended_one_keeps_its_end_and_one_about_to_start_keeps_its_arms(api, v
 
 
 def test_a_stopped_ones_rename_keeps_its_state(api, vip):
-    from limits.experiments import experiment_change
+    from limits.studies.experiments import experiment_change
 
     made = call(api("marketer"), "POST", PATH, json=body()).json()
     call(api("marketer"), "POST", f"{PATH}{made['id']}/stop/")

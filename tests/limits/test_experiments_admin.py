@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
-from limits.experiments import ArmFields, ExperimentFields, experiment_create
-from limits.models import Experiment, ExperimentChange, Rule, RuleChange
+from limits.models.policy import Rule, RuleChange
+from limits.models.studies import Experiment, ExperimentChange
+from limits.studies.experiments import ArmFields, ExperimentFields, experiment_create
 from segments.models import Segment
 
 pytestmark = pytest.mark.django_db
@@ -173,7 +174,7 @@ def test_an_overlap_and_a_start_in_the_past_are_refused_on_their_fields(admin_cl
 def test_what_the_writer_refuses_itself_is_mapped_onto_the_form_too(admin_client, vip, monkeypatch):
     """Another experiment made between the form's check and the write: the writer's own
     ValidationError lands on the fields it names."""
-    monkeypatch.setattr("limits.admin.experiments.experiment_problems", lambda *a, **k: {})
+    monkeypatch.setattr("limits.studies.admin.experiment_problems", lambda *a, **k: {})
     data = form_data(arm_data(1, "a", "60", "1"), arm_data(2, "a", "50", "2"))
     refused = admin_client.post(ADD, data)
     assert refused.status_code == 200
@@ -184,7 +185,7 @@ def test_what_the_writer_refuses_itself_is_mapped_onto_the_form_too(admin_client
 
 
 def test_a_problem_without_a_field_of_its_own_names_the_arm_as_the_form_numbers_it():
-    from limits.admin.experiments import label_of
+    from limits.studies.admin import label_of
 
     assert label_of("arms.2.rules.0.reserve", [1, 2, 4]) == "Arm 4, rule 1, reserve"
     assert label_of("arms.1.rules") == "Arm 2, rules"
@@ -328,7 +329,7 @@ def test_the_status_filter_reads_the_clock(admin_client, vip):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_user_lookup_links_a_users_experiment_to_its_page(viewer_client, published):
-    from limits.selectors import policy_cache
+    from limits.policy.selectors import policy_cache
 
     published(vip=(10, [1, 2], {}))
     row = make()  # its two arms share every user

@@ -12,8 +12,8 @@ from redis.cluster import RedisCluster
 
 from bench.servers import RedisClusterProcesses
 from gatekeeper.lib.redis_client import make_redis, pipelined
-from limits import log
-from limits.limiter import Limiter
+from limits.engine import log
+from limits.engine.limiter import Limiter
 from limits.reasons import Reason
 from tests.limits.rulesets import caps
 from tests.support.redis import PREFIX

@@ -6,9 +6,9 @@ input is a 400 naming the field and changes nothing."""
 import numpy as np
 import pytest
 
-from limits.assignment import in_share
-from limits.models import HoldoutChange
-from limits.selectors import policy_cache
+from limits.engine.assignment import in_share
+from limits.models.policy import HoldoutChange
+from limits.policy.selectors import policy_cache
 from tests.support.api import call
 from worker.gate import gate_check
 
@@ -118,6 +118,6 @@ def test_the_admin_sets_it_through_the_one_rule_and_says_what_it_does(admin_clie
 
 
 def call_salt() -> str:
-    from limits.holdout import holdout_read
+    from limits.policy.holdout import holdout_read
 
     return holdout_read().salt

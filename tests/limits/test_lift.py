@@ -1,4 +1,4 @@
-"""The experiments report's statistics (limits/lift.py) against statsmodels and scipy on
+"""The experiments report's statistics (limits/studies/lift.py) against statsmodels and scipy on
 simulated people: the per-bucket estimator equals statsmodels' cluster-robust OLS to the last
 digit; a planted effect is found, its interval covering the truth; with no effect, 1,000
 simulated experiments find one 5 % (+/- 1.5 points) of the time; the interval is about as wide
@@ -9,8 +9,8 @@ import pytest
 import statsmodels.api as sm
 from scipy import stats
 
-from limits.assignment import keyed_hashes
-from limits.lift import BUCKETS, estimate, lift, sample_ratio_p
+from limits.engine.assignment import keyed_hashes
+from limits.studies.lift import BUCKETS, estimate, lift, sample_ratio_p
 
 
 def buckets_of(ids: np.ndarray) -> np.ndarray:

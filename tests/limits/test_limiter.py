@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from limits import log
-from limits.limiter import Decision, Limiter
-from limits.policy import RuleSet
+from limits.engine import log
+from limits.engine.limiter import Decision, Limiter
+from limits.engine.table import RuleSet
 from tests.limits.rulesets import DAY_S, WEEK_S, caps, rule, rule_set
 
 NOW = 1_763_800_000.0  # seconds; tests pass the clock, nothing waits for a window
@@ -435,7 +435,7 @@ def test_counting_any_recent_interval(limiter: Limiter) -> None:
 def test_restored_sends_are_the_sends_that_were_recorded(limiter: Limiter) -> None:
     """rebuild_logs's half in Redis: logs emptied (Redis lost its data) and put back from the
     ledger's view of each send are the same bytes, on one node and across a cluster's nodes."""
-    from limits.limiter import Restored
+    from limits.engine.limiter import Restored
 
     users = list(range(0, 300 * 131, 131))  # buckets on every node of a cluster
     sent: list[Restored] = []

@@ -16,8 +16,8 @@ from redis.crc import key_slot
 
 from bench.servers import RedisClusterProcesses, RedisServer
 from gatekeeper.lib.redis_client import BUSY_PAUSE
-from limits import log
-from limits.limiter import Limiter
+from limits.engine import log
+from limits.engine.limiter import Limiter
 from tests.limits.rulesets import caps
 
 NOW = 1_763_800_000.0

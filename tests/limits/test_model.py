@@ -21,8 +21,8 @@ import redis
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from limits.limiter import Limiter
-from limits.policy import ArmView, ExperimentView, PolicyTable, RuleView
+from limits.engine.limiter import Limiter
+from limits.engine.table import ArmView, ExperimentView, PolicyTable, RuleView
 from tests.conftest import TEST_REDIS_URL, examples
 from worker.claims import (
     NOT_SENT,

@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.urls import reverse
 
-from limits.models import Preference, PreferenceChange
-from limits.preference_page import preferences_reader, preferences_token, preferences_url
-from limits.preferences import PreferencesFields
-from limits.services import TOPICS
-from limits.topics import TopicFields
+from limits.engine.topics import TopicFields
+from limits.models.people import Preference, PreferenceChange
+from limits.people.preference_page import preferences_reader, preferences_token, preferences_url
+from limits.people.preferences import PreferencesFields
+from limits.policy.services import TOPICS
 
 TopicRow = tuple[str, str, list[str], str]
 NEWS: TopicRow = ("news", "Product news", ["email", "push"], "subscribed")
@@ -92,9 +92,9 @@ def test_a_pause_in_the_past_is_refused_and_nothing_changes(client):
 
 @pytest.mark.django_db
 def test_the_page_offers_only_a_frequency_tighter_than_the_rules_and_keeps_the_chosen_one(client):
-    from limits.rules import RuleFields
-    from limits.selectors import policy_cache
-    from limits.services import RULES
+    from limits.policy.rules import RuleFields
+    from limits.policy.selectors import policy_cache
+    from limits.policy.services import RULES
 
     topics_made()
     RULES.create(fields=RuleFields(name="3 a week", segment=None, channel="email", match="any",
@@ -126,8 +126,8 @@ def test_the_page_offers_only_a_frequency_tighter_than_the_rules_and_keeps_the_c
 
 @pytest.mark.django_db
 def test_the_page_offers_each_calendar_week_too_and_keeps_what_it_leaves_as_it_was(client):
-    from limits.preferences import preferences_replace
-    from limits.selectors import topics_read
+    from limits.people.preferences import preferences_replace
+    from limits.policy.selectors import topics_read
 
     topics_made()
     week = {"kind": "rolling", "seconds": 604_800}
@@ -251,7 +251,7 @@ def test_a_person_changes_their_choices_in_a_real_browser_with_the_keyboard(brow
 
 @pytest.mark.django_db
 def test_the_unsubscribe_page_offers_fewer_first(client):
-    from limits.unsubscribe import unsubscribe_token
+    from limits.people.unsubscribe import unsubscribe_token
 
     page = text(
         client.get(reverse("unsubscribe", args=[unsubscribe_token(user_id=8, channel="email")]))

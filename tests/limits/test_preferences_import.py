@@ -11,12 +11,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.core.management import CommandError, call_command
 
-from limits import preferences_import as service
-from limits.models import Preference, PreferenceChange, Topic
-from limits.preferences import preference_cache, preferences_read
-from limits.preferences_import import PreferencesFileTooLarge, preferences_import
+from limits.models.people import Preference, PreferenceChange
+from limits.models.policy import Topic
+from limits.people import preferences_import as service
+from limits.people.preferences import preference_cache, preferences_read
+from limits.people.preferences_import import PreferencesFileTooLarge, preferences_import
+from limits.policy.selectors import topics_read
 from limits.reasons import Reason
-from limits.selectors import topics_read
 from tests.support.api import call
 
 pytestmark = pytest.mark.django_db(transaction=True)

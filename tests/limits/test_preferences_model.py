@@ -12,17 +12,17 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from limits.models import Preference, PreferenceChange
-from limits.policy import own_rule
-from limits.preferences import (
+from limits.engine.table import own_rule
+from limits.engine.topics import TopicView
+from limits.models.people import Preference, PreferenceChange
+from limits.people.preferences import (
     PreferenceCache,
     PreferencesFields,
     preferences_patch,
     preferences_replace,
 )
+from limits.policy.selectors import own_keeps_ms
 from limits.reasons import Reason
-from limits.selectors import own_keeps_ms
-from limits.topics import TopicView
 from tests.conftest import examples
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]

@@ -7,8 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from limits.policy import PolicyTable
-from limits.quiet import (
+from limits.engine.quiet import (
     QuietFields,
     QuietView,
     minutes_from_text,
@@ -18,6 +17,7 @@ from limits.quiet import (
     release_at,
     user_offset,
 )
+from limits.engine.table import PolicyTable
 
 NEW_YORK = "America/New_York"
 

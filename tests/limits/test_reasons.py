@@ -6,8 +6,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-from limits.models import Suppression
-from limits.policy import RuleView
+from limits.engine.table import RuleView
+from limits.models.people import Suppression
 from limits.reasons import (
     ADMITTED,
     CAPPED,

@@ -11,11 +11,11 @@ from django.conf import settings as django_settings
 from redis.cluster import RedisCluster
 
 from gatekeeper.lib.redis_client import reset_redis_clients
-from limits import log
-from limits.limiter import Limiter, get_limiter, reset_limiter
-from limits.selectors import policy_read
+from limits.engine import log
+from limits.engine.limiter import Limiter, get_limiter, reset_limiter
+from limits.engine.upkeep import logs_sweep, primaries, sweep_cursors_key
+from limits.policy.selectors import policy_read
 from limits.tasks import send_logs_sweep
-from limits.upkeep import logs_sweep, primaries, sweep_cursors_key
 from tests.limits.rulesets import caps
 from tests.support.redis import PREFIX
 

@@ -18,10 +18,10 @@ from django.core.management.base import CommandError
 from redis.cluster import RedisCluster
 
 from gatekeeper.lib.redis_client import reset_redis_clients
-from limits import log
-from limits.legacy import LegacyLogs, legacy_key
-from limits.limiter import Limiter, get_limiter, reset_limiter
-from limits.upkeep import convert_cursors_key, logs_convert, primaries
+from limits.engine import log
+from limits.engine.legacy import LegacyLogs, legacy_key
+from limits.engine.limiter import Limiter, get_limiter, reset_limiter
+from limits.engine.upkeep import convert_cursors_key, logs_convert, primaries
 from tests.limits.rulesets import caps
 from tests.support.redis import PREFIX
 

@@ -10,8 +10,8 @@ from django.contrib.auth.models import Permission
 from django.utils import timezone
 
 from limits.ledger.drain import ledger_drain_all
-from limits.ledger.webhooks import GIVE_UP_AFTER, webhook_deliver
-from limits.models import WebhookEndpoint
+from limits.models.stream import WebhookEndpoint
+from limits.stream.webhooks import GIVE_UP_AFTER, webhook_deliver
 from tests.support.browser import Page
 from worker.gate import gate_check
 

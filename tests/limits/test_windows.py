@@ -1,4 +1,4 @@
-"""Calendar periods in users' time zones, on the days a zone's clock moves (limits/windows.py),
+"""Calendar periods in users' time zones, on the days a zone's clock moves (limits/engine/windows.py),
 and calendar rules deciding across those days against real Redis."""
 
 from datetime import UTC, datetime
@@ -6,8 +6,8 @@ from datetime import UTC, datetime
 import pytest
 
 from gatekeeper.lib.zones import UnknownTimeZone, zone
-from limits.limiter import Limiter
-from limits.windows import period_bounds, period_starts
+from limits.engine.limiter import Limiter
+from limits.engine.windows import period_bounds, period_starts
 from tests.limits.rulesets import rule, rule_set
 
 HOUR_MS = 3_600_000

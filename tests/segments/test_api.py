@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from limits.selectors import policy_cache
+from limits.policy.selectors import policy_cache
 from segments.index import refresh
 from tests.support.api import call, zones_a_day_apart
 from worker.gate import gate_check

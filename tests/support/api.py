@@ -13,7 +13,7 @@ from rest_framework.authtoken.models import Token
 
 from gatekeeper.lib.groups import MARKETER, VIEWER
 from gatekeeper.lib.permissions import CAMPAIGN_SYSTEM
-from limits.services import cap_set
+from limits.policy.services import cap_set
 from segments.models import Segment
 from segments.publishing import build_run
 from segments.services import build_start, user_list_import

@@ -6,9 +6,10 @@ erasure removes."""
 from datetime import UTC, datetime, timedelta
 
 from limits.ledger.drain import ledger_drain_all
-from limits.models import LedgerEntry, StudyMember
-from limits.services import quota_reset
-from limits.suppression import suppress, unsuppress
+from limits.models.ledger import LedgerEntry
+from limits.models.studies import StudyMember
+from limits.people.suppression import suppress, unsuppress
+from limits.policy.services import quota_reset
 from tests.support.api import call
 from worker.gate import gate_check
 from worker.models import DeadAddress, SendJob, SmsNumber

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from limits.quiet import QuietFields
-from limits.services import QUIET_HOURS, cap_set
+from limits.engine.quiet import QuietFields
+from limits.policy.services import QUIET_HOURS, cap_set
 from segments.models import Segment
 from segments.publishing import build_run
 from segments.services import build_start, user_list_import

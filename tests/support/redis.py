@@ -11,7 +11,7 @@ from redis.cluster import RedisCluster
 
 from bench.servers import RedisClusterProcesses, RedisServer
 from gatekeeper.lib.redis_client import get_redis, reset_redis_clients
-from limits.limiter import Limiter
+from limits.engine.limiter import Limiter
 
 PREFIX = "test:"
 

@@ -13,9 +13,9 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from bench.servers import free_port
-from limits.limiter import get_limiter
-from limits.rules import RuleFields
-from limits.services import RULES
+from limits.engine.limiter import get_limiter
+from limits.policy.rules import RuleFields
+from limits.policy.services import RULES
 from worker.chunks import send_chunk_run
 from worker.claims import SENDING_STATE, SENT_STATE, ChunkRecord, record_read, state_at
 from worker.gate import gate_check

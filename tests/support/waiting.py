@@ -5,7 +5,7 @@ from zoneinfo import ZoneInfo
 
 from django.utils import timezone
 
-from limits.quiet import release_at
+from limits.engine.quiet import release_at
 from tests.support.published import QUIET_USERS
 from worker.models import SendJob
 

@@ -85,8 +85,8 @@ def test_a_send_job_carries_tags_priority_and_each_recipients_time_zone(api, sna
 def test_a_send_job_shows_its_waiting_sends_and_they_can_be_cancelled(api, snapshot):
     from datetime import timedelta
 
-    from limits.quiet import QuietFields
-    from limits.services import QUIET_HOURS
+    from limits.engine.quiet import QuietFields
+    from limits.policy.services import QUIET_HOURS
     from tests.support import broker
     from tests.support.waiting import MORNING, NIGHT
     from worker.chunks import send_chunk_run

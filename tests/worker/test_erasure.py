@@ -13,16 +13,17 @@ from django.apps import apps
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from limits import log
-from limits.holds import HOLDS_KEY, HeldJob, holds_decode, holds_encode, holds_store
+from limits.engine import log
+from limits.engine.limiter import get_limiter
+from limits.engine.reservations import HOLDS_KEY, HeldJob, holds_decode, holds_encode, holds_store
+from limits.engine.table import NO_RULES
 from limits.ledger.drain import ledger_drain_all
-from limits.ledger.erasure import erasure_run
 from limits.ledger.stream import stream_key
-from limits.limiter import get_limiter
-from limits.models import Erasure, LedgerEntry
-from limits.policy import NO_RULES
+from limits.models.ledger import LedgerEntry
+from limits.models.privacy import Erasure
+from limits.people.suppression import erased_keys, erasure_key_forget
+from limits.privacy.erasure import erasure_run
 from limits.reasons import Reason
-from limits.suppression import erased_keys, erasure_key_forget
 from tests.support.api import call, make_user, token_session
 from tests.support.personal import ADDRESS, NUMBER, person_everywhere
 from worker.gate import gate_check
@@ -192,7 +193,7 @@ def test_erasures_refuse_bad_input_and_need_their_right(api, snapshot, officer):
 @pytest.mark.postgres
 def test_the_command_erases_a_file_of_ids_both_passes(api, snapshot, tmp_path, monkeypatch):
     person_everywhere(api("gate"), PERSON, others=(2,), now=NOW)
-    monkeypatch.setattr("limits.ledger.erasure.RETRY_IN", timedelta(0))
+    monkeypatch.setattr("limits.privacy.erasure.RETRY_IN", timedelta(0))
     path = tmp_path / "erase.txt"
     path.write_text(f"user_id\n{PERSON}\n\n{PERSON}\n")
     out = io.StringIO()

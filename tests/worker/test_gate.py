@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
-from limits.selectors import PolicyCache
-from limits.services import cap_set
+from limits.policy.selectors import PolicyCache
+from limits.policy.services import cap_set
 from segments.models import Segment
 from worker import stats
 from worker.gate import Gate, GateError, gate_check, gate_release

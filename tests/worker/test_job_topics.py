@@ -6,10 +6,10 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 
+from limits.engine.topics import TopicFields
 from limits.ledger.drain import ledger_drain_all
 from limits.ledger.table import decisions
-from limits.services import TOPICS
-from limits.topics import TopicFields
+from limits.policy.services import TOPICS
 from tests.support.sends import make_job, run_all
 
 pytestmark = pytest.mark.django_db
@@ -44,7 +44,7 @@ def test_a_job_names_a_topic_that_exists_on_its_channel(news, relay):
 def test_a_topic_deleted_before_the_job_runs_lets_its_sends_go_without_it(news, relay, caplog):
     job = make_job(1, topic="news")
     TOPICS.delete(row=news, via="command")
-    from limits.selectors import policy_cache
+    from limits.policy.selectors import policy_cache
 
     policy_cache().invalidate()
     run_all(job)
@@ -74,8 +74,8 @@ def test_a_change_made_while_a_job_runs_governs_the_chunks_not_yet_gated(
     news, relay, settings, django_capture_on_commit_callbacks
 ):
     # Chunks of 2: the first is gated before the person switches the topic off, the rest after.
-    from limits.preferences import preferences_patch
-    from limits.selectors import topics_read
+    from limits.people.preferences import preferences_patch
+    from limits.policy.selectors import topics_read
     from worker.chunks import send_chunk_run
     from worker.models import SendChunk
 

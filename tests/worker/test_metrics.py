@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.servers import free_port
 from gatekeeper.lib.redis_client import reset_redis_clients
+from limits.engine.limiter import reset_limiter
 from limits.ledger.drain import ledger_drain_all
 from limits.ledger.stream import stream_key
-from limits.limiter import reset_limiter
 from segments.index import get_index, index_status
 from tests.support.sends import make_job, run_all
 from worker.gate import gate_check

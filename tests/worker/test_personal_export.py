@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.apps import apps
 
-from limits.ledger.personal import places
+from limits.privacy.personal import places
 from tests.support.api import call
 from tests.support.personal import person_everywhere
 from worker.gate import gate_check

@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from limits import log
-from limits.holds import holds_cache
-from limits.limiter import get_limiter
-from limits.quiet import QuietFields
-from limits.selectors import policy_cache
-from limits.services import QUIET_HOURS
+from limits.engine import log
+from limits.engine.limiter import get_limiter
+from limits.engine.quiet import QuietFields
+from limits.engine.reservations import holds_cache
+from limits.policy.selectors import policy_cache
+from limits.policy.services import QUIET_HOURS
 from segments.models import Segment
 from tests.support.sends import make_rule, recipients
 from worker.chunks import send_chunk_run

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from gatekeeper.lib.groups import MARKETER
-from limits.selectors import policy_cache
+from limits.policy.selectors import policy_cache
 from tests.support import broker
 from tests.support.browser import Page
 from tests.support.sends import make_rule, recipients

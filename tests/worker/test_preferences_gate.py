@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from limits.limiter import Decision
-from limits.preferences import PreferenceCache, PreferencesFields, preferences_patch
-from limits.preferences import preferences_replace as replace
-from limits.selectors import policy_cache, topics_read
-from limits.services import TOPICS
-from limits.topics import TopicFields
+from limits.engine.limiter import Decision
+from limits.engine.topics import TopicFields
+from limits.people.preferences import PreferenceCache, PreferencesFields, preferences_patch
+from limits.people.preferences import preferences_replace as replace
+from limits.policy.selectors import policy_cache, topics_read
+from limits.policy.services import TOPICS
 from tests.support.api import call
 from worker.gate import Gate, gate_check
 

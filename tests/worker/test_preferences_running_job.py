@@ -10,12 +10,12 @@ import time
 import pytest
 import redis
 
+from limits.engine.topics import TopicFields
 from limits.ledger.drain import ledger_drain_all
 from limits.ledger.table import decisions
-from limits.preferences import preferences_patch
-from limits.selectors import policy_cache, topics_read
-from limits.services import TOPICS
-from limits.topics import TopicFields
+from limits.people.preferences import preferences_patch
+from limits.policy.selectors import policy_cache, topics_read
+from limits.policy.services import TOPICS
 from tests.support.celery_workers import start_celery_worker, stop_celery_worker, worker_env
 from tests.support.dispatch_log import DISPATCH_LOG, FILE_DISPATCHER, FileDispatcher, dispatched
 from tests.support.sends import recorded

@@ -9,9 +9,9 @@ import pytest
 import redis
 
 from bench.servers import RedisServer
-from limits.limiter import Limiter
-from limits.quiet import QuietFields, user_offset
-from limits.services import QUIET_HOURS, cap_set
+from limits.engine.limiter import Limiter
+from limits.engine.quiet import QuietFields, user_offset
+from limits.policy.services import QUIET_HOURS, cap_set
 from segments.models import Segment
 from worker.gate import Gate, gate_check
 

@@ -19,10 +19,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from limits import log
-from limits.holds import holds_cache, holds_decode, holds_encode
-from limits.limiter import get_limiter
-from limits.selectors import policy_cache
+from limits.engine import log
+from limits.engine.limiter import get_limiter
+from limits.engine.reservations import holds_cache, holds_decode, holds_encode
+from limits.policy.selectors import policy_cache
 from tests.support.sends import make_rule, recipients
 from worker.chunks import send_chunk_run
 from worker.gate import gate_check
@@ -143,7 +143,7 @@ def test_reserve_needs_a_start(promo_a_day):
 
 
 def test_holds_take_4_bytes_a_reserved_send_and_read_back_the_same():
-    from limits.holds import HeldJob
+    from limits.engine.reservations import HeldJob
 
     rng = random.Random(1)
     for top, width in ((10**9, 4), (2**63, 8)):  # ids of a 32-bit snapshot, and wider ones

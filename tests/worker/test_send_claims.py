@@ -11,7 +11,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from gatekeeper.lib.redis_client import pipelined
-from limits.limiter import get_limiter
+from limits.engine.limiter import get_limiter
 from worker.claims import (
     NOT_SENT,
     SENDING,

@@ -9,7 +9,7 @@ from django.test import TestCase
 from django.utils import timezone
 
 from bench.servers import free_port
-from limits.limiter import get_limiter
+from limits.engine.limiter import get_limiter
 from tests.support import broker
 from tests.support.sends import (
     Inbox,
@@ -116,7 +116,7 @@ def test_a_transient_push_failure_is_retried_with_the_same_idempotency_key(campa
 
 def test_redis_down_defers_the_sends_instead_of_dropping_them(campaign, smtp, settings):
     from gatekeeper.lib.redis_client import reset_redis_clients
-    from limits.limiter import reset_limiter
+    from limits.engine.limiter import reset_limiter
 
     job = make_job(1, 9, campaign="r")
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"

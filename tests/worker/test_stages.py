@@ -29,17 +29,17 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from bench.servers import free_port
-from limits.assignment import in_share
-from limits.holdout import HoldoutFields, holdout_set
-from limits.holds import HeldJob, Holds, holds_decode, holds_encode
-from limits.limiter import Decision, Limiter
-from limits.preferences import PreferenceCache, preference_cache
-from limits.quiet import user_offset
+from limits.engine.assignment import in_share
+from limits.engine.limiter import Decision, Limiter
+from limits.engine.quiet import user_offset
+from limits.engine.reservations import HeldJob, Holds, holds_decode, holds_encode
+from limits.engine.topics import TopicFields
+from limits.people.preferences import PreferenceCache, preference_cache
+from limits.people.suppression import SuppressionCache, erased_add
+from limits.policy.holdout import HoldoutFields, holdout_set
+from limits.policy.selectors import policy_cache
+from limits.policy.services import TOPICS
 from limits.reasons import REASONS, Reason
-from limits.selectors import policy_cache
-from limits.services import TOPICS
-from limits.suppression import SuppressionCache, erased_add
-from limits.topics import TopicFields
 from tests.conftest import examples
 from tests.support.sends import make_rule
 from tests.worker.test_preferences_gate import said
@@ -664,7 +664,7 @@ def test_a_batch_through_every_stage_decides_each_request_as_alone_and_stage_by_
 
 
 # DESIGN.md's order puts the rules before reservations: a send a rule refuses on its own is
-# that rule's refusal, whatever a reservation would have held (limits/holds.py: "a refusal
+# that rule's refusal, whatever a reservation would have held (limits/engine/reservations.py: "a refusal
 # that only the hold caused is reason `reserved`").
 @pytest.mark.xfail(
     strict=True,

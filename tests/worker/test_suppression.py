@@ -16,14 +16,14 @@ from django.core import signing
 from django.core.exceptions import ValidationError
 from django.test import Client
 
-from limits.limiter import get_limiter
-from limits.models import Suppression, SuppressionChange
-from limits.quiet import QuietFields
-from limits.services import QUIET_HOURS
-from limits.suppression import SuppressionCache, suppression_cache
-from limits.suppression import suppress as suppress_now
-from limits.suppression import unsuppress as unsuppress_now
-from limits.unsubscribe import token_reader, unsubscribe_token, unsubscribe_url
+from limits.engine.limiter import get_limiter
+from limits.engine.quiet import QuietFields
+from limits.models.people import Suppression, SuppressionChange
+from limits.people.suppression import SuppressionCache, suppression_cache
+from limits.people.suppression import suppress as suppress_now
+from limits.people.suppression import unsuppress as unsuppress_now
+from limits.people.unsubscribe import token_reader, unsubscribe_token, unsubscribe_url
+from limits.policy.services import QUIET_HOURS
 from segments.models import Segment
 from tests.support.sends import make_job, run_all
 from worker.gate import Gate, gate_check

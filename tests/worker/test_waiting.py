@@ -310,8 +310,8 @@ def test_send_campaign_takes_an_expiry_and_says_what_waits(published, smtp, tmp_
     from django.core.management import call_command
     from django.core.management.base import CommandError
 
-    from limits.quiet import QuietFields
-    from limits.services import QUIET_HOURS
+    from limits.engine.quiet import QuietFields
+    from limits.policy.services import QUIET_HOURS
 
     published(vip=(10, [7, 8, 9], {}))
     # Quiet from an hour ago to three hours from now, on the users' (UTC) clock: the real one.

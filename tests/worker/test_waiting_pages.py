@@ -14,9 +14,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from limits.models import QuietHours
-from limits.quiet import QuietFields
-from limits.services import QUIET_HOURS
+from limits.engine.quiet import QuietFields
+from limits.models.policy import QuietHours
+from limits.policy.services import QUIET_HOURS
 from segments.models import Segment
 from tests.support.admin import PASSWORD
 from tests.support.sends import make_job, run_all

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from django.urls import reverse
 
-from limits.preferences import PreferencesFields, preferences_replace
-from limits.selectors import policy_cache, topics_read
-from limits.services import TOPICS
-from limits.topics import TopicFields
+from limits.engine.topics import TopicFields
+from limits.people.preferences import PreferencesFields, preferences_replace
+from limits.policy.selectors import policy_cache, topics_read
+from limits.policy.services import TOPICS
 from segments.models import Segment
 from worker import selectors
 

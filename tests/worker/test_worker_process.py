@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 import pytest
 from django.test import Client
 
-from limits.services import cap_set
-from limits.unsubscribe import unsubscribe_url
+from limits.people.unsubscribe import unsubscribe_url
+from limits.policy.services import cap_set
 from segments.models import Segment
 from tests.support.celery_workers import start_celery_worker, stop_celery_worker, worker_env
 from tests.support.worker_processes import (

@@ -18,9 +18,9 @@ from django.template.loader import get_template, render_to_string
 from gatekeeper.lib.bodies import words_for_pattern
 from limits.channels import EMAIL, PUSH
 from limits.channels import channels as dispatch_channels
-from limits.preference_page import preferences_url
+from limits.people.preference_page import preferences_url
+from limits.people.unsubscribe import unsubscribe_headers
 from limits.reasons import Category
-from limits.unsubscribe import unsubscribe_headers
 from worker.delivery.base import Message, Recipient
 
 TEMPLATE_NAME_WORDS = (

@@ -38,8 +38,8 @@ from django.conf import settings
 from gatekeeper.lib.ids import max_user_id
 from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from limits.channels import EMAIL
-from limits.models import Suppression
-from limits.suppression import suppress
+from limits.models.people import Suppression
+from limits.people.suppression import suppress
 
 logger = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ from django.views.decorators.http import require_POST
 from twilio.request_validator import RequestValidator
 
 from limits.channels import SMS, channels
-from limits.models import Suppression
-from limits.suppression import suppress, unsuppress
+from limits.models.people import Suppression
+from limits.people.suppression import suppress, unsuppress
 from worker.delivery.base import opted_out_source
 from worker.delivery.sms_numbers import sms_users_of
 from worker.delivery.twilio import PROVIDER

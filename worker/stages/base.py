@@ -4,21 +4,21 @@ decisions made so far and the requests still pending; and what a stage is.
 A stage (`Stage.run`) looks at the pending requests, decides some of them (a refusal with its
 reason, or the limiter's decisions) and leaves the rest pending for the next. The gate runs the
 stages in the order DESIGN.md gives (worker/gate.py, STAGES), so that a new check is a new stage
-in that list and not a new branch inside another; every decision is a limits.limiter.Decision.
+in that list and not a new branch inside another; every decision is a limits.engine.limiter.Decision.
 """
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from limits.holds import Holds
-from limits.limiter import Decision, Limiter
-from limits.policy import ExperimentView, PolicyTable
-from limits.preferences import PreferenceCache
+from limits.engine.limiter import Decision, Limiter
+from limits.engine.reservations import Holds
+from limits.engine.table import ExperimentView, PolicyTable
+from limits.engine.topics import TopicView
+from limits.engine.windows import resolve_zone
+from limits.people.preferences import PreferenceCache
+from limits.people.suppression import SuppressionCache
 from limits.reasons import Reason
-from limits.suppression import SuppressionCache
-from limits.topics import TopicView
-from limits.windows import resolve_zone
 
 
 @dataclass(slots=True, eq=False)
@@ -59,7 +59,7 @@ class Batch:
 
     def zone(self, i: int) -> str:
         """The time zone request `i` is decided in: its own, else its segment's, else the
-        setting's (limits.windows.resolve_zone)."""
+        setting's (limits.engine.windows.resolve_zone)."""
         requested = self.time_zones[i] if self.time_zones is not None else None
         if requested:
             return requested
@@ -72,7 +72,7 @@ class Batch:
         return fallback
 
     def arms(self) -> list[tuple[ExperimentView, int] | None]:
-        """Per request, its arm of a running experiment (limits.policy.ExperimentView: the
+        """Per request, its arm of a running experiment (limits.engine.table.ExperimentView: the
         experiment and the arm's place), or None: its user is in none; empty when no
         experiment runs."""
         if self._arms is None:

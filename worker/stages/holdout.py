@@ -1,6 +1,6 @@
 """Holdout: users of the global control group get no marketing (`holdout`), charged nothing;
 the users of its excluded segments and sends carrying one of its excluded tags pass
-(limits/holdout.py). After the snapshot check: a user's segment decides whether they may be
+(limits/policy/holdout.py). After the snapshot check: a user's segment decides whether they may be
 held out.
 
 Each refusal says what the send would have got (the ledger keeps it, for the control group's

@@ -1,9 +1,9 @@
 """Preferences: what the person said, in memory, after the suppression list: a topic or a
 channel they switched off (`preference`, naming what), a topic they must ask for and did not,
 and a pause of their marketing or of this channel (`paused`, with the seconds until it ends).
-Charged nothing; a required topic's sends pass (limits/preferences.py)."""
+Charged nothing; a required topic's sends pass (limits/people/preferences.py)."""
 
-from limits.preferences import PreferencesUnavailable
+from limits.people.preferences import PreferencesUnavailable
 from limits.reasons import Reason
 from worker.stages.base import Batch, Parts, Stage
 

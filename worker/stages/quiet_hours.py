@@ -5,7 +5,7 @@ Redis nothing."""
 
 import math
 
-from limits.quiet import QuietView, release_at
+from limits.engine.quiet import QuietView, release_at
 from limits.reasons import Reason
 from worker.stages.base import Batch, Parts, Stage
 

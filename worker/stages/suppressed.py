@@ -3,8 +3,8 @@
 is asked; charged nothing. An erased person's refusal is not kept in the ledger (it would name
 them again)."""
 
+from limits.people.suppression import SuppressionUnavailable
 from limits.reasons import Reason
-from limits.suppression import SuppressionUnavailable
 from worker.stages.base import Batch, Parts, Stage
 
 

@@ -10,9 +10,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
 from gatekeeper.lib.words import count
-from limits.limiter import get_limiter
-from limits.selectors import policy_read
-from limits.upkeep import PAGE, logs_convert, logs_convert_restart, logs_convert_unfinished
+from limits.engine.limiter import get_limiter
+from limits.engine.upkeep import PAGE, logs_convert, logs_convert_restart, logs_convert_unfinished
+from limits.policy.selectors import policy_read
 
 
 class Command(BaseCommand):

@@ -1,6 +1,6 @@
 """manage.py erase_users FILE [--by USERNAME]: erase the people of a file of user ids everywhere
 (GDPR article 17), as `POST /api/v1/users/erase/` does up to 1,000 at a time
-(limits/ledger/erasure.py; docs/api.md, "Erasing people")."""
+(limits/privacy/erasure.py; docs/api.md, "Erasing people")."""
 
 import time
 from pathlib import Path
@@ -11,11 +11,11 @@ from django.utils import timezone
 
 from gatekeeper.lib.accounts import account_named
 from gatekeeper.lib.words import count
-from limits.ledger.erasure import erasure_progress, erasure_run
-from limits.models import Erasure
-from limits.quota import Unavailable
-from limits.services import erasure_start
-from limits.suppression import ids_file_read
+from limits.models.privacy import Erasure
+from limits.people.suppression import ids_file_read
+from limits.policy.quota import Unavailable
+from limits.privacy.erasure import erasure_progress, erasure_run
+from limits.privacy.services import erasure_start
 from segments.parsing import UserListError
 
 

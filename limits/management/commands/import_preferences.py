@@ -1,6 +1,6 @@
 """manage.py import_preferences FILE [--format csv|jsonl] [--by USERNAME] [--every N]: import a
 file of people's preferences from disk, as `PUT /api/v1/preferences/import/` does an upload
-(limits/preferences_import.py; docs/api.md, "Importing people's preferences")."""
+(limits/people/preferences_import.py; docs/api.md, "Importing people's preferences")."""
 
 import time
 from pathlib import Path
@@ -11,7 +11,7 @@ from django.db import DatabaseError
 
 from gatekeeper.lib.accounts import account_named
 from gatekeeper.lib.words import count
-from limits.preferences_import import (
+from limits.people.preferences_import import (
     FORMATS,
     MAX_UPLOAD_BYTES,
     PreferencesFileRefused,

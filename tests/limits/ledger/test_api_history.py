@@ -6,9 +6,10 @@ from datetime import UTC, datetime
 import pytest
 
 from limits.ledger.drain import ledger_drain_all
-from limits.models import LedgerEntry, Rule
-from limits.rules import RuleFields
-from limits.services import RULES
+from limits.models.ledger import LedgerEntry
+from limits.models.policy import Rule
+from limits.policy.rules import RuleFields
+from limits.policy.services import RULES
 from tests.support.api import call
 from worker.gate import gate_check
 

@@ -20,7 +20,7 @@ from limits.ledger.reports import (
     decisions_report,
     report_days,
 )
-from limits.models import LedgerCount
+from limits.models.ledger import LedgerCount
 from tests.support.api import call
 from worker.gate import gate_check
 

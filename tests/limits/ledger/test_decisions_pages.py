@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from gatekeeper.lib.groups import MARKETER
 from limits.ledger.drain import ledger_drain_all
-from limits.models import LedgerCount
+from limits.models.ledger import LedgerCount
 from limits.reasons import REFUSED
 from tests.support.browser import Page
 from worker.gate import gate_check

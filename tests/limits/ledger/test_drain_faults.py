@@ -24,8 +24,9 @@ from limits.ledger import drain
 from limits.ledger.drain import COUNTS, GROUP, Drained, ledger_drain, ledger_drain_all
 from limits.ledger.stream import stream_key
 from limits.ledger.table import decisions
-from limits.models import LedgerBatch, LedgerCount, LedgerEntry, StudyEvent, StudyMember
-from limits.selectors import policy_cache
+from limits.models.ledger import LedgerBatch, LedgerCount, LedgerEntry
+from limits.models.studies import StudyEvent, StudyMember
+from limits.policy.selectors import policy_cache
 from tests.support.api import call
 from worker.gate import gate_check
 

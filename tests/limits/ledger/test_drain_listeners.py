@@ -11,11 +11,11 @@ import pytest
 
 from limits.ledger import listeners
 from limits.ledger.drain import FAILED, GROUP, ledger_drain
-from limits.ledger.events import StreamListener
 from limits.ledger.listeners import Drained, DrainListener, Round, drain_listen, drain_listeners
 from limits.ledger.stream import Decided, stream_key
-from limits.models import LedgerEntry
-from limits.study_drain import StudiesListener
+from limits.models.ledger import LedgerEntry
+from limits.stream.events import StreamListener
+from limits.studies.drain import StudiesListener
 from worker.gate import gate_check
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,8 +8,12 @@ import pytest
 from django.utils import timezone
 
 from limits.ledger.drain import ledger_drain, ledger_drain_all, ledger_upkeep
-from limits.ledger.erasure import erasure_run
-from limits.ledger.events import (
+from limits.models.ledger import LedgerEntry
+from limits.models.stream import StreamBatch
+from limits.people.suppression import suppress, unsuppress
+from limits.privacy.erasure import erasure_run
+from limits.privacy.services import erasure_start
+from limits.stream.events import (
     EVERY,
     LOOK_MAX,
     START,
@@ -19,9 +23,6 @@ from limits.ledger.events import (
     stream_end,
     stream_read,
 )
-from limits.models import LedgerEntry, StreamBatch
-from limits.services import erasure_start
-from limits.suppression import suppress, unsuppress
 from tests.support.api import call, make_user, token_session
 from worker.gate import gate_check, gate_outcomes, gate_release
 
@@ -157,7 +158,7 @@ def test_filters_keep_the_events_asked_for(snapshot):
 
 @pytest.mark.postgres
 def test_a_reader_filtering_out_a_long_run_still_moves_on(snapshot, monkeypatch):
-    from limits.ledger import events
+    from limits.stream import events
 
     monkeypatch.setattr(events, "LOOK_MAX", 30)
     ledger_drain_all()

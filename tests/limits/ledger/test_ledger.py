@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection, transaction
 
+from limits.engine.quiet import QuietFields
 from limits.ledger import drain
 from limits.ledger.drain import (
     CLAIM_IDLE_MS,
@@ -24,9 +25,8 @@ from limits.ledger.drain import (
 )
 from limits.ledger.stream import Decided, Outcomes, ledger_entry, stream_key
 from limits.ledger.table import KIND_TABLE, decisions, kinds_forget
-from limits.models import LedgerBatch, LedgerCount, LedgerEntry, LedgerKind
-from limits.quiet import QuietFields
-from limits.services import QUIET_HOURS
+from limits.models.ledger import LedgerBatch, LedgerCount, LedgerEntry, LedgerKind
+from limits.policy.services import QUIET_HOURS
 from tests.support.sends import make_job
 from worker.chunks import send_chunk_run
 from worker.gate import Gate, gate_check, gate_release

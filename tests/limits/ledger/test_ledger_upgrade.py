@@ -12,7 +12,7 @@ from django.db.migrations.executor import MigrationExecutor
 from limits.ledger.drain import ledger_write
 from limits.ledger.stream import Decided
 from limits.ledger.table import decisions, kinds_forget
-from limits.models import LedgerKind
+from limits.models.ledger import LedgerKind
 
 pytestmark = pytest.mark.postgres
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from bench.servers import RedisServer
+from limits.engine.limiter import get_limiter
+from limits.engine.log import stored_message_hash
 from limits.ledger.drain import ledger_drain_all
 from limits.ledger.rebuild import logs_rebuild, mark_key
-from limits.limiter import get_limiter
-from limits.log import stored_message_hash
-from limits.rules import RuleFields
-from limits.services import RULES
+from limits.policy.rules import RuleFields
+from limits.policy.services import RULES
 from worker.gate import gate_check, gate_release
 
 pytestmark = pytest.mark.postgres

@@ -9,9 +9,10 @@ from django.contrib.auth.models import Permission
 from django.urls import reverse
 
 from limits.ledger.drain import ledger_drain_all
-from limits.models import LedgerEntry, Rule
-from limits.rules import RuleFields
-from limits.services import RULES
+from limits.models.ledger import LedgerEntry
+from limits.models.policy import Rule
+from limits.policy.rules import RuleFields
+from limits.policy.services import RULES
 from worker.gate import gate_check
 
 pytestmark = pytest.mark.django_db

@@ -8,10 +8,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.utils import timezone
 
-from limits.ledger import webhooks
 from limits.ledger.drain import ledger_drain_all
-from limits.ledger.events import stream_end
-from limits.ledger.webhooks import (
+from limits.models.stream import WebhookDelivery, WebhookEndpoint
+from limits.people.suppression import suppress
+from limits.stream import webhooks
+from limits.stream.events import stream_end
+from limits.stream.webhooks import (
     GIVE_UP_AFTER,
     WebhookFields,
     WebhookInvalid,
@@ -21,8 +23,6 @@ from limits.ledger.webhooks import (
     webhook_deliver,
     webhooks_due,
 )
-from limits.models import WebhookDelivery, WebhookEndpoint
-from limits.suppression import suppress
 from tests.support.api import call, make_user, token_session
 from worker.gate import gate_check
 

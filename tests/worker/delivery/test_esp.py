@@ -23,7 +23,7 @@ from django.test import Client
 from moto.core import DEFAULT_ACCOUNT_ID
 from moto.ses.models import ses_backends
 
-from limits.models import Suppression
+from limits.models.people import Suppression
 from tests.fakes.esp import (
     DROP,
     HANG,

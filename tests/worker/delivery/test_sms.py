@@ -10,10 +10,10 @@ from django.core.exceptions import ValidationError
 from rest_framework.authtoken.models import Token
 
 from gatekeeper.lib.permissions import CAMPAIGN_SYSTEM
-from limits.models import Suppression, SuppressionChange
-from limits.quiet import QuietFields
-from limits.services import QUIET_HOURS
-from limits.suppression import suppress, unsuppress
+from limits.engine.quiet import QuietFields
+from limits.models.people import Suppression, SuppressionChange
+from limits.people.suppression import suppress, unsuppress
+from limits.policy.services import QUIET_HOURS
 from tests.fakes.twilio import FakeTwilio, inbound_message, signed
 from tests.support.api import make_user
 from tests.support.clocks import Clock, throttles_on

@@ -22,15 +22,15 @@ from django.utils import timezone
 from gatekeeper.lib.groups import MARKETER, VIEWER
 from gatekeeper.lib.permissions import CAMPAIGN_SYSTEM
 from limits.channels import channels, scopes
-from limits.experiments import ArmFields, ExperimentFields, experiment_create
+from limits.engine.topics import TopicFields
 from limits.ledger.drain import ledger_drain_all
-from limits.models import StudyMember
-from limits.preferences_import import preferences_import
-from limits.rules import RuleFields
-from limits.selectors import policy_cache
-from limits.services import RULES, TOPICS, cap_set
-from limits.studies import Event, events_record
-from limits.topics import TopicFields
+from limits.models.studies import StudyMember
+from limits.people.preferences_import import preferences_import
+from limits.policy.rules import RuleFields
+from limits.policy.selectors import policy_cache
+from limits.policy.services import RULES, TOPICS, cap_set
+from limits.studies.experiments import ArmFields, ExperimentFields, experiment_create
+from limits.studies.measures import Event, events_record
 from segments.index import refresh
 from segments.models import Segment
 from segments.publishing import build_run
@@ -188,7 +188,7 @@ class Command(BaseCommand):
 
     def _preferences(self) -> None:
         """People's preferences, imported as a company brings them from another tool (JSON
-        lines, limits.preferences_import): some switched offers off on push or email, some
+        lines, limits.people.preferences_import): some switched offers off on push or email, some
         switched partners' offers on, a few paused everything for two weeks, the others
         switched texts off."""
 

@@ -12,7 +12,7 @@ from tqdm import tqdm
 from gatekeeper.lib.bodies import datetime_from_text
 from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from gatekeeper.lib.words import count
-from limits.policy import DEFAULT_PRIORITY, PRIORITIES
+from limits.engine.table import DEFAULT_PRIORITY, PRIORITIES
 from limits.reasons import CATEGORIES, Category
 from worker import tasks, timings
 from worker.chunks import ChunkBusy, send_chunk_run

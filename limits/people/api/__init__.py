@@ -1,0 +1,2 @@
+"""REST views of people's preferences, their import, and the suppression
+list."""

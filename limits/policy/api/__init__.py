@@ -1,0 +1,1 @@
+"""REST views of the policy's settings and of a user's quota."""

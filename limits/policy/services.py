@@ -1,0 +1,360 @@
+"""Writes of caps, cap rules, quiet hours, topics and quota resets. Admin, REST API and commands change
+caps through `cap_set`, rules and quiet hours through their authored kinds (`RULES.create`,
+`RULES.update`, `RULES.delete`, and the same of `QUIET_HOURS`: limits/policy/authored.py); each change
+is recorded with who made it, in the same transaction."""
+
+from dataclasses import dataclass, field
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from gatekeeper.lib.accounts import Actor, account_acting
+from gatekeeper.lib.conflicts import Conflict
+from gatekeeper.lib.integers import INT32_MAX, NotAWholeNumber, whole_number
+from gatekeeper.lib.redis_client import REDIS_DOWN
+from limits.channels import noun, scope_label, validate_scope
+from limits.engine.limiter import get_limiter
+from limits.engine.quiet import (
+    QUIET_SHOWN,
+    QuietFields,
+    quiet_apply,
+    quiet_as_json,
+    quiet_json_describe,
+    quiet_problems,
+    quiet_read,
+    quiet_value_words,
+)
+from limits.engine.topics import (
+    TOPIC_SHOWN,
+    TopicFields,
+    topic_apply,
+    topic_as_json,
+    topic_json_describe,
+    topic_problems,
+    topic_read,
+    topic_value_words,
+)
+from limits.models.policy import (
+    Cap,
+    CapChange,
+    QuietHours,
+    QuietHoursChange,
+    QuotaReset,
+    Rule,
+    RuleChange,
+    Topic,
+    TopicChange,
+)
+from limits.policy.authored import AuthoredKind, who
+from limits.policy.quota import Unavailable, user_quota
+from limits.policy.rules import (
+    RULE_SHOWN,
+    RuleFields,
+    rule_apply,
+    rule_as_json,
+    rule_json_describe,
+    rule_problems,
+    rule_read,
+    rule_value_words,
+    window_seconds_of,
+)
+from limits.policy.selectors import policy_cache
+from segments.models import Segment
+
+
+class ClassicRule(Conflict):
+    """A classic cap's rule changes only with its cap (REST: 409)."""
+
+
+def _not_classic(rule: Rule) -> None:
+    if rule.cap_id is not None:
+        raise ClassicRule(_classic_message(rule))
+
+
+# Cap rules and quiet hours: created, changed and deleted through limits.policy.authored (`RULES.create`,
+# `QUIET_HOURS.update`, ...), each change checked whole and recorded with who made it.
+RULES: AuthoredKind[Rule, RuleFields] = AuthoredKind(
+    noun="rule",
+    model=Rule,
+    change_model=RuleChange,
+    link="rule",
+    fields=RuleFields,
+    read=rule_read,
+    problems=rule_problems,
+    apply=rule_apply,
+    as_json=rule_as_json,
+    describe=rule_json_describe,
+    value_words=rule_value_words,
+    shown=RULE_SHOWN,
+    guard=_not_classic,  # a classic cap's rule changes with its cap (cap_set)
+)
+
+
+QUIET_HOURS: AuthoredKind[QuietHours, QuietFields] = AuthoredKind(
+    noun="quiet hours",
+    model=QuietHours,
+    change_model=QuietHoursChange,
+    link="quiet_hours",
+    fields=QuietFields,
+    read=quiet_read,
+    problems=quiet_problems,
+    apply=quiet_apply,
+    as_json=quiet_as_json,
+    describe=quiet_json_describe,
+    value_words=quiet_value_words,
+    shown=QUIET_SHOWN,
+)
+
+
+# Topics (limits/engine/topics.py): their slug is set when made and never changed (sends and people's
+# preferences name it), which the REST body and the admin form see to.
+TOPICS: AuthoredKind[Topic, TopicFields] = AuthoredKind(
+    noun="topic",
+    model=Topic,
+    change_model=TopicChange,
+    link="topic",
+    fields=TopicFields,
+    read=topic_read,
+    problems=topic_problems,
+    apply=topic_apply,
+    as_json=topic_as_json,
+    describe=topic_json_describe,
+    value_words=topic_value_words,
+    shown=TOPIC_SHOWN,
+)
+
+
+def _classic_message(rule: Rule) -> str:
+    segment = rule.segment.slug if rule.segment is not None else ""
+    return (
+        f"'{rule.name}' is a classic cap: change it with the cap grid or "
+        f"PUT /api/v1/limits/{segment}/{rule.channel}/."
+    )
+
+
+def classic_rule_name(segment: Segment, channel: str, which: str) -> str:
+    return f"{segment.name}: {which} cap on {scope_label(channel)}"
+
+
+def _classic_sync(cap: Cap, user: Actor, via: str) -> None:
+    """Make the cap's two rules (rolling 24 h and 7 d, every send) match its limits."""
+    for which, value in (("daily", cap.daily), ("weekly", cap.weekly)):
+        seconds = window_seconds_of(which)
+        rule = Rule.objects.filter(cap=cap, window_seconds=seconds).first()
+        if value is None:
+            if rule is not None:
+                RULES.record(rule, RuleChange.Action.DELETED, rule_as_json(rule), None, user, via)
+                rule.delete()
+            continue
+        if rule is None:
+            rule = Rule(cap=cap, created_by=who(user))
+            before = None
+        else:
+            before = rule_as_json(rule)
+        rule.name = classic_rule_name(cap.segment, cap.channel, which)
+        rule.segment = cap.segment
+        rule.channel = cap.channel
+        rule.match = Rule.Match.ANY
+        rule.window_kind = Rule.WindowKind.ROLLING
+        rule.window_seconds = seconds
+        rule.limit = value
+        rule.changed_by = who(user)
+        after = rule_as_json(rule) if before is not None else None
+        if before is None or after != before:
+            rule.save()
+            action = RuleChange.Action.CREATED if before is None else RuleChange.Action.CHANGED
+            RULES.record(rule, action, before, rule_as_json(rule), user, via)
+
+
+def cap_set(
+    *,
+    segment: Segment,
+    channel: str,
+    daily: int | None,
+    weekly: int | None,
+    user: Actor = None,
+    via: str = "admin",
+) -> Cap:
+    """Create or change the cap of (segment, channel) and record the change in its history.
+
+    Raises ValidationError naming the field for an unknown channel or a negative limit.
+    A weekly cap below the daily one is allowed (the weekly cap then governs) but flagged by
+    `cap_warnings`.
+    """
+    validate_scope(channel)
+    for name, value in (("daily", daily), ("weekly", weekly)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise ValidationError({name: f"{name} must be empty (no cap) or a whole number >= 0."})
+    with transaction.atomic():
+        # The segment's row lock serializes edits of its caps: two requests creating the same
+        # cap at once make one cap and two history rows, not an IntegrityError.
+        Segment.objects.select_for_update().filter(pk=segment.pk).first()
+        cap = Cap.objects.select_for_update().filter(segment=segment, channel=channel).first()
+        old_daily, old_weekly = (cap.daily, cap.weekly) if cap else (None, None)
+        if cap is None:
+            cap = Cap.objects.create(segment=segment, channel=channel, daily=daily, weekly=weekly)
+        elif (cap.daily, cap.weekly) == (daily, weekly):
+            return cap
+        else:
+            cap.daily, cap.weekly = daily, weekly
+            cap.save(update_fields=["daily", "weekly", "updated_at"])
+        CapChange.objects.create(
+            cap=cap,
+            segment_slug=segment.slug,
+            channel=channel,
+            old_daily=old_daily,
+            old_weekly=old_weekly,
+            new_daily=daily,
+            new_weekly=weekly,
+            changed_by=who(user),
+            via=via,
+        )
+        _classic_sync(cap, user, "cap")
+    # This process sees its own edit at once; the others within the cache TTL.
+    transaction.on_commit(policy_cache().invalidate)
+    return cap
+
+
+def cap_warnings(*, daily: int | None, weekly: int | None) -> list[str]:
+    """Plain-language warnings about a pair of limits that is allowed but probably a mistake."""
+    warnings = []
+    if daily is not None and weekly is not None and weekly < daily:
+        warnings.append(
+            f"The weekly cap ({weekly}) is below the daily cap ({daily}): "
+            f"no user can ever get more than {weekly} in a day."
+        )
+    return warnings
+
+
+def cap_describe(*, channel: str, daily: int | None, weekly: int | None) -> str:
+    """'at most 3 emails in any 24 hours and 10 in any 7 days'; 'at most 1 email ...'."""
+    if daily == 0 or weekly == 0:
+        return (
+            "no marketing messages at all"
+            if channel == "all"
+            else f"no marketing {noun(channel, 2)}"
+        )
+    parts = []
+    if daily is not None:
+        parts.append(f"at most {daily:,} {noun(channel, daily)} in any 24 hours")
+    if weekly is not None:
+        parts.append(
+            f"{weekly:,} in any 7 days"
+            if parts
+            else f"at most {weekly:,} {noun(channel, weekly)} in any 7 days"
+        )
+    return " and ".join(parts) if parts else f"no cap on {noun(channel, 2)}"
+
+
+def cap_from_text(raw: str | None, label: str) -> int | None:
+    """A cap typed in a form: empty means no cap; otherwise the one rule for whole numbers,
+    0 to 2,147,483,647. Raises ValidationError whose message starts with `label`."""
+    text = (raw or "").strip()
+    if not text:
+        return None
+    try:
+        return whole_number(text, maximum=INT32_MAX, what=label)
+    except NotAWholeNumber as exc:
+        raise ValidationError(str(exc)) from None
+
+
+def cap_text(cap: Cap | None) -> dict[str, str]:
+    """A cap's limits as a form shows them ("" for no cap)."""
+    daily = None if cap is None else cap.daily
+    weekly = None if cap is None else cap.weekly
+    return {
+        "daily": "" if daily is None else str(daily),
+        "weekly": "" if weekly is None else str(weekly),
+    }
+
+
+@dataclass
+class GridSave:
+    """What a save of a segment's cap grid did: the readings of the scopes it changed, or the
+    problems per scope (then nothing was saved), and what each cell should show again."""
+
+    changed: list[str] = field(default_factory=list)
+    errors: dict[str, list[str]] = field(default_factory=dict)
+    values: dict[str, dict[str, str]] = field(default_factory=dict)
+    shown: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def cap_grid_save(
+    *,
+    segment: Segment,
+    typed: dict[str, dict[str, str]],
+    seen: dict[str, dict[str, str]],
+    user: Actor = None,
+) -> GridSave:
+    """Save a segment's cap grid: per scope, the cells as `typed` and as they were `seen` when
+    the form was loaded. A cell the user left alone is not written; one that someone else
+    changed since it was loaded is a conflict (nothing saved, the new value shown); a bad value
+    saves nothing. All scopes are written in one transaction, each through `cap_set`."""
+    stored = {cap.channel: cap for cap in Cap.objects.filter(segment=segment)}
+    result = GridSave()
+    parsed: dict[str, tuple[int | None, int | None]] = {}
+    for scope, cells in typed.items():
+        now = cap_text(stored.get(scope))
+        was = {f: seen.get(scope, now).get(f, now[f]) for f in ("daily", "weekly")}
+        result.values[scope], result.shown[scope] = dict(cells), dict(was)
+        try:
+            daily = cap_from_text(cells["daily"], f"{scope} daily")
+            weekly = cap_from_text(cells["weekly"], f"{scope} weekly")
+        except ValidationError as exc:
+            result.errors.setdefault(scope, []).extend(exc.messages)
+            continue
+        if cells == was:
+            continue  # left alone
+        if now != was:
+            reads = cap_describe(
+                channel=scope,
+                daily=cap_from_text(now["daily"], scope),
+                weekly=cap_from_text(now["weekly"], scope),
+            )
+            result.errors.setdefault(scope, []).append(
+                f"{scope} was changed by someone else while you edited: it is now '{reads}'. "
+                "Check it and save again."
+            )
+            result.values[scope] = result.shown[scope] = dict(now)  # the next save starts here
+            continue
+        parsed[scope] = (daily, weekly)
+    if result.errors:
+        return result
+    with transaction.atomic():
+        for scope, (daily, weekly) in parsed.items():
+            cap_set(
+                segment=segment, channel=scope, daily=daily, weekly=weekly, user=user, via="admin"
+            )
+            result.changed.append(
+                f"{scope}: {cap_describe(channel=scope, daily=daily, weekly=weekly)}"
+            )
+    return result
+
+
+def quota_reset(*, user_id: int, reason: str, user: Actor = None) -> QuotaReset:
+    """Forget a user's send log, every channel (an audited admin action): records
+    who, when, why and what was used, in the same transaction as the reset, so a failed reset
+    leaves no record and a record always means the reset happened. Raises Unavailable."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationError({"reason": "Say why the quota is reset (kept in the audit log)."})
+    quota = user_quota(user_id)
+    usage = {
+        scope: {"daily": values["daily"]["used"], "weekly": values["weekly"]["used"]}
+        for scope, values in quota["scopes"].items()
+    }
+    with transaction.atomic():
+        record = QuotaReset.objects.create(
+            user_id=user_id,
+            segment_slug=quota["segment"],
+            usage=usage,
+            reason=reason[:300],
+            reset_by=account_acting(user),
+        )
+        try:
+            get_limiter().reset(user_id)
+        except REDIS_DOWN as exc:  # the audit row is rolled back with the transaction
+            raise Unavailable(f"Redis is not answering ({exc}); nothing was reset.") from exc
+    return record

@@ -1,0 +1,1 @@
+"""REST views of cap experiments, their report and the outcome events."""
