@@ -1,7 +1,9 @@
-"""The limits app's admin, a module per kind: caps (with their history and quota resets), cap
-rules, quiet hours, topics, the global control group, cap experiments, the suppression list,
-erasures and the event stream's webhook endpoints;
-`base` holds what they share. Importing the package registers them all with the admin site."""
+"""The limits app's admin, each kind's in its wing: caps (with their history and quota resets),
+cap rules, quiet hours, topics and the global control group (limits/policy/admin/, whose `base`
+holds what every kind's admin shares), cap experiments (limits/studies/admin.py), the suppression
+list (limits/people/admin.py), erasures (limits/privacy/admin.py) and the event stream's webhook
+endpoints (limits/stream/admin.py). Importing this module registers them all with the admin
+site."""
 
 from limits.people import admin as suppressions
 from limits.policy.admin import caps, holdout, quiet, rules, topics

@@ -1,9 +1,7 @@
-"""The limits app's console pages: a segment's cap grid (channels and `all` x daily / weekly),
-with plain-language readings and the history, saved through `limits.policy.services.cap_grid_save`; a
-user's lookup (zone and local time, quiet hours per channel, classic caps, every rule's figures,
-recent sends, the timeline of decisions from the ledger) with the audited quota reset, the
-person's export as a file and their erasure; and the index's links to the cap rules and the
-quiet hours (their pages are limits.admin's)."""
+"""The limits app's console pages as the admin site finds them: their URLs and the index's
+links. The pages are their wings': a segment's cap grid (limits/policy/pages.py), a user's
+lookup with the audited quota reset (limits/people/pages.py), the person's export as a file and
+their erasure (limits/privacy/pages.py); the cap rules and the quiet hours are limits.admin's."""
 
 from django.contrib.admin import AdminSite
 from django.urls import URLPattern

@@ -1,4 +1,5 @@
-"""Shapes of the REST answers of caps, rules and quiet hours (see limits/api/)."""
+"""Shapes of the REST answers of caps, rules, quiet hours, topics and a user's quota (see
+limits/policy/api/)."""
 
 from collections.abc import Iterable
 from typing import Any
