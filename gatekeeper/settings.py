@@ -221,8 +221,8 @@ CELERY_BEAT_SCHEDULE = {
     "webhooks-deliver-due": {"task": "limits.tasks.webhooks_deliver_due", "schedule": 1.0},
     # Erasures: their second pass, a pass that waited for sends being made, a lost run.
     "users-erase-due": {"task": "limits.tasks.users_erase_due", "schedule": 30.0},
-    # Dead push tokens and mailboxes POSTed to GATEKEEPER_DEAD_ADDRESS_WEBHOOK (when set);
-    # those the receiver did not take go again on the next run.
+    # Dead push tokens and mailboxes POSTed to the deprecated GATEKEEPER_DEAD_ADDRESS_WEBHOOK
+    # (when set); those the receiver did not take go again on the next run.
     "dead-addresses-report": {"task": "worker.tasks.dead_addresses_report_due", "schedule": 30.0},
 }
 CELERY_TIMEZONE = TIME_ZONE
@@ -400,8 +400,9 @@ GATEKEEPER_TWILIO_TIMEOUT_SECONDS = env.float("GATEKEEPER_TWILIO_TIMEOUT_SECONDS
 # Twilio's API and a CA bundle to trust for it (empty: the system's): for a local stand-in.
 GATEKEEPER_TWILIO_API_URL = env.str("GATEKEEPER_TWILIO_API_URL", default="https://api.twilio.com")
 GATEKEEPER_TWILIO_CA_BUNDLE = env.str("GATEKEEPER_TWILIO_CA_BUNDLE", default="")
-# Where the push tokens and mailboxes a provider said are dead are POSTed, per send job, as
-# JSON (worker/delivery/dead_addresses.py); empty: only listed on the job (GET /api/v1/sends/<id>/).
+# Deprecated (check worker.W004; docs/deploy.md): dead addresses are events of the event stream
+# (type dead_address), posted to its webhook endpoints. Set, this version still POSTs them here
+# too, per send job, as unsigned JSON (worker/delivery/dead_addresses.py); the next one will not.
 GATEKEEPER_DEAD_ADDRESS_WEBHOOK = env.str("GATEKEEPER_DEAD_ADDRESS_WEBHOOK", default="")
 # Sends a second per provider, kept by every worker together (worker/delivery/throttle.py):
 # "smtp=14,webhook=500"; a provider not named is not throttled.
@@ -449,7 +450,9 @@ SPECTACULAR_SETTINGS = {
         # A channel, and a channel or `all` (rules, caps): both are fields named `channel`.
         "ChannelEnum": "limits.channels.channels",
         # An event type of the stream: its events' `type`, and the types an endpoint takes.
-        "EventTypeEnum": [(t, t) for t in ("decision", "outcome", "preferences", "suppression")],
+        "EventTypeEnum": [
+            (t, t) for t in ("dead_address", "decision", "outcome", "preferences", "suppression")
+        ],
         "ScopeEnum": "limits.channels.scopes",
         # A decision's reason, and why a user is on the suppression list: both `reason`.
         "ReasonEnum": "limits.reasons.REASONS",

@@ -302,8 +302,10 @@ class SendChunk(models.Model):
 class DeadAddress(models.Model):
     """An address or push token the provider said is dead (an unregistered token, an unknown
     mailbox) during one of the job's sends: the send failed for good, and the campaign system
-    should stop sending to it. Listed on the job (GET /api/v1/sends/<id>/) and pushed to
-    GATEKEEPER_DEAD_ADDRESS_WEBHOOK when set."""
+    should stop sending to it. Listed on the job (GET /api/v1/sends/<id>/), an event of the
+    event stream (`dead_address`, posted to the webhook endpoints that take it), and, for one
+    version more, POSTed to the deprecated GATEKEEPER_DEAD_ADDRESS_WEBHOOK when set. Its writers
+    take DeadAddressLock first, so its ids commit in order: the stream reads it as a journal."""
 
     job = models.ForeignKey(SendJob, on_delete=models.CASCADE, related_name="dead_addresses")
     user_id = models.PositiveBigIntegerField()
@@ -316,6 +318,16 @@ class DeadAddress(models.Model):
 
     def __str__(self) -> str:
         return f"{self.address[:40]} (user {self.user_id}): {self.reason[:60]}"
+
+
+class DeadAddressLock(models.Model):
+    """One row that every write of dead addresses locks first, so that they commit in the order
+    of their ids and the event stream, which takes them by ranges of ids, misses none."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+
+    def __str__(self) -> str:
+        return "dead address lock"
 
 
 class SmsNumber(models.Model):

@@ -33,7 +33,7 @@ class Drained:
     unreadable: int = 0  # stream entries no drainer can read (dropped, logged)
     outcomes: int = 0  # rows that took a send outcome (a message admitted twice: two rows)
     unmatched: int = 0  # send outcomes whose decision the ledger does not hold
-    changes: int = 0  # suppression and preference changes the event stream took
+    changes: int = 0  # journal changes the stream took (suppression, preferences, dead addresses)
     events: int = 0  # outcome events counted (new ids; in a study of their user or none)
     events_repeated: int = 0  # outcome events whose id was counted before: not again
 

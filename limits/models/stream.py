@@ -8,7 +8,8 @@ from django.db import models
 class StreamBatch(models.Model):
     """A run of the event stream's events (limits/stream/events.py), written by the drain in
     the transaction that writes what they tell of: a range of ledger rows (decisions), the rows
-    that took an outcome, or a range of the suppression list's or preferences' journal. It names
+    that took an outcome, or a range of a journal (the suppression list's, preferences', the
+    dead addresses' the worker keeps). It names
     no one: an event is read from the row it points at, so an erasure or the ledger's upkeep
     that removes the row removes the event. Batches commit in the order of their ids (one
     drainer at a time), and a stream's position is a batch and a place in it."""
@@ -18,6 +19,9 @@ class StreamBatch(models.Model):
         OUTCOMES = 2  # `refs`: per row that took an outcome, its id (8 bytes) and code (1)
         SUPPRESSION = 3  # SuppressionChange rows `first` to `last`
         PREFERENCES = 4  # PreferenceChange rows `first` to `last`
+        # DeadAddress rows `first` to `last`: the worker's journal, registered with the stream
+        # (limits.stream.events.journal_register), which imports nothing of the worker.
+        DEAD_ADDRESSES = 5
 
     id = models.BigAutoField(primary_key=True)
     source = models.PositiveSmallIntegerField(choices=Source.choices)

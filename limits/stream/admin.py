@@ -45,7 +45,8 @@ class WebhookForm(forms.ModelForm):
     campaigns = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 3}),
-        help_text="Only these campaigns' decisions and outcomes, one a line. Empty: any.",
+        help_text="Only these campaigns' decisions, outcomes and dead addresses, one a line. "
+        "Empty: any.",
     )
     start = forms.ChoiceField(
         choices=[("end", "With what comes next"), ("0", "With everything the stream keeps")],

@@ -151,15 +151,16 @@ class StreamView(JsonAPIView):
     @extend_schema(
         summary="The event stream: every decision, outcome and change, in order, from a cursor",
         description=(
-            "Every gate decision the ledger keeps, every send outcome, and every change of the "
-            "suppression list and of people's preferences, in one order, from `after` (a "
+            "Every gate decision the ledger keeps, every send outcome, every change of the "
+            "suppression list and of people's preferences, and every address a provider said "
+            "is dead, in one order, from `after` (a "
             "position this answer gave as `next`; `0` for the start of what the ledger keeps, "
             "`end` for only what comes next). Kept as long as the ledger keeps its rows; an "
             "erased person's events are gone with their rows. An event read twice has the same "
             "`id`. Read on from `next` while `more`; at the end `next` is where new events "
             "will follow. The filters keep some events: by `type`, `channel` (suppressions "
-            "of every channel and preference changes pass any), `campaign` (only decisions and "
-            'outcomes). docs/api.md, "The event stream", lists each type\'s fields.'
+            "of every channel and preference changes pass any), `campaign` (only decisions, "
+            'outcomes and dead addresses). docs/api.md, "The event stream", lists each type\'s fields.'
         ),
         parameters=[
             OpenApiParameter(
@@ -181,7 +182,7 @@ class StreamView(JsonAPIView):
                 repeated=True,
             ),
             channel_filter("Only these channels."),
-            campaign_filter("Only the decisions and outcomes of these campaigns."),
+            campaign_filter("Only the decisions, outcomes and dead addresses of these campaigns."),
         ],
         responses={200: StreamPageSerializer, **errors(400)},
     )

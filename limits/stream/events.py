@@ -1,6 +1,7 @@
-"""The event stream: every gate decision the ledger keeps, every send outcome, and every change
-of the suppression list and of people's preferences, in one order, for the company's systems
-(a warehouse loader pulls them, `GET /api/v1/stream/`; webhooks are posted them).
+"""The event stream: every gate decision the ledger keeps, every send outcome, every change of
+the suppression list and of people's preferences, and every address a provider said is dead, in
+one order, for the company's systems (a warehouse loader pulls them, `GET /api/v1/stream/`;
+webhooks are posted them).
 
 Fed by the drain, not by the gate: in the transaction that writes a round of the ledger's
 stream, the drain adds a `StreamBatch` per run of events it wrote (a range of ledger rows, the
@@ -12,24 +13,30 @@ pays nothing for the stream.
 Order. Batches commit in the order of their ids: the drain that makes them runs one at a time
 (the drainer's lock in Redis, and on PostgreSQL an advisory lock of the transaction's, should
 that lock have run out), and the journals commit in the order of their ids too (their writers
-take a lock row first). So a reader that has read batch N has seen every batch before it, and a
+take a lock row first).
+
+Journals. The suppression list's and preferences' journals are this app's; another app's table
+that is written the same way (ids committed in order, under a lock row) is read as a journal
+too once that app registers it (`journal_register`, in its `ready()`), as the places of
+personal data are: the worker's dead addresses are, so that the stream imports nothing of the
+worker (the apps' order is worker, then limits). So a reader that has read batch N has seen every batch before it, and a
 position, `<batch>.<key>` (the last event read: its row's id, or its place in an outcome batch),
 is a resumable cursor. Events before the stream existed (journal changes made before its first
 drain, decisions written before it) are not in it.
 
 Event ids: `d<row>` a decision, `o<row>.<outcome>` its outcome, `s<change>` a suppression
-change, `p<change>` a preferences change; the same event always has the same id, so a consumer
+change, `p<change>` a preferences change, `a<row>` a dead address; the same event always has the same id, so a consumer
 that sees one twice (delivery is at least once) drops the second.
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
 import numpy as np
-from django.db import connection
+from django.db import connection, models
 from django.db.models import F, Func, IntegerField
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -45,17 +52,60 @@ from limits.models.stream import StreamBatch
 Source = StreamBatch.Source
 LEDGER_OUTCOME_BYTES = [name.encode() for name in LEDGER_OUTCOMES]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-EVENT_TYPES = ("decision", "outcome", "suppression", "preferences")
+EVENT_TYPES = ("decision", "outcome", "suppression", "preferences", "dead_address")
+CAMPAIGN_TYPES = frozenset({"decision", "outcome", "dead_address"})  # events that have a campaign
 PAGE_DEFAULT = 1000
 PAGE_MAX = 10_000
 LOOK_MAX = 100_000  # rows one read looks at, whatever its filters keep: then it returns
 OUTCOME_REF = np.dtype([("row", ">i8"), ("code", "u1")])
 TABLE = LedgerEntry._meta.db_table
 DRAIN_LOCK = 0x67_6B_73_74  # PostgreSQL advisory lock of the drain's transaction ("gkst")
-JOURNALS: dict[int, type[SuppressionChange] | type[PreferenceChange]] = {
-    Source.SUPPRESSION: SuppressionChange,
-    Source.PREFERENCES: PreferenceChange,
+
+# A journal's events after a change id and up to another: each as (its id, channel, campaign,
+# the event); None where it has none.
+JournalEvents = Iterable[tuple[int, str | None, str | None, dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Journal:
+    """A table the stream takes by ranges of ids, each round the ones committed since the last:
+    its writers take a lock row first, so that its ids commit in order."""
+
+    source: int  # its batches' StreamBatch.Source
+    event_type: str  # its events' type (one of EVENT_TYPES)
+    model: type[models.Model]
+    read: Callable[[int, int], JournalEvents]  # its events of ids after one and up to another
+
+
+def _suppressions(after: int, upto: int) -> JournalEvents:
+    changes = SuppressionChange.objects.filter(id__gt=after, id__lte=upto).order_by("id")
+    return [(c.id, c.channel, None, _suppression(c)) for c in changes]
+
+
+def _preference_changes(after: int, upto: int) -> JournalEvents:
+    changes = PreferenceChange.objects.filter(id__gt=after, id__lte=upto).order_by("id")
+    return [(c.pk, None, None, _preferences(c)) for c in changes]
+
+
+JOURNALS: dict[int, Journal] = {
+    Source.SUPPRESSION: Journal(
+        Source.SUPPRESSION, "suppression", SuppressionChange, _suppressions
+    ),
+    Source.PREFERENCES: Journal(
+        Source.PREFERENCES, "preferences", PreferenceChange, _preference_changes
+    ),
 }
+
+
+def journal_register(journal: Journal) -> None:
+    """Have the stream take another app's journal (its `ready()` calls this; again is the
+    same). A source or type the stream does not know is a mistake of the code: refused."""
+    if journal.source not in Source.values or journal.source in _LEDGER_SOURCES:
+        raise ValueError(f"{journal.source!r} is not a journal's source of StreamBatch")
+    if journal.event_type not in EVENT_TYPES:
+        raise ValueError(f"{journal.event_type!r} is not one of EVENT_TYPES")
+    JOURNALS[journal.source] = journal
+    _SOURCE_TYPE[journal.source] = journal.event_type
 
 
 @dataclass(frozen=True, order=True)
@@ -143,13 +193,15 @@ def outcomes_batched(taken: Sequence[tuple[int, int, datetime]]) -> None:
 
 
 def journals_batched(now: datetime) -> int:
-    """The suppression list's and preferences' changes committed since the stream last took
-    them, as a batch each. The first time, the stream starts at the journals' end (a batch of
-    nothing marks where). Returns the changes taken."""
+    """Every journal's changes (the suppression list's, preferences', the registered ones')
+    committed since the stream last took them, as a batch each. The first time, the stream
+    starts at a journal's end (a batch of nothing marks where). Returns the changes taken."""
     taken = 0
-    for source, model in JOURNALS.items():
+    for source, journal in list(JOURNALS.items()):
         mark = StreamBatch.objects.filter(source=source).order_by("-id").values_list("last").first()
-        newest = model.objects.order_by("-id").values_list("id", flat=True).first() or 0
+        newest = (
+            journal.model._default_manager.order_by("-id").values_list("id", flat=True).first() or 0
+        )
         if mark is None:
             StreamBatch.objects.create(source=source, first=newest + 1, last=newest, made_at=now)
             continue
@@ -187,7 +239,7 @@ class Filters:
     """Which events a reader wants: by type, channel and campaign (empty: every one). A
     channel filter keeps the events of those channels, suppressions of every channel (`all`)
     and preference changes (they concern every channel); a campaign filter keeps only the
-    decisions and outcomes of those campaigns."""
+    decisions, outcomes and dead addresses of those campaigns."""
 
     types: frozenset[str] = frozenset()
     channels: frozenset[str] = frozenset()
@@ -203,9 +255,12 @@ class Filters:
 
     def wants(self, source: int) -> bool:
         """Whether any event of a batch from `source` can pass (a batch of none is not read)."""
-        if self.campaigns and source not in (Source.DECISIONS, Source.OUTCOMES):
+        kind = _SOURCE_TYPE.get(source)
+        if kind is None:  # a journal no app registered in this process: nothing to read
             return False
-        return not self.types or _SOURCE_TYPE[source] in self.types
+        if self.campaigns and kind not in CAMPAIGN_TYPES:
+            return False
+        return not self.types or kind in self.types
 
 
 EVERY = Filters()  # no filter: every event
@@ -216,6 +271,7 @@ _SOURCE_TYPE: dict[int, str] = {
     Source.SUPPRESSION: "suppression",
     Source.PREFERENCES: "preferences",
 }
+_LEDGER_SOURCES = (Source.DECISIONS, Source.OUTCOMES)
 
 
 @dataclass
@@ -341,17 +397,11 @@ def _read(batch: StreamBatch, key: int, span: int) -> tuple[Found, int, int]:
                 found.append((key + place + 1, "outcome", kind["channel"], kind["campaign"],
                               _outcome(hit, code, made, kind, instant)))  # fmt: skip
         return found, key + len(part), len(part)
-    looked = upto - lower
-    if batch.source == Source.SUPPRESSION:
-        changes = SuppressionChange.objects.filter(id__gt=lower, id__lte=upto).order_by("id")
-        return [
-            (c.id, "suppression", c.channel, None, msgspec.json.encode(_suppression(c)))
-            for c in changes
-        ], upto, looked  # fmt: skip
-    changed = PreferenceChange.objects.filter(id__gt=lower, id__lte=upto).order_by("id")
+    journal = JOURNALS[batch.source]
     return [
-        (c.pk, "preferences", None, None, msgspec.json.encode(_preferences(c))) for c in changed
-    ], upto, looked  # fmt: skip
+        (key, journal.event_type, channel, campaign, msgspec.json.encode(event))
+        for key, channel, campaign, event in journal.read(lower, upto)
+    ], upto, upto - lower  # fmt: skip
 
 
 Row = tuple[int, int, int, int, int, str | None]  # its time in microseconds since the epoch

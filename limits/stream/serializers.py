@@ -14,19 +14,27 @@ class StreamEventSerializer(serializers.Serializer):
     id = serializers.CharField(
         help_text="The same for the same event, however often it is delivered: d<row> a "
         "decision, o<row>.<outcome> its outcome, s<change> a suppression change, p<change> a "
-        "preferences change."
+        "preferences change, a<row> a dead address."
     )
     type = serializers.ChoiceField(choices=sorted(EVENT_TYPES))
     at = serializers.DateTimeField(
         help_text="When the gate decided; for an outcome, when the ledger took it; for a "
-        "change, when it was made."
+        "change, when it was made; for a dead address, when the provider said so."
     )
     user_id = serializers.IntegerField()
     channel = serializers.CharField(required=False, help_text="Not in preferences changes.")
-    campaign = serializers.CharField(required=False, help_text="Decisions and outcomes.")
+    campaign = serializers.CharField(
+        required=False, help_text="Decisions, outcomes and dead addresses."
+    )
     message_id = serializers.CharField(required=False, help_text="Decisions and outcomes.")
     reason = serializers.CharField(
-        required=False, help_text="A decision's reason; a suppression's (unsubscribed, ...)."
+        required=False,
+        help_text="A decision's reason; a suppression's (unsubscribed, ...); what the provider "
+        "said of a dead address.",
+    )
+    job = serializers.IntegerField(required=False, help_text="A dead address's send job.")
+    address = serializers.CharField(
+        required=False, help_text="A dead address: the push token, mailbox or phone number."
     )
     rule_id = serializers.IntegerField(required=False, allow_null=True)
     segment = serializers.CharField(required=False)
