@@ -5,6 +5,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from limits.channels import validate_scope
 from segments.models import Segment
@@ -344,3 +345,52 @@ class HoldoutChange(WholeChange):
 
     def __str__(self) -> str:
         return f"control group changed ({self.via})"
+
+
+class SettingChange(models.Model):
+    """One change of a setting, whatever its kind (caps, rules, quiet hours, topics, the control
+    group, experiments, webhook endpoints): written by limits.policy.authored in the same
+    transaction as the change, the one history every admin page and report reads. What the
+    object read as (`object_label`) and its JSON before and after (as the REST API shows it,
+    secrets left out) are kept after the object is deleted; `object_id` is empty for a
+    singleton (the control group)."""
+
+    class Kind(models.TextChoices):
+        CAP = "cap", "cap"
+        RULE = "rule", "rule"
+        QUIET_HOURS = "quiet_hours", "quiet hours"
+        TOPIC = "topic", "topic"
+        CONTROL_GROUP = "control_group", "control group"
+        EXPERIMENT = "experiment", "experiment"
+        WEBHOOK = "webhook", "webhook endpoint"
+
+    class Action(models.TextChoices):
+        CREATED = "created"
+        CHANGED = "changed"
+        DELETED = "deleted"
+        STOPPED = "stopped"
+        CONCLUDED = "concluded"
+        SECRET_ROTATED = "secret_rotated", "given a new secret"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    object_id = models.BigIntegerField(null=True, blank=True, help_text="Empty: a singleton.")
+    object_label = models.CharField(max_length=200, help_text="What it read as at the change.")
+    action = models.CharField(max_length=16, choices=Action.choices)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    words = models.TextField(blank=True, help_text="The change in plain words.")
+    via = models.CharField(max_length=16, help_text="admin, api or command (or what made it).")
+    by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["kind", "object_id", "-at"], name="limits_change_of_object"),
+            models.Index(fields=["-at"], name="limits_change_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} {self.object_label}: {self.action}"
