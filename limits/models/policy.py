@@ -1,5 +1,5 @@
-"""The policy's tables: caps with their history, the authored rules,
-quiet hours and topics with theirs, quota resets, the control group with its history."""
+"""The policy's tables: caps, the authored rules, quiet hours and topics, quota resets, the
+control group, and the one history of every setting's changes (`SettingChange`)."""
 
 from typing import Any
 
@@ -43,29 +43,6 @@ class Cap(models.Model):
         return f"{self.segment.slug} / {self.channel}"
 
 
-class CapChange(models.Model):
-    """One edit of a cap: who, when, and the values before and after. Written by `cap_set`."""
-
-    cap = models.ForeignKey(Cap, on_delete=models.SET_NULL, null=True, related_name="changes")
-    segment_slug = models.CharField(max_length=64)
-    channel = models.CharField(max_length=32)
-    old_daily = models.PositiveIntegerField(null=True, blank=True)
-    old_weekly = models.PositiveIntegerField(null=True, blank=True)
-    new_daily = models.PositiveIntegerField(null=True, blank=True)
-    new_weekly = models.PositiveIntegerField(null=True, blank=True)
-    changed_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
-    )
-    via = models.CharField(max_length=16, default="admin", help_text="admin, api or command")
-    changed_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["-changed_at", "-id"]
-
-    def __str__(self) -> str:
-        return f"{self.segment_slug}/{self.channel}: {self.old_daily}/{self.old_weekly} -> {self.new_daily}/{self.new_weekly}"
-
-
 class Authored(models.Model):
     """Who created a row and who changed it last, and when (rules, quiet hours)."""
 
@@ -90,34 +67,6 @@ class Authored(models.Model):
 
     class Meta:
         abstract = True
-
-
-class ChangeRecord(models.Model):
-    """One change of an authored row: the action, the row before and after (as the REST API
-    shows it), what it read as, who made it, through what and when. Written by limits.policy.authored in
-    the same transaction as the change."""
-
-    class Action(models.TextChoices):
-        CREATED = "created"
-        CHANGED = "changed"
-        DELETED = "deleted"
-
-    action = models.CharField(max_length=8, choices=Action.choices)
-    before = models.JSONField(null=True, blank=True)
-    after = models.JSONField(null=True, blank=True)
-    changed_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
-    )
-    changed_at = models.DateTimeField(auto_now_add=True)
-    label = models.CharField(max_length=100, help_text="The row as it read at the change.")
-    via = models.CharField(max_length=16, default="admin", help_text="admin, api, cap or command")
-
-    class Meta:
-        abstract = True
-        ordering = ["-changed_at", "-id"]
-
-    def __str__(self) -> str:
-        return f"{self.label}: {self.action}"
 
 
 class Rule(Authored):
@@ -203,14 +152,6 @@ class Rule(Authored):
         return {"below_priority": self.reserve_below_priority, "slots": self.reserve_slots}
 
 
-class RuleChange(ChangeRecord):
-    """One change of a rule (its label: the rule's name then)."""
-
-    rule = models.ForeignKey(
-        Rule, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
-    )
-
-
 class QuietHours(Authored):
     """Quiet hours: the local times at which the users of one segment (or of every segment)
     get no marketing on one channel (or `all` channels), and the spread over which sends held
@@ -244,14 +185,6 @@ class QuietHours(Authored):
         return f"{who} / {self.channel}: {self.start:%H:%M}-{self.end:%H:%M}"
 
 
-class QuietHoursChange(ChangeRecord):
-    """One change of a quiet-hours entry."""
-
-    quiet_hours = models.ForeignKey(
-        QuietHours, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
-    )
-
-
 class Topic(Authored):
     """What a marketing send is about (limits/engine/topics.py): a person's preferences say which
     topics they want on which channels. Validated by `limits.engine.topics.topic_problems`; written
@@ -275,14 +208,6 @@ class Topic(Authored):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.slug})"
-
-
-class TopicChange(ChangeRecord):
-    """One change of a topic."""
-
-    topic = models.ForeignKey(
-        Topic, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
-    )
 
 
 class QuotaReset(models.Model):
@@ -321,30 +246,6 @@ class Holdout(models.Model):
 
     def __str__(self) -> str:
         return f"control group of {self.share:.1%}"
-
-
-class WholeChange(models.Model):
-    """One change of a thing kept whole (the control group, an experiment): what it was and
-    became, who made it and how, newest first."""
-
-    before = models.JSONField(null=True, blank=True)
-    after = models.JSONField()
-    via = models.CharField(max_length=16, help_text="api or admin.")
-    changed_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
-    )
-    changed_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        abstract = True
-        ordering = ["-id"]
-
-
-class HoldoutChange(WholeChange):
-    """One change of the control group."""
-
-    def __str__(self) -> str:
-        return f"control group changed ({self.via})"
 
 
 class SettingChange(models.Model):

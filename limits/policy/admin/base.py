@@ -50,17 +50,14 @@ def history_table(
     changes: Any, words: Callable[[Any, dict[str, str]], str], *, table_id: str
 ) -> str:
     """The last 50 changes of a rule or quiet-hours entry as a table, each read out by `words`."""
-    recent = changes.select_related("changed_by")[:50]
+    recent = changes.select_related("by")[:50]
     if not recent:
         return "No changes recorded."
     names = segment_names()
     rows = format_html_join(
         "",
         "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-        (
-            (f"{c.changed_at:%Y-%m-%d %H:%M:%S}", c.changed_by or "-", c.via, words(c, names))
-            for c in recent
-        ),
+        ((f"{c.at:%Y-%m-%d %H:%M:%S}", c.by or "-", c.via, words(c, names)) for c in recent),
     )
     return format_html(
         '<table class="gk-table" id="{}"><thead><tr><th>When (UTC)</th>'
@@ -116,7 +113,9 @@ class AuthoredAdmin(admin.ModelAdmin):
 
     @admin.display(description="changes")
     def history(self, row: Any) -> str:
-        return history_table(row.changes, self.authored.change_words, table_id=self.history_id)
+        return history_table(
+            self.authored.changes(row.pk), self.authored.change_words, table_id=self.history_id
+        )
 
     # --- writes: through the kind, so the history records who did it ---
 
