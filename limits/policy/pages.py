@@ -19,6 +19,7 @@ from django.urls import reverse
 from gatekeeper.lib.console import render, require
 from limits.channels import scope_label, scopes
 from limits.models.policy import Cap, Rule, SettingChange
+from limits.policy.admin.base import history_url
 from limits.policy.services import (
     CAPS,
     cap_describe,
@@ -103,6 +104,7 @@ def cap_grid(request: HttpRequest, *, site: AdminSite, segment_id: int) -> HttpR
         rows=rows,
         can_edit=can_edit,
         history=history,
+        history_url=history_url("cap"),
         segments=Segment.objects.order_by("priority"),
         rules=Rule.objects.filter(segment=segment, cap__isnull=True).count(),
         rules_url=f"{reverse('admin:limits_rule_changelist')}?segment__id__exact={segment.pk}",

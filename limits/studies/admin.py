@@ -42,6 +42,7 @@ from gatekeeper.lib.integers import INT32_MAX, WholeNumberField
 from gatekeeper.lib.permissions import CHANGE_EXPERIMENTS, CONCLUDE_EXPERIMENTS, VIEW_STUDIES
 from limits.channels import scope_label, scopes
 from limits.models.studies import Experiment, ExperimentArm
+from limits.policy.admin.base import history_url
 from limits.policy.rules import rule_describe, rule_fields_of_json, rule_view_of
 from limits.studies.experiments import (
     ARMS_MAX,
@@ -713,6 +714,7 @@ class ExperimentAdmin(admin.ModelAdmin):
             "arm_names": [arm.name for arm in arms],
             "can_read_result": request.user.has_perms(VIEW_STUDIES),
             "history": EXPERIMENTS.changes(row.pk).select_related("by")[:100],
+            "history_url": history_url(EXPERIMENTS.kind, row.pk),
         }
         return self._page(request, "experiment_change_form.html", **context)
 

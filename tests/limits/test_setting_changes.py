@@ -251,3 +251,8 @@ def test_the_history_page_lists_every_kind_and_filters_them(vip, admin_client, a
     one = listed(kind__exact="rule", object_id=str(rule.pk))
     assert "1 promo a day" in one and "daily cap" not in one
     assert admin_client.get(reverse("admin:limits_settingchange_add")).status_code == 403
+
+    page = admin_client.get(reverse("admin:limits_rule_change", args=[rule.pk])).content.decode()
+    assert f"?kind__exact=rule&amp;object_id={rule.pk}" in page
+    grid = admin_client.get(reverse("admin:cap_grid", args=[vip.pk])).content.decode()
+    assert "?kind__exact=cap" in grid

@@ -5,22 +5,12 @@ what a change was about and its words. Read, never written. Each kind's page lin
 filtered to its own (`history_url`)."""
 
 from typing import Any
-from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.http import HttpRequest
-from django.urls import reverse
 
 from limits.models.policy import SettingChange
 from limits.policy.admin.base import AuditLogAdmin
-
-
-def history_url(kind: str, object_id: int | None = None) -> str:
-    """The history page filtered to a kind (and one object of it)."""
-    query: dict[str, Any] = {"kind__exact": kind}
-    if object_id is not None:
-        query["object_id"] = object_id
-    return f"{reverse('admin:limits_settingchange_changelist')}?{urlencode(query)}"
 
 
 class ByFilter(admin.SimpleListFilter):
