@@ -1,10 +1,11 @@
-"""The policy's tables: caps with their history, the authored rules,
-quiet hours and topics with theirs, quota resets, the control group with its history."""
+"""The policy's tables: caps, the authored rules, quiet hours and topics, quota resets, the
+control group, and the one history of every setting's changes (`SettingChange`)."""
 
 from typing import Any
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from limits.channels import validate_scope
 from segments.models import Segment
@@ -42,29 +43,6 @@ class Cap(models.Model):
         return f"{self.segment.slug} / {self.channel}"
 
 
-class CapChange(models.Model):
-    """One edit of a cap: who, when, and the values before and after. Written by `cap_set`."""
-
-    cap = models.ForeignKey(Cap, on_delete=models.SET_NULL, null=True, related_name="changes")
-    segment_slug = models.CharField(max_length=64)
-    channel = models.CharField(max_length=32)
-    old_daily = models.PositiveIntegerField(null=True, blank=True)
-    old_weekly = models.PositiveIntegerField(null=True, blank=True)
-    new_daily = models.PositiveIntegerField(null=True, blank=True)
-    new_weekly = models.PositiveIntegerField(null=True, blank=True)
-    changed_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
-    )
-    via = models.CharField(max_length=16, default="admin", help_text="admin, api or command")
-    changed_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["-changed_at", "-id"]
-
-    def __str__(self) -> str:
-        return f"{self.segment_slug}/{self.channel}: {self.old_daily}/{self.old_weekly} -> {self.new_daily}/{self.new_weekly}"
-
-
 class Authored(models.Model):
     """Who created a row and who changed it last, and when (rules, quiet hours)."""
 
@@ -89,34 +67,6 @@ class Authored(models.Model):
 
     class Meta:
         abstract = True
-
-
-class ChangeRecord(models.Model):
-    """One change of an authored row: the action, the row before and after (as the REST API
-    shows it), what it read as, who made it, through what and when. Written by limits.policy.authored in
-    the same transaction as the change."""
-
-    class Action(models.TextChoices):
-        CREATED = "created"
-        CHANGED = "changed"
-        DELETED = "deleted"
-
-    action = models.CharField(max_length=8, choices=Action.choices)
-    before = models.JSONField(null=True, blank=True)
-    after = models.JSONField(null=True, blank=True)
-    changed_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
-    )
-    changed_at = models.DateTimeField(auto_now_add=True)
-    label = models.CharField(max_length=100, help_text="The row as it read at the change.")
-    via = models.CharField(max_length=16, default="admin", help_text="admin, api, cap or command")
-
-    class Meta:
-        abstract = True
-        ordering = ["-changed_at", "-id"]
-
-    def __str__(self) -> str:
-        return f"{self.label}: {self.action}"
 
 
 class Rule(Authored):
@@ -202,14 +152,6 @@ class Rule(Authored):
         return {"below_priority": self.reserve_below_priority, "slots": self.reserve_slots}
 
 
-class RuleChange(ChangeRecord):
-    """One change of a rule (its label: the rule's name then)."""
-
-    rule = models.ForeignKey(
-        Rule, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
-    )
-
-
 class QuietHours(Authored):
     """Quiet hours: the local times at which the users of one segment (or of every segment)
     get no marketing on one channel (or `all` channels), and the spread over which sends held
@@ -243,14 +185,6 @@ class QuietHours(Authored):
         return f"{who} / {self.channel}: {self.start:%H:%M}-{self.end:%H:%M}"
 
 
-class QuietHoursChange(ChangeRecord):
-    """One change of a quiet-hours entry."""
-
-    quiet_hours = models.ForeignKey(
-        QuietHours, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
-    )
-
-
 class Topic(Authored):
     """What a marketing send is about (limits/engine/topics.py): a person's preferences say which
     topics they want on which channels. Validated by `limits.engine.topics.topic_problems`; written
@@ -274,14 +208,6 @@ class Topic(Authored):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.slug})"
-
-
-class TopicChange(ChangeRecord):
-    """One change of a topic."""
-
-    topic = models.ForeignKey(
-        Topic, on_delete=models.SET_NULL, null=True, blank=True, related_name="changes"
-    )
 
 
 class QuotaReset(models.Model):
@@ -322,25 +248,50 @@ class Holdout(models.Model):
         return f"control group of {self.share:.1%}"
 
 
-class WholeChange(models.Model):
-    """One change of a thing kept whole (the control group, an experiment): what it was and
-    became, who made it and how, newest first."""
+class SettingChange(models.Model):
+    """One change of a setting, whatever its kind (caps, rules, quiet hours, topics, the control
+    group, experiments, webhook endpoints): written by limits.policy.authored in the same
+    transaction as the change, the one history every admin page and report reads. What the
+    object read as (`object_label`) and its JSON before and after (as the REST API shows it,
+    secrets left out) are kept after the object is deleted; `object_id` is empty for a
+    singleton (the control group)."""
 
+    class Kind(models.TextChoices):
+        CAP = "cap", "cap"
+        RULE = "rule", "rule"
+        QUIET_HOURS = "quiet_hours", "quiet hours"
+        TOPIC = "topic", "topic"
+        CONTROL_GROUP = "control_group", "control group"
+        EXPERIMENT = "experiment", "experiment"
+        WEBHOOK = "webhook", "webhook endpoint"
+
+    class Action(models.TextChoices):
+        CREATED = "created"
+        CHANGED = "changed"
+        DELETED = "deleted"
+        STOPPED = "stopped"
+        CONCLUDED = "concluded"
+        SECRET_ROTATED = "secret_rotated", "given a new secret"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    object_id = models.BigIntegerField(null=True, blank=True, help_text="Empty: a singleton.")
+    object_label = models.CharField(max_length=200, help_text="What it read as at the change.")
+    action = models.CharField(max_length=16, choices=Action.choices)
     before = models.JSONField(null=True, blank=True)
-    after = models.JSONField()
-    via = models.CharField(max_length=16, help_text="api or admin.")
-    changed_by = models.ForeignKey(
+    after = models.JSONField(null=True, blank=True)
+    words = models.TextField(blank=True, help_text="The change in plain words.")
+    via = models.CharField(max_length=16, help_text="admin, api or command (or what made it).")
+    by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
-    changed_at = models.DateTimeField(auto_now_add=True)
+    at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        abstract = True
-        ordering = ["-id"]
-
-
-class HoldoutChange(WholeChange):
-    """One change of the control group."""
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["kind", "object_id", "-at"], name="limits_change_of_object"),
+            models.Index(fields=["-at"], name="limits_change_at"),
+        ]
 
     def __str__(self) -> str:
-        return f"control group changed ({self.via})"
+        return f"{self.get_kind_display()} {self.object_label}: {self.action}"

@@ -1,10 +1,9 @@
-"""The studies' tables: cap experiments with their arms and history,
+"""The studies' tables: cap experiments with their arms (their history is the settings' one),
 and what a study measures (members, days, outcome events, the event ids seen)."""
 
 from django.conf import settings
 from django.db import models
 
-from limits.models.policy import WholeChange
 from segments.models import Segment
 
 
@@ -74,17 +73,6 @@ class ExperimentArm(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-
-class ExperimentChange(WholeChange):
-    """One change of an experiment (created, changed, stopped, concluded), in words too."""
-
-    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="changes")
-    action = models.CharField(max_length=16)
-    words = models.TextField(blank=True)
-
-    def __str__(self) -> str:
-        return f"{self.experiment_id} {self.action} ({self.via})"
 
 
 class StudyMember(models.Model):

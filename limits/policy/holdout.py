@@ -6,7 +6,8 @@ snapshots, segment changes, restarts and processes. Users of the excluded segmen
 carrying an excluded tag, are never held out; transactional sends always pass.
 
 The one rule for the group is `holdout_problems` (REST and admin); `holdout_set` writes it and
-its history (`HoldoutChange`) in one transaction and says what the change does: a share that
+its history (the kind `HOLDOUT`, a singleton of the one write path:
+limits/policy/authored.py) in one transaction and says what the change does: a share that
 grows keeps everyone who was out still out (the hash's bound only moves up); one that shrinks
 lets back exactly the users between the two bounds; a new salt draws a new group.
 """
@@ -17,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
 
-from limits.engine.assignment import CONTROL_GROUP, HoldoutView
-from limits.models.policy import Holdout, HoldoutChange
+from limits.engine.assignment import CONTROL_GROUP
+from limits.models.policy import Holdout
 from limits.models.studies import StudyDay, StudyEvent, StudyMember
+from limits.policy.authored import Action, Kind, SettingKind
 from limits.policy.rules import validate_tag
 
 SHARE_MIN, SHARE_MAX = 0.001, 0.2  # 0.1 % to 20 %; 0: no group
@@ -89,19 +90,6 @@ def _fields(row: Holdout) -> HoldoutFields:
     )
 
 
-def holdout_view() -> HoldoutView | None:
-    """The group as the gate reads it, or None when there is none (limits.policy.selectors)."""
-    row = Holdout.objects.filter(pk=1).first()
-    if row is None or row.share <= 0:
-        return None
-    return HoldoutView(
-        share=row.share,
-        salt=row.salt,
-        exclude_segments=frozenset(row.exclude_segments or ()),
-        exclude_tags=frozenset(row.exclude_tags or ()),
-    )
-
-
 def new_salt() -> str:
     return secrets.token_hex(16)
 
@@ -128,6 +116,28 @@ def holdout_change_words(before: HoldoutFields, after: HoldoutFields) -> str:
     return "Who is held out is unchanged."
 
 
+def _change_words(action: str, before: Any, after: Any) -> str:
+    return holdout_change_words(HoldoutFields(**before), HoldoutFields(**after))
+
+
+def _locked() -> Holdout:
+    holdout_read()  # the row, made when never set
+    return Holdout.objects.select_for_update().get(pk=1)
+
+
+# The control group: a singleton (no object id in its history); the gate's cache of it follows
+# within the cache's TTL, as before.
+HOLDOUT: SettingKind[Holdout] = SettingKind(
+    kind=Kind.CONTROL_GROUP,
+    model=Holdout,
+    as_json=lambda row: holdout_as_json(_fields(row)),
+    label=lambda row: "control group",
+    worded=_change_words,
+    invalidates=False,
+    singleton=True,
+)
+
+
 def holdout_set(
     fields: HoldoutFields, *, segments: Iterable[str], via: str, by: Any = None
 ) -> tuple[HoldoutFields, str]:
@@ -136,26 +146,27 @@ def holdout_set(
     problems = holdout_problems(fields, segments=segments)
     if problems:
         raise ValidationError(problems)
-    who = by if by is not None and getattr(by, "is_authenticated", False) else None
-    with transaction.atomic():
-        holdout_read()  # the row, made when never set
-        row = Holdout.objects.select_for_update().get(pk=1)
+    found: list[HoldoutFields] = []
+
+    def set_whole(row: Holdout | None) -> Holdout:
+        assert row is not None
         before = _fields(row)
+        found.append(before)
         after = holdout_as_json(fields)
         if holdout_as_json(before) == after:
-            return before, holdout_change_words(before, fields)
+            return row
         if (before.share, before.salt) != (fields.share, fields.salt):
             control_group_reset()  # who is in it changed: its report starts afresh
         row.share, row.salt = fields.share, fields.salt
         row.exclude_segments, row.exclude_tags = after["exclude_segments"], after["exclude_tags"]
-        row.changed_by = who
+        row.changed_by = by if by is not None and getattr(by, "is_authenticated", False) else None
         row.save()
-        HoldoutChange.objects.create(
-            before=holdout_as_json(before),
-            after=after,
-            via=via,
-            changed_by=who,
-        )
+        return row
+
+    HOLDOUT.write(Action.CHANGED, locate=_locked, change=set_whole, user=by, via=via)
+    (before,) = found
+    if holdout_as_json(before) == holdout_as_json(fields):
+        return before, holdout_change_words(before, fields)
     return fields, holdout_change_words(before, fields)
 
 

@@ -2,9 +2,12 @@
 weekly), with plain-language readings and the history, saved through
 `limits.engine.table.services.cap_grid_save`."""
 
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.admin import AdminSite
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Q, QuerySet
 from django.http import (
     HttpRequest,
     HttpResponse,
@@ -15,8 +18,10 @@ from django.urls import reverse
 
 from gatekeeper.lib.console import render, require
 from limits.channels import scope_label, scopes
-from limits.models.policy import Cap, CapChange, Rule
+from limits.models.policy import Cap, Rule, SettingChange
+from limits.policy.admin.base import history_url
 from limits.policy.services import (
+    CAPS,
     cap_describe,
     cap_from_text,
     cap_grid_save,
@@ -89,7 +94,7 @@ def cap_grid(request: HttpRequest, *, site: AdminSite, segment_id: int) -> HttpR
                 "errors": errors.get(scope, []),
             }
         )
-    history = CapChange.objects.filter(segment_slug=segment.slug).select_related("changed_by")
+    history = [_cap_change(c) for c in cap_changes(segment)[:25]]
     return render(
         request,
         site,
@@ -98,9 +103,33 @@ def cap_grid(request: HttpRequest, *, site: AdminSite, segment_id: int) -> HttpR
         segment=segment,
         rows=rows,
         can_edit=can_edit,
-        history=history[:25],
+        history=history,
+        history_url=history_url("cap"),
         segments=Segment.objects.order_by("priority"),
         rules=Rule.objects.filter(segment=segment, cap__isnull=True).count(),
         rules_url=f"{reverse('admin:limits_rule_changelist')}?segment__id__exact={segment.pk}",
         can_see_rules=request.user.has_perm("limits.view_rule"),
     )
+
+
+def cap_changes(segment: Segment) -> QuerySet[SettingChange]:
+    """The changes of a segment's caps, newest first (from the one history)."""
+    slug = segment.slug
+    return SettingChange.objects.filter(
+        Q(after__segment=slug) | Q(before__segment=slug), kind=CAPS.kind
+    ).select_related("by")
+
+
+def _cap_change(change: Any) -> dict[str, Any]:
+    """A cap's change as the cap grid's history shows it."""
+    before, after = change.before or {}, change.after or {}
+    return {
+        "changed_at": change.at,
+        "changed_by": change.by,
+        "channel": after.get("channel") or before.get("channel"),
+        "old_daily": before.get("daily"),
+        "old_weekly": before.get("weekly"),
+        "new_daily": after.get("daily"),
+        "new_weekly": after.get("weekly"),
+        "via": change.via,
+    }

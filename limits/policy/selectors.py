@@ -10,15 +10,28 @@ from django.db import transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from limits.engine.assignment import HoldoutView
 from limits.engine.quiet import quiet_view
 from limits.engine.table import ARM, ArmView, ExperimentView, PolicyTable, RuleView, arm_rule_id
 from limits.engine.topics import TopicView, topic_view
 from limits.models.people import Preference
-from limits.models.policy import Cap, QuietHours, Rule, Topic
+from limits.models.policy import Cap, Holdout, QuietHours, Rule, Topic
 from limits.models.studies import Experiment
-from limits.policy.holdout import holdout_view
 from limits.policy.rules import rule_fields_of_json, rule_findings, rule_read, rule_view_of
 from segments.models import Segment
+
+
+def holdout_view() -> HoldoutView | None:
+    """The group as the gate reads it, or None when there is none (and the studies' drain)."""
+    row = Holdout.objects.filter(pk=1).first()
+    if row is None or row.share <= 0:
+        return None
+    return HoldoutView(
+        share=row.share,
+        salt=row.salt,
+        exclude_segments=frozenset(row.exclude_segments or ()),
+        exclude_tags=frozenset(row.exclude_tags or ()),
+    )
 
 
 def rule_view(rule: Rule) -> RuleView:

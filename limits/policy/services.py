@@ -1,9 +1,12 @@
 """Writes of caps, cap rules, quiet hours, topics and quota resets. Admin, REST API and commands change
-caps through `cap_set`, rules and quiet hours through their authored kinds (`RULES.create`,
-`RULES.update`, `RULES.delete`, and the same of `QUIET_HOURS`: limits/policy/authored.py); each change
-is recorded with who made it, in the same transaction."""
+caps through `cap_set` and `cap_delete` (the kind `CAPS`), rules, quiet hours and topics through
+their authored kinds (`RULES.create`, `RULES.update`, `RULES.delete`, and the same of
+`QUIET_HOURS` and `TOPICS`); each goes through the one write path (limits/policy/authored.py),
+recorded in the one history with who made it, in the same transaction."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -34,18 +37,8 @@ from limits.engine.topics import (
     topic_read,
     topic_value_words,
 )
-from limits.models.policy import (
-    Cap,
-    CapChange,
-    QuietHours,
-    QuietHoursChange,
-    QuotaReset,
-    Rule,
-    RuleChange,
-    Topic,
-    TopicChange,
-)
-from limits.policy.authored import AuthoredKind, who
+from limits.models.policy import Cap, QuietHours, QuotaReset, Rule, Topic
+from limits.policy.authored import Action, AuthoredKind, Kind, SettingKind, deleted, who
 from limits.policy.quota import Unavailable, user_quota
 from limits.policy.rules import (
     RULE_SHOWN,
@@ -58,7 +51,6 @@ from limits.policy.rules import (
     rule_value_words,
     window_seconds_of,
 )
-from limits.policy.selectors import policy_cache
 from segments.models import Segment
 
 
@@ -74,10 +66,9 @@ def _not_classic(rule: Rule) -> None:
 # Cap rules and quiet hours: created, changed and deleted through limits.policy.authored (`RULES.create`,
 # `QUIET_HOURS.update`, ...), each change checked whole and recorded with who made it.
 RULES: AuthoredKind[Rule, RuleFields] = AuthoredKind(
+    kind=Kind.RULE,
     noun="rule",
     model=Rule,
-    change_model=RuleChange,
-    link="rule",
     fields=RuleFields,
     read=rule_read,
     problems=rule_problems,
@@ -91,10 +82,9 @@ RULES: AuthoredKind[Rule, RuleFields] = AuthoredKind(
 
 
 QUIET_HOURS: AuthoredKind[QuietHours, QuietFields] = AuthoredKind(
+    kind=Kind.QUIET_HOURS,
     noun="quiet hours",
     model=QuietHours,
-    change_model=QuietHoursChange,
-    link="quiet_hours",
     fields=QuietFields,
     read=quiet_read,
     problems=quiet_problems,
@@ -109,10 +99,9 @@ QUIET_HOURS: AuthoredKind[QuietHours, QuietFields] = AuthoredKind(
 # Topics (limits/engine/topics.py): their slug is set when made and never changed (sends and people's
 # preferences name it), which the REST body and the admin form see to.
 TOPICS: AuthoredKind[Topic, TopicFields] = AuthoredKind(
+    kind=Kind.TOPIC,
     noun="topic",
     model=Topic,
-    change_model=TopicChange,
-    link="topic",
     fields=TopicFields,
     read=topic_read,
     problems=topic_problems,
@@ -137,33 +126,72 @@ def classic_rule_name(segment: Segment, channel: str, which: str) -> str:
 
 
 def _classic_sync(cap: Cap, user: Actor, via: str) -> None:
-    """Make the cap's two rules (rolling 24 h and 7 d, every send) match its limits."""
+    """Make the cap's two rules (rolling 24 h and 7 d, every send) match its limits, each
+    change written through the rules' kind (a classic rule's guard is the caller's own)."""
     for which, value in (("daily", cap.daily), ("weekly", cap.weekly)):
         seconds = window_seconds_of(which)
         rule = Rule.objects.filter(cap=cap, window_seconds=seconds).first()
         if value is None:
             if rule is not None:
-                RULES.record(rule, RuleChange.Action.DELETED, rule_as_json(rule), None, user, via)
-                rule.delete()
+                RULES.write(Action.DELETED, locate=_as_is(rule), change=deleted, user=user,
+                            via=via)  # fmt: skip
             continue
-        if rule is None:
-            rule = Rule(cap=cap, created_by=who(user))
-            before = None
-        else:
-            before = rule_as_json(rule)
-        rule.name = classic_rule_name(cap.segment, cap.channel, which)
-        rule.segment = cap.segment
-        rule.channel = cap.channel
-        rule.match = Rule.Match.ANY
-        rule.window_kind = Rule.WindowKind.ROLLING
-        rule.window_seconds = seconds
-        rule.limit = value
-        rule.changed_by = who(user)
-        after = rule_as_json(rule) if before is not None else None
-        if before is None or after != before:
-            rule.save()
-            action = RuleChange.Action.CREATED if before is None else RuleChange.Action.CHANGED
-            RULES.record(rule, action, before, rule_as_json(rule), user, via)
+
+        def synced(
+            row: Rule | None, which: str = which, value: int = value, seconds: int = seconds
+        ) -> Rule:
+            before = rule_as_json(row) if row is not None else None
+            row = row or Rule(cap=cap, created_by=who(user))
+            row.name = classic_rule_name(cap.segment, cap.channel, which)
+            row.segment = cap.segment
+            row.channel = cap.channel
+            row.match = Rule.Match.ANY
+            row.window_kind = Rule.WindowKind.ROLLING
+            row.window_seconds = seconds
+            row.limit = value
+            row.changed_by = who(user)
+            if before is None or rule_as_json(row) != before:
+                row.save()
+            return row
+
+        RULES.write(None, locate=_as_is(rule), change=synced, user=user, via=via)
+
+
+def _as_is(rule: Rule | None) -> Callable[[], Rule | None]:
+    """A `locate` of a row already found (under the caller's lock)."""
+    return lambda: rule
+
+
+def cap_as_json(cap: Cap) -> dict[str, Any]:  # type: ignore[explicit-any]
+    """A cap as its history keeps it: its scope and limits, as the REST API names them."""
+    return {
+        "segment": cap.segment.slug,
+        "channel": cap.channel,
+        "daily": cap.daily,
+        "weekly": cap.weekly,
+    }
+
+
+def _limits_text(values: Any) -> str:  # type: ignore[explicit-any]
+    values = values or {}
+    return " / ".join(
+        "none" if values.get(key) is None else f"{values[key]:,}" for key in ("daily", "weekly")
+    )
+
+
+def cap_change_words(action: str, before: Any, after: Any) -> str:  # type: ignore[explicit-any]
+    """A cap's change in words: what it reads as now, or that it is gone."""
+    if action == Action.DELETED:
+        return f"Deleted (it was {_limits_text(before)} in 24 h / 7 d)."
+    reads = cap_describe(channel=after["channel"], daily=after["daily"], weekly=after["weekly"])
+    if action == Action.CREATED:
+        return f"Created: {reads}."
+    return f"24 h / 7 d: {_limits_text(before)} → {_limits_text(after)}: {reads}."
+
+
+CAPS: SettingKind[Cap] = SettingKind(
+    kind=Kind.CAP, model=Cap, as_json=cap_as_json, worded=cap_change_words
+)
 
 
 def cap_set(
@@ -187,34 +215,40 @@ def cap_set(
             isinstance(value, bool) or not isinstance(value, int) or value < 0
         ):
             raise ValidationError({name: f"{name} must be empty (no cap) or a whole number >= 0."})
-    with transaction.atomic():
+
+    def locate() -> Cap | None:
         # The segment's row lock serializes edits of its caps: two requests creating the same
         # cap at once make one cap and two history rows, not an IntegrityError.
         Segment.objects.select_for_update().filter(pk=segment.pk).first()
-        cap = Cap.objects.select_for_update().filter(segment=segment, channel=channel).first()
-        old_daily, old_weekly = (cap.daily, cap.weekly) if cap else (None, None)
+        return Cap.objects.select_for_update().filter(segment=segment, channel=channel).first()
+
+    def limits_set(cap: Cap | None) -> Cap:
         if cap is None:
-            cap = Cap.objects.create(segment=segment, channel=channel, daily=daily, weekly=weekly)
-        elif (cap.daily, cap.weekly) == (daily, weekly):
-            return cap
-        else:
+            return Cap.objects.create(segment=segment, channel=channel, daily=daily, weekly=weekly)
+        if (cap.daily, cap.weekly) != (daily, weekly):
             cap.daily, cap.weekly = daily, weekly
             cap.save(update_fields=["daily", "weekly", "updated_at"])
-        CapChange.objects.create(
-            cap=cap,
-            segment_slug=segment.slug,
-            channel=channel,
-            old_daily=old_daily,
-            old_weekly=old_weekly,
-            new_daily=daily,
-            new_weekly=weekly,
-            changed_by=who(user),
-            via=via,
-        )
+        return cap
+
+    with transaction.atomic():
+        cap = CAPS.write(None, locate=locate, change=limits_set, user=user, via=via)
+        assert cap is not None
         _classic_sync(cap, user, "cap")
-    # This process sees its own edit at once; the others within the cache TTL.
-    transaction.on_commit(policy_cache().invalidate)
     return cap
+
+
+def cap_delete(cap: Cap, *, user: Actor = None, via: str = "admin") -> None:
+    """Delete a cap and its two rules, each recorded in the history."""
+
+    def locate() -> Cap | None:
+        Segment.objects.select_for_update().filter(pk=cap.segment_id).first()
+        return Cap.objects.select_for_update().select_related("segment").get(pk=cap.pk)
+
+    with transaction.atomic():
+        for rule in Rule.objects.filter(cap=cap).select_related("segment"):
+            RULES.write(Action.DELETED, locate=_as_is(rule), change=deleted, user=user,
+                        via="cap")  # fmt: skip
+        CAPS.write(Action.DELETED, locate=locate, change=deleted, user=user, via=via)
 
 
 def cap_warnings(*, daily: int | None, weekly: int | None) -> list[str]:

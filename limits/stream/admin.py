@@ -16,9 +16,9 @@ from limits.models.stream import WebhookDelivery, WebhookEndpoint
 from limits.stream.events import EVENT_TYPES
 from limits.stream.webhooks import (
     WebhookFields,
-    secret_new,
-    start_position,
     webhook_change,
+    webhook_create,
+    webhook_delete,
     webhook_lag,
     webhook_problems,
 )
@@ -145,21 +145,27 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     def save_model(
         self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool
     ) -> None:
+        # Through the one write path, so every change is in the history with who made it.
         fields = form.typed()
-        obj.url, obj.description = fields.url, fields.description
-        obj.types, obj.channels, obj.campaigns = (
-            list(fields.types), list(fields.channels), list(fields.campaigns),
-        )  # fmt: skip
-        if not change:
-            obj.secret = secret_new()
-            obj.position = start_position(form.cleaned_data.get("start") or "end")
-            obj.created_by = request.user  # type: ignore[assignment]
-        super().save_model(request, obj, form, change)
+        if change:
+            saved = webhook_change(obj, fields=fields, by=request.user, via="admin")
+        else:
+            start = form.cleaned_data.get("start") or "end"
+            saved = webhook_create(fields=fields, by=request.user, start=start, via="admin")
+        obj.pk = saved.pk
+        obj.refresh_from_db()
+
+    def delete_model(self, request: HttpRequest, obj: WebhookEndpoint) -> None:
+        webhook_delete(obj, by=request.user, via="admin")
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
+        for endpoint in queryset:
+            webhook_delete(endpoint, by=request.user, via="admin")
 
     @admin.action(description="Pause the selected endpoints", permissions=["change"])
     def pause(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
         for endpoint in queryset:
-            webhook_change(endpoint, active=False)
+            webhook_change(endpoint, active=False, by=request.user, via="admin")
         self.message_user(request, f"{queryset.count()} paused.", messages.SUCCESS)
 
     @admin.action(
@@ -168,13 +174,13 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     )
     def resume(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
         for endpoint in queryset:
-            webhook_change(endpoint, active=True)
+            webhook_change(endpoint, active=True, by=request.user, via="admin")
         self.message_user(request, f"{queryset.count()} resumed.", messages.SUCCESS)
 
     @admin.action(description="Give the selected endpoints a new secret", permissions=["change"])
     def new_secret(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
         for endpoint in queryset:
-            webhook_change(endpoint, new_secret=True)
+            webhook_change(endpoint, new_secret=True, by=request.user, via="admin")
         self.message_user(
             request,
             f"{queryset.count()} signed with a new secret from now on: give it to the receiver.",

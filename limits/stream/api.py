@@ -33,6 +33,7 @@ from limits.stream.webhooks import (
     recent_deliveries,
     webhook_change,
     webhook_create,
+    webhook_delete,
     webhook_shown,
 )
 
@@ -90,7 +91,7 @@ class WebhookListView(JsonAPIView):
             url=body.url, description=body.description, types=tuple(body.types),
             channels=tuple(body.channels), campaigns=tuple(body.campaigns),
         )  # fmt: skip
-        endpoint = webhook_create(fields=fields, by=request.user, start=body.start)
+        endpoint = webhook_create(fields=fields, by=request.user, start=body.start, via="api")
         return Response(_shown(endpoint), status=201)
 
 
@@ -130,7 +131,7 @@ class WebhookDetailView(JsonAPIView):
             )
         changed = webhook_change(
             endpoint, fields=fields, active=given.get("active"), start=given.get("start"),
-            new_secret=body.new_secret,
+            new_secret=body.new_secret, by=request.user, via="api",
         )  # fmt: skip
         return Response(_shown(changed, deliveries=True))
 
@@ -140,7 +141,7 @@ class WebhookDetailView(JsonAPIView):
         responses={204: None, **errors(404)},
     )
     def delete(self, request: Request, webhook_id: int) -> Response:
-        _found(webhook_id).delete()
+        webhook_delete(_found(webhook_id), by=request.user, via="api")
         return Response(status=204)
 
 

@@ -43,6 +43,7 @@ from gatekeeper.lib.problems import Problems
 from gatekeeper.lib.weburls import http_url_problem
 from limits.ledger.reports import FILTER_PROBLEMS
 from limits.models.stream import WebhookDelivery, WebhookEndpoint
+from limits.policy.authored import Action, Kind, SettingKind, deleted, who
 from limits.stream.events import (
     Filters,
     Position,
@@ -137,16 +138,73 @@ def start_position(start: str) -> str:
     return str(position_from_text(start, field="start"))
 
 
-def webhook_create(*, fields: WebhookFields, by: Any = None, start: str = "end") -> WebhookEndpoint:
+def webhook_recorded(endpoint: WebhookEndpoint) -> dict[str, Any]:
+    """An endpoint as its history keeps it: what people set, as the REST API names it; never
+    its secret, nor its runs' bookkeeping (what they delivered, their failures)."""
+    return {
+        "id": endpoint.pk,
+        "url": endpoint.url,
+        "description": endpoint.description,
+        "types": list(endpoint.types),
+        "channels": list(endpoint.channels),
+        "campaigns": list(endpoint.campaigns),
+        "state": endpoint.state,
+        "position": endpoint.position,
+    }
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "every one"
+    return str(value) if value not in (None, "") else "none"
+
+
+def webhook_change_words(action: str, before: Any, after: Any) -> str:
+    """An endpoint's change in words: made, gone, a new secret, or which fields changed."""
+    if action == Action.CREATED:
+        return f"Created: events POSTed to {after['url']} from {after['position']}."
+    if action == Action.DELETED:
+        return f"Deleted: nothing more is POSTed to {before['url']}."
+    changed = [
+        f"{key}: {_value(before.get(key))} → {_value(after.get(key))}"
+        for key in after
+        if before.get(key) != after.get(key)
+    ]
+    if action == Action.SECRET_ROTATED:
+        changed.insert(0, "a new secret: requests are signed with it from now on")
+    return "; ".join(changed) or "Nothing visible changed."
+
+
+# Webhook endpoints in the one write path: each change recorded (without the secret), a new
+# secret as its own action.
+WEBHOOKS: SettingKind[WebhookEndpoint] = SettingKind(
+    kind=Kind.WEBHOOK,
+    model=WebhookEndpoint,
+    as_json=webhook_recorded,
+    label=lambda endpoint: endpoint.url,
+    worded=webhook_change_words,
+    invalidates=False,
+)
+
+
+def webhook_create(
+    *, fields: WebhookFields, by: Any = None, start: str = "end", via: str = "api"
+) -> WebhookEndpoint:
     """A new endpoint, active, with a new secret, delivering from `start`. WebhookInvalid names
     the bad fields; nothing is made then."""
     fields = _checked(fields)
-    return WebhookEndpoint.objects.create(
-        url=fields.url, description=fields.description, types=list(fields.types),
-        channels=list(fields.channels), campaigns=list(fields.campaigns),
-        secret=secret_new(), position=start_position(start),
-        created_by=by if getattr(by, "is_authenticated", False) else None,
-    )  # fmt: skip
+    position = start_position(start)
+
+    def made(_: WebhookEndpoint | None) -> WebhookEndpoint:
+        return WebhookEndpoint.objects.create(
+            url=fields.url, description=fields.description, types=list(fields.types),
+            channels=list(fields.channels), campaigns=list(fields.campaigns),
+            secret=secret_new(), position=position, created_by=who(by),
+        )  # fmt: skip
+
+    endpoint = WEBHOOKS.write(Action.CREATED, locate=lambda: None, change=made, user=by, via=via)
+    assert endpoint is not None
+    return endpoint
 
 
 def webhook_change(
@@ -156,27 +214,47 @@ def webhook_change(
     active: bool | None = None,
     start: str | None = None,
     new_secret: bool = False,
+    by: Any = None,
+    via: str = "api",
 ) -> WebhookEndpoint:
     """Change an endpoint: its fields (checked whole), paused or active again (a failing one
     resumes from where it stopped, at once), its position (`start`: replay or skip), a new
     secret. WebhookInvalid or a Problem naming `start` say what is wrong; nothing changes
-    then."""
+    then. The row is changed as it is now (locked), so a delivery run's bookkeeping stays."""
     if fields is not None:
         fields = _checked(fields)
-        endpoint.url, endpoint.description = fields.url, fields.description
-        endpoint.types, endpoint.channels = list(fields.types), list(fields.channels)
-        endpoint.campaigns = list(fields.campaigns)
-    if start is not None:
-        endpoint.position = start_position(start)
-    if active is True:
-        endpoint.state = State.ACTIVE
-        endpoint.failures, endpoint.failing_since, endpoint.next_at = 0, None, None
-    elif active is False:
-        endpoint.state = State.PAUSED
-    if new_secret:
-        endpoint.secret = secret_new()
-    endpoint.save()
-    return endpoint
+    position = start_position(start) if start is not None else None
+
+    def changed(row: WebhookEndpoint | None) -> WebhookEndpoint:
+        assert row is not None
+        if fields is not None:
+            row.url, row.description = fields.url, fields.description
+            row.types, row.channels = list(fields.types), list(fields.channels)
+            row.campaigns = list(fields.campaigns)
+        if position is not None:
+            row.position = position
+        if active is True:
+            row.state = State.ACTIVE
+            row.failures, row.failing_since, row.next_at = 0, None, None
+        elif active is False:
+            row.state = State.PAUSED
+        if new_secret:
+            row.secret = secret_new()
+        row.save()
+        return row
+
+    saved = WEBHOOKS.write(
+        Action.SECRET_ROTATED if new_secret else Action.CHANGED,
+        locate=lambda: WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk),
+        change=changed, user=by, via=via,
+    )  # fmt: skip
+    assert saved is not None
+    return saved
+
+
+def webhook_delete(endpoint: WebhookEndpoint, *, by: Any = None, via: str = "api") -> None:
+    """Delete an endpoint (its deliveries with it)."""
+    WEBHOOKS.write(Action.DELETED, locate=lambda: endpoint, change=deleted, user=by, via=via)
 
 
 def webhook_lag(endpoint: WebhookEndpoint) -> int:

@@ -41,14 +41,15 @@ from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.integers import INT32_MAX, WholeNumberField
 from gatekeeper.lib.permissions import CHANGE_EXPERIMENTS, CONCLUDE_EXPERIMENTS, VIEW_STUDIES
 from limits.channels import scope_label, scopes
-from limits.models.studies import Experiment, ExperimentArm, ExperimentChange
-from limits.policy.admin.base import AuditLogAdmin
+from limits.models.studies import Experiment, ExperimentArm
+from limits.policy.admin.base import history_url
 from limits.policy.rules import rule_describe, rule_fields_of_json, rule_view_of
 from limits.studies.experiments import (
     ARMS_MAX,
     ARMS_MIN,
     CONCLUDED,
     ENDED,
+    EXPERIMENTS,
     RUNNING,
     SCHEDULED,
     STOPPED,
@@ -712,7 +713,8 @@ class ExperimentAdmin(admin.ModelAdmin):
             and status not in (SCHEDULED, CONCLUDED),
             "arm_names": [arm.name for arm in arms],
             "can_read_result": request.user.has_perms(VIEW_STUDIES),
-            "history": row.changes.select_related("changed_by")[:100],
+            "history": EXPERIMENTS.changes(row.pk).select_related("by")[:100],
+            "history_url": history_url(EXPERIMENTS.kind, row.pk),
         }
         return self._page(request, "experiment_change_form.html", **context)
 
@@ -835,12 +837,3 @@ class ExperimentAdmin(admin.ModelAdmin):
             csv_url=f"{reverse('experiment-report', args=[key])}?{urlencode(query)}",
         )
         return self._page(request, "experiment_report.html", **context)
-
-
-@admin.register(ExperimentChange)
-class ExperimentChangeAdmin(AuditLogAdmin):
-    """Every change of every experiment (an experiment's page shows its own)."""
-
-    list_display = ["changed_at", "experiment", "action", "words", "changed_by", "via"]
-    list_filter = ["action", "via"]
-    search_fields = ["words", "experiment__name"]

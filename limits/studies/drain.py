@@ -9,7 +9,7 @@ from itertools import groupby
 from typing import Any
 
 from limits.ledger.listeners import Drained, DrainListener, Round
-from limits.policy.holdout import holdout_view
+from limits.policy.selectors import holdout_view
 from limits.studies.measures import (
     EVENTS_FIELD,
     PostedEvents,

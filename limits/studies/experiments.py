@@ -17,7 +17,8 @@ person at any time (the arms no longer apply); concluded by promoting one arm's 
 segment (its rules created, the segment's own rules they replace disabled: each change audited
 as any rule's). While it is scheduled anything may change; once it has started only its name
 and end, so that a report never mixes two experiments. Every change is kept
-(`ExperimentChange`), with who made it, how, and what it did in words.
+in the one history of settings (the kind `EXPERIMENTS` of limits/policy/authored.py; its arms
+are kept with it, as child rows of its JSON), with who made it, how, and what it did in words.
 """
 
 import math
@@ -28,15 +29,14 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from gatekeeper.lib.conflicts import Conflict
 from limits.channels import ALL
 from limits.models.policy import Holdout, Rule
-from limits.models.studies import Experiment, ExperimentArm, ExperimentChange
-from limits.policy.authored import who
+from limits.models.studies import Experiment, ExperimentArm
+from limits.policy.authored import Action, Kind, SettingKind, who
 from limits.policy.holdout import holdout_read, new_salt
 from limits.policy.rules import rule_fields_of_json, rule_problems
 from limits.policy.services import RULES
@@ -219,18 +219,6 @@ def _checked(fields: ExperimentFields, *, pk: int | None, now: datetime | None) 
     return Segment.objects.get(slug=fields.segment) if fields.segment is not None else None
 
 
-def _record(row: Experiment, action: str, before: Any, words: str, user: Any, via: str) -> None:
-    ExperimentChange.objects.create(
-        experiment=row,
-        action=action,
-        before=before,
-        after=_recorded(row),
-        words=words,
-        via=via,
-        changed_by=who(user),
-    )
-
-
 def _write_arms(row: Experiment, arms: Sequence[ArmFields]) -> None:
     row.arms.all().delete()
     ExperimentArm.objects.bulk_create(
@@ -254,6 +242,24 @@ def _writers_locked() -> None:
     Holdout.objects.select_for_update().filter(pk=1).exists()
 
 
+def _locked(row: Experiment) -> Experiment:
+    return (
+        Experiment.objects.select_for_update(of=("self",)).select_related("segment").get(pk=row.pk)
+    )
+
+
+# Experiments in the one write path: one writer at a time (the writers' lock), each change
+# recorded with its arms (the JSON `_recorded`), stop and conclude as named actions.
+EXPERIMENTS: SettingKind[Experiment] = SettingKind(
+    kind=Kind.EXPERIMENT,
+    model=Experiment,
+    as_json=lambda row: _recorded(row),
+    label=lambda row: row.name,
+    lock=_writers_locked,
+    invalidates=False,
+)
+
+
 def experiment_create(
     fields: ExperimentFields, *, user: Any = None, via: str = "api", now: datetime | None = None
 ) -> Experiment:
@@ -261,8 +267,8 @@ def experiment_create(
     now = now or timezone.now()
     if not fields.salt:
         fields.salt = new_salt()
-    with transaction.atomic():
-        _writers_locked()  # so that two overlapping ones cannot both pass
+
+    def made(_: Experiment | None) -> Experiment:
         segment = _checked(fields, pk=None, now=now)
         row = Experiment.objects.create(
             name=fields.name.strip(),
@@ -273,7 +279,14 @@ def experiment_create(
             created_by=who(user),
         )
         _write_arms(row, fields.arms)
-        _record(row, "created", None, experiment_words(row), user, via)
+        return row
+
+    # The writers' lock (EXPERIMENTS.lock): two overlapping ones cannot both pass.
+    row = EXPERIMENTS.write(
+        Action.CREATED, locate=lambda: None, change=made, user=user, via=via,
+        words=experiment_words,
+    )  # fmt: skip
+    assert row is not None
     return row
 
 
@@ -289,13 +302,9 @@ def experiment_change(
     the name and the end may change (and the end not to before now): a ValidationError naming
     the field otherwise, and nothing changed."""
     now = now or timezone.now()
-    with transaction.atomic():
-        _writers_locked()
-        locked = (
-            Experiment.objects.select_for_update(of=("self",))
-            .select_related("segment")
-            .get(pk=row.pk)
-        )
+
+    def changed(locked: Experiment | None) -> Experiment:
+        assert locked is not None
         status = status_of(locked.state, locked.starts_at, locked.ends_at, now)
         before = experiment_fields(locked)
         fields = ExperimentFields(**{**before.__dict__, **changes})
@@ -331,15 +340,19 @@ def experiment_change(
                 raise ValidationError(soon)
         moved = "starts_at" in changes and changes["starts_at"] != before.starts_at
         segment = _checked(fields, pk=locked.pk, now=now if moved else None)
-        recorded = _recorded(locked)
         locked.name, locked.segment, locked.salt = fields.name.strip(), segment, fields.salt
         locked.starts_at, locked.ends_at = fields.starts_at, fields.ends_at
         locked.save(update_fields=["name", "segment", "salt", "starts_at", "ends_at"])
         if fields.arms != before.arms:
             _write_arms(locked, fields.arms)
-        if _recorded(locked) != recorded:
-            _record(locked, "changed", recorded, experiment_words(locked), user, via)
-    return locked
+        return locked
+
+    saved = EXPERIMENTS.write(
+        Action.CHANGED, locate=lambda: _locked(row), change=changed, user=user, via=via,
+        words=experiment_words,
+    )  # fmt: skip
+    assert saved is not None
+    return saved
 
 
 def experiment_stop(
@@ -348,17 +361,21 @@ def experiment_stop(
     """Stop it now: its arms no longer apply (every user back on the segment's rules). A
     scheduled experiment stopped never starts. NotNow when it is already stopped or concluded."""
     now = now or timezone.now()
-    with transaction.atomic():
-        _writers_locked()
-        locked = Experiment.objects.select_for_update().get(pk=row.pk)
+
+    def stopped(locked: Experiment | None) -> Experiment:
+        assert locked is not None
         if locked.state != Experiment.State.ACTIVE:
             raise NotNow(f"The experiment is already {locked.state}.")
-        recorded = _recorded(locked)
         locked.state, locked.stopped_at = Experiment.State.STOPPED, now
         locked.save(update_fields=["state", "stopped_at"])
-        _record(locked, "stopped", recorded, "Stopped: every user is back on the segment's "
-                "rules.", user, via)  # fmt: skip
-    return locked
+        return locked
+
+    saved = EXPERIMENTS.write(
+        Action.STOPPED, locate=lambda: _locked(row), change=stopped, user=user, via=via,
+        words="Stopped: every user is back on the segment's rules.",
+    )  # fmt: skip
+    assert saved is not None
+    return saved
 
 
 def experiment_conclude(
@@ -370,12 +387,10 @@ def experiment_conclude(
     experiment ends. Returns it and what was done, in words. NotNow for a scheduled or
     already concluded one; a ValidationError naming `arm` for an arm it does not have."""
     now = now or timezone.now()
-    with transaction.atomic():
-        locked = (
-            Experiment.objects.select_for_update(of=("self",))
-            .select_related("segment")
-            .get(pk=row.pk)
-        )
+    said: list[str] = []
+
+    def concluded(locked: Experiment | None) -> Experiment:
+        assert locked is not None
         status = status_of(locked.state, locked.starts_at, locked.ends_at, now)
         if status in (SCHEDULED, CONCLUDED):
             raise NotNow(
@@ -387,7 +402,6 @@ def experiment_conclude(
         chosen = arms.get(arm)
         if chosen is None:
             raise ValidationError({"arm": [f"No arm '{arm[:100]}'. Arms: {', '.join(arms)}."]})
-        recorded = _recorded(locked)
         slug = locked.segment.slug if locked.segment is not None else None
         disabled: list[str] = []
         if chosen.mode == ExperimentArm.Mode.REPLACE:
@@ -414,8 +428,15 @@ def experiment_conclude(
         if disabled:
             words += "; disabled " + ", ".join(f"'{n}'" for n in disabled)
         words += "."
-        _record(locked, "concluded", recorded, words, user, via)
-    return locked, words
+        said.append(words)
+        return locked
+
+    saved = EXPERIMENTS.write(
+        Action.CONCLUDED, locate=lambda: _locked(row), change=concluded, user=user, via=via,
+        words=lambda _: said[0],
+    )  # fmt: skip
+    assert saved is not None
+    return saved, said[0]
 
 
 def experiment_words(row: Experiment) -> str:

@@ -10,7 +10,7 @@ import pytest
 from gatekeeper.lib.groups import MARKETER
 from limits.engine.log import stored_message_hash
 from limits.models.people import Suppression, SuppressionChange
-from limits.models.policy import QuietHours, QuietHoursChange, Rule
+from limits.models.policy import QuietHours, Rule, SettingChange
 from limits.people.suppression import suppress
 from segments.models import Segment
 from segments.selectors import snapshot_live_version
@@ -270,8 +270,8 @@ def test_a_marketer_sets_quiet_hours_reads_them_in_plain_words_and_is_told_a_bad
     page.shot("added")
     entry = QuietHours.objects.get()
     assert (entry.segment, entry.channel, entry.spread_minutes) == (owls, "all", 30)
-    (change,) = QuietHoursChange.objects.all()
-    assert (change.action, change.via, change.changed_by.username) == ("created", "admin", "mia")
+    (change,) = SettingChange.objects.filter(kind="quiet_hours").all()
+    assert (change.action, change.via, change.by.username) == ("created", "admin", "mia")
 
     # Its page: the reading and the history in words, with who made it.
     page.find("#result_list").find_element(page.by.PARTIAL_LINK_TEXT, "Night owls users").click()

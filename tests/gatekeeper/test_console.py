@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from limits.engine.log import stored_message_hash
 from limits.ledger.drain import ledger_drain_all
-from limits.models.policy import Cap, CapChange, QuotaReset, Rule
+from limits.models.policy import Cap, QuotaReset, Rule, SettingChange
 from limits.policy.rules import RuleFields
 from limits.policy.services import RULES
 from segments.models import Build, Segment
@@ -94,8 +94,13 @@ def test_the_cap_grid_reads_saves_and_records_every_change(marketer_client, demo
     email = Cap.objects.get(segment=vip, channel="email")
     assert (email.daily, email.weekly) == (3, 2)
     changes = {
-        (c.channel, c.old_daily, c.new_daily, c.changed_by.username)
-        for c in CapChange.objects.filter(via="admin")
+        (
+            (c.after or {})["channel"],
+            (c.before or {}).get("daily"),
+            (c.after or {})["daily"],
+            c.by.username,
+        )
+        for c in SettingChange.objects.filter(kind="cap", via="admin")
     }
     assert changes == {("email", 2, 3, "mia"), ("push", None, 0, "mia")}
     assert "mia" in text(marketer_client.get(url))  # the history under the grid
@@ -168,7 +173,7 @@ def test_a_bad_cap_value_saves_nothing_and_says_which(marketer_client, demo, fie
     page = text(response)
     assert message in page and "Nothing was saved" in page
     assert Cap.objects.get(segment=vip, channel="email").daily == 2
-    assert not CapChange.objects.filter(via="admin").exists()
+    assert not SettingChange.objects.filter(kind="cap", via="admin").exists()
 
 
 def test_spaces_around_a_cap_in_the_grid_are_ignored_as_in_any_form(marketer_client, demo):

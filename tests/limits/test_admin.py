@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from gatekeeper.lib.groups import MARKETER, VIEWER
 from limits.engine.quiet import QuietFields
-from limits.models.policy import Cap, CapChange, QuietHours, QuietHoursChange, Rule, RuleChange
+from limits.models.policy import Cap, QuietHours, Rule, SettingChange
 from limits.policy.rules import RuleFields
 from limits.policy.services import QUIET_HOURS, RULES, cap_set
 from segments.models import Build, Segment, UserList
@@ -37,13 +37,10 @@ def inline_data(segment, upload=None):
     [
         "segments_segment",
         "limits_cap",
-        "limits_capchange",
         "limits_rule",
-        "limits_rulechange",
         "limits_quiethours",
-        "limits_quiethourschange",
         "limits_topic",
-        "limits_topicchange",
+        "limits_settingchange",
         "segments_build",
         "worker_sendjob",
     ],
@@ -96,8 +93,9 @@ def test_a_cap_edit_is_recorded_with_who_made_it(admin_client, admin_user, vip):
     )
     assert response.status_code == 302
     cap = Cap.objects.get()
-    (change,) = CapChange.objects.filter(via="admin")
-    assert (change.new_daily, change.new_weekly, change.changed_by) == (3, 2, admin_user)
+    (change,) = SettingChange.objects.filter(kind="cap", via="admin")
+    after = change.after or {}
+    assert (after["daily"], after["weekly"], change.by) == (3, 2, admin_user)
     listing = admin_client.get(reverse("admin:limits_cap_changelist")).content.decode()
     assert "at most 3 emails in any 24 hours and 2 in any 7 days" in listing
     assert "The weekly cap (2) is below the daily cap (3)" in listing
@@ -207,8 +205,8 @@ def test_a_rule_added_in_the_admin_reads_in_plain_words_and_is_recorded_with_who
     rule = Rule.objects.get(name="1 promo a day")
     assert (rule.segment, rule.match, rule.tag, rule.window_unit) == (gold, "tag", "promo", "day")
     assert (rule.window_seconds, rule.created_by) == (None, admin_user)
-    (change,) = RuleChange.objects.filter(rule=rule)
-    assert (change.action, change.via, change.changed_by) == ("created", "admin", admin_user)
+    (change,) = SettingChange.objects.filter(kind="rule", object_id=rule.pk)
+    assert (change.action, change.via, change.by) == ("created", "admin", admin_user)
     listing = admin_client.get(reverse("admin:limits_rule_changelist")).content.decode()
     assert reading in listing
 
@@ -260,7 +258,7 @@ def test_a_bad_rule_is_refused_naming_the_field_and_nothing_is_saved(
     response = admin_client.post(reverse("admin:limits_rule_add"), rule_data(**changes))
     assert response.status_code == 200
     assert message in response.content.decode()
-    assert not Rule.objects.exists() and not RuleChange.objects.exists()
+    assert not Rule.objects.exists() and not SettingChange.objects.filter(kind="rule").exists()
 
 
 @pytest.mark.postgres
@@ -272,7 +270,7 @@ def test_a_rule_change_and_delete_go_through_the_services_and_show_in_its_histor
     admin_client.post(url, rule_data(name="3 a day", limit="2", window_seconds="7 days"))
     rule.refresh_from_db()
     assert (rule.limit, rule.window_seconds, rule.changed_by) == (2, 604_800, admin_user)
-    change = RuleChange.objects.get(rule=rule, action="changed")
+    change = SettingChange.objects.filter(kind="rule").get(object_id=rule.pk, action="changed")
     before, after = change.before or {}, change.after or {}
     assert (before["limit"], after["limit"], change.via) == (3, 2, "admin")
     page = admin_client.get(url).content.decode()
@@ -280,9 +278,9 @@ def test_a_rule_change_and_delete_go_through_the_services_and_show_in_its_histor
     assert "Created: Everyone: at most 3 emails in any 24 hours" in page
     admin_client.post(reverse("admin:limits_rule_delete", args=[rule.pk]), {"post": "yes"})
     assert not Rule.objects.exists()
-    deleted = RuleChange.objects.get(action="deleted")
-    assert (deleted.label, deleted.changed_by, deleted.via) == ("3 a day", admin_user, "admin")
-    log = admin_client.get(reverse("admin:limits_rulechange_changelist")).content.decode()
+    deleted = SettingChange.objects.filter(kind="rule").get(action="deleted")
+    assert (deleted.object_label, deleted.by, deleted.via) == ("3 a day", admin_user, "admin")
+    log = admin_client.get(reverse("admin:limits_settingchange_changelist")).content.decode()
     assert "Deleted." in log and "limit: 3 → 2" in log
 
 
@@ -371,7 +369,7 @@ def test_enable_and_disable_go_through_the_service_and_leave_classic_caps_alone(
     rule.refresh_from_db()
     classic.refresh_from_db()
     assert (rule.enabled, classic.enabled) == (False, True)
-    assert RuleChange.objects.filter(rule=rule, action="changed").exists()
+    assert SettingChange.objects.filter(kind="rule", object_id=rule.pk, action="changed").exists()
 
 
 def test_a_segment_time_zone_is_checked_and_empty_means_the_setting(admin_client, vip, settings):
@@ -438,8 +436,8 @@ def test_quiet_hours_added_in_the_admin_read_in_plain_words_and_are_recorded_wit
         45,
     )
     assert (entry.enabled, entry.created_by, entry.changed_by) == (True, admin_user, admin_user)
-    (change,) = QuietHoursChange.objects.filter(quiet_hours=entry)
-    assert (change.action, change.via, change.changed_by) == ("created", "admin", admin_user)
+    (change,) = SettingChange.objects.filter(kind="quiet_hours", object_id=entry.pk)
+    assert (change.action, change.via, change.by) == ("created", "admin", admin_user)
     assert (change.after or {})["start"] == "22:30"
     listing = admin_client.get(reverse("admin:limits_quiethours_changelist")).content.decode()
     assert reading in listing and "22:30 to 08:00 (next morning)" in listing
@@ -483,7 +481,10 @@ def test_bad_quiet_hours_are_refused_naming_the_field_and_nothing_is_saved(
     errors = form_errors(response)
     assert list(errors) == [field], errors
     assert any(message in error for error in errors[field]), errors
-    assert not QuietHours.objects.exists() and not QuietHoursChange.objects.exists()
+    assert (
+        not QuietHours.objects.exists()
+        and not SettingChange.objects.filter(kind="quiet_hours").exists()
+    )
 
 
 @pytest.mark.postgres
@@ -504,7 +505,9 @@ def test_quiet_hours_change_and_delete_go_through_the_services_and_show_in_the_h
         0,
         admin_user,
     )
-    change = QuietHoursChange.objects.get(quiet_hours=entry, action="changed")
+    change = SettingChange.objects.filter(kind="quiet_hours").get(
+        object_id=entry.pk, action="changed"
+    )
     assert ((change.before or {})["end"], (change.after or {})["end"], change.via) == (
         "08:00",
         "07:00",
@@ -515,12 +518,12 @@ def test_quiet_hours_change_and_delete_go_through_the_services_and_show_in_the_h
     # A refused change saves nothing.
     refused = admin_client.post(url, quiet_data(segment=str(vip.pk), start="07:00", end="07:00"))
     assert list(form_errors(refused)) == ["end"]
-    assert QuietHoursChange.objects.filter(quiet_hours=entry).count() == 2
+    assert SettingChange.objects.filter(kind="quiet_hours", object_id=entry.pk).count() == 2
     admin_client.post(reverse("admin:limits_quiethours_delete", args=[entry.pk]), {"post": "yes"})
     assert not QuietHours.objects.exists()
-    deleted = QuietHoursChange.objects.get(action="deleted")
-    assert (deleted.changed_by, deleted.via, deleted.quiet_hours) == (admin_user, "admin", None)
-    log = admin_client.get(reverse("admin:limits_quiethourschange_changelist")).content.decode()
+    deleted = SettingChange.objects.filter(kind="quiet_hours").get(action="deleted")
+    assert (deleted.by, deleted.via, deleted.object_id) == (admin_user, "admin", entry.pk)
+    log = admin_client.get(reverse("admin:limits_settingchange_changelist")).content.decode()
     assert "Deleted." in log and "end: 08:00 → 07:00" in log
 
 
@@ -532,25 +535,30 @@ def test_bulk_delete_enable_and_disable_go_through_the_services(admin_client, ad
     )
     assert "Disabled 2 entries." in response.content.decode()
     assert not QuietHours.objects.filter(enabled=True).exists()
-    assert QuietHoursChange.objects.filter(action="changed", changed_by=admin_user).count() == 2
+    assert (
+        SettingChange.objects.filter(kind="quiet_hours", action="changed", by=admin_user).count()
+        == 2
+    )
     admin_client.post(url, {"action": "enable_selected", "_selected_action": [lunch.pk]})
     assert list(QuietHours.objects.filter(enabled=True)) == [lunch]
     admin_client.post(
         url, {"action": "delete_selected", "_selected_action": [night.pk, lunch.pk], "post": "yes"}
     )
     assert not QuietHours.objects.exists()
-    assert QuietHoursChange.objects.filter(action="deleted", via="admin").count() == 2
+    assert (
+        SettingChange.objects.filter(kind="quiet_hours", action="deleted", via="admin").count() == 2
+    )
 
 
 def test_the_quiet_hours_history_is_read_only(admin_client):
-    change = QuietHoursChange.objects.get(quiet_hours=make_quiet())
-    assert admin_client.get(reverse("admin:limits_quiethourschange_add")).status_code == 403
-    url = reverse("admin:limits_quiethourschange_change", args=[change.pk])
+    change = SettingChange.objects.filter(kind="quiet_hours").get(object_id=make_quiet().pk)
+    assert admin_client.get(reverse("admin:limits_settingchange_add")).status_code == 403
+    url = reverse("admin:limits_settingchange_change", args=[change.pk])
     page = admin_client.get(url).content.decode()
     assert 'name="_save"' not in page
-    delete = reverse("admin:limits_quiethourschange_delete", args=[change.pk])
+    delete = reverse("admin:limits_settingchange_delete", args=[change.pk])
     assert admin_client.post(delete, {"post": "yes"}).status_code == 403
-    assert QuietHoursChange.objects.filter(pk=change.pk).exists()
+    assert SettingChange.objects.filter(kind="quiet_hours", pk=change.pk).exists()
 
 
 def test_viewers_read_quiet_hours_marketers_change_them_and_both_find_them(client, staff, vip):

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from limits.engine.quiet import user_offset
-from limits.models.policy import QuietHours, QuietHoursChange
+from limits.models.policy import QuietHours, SettingChange
 from tests.support.api import call
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -17,10 +17,10 @@ NIGHT = {"segment": "vip", "channel": "email", "start": "21:00", "end": "08:00"}
 
 
 def history(entry_id: int | None = None) -> list[tuple[str, str, str | None]]:
-    changes = QuietHoursChange.objects.order_by("id")
+    changes = SettingChange.objects.filter(kind="quiet_hours").order_by("id")
     if entry_id is not None:
-        changes = changes.filter(quiet_hours_id=entry_id)
-    return list(changes.values_list("action", "via", "changed_by__username"))
+        changes = changes.filter(object_id=entry_id)
+    return list(changes.values_list("action", "via", "by__username"))
 
 
 def test_a_marketer_creates_reads_changes_and_deletes_quiet_hours_and_each_step_is_recorded(
@@ -74,7 +74,7 @@ def test_a_marketer_creates_reads_changes_and_deletes_quiet_hours_and_each_step_
         ("changed", "api", "marketer"),
         ("deleted", "api", "marketer"),
     ]
-    first, change, deleted = QuietHoursChange.objects.order_by("id")
+    first, change, deleted = SettingChange.objects.filter(kind="quiet_hours").order_by("id")
     assert first.before is None and (first.after or {})["start"] == "21:00"
     before, after = change.before or {}, change.after or {}
     assert (before["end"], after["end"], before["segment"], after["segment"]) == (
@@ -83,8 +83,8 @@ def test_a_marketer_creates_reads_changes_and_deletes_quiet_hours_and_each_step_
         "vip",
         None,
     )
-    assert (deleted.quiet_hours, deleted.after, (deleted.before or {})["channel"]) == (
-        None,
+    assert (deleted.object_id, deleted.after, (deleted.before or {})["channel"]) == (
+        (deleted.before or {})["id"],
         None,
         "all",
     )
@@ -152,7 +152,10 @@ def test_a_bad_entry_is_refused_naming_the_field_and_nothing_is_stored(
     assert refused.status_code == 400, refused.text
     assert field in refused.json(), refused.json()
     assert words in " ".join(refused.json()[field]), refused.json()
-    assert not QuietHours.objects.exists() and not QuietHoursChange.objects.exists()
+    assert (
+        not QuietHours.objects.exists()
+        and not SettingChange.objects.filter(kind="quiet_hours").exists()
+    )
 
 
 def test_every_field_in_error_is_named_at_once(api, snapshot):

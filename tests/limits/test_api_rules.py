@@ -3,7 +3,7 @@ valid rule, every change in the history), the classic caps' rules left to their 
 
 import pytest
 
-from limits.models.policy import Rule, RuleChange
+from limits.models.policy import Rule, SettingChange
 from tests.support.api import call
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,9 +59,9 @@ def test_a_marketer_creates_reads_changes_and_deletes_a_rule_and_each_step_is_re
     assert call(m, "DELETE", f"/api/v1/rules/{rule['id']}/").status_code == 204
     assert call(m, "GET", f"/api/v1/rules/{rule['id']}/").status_code == 404
     history = list(
-        RuleChange.objects.filter(label=PROMO["name"])
+        SettingChange.objects.filter(kind="rule", object_label=PROMO["name"])
         .order_by("id")
-        .values_list("action", "via", "changed_by__username")
+        .values_list("action", "via", "by__username")
     )
     assert history == [
         ("created", "api", "marketer"),
@@ -69,7 +69,9 @@ def test_a_marketer_creates_reads_changes_and_deletes_a_rule_and_each_step_is_re
         ("changed", "api", "marketer"),
         ("deleted", "api", "marketer"),
     ]
-    first_change = RuleChange.objects.filter(label=PROMO["name"]).order_by("id")[1]
+    first_change = SettingChange.objects.filter(kind="rule", object_label=PROMO["name"]).order_by(
+        "id"
+    )[1]
     before, after = first_change.before or {}, first_change.after or {}
     assert (before["window"], after["window"]) == (
         {"kind": "calendar", "unit": "day"},

@@ -5,7 +5,7 @@ field named and nothing stored by a refusal."""
 import pytest
 from django.urls import reverse
 
-from limits.models.policy import Topic, TopicChange
+from limits.models.policy import SettingChange, Topic
 from tests.support.api import call
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -15,7 +15,9 @@ NEWS = {"slug": "product-news", "name": "Product news", "channels": ["push", "em
 
 def history() -> list[tuple[str, str, str | None]]:
     return list(
-        TopicChange.objects.order_by("id").values_list("action", "via", "changed_by__username")
+        SettingChange.objects.filter(kind="topic")
+        .order_by("id")
+        .values_list("action", "via", "by__username")
     )
 
 
@@ -57,7 +59,7 @@ def test_a_marketer_creates_reads_changes_and_deletes_a_topic_and_each_step_is_r
         ("changed", "api", "marketer"),
         ("deleted", "api", "marketer"),
     ]
-    change = TopicChange.objects.order_by("id")[1]
+    change = SettingChange.objects.filter(kind="topic").order_by("id")[1]
     assert (change.before or {})["default"] == "subscribed"
     assert (change.after or {})["default"] == "required"
 
@@ -77,7 +79,7 @@ def test_a_bad_topic_is_a_400_naming_the_field_and_nothing_is_stored(api, snapsh
     response = call(api("marketer"), "POST", "/api/v1/topics/", json=body)
     assert response.status_code == 400, response.text
     assert field in response.json(), response.json()
-    assert not Topic.objects.exists() and not TopicChange.objects.exists()
+    assert not Topic.objects.exists() and not SettingChange.objects.filter(kind="topic").exists()
 
 
 def test_a_slug_is_taken_once_and_never_changes(api, snapshot):
@@ -117,7 +119,9 @@ def test_a_topic_made_in_the_admin_is_read_in_plain_words_and_recorded_with_who(
     admin_client.post(change, {**data, "slug": "deals", "default": "subscribed"})
     topic.refresh_from_db()
     assert (topic.slug, topic.default) == ("offers", "subscribed")
-    assert list(TopicChange.objects.order_by("id").values_list("action", "via")) == [
+    assert list(
+        SettingChange.objects.filter(kind="topic").order_by("id").values_list("action", "via")
+    ) == [
         ("created", "admin"),
         ("changed", "admin"),
     ]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from limits.engine.assignment import arms_of
-from limits.models.policy import Rule, RuleChange
-from limits.models.studies import Experiment, ExperimentChange
+from limits.models.policy import Rule, SettingChange
+from limits.models.studies import Experiment
 from limits.policy.selectors import policy_cache
 from limits.studies.experiments import (
     ArmFields,
@@ -89,7 +89,9 @@ def test_made_read_changed_and_stopped_over_rest_each_step_recorded(api, vip):
     again = call(marketer, "POST", f"{one}stop/")
     assert again.status_code == 409 and again.json()["field"] == "status"
     actions = list(
-        ExperimentChange.objects.order_by("id").values_list("action", "via", "changed_by__username")
+        SettingChange.objects.filter(kind="experiment")
+        .order_by("id")
+        .values_list("action", "via", "by__username")
     )
     assert actions == [
         ("created", "api", "marketer"),
@@ -140,7 +142,10 @@ def test_a_scheduled_one_changes_whole_and_starts_on_time(api, vip):
 def test_bad_input_is_a_400_naming_it_and_keeps_nothing(api, vip, change, field):
     refused = call(api("marketer"), "POST", PATH, json=body(**change))
     assert refused.status_code == 400 and field in refused.json(), refused.text
-    assert not Experiment.objects.exists() and not ExperimentChange.objects.exists()
+    assert (
+        not Experiment.objects.exists()
+        and not SettingChange.objects.filter(kind="experiment").exists()
+    )
 
 
 def test_two_live_experiments_never_share_a_user(api, vip, published):
@@ -219,7 +224,7 @@ def test_concluding_promotes_the_arm_and_disables_what_it_replaces(api, vip):
         Rule.objects.filter(segment__slug="vip", enabled=True).values_list("name", "limit")
     )
     assert enabled == [("3 a day", 3)]
-    assert set(RuleChange.objects.values_list("action", "via")) == {
+    assert set(SettingChange.objects.filter(kind="rule").values_list("action", "via")) == {
         ("created", "experiment"),
         ("changed", "experiment"),
     }

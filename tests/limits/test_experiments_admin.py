@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
-from limits.models.policy import Rule, RuleChange
-from limits.models.studies import Experiment, ExperimentChange
+from limits.models.policy import Rule, SettingChange
+from limits.models.studies import Experiment
 from limits.studies.experiments import ArmFields, ExperimentFields, experiment_create
 from segments.models import Segment
 
@@ -107,8 +107,8 @@ def test_the_add_form_makes_an_experiment_of_two_arms_recorded_via_admin(
                           "window": DAY, "limit": 1, "reserve": None}]  # fmt: skip
     assert three.rules[0]["window"] == {"kind": "calendar", "unit": "week"}
     assert row.salt and row.starts_at <= datetime.now(UTC) < row.ends_at
-    (change,) = ExperimentChange.objects.all()
-    assert (change.action, change.via, change.changed_by) == ("created", "admin", admin_user)
+    (change,) = SettingChange.objects.filter(kind="experiment").all()
+    assert (change.action, change.via, change.by) == ("created", "admin", admin_user)
     assert "'1 a day' 50% (replacing its rules: 1 a day)" in change.words
     listing = text(admin_client.get(reverse("admin:limits_experiment_changelist")))
     assert "1 a day or 3 a week" in listing and "running" in listing
@@ -157,7 +157,10 @@ def test_a_bad_form_shows_each_problem_on_its_arm_and_makes_nothing(
     assert "Nothing was made" in text(refused) and message in text(refused)
     errors = errors_of(refused)
     assert field in errors if field else "__all__" in errors
-    assert not Experiment.objects.exists() and not ExperimentChange.objects.exists()
+    assert (
+        not Experiment.objects.exists()
+        and not SettingChange.objects.filter(kind="experiment").exists()
+    )
 
 
 def test_an_overlap_and_a_start_in_the_past_are_refused_on_their_fields(admin_client, vip):
@@ -210,12 +213,12 @@ def test_its_page_shows_arms_words_and_history_and_changes_its_name_and_end(
     assert "Changed its name and its end" in text(saved)
     row.refresh_from_db()
     assert (row.name, row.ends_at) == ("One or 3", later)
-    change = ExperimentChange.objects.get(action="changed")
-    assert (change.via, change.changed_by) == ("admin", admin_user)
+    change = SettingChange.objects.filter(kind="experiment").get(action="changed")
+    assert (change.via, change.by) == ("admin", admin_user)
     assert (change.before or {}).get("name") == "One or three"
     # Left as shown: nothing changes, nothing is recorded.
     same = admin_client.post(page_of(row), {"name": "One or 3", "ends_at": f"{later:{PICKED}}"})
-    assert same.status_code == 302 and ExperimentChange.objects.count() == 2
+    assert same.status_code == 302 and SettingChange.objects.filter(kind="experiment").count() == 2
     # An end in the past is the writer's to refuse: said on the field, nothing changed.
     past = f"{datetime.now(UTC) - timedelta(hours=1):{PICKED}}"
     refused = admin_client.post(page_of(row), {"name": "One or 3", "ends_at": past})
@@ -232,14 +235,14 @@ def test_stop_now_is_audited_and_a_second_stop_is_told_not_now(admin_client, adm
     assert "Stopped &#x27;One or three&#x27;: every user is back" in text(stopped)
     row.refresh_from_db()
     assert row.state == "stopped" and row.stopped_at is not None
-    change = ExperimentChange.objects.get(action="stopped")
-    assert (change.via, change.changed_by) == ("admin", admin_user)
+    change = SettingChange.objects.filter(kind="experiment").get(action="stopped")
+    assert (change.via, change.by) == ("admin", admin_user)
     page = text(admin_client.get(page_of(row)))
     assert 'id="stop-experiment"' not in page and 'id="experiment_form"' not in page
     assert 'id="conclude-experiment"' in page  # a stopped one may still be concluded
     again = admin_client.post(stop, follow=True)
     assert "The experiment is already stopped." in text(again)
-    assert ExperimentChange.objects.filter(action="stopped").count() == 1
+    assert SettingChange.objects.filter(kind="experiment", action="stopped").count() == 1
 
 
 def test_conclude_promotes_the_arm_says_what_it_did_and_is_audited(admin_client, admin_user, vip):
@@ -257,9 +260,9 @@ def test_conclude_promotes_the_arm_says_what_it_did_and_is_audited(admin_client,
     promoted = Rule.objects.get(name="1 a day")
     assert (promoted.segment, promoted.limit) == (vip, 1)
     assert not Rule.objects.get(name="2 a day").enabled
-    assert RuleChange.objects.filter(via="experiment").count() == 2
-    change = ExperimentChange.objects.get(action="concluded")
-    assert (change.via, change.changed_by) == ("admin", admin_user)
+    assert SettingChange.objects.filter(kind="rule", via="experiment").count() == 2
+    change = SettingChange.objects.filter(kind="experiment").get(action="concluded")
+    assert (change.via, change.by) == ("admin", admin_user)
     page = text(admin_client.get(page_of(row)))
     assert 'id="conclude-experiment"' not in page and 'id="stop-experiment"' not in page
     assert "promoted</span>" in page and "<td>concluded</td>" in page
@@ -297,8 +300,8 @@ def test_a_viewer_reads_it_all_and_changes_nothing(viewer_client, vip):
     assert renamed.status_code == 403
     row.refresh_from_db()
     assert (row.state, row.name) == ("active", "One or three")
-    assert ExperimentChange.objects.count() == 1
-    history = reverse("admin:limits_experimentchange_changelist")
+    assert SettingChange.objects.filter(kind="experiment").count() == 1
+    history = reverse("admin:limits_settingchange_changelist")
     assert viewer_client.get(history).status_code == 200
 
 
@@ -309,12 +312,12 @@ def test_experiments_are_history_never_deleted_and_their_changes_read_only(admin
     assert 'value="delete_selected"' not in text(
         admin_client.get(reverse("admin:limits_experiment_changelist"))
     )
-    change = ExperimentChange.objects.get()
-    listing = text(admin_client.get(reverse("admin:limits_experimentchange_changelist")))
+    change = SettingChange.objects.filter(kind="experiment").get()
+    listing = text(admin_client.get(reverse("admin:limits_settingchange_changelist")))
     assert "One or three" in listing and "created" in listing
-    url = reverse("admin:limits_experimentchange_change", args=[change.pk])
+    url = reverse("admin:limits_settingchange_change", args=[change.pk])
     assert 'name="_save"' not in text(admin_client.get(url))
-    assert admin_client.get(reverse("admin:limits_experimentchange_add")).status_code == 403
+    assert admin_client.get(reverse("admin:limits_settingchange_add")).status_code == 403
     assert Experiment.objects.filter(pk=row.pk).exists()
 
 

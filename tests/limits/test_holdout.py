@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from limits.engine.assignment import in_share
-from limits.models.policy import HoldoutChange
+from limits.models.policy import SettingChange
 from limits.policy.selectors import policy_cache
 from tests.support.api import call
 from worker.gate import gate_check
@@ -29,13 +29,13 @@ def test_the_group_is_set_whole_with_its_history_and_what_the_change_does(api, s
     shrunk = call(marketer, "PUT", PATH, json={"share": 0.03})
     assert "2.0% of users come back" in shrunk.json()["change"]
     assert call(marketer, "GET", PATH).json()["exclude_tags"] == []
-    assert HoldoutChange.objects.count() == 2
-    last = HoldoutChange.objects.order_by("id").last()
+    assert SettingChange.objects.filter(kind="control_group").count() == 2
+    last = SettingChange.objects.filter(kind="control_group").order_by("id").last()
     assert last is not None and last.before is not None
     assert last.before["share"] == 0.05
     # The same again changes nothing and records nothing.
     assert call(marketer, "PUT", PATH, json={"share": 0.03}).status_code == 200
-    assert HoldoutChange.objects.count() == 2
+    assert SettingChange.objects.filter(kind="control_group").count() == 2
     assert call(api("viewer"), "PUT", PATH, json={"share": 0.01}).status_code == 403
 
 
@@ -57,7 +57,7 @@ def test_bad_input_is_a_400_naming_it_and_changes_nothing(api, snapshot, body, f
     refused = call(marketer, "PUT", PATH, json=body)
     assert refused.status_code == 400 and field in refused.json(), refused.text
     assert call(marketer, "GET", PATH).json()["share"] == 0.02
-    assert HoldoutChange.objects.count() == 1
+    assert SettingChange.objects.filter(kind="control_group").count() == 1
 
 
 def test_its_users_get_no_marketing_and_are_charged_nothing(api, published):
@@ -106,15 +106,17 @@ def test_the_admin_sets_it_through_the_one_rule_and_says_what_it_does(admin_clie
     assert admin_client.get(page).status_code == 200
     salt = call_salt()
     bad = admin_client.post(page, {"share": "0.5", "salt": salt, "exclude_tags": "Bad Tag"})
-    assert bad.status_code == 200 and HoldoutChange.objects.count() == 0
+    assert (
+        bad.status_code == 200 and SettingChange.objects.filter(kind="control_group").count() == 0
+    )
     assert "Ensure this value is less than or equal to 0.2" in bad.content.decode()
     saved = admin_client.post(
         page, {"share": "0.05", "salt": salt, "exclude_tags": "receipt, alert"}, follow=True
     )
     assert "everyone held out stays out" in saved.content.decode()
-    change = HoldoutChange.objects.get()
-    assert (change.via, change.after["exclude_tags"]) == ("admin", ["alert", "receipt"])
-    assert admin_client.get(reverse("admin:limits_holdoutchange_changelist")).status_code == 200
+    change = SettingChange.objects.filter(kind="control_group").get()
+    assert (change.via, (change.after or {})["exclude_tags"]) == ("admin", ["alert", "receipt"])
+    assert admin_client.get(reverse("admin:limits_settingchange_changelist")).status_code == 200
 
 
 def call_salt() -> str:

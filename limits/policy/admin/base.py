@@ -6,11 +6,13 @@ history records who did it), and the enable/disable actions."""
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, ClassVar
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from gatekeeper.lib.conflicts import Conflict
@@ -46,27 +48,36 @@ def made_words(row: Any) -> str:
     )
 
 
+def history_url(kind: str, object_id: int | None = None) -> str:
+    """The one history page (limits/policy/admin/history.py) filtered to a kind, and to one
+    object of it when given."""
+    query: dict[str, Any] = {"kind__exact": kind}
+    if object_id is not None:
+        query["object_id"] = object_id
+    return f"{reverse('admin:limits_settingchange_changelist')}?{urlencode(query)}"
+
+
 def history_table(
-    changes: Any, words: Callable[[Any, dict[str, str]], str], *, table_id: str
+    changes: Any, words: Callable[[Any, dict[str, str]], str], *, table_id: str, link: str
 ) -> str:
-    """The last 50 changes of a rule or quiet-hours entry as a table, each read out by `words`."""
-    recent = changes.select_related("changed_by")[:50]
+    """The last 50 changes of a rule or quiet-hours entry as a table, each read out by `words`,
+    and a link to all of them on the history page."""
+    recent = changes.select_related("by")[:50]
+    every = format_html('<p><a href="{}">Every change on the history page</a></p>', link)
     if not recent:
-        return "No changes recorded."
+        return format_html("No changes recorded.{}", every)
     names = segment_names()
     rows = format_html_join(
         "",
         "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-        (
-            (f"{c.changed_at:%Y-%m-%d %H:%M:%S}", c.changed_by or "-", c.via, words(c, names))
-            for c in recent
-        ),
+        ((f"{c.at:%Y-%m-%d %H:%M:%S}", c.by or "-", c.via, words(c, names)) for c in recent),
     )
     return format_html(
         '<table class="gk-table" id="{}"><thead><tr><th>When (UTC)</th>'
-        "<th>Who</th><th>Via</th><th>What</th></tr></thead><tbody>{}</tbody></table>",
+        "<th>Who</th><th>Via</th><th>What</th></tr></thead><tbody>{}</tbody></table>{}",
         table_id,
         rows,
+        every,
     )
 
 
@@ -116,7 +127,12 @@ class AuthoredAdmin(admin.ModelAdmin):
 
     @admin.display(description="changes")
     def history(self, row: Any) -> str:
-        return history_table(row.changes, self.authored.change_words, table_id=self.history_id)
+        return history_table(
+            self.authored.changes(row.pk),
+            self.authored.change_words,
+            table_id=self.history_id,
+            link=history_url(self.authored.kind, row.pk),
+        )
 
     # --- writes: through the kind, so the history records who did it ---
 

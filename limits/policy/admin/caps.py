@@ -1,18 +1,19 @@
-"""Admin of the classic caps (saved through `cap_set`, which records every change), their
-history and the audit log of quota resets."""
+"""Admin of the classic caps (saved through `cap_set` and deleted through `cap_delete`, which
+record every change in the one history) and the audit log of quota resets."""
 
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from gatekeeper.lib.integers import (
     INT32_MAX,
     WholeNumberField,
 )
-from limits.models.policy import Cap, CapChange, QuotaReset
+from limits.models.policy import Cap, QuotaReset
 from limits.policy.admin.base import AuditLogAdmin
-from limits.policy.services import cap_describe, cap_set, cap_warnings
+from limits.policy.services import cap_delete, cap_describe, cap_set, cap_warnings
 
 
 @admin.register(Cap)
@@ -53,21 +54,12 @@ class CapAdmin(admin.ModelAdmin):
         )
         obj.pk = saved.pk
 
+    def delete_model(self, request: HttpRequest, obj: Cap) -> None:
+        cap_delete(obj, user=request.user, via="admin")
 
-@admin.register(CapChange)
-class CapChangeAdmin(AuditLogAdmin):
-    list_display = [
-        "changed_at",
-        "segment_slug",
-        "channel",
-        "old_daily",
-        "old_weekly",
-        "new_daily",
-        "new_weekly",
-        "changed_by",
-        "via",
-    ]
-    list_filter = ["segment_slug", "channel", "via"]
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Cap]) -> None:
+        for cap in queryset:
+            cap_delete(cap, user=request.user, via="admin")
 
 
 @admin.register(QuotaReset)

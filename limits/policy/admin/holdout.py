@@ -11,8 +11,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
 from gatekeeper.lib.permissions import VIEW_STUDIES
-from limits.models.policy import Holdout, HoldoutChange
-from limits.policy.admin.base import AuditLogAdmin
+from limits.models.policy import Holdout
 from limits.policy.holdout import HoldoutFields, holdout_problems, holdout_read, holdout_set
 from segments.models import Segment
 
@@ -106,8 +105,3 @@ class HoldoutAdmin(admin.ModelAdmin):
             by=request.user,
         )
         messages.info(request, words)
-
-
-@admin.register(HoldoutChange)
-class HoldoutChangeAdmin(AuditLogAdmin):
-    list_display = ["changed_at", "before", "after", "changed_by", "via"]

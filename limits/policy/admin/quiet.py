@@ -24,8 +24,8 @@ from limits.engine.quiet import (
     quiet_problems,
     quiet_view,
 )
-from limits.models.policy import QuietHours, QuietHoursChange
-from limits.policy.admin.base import AuditLogAdmin, AuthoredAdmin, segment_names
+from limits.models.policy import QuietHours
+from limits.policy.admin.base import AuthoredAdmin
 from limits.policy.services import QUIET_HOURS
 from segments.models import Segment
 
@@ -172,21 +172,3 @@ class QuietHoursAdmin(AuthoredAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: QuietHours | None = None) -> Any:
         return [] if obj is None else ["reading", "made", "history"]
-
-
-@admin.register(QuietHoursChange)
-class QuietHoursChangeAdmin(AuditLogAdmin):
-    """Every change of every quiet-hours entry, deleted ones' included (an entry's page shows
-    its own)."""
-
-    list_filter = ["action", "via"]
-    search_fields = ["label"]
-
-    def get_list_display(self, request: HttpRequest) -> Any:
-        names = segment_names()
-
-        @admin.display(description="what")
-        def what(change: QuietHoursChange) -> str:
-            return QUIET_HOURS.change_words(change, names)
-
-        return ["changed_at", "label", "action", what, "changed_by", "via"]

@@ -20,8 +20,8 @@ from gatekeeper.lib.integers import (
     WholeNumberField,
 )
 from limits.channels import scope_label, scopes
-from limits.models.policy import Rule, RuleChange
-from limits.policy.admin.base import AuditLogAdmin, AuthoredAdmin, segment_names
+from limits.models.policy import Rule
+from limits.policy.admin.base import AuthoredAdmin
 from limits.policy.rules import (
     NotADuration,
     RuleFields,
@@ -372,23 +372,6 @@ class RuleAdmin(AuthoredAdmin):
         ]
         context = {"title": "Cap rules", "findings": listed, **(extra_context or {})}
         return super().changelist_view(request, context)
-
-
-@admin.register(RuleChange)
-class RuleChangeAdmin(AuditLogAdmin):
-    """Every change of every rule, deleted rules' included (a rule's page shows its own)."""
-
-    list_filter = ["action", "via"]
-    search_fields = ["label"]
-
-    def get_list_display(self, request: HttpRequest) -> Any:
-        names = segment_names()
-
-        @admin.display(description="what")
-        def what(change: RuleChange) -> str:
-            return RULES.change_words(change, names)
-
-        return ["changed_at", "label", "action", what, "changed_by", "via"]
 
 
 # --- quiet hours -----------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from limits.engine.topics import (
     topic_json_describe,
     topic_problems,
 )
-from limits.models.policy import Topic, TopicChange
-from limits.policy.admin.base import AuditLogAdmin, AuthoredAdmin
+from limits.models.policy import Topic
+from limits.policy.admin.base import AuthoredAdmin
 from limits.policy.services import TOPICS
 
 
@@ -110,18 +110,3 @@ class TopicAdmin(AuthoredAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Topic | None = None) -> Any:
         return [] if obj is None else ["slug", "reading", "made", "history"]
-
-
-@admin.register(TopicChange)
-class TopicChangeAdmin(AuditLogAdmin):
-    """Every change of every topic, deleted ones' included (a topic's page shows its own)."""
-
-    list_filter = ["action", "via"]
-    search_fields = ["label"]
-
-    def get_list_display(self, request: HttpRequest) -> Any:
-        @admin.display(description="what")
-        def what(change: TopicChange) -> str:
-            return TOPICS.change_words(change, {})
-
-        return ["changed_at", "label", "action", what, "changed_by", "via"]
