@@ -27,10 +27,11 @@ class StudiesListener(DrainListener):
         return events_entry(packed)
 
     def written(self, done: Round, report: Drained) -> None:
+        steps = done.steps_of(self)
+        if not steps:
+            return  # a drain that found nothing (every 2 s when idle) reads no control group
         group = holdout_view()
-        for are_events, run in groupby(
-            done.steps_of(self), key=lambda s: isinstance(s, PostedEvents)
-        ):
+        for are_events, run in groupby(steps, key=lambda s: isinstance(s, PostedEvents)):
             if are_events:
                 counted = events_counted([step for step in run if isinstance(step, PostedEvents)])
                 report.events += counted.new
