@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from gatekeeper.lib.instants import instant_ms
 from limits.engine.limiter import Limiter, Restored, get_limiter
 from limits.ledger.table import kinds_analyze, message_of
 from limits.models.ledger import LedgerEntry, LedgerKind
@@ -109,7 +110,7 @@ def logs_rebuild(
             Restored(
                 user_id=user_id,
                 channel=channel,
-                at_ms=round(at.timestamp() * 1000),
+                at_ms=instant_ms(at),
                 message_id=message_id,
                 campaign=campaign,
                 priority=priority,
