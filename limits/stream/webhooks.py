@@ -138,18 +138,17 @@ def start_position(start: str) -> str:
     return str(position_from_text(start, field="start"))
 
 
+# What the history keeps of an endpoint: what people set, never its secret nor its runs'
+# bookkeeping (what they delivered, their failures).
+RECORDED = ("id", "url", "description", "types", "channels", "campaigns", "state", "position")
+
+
 def webhook_recorded(endpoint: WebhookEndpoint) -> dict[str, Any]:
-    """An endpoint as its history keeps it: what people set, as the REST API names it; never
-    its secret, nor its runs' bookkeeping (what they delivered, their failures)."""
+    """An endpoint as its history keeps it (RECORDED of what REST answers), its lists copied:
+    the history's `before` stays as it was whatever the change does to the row."""
+    shown = webhook_shown(endpoint)
     return {
-        "id": endpoint.pk,
-        "url": endpoint.url,
-        "description": endpoint.description,
-        "types": list(endpoint.types),
-        "channels": list(endpoint.channels),
-        "campaigns": list(endpoint.campaigns),
-        "state": endpoint.state,
-        "position": endpoint.position,
+        name: list(v) if isinstance(v, list) else v for name, v in shown.items() if name in RECORDED
     }
 
 
