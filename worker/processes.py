@@ -10,11 +10,12 @@ import json
 import logging
 import os
 import socket
-import time
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 
+from gatekeeper.lib.instants import instant_or_now
 from gatekeeper.lib.redis_client import REDIS_DOWN, get_redis
 
 logger = logging.getLogger(__name__)
@@ -30,11 +31,11 @@ def stale_after() -> float:
     return max(30.0, 3 * float(settings.GATEKEEPER_SNAPSHOT_POLL_SECONDS))
 
 
-def process_report(*, role: str, status: dict[str, Any], now: float | None = None) -> None:
+def process_report(*, role: str, status: dict[str, Any], now: datetime | None = None) -> None:
     """Record this process and the snapshot it holds. Never raises: a Redis outage only leaves
     the dashboard a little behind."""
     host, pid = socket.gethostname(), os.getpid()
-    now = time.time() if now is None else now
+    seen_at = instant_or_now(now).timestamp()  # kept as epoch seconds (the dashboard reads them)
     entry = {
         "role": role,
         "host": host,
@@ -42,8 +43,8 @@ def process_report(*, role: str, status: dict[str, Any], now: float | None = Non
         "version": status.get("version"),
         "source": status.get("source"),
         "error": status.get("error"),
-        "started_at": _started_at.setdefault(pid, now),
-        "seen_at": now,
+        "started_at": _started_at.setdefault(pid, seen_at),
+        "seen_at": seen_at,
     }
     try:
         get_redis().hset(_key(), f"{host}:{pid}", json.dumps(entry))
@@ -51,15 +52,15 @@ def process_report(*, role: str, status: dict[str, Any], now: float | None = Non
         logger.debug("Could not report this process to Redis: %s", exc)
 
 
-def processes_list(now: float | None = None) -> list[dict[str, Any]]:
+def processes_list(now: datetime | None = None) -> list[dict[str, Any]]:
     """Processes seen recently, newest version first; forgets those gone quiet."""
-    now = time.time() if now is None else now
+    seconds = instant_or_now(now).timestamp()
     client = get_redis()
     alive, gone = [], []
     for field, raw in client.hgetall(_key()).items():
         try:
             entry = json.loads(raw)
-            fresh = now - float(entry["seen_at"]) <= stale_after()
+            fresh = seconds - float(entry["seen_at"]) <= stale_after()
         except (ValueError, KeyError, TypeError):
             fresh = False
         if fresh:
@@ -71,7 +72,7 @@ def processes_list(now: float | None = None) -> list[dict[str, Any]]:
     return sorted(alive, key=lambda e: (e.get("version") or "", e["role"], e["host"], e["pid"]))
 
 
-def processes_by_version(now: float | None = None) -> dict[str | None, list[dict[str, Any]]]:
+def processes_by_version(now: datetime | None = None) -> dict[str | None, list[dict[str, Any]]]:
     grouped: dict[str | None, list[dict[str, Any]]] = {}
     for entry in processes_list(now):
         grouped.setdefault(entry.get("version"), []).append(entry)

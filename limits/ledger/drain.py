@@ -36,6 +36,7 @@ import redis
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 
+from gatekeeper.lib.instants import instant_ms, instant_or_now
 from gatekeeper.lib.leases import RedisLease
 from gatekeeper.lib.redis_client import REDIS_DOWN, RedisClient, get_redis
 from limits.ledger.listeners import (
@@ -642,7 +643,7 @@ class Backlog:
     lag_seconds: float  # how long the oldest of them has waited (0: none)
 
 
-def drain_backlog(*, now: float | None = None, client: RedisClient | None = None) -> Backlog:
+def drain_backlog(*, now: datetime | None = None, client: RedisClient | None = None) -> Backlog:
     """How far the drain is behind, for the operator: the stream's length and the age of its
     oldest entry. The drain deletes what it wrote, so every entry left is undrained, the oldest
     first; its id is the time Redis appended it (in ms). One round trip: XLEN and XRANGE of
@@ -655,8 +656,8 @@ def drain_backlog(*, now: float | None = None, client: RedisClient | None = None
     if not oldest:
         return Backlog(entries=int(length), lag_seconds=0.0)
     appended_ms = int(_text(oldest[0][0]).partition("-")[0])
-    now = time.time() if now is None else now
-    return Backlog(entries=int(length), lag_seconds=max(0.0, now - appended_ms / 1000))
+    lag_ms = instant_ms(instant_or_now(now)) - appended_ms
+    return Backlog(entries=int(length), lag_seconds=max(0.0, lag_ms / 1000))
 
 
 def drainer_key() -> str:

@@ -139,8 +139,10 @@ class PolicyCache:
         self._lock = threading.Lock()
         self._cached: _Cached | None = None
 
-    def table(self, *, now: float | None = None) -> PolicyTable:
-        now = time.monotonic() if now is None else now
+    def table(self, *, monotonic: float | None = None) -> PolicyTable:
+        """The table, read again once `ttl` seconds of the process's monotonic clock (given:
+        tests) have passed since the last read."""
+        now = time.monotonic() if monotonic is None else monotonic
         cached = self._cached
         if cached is not None and now - cached.read_at < self.ttl:
             return cached.table

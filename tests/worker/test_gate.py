@@ -86,10 +86,12 @@ def test_a_cap_edit_governs_decisions_once_the_cache_expires(snapshot):
     gate = Gate(policy=cache, record_stats=False)
     vip = Segment.objects.get(slug="vip")
     daily = {"segment": "vip", "channel": "email"}
-    assert cache.table(now=100.0).classic_limits(**daily)["daily"] == 2
+    assert cache.table(monotonic=100.0).classic_limits(**daily)["daily"] == 2
     cap_set(segment=vip, channel="email", daily=0, weekly=5)
-    assert cache.table(now=101.0).classic_limits(**daily)["daily"] == 2  # still cached
-    assert cache.table(now=102.0).classic_limits(**daily)["daily"] == 0  # re-read after the TTL
+    assert cache.table(monotonic=101.0).classic_limits(**daily)["daily"] == 2  # still cached
+    assert (
+        cache.table(monotonic=102.0).classic_limits(**daily)["daily"] == 0
+    )  # re-read after the TTL
     assert gate.check(channel="email", requests=[(1, "a")], now=NOW)[0].reason == "blocked"
 
 

@@ -3,7 +3,7 @@ snapshot this process holds), scraped as Prometheus scrapes them, and a scrape t
 answers when a source does not."""
 
 import time
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -12,9 +12,10 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.servers import free_port
+from gatekeeper.lib.instants import instant_ms
 from gatekeeper.lib.redis_client import reset_redis_clients
 from limits.engine.limiter import reset_limiter
-from limits.ledger.drain import ledger_drain_all
+from limits.ledger.drain import drain_backlog, ledger_drain_all
 from limits.ledger.stream import stream_key
 from segments.index import get_index, index_status
 from tests.support.sends import make_job, run_all
@@ -130,6 +131,16 @@ def test_the_ledger_stream_and_the_drain_lag(vip, redis_client):
 
 
 @pytest.mark.postgres
+def test_the_drain_lag_is_read_against_the_clock_given(redis_client):
+    appended = datetime(2026, 6, 1, 9, tzinfo=UTC)
+    redis_client.xadd(stream_key(), {"d": b"x"}, id=f"{instant_ms(appended)}-0")
+    backlog = drain_backlog(now=appended + timedelta(seconds=90, milliseconds=500))
+    assert (backlog.entries, backlog.lag_seconds) == (1, 90.5)
+    assert drain_backlog(now=appended - timedelta(seconds=1)).lag_seconds == 0  # never negative
+    with pytest.raises(TypeError):
+        drain_backlog(now=appended.timestamp())  # type: ignore[arg-type]
+
+
 def test_chunks_by_kind_and_state_with_the_oldest_due_ones_lag(vip):
     now = timezone.now()
     job = make_job(1, 2, 3)  # one chunk of 3, queued, not handed out

@@ -2,6 +2,7 @@
 
 import json
 import os
+from datetime import UTC, datetime, timedelta
 
 from worker.processes import process_report, processes_by_version, processes_list, stale_after
 
@@ -15,12 +16,14 @@ def test_a_process_reports_its_version_and_quiet_ones_are_forgotten(redis_client
         json.dumps({"role": "web", "host": "gone-host", "pid": 1, "version": "v0", "seen_at": 0}),
     )
     redis_client.hset(key, "garbage", "not json")
-    process_report(role="worker", status={"version": "v1", "source": "store"}, now=1000.0)
-    listed = processes_list(now=1000.0 + stale_after() - 1)
+    seen = datetime(2026, 6, 1, 9, tzinfo=UTC)
+    quiet_for = timedelta(seconds=stale_after())
+    process_report(role="worker", status={"version": "v1", "source": "store"}, now=seen)
+    listed = processes_list(now=seen + quiet_for - timedelta(seconds=1))
     assert [(p["role"], p["pid"], p["version"]) for p in listed] == [("worker", os.getpid(), "v1")]
     assert redis_client.hkeys(key) == [f"{listed[0]['host']}:{os.getpid()}".encode()]
-    assert list(processes_by_version(now=1000.0)) == ["v1"]
-    assert processes_list(now=1000.0 + stale_after() + 1) == []
+    assert list(processes_by_version(now=seen)) == ["v1"]
+    assert processes_list(now=seen + quiet_for + timedelta(seconds=1)) == []
     assert redis_client.hlen(key) == 0
 
 
