@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -443,7 +444,8 @@ def preferences_beside_none(url: str, seconds: float, share: float = 0.1) -> Non
     probe = list(range(0, USERS, USERS // 5000))[:5000]
     started = time.perf_counter()
     for _ in range(200):
-        gates[1].preferences.refusals("email", table.topics["news"], probe, time.time())
+        now_ms = time.time_ns() // 1_000_000
+        gates[1].preferences.refusals("email", table.topics["news"], probe, now_ms)
     lookup_us = (time.perf_counter() - started) / 200 * 1e6
     print(
         f"gate with nobody's preferences: {plain:,.0f} decisions/s; with {len(said):,} of "
@@ -579,18 +581,19 @@ def own_cap_redis_cpu(url: str, users: int = 50_000, rounds: int = 12) -> None:
         _gate_holding(limiter, table, index, {}, record_stats=False),
         _gate_holding(limiter, table, index, own, record_stats=False),
     ]
-    now = time.time()
+    now = datetime.now(UTC)
 
     def side(gate: Gate, seed: int) -> tuple[float, float, int]:
         client.flushdb()
         pick = random.Random(seed)
         batches = [[(u, f"o{n}-{u}") for u in pick.sample(range(users), 1000)] for n in range(150)]
         for n, requests in enumerate(batches[:100]):  # two sends per user in their logs
-            gate.check(channel="email", requests=requests, now=now + n)
+            gate.check(channel="email", requests=requests, now=now + timedelta(seconds=n))
         client.config_resetstat()
         refused = 0
         for n, requests in enumerate(batches[100:]):
-            decided = gate.check(channel="email", requests=requests, now=now + 100 + n)
+            at = now + timedelta(seconds=100 + n)
+            decided = gate.check(channel="email", requests=requests, now=at)
             refused += sum(d.rule is not None and d.rule["kind"] == "person" for d in decided)
         usec = _command_usec([client])
         decisions = 50 * 1000

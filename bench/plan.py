@@ -47,7 +47,7 @@ def main(argv: list[str]) -> None:
             channel="email",
             requests=[(int(u), f"before:{u}") for u in part],
             campaign="before",
-            now=(start - timedelta(days=1)).timestamp(),
+            now=start - timedelta(days=1),
         )
     SendJob.objects.all().delete()
     jobs = []

@@ -428,11 +428,9 @@ def _run_gated(
     job = chunk.job
     recipients = recipients_typed(chunk.recipients)
     # No later than the gate's own time for the ledger (its outcomes are found from it).
-    gating = clock.timestamp() if clock is not None else time.time() - 1
+    gating = clock if clock is not None else timezone.now() - timedelta(seconds=1)
     with timed("gate"):
-        decisions = job_gate_check(
-            job, recipients, now=clock.timestamp() if clock is not None else None
-        )
+        decisions = job_gate_check(job, recipients, now=clock)
     # What `retry_after` counts from: the gate's clock (taken after it answered, so that a
     # release read from it is never early).
     gated_at = clock or timezone.now()

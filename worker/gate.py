@@ -14,10 +14,13 @@ decision is counted and kept in the ledger (not dry runs).
 import logging
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, Literal, Protocol, cast
 
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
+from gatekeeper.lib.instants import instant_checked, instant_ms
 from limits.channels import validate_channel
 from limits.engine.limiter import Decision, Limiter, get_limiter
 from limits.engine.log import holder_of
@@ -128,13 +131,15 @@ class Gate:
         priority: int = DEFAULT_PRIORITY,
         time_zones: Sequence[str | None] | None = None,
         dry_run: bool = False,
-        now: float | None = None,
+        now: datetime | None = None,
         table: PolicyTable | None = None,
         job: int | None = None,
         topic: str = "",
         topic_gone: Literal["refuse", "ignore"] = "refuse",
     ) -> list[Decision]:
-        """`topic`: what the sends are about (a topic's slug; "" for none), kept in the ledger;
+        """`now`: the instant the requests are decided at (tests, replays, the plan); None: Redis's
+        clock for the limiter, this process's for what Python decides.
+        `topic`: what the sends are about (a topic's slug; "" for none), kept in the ledger;
         GateError naming `topic` for one that does not exist or is not sent on `channel`, or
         with `topic_gone="ignore"` (a send job's, checked when it was made) the sends go as of
         no topic, and a warning says so.
@@ -144,6 +149,8 @@ class Gate:
         recorded for it, and a duplicate names the job that recorded it (`holder`)."""
         started = time.perf_counter()
         _checked(channel, category)
+        # Once, here: below the gate counts time as the engine does (epoch milliseconds).
+        now_ms = None if now is None else instant_ms(now)
         policy = table
         if topic:
             policy = policy or self.policy.table()
@@ -159,7 +166,7 @@ class Gate:
         segments = None if index is None else index.resolve_many([u for u, _ in requests])
         if category == Category.TRANSACTIONAL and job is not None and not dry_run:
             # Never refused, never counted: recorded uncounted, so the message id is claimed.
-            decisions = self._claimed_exempt(channel, requests, job=job, now=now)
+            decisions = self._claimed_exempt(channel, requests, job=job, now_ms=now_ms)
             for k, decision in enumerate(decisions):
                 decision.segment = segments[k] if segments is not None else None
         elif category == Category.TRANSACTIONAL:
@@ -184,8 +191,8 @@ class Gate:
                 tags=tags,
                 priority=priority,
                 dry_run=dry_run,
-                now=now,
-                clock=time.time() if now is None else now,
+                now_ms=now_ms,
+                clock_ms=instant_ms(timezone.now()) if now_ms is None else now_ms,
                 requests=requests,
                 segments=segments,
                 time_zones=time_zones,
@@ -205,7 +212,7 @@ class Gate:
             if self._ledger_on():
                 kept = [d for d in decisions if not d.erased]  # an erased person's: not named
                 ledger_append(
-                    at=time.time() if now is None else now,
+                    at=time.time() if now_ms is None else now_ms / 1000,
                     channel=channel,
                     campaign=campaign,
                     tags=tags,
@@ -228,9 +235,15 @@ class Gate:
         )
 
     def _claimed_exempt(
-        self, channel: str, requests: Sequence[tuple[int, str]], *, job: int, now: float | None
+        self, channel: str, requests: Sequence[tuple[int, str]], *, job: int, now_ms: int | None
     ) -> list[Decision]:
-        decisions = self._unruled(channel, requests, now=now, holder=holder_of(job), uncounted=True)
+        decisions = self._unruled(
+            channel,
+            requests,
+            now=None if now_ms is None else now_ms / 1000,  # SEAM engine-ms
+            holder=holder_of(job),
+            uncounted=True,
+        )
         for decision in decisions:
             if decision.reason == Reason.ALLOWED:
                 decision.reason, decision.counts = Reason.EXEMPT, {}
@@ -275,12 +288,13 @@ class Gate:
         return removed
 
     def outcomes(
-        self, *, channel: str, since: float, outcomes: Sequence[tuple[int, str, str]]
+        self, *, channel: str, since: datetime, outcomes: Sequence[tuple[int, str, str]]
     ) -> None:
         """Keep what became of admitted sends in the ledger: (user id, message id, outcome),
         an Outcome (limits.reasons); `since`: no earlier than their decision."""
+        since = instant_checked(since)
         if self._ledger_on():
-            ledger_outcomes(channel=channel, since=since, outcomes=outcomes)
+            ledger_outcomes(channel=channel, since=since.timestamp(), outcomes=outcomes)
 
     def _ledger_on(self) -> bool:
         return self.record_ledger if self.record_ledger is not None else ledger_enabled()
@@ -299,7 +313,7 @@ def gate_check(
     priority: int = DEFAULT_PRIORITY,
     time_zones: Sequence[str | None] | None = None,
     dry_run: bool = False,
-    now: float | None = None,
+    now: datetime | None = None,
     table: PolicyTable | None = None,
     job: int | None = None,
     topic: str = "",
@@ -325,7 +339,7 @@ def gate_check(
 
 
 def job_gate_check(
-    job: Any, recipients: Sequence[Any], *, now: float | None, gate: Gate | None = None
+    job: Any, recipients: Sequence[Any], *, now: datetime | None, gate: Gate | None = None
 ) -> list[Decision]:
     """A send job's recipients (typed: user_id, message_id, time_zone) as its run puts them
     through the gate (`gate`: the process's), at `now` (None: the gate's clock). The one place
@@ -362,6 +376,8 @@ def gate_holders(*, channel: str, requests: Sequence[tuple[int, str]]) -> list[i
     return _default_gate.holders(channel=channel, requests=requests)
 
 
-def gate_outcomes(*, channel: str, since: float, outcomes: Sequence[tuple[int, str, str]]) -> None:
+def gate_outcomes(
+    *, channel: str, since: datetime, outcomes: Sequence[tuple[int, str, str]]
+) -> None:
     """What became of admitted sends, for the ledger (Gate.outcomes)."""
     _default_gate.outcomes(channel=channel, since=since, outcomes=outcomes)

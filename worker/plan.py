@@ -180,11 +180,11 @@ def _job_planned(job: SendJob, gate: Gate, *, earlier: list[JobPlan]) -> JobPlan
         start_at=job.start_at,
         tags=tuple(job.tags),
     )
-    at = job.start_at.timestamp()
+    at = job.start_at.timestamp()  # what a hold's release counts from (epoch seconds)
     admitted: list[int] = []
     table = gate.policy.table()
     for part in _chunks(job):
-        decisions = job_gate_check(job, part, now=at, gate=gate)
+        decisions = job_gate_check(job, part, now=job.start_at, gate=gate)
         if any(d.reason == Reason.UNAVAILABLE for d in decisions):
             raise Unavailable("Redis or the segment snapshot is not available; no plan.")
         plan.recipients += len(decisions)

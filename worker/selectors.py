@@ -4,7 +4,6 @@ jobs' waiting sends, and the operator's figures of send work (/metrics). None of
 anything."""
 
 import datetime as dt
-import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import replace
@@ -15,7 +14,7 @@ from django.conf import settings
 from django.db.models import Count, Max, Min, Q, Sum
 from django.db.models.functions import Coalesce, TruncHour
 
-from gatekeeper.lib.instants import instant_or_now
+from gatekeeper.lib.instants import instant_checked, instant_ms, instant_or_now
 from limits.channels import channels
 from limits.engine.table import DAY_SECONDS, WEEK_SECONDS, PolicyTable, RuleView, counting_rule
 from limits.engine.topics import REQUIRED, TopicView, topic_problem
@@ -45,7 +44,7 @@ def what_if(
     ids: np.ndarray,
     draft: PolicyTable,
     only_channels: list[str] | None = None,
-    now: float | None = None,
+    now: dt.datetime | None = None,
     audience_size: int | None = None,
     campaign: str = "",
     tags: tuple[str, ...] = (),
@@ -58,7 +57,10 @@ def what_if(
 
     Dry runs only: nothing is recorded. Ids are de-duplicated; an audience above WHAT_IF_LIMIT
     is estimated from a uniform random sample of that many, scaled up (`sampled` says so).
-    `audience_size`: the caller already sampled `ids` from an audience of that many."""
+    `audience_size`: the caller already sampled `ids` from an audience of that many. `now`: the
+    instant asked about (None: Redis's clock for the logs, this process's for the rest)."""
+    if now is not None:
+        instant_checked(now)
     index = live_index()
     unique = np.unique(np.asarray(ids, dtype=np.uint64))
     total = max(int(unique.size), audience_size or 0)
@@ -134,7 +136,7 @@ def what_if_preferences(
     user_ids: list[int],
     only_channels: list[str],
     topics: Mapping[str, TopicView] | None = None,
-    now: float | None = None,
+    now: dt.datetime | None = None,
     scale: float = 1,
 ) -> list[dict[str, Any]]:
     """Per channel of `only_channels`, for a send of no topic (`topic` None) and of each topic
@@ -142,10 +144,10 @@ def what_if_preferences(
     (`preference`, `paused`), times `scale` (the what-if's sample). Asks the process's copy of
     people's preferences, as the gate does: no Redis, nothing written. `required`: a topic no
     preference can block. `topics`: the topics there are, as the caller read them (None:
-    read now)."""
+    read now). `now`: the instant asked about (None: this process's clock)."""
+    at_ms = instant_ms(instant_or_now(now))
     topics = topics_read() if topics is None else topics
     cache = preference_cache()
-    at = time.time() if now is None else now
     rows = []
     for channel in only_channels:
         for slug in [None, *sorted(topics)]:
@@ -153,7 +155,7 @@ def what_if_preferences(
             if slug is not None and topic_problem(topics, slug, channel) is not None:
                 continue  # not sent on this channel
             try:
-                refusals = cache.refusals(channel, topic, user_ids, at)
+                refusals = cache.refusals(channel, topic, user_ids, at_ms)
             except PreferencesUnavailable as exc:
                 raise Unavailable(
                     "People's preferences could not be read; the what-if cannot be run."

@@ -4,7 +4,6 @@ ledger, their preferences) with the audited quota reset."""
 
 import contextlib
 import datetime as dt
-import time
 from typing import Any
 
 from django import forms
@@ -17,6 +16,7 @@ from django.http import (
     HttpResponseRedirect,
 )
 from django.urls import reverse
+from django.utils import timezone
 
 from gatekeeper.lib.console import ago, render, require
 from gatekeeper.lib.ids import max_user_id
@@ -52,7 +52,7 @@ class QuotaResetForm(forms.Form):
     )
 
 
-def _next_slot(usage: dict[str, Any], now: float) -> str:
+def _next_slot(usage: dict[str, Any], now: dt.datetime) -> str:
     """When this scope lets one more send through, in words."""
     if 0 in (usage["daily"]["limit"], usage["weekly"]["limit"]):
         return "never: the cap is 0"
@@ -62,7 +62,7 @@ def _next_slot(usage: dict[str, Any], now: float) -> str:
     return _wait_words(wait, now)
 
 
-def _rule_next_slot(rule: dict[str, Any], now: float, time_zone: str) -> str:
+def _rule_next_slot(rule: dict[str, Any], now: dt.datetime, time_zone: str) -> str:
     """When a rule lets one more send through, in words (and in the user's own time)."""
     if rule["limit"] == 0:
         return "never: the limit is 0"
@@ -72,9 +72,9 @@ def _rule_next_slot(rule: dict[str, Any], now: float, time_zone: str) -> str:
     return _wait_words(wait, now, time_zone)
 
 
-def _wait_words(wait: float, now: float, time_zone: str | None = None) -> str:
+def _wait_words(wait: float, now: dt.datetime, time_zone: str | None = None) -> str:
     """ "in 3 h 10 min (2026-11-24 21:40 UTC)", with the user's own time when `time_zone`."""
-    at = dt.datetime.fromtimestamp(now + wait, dt.UTC)
+    at = (now + dt.timedelta(seconds=wait)).astimezone(dt.UTC)
     local = ""
     if time_zone is not None:
         with contextlib.suppress(UnknownTimeZone):  # an unknown zone: UTC alone
@@ -82,30 +82,30 @@ def _wait_words(wait: float, now: float, time_zone: str | None = None) -> str:
     return f"in {ago(wait)} ({at:%Y-%m-%d %H:%M} UTC{local})"
 
 
-def _user_zone(quota: dict[str, Any], now: float) -> dict[str, str]:
+def _user_zone(quota: dict[str, Any], now: dt.datetime) -> dict[str, str]:
     """The user's zone, where it comes from, and their local time now."""
     name = quota["time_zone"]
     own = Segment.objects.filter(slug=quota["segment"]).values_list("time_zone", flat=True).first()
     source = "their segment's" if own else "the default (GATEKEEPER_DEFAULT_TIME_ZONE)"
     try:
-        local = dt.datetime.fromtimestamp(now, zone(name))
+        local = now.astimezone(zone(name))
     except UnknownTimeZone:
         return {"name": name, "source": source, "local": "unknown: the zone is not known here"}
     return {"name": name, "source": source, "local": f"{local:%Y-%m-%d %H:%M} ({local:%Z})"}
 
 
-def _at_words(instant: float, time_zone: str, now: float) -> str:
-    """An instant soon, in the user's own time and in UTC: "08:17 their time (06:17 UTC,
-    in 7 h 17 min)"."""
+def _at_words(instant: float, time_zone: str, now: dt.datetime) -> str:
+    """An instant soon (epoch seconds, as the quota's quiet hours give it), in the user's own
+    time and in UTC: "08:17 their time (06:17 UTC, in 7 h 17 min)"."""
     at = dt.datetime.fromtimestamp(instant, dt.UTC)
     try:
         local = f"{at.astimezone(zone(time_zone)):%Y-%m-%d %H:%M} their time"
     except UnknownTimeZone:
         local = "unknown zone"
-    return f"{local} ({at:%H:%M} UTC, in {ago(instant - now)})"
+    return f"{local} ({at:%H:%M} UTC, in {ago(instant - now.timestamp())})"
 
 
-def _quiet_rows(user_id: int, quota: dict[str, Any], now: float) -> list[dict[str, Any]]:
+def _quiet_rows(user_id: int, quota: dict[str, Any], now: dt.datetime) -> list[dict[str, Any]]:
     """Per channel: the quiet hours that apply to the user and whether they hold now."""
     rows = user_quiet_hours(user_id, segment=quota["segment"], zone=quota["time_zone"], now=now)
     for row in rows:
@@ -119,7 +119,7 @@ def _quiet_rows(user_id: int, quota: dict[str, Any], now: float) -> list[dict[st
 TIMELINE_PAGE = 50  # decisions from the ledger per page of a user's timeline
 
 
-def _timeline(user_id: int, before: str | None, now: float) -> dict[str, Any]:
+def _timeline(user_id: int, before: str | None, now: dt.datetime) -> dict[str, Any]:
     """A page of the user's decisions from the ledger, newest first (older ones from `before`,
     a position a previous page gave), with the links to the next older page and back to the
     newest. The database alone: shown also when Redis or the snapshot is missing."""
@@ -131,7 +131,7 @@ def _timeline(user_id: int, before: str | None, now: float) -> dict[str, Any]:
             problem = f"{exc} The newest decisions are shown."
     page = user_history(user_id=user_id, limit=TIMELINE_PAGE, before=position)
     for decision in page.decisions:
-        decision["ago"] = ago(now - decision["at"].timestamp())
+        decision["ago"] = ago((now - decision["at"]).total_seconds())
         decision["admitted"] = decision["reason"] in ADMITTED
     here = _lookup_url(user_id)
     return {
@@ -165,7 +165,7 @@ def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
     said: dict[str, Any] | None = None
     if form.is_valid():
         user_id = form.cleaned_data["user_id"]
-        timeline = _timeline(user_id, request.GET.get("before"), time.time())
+        timeline = _timeline(user_id, request.GET.get("before"), timezone.now())
         if request.user.has_perm("limits.view_preference"):
             said = _preferences(user_id)
         try:
@@ -174,7 +174,7 @@ def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         except Unavailable as exc:
             problem = str(exc)
         else:
-            now = time.time()
+            now = timezone.now()
             user_zone = _user_zone(quota, now)
             quiet = _quiet_rows(user_id, quota, now)
             for scope, usage in quota["scopes"].items():
@@ -185,7 +185,7 @@ def user_lookup(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
                 rule["next_slot_text"] = _rule_next_slot(rule, now, quota["time_zone"])
             for send in sends:
                 send["when"] = dt.datetime.fromtimestamp(send["at"], dt.UTC)
-                send["ago"] = ago(now - send["at"])
+                send["ago"] = ago(now.timestamp() - send["at"])
     return render(
         request,
         site,

@@ -613,11 +613,12 @@ class PreferenceCache(JournaledCache):
         return cache
 
     def refusals(
-        self, channel: str, topic: TopicView | None, user_ids: Sequence[int], now: float
+        self, channel: str, topic: TopicView | None, user_ids: Sequence[int], now_ms: int
     ) -> list[tuple[Reason, dict[str, Any] | None, float | None] | None] | None:
-        """Per user id, why their marketing send on `channel` about `topic` must not go
-        (`preference` with what they switched off, or `paused` with the seconds until the
-        pause ends), or None; None for all when nobody said anything that applies (free).
+        """Per user id, why their marketing send on `channel` about `topic` must not go at
+        `now_ms` (epoch milliseconds, the gate's clock) (`preference` with what they switched
+        off, or `paused` with the seconds until the pause ends), or None; None for all when
+        nobody said anything that applies (free).
         A required topic is never refused. Raises PreferencesUnavailable while never read."""
         self._fresh()
         if topic is not None and topic.default == REQUIRED:
@@ -642,8 +643,9 @@ class PreferenceCache(JournaledCache):
             ):
                 out.append((Reason.PREFERENCE, {"topic": slug, "channel": channel}, None))
             else:
-                until = float(ends[k])
-                out.append((Reason.PAUSED, None, until - now) if until > now else None)
+                until_ms = int(ends[k]) * 1000  # a pause ends on a whole second
+                paused_for = (until_ms - now_ms) / 1000 if until_ms > now_ms else None
+                out.append(None if paused_for is None else (Reason.PAUSED, None, paused_for))
         return out if any(out) else None
 
     def own_rules(

@@ -2,11 +2,11 @@
 zone, per channel the classic caps and every rule that applies (used, limit, remaining, when a
 slot frees), their recent sends and their quiet hours. Reads only: nothing is recorded."""
 
-import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from gatekeeper.lib.instants import instant_checked, instant_ms, instant_or_now
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.channels import ALL, channels, scopes
 from limits.engine.limiter import RuleUsage, get_limiter
@@ -43,14 +43,17 @@ def redis_unavailable(exc: Exception) -> Unavailable:
 def user_quota(
     user_id: int,
     *,
-    now: float | None = None,
+    now: datetime | None = None,
     time_zone: str | None = None,
     window_seconds: int | None = None,
     campaign: str = "",
 ) -> dict[str, Any]:
     """The user's segment and time zone; per channel and `all`, the classic caps (used, limit,
     remaining, next slot); every rule that applies, with the same figures; and with
-    `window_seconds`, the sends per channel recorded in that recent interval."""
+    `window_seconds`, the sends per channel recorded in that recent interval. At `now` (None:
+    Redis's clock for the logs, this process's for the rules' calendars)."""
+    if now is not None:
+        instant_checked(now)
     try:
         return _user_quota(
             user_id, now=now, time_zone=time_zone, window_seconds=window_seconds, campaign=campaign
@@ -62,7 +65,7 @@ def user_quota(
 def _user_quota(
     user_id: int,
     *,
-    now: float | None,
+    now: datetime | None,
     time_zone: str | None,
     window_seconds: int | None,
     campaign: str,
@@ -71,7 +74,7 @@ def _user_quota(
     segment = index.resolve(user_id)
     table = policy_cache().table()
     zone = resolve_zone(requested=time_zone, segment_zone=table.zone_of(segment))
-    now_ms = round((time.time() if now is None else now) * 1000)
+    now_ms = instant_ms(instant_or_now(now))
     arm = next(iter(table.arms([user_id], [segment], now_ms=now_ms)), None)
     groups = []
     for scope in scopes():
@@ -89,7 +92,9 @@ def _user_quota(
         ]
         rule_set = encode([*counters, *own], priority=QUOTA_PRIORITY, zone=zone, now_ms=now_ms)
         groups.append((scope, rule_set))
-    figures = get_limiter().usage(user_id, groups, campaign=campaign, now=now)
+    figures = get_limiter().usage(
+        user_id, groups, campaign=campaign, now=None if now is None else now_ms / 1000
+    )  # SEAM engine-ms
     if figures is None:
         raise Unavailable("Redis is not answering; quotas cannot be read.")
     by_scope: dict[str, list[RuleUsage]] = {}
@@ -167,13 +172,17 @@ def _rule_figures(usage: RuleUsage, names: Mapping[str, str]) -> dict[str, Any]:
 
 
 def user_recent_sends(
-    user_id: int, *, now: float | None = None, limit: int = 50
+    user_id: int, *, now: datetime | None = None, limit: int = 50
 ) -> list[dict[str, Any]]:
-    """Recorded sends of the last 7 days, newest first: channel, time, priority, and the
-    campaign's and tags' names where the ledger's counts or a rule name them (the log keeps
-    hashes)."""
+    """Recorded sends of the last 7 days before `now` (None: Redis's clock), newest first:
+    channel, time, priority, and the campaign's and tags' names where the ledger's counts or a
+    rule name them (the log keeps hashes)."""
+    now_ms = None if now is None else instant_ms(now)
     try:
-        entries = get_limiter().history(user_id, now=now)[:limit]
+        history = get_limiter().history(
+            user_id, now=None if now_ms is None else now_ms / 1000
+        )  # SEAM engine-ms
+        entries = history[:limit]
     except REDIS_DOWN as exc:
         raise redis_unavailable(exc) from exc
     campaigns = _campaign_names(min((e.at_ms for e in entries), default=0))
@@ -207,13 +216,14 @@ def _campaign_names(since_ms: int) -> dict[bytes, str]:
 
 
 def user_quiet_hours(
-    user_id: int, *, segment: str, zone: str, now: float | None = None
+    user_id: int, *, segment: str, zone: str, now: datetime | None = None
 ) -> list[dict[str, Any]]:
     """Per channel, the quiet hours that apply to the user (their segment's and every
     segment's, on the channel and `all`) in plain words, and whether they hold a marketing send
-    now: until when (`until`, epoch seconds) and when the user's own send would go
-    (`release`: the end plus their place in the spread), read in their `zone`."""
-    clock = time.time() if now is None else now
+    now (None: this process's clock): until when (`until`, epoch seconds) and when the user's
+    own send would go (`release`: the end plus their place in the spread), read in their
+    `zone`."""
+    clock = instant_ms(instant_or_now(now)) / 1000  # SEAM engine-ms: quiet_until counts seconds
     table = policy_cache().table()
     names = _segment_names()
     answer = []

@@ -5,6 +5,7 @@ import time
 import pytest
 
 from tests.support.api import call, check_body
+from tests.support.clocks import instant
 from worker.gate import gate_check
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -126,7 +127,7 @@ def test_the_quota_shows_every_rule_that_applies_with_its_figures(api, snapshot)
 def test_the_quota_counts_recent_sends_in_a_window_and_reads_days_in_a_time_zone(api, snapshot):
     now = time.time()
     for ago, channel, message in [(30, "email", "a"), (3 * 3_600, "push", "b"), (60, "push", "c")]:
-        (decision,) = gate_check(channel=channel, requests=[(7, message)], now=now - ago)
+        (decision,) = gate_check(channel=channel, requests=[(7, message)], now=instant(now - ago))
         assert decision.allowed
     v = api("viewer")
     recent = call(v, "GET", "/api/v1/users/7/quota/?window=2h").json()

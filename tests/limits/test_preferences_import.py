@@ -129,7 +129,7 @@ def test_a_gzip_file_is_told_by_its_bytes_and_the_format_by_the_query(api, topic
     assert said(3)["channels"] == {"email": False}
     assert said(4)["channels"] == {"push": True}
     # The gate in this process decides by them at once.
-    refused = preference_cache().refusals("email", None, [3, 4], now=0.0)
+    refused = preference_cache().refusals("email", None, [3, 4], now_ms=0)
     assert refused is not None and refused[0] is not None and refused[0][0] == Reason.PREFERENCE
     assert refused[1] is None
 

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
+from gatekeeper.lib.instants import instant_ms
 from limits.engine.table import own_rule
 from limits.engine.topics import TopicView
 from limits.models.people import Preference, PreferenceChange
@@ -141,7 +142,7 @@ class Machine(RuleBasedStateMachine):
 
     def answers(self, cache: PreferenceCache, topic: str | None, channel: str):
         found = cache.refusals(
-            channel, TOPICS.get(topic) if topic else None, list(USERS), self.now.timestamp()
+            channel, TOPICS.get(topic) if topic else None, list(USERS), instant_ms(self.now)
         )
         return [None if r is None else (r[0], r[1]) for r in (found or [None] * len(USERS))]
 

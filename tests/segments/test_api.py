@@ -8,6 +8,7 @@ import pytest
 from limits.policy.selectors import policy_cache
 from segments.index import refresh
 from tests.support.api import call, zones_a_day_apart
+from tests.support.clocks import instant
 from worker.gate import gate_check
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -111,7 +112,7 @@ def test_the_segments_zone_is_its_users_zone_when_a_send_names_none(api, snapsho
         },
     )
     earlier, later, recorded_at = zones_a_day_apart(time.time())
-    (sent,) = gate_check(channel="push", requests=[(7, "earlier")], now=recorded_at)
+    (sent,) = gate_check(channel="push", requests=[(7, "earlier")], now=instant(recorded_at))
     assert sent.allowed
     body = {"channel": "push", "dry_run": True, "requests": [{"user_id": 7, "message_id": "x"}]}
     decisions = []

@@ -1,7 +1,9 @@
 """A clock in milliseconds that moves only when the code under test waits (worker/throttle.py's
-`clock` and `sleep`), so rate tests pass time in instead of sleeping through it; and the
-workers' provider throttles put on it."""
+`clock` and `sleep`), so rate tests pass time in instead of sleeping through it; the
+workers' provider throttles put on it; and a test's instant written in epoch seconds as the
+services take it."""
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -34,3 +36,9 @@ def throttles_on(clock: Clock, settings: Any, monkeypatch: pytest.MonkeyPatch) -
         return Throttle(provider, rates[provider], clock=clock, sleep=clock.sleep)
 
     monkeypatch.setattr(chunks, "throttle_for", throttle_for)
+
+
+def instant(seconds: float) -> datetime:
+    """A test's instant written in epoch seconds (as the engine's tests write them), as the gate
+    and every other service take it: an aware datetime in UTC."""
+    return datetime.fromtimestamp(seconds, UTC)

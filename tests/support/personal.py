@@ -18,13 +18,13 @@ ADDRESS = "one@example.com"
 NUMBER = "+15550100"
 
 
-def person_everywhere(session, user_id: int, *, others: tuple[int, ...], now: float) -> SendJob:
+def person_everywhere(session, user_id: int, *, others: tuple[int, ...], now: datetime) -> SendJob:
     """`user_id`'s data in every place, `others` beside them in some (the ledger, the
     suppression list, the job); `session` a campaign system's. Returns the scheduled job."""
     other = others[0]
     gate_check(
         channel="email", requests=[(user_id, f"welcome:{user_id}"), (other, f"welcome:{other}")],
-        now=now - 60,
+        now=now - timedelta(seconds=60),
     )  # fmt: skip
     gate_check(
         channel="push",

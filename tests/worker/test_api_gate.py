@@ -9,6 +9,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from tests.support.api import call, check_body, zones_a_day_apart
+from tests.support.clocks import instant
 from worker.gate import gate_check
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -245,7 +246,7 @@ def test_a_calendar_rule_counts_the_day_in_the_users_time_zone(api, snapshot):
     )
     now = time.time()
     earlier, later, recorded_at = zones_a_day_apart(now)
-    (sent,) = gate_check(channel="push", requests=[(7, "yesterday")], now=recorded_at)
+    (sent,) = gate_check(channel="push", requests=[(7, "yesterday")], now=instant(recorded_at))
     assert sent.reason == "allowed"
 
     g = api("gate")

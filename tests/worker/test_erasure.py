@@ -32,7 +32,7 @@ from worker.models import SendChunk, SendJob
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PERSON = 987_654_321
-NOW = datetime.now(UTC).timestamp()
+NOW = datetime.now(UTC)
 LATER = timedelta(seconds=31)  # past the second pass's wait
 
 

@@ -8,6 +8,7 @@ import pytest
 from limits.policy.selectors import PolicyCache
 from limits.policy.services import cap_set
 from segments.models import Segment
+from tests.support.clocks import instant
 from worker import stats
 from worker.gate import Gate, GateError, gate_check, gate_release
 
@@ -29,7 +30,7 @@ def reasons(decisions):
 def test_each_user_is_gated_by_their_segments_caps_in_request_order(snapshot):
     cap_set(segment=Segment.objects.get(is_default=True), channel="email", daily=1, weekly=None)
     requests = [(3, "a"), (1, "b"), (9, "c"), (1, "d"), (1, "e"), (9, "f")]
-    decisions = gate_check(channel="email", requests=requests, now=NOW)
+    decisions = gate_check(channel="email", requests=requests, now=instant(NOW))
     assert reasons(decisions) == [
         (3, "dormant", "blocked"),
         (1, "vip", "allowed"),
@@ -44,32 +45,38 @@ def test_each_user_is_gated_by_their_segments_caps_in_request_order(snapshot):
 
 def test_transactional_sends_are_exempt_and_not_counted(snapshot):
     decisions = gate_check(
-        channel="email", requests=[(3, "otp1"), (3, "otp2")], category="transactional", now=NOW
+        channel="email",
+        requests=[(3, "otp1"), (3, "otp2")],
+        category="transactional",
+        now=instant(NOW),
     )
     assert [(d.allowed, d.reason, d.segment) for d in decisions] == [
         (True, "exempt", "dormant")
     ] * 2
-    assert gate_check(channel="email", requests=[(1, "m")], now=NOW)[0].counts == {
+    assert gate_check(channel="email", requests=[(1, "m")], now=instant(NOW))[0].counts == {
         "daily": 1,
         "weekly": 1,
     }
 
 
 def test_a_repeated_message_id_is_a_duplicate(snapshot):
-    gate_check(channel="email", requests=[(1, "m1")], now=NOW)
-    again = gate_check(channel="email", requests=[(1, "m1")], now=NOW + 1)[0]
+    gate_check(channel="email", requests=[(1, "m1")], now=instant(NOW))
+    again = gate_check(channel="email", requests=[(1, "m1")], now=instant(NOW + 1))[0]
     assert (again.allowed, again.reason, again.counts["daily"]) == (True, "duplicate", 1)
 
 
 def test_release_gives_the_slot_back(snapshot):
-    gate_check(channel="email", requests=[(1, "a"), (1, "b")], now=NOW)
+    gate_check(channel="email", requests=[(1, "a"), (1, "b")], now=instant(NOW))
     assert gate_release(channel="email", requests=[(1, "a")]) == [True]
-    assert gate_check(channel="email", requests=[(1, "c")], now=NOW + 1)[0].reason == "allowed"
+    assert (
+        gate_check(channel="email", requests=[(1, "c")], now=instant(NOW + 1))[0].reason
+        == "allowed"
+    )
 
 
 def test_no_snapshot_means_unavailable_with_a_clear_log_line(db, redis_client, caplog):
     with caplog.at_level(logging.ERROR):
-        decisions = gate_check(channel="email", requests=[(1, "a")], now=NOW)
+        decisions = gate_check(channel="email", requests=[(1, "a")], now=instant(NOW))
     assert [(d.allowed, d.reason) for d in decisions] == [(False, "unavailable")]
     assert "No segment snapshot is loaded" in caplog.text
 
@@ -88,15 +95,14 @@ def test_a_cap_edit_governs_decisions_once_the_cache_expires(snapshot):
     daily = {"segment": "vip", "channel": "email"}
     assert cache.table(monotonic=100.0).classic_limits(**daily)["daily"] == 2
     cap_set(segment=vip, channel="email", daily=0, weekly=5)
-    assert cache.table(monotonic=101.0).classic_limits(**daily)["daily"] == 2  # still cached
-    assert (
-        cache.table(monotonic=102.0).classic_limits(**daily)["daily"] == 0
-    )  # re-read after the TTL
-    assert gate.check(channel="email", requests=[(1, "a")], now=NOW)[0].reason == "blocked"
+    # Still cached; then read again once the TTL has passed.
+    assert cache.table(monotonic=101.0).classic_limits(**daily)["daily"] == 2
+    assert cache.table(monotonic=102.0).classic_limits(**daily)["daily"] == 0
+    assert gate.check(channel="email", requests=[(1, "a")], now=instant(NOW))[0].reason == "blocked"
 
 
 def test_decisions_are_counted_per_day_segment_channel_and_reason(snapshot):
-    gate_check(channel="email", requests=[(1, "a"), (3, "b"), (9, "c")], now=NOW)
+    gate_check(channel="email", requests=[(1, "a"), (3, "b"), (9, "c")], now=instant(NOW))
     stats.flush()
     today = dt.datetime.now(dt.UTC).date()
     counts = stats.stats_for_day(today)
@@ -106,7 +112,9 @@ def test_decisions_are_counted_per_day_segment_channel_and_reason(snapshot):
 
 
 def test_dry_run_counts_nothing(snapshot):
-    gate_check(channel="email", requests=[(1, "a")], dry_run=True, now=NOW)
+    gate_check(channel="email", requests=[(1, "a")], dry_run=True, now=instant(NOW))
     stats.flush()
     assert stats.stats_for_day(dt.datetime.now(dt.UTC).date()) == {}
-    assert gate_check(channel="email", requests=[(1, "b")], now=NOW)[0].counts["daily"] == 1
+    assert (
+        gate_check(channel="email", requests=[(1, "b")], now=instant(NOW))[0].counts["daily"] == 1
+    )

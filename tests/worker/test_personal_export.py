@@ -16,7 +16,7 @@ from worker.gate import gate_check
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NOW = datetime.now(UTC).timestamp()
+NOW = datetime.now(UTC)
 
 
 def export(session, user_id):

@@ -130,7 +130,7 @@ def test_the_plan_is_what_the_gate_decides_when_each_job_starts(world, seed):
             requests=[(u, f"earlier-{rng.random()}:{u}") for u in users],
             campaign=rng.choice(["spring", "old"]),
             tags=tuple(rng.choice([[], ["promo"]])),
-            now=(base - timedelta(hours=rng.uniform(0, 48))).timestamp(),
+            now=base - timedelta(hours=rng.uniform(0, 48)),
         )
     starts = sorted(
         {base + timedelta(minutes=15 * rng.randint(0, 4 * 36)) for _ in range(rng.randint(2, 4))}

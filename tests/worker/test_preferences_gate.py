@@ -39,7 +39,7 @@ def reasons(channel="email", topic="", users=(1, 2, 3), **options):
         channel=channel,
         requests=[(u, f"{topic}-{channel}-{u}-{options.get('category', 'm')}") for u in users],
         topic=topic,
-        now=NOW.timestamp(),
+        now=NOW,
         **options,
     )
     return [(d.reason, d.preference, d.retry_after) for d in decisions]
@@ -59,7 +59,7 @@ def test_a_topic_switched_off_is_refused_naming_it_and_charges_nothing(topics):
     assert [r[0] for r in reasons()] == ["allowed", "preference", "allowed"]
     # Nothing was charged for the refused sends: user 1's emails counted are the no-topic one
     # and this one.
-    again = gate_check(channel="email", requests=[(1, "again")], now=NOW.timestamp())[0]
+    again = gate_check(channel="email", requests=[(1, "again")], now=NOW)[0]
     assert (again.reason, again.counts["daily"]) == ("allowed", 2)
 
 
@@ -97,7 +97,7 @@ def test_a_change_reaches_this_process_at_once_and_another_within_its_ttl(topics
 
     def decided() -> str:
         return gate.check(channel="email", requests=[(3, f"m{clock[0]}")], topic="news",
-                          now=NOW.timestamp())[0].reason  # fmt: skip
+                          now=NOW)[0].reason  # fmt: skip
 
     assert decided() == "allowed"
     preferences_patch(user_id=3, changes={"topics": {"news": {"email": False}}},
@@ -153,7 +153,9 @@ WEEK = {"kind": "rolling", "seconds": 604_800}
 def test_a_persons_own_frequency_is_a_rule_of_theirs_on_the_same_log(topics):
     said(1, frequency=[{"channel": "email", "window": WEEK, "limit": 2}])
     decided = [
-        gate_check(channel="email", requests=[(1, f"m{n}"), (2, f"m{n}")], now=NOW.timestamp() + n)
+        gate_check(
+            channel="email", requests=[(1, f"m{n}"), (2, f"m{n}")], now=NOW + timedelta(seconds=n)
+        )
         for n in range(3)
     ]
     assert [[d.reason for d in pair] for pair in decided] == [["allowed"] * 2] * 2 + [
@@ -166,27 +168,29 @@ def test_a_persons_own_frequency_is_a_rule_of_theirs_on_the_same_log(topics):
     # The marketer's caps count the same sends: user 2's third email is their third today.
     assert decided[2][1].counts["daily"] == 3
     # Other channels, transactional sends and required topics are not theirs to limit.
-    assert gate_check(channel="push", requests=[(1, "p")], now=NOW.timestamp())[0].allowed
+    assert gate_check(channel="push", requests=[(1, "p")], now=NOW)[0].allowed
     for category, topic in (("transactional", ""), ("marketing", "terms")):
         again = gate_check(channel="email", requests=[(1, f"x{category}")], category=category,
-                           topic=topic, now=NOW.timestamp() + 5)[0]  # fmt: skip
+                           topic=topic, now=NOW + timedelta(seconds=5))[0]  # fmt: skip
         assert again.reason in ("allowed", "exempt"), category
     # Taken back: the next send goes at once.
     preferences_patch(user_id=1, changes={"frequency": None}, topics=topics_read(), source="api")
-    assert gate_check(channel="email", requests=[(1, "m9")], now=NOW.timestamp() + 9)[0].allowed
+    assert gate_check(channel="email", requests=[(1, "m9")], now=NOW + timedelta(seconds=9))[
+        0
+    ].allowed
 
 
 def test_an_own_calendar_frequency_counts_in_the_users_zone(topics):
     said(1, frequency=[{"channel": "email", "window": {"kind": "calendar", "unit": "day"},
                         "limit": 1}])  # fmt: skip
     zone = "Pacific/Kiritimati"  # 14 hours ahead of UTC
-    local_midnight = datetime(2030, 6, 2, 10, 0, tzinfo=UTC).timestamp()  # 00:00 on the 3rd
-    first = gate_check(channel="email", requests=[(1, "a")], now=local_midnight - 60,
-                       time_zones=[zone])  # fmt: skip
-    second = gate_check(channel="email", requests=[(1, "b")], now=local_midnight - 30,
-                        time_zones=[zone])  # fmt: skip
-    third = gate_check(channel="email", requests=[(1, "c")], now=local_midnight + 30,
-                       time_zones=[zone])  # fmt: skip
+    local_midnight = datetime(2030, 6, 2, 10, 0, tzinfo=UTC)  # 00:00 on the 3rd
+
+    def send(message: str, seconds: int) -> list[Decision]:
+        at = local_midnight + timedelta(seconds=seconds)
+        return gate_check(channel="email", requests=[(1, message)], now=at, time_zones=[zone])
+
+    first, second, third = send("a", -60), send("b", -30), send("c", 30)
     assert [first[0].reason, second[0].reason, third[0].reason] == ["allowed", "cap", "allowed"]
     assert second[0].retry_after == pytest.approx(30, abs=1)
 
@@ -213,7 +217,7 @@ def test_a_refusal_by_an_own_frequency_is_kept_in_the_history_as_theirs(topics, 
 
     said(1, frequency=[{"channel": "email", "window": WEEK, "limit": 1}])
     for n in range(2):
-        gate_check(channel="email", requests=[(1, f"h{n}")], now=NOW.timestamp() + n)
+        gate_check(channel="email", requests=[(1, f"h{n}")], now=NOW + timedelta(seconds=n))
     ledger_drain()
     answer = call(api("viewer"), "GET", "/api/v1/users/1/history/")
     assert answer.status_code == 200, answer.text
@@ -236,7 +240,7 @@ def test_an_own_calendar_week_counts_the_whole_week_in_the_users_zone_across_a_d
     zone = "America/New_York"
 
     def send(message_id: str, at: datetime) -> Decision:
-        return gate_check(channel="email", requests=[(1, message_id)], now=at.timestamp(),
+        return gate_check(channel="email", requests=[(1, message_id)], now=at,
                           time_zones=[zone])[0]  # fmt: skip
 
     monday = datetime(2030, 10, 28, 4, 30, tzinfo=UTC)  # 00:30 EDT, Monday 28 October

@@ -13,6 +13,7 @@ from limits.engine.limiter import Limiter
 from limits.engine.quiet import QuietFields, user_offset
 from limits.policy.services import QUIET_HOURS, cap_set
 from segments.models import Segment
+from tests.support.clocks import instant
 from worker.gate import Gate, gate_check
 
 PARIS = ZoneInfo("Europe/Paris")
@@ -39,7 +40,7 @@ def quiet(segment=None, channel="email", start="21:00", end="08:00", spread=30):
 
 def test_a_quiet_send_is_refused_uncharged_and_told_when_it_may_go(snapshot):
     quiet("vip")
-    decisions = gate_check(channel="email", requests=[(1, "a"), (2, "b")], now=NIGHT)
+    decisions = gate_check(channel="email", requests=[(1, "a"), (2, "b")], now=instant(NIGHT))
     assert [(d.allowed, d.reason, d.segment) for d in decisions] == [
         (False, "quiet_hours", "vip")
     ] * 2
@@ -48,7 +49,7 @@ def test_a_quiet_send_is_refused_uncharged_and_told_when_it_may_go(snapshot):
         assert decision.retry_after == pytest.approx(MORNING - NIGHT + offset)
         assert decision.rule is None
     # Nothing was recorded: in the morning the daily cap of 1 still has its slot.
-    later = gate_check(channel="email", requests=[(1, "a")], now=DAY)[0]
+    later = gate_check(channel="email", requests=[(1, "a")], now=instant(DAY))[0]
     assert (later.reason, later.counts["daily"]) == ("allowed", 1)
 
 
@@ -58,7 +59,7 @@ def test_the_request_zone_overrides_the_segment_zone(snapshot):
         channel="email",
         requests=[(1, "a"), (2, "b")],
         time_zones=["Asia/Tokyo", None],  # 06:00 in Tokyo, 23:00 in Paris
-        now=datetime(2026, 6, 10, 21, 0, tzinfo=UTC).timestamp(),
+        now=datetime(2026, 6, 10, 21, 0, tzinfo=UTC),
     )
     assert (tokyo.reason, paris.reason) == ("quiet_hours", "quiet_hours")
     assert tokyo.retry_after is not None and paris.retry_after is not None
@@ -68,25 +69,30 @@ def test_the_request_zone_overrides_the_segment_zone(snapshot):
 def test_quiet_hours_of_another_segment_or_channel_do_not_apply(snapshot):
     quiet("vip", channel="push")
     quiet(None, channel="email", start="01:00", end="02:00", spread=0)
-    decisions = gate_check(channel="email", requests=[(1, "a"), (9, "b")], now=NIGHT)
+    decisions = gate_check(channel="email", requests=[(1, "a"), (9, "b")], now=instant(NIGHT))
     assert [d.reason for d in decisions] == ["allowed", "allowed"]
 
 
 def test_every_channel_quiet_hours_apply_to_each_channel(snapshot):
     quiet(None, channel="all")
     decisions = gate_check(
-        channel="push", requests=[(9, "a")], time_zones=["Europe/Paris"], now=NIGHT
+        channel="push", requests=[(9, "a")], time_zones=["Europe/Paris"], now=instant(NIGHT)
     )
     assert decisions[0].reason == "quiet_hours"
 
 
 def test_transactional_and_refused_sends_keep_their_reasons(snapshot):
     quiet("vip")
-    receipt = gate_check(channel="email", requests=[(1, "r")], category="transactional", now=NIGHT)
+    receipt = gate_check(
+        channel="email", requests=[(1, "r")], category="transactional", now=instant(NIGHT)
+    )
     assert receipt[0].reason == "exempt"
-    gate_check(channel="email", requests=[(1, "x")], now=DAY)
+    gate_check(channel="email", requests=[(1, "x")], now=instant(DAY))
     mixed = gate_check(
-        channel="email", requests=[(1, "y"), (9, "z"), (1, "w")], now=DAY + 60, dry_run=True
+        channel="email",
+        requests=[(1, "y"), (9, "z"), (1, "w")],
+        now=instant(DAY + 60),
+        dry_run=True,
     )
     assert [d.reason for d in mixed] == ["daily_cap", "allowed", "daily_cap"]
 
@@ -94,7 +100,9 @@ def test_transactional_and_refused_sends_keep_their_reasons(snapshot):
 def test_a_disabled_entry_holds_nobody(snapshot):
     entry = quiet("vip")
     QUIET_HOURS.update(row=entry, changes={"enabled": False}, via="command")
-    assert gate_check(channel="email", requests=[(1, "a")], now=NIGHT)[0].reason == "allowed"
+    assert (
+        gate_check(channel="email", requests=[(1, "a")], now=instant(NIGHT))[0].reason == "allowed"
+    )
 
 
 @pytest.mark.processes
@@ -105,14 +113,14 @@ def test_quiet_sends_cost_redis_nothing(snapshot, tmp_path):
         client = redis.Redis.from_url(server.url)
         gate = Gate(limiter=Limiter(client, prefix="test:"), record_stats=False)
         quiet(None, channel="all")
-        gate.check(channel="email", requests=[(9, "warm")], now=DAY)  # loads the library
+        gate.check(channel="email", requests=[(9, "warm")], now=instant(DAY))  # loads the library
         client.config_resetstat()
         decisions = gate.check(
-            channel="email", requests=[(u, f"m{u}") for u in range(100, 200)], now=NIGHT
+            channel="email", requests=[(u, f"m{u}") for u in range(100, 200)], now=instant(NIGHT)
         )
         assert {d.reason for d in decisions} == {"quiet_hours"}
         assert "cmdstat_fcall" not in client.info("commandstats")
-        gate.check(channel="email", requests=[(100, "day")], now=DAY)
+        gate.check(channel="email", requests=[(100, "day")], now=instant(DAY))
         assert "cmdstat_fcall" in client.info("commandstats")  # what a decision would cost
         client.close()
     finally:
@@ -123,7 +131,9 @@ def test_retry_after_never_comes_before_the_release(snapshot):
     quiet("vip", spread=30)
     for second in range(0, 3600, 7):
         now = NIGHT + second + 0.0004
-        for decision in gate_check(channel="email", requests=[(1, "a"), (2, "b")], now=now):
+        for decision in gate_check(
+            channel="email", requests=[(1, "a"), (2, "b")], now=instant(now)
+        ):
             release = MORNING + user_offset(decision.user_id, 1800)
             assert decision.retry_after is not None
             assert release <= now + decision.retry_after < release + 0.001
@@ -133,7 +143,7 @@ def test_cap_and_quiet_hours_together_in_one_batch_keep_request_order(snapshot):
     cap_set(segment=Segment.objects.get(slug="vip"), channel="email", daily=5, weekly=None)
     quiet("vip")
     decisions = gate_check(
-        channel="email", requests=[(9, "a"), (1, "b"), (9, "c"), (2, "d")], now=NIGHT
+        channel="email", requests=[(9, "a"), (1, "b"), (9, "c"), (2, "d")], now=instant(NIGHT)
     )
     assert [(d.user_id, d.reason) for d in decisions] == [
         (9, "allowed"),

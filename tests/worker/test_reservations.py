@@ -76,7 +76,7 @@ def ask(users, *, priority: int, at=None):
         tags=("promo",),
         priority=priority,
         dry_run=True,
-        now=(at or timezone.now()).timestamp(),
+        now=at or timezone.now(),
     )
 
 
@@ -232,7 +232,7 @@ class Reservations(RuleBasedStateMachine):
             campaign="ad-hoc",
             tags=("promo",),
             priority=priority,
-            now=self.clock.timestamp(),
+            now=self.clock,
         )
         live = self.live_reserved()
         for d in decisions:

@@ -41,6 +41,7 @@ from limits.policy.selectors import policy_cache
 from limits.policy.services import TOPICS
 from limits.reasons import REASONS, Reason
 from tests.conftest import examples
+from tests.support.clocks import instant
 from tests.support.sends import make_rule
 from tests.worker.test_preferences_gate import said
 from tests.worker.test_quiet_gate import quiet
@@ -56,6 +57,7 @@ PARIS = ZoneInfo("Europe/Paris")
 _NIGHT = (datetime.now(PARIS) + timedelta(days=3)).date()
 NOW = datetime.combine(_NIGHT, time(23, 0), tzinfo=PARIS).timestamp()
 MORNING = datetime.combine(_NIGHT + timedelta(days=1), time(8, 0), tzinfo=PARIS).timestamp()
+NOW_AT = instant(NOW)  # NOW as the gate takes it
 AFTERNOON = NOW - 8 * 3600  # 15:00 in Paris, 09:00 in New York: nobody's quiet hours
 NIGHT_ZONE, DAY_ZONE = "Europe/Paris", "America/New_York"
 SALT, SHARE = "stages-control", 0.2  # the control group
@@ -181,8 +183,8 @@ def batch_of(
         tags=tags,
         priority=priority,
         dry_run=False,
-        now=at,
-        clock=at,
+        now_ms=round(at * 1000),
+        clock_ms=round(at * 1000),
         requests=requests,
         segments=index.resolve_many([u for u, _ in requests]) if segments else None,
         time_zones=zones,
@@ -372,7 +374,7 @@ def test_a_request_several_checks_would_refuse_gets_the_earliest_ones_reason(wor
     users = sorted(world.lattice)
     requests = [(u, f"m{u}") for u in users]
     got = {d.user_id: d for d in gate.check(channel="email", requests=requests,
-                                            time_zones=world.zones(requests), now=NOW)}  # fmt: skip
+                                            time_zones=world.zones(requests), now=NOW_AT)}  # fmt: skip
     reasons_of = dict(ORDER_REASONS)
     # Each check alone refuses with its reason: the lattice trips what it means to.
     for user, checks in world.lattice.items():
@@ -415,7 +417,7 @@ def test_within_the_preferences_a_switch_comes_before_a_pause(world, limiter):
     gate = world.gate(limiter, "within")
     (both,) = [u for u in world.pool if world.users[u] == {"channel_off", "paused"}]
     (paused,) = [u for u in world.pool if world.users[u] == {"paused"}]
-    decided = gate.check(channel="email", requests=[(both, "a"), (paused, "b")], now=NOW,
+    decided = gate.check(channel="email", requests=[(both, "a"), (paused, "b")], now=NOW_AT,
                          time_zones=[DAY_ZONE, DAY_ZONE])  # fmt: skip
     assert [(d.reason, d.preference) for d in decided] == [
         ("preference", {"topic": None, "channel": "email"}),
@@ -434,10 +436,10 @@ def test_transactional_sends_pass_every_check_and_a_required_topic_the_preferenc
     requests = [(u, f"r{u}") for u in users]
     zones = world.zones(requests)
     receipts = gate.check(channel="email", requests=requests, category="transactional",
-                          time_zones=zones, now=NOW)  # fmt: skip
+                          time_zones=zones, now=NOW_AT)  # fmt: skip
     assert {d.reason for d in receipts} == {"exempt"}
     notices = gate.check(channel="email", requests=requests, topic="terms", time_zones=zones,
-                         now=NOW)  # fmt: skip
+                         now=NOW_AT)  # fmt: skip
     for user, decision in zip(users, notices, strict=True):
         checks = [c for c in world.lattice[user] if c != "preferences"]
         assert decision.reason == expected_first(checks, world.users[user]), world.lattice[user]
@@ -464,7 +466,7 @@ def test_with_no_snapshot_the_lists_still_refuse_first_and_the_rest_is_unavailab
     users = [suppressed, switched_off, held, quiet_one, plain]
     zones = [DAY_ZONE, DAY_ZONE, DAY_ZONE, NIGHT_ZONE, DAY_ZONE]
     decided = gate.check(channel="email", requests=[(u, "m") for u in users], time_zones=zones,
-                         now=NOW)  # fmt: skip
+                         now=NOW_AT)  # fmt: skip
     assert [d.reason for d in decided] == [
         "suppressed", "preference", "unavailable", "unavailable", "unavailable"
     ]  # fmt: skip
@@ -632,7 +634,7 @@ def test_a_batch_through_every_stage_decides_each_request_as_alone_and_stage_by_
         options = {key: case[key] for key in ("topic", "category", "tags", "priority")}
         zones = world.zones(requests)
         together = world.gate(limiter, "all").check(
-            channel="email", requests=requests, campaign="spring", time_zones=zones, now=NOW,
+            channel="email", requests=requests, campaign="spring", time_zones=zones, now=NOW_AT,
             **options,
         )  # fmt: skip
         one_gate = world.gate(limiter, "one")
@@ -642,7 +644,7 @@ def test_a_batch_through_every_stage_decides_each_request_as_alone_and_stage_by_
                 requests=[request],
                 campaign="spring",
                 time_zones=[zone],
-                now=NOW,
+                now=NOW_AT,
                 **options,
             )[0]
             for request, zone in zip(requests, zones, strict=True)
@@ -689,13 +691,13 @@ def test_a_send_a_rule_refuses_on_its_own_is_that_rules_whatever_a_reservation_h
 
     # 5 and 6 had one promo an hour ago (as important as the launch: not held).
     for user in (5, 6):
-        assert promo(user, "earlier", priority=9, now=NOW - 3600).reason == "allowed"
+        assert promo(user, "earlier", priority=9, now=instant(NOW - 3600)).reason == "allowed"
     # 6 is not held: "1 promo a day" refuses the next promo on its own.
-    unheld = promo(6, "now", now=NOW)
+    unheld = promo(6, "now", now=NOW_AT)
     assert unheld.rule is not None
     assert (unheld.reason, unheld.rule["name"]) == ("daily_cap", "1 promo a day")
     # 5 is held by the launch too: the rule's refusal comes first in the documented order.
-    held = promo(5, "now", now=NOW)
+    held = promo(5, "now", now=NOW_AT)
     assert held.rule is not None
     assert (held.reason, held.rule["name"]) == ("daily_cap", "1 promo a day"), held
     # And it is told to come back when that rule has room, not when the launch starts.

@@ -7,7 +7,7 @@ once."""
 
 import email
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from email.policy import default as default_policy
 from zoneinfo import ZoneInfo
 
@@ -28,7 +28,7 @@ from segments.models import Segment
 from tests.support.sends import make_job, run_all
 from worker.gate import Gate, gate_check
 
-NIGHT = datetime(2026, 6, 10, 23, 0, tzinfo=ZoneInfo("Europe/Paris")).timestamp()
+NIGHT = datetime(2026, 6, 10, 23, 0, tzinfo=ZoneInfo("Europe/Paris"))
 
 
 @pytest.fixture
@@ -96,8 +96,11 @@ def test_suppressed_comes_before_quiet_hours_blocks_and_a_dry_run_says_so_too(pu
     suppress(channel="email", user_ids=[1], reason="complained", source="test")
     night = decide(1, 2, now=NIGHT)
     assert [d.reason for d in night] == ["suppressed", "quiet_hours"]
-    assert [d.reason for d in decide(1, 2, now=NIGHT + 13 * 3600)] == ["suppressed", "blocked"]
-    noon = NIGHT + 13 * 3600
+    assert [d.reason for d in decide(1, 2, now=NIGHT + timedelta(hours=13))] == [
+        "suppressed",
+        "blocked",
+    ]
+    noon = NIGHT + timedelta(hours=13)
     assert [d.reason for d in decide(1, 2, now=noon, dry_run=True)] == ["suppressed", "blocked"]
 
 

@@ -206,9 +206,7 @@ def test_a_waiting_chunk_a_dead_run_left_is_closed_by_its_claims(quiet_vip, smtp
     at = due_at(chunk)
     SendChunk.objects.filter(pk=chunk.pk).update(runs=1)
     requests = [(r["user_id"], r["message_id"]) for r in chunk.recipients[:3]]
-    decisions = gate_check(
-        channel="email", requests=requests, campaign="night", now=at.timestamp(), job=job.pk
-    )
+    decisions = gate_check(channel="email", requests=requests, campaign="night", now=at, job=job.pk)
     assert {d.reason for d in decisions} == {"allowed"} and recorded(charged_user, "email") == 1
     record = ChunkRecord(chunk, "dead-run-0000000")
     record.take()

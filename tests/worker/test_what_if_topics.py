@@ -55,7 +55,7 @@ def what_if(ids, *, channels=("email",), now=NOW):
         ids=np.array(ids),
         draft=selectors.draft_table({}),
         only_channels=list(channels),
-        now=now.timestamp(),
+        now=now,
     )
 
 

@@ -30,8 +30,9 @@ class Batch:
     tags: tuple[str, ...]
     priority: int
     dry_run: bool
-    now: float | None  # the caller's clock (tests, replays); None: Redis's
-    clock: float  # `now`, or this process's clock: what Python decides by (quiet hours)
+    # Epoch milliseconds, as the engine counts time: the stages are the engine's callers.
+    now_ms: int | None  # the caller's clock (tests, replays); None: Redis's
+    clock_ms: int  # `now_ms`, or this process's clock: what Python decides by (quiet hours)
     requests: Sequence[tuple[int, str]]
     segments: Sequence[str | None] | None  # None: no snapshot is loaded
     time_zones: Sequence[str | None] | None  # per request, the zone it names (None: none)
@@ -84,7 +85,7 @@ class Batch:
             return []
         segments = self.segments if self.segments is not None else [None] * len(self.requests)
         found = self.table.arms(
-            [user_id for user_id, _ in self.requests], segments, now_ms=round(self.clock * 1000)
+            [user_id for user_id, _ in self.requests], segments, now_ms=self.clock_ms
         )
         self._armed = [i for i, arm in enumerate(found) if arm is not None]
         return found

@@ -11,7 +11,10 @@ from worker.stages.base import Batch, Parts, Stage
 def run(batch: Batch, parts: Parts) -> None:
     try:
         refusals = parts.preferences.refusals(
-            batch.channel, batch.topic, [batch.requests[i][0] for i in batch.pending], batch.clock
+            batch.channel,
+            batch.topic,
+            [batch.requests[i][0] for i in batch.pending],
+            batch.clock_ms,
         )
     except PreferencesUnavailable:
         # Never read in this process: a send to someone who said no is worse than a send

@@ -32,15 +32,19 @@ def run(batch: Batch, parts: Parts) -> None:
             until = held[key]
         else:
             until = held[key] = table.quiet_release(
-                segment=segment, channel=batch.channel, zone=zone, now=batch.clock
+                segment=segment,
+                channel=batch.channel,
+                zone=zone,
+                now=batch.clock_ms / 1000,  # SEAM engine-ms
             )
         if until is None:
             keep.append(i)
             continue
         end, spread = until
         # Rounded up to the millisecond: a send retried after it is never early.
-        wait = release_at(end, spread, batch.requests[i][0]) - batch.clock
-        batch.refuse(i, Reason.QUIET_HOURS, retry_after=math.ceil(wait * 1000) / 1000)
+        release = release_at(end, spread, batch.requests[i][0])
+        release_ms = math.ceil(release * 1000)  # SEAM engine-ms
+        batch.refuse(i, Reason.QUIET_HOURS, retry_after=(release_ms - batch.clock_ms) / 1000)
     batch.pending = keep
 
 

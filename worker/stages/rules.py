@@ -37,7 +37,7 @@ def asked(batch: Batch, parts: Parts, positions: list[int]) -> list[Decision]:
     """The limiter's decisions of the requests at `positions` under every rule that applies
     to each (theirs included), recorded unless a dry run (the batch's, or `Batch.dry`'s)."""
     table = batch.table
-    now_ms = round(batch.clock * 1000)
+    now_ms = batch.clock_ms
     # Per segment and arm: whether a rule reads the user's zone.
     zoned: dict[tuple[str | None, tuple[int, int] | None], bool] = {}
     sets: dict[tuple[str | None, str, tuple[int, int] | None], RuleSet] = {}
@@ -111,7 +111,7 @@ def asked(batch: Batch, parts: Parts, positions: list[int]) -> list[Decision]:
         tags=batch.tags,
         priority=batch.priority,
         retention_ms=table.retention_ms,
-        now=batch.now,
+        now=None if batch.now_ms is None else batch.now_ms / 1000,  # SEAM engine-ms
         dry_run=batch.dry_run or ([i in batch.dry for i in positions] if batch.dry else False),
         holder=batch.holder,
     )

@@ -1,7 +1,7 @@
 """A user's decision history over HTTP: decisions made through the real gate, drained into the
 ledger (SQLite, and PostgreSQL's day partitions), read back newest first, a page at a time."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -15,9 +15,9 @@ from worker.gate import gate_check
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-NOW = datetime(2026, 11, 24, 12, tzinfo=UTC).timestamp()
-DAY1 = datetime(2026, 11, 23, tzinfo=UTC).timestamp()
-HOUR = 3600
+NOW = datetime(2026, 11, 24, 12, tzinfo=UTC)
+DAY1 = datetime(2026, 11, 23, tzinfo=UTC)
+HOUR = timedelta(hours=1)
 
 
 def history(session, user_id, **params):
@@ -51,11 +51,18 @@ def test_decisions_come_newest_first_with_what_decided_them(api, snapshot):
         campaign="spring",
         tags=("promo", "news"),
         priority=7,
-        now=NOW + 60,
+        now=NOW + timedelta(seconds=60),
     )
-    gate_check(channel="email", requests=[(1, "otp")], category="transactional", now=NOW + 120)
-    gate_check(channel="email", requests=[(2, "someone else's")], now=NOW + 180)
-    gate_check(channel="email", requests=[(1, "dry")], dry_run=True, now=NOW + 240)
+    gate_check(
+        channel="email",
+        requests=[(1, "otp")],
+        category="transactional",
+        now=NOW + timedelta(seconds=120),
+    )
+    gate_check(channel="email", requests=[(2, "someone else's")], now=NOW + timedelta(seconds=180))
+    gate_check(
+        channel="email", requests=[(1, "dry")], dry_run=True, now=NOW + timedelta(seconds=240)
+    )
     ledger_drain_all()
     LedgerEntry.objects.filter(message_id="p").update(outcome="sent")  # as the worker would
 
@@ -144,7 +151,9 @@ def test_pages_follow_each_other_without_repeats_or_gaps(api, snapshot, limit):
     expected: list[str] = []
     for k in range(6):
         requests = [(9, f"m{k}-{j}") for j in range(k % 3 + 1)]
-        gate_check(channel="push", requests=[*requests, (8, f"x{k}")], now=NOW + 60 * k)
+        gate_check(
+            channel="push", requests=[*requests, (8, f"x{k}")], now=NOW + timedelta(seconds=60 * k)
+        )
         expected = [m for _, m in reversed(requests)] + expected
     ledger_drain_all()
     viewer = api("viewer")
@@ -154,7 +163,7 @@ def test_pages_follow_each_other_without_repeats_or_gaps(api, snapshot, limit):
 
     # A decision made while a client pages neither repeats nor shifts what it reads.
     first = history(viewer, 9, limit=5)
-    gate_check(channel="push", requests=[(9, "newer")], now=NOW + 3_600)
+    gate_check(channel="push", requests=[(9, "newer")], now=NOW + timedelta(seconds=3_600))
     ledger_drain_all()
     rest, _ = every_page(viewer, 9, before=first["next"].split("before=")[1], limit=5)
     assert messages(first) + rest == expected

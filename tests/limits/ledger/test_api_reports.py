@@ -301,8 +301,8 @@ def test_decisions_made_by_the_gate_are_reported_by_utc_day(api, snapshot):
     # Around a midnight UTC, two days ago: the last half second of one day, then the next.
     boundary = midnight(today() - DAY)
     before, after = (
-        (boundary - timedelta(seconds=0.5)).timestamp(),
-        (boundary + timedelta(seconds=0.5)).timestamp(),
+        boundary - timedelta(seconds=0.5),
+        boundary + timedelta(seconds=0.5),
     )
     d1, d2 = str(boundary.date() - DAY), str(boundary.date())
     gate_check(

@@ -84,7 +84,7 @@ def test_the_chart_shows_refused_sends_per_day_by_reason_and_by_campaign(
 @pytest.mark.postgres
 def test_decisions_of_the_gate_reach_the_chart_through_the_ledger(marketer_client, published):
     published(vip=(10, [1, 2], {"email": (1, None)}))
-    now = datetime.now(tz=UTC).timestamp()
+    now = datetime.now(tz=UTC)
     gate_check(channel="email", requests=[(1, "a"), (1, "b"), (1, "c")], campaign="spring", now=now)
     ledger_drain_all()
     data = chart_data(marketer_client.get(reverse("admin:dashboard")))["refused"]

@@ -28,6 +28,7 @@ from limits.models.ledger import LedgerBatch, LedgerCount, LedgerEntry
 from limits.models.studies import StudyEvent, StudyMember
 from limits.policy.selectors import policy_cache
 from tests.support.api import call
+from tests.support.clocks import instant
 from worker.gate import gate_check
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -52,7 +53,7 @@ def decided() -> list[str]:
     sent = []
     for n in range(3):
         requests = [(u, f"m{n}-{u}") for u in USERS]
-        gate_check(channel="email", requests=requests, campaign="spring", now=NOW + n)
+        gate_check(channel="email", requests=requests, campaign="spring", now=instant(NOW + n))
         sent += [message for _, message in requests]
     return sorted(sent)
 
@@ -281,10 +282,10 @@ def test_a_drain_that_fails_on_its_entries_leaves_them_to_the_minutes_claim(snap
     with connection.cursor() as cursor:
         cursor.execute(refuse)
     try:
-        gate_check(channel="email", requests=[(1, "r1")], campaign="refused", now=NOW)
+        gate_check(channel="email", requests=[(1, "r1")], campaign="refused", now=instant(NOW))
         with pytest.raises(DatabaseError):
             ledger_drain()
-        gate_check(channel="email", requests=[(2, "f1")], campaign="fine", now=NOW + 1)
+        gate_check(channel="email", requests=[(2, "f1")], campaign="fine", now=instant(NOW + 1))
         assert ledger_drain().rows == 1  # the new entry; not the failed one, yet
         assert messages() == ["f1"]
         [held] = redis_client.xpending_range(stream_key(), GROUP, "-", "+", 10)

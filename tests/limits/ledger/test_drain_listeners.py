@@ -16,6 +16,7 @@ from limits.ledger.stream import Decided, stream_key
 from limits.models.ledger import LedgerEntry
 from limits.stream.events import StreamListener
 from limits.studies.drain import StudiesListener
+from tests.support.clocks import instant
 from worker.gate import gate_check
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,9 +67,9 @@ def test_own_entries_come_in_the_streams_order_among_the_decisions(
     noting: Noting, published: Any, redis_client: Any
 ) -> None:
     published(vip=(10, [1, 2, 3], {"email": (5, None)}))
-    gate_check(channel="email", requests=[(1, "a1"), (2, "a2")], campaign="c", now=NOW)
+    gate_check(channel="email", requests=[(1, "a1"), (2, "a2")], campaign="c", now=instant(NOW))
     redis_client.xadd(stream_key(), {"t": b"first"})
-    gate_check(channel="email", requests=[(3, "b3")], campaign="c", now=NOW + 1)
+    gate_check(channel="email", requests=[(3, "b3")], campaign="c", now=instant(NOW + 1))
     redis_client.xadd(stream_key(), {"t": b"second"})
     redis_client.xadd(stream_key(), {"t": b"bad"})
 
@@ -90,7 +91,7 @@ def test_a_listener_that_fails_rolls_the_round_back(
     noting: Noting, published: Any, redis_client: Any
 ) -> None:
     published(vip=(10, [1, 2], {"email": (5, None)}))
-    gate_check(channel="email", requests=[(1, "a1"), (2, "a2")], campaign="c", now=NOW)
+    gate_check(channel="email", requests=[(1, "a1"), (2, "a2")], campaign="c", now=instant(NOW))
     noting.fail = True
     with pytest.raises(RuntimeError, match="this listener failed"):
         ledger_drain()

@@ -24,6 +24,7 @@ from limits.stream.events import (
     stream_read,
 )
 from tests.support.api import call, make_user, token_session
+from tests.support.clocks import instant
 from worker.gate import gate_check, gate_outcomes, gate_release
 
 NOW = float(int(datetime.now(UTC).timestamp()))  # whole seconds: the ledger keeps ms
@@ -51,11 +52,15 @@ def test_decisions_and_their_outcomes_are_streamed_in_order(snapshot):
     ledger_drain_all()  # the stream's first drain: it starts here
     gate_check(
         channel="email", requests=[(1, "a"), (1, "b"), (9, "c")], campaign="spring",
-        tags=("promo",), priority=7, now=NOW,
+        tags=("promo",), priority=7, now=instant(NOW),
     )  # fmt: skip
-    gate_outcomes(channel="email", since=NOW - 1, outcomes=[(1, "a", "sent")])  # with its row
+    gate_outcomes(
+        channel="email", since=instant(NOW - 1), outcomes=[(1, "a", "sent")]
+    )  # with its row
     ledger_drain_all()
-    gate_outcomes(channel="email", since=NOW - 1, outcomes=[(9, "c", "failed")])  # on its row
+    gate_outcomes(
+        channel="email", since=instant(NOW - 1), outcomes=[(9, "c", "failed")]
+    )  # on its row
     ledger_drain_all()
     events, _ = everything()
     assert [(e["type"], e["id"][0], e.get("message_id"), e.get("outcome")) for e in events] == [
@@ -83,7 +88,9 @@ def test_decisions_and_their_outcomes_are_streamed_in_order(snapshot):
 def test_a_reader_resumes_where_it_stopped_and_a_repeat_has_the_same_ids(snapshot):
     ledger_drain_all()
     for k in range(5):
-        gate_check(channel="push", requests=[(u, f"m{k}.{u}") for u in range(20, 30)], now=NOW + k)
+        gate_check(
+            channel="push", requests=[(u, f"m{k}.{u}") for u in range(20, 30)], now=instant(NOW + k)
+        )
         ledger_drain_all()
     whole, end = everything()
     assert len(whole) == 50
@@ -102,7 +109,7 @@ def test_a_reader_resumes_where_it_stopped_and_a_repeat_has_the_same_ids(snapsho
     # At the end: nothing, and the position stays.
     last = stream_read(end, 10)
     assert (last.events, last.next, last.more) == ([], end, False)
-    gate_check(channel="push", requests=[(31, "later")], now=NOW + 9)
+    gate_check(channel="push", requests=[(31, "later")], now=instant(NOW + 9))
     ledger_drain_all()
     assert [e["message_id"] for e in stream_read(end, 10).events] == ["later"]
     assert stream_read(position_from_text("end"), 10).events == []
@@ -137,8 +144,8 @@ def test_suppression_and_preference_changes_after_the_first_drain_are_streamed(
 @pytest.mark.postgres
 def test_filters_keep_the_events_asked_for(snapshot):
     ledger_drain_all()
-    gate_check(channel="email", requests=[(9, "e1")], campaign="spring", now=NOW)
-    gate_check(channel="push", requests=[(9, "p1")], campaign="autumn", now=NOW)
+    gate_check(channel="email", requests=[(9, "e1")], campaign="spring", now=instant(NOW))
+    gate_check(channel="push", requests=[(9, "p1")], campaign="autumn", now=instant(NOW))
     suppress(channel="all", user_ids=[8], reason="unsubscribed", source="api")
     suppress(channel="push", user_ids=[7], reason="unsubscribed", source="api")
     ledger_drain_all()
@@ -162,8 +169,8 @@ def test_a_reader_filtering_out_a_long_run_still_moves_on(snapshot, monkeypatch)
 
     monkeypatch.setattr(events, "LOOK_MAX", 30)
     ledger_drain_all()
-    gate_check(channel="push", requests=[(u, f"p{u}") for u in range(100, 200)], now=NOW)
-    gate_check(channel="email", requests=[(300, "wanted")], now=NOW)
+    gate_check(channel="push", requests=[(u, f"p{u}") for u in range(100, 200)], now=instant(NOW))
+    gate_check(channel="email", requests=[(300, "wanted")], now=instant(NOW))
     ledger_drain_all()
     page = stream_read(START, 10, Filters(channels=frozenset({"email"})))
     assert (page.events, page.more) == ([], True)  # looked at 30, kept none: asks again
@@ -190,8 +197,8 @@ def test_a_send_given_back_streams_released(snapshot):
 @pytest.mark.django_db(transaction=True)
 def test_an_erased_persons_events_are_gone_and_others_stay(snapshot):
     ledger_drain_all()
-    gate_check(channel="email", requests=[(9, "gone"), (2, "kept")], now=NOW)
-    gate_outcomes(channel="email", since=NOW - 1, outcomes=[(9, "gone", "sent")])
+    gate_check(channel="email", requests=[(9, "gone"), (2, "kept")], now=instant(NOW))
+    gate_outcomes(channel="email", since=instant(NOW - 1), outcomes=[(9, "gone", "sent")])
     suppress(channel="sms", user_ids=[9, 2], reason="complained", source="test")
     ledger_drain_all()
     erasure = erasure_start(user_ids=[9], via="api")
@@ -205,7 +212,7 @@ def test_an_erased_persons_events_are_gone_and_others_stay(snapshot):
 @pytest.mark.postgres
 def test_the_upkeep_forgets_batches_as_old_as_the_rows_it_drops(snapshot, settings):
     ledger_drain_all()
-    gate_check(channel="email", requests=[(9, "x")], now=NOW)
+    gate_check(channel="email", requests=[(9, "x")], now=instant(NOW))
     ledger_drain_all()
     assert StreamBatch.objects.filter(source=StreamBatch.Source.DECISIONS).count() == 1
     later = datetime.now(UTC) + timedelta(days=int(settings.GATEKEEPER_LEDGER_DAYS) + 2)
@@ -236,7 +243,7 @@ def test_bad_input_gets_a_400_naming_it(live_server, query, field, words):
 @pytest.mark.postgres
 def test_over_rest_with_the_right_and_not_without(snapshot, live_server):
     ledger_drain_all()
-    gate_check(channel="email", requests=[(9, "r1"), (9, "r2")], now=NOW)
+    gate_check(channel="email", requests=[(9, "r1"), (9, "r2")], now=instant(NOW))
     ledger_drain_all()
     loader = token_session(live_server.url, make_user("loader", "limits.read_stream"))
     first = call(loader, "GET", "/api/v1/stream/?limit=1").json()
@@ -255,9 +262,9 @@ def test_events_are_valid_json_whatever_the_campaign_and_message_hold(snapshot):
         channel="email",
         requests=[(9, f"{campaign}:9"), (2, 'own "id" \\n')],
         campaign=campaign,
-        now=NOW,
+        now=instant(NOW),
     )
-    gate_outcomes(channel="email", since=NOW - 1, outcomes=[(9, f"{campaign}:9", "sent")])
+    gate_outcomes(channel="email", since=instant(NOW - 1), outcomes=[(9, f"{campaign}:9", "sent")])
     ledger_drain_all()
     events, _ = everything()
     assert [(e["type"], e["campaign"], e["message_id"]) for e in events] == [

@@ -27,6 +27,7 @@ from limits.ledger.stream import Decided, Outcomes, ledger_entry, stream_key
 from limits.ledger.table import KIND_TABLE, decisions, kinds_forget
 from limits.models.ledger import LedgerBatch, LedgerCount, LedgerEntry, LedgerKind
 from limits.policy.services import QUIET_HOURS
+from tests.support.clocks import instant
 from tests.support.sends import make_job
 from worker.chunks import send_chunk_run
 from worker.gate import Gate, gate_check, gate_release
@@ -56,10 +57,12 @@ def test_every_decision_is_kept_with_what_decided_it(snapshot):
         campaign="spring",
         tags=("promo",),
         priority=7,
-        now=NOW,
+        now=instant(NOW),
     )
-    gate_check(channel="email", requests=[(9, "otp")], category="transactional", now=NOW + 1)
-    gate_check(channel="email", requests=[(9, "dry")], dry_run=True, now=NOW + 2)
+    gate_check(
+        channel="email", requests=[(9, "otp")], category="transactional", now=instant(NOW + 1)
+    )
+    gate_check(channel="email", requests=[(9, "dry")], dry_run=True, now=instant(NOW + 2))
     assert LedgerEntry.objects.count() == 0  # not yet drained: off the hot path
     assert ledger_drain_all() == 4
     found = rows()
@@ -86,13 +89,13 @@ def test_quiet_hours_refusals_are_kept_too(snapshot):
             segment=None, channel="all", start="08:00", end="09:00", spread_minutes=0
         )
     )
-    gate_check(channel="email", requests=[(9, "q")], now=NOW)
+    gate_check(channel="email", requests=[(9, "q")], now=instant(NOW))
     ledger_drain_all()
     assert [r[3] for r in rows()] == ["quiet_hours"]
 
 
 def test_a_drainer_that_dies_before_acknowledging_doubles_nothing(snapshot, redis_client):
-    gate_check(channel="email", requests=[(9, "a"), (9, "b")], now=NOW)
+    gate_check(channel="email", requests=[(9, "a"), (9, "b")], now=instant(NOW))
     key = stream_key()
     redis_client.xgroup_create(key, GROUP, id="0", mkstream=True)
     # A drainer read the entry, wrote it, committed, and died before XACK.
@@ -111,7 +114,7 @@ def test_a_drainer_that_dies_before_acknowledging_doubles_nothing(snapshot, redi
 
 
 def test_a_drainer_that_dies_before_writing_loses_nothing(snapshot, redis_client):
-    gate_check(channel="email", requests=[(9, "a")], now=NOW)
+    gate_check(channel="email", requests=[(9, "a")], now=instant(NOW))
     key = stream_key()
     redis_client.xgroup_create(key, GROUP, id="0", mkstream=True)
     [[_, [(entry_id, _)]]] = redis_client.xreadgroup(GROUP, "dead", {key: ">"})
@@ -124,8 +127,8 @@ def test_a_drainer_that_dies_before_writing_loses_nothing(snapshot, redis_client
 def test_a_gate_process_that_dies_after_the_limiter_loses_only_that_calls_ledger(snapshot):
     # What docs/ledger.md says a crash can lose: the decisions are in Redis's logs, and the
     # ledger never hears of them when the process dies before its XADD.
-    Gate(record_ledger=False).check(channel="email", requests=[(1, "lost")], now=NOW)
-    gate_check(channel="email", requests=[(1, "kept")], now=NOW + 1)
+    Gate(record_ledger=False).check(channel="email", requests=[(1, "lost")], now=instant(NOW))
+    gate_check(channel="email", requests=[(1, "kept")], now=instant(NOW + 1))
     ledger_drain_all()
     assert [(r[1], r[3]) for r in rows()] == [("kept", "daily_cap")]
 
@@ -138,7 +141,7 @@ def test_old_days_leave_whole(snapshot, settings):
             channel="email",
             requests=[(9, f"m{ago}")],
             campaign=f"c{ago}",
-            now=(now - timedelta(days=ago)).timestamp(),
+            now=now - timedelta(days=ago),
         )
     ledger_drain_all()
     report = ledger_upkeep(now=now)
@@ -167,7 +170,7 @@ def test_a_drainer_adds_each_kind_once_and_forgets_what_did_not_commit(
     from django.test.utils import CaptureQueriesContext
 
     kinds_forget()
-    gate_check(channel="email", requests=[(1, "a"), (9, "b")], campaign="k", now=NOW)
+    gate_check(channel="email", requests=[(1, "a"), (9, "b")], campaign="k", now=instant(NOW))
     with (
         django_capture_on_commit_callbacks(execute=True),
         CaptureQueriesContext(connection) as queries,
@@ -175,8 +178,8 @@ def test_a_drainer_adds_each_kind_once_and_forgets_what_did_not_commit(
         ledger_drain()
     assert kind_writes(queries) == 1  # the call's two kinds (vip and default), one statement
     # The same kinds again: known, no statement. A drain that rolls back leaves no kind known.
-    gate_check(channel="email", requests=[(2, "c"), (9, "d")], campaign="k", now=NOW + 1)
-    gate_check(channel="push", requests=[(9, "e")], campaign="k", now=NOW + 1)
+    gate_check(channel="email", requests=[(2, "c"), (9, "d")], campaign="k", now=instant(NOW + 1))
+    gate_check(channel="push", requests=[(9, "e")], campaign="k", now=instant(NOW + 1))
     with (
         django_capture_on_commit_callbacks(execute=True),
         CaptureQueriesContext(connection) as queries,
@@ -196,7 +199,7 @@ def test_a_drainer_adds_each_kind_once_and_forgets_what_did_not_commit(
 
 
 def test_one_drainer_at_a_time(snapshot, redis_client):
-    gate_check(channel="email", requests=[(9, "a"), (9, "b")], now=NOW)
+    gate_check(channel="email", requests=[(9, "a"), (9, "b")], now=instant(NOW))
     other = redis_client.lock(drainer_key(), timeout=60)
     assert other.acquire(blocking=False)  # another process is draining
     assert ledger_drain_all(wait=0) == 0  # beat's task: leaves it to the other
@@ -210,8 +213,8 @@ def test_one_drainer_at_a_time(snapshot, redis_client):
 def test_a_drainer_whose_lock_expired_during_a_round_stops_with_what_it_wrote(
     snapshot, redis_client, monkeypatch
 ):
-    gate_check(channel="email", requests=[(9, "a")], now=NOW)
-    gate_check(channel="email", requests=[(9, "b")], now=NOW + 1)
+    gate_check(channel="email", requests=[(9, "a")], now=instant(NOW))
+    gate_check(channel="email", requests=[(9, "b")], now=instant(NOW + 1))
     real = drain.ledger_drain
 
     def outlasting(**kwargs):
@@ -227,9 +230,9 @@ def test_a_drainer_whose_lock_expired_during_a_round_stops_with_what_it_wrote(
 
 
 def test_an_entry_no_drainer_can_read_is_dropped_and_holds_back_nothing(snapshot, redis_client):
-    gate_check(channel="email", requests=[(9, "before")], now=NOW)
+    gate_check(channel="email", requests=[(9, "before")], now=instant(NOW))
     redis_client.xadd(stream_key(), {"d": b"\x93not msgpack of a gate call"})
-    gate_check(channel="email", requests=[(9, "after")], now=NOW + 1)
+    gate_check(channel="email", requests=[(9, "after")], now=instant(NOW + 1))
     report = ledger_drain()
     assert (report.entries, report.unreadable, report.rows) == (3, 1, 2)
     assert [r[1] for r in rows()] == ["before", "after"]
@@ -246,10 +249,12 @@ def counts() -> list[tuple]:
 
 def test_each_hour_is_counted_by_campaign_segment_channel_and_reason(snapshot):
     hour = datetime.fromtimestamp(NOW, tz=UTC).replace(minute=0, second=0, microsecond=0)
-    gate_check(channel="email", requests=[(1, "a"), (1, "b"), (9, "c")], campaign="x", now=NOW)
+    gate_check(
+        channel="email", requests=[(1, "a"), (1, "b"), (9, "c")], campaign="x", now=instant(NOW)
+    )
     ledger_drain_all()
-    gate_check(channel="email", requests=[(2, "d"), (2, "e")], campaign="x", now=NOW + 60)
-    gate_check(channel="email", requests=[(9, "f")], campaign="y", now=NOW + 3600)
+    gate_check(channel="email", requests=[(2, "d"), (2, "e")], campaign="x", now=instant(NOW + 60))
+    gate_check(channel="email", requests=[(9, "f")], campaign="y", now=instant(NOW + 3600))
     ledger_drain_all()
     assert counts() == [
         (hour, "email", "x", "default", "allowed", 1),
@@ -354,9 +359,9 @@ def test_outcomes_drained_with_their_decisions_are_written_with_them_not_updated
 
     from worker.gate import gate_outcomes
 
-    gate_check(channel="email", requests=[(1, "w:1"), (9, "w:9")], campaign="w", now=NOW)
+    gate_check(channel="email", requests=[(1, "w:1"), (9, "w:9")], campaign="w", now=instant(NOW))
     gate_outcomes(
-        channel="email", since=NOW - 1, outcomes=[(1, "w:1", "sent"), (9, "w:9", "failed")]
+        channel="email", since=instant(NOW - 1), outcomes=[(1, "w:1", "sent"), (9, "w:9", "failed")]
     )
     with CaptureQueriesContext(connection) as queries:
         report = ledger_drain()
@@ -367,7 +372,9 @@ def test_outcomes_drained_with_their_decisions_are_written_with_them_not_updated
     # An outcome whose decision an earlier round wrote still finds its row; a release keeps
     # the outcome already known.
     gate_outcomes(
-        channel="email", since=NOW - 1, outcomes=[(9, "w:9", "released"), (1, "w:1", "ambiguous")]
+        channel="email",
+        since=instant(NOW - 1),
+        outcomes=[(9, "w:9", "released"), (1, "w:1", "ambiguous")],
     )
     report = ledger_drain()
     assert (report.outcomes, report.unmatched) == (2, 0)

@@ -14,6 +14,7 @@ from limits.ledger.drain import ledger_drain_all
 from limits.ledger.rebuild import logs_rebuild, mark_key
 from limits.policy.rules import RuleFields
 from limits.policy.services import RULES
+from tests.support.clocks import instant
 from worker.gate import gate_check, gate_release
 
 pytestmark = pytest.mark.postgres
@@ -52,13 +53,15 @@ def history(published, own_redis) -> None:
             campaign=f"news{day}",
             tags=("promo",) if day % 2 else (),
             priority=day % 10,
-            now=at,
+            now=instant(at),
         )
-        gate_check(channel="push", requests=[(u, f"p{day}:{u}") for u in USERS], now=at + 60)
+        gate_check(
+            channel="push", requests=[(u, f"p{day}:{u}") for u in USERS], now=instant(at + 60)
+        )
     gate_check(channel="email", requests=[(u, f"spring:{u}") for u in USERS], campaign="spring",
-               now=NOW - 3600)  # fmt: skip
+               now=instant(NOW - 3600))  # fmt: skip
     gate_check(channel="email", requests=[(u, f"otp:{u}") for u in USERS],
-               category="transactional", now=NOW - 60)  # fmt: skip
+               category="transactional", now=instant(NOW - 60))  # fmt: skip
     assert gate_release(channel="email", requests=[(9, "d1:9"), (10, "d2:10")]) == [True, True]
     ledger_drain_all()
 
@@ -76,7 +79,7 @@ def probe() -> list[tuple[int, str, str]]:
             requests=[(u, f"probe:{u}") for u in USERS],
             campaign=campaign,
             dry_run=True,
-            now=NOW,
+            now=instant(NOW),
         )
         found += [(d.user_id, f"{channel}:{campaign}", d.reason) for d in decisions]
     return found

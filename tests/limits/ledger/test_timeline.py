@@ -2,7 +2,7 @@
 deciding rule linked and an "older" pager; decisions made through the real gate and drained."""
 
 import re
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -17,7 +17,7 @@ from worker.gate import gate_check
 
 pytestmark = pytest.mark.django_db
 
-NOW = datetime(2026, 11, 24, 12, tzinfo=UTC).timestamp()
+NOW = datetime(2026, 11, 24, 12, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -43,8 +43,8 @@ def rows(page: str) -> list[str]:
 @pytest.mark.postgres
 def test_the_timeline_shows_each_decision_and_links_its_rule(marketer_client, vip):
     gate_check(channel="email", requests=[(1, "a"), (1, "b")], campaign="spring", now=NOW)
-    gate_check(channel="push", requests=[(1, "p")], now=NOW + 90)
-    gate_check(channel="email", requests=[(2, "not theirs")], now=NOW + 100)
+    gate_check(channel="push", requests=[(1, "p")], now=NOW + timedelta(seconds=90))
+    gate_check(channel="email", requests=[(2, "not theirs")], now=NOW + timedelta(seconds=100))
     ledger_drain_all()
     LedgerEntry.objects.filter(message_id="p").update(outcome="sent")  # as the worker would
     daily = Rule.objects.get(name="Vip: daily cap on email")
@@ -66,7 +66,11 @@ def test_the_timeline_shows_each_decision_and_links_its_rule(marketer_client, vi
 @pytest.mark.postgres
 def test_older_decisions_are_a_page_away(marketer_client, vip):
     for k in range(3):
-        gate_check(channel="push", requests=[(1, f"m{k}-{j}") for j in range(40)], now=NOW + k)
+        gate_check(
+            channel="push",
+            requests=[(1, f"m{k}-{j}") for j in range(40)],
+            now=NOW + timedelta(seconds=k),
+        )
     ledger_drain_all()
     expected = [f"m{k}-{j}" for k in reversed(range(3)) for j in reversed(range(40))]
     seen, page, pages = [], lookup(marketer_client, 1), 1
@@ -113,7 +117,7 @@ def test_a_deleted_rule_keeps_its_number_and_a_reader_without_rules_gets_no_link
         via="command",
     )  # fmt: skip
     gate_check(channel="push", requests=[(1, "a"), (1, "b")], now=NOW)
-    gate_check(channel="email", requests=[(1, "c"), (1, "d")], now=NOW + 1)
+    gate_check(channel="email", requests=[(1, "c"), (1, "d")], now=NOW + timedelta(seconds=1))
     ledger_drain_all()
     rule_id = rule.pk
     RULES.delete(row=rule, via="command")

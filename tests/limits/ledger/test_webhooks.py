@@ -24,6 +24,7 @@ from limits.stream.webhooks import (
     webhooks_due,
 )
 from tests.support.api import call, make_user, token_session
+from tests.support.clocks import instant
 from worker.gate import gate_check
 
 NOW = float(int(datetime.now(UTC).timestamp()))
@@ -43,7 +44,9 @@ def endpoint_for(receiver, **fields) -> WebhookEndpoint:
 
 
 def decided(*messages: str, user: int = 9, channel: str = "email", campaign: str = "") -> None:
-    gate_check(channel=channel, requests=[(user, m) for m in messages], campaign=campaign, now=NOW)
+    gate_check(
+        channel=channel, requests=[(user, m) for m in messages], campaign=campaign, now=instant(NOW)
+    )
     ledger_drain_all()
 
 

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.django_db
 
 PUBLIC_URL = "https://gatekeeper.example.com"
 INBOUND = "/twilio/inbound/"
-NOW = datetime(2026, 6, 10, 12, 0, tzinfo=UTC).timestamp()
+NOW = datetime(2026, 6, 10, 12, 0, tzinfo=UTC)
 
 
 def number(user_id: int) -> str:
