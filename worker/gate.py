@@ -230,7 +230,13 @@ class Gate:
     def _claimed_exempt(
         self, channel: str, requests: Sequence[tuple[int, str]], *, job: int, now: float | None
     ) -> list[Decision]:
-        decisions = self._unruled(channel, requests, now=now, holder=holder_of(job), uncounted=True)
+        decisions = self._unruled(
+            channel,
+            requests,
+            now_ms=None if now is None else round(now * 1000),
+            holder=holder_of(job),
+            uncounted=True,
+        )
         for decision in decisions:
             if decision.reason == Reason.ALLOWED:
                 decision.reason, decision.counts = Reason.EXEMPT, {}

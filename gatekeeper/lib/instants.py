@@ -7,7 +7,7 @@ off), and an instant typed in a form (the admin's start and expiry of a send job
 move): ISO 8601 with its UTC offset, read as the REST bodies read it."""
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django import forms
 from django.core.exceptions import ValidationError
@@ -53,6 +53,18 @@ def instant_from_ms(ms: int) -> datetime:
     if isinstance(ms, bool) or not isinstance(ms, int):
         raise TypeError(f"{ms!r} is not epoch milliseconds (an int)")
     return datetime.fromtimestamp(ms // 1000, UTC) + timedelta(milliseconds=ms % 1000)
+
+
+_Ms = TypeVar("_Ms", bound=int | None)
+
+
+def ms_checked(ms: _Ms) -> _Ms:
+    """Epoch milliseconds (an int; None passes, where it means a clock's own) as given; a
+    TypeError for a float or a bool: epoch seconds passed for milliseconds would judge every
+    window a thousand times off."""
+    if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int)):
+        raise TypeError(f"now_ms={ms!r} is not epoch milliseconds (an int)")
+    return ms
 
 
 class InstantField(forms.CharField):

@@ -16,7 +16,7 @@ def run(batch: Batch, parts: Parts) -> None:
         return
     quiet: dict[str | None, tuple[QuietView, ...]] = {}
     # Per (segment, zone): when its quiet hours let go (None: they hold nobody now).
-    held: dict[tuple[str | None, str], tuple[float, int] | None] = {}
+    held: dict[tuple[str | None, str], tuple[int, int] | None] = {}
     keep = []
     for i in batch.pending:
         segment = batch.segment(i)
@@ -32,14 +32,14 @@ def run(batch: Batch, parts: Parts) -> None:
             until = held[key]
         else:
             until = held[key] = table.quiet_release(
-                segment=segment, channel=batch.channel, zone=zone, now=batch.clock
+                segment=segment, channel=batch.channel, zone=zone, now_ms=round(batch.clock * 1000)
             )
         if until is None:
             keep.append(i)
             continue
         end, spread = until
         # Rounded up to the millisecond: a send retried after it is never early.
-        wait = release_at(end, spread, batch.requests[i][0]) - batch.clock
+        wait = release_at(end, spread, batch.requests[i][0]) / 1000 - batch.clock
         batch.refuse(i, Reason.QUIET_HOURS, retry_after=math.ceil(wait * 1000) / 1000)
     batch.pending = keep
 

@@ -111,7 +111,7 @@ def asked(batch: Batch, parts: Parts, positions: list[int]) -> list[Decision]:
         tags=batch.tags,
         priority=batch.priority,
         retention_ms=table.retention_ms,
-        now=batch.now,
+        now_ms=None if batch.now is None else round(batch.now * 1000),
         dry_run=batch.dry_run or ([i in batch.dry for i in positions] if batch.dry else False),
         holder=batch.holder,
     )
