@@ -167,7 +167,7 @@ def _fill_stream(client: redis.Redis, rows: int, *, users: int, own_ids: bool = 
             for i in range(size)
         ]
         ledger_append(
-            at=now - 3 * 86_400 * (call / rows),
+            at_ms=round((now - 3 * 86_400 * (call / rows)) * 1000),
             channel="email" if call % 3 else "push",
             campaign=f"campaign-{call % 4}",
             tags=("promo",),
@@ -281,7 +281,7 @@ def _fill_batch(
         size = min(1000, start + count - call)
         k = call // users  # the round: each user's k-th send
         ledger_append(
-            at=at or now - 3600 * (per_user - k),
+            at_ms=round((at or now - 3600 * (per_user - k)) * 1000),
             channel="email",
             campaign=f"campaign-{k}",
             tags=("promo",) if k % 2 else (),

@@ -150,7 +150,7 @@ def run_log(
     limiter = Limiter(client, prefix="bench:")
     sets = {channel: rules(channel) for channel in ("email", "push")}
     admitted = 0
-    for now, channel, batch in workload(users, sends, mix):
+    for now_ms, channel, batch in workload(users, sends, mix):
         campaign = batch[0][1].partition(":")[0] if batch else ""
         decisions = limiter.acquire(
             channel,
@@ -159,7 +159,7 @@ def run_log(
             campaign=campaign,
             tags=tags,
             retention_ms=RETENTION_MS,
-            now=now / 1000,
+            now_ms=now_ms,
         )
         admitted += sum(1 for d in decisions if d.reason == Reason.ALLOWED)
     return admitted

@@ -109,7 +109,7 @@ def _fill(client: redis.Redis, events: int) -> None:
         count = min(step, events - start)
         _fill_batch(client, start, count, events, 1)
         ledger_outcomes(
-            channel="email", since=time.time() - 7200,
+            channel="email", since_ms=round((time.time() - 7200) * 1000),
             outcomes=[(u, f"m{u}", "sent") for u in range(start, start + count, 3)],
             client=client,
         )  # fmt: skip

@@ -20,7 +20,7 @@ from typing import Any, Literal, Protocol, cast
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from gatekeeper.lib.instants import instant_checked, instant_ms
+from gatekeeper.lib.instants import instant_ms
 from limits.channels import validate_channel
 from limits.engine.limiter import Decision, Limiter, get_limiter
 from limits.engine.log import holder_of
@@ -212,7 +212,7 @@ class Gate:
             if self._ledger_on():
                 kept = [d for d in decisions if not d.erased]  # an erased person's: not named
                 ledger_append(
-                    at=time.time() if now_ms is None else now_ms / 1000,
+                    at_ms=round(time.time() * 1000) if now_ms is None else now_ms,
                     channel=channel,
                     campaign=campaign,
                     tags=tags,
@@ -240,7 +240,7 @@ class Gate:
         decisions = self._unruled(
             channel,
             requests,
-            now=None if now_ms is None else now_ms / 1000,  # SEAM engine-ms
+            now_ms=now_ms,
             holder=holder_of(job),
             uncounted=True,
         )
@@ -283,8 +283,8 @@ class Gate:
         if released and self._ledger_on():
             # On the ledger's rows too, so that a rebuild of the logs leaves them out; a
             # send older than the longest window has no entry to give back.
-            since = time.time() - self.policy.table().retention_ms / 1000
-            ledger_outcomes(channel=channel, since=since, outcomes=released)
+            since_ms = round(time.time() * 1000) - self.policy.table().retention_ms
+            ledger_outcomes(channel=channel, since_ms=since_ms, outcomes=released)
         return removed
 
     def outcomes(
@@ -292,9 +292,9 @@ class Gate:
     ) -> None:
         """Keep what became of admitted sends in the ledger: (user id, message id, outcome),
         an Outcome (limits.reasons); `since`: no earlier than their decision."""
-        since = instant_checked(since)
+        since_ms = instant_ms(since)
         if self._ledger_on():
-            ledger_outcomes(channel=channel, since=since.timestamp(), outcomes=outcomes)
+            ledger_outcomes(channel=channel, since_ms=since_ms, outcomes=outcomes)
 
     def _ledger_on(self) -> bool:
         return self.record_ledger if self.record_ledger is not None else ledger_enabled()

@@ -1,13 +1,13 @@
 """Instants, one convention: an aware `datetime` at every service, task and view boundary;
-epoch milliseconds (an int, named `..._ms`) only inside the limiter's engine (limits/engine/limiter.py,
-limits/engine/log.py, limits/engine/transport.py and what they call). The conversions between the two, the
+epoch milliseconds (an int, named `..._ms`) only inside the limiter's engine (limits/engine/) and
+what the gate hands it (its stages, the ledger's stream entries). The conversions between the two, the
 check a boundary makes of the `now` it is given (a number or a naive datetime is refused: a
 mix-up of seconds, milliseconds and local time would judge leases and expiries hours or years
 off), and an instant typed in a form (the admin's start and expiry of a send job, a what-if
 move): ISO 8601 with its UTC offset, read as the REST bodies read it."""
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django import forms
 from django.core.exceptions import ValidationError
@@ -53,6 +53,18 @@ def instant_from_ms(ms: int) -> datetime:
     if isinstance(ms, bool) or not isinstance(ms, int):
         raise TypeError(f"{ms!r} is not epoch milliseconds (an int)")
     return datetime.fromtimestamp(ms // 1000, UTC) + timedelta(milliseconds=ms % 1000)
+
+
+_Ms = TypeVar("_Ms", bound=int | None)
+
+
+def ms_checked(ms: _Ms) -> _Ms:
+    """Epoch milliseconds (an int; None passes, where it means a clock's own) as given; a
+    TypeError for a float or a bool: epoch seconds passed for milliseconds would judge every
+    window a thousand times off."""
+    if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int)):
+        raise TypeError(f"now_ms={ms!r} is not epoch milliseconds (an int)")
+    return ms
 
 
 class InstantField(forms.CharField):

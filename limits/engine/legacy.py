@@ -50,7 +50,8 @@ def _text(value: Any) -> str:
 
 
 ImportEntries = Callable[..., int]
-"""The limiter's import_entries(user_id, entries, *, retention_ms, now) -> entries added."""
+"""The limiter's import_entries(user_id, entries, *, retention_ms, now_ms) -> entries added
+(`now_ms`: epoch milliseconds, None for Redis's own clock)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,15 +134,21 @@ class LegacyLogs:
         self,
         user_ids: Sequence[int],
         *,
-        now: float | None,
+        now_ms: int | None,
         retention_ms: int = RETENTION_MS,
         found: Mapping[int, Iterable[str]] | None = None,
     ) -> int:
         """Move these users' old logs into their new ones. Returns the entries added."""
-        return self.move_logs(self.read(user_ids, found=found), now=now, retention_ms=retention_ms)
+        return self.move_logs(
+            self.read(user_ids, found=found), now_ms=now_ms, retention_ms=retention_ms
+        )
 
     def move_logs(
-        self, logs: Mapping[int, OldLogs], *, now: float | None, retention_ms: int = RETENTION_MS
+        self,
+        logs: Mapping[int, OldLogs],
+        *,
+        now_ms: int | None,
+        retention_ms: int = RETENTION_MS,
     ) -> int:
         """Add old logs (as `read` gave them) to the new log, then delete their keys. Returns the
         entries added. `retention_ms`: the new log's (an import trims the user's whole log to
@@ -151,7 +158,7 @@ class LegacyLogs:
         for user_id, old in logs.items():
             if old.entries:
                 added += self.import_entries(
-                    user_id, list(old.entries), retention_ms=retention, now=now
+                    user_id, list(old.entries), retention_ms=retention, now_ms=now_ms
                 )
         self._delete(logs)
         return added

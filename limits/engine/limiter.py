@@ -16,6 +16,7 @@ from typing import Any
 
 from django.conf import settings
 
+from gatekeeper.lib.instants import ms_checked
 from gatekeeper.lib.redis_client import REDIS_DOWN, get_redis
 from limits.channels import ALL
 from limits.engine import log
@@ -82,8 +83,9 @@ class RuleUsage:
 EACH_SETS = 127
 
 
-def _now_arg(now: float | None) -> str:
-    return "" if now is None else str(round(now * 1000))
+def _now_arg(now_ms: int | None) -> str:
+    """The clock a library call is given: empty for Redis's own."""
+    return "" if now_ms is None else str(now_ms)
 
 
 class Limiter:
@@ -118,7 +120,7 @@ class Limiter:
         tags: tuple[str, ...] = (),
         priority: int = DEFAULT_PRIORITY,
         retention_ms: int = 8 * 86_400_000,
-        now: float | None = None,
+        now_ms: int | None = None,
         dry_run: bool | Sequence[bool] = False,
         holder: int = 0,
         uncounted: bool = False,
@@ -128,7 +130,9 @@ class Limiter:
         `rule_sets`: one per request (or one for all): the rules each must fit.
         `holder`: the send job the entries are recorded for (a duplicate answers the holder of
         the entry found); `uncounted`: record in the users' uncounted logs (a job's
-        transactional sends: claimed, never counted), the rule sets then being empty."""
+        transactional sends: claimed, never counted), the rule sets then being empty.
+        `now_ms`: the clock, epoch milliseconds (None: Redis's own)."""
+        now_ms = ms_checked(now_ms)
         sets: Sequence[RuleSet] = (
             [rule_sets] * len(requests) if isinstance(rule_sets, RuleSet) else rule_sets
         )
@@ -152,7 +156,7 @@ class Limiter:
                     retry_after=None,
                 )
 
-        if not self._legacy_moved(user_ids, now=now, retention_ms=retention_ms):
+        if not self._legacy_moved(user_ids, now_ms=now_ms, retention_ms=retention_ms):
             # The old logs could not be counted: deciding without them could admit too much.
             fail(list(range(len(requests))))
             return [d for d in results if d is not None]
@@ -160,7 +164,13 @@ class Limiter:
         if len(dry) != len(requests):
             raise ValueError(f"{len(requests)} requests but {len(dry)} dry-run flags")
         heads = {
-            flag: [_now_arg(now), "1" if flag else "0", channel, str(priority), str(retention_ms)]
+            flag: [
+                _now_arg(now_ms),
+                "1" if flag else "0",
+                channel,
+                str(priority),
+                str(retention_ms),
+            ]
             for flag in (False, True)
         }
         tail = [str(holder), "1" if uncounted else "0"]
@@ -285,7 +295,7 @@ class Limiter:
         the window)."""
         results = [False] * len(requests)
         user_ids = [u for u, _ in requests]
-        if not requests or not self._legacy_moved(user_ids, now=None):
+        if not requests or not self._legacy_moved(user_ids, now_ms=None):
             return results
         field = log.uncounted_field if uncounted else log.bucket_field
 
@@ -313,13 +323,14 @@ class Limiter:
         groups: Sequence[tuple[str, RuleSet]],
         *,
         campaign: str = "",
-        now: float | None = None,
+        now_ms: int | None = None,
     ) -> list[RuleUsage] | None:
         """Each rule's figures for one user, per (channel, rule set) group; None if Redis is
         unavailable. A per-campaign rule without `campaign` shows the campaign that used most."""
-        if not self._legacy_moved([user_id], now=now):
+        now_ms = ms_checked(now_ms)
+        if not self._legacy_moved([user_id], now_ms=now_ms):
             return None
-        args: list[Any] = [_now_arg(now), log.bucket_field(user_id), log.short_hash(campaign)]
+        args: list[Any] = [_now_arg(now_ms), log.bucket_field(user_id), log.short_hash(campaign)]
         for channel, rule_set in groups:
             args.extend((channel, rule_set.records))
         key = log.bucket_key(self.prefix, user_id)
@@ -359,9 +370,11 @@ class Limiter:
         raw = self.client.hget(log.bucket_key(self.prefix, user_id), field)
         return log.decode(raw)
 
-    def history(self, user_id: int, *, now: float | None = None) -> list[log.Entry]:
-        """Recorded sends in the last 7 days, newest first."""
-        since = (time.time() if now is None else now) * 1000 - 7 * 86_400_000
+    def history(self, user_id: int, *, now_ms: int | None = None) -> list[log.Entry]:
+        """Recorded sends in the last 7 days, newest first (`now_ms`: None, this process's
+        clock)."""
+        now_ms = ms_checked(now_ms)
+        since = (round(time.time() * 1000) if now_ms is None else now_ms) - 7 * 86_400_000
         found = [e for e in self.entries(user_id) if e.at_ms > since]
         return sorted(found, key=lambda e: -e.at_ms)
 
@@ -395,14 +408,14 @@ class Limiter:
         return forgot
 
     def _legacy_moved(
-        self, user_ids: Sequence[int], *, now: float | None, retention_ms: int = 0
+        self, user_ids: Sequence[int], *, now_ms: int | None, retention_ms: int = 0
     ) -> bool:
         """While upgrading: move these users' old logs into the new one first. False when
         Redis did not answer (the old sends could not be counted)."""
         if self.legacy is None:
             return True
         try:
-            self.legacy.move(user_ids, now=now, retention_ms=retention_ms)
+            self.legacy.move(user_ids, now_ms=now_ms, retention_ms=retention_ms)
         except REDIS_DOWN as exc:
             logger.warning("Redis unavailable while moving logs of the earlier format: %s", exc)
             return False
@@ -415,11 +428,12 @@ class Limiter:
     # --- upkeep --------------------------------------------------------------------------------
 
     def sweep(
-        self, keys: Sequence[str | bytes], *, retention_ms: int, now: float | None = None
+        self, keys: Sequence[str | bytes], *, retention_ms: int, now_ms: int | None = None
     ) -> tuple[int, int]:
         """Drop the users of these buckets whose newest entry has left the retention, and the
         buckets left with nobody. Returns (users dropped, buckets deleted). One pipeline per
         node; raises when Redis does not answer (the sweep tries again on its next run)."""
+        now_ms = ms_checked(now_ms)
         buckets = [log.bucket_of(key) for key in keys]
         user_ids = [bucket << log.BUCKET_BITS for bucket in buckets]
         totals = [0, 0]
@@ -428,7 +442,7 @@ class Limiter:
             for batch in batches:
                 for i in batch:
                     key = log.bucket_key(self.prefix, user_ids[i])
-                    yield Call("gk_sweep", [1, key, _now_arg(now), retention_ms], [i])
+                    yield Call("gk_sweep", [1, key, _now_arg(now_ms), retention_ms], [i])
 
         def collect(call: Call, reply: list[Any]) -> None:
             totals[0] += int(reply[0])
@@ -447,7 +461,7 @@ class Limiter:
         entries: Sequence[tuple[str, int, str]],
         *,
         retention_ms: int,
-        now: float | None = None,
+        now_ms: int | None = None,
     ) -> int:
         """Add (channel, time ms, message id) entries to a user's log unless there already (the
         upgrade from the earlier format). Returns how many were added."""
@@ -457,15 +471,16 @@ class Limiter:
                 for channel, at_ms, message_id in entries
             ],
             retention_ms=retention_ms,
-            now=now,
+            now_ms=now_ms,
         )
 
     def restore(
-        self, entries: Sequence["Restored"], *, retention_ms: int, now: float | None = None
+        self, entries: Sequence["Restored"], *, retention_ms: int, now_ms: int | None = None
     ) -> int:
         """Put sends back into their users' logs (rebuild_logs, from the send ledger), unless
         there already, by channel and message: running it twice adds nothing. Entries older than
         `retention_ms` are left out. Returns how many were added."""
+        now_ms = ms_checked(now_ms)
         if not entries:
             return 0
         user_ids = [entry.user_id for entry in entries]
@@ -478,7 +493,7 @@ class Limiter:
                     by_key.setdefault(log.bucket_key(self.prefix, user_ids[i]), []).append(i)
                 for key, found in by_key.items():
                     found.sort(key=lambda i: (user_ids[i], entries[i].at_ms))
-                    args: list[Any] = [_now_arg(now), retention_ms]
+                    args: list[Any] = [_now_arg(now_ms), retention_ms]
                     for i in found:
                         entry = entries[i]
                         args.extend(

@@ -24,6 +24,7 @@ from datetime import date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from gatekeeper.lib.instants import instant_from_ms, instant_ms, ms_checked
 from gatekeeper.lib.words import count
 from gatekeeper.lib.zones import zone
 from limits.channels import ALL, channel_problem, noun, scope_label
@@ -186,57 +187,59 @@ def user_offset(user_id: int, spread_seconds: int) -> int:
     return x % spread_seconds
 
 
-def _reading(instant: float, tz: ZoneInfo) -> datetime:
-    """The local clock at an instant (naive: what the clock shows)."""
-    return datetime.fromtimestamp(instant, tz=tz).replace(tzinfo=None)
+def _reading(at_ms: int, tz: ZoneInfo) -> datetime:
+    """The local clock at an instant, epoch ms (naive: what the clock shows)."""
+    return instant_from_ms(at_ms).astimezone(tz).replace(tzinfo=None)
 
 
 def _minute_of(reading: datetime) -> float:
     return reading.hour * 60 + reading.minute + (reading.second + reading.microsecond / 1e6) / 60
 
 
-def _first_reading_at_least(wall: datetime, after: float, tz: ZoneInfo) -> float:
-    """The first instant after `after` at which the clock of `tz` reads `wall` or later."""
+def _first_reading_at_least(wall: datetime, after_ms: int, tz: ZoneInfo) -> int:
+    """The first instant (epoch ms) after `after_ms` at which the clock of `tz` reads `wall` or
+    later."""
     # zoneinfo maps a wall time to an instant with each of the two offsets around it (fold);
     # when the wall time exists, one of them reads it back; when it falls in a gap, the
-    # answer lies between the two: the gap's end, found by bisection to the second.
+    # answer lies between the two: the gap's end, found by bisection to the millisecond.
     candidates = []
     for fold in (0, 1):
-        instant = wall.replace(tzinfo=tz, fold=fold).timestamp()
-        if instant > after and _reading(instant, tz) == wall:
+        instant = instant_ms(wall.replace(tzinfo=tz, fold=fold))
+        if instant > after_ms and _reading(instant, tz) == wall:
             candidates.append(instant)
     if candidates:
         return min(candidates)
-    low = wall.replace(tzinfo=tz, fold=1).timestamp()  # the later offset: reads before `wall`
-    high = wall.replace(tzinfo=tz, fold=0).timestamp()  # the earlier offset: reads after it
+    low = instant_ms(wall.replace(tzinfo=tz, fold=1))  # the later offset: reads before `wall`
+    high = instant_ms(wall.replace(tzinfo=tz, fold=0))  # the earlier offset: reads after it
     low, high = min(low, high), max(low, high)
-    low = max(low, after)
+    low = max(low, after_ms)
     while high - low > 1:
-        middle = (low + high) / 2
+        middle = (low + high) // 2
         if _reading(middle, tz) >= wall:
             high = middle
         else:
             low = middle
-    return float(int(high))
+    return high
 
 
-def _window_end(entry: QuietView, reading: datetime, now: float, tz: ZoneInfo) -> float:
-    """The instant an entry that holds the clock `reading` (at `now`) lets go."""
+def _window_end(entry: QuietView, reading: datetime, now_ms: int, tz: ZoneInfo) -> int:
+    """The instant (epoch ms) an entry that holds the clock `reading` (at `now_ms`) lets go."""
     day: date = reading.date()
     if entry.wraps and _minute_of(reading) >= entry.start:
         day += timedelta(days=1)
     wall = datetime.combine(day, time(entry.end // 60, entry.end % 60))
-    return _first_reading_at_least(wall, now, tz)
+    return _first_reading_at_least(wall, now_ms, tz)
 
 
-def quiet_until(entries: Sequence[QuietView], zone_name: str, now: float) -> tuple[float, int]:
-    """When the entries that apply to a send release it: (epoch seconds, the spread of the
-    entry that let go last, in seconds); (now, 0) when none holds it now. Chained: the end of
-    one entry inside another waits for that one too."""
+def quiet_until(entries: Sequence[QuietView], zone_name: str, now_ms: int) -> tuple[int, int]:
+    """When the entries that apply to a send at `now_ms` release it: (epoch ms, the spread of
+    the entry that let go last, in seconds); (now_ms, 0) when none holds it now. Chained: the
+    end of one entry inside another waits for that one too."""
+    ms_checked(now_ms)
     if not entries:
-        return now, 0
+        return now_ms, 0
     tz = zone(zone_name)
-    at, spread = now, 0
+    at, spread = now_ms, 0
     for _ in range(len(entries) + 1):
         reading = _reading(at, tz)
         minute = _minute_of(reading)
@@ -249,9 +252,10 @@ def quiet_until(entries: Sequence[QuietView], zone_name: str, now: float) -> tup
     return at, spread
 
 
-def release_at(end: float, spread_seconds: int, user_id: int) -> float:
-    """When a send held until `end` goes out to `user_id`: `end` plus the user's own offset."""
-    return end + user_offset(user_id, spread_seconds)
+def release_at(end_ms: int, spread_seconds: int, user_id: int) -> int:
+    """When a send held until `end_ms` goes out to `user_id` (epoch ms): the end plus the
+    user's own offset."""
+    return end_ms + user_offset(user_id, spread_seconds) * 1000
 
 
 # --- quiet hours as an authored record (limits/policy/authored.py) -------------------------------------

@@ -284,12 +284,14 @@ class HoldsCache:
         self._version: Any = None
         self._lock = threading.Lock()
 
-    def get(self, client: Any, prefix: str, *, now: float | None = None) -> Holds:
-        now = time.monotonic() if now is None else now
-        if now - self._read_at < self.ttl:
+    def get(self, client: Any, prefix: str, *, monotonic: float | None = None) -> Holds:
+        """The holds, read again when `ttl` seconds have passed on `monotonic` (a reading of
+        time.monotonic(), not an instant; None: this process's)."""
+        reading = time.monotonic() if monotonic is None else monotonic
+        if reading - self._read_at < self.ttl:
             return self._holds
         with self._lock:
-            if now - self._read_at >= self.ttl:
+            if reading - self._read_at >= self.ttl:
                 try:
                     version = client.get(f"{prefix}{HOLDS_VERSION_KEY}")
                     if version != self._version:
@@ -300,7 +302,7 @@ class HoldsCache:
                     # The limiter answers `unavailable` for every send meanwhile: the holds
                     # read last stay, and are read again on the next call.
                     return self._holds
-                self._read_at = now
+                self._read_at = reading
         return self._holds
 
     def clear(self) -> None:

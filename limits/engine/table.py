@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from gatekeeper.lib.instants import ms_checked
 from gatekeeper.lib.integers import INT32_MAX
 from limits.channels import ALL
 from limits.engine.assignment import HoldoutView, arms_of
@@ -232,7 +233,7 @@ class PolicyTable:
     _quiet: dict[tuple[str | None, str], tuple[QuietView, ...]] = field(
         default_factory=dict, compare=False
     )
-    _released: dict[tuple[str | None, str, str, int], tuple[float, int] | None] = field(
+    _released: dict[tuple[str | None, str, str, int], tuple[int, int] | None] = field(
         default_factory=dict, compare=False
     )
     _armed: dict[tuple[str | None, str, int, str], tuple[RuleView, ...]] = field(
@@ -387,19 +388,19 @@ class PolicyTable:
         return any(entry.channel in (channel, ALL) for entry in self.quiet)
 
     def quiet_release(
-        self, *, segment: str | None, channel: str, zone: str, now: float
-    ) -> tuple[float, int] | None:
-        """When the quiet hours that hold a send at `now` let it go: (epoch seconds, spread in
+        self, *, segment: str | None, channel: str, zone: str, now_ms: int
+    ) -> tuple[int, int] | None:
+        """When the quiet hours that hold a send at `now_ms` let it go: (epoch ms, spread in
         seconds), or None when none holds it. Kept per minute: a window opens and closes on a
         whole minute of the user's clock, and zones change offsets on whole minutes, so every
         send of that minute gets the same answer."""
-        minute = int(now // 60)
+        minute = ms_checked(now_ms) // 60_000
         key = (segment, channel, zone, minute)
         if key in self._released:
             return self._released[key]
         entries = self.quiet_for(segment=segment, channel=channel)
-        end, spread = quiet_until(entries, zone, minute * 60.0)
-        found = (end, spread) if end > minute * 60 else None
+        end, spread = quiet_until(entries, zone, minute * 60_000)
+        found = (end, spread) if end > minute * 60_000 else None
         if len(self._released) >= 100_000:
             self._released.clear()
         self._released[key] = found

@@ -21,6 +21,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
+from gatekeeper.lib.instants import ms_checked
 from limits.engine.legacy import LegacyLogs, OldLogs, parse_legacy_key
 from limits.engine.limiter import Limiter
 
@@ -81,7 +82,7 @@ def logs_convert(
     retention_ms: int,
     page: int = PAGE,
     dry_run: bool = False,
-    now: float | None = None,
+    now_ms: int | None = None,
 ) -> Generator[ConvertPage, None, None]:
     """Move every old log into the new one, a SCAN page at a time, one primary after another.
     Continues the pass an earlier run left unfinished. The caller may stop between pages: each
@@ -89,7 +90,9 @@ def logs_convert(
     starts at the beginning.
 
     `retention_ms`: the new log's (limits.engine.table), so an import trims nothing the rules need.
+    `now_ms`: the clock, epoch milliseconds (None: Redis's own; a dry run's, this process's).
     """
+    now_ms = ms_checked(now_ms)
     client, prefix = limiter.client, limiter.prefix
     old = LegacyLogs(client, prefix=prefix, import_entries=limiter.import_entries)
     key = convert_cursors_key(prefix)
@@ -119,9 +122,9 @@ def logs_convert(
                     found.setdefault(parsed[0], []).append(parsed[1])
             logs = old.read(found, found=found) if found else {}
             if dry_run:
-                entries = _within(logs, retention_ms=retention_ms, now=now)
+                entries = _within(logs, retention_ms=retention_ms, now_ms=now_ms)
             else:
-                entries = old.move_logs(logs, now=now, retention_ms=retention_ms)
+                entries = old.move_logs(logs, now_ms=now_ms, retention_ms=retention_ms)
                 client.hset(key, name, DONE if cursor == 0 else str(cursor))
             yield ConvertPage(
                 node=name,
@@ -137,9 +140,9 @@ def logs_convert(
         client.delete(key)
 
 
-def _within(logs: dict[int, OldLogs], *, retention_ms: int, now: float | None) -> int:
+def _within(logs: dict[int, OldLogs], *, retention_ms: int, now_ms: int | None) -> int:
     """The old entries an import would keep (the rest have aged out)."""
-    since = round((time.time() if now is None else now) * 1000) - retention_ms
+    since = (round(time.time() * 1000) if now_ms is None else now_ms) - retention_ms
     return sum(1 for old in logs.values() for _, at, _ in old.entries if at > since)
 
 
@@ -163,11 +166,13 @@ def logs_sweep(
     *,
     buckets: int,
     retention_ms: int,
-    now: float | None = None,
+    now_ms: int | None = None,
     page: int = PAGE,
 ) -> SweepReport:
     """Sweep about `buckets` buckets, shared among the primaries, each continuing its walk
-    where the last run stopped. A node that does not answer is left for the next run."""
+    where the last run stopped. A node that does not answer is left for the next run.
+    `now_ms`: the clock, epoch milliseconds (None: Redis's own)."""
+    now_ms = ms_checked(now_ms)
     client, prefix = limiter.client, limiter.prefix
     key = sweep_cursors_key(prefix)
     saved = {_text(n): int(c) for n, c in client.hgetall(key).items()}
@@ -181,7 +186,7 @@ def logs_sweep(
             while True:
                 # SCAN's COUNT is how many keys it looks at: no more than this run has left.
                 cursor, keys = conn.scan(cursor, match=pattern, count=min(page, share - seen))
-                gone, deleted = limiter.sweep(keys, retention_ms=retention_ms, now=now)
+                gone, deleted = limiter.sweep(keys, retention_ms=retention_ms, now_ms=now_ms)
                 dropped += gone
                 emptied += deleted
                 seen += len(keys)

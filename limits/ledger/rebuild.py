@@ -21,10 +21,10 @@ must.
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from gatekeeper.lib.instants import instant_ms
+from gatekeeper.lib.instants import instant_ms, instant_or_now
 from limits.engine.limiter import Limiter, Restored, get_limiter
 from limits.ledger.table import kinds_analyze, message_of
 from limits.models.ledger import LedgerEntry, LedgerKind
@@ -88,19 +88,21 @@ def logs_rebuild(
     *,
     batch: int = 20_000,
     restart: bool = False,
-    now: float | None = None,
+    now: datetime | None = None,
     limiter: Limiter | None = None,
     progress: Callable[[Rebuilt], None] | None = None,
 ) -> Rebuilt:
     """Put the ledger's countable sends back into the users' logs (see the module's text).
-    `restart`: from the first user, not where an earlier rebuild stopped."""
+    `restart`: from the first user, not where an earlier rebuild stopped. `now`: an aware
+    datetime (tests); None: this process's clock picks the sends, Redis's judges their age."""
     limiter = limiter or get_limiter()
     client, key = limiter.client, mark_key(limiter.prefix)
     started = time.monotonic()
-    clock = time.time() if now is None else now
+    clock = instant_or_now(now)
+    now_ms = None if now is None else instant_ms(clock)
     retention_ms = policy_read().retention_ms
     kinds_analyze()
-    since = datetime.fromtimestamp(clock - retention_ms / 1000, tz=UTC)
+    since = clock - timedelta(milliseconds=retention_ms)
     report = Rebuilt()
     mark = None if restart else client.get(key)
     after = int(mark) if mark is not None else None
@@ -118,7 +120,7 @@ def logs_rebuild(
             )
             for user_id, channel, at, message_id, campaign, priority, tags in rows
         ]
-        report.added += limiter.restore(entries, retention_ms=retention_ms, now=now)
+        report.added += limiter.restore(entries, retention_ms=retention_ms, now_ms=now_ms)
         report.sends += len(entries)
         report.users += len({entry.user_id for entry in entries})
         report.last_user = entries[-1].user_id

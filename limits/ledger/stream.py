@@ -49,7 +49,7 @@ def ledger_enabled() -> bool:
 
 def ledger_append(
     *,
-    at: float,
+    at_ms: int,
     channel: str,
     campaign: str,
     tags: Sequence[str],
@@ -60,13 +60,14 @@ def ledger_append(
     topic: str = "",
     client: RedisClient | None = None,
 ) -> bool:
-    """Append one gate call's decisions to the ledger's stream. False (and a warning) when Redis
+    """Append one gate call's decisions, made at `at_ms` (epoch ms, the gate's clock), to the
+    ledger's stream. False (and a warning) when Redis
     cannot take them: the decisions stand, the ledger misses them."""
     if not decisions:
         return True
     packed = msgspec.msgpack.encode(
         Decided(
-            at_ms=round(at * 1000),
+            at_ms=at_ms,
             channel=channel,
             campaign=campaign,
             tags=list(tags),
@@ -110,13 +111,13 @@ def arm_of_code(code: int) -> tuple[int, int] | None:
 def ledger_outcomes(
     *,
     channel: str,
-    since: float,
+    since_ms: int,
     outcomes: Sequence[tuple[int, str, str]],
     client: RedisClient | None = None,
 ) -> bool:
     """Append what became of admitted sends: (user id, message id, outcome) with an outcome of
     OUTCOMES (limits.reasons). The drain writes it on the send's rows: every decision admitting
-    that message to that user on `channel` at or after `since` (epoch seconds). `released` (its
+    that message to that user on `channel` at or after `since_ms` (epoch ms). `released` (its
     quota given back) does not replace an outcome already known (a send that failed is released
     too).
     ValueError for an outcome of another name, before anything is appended."""
@@ -126,7 +127,7 @@ def ledger_outcomes(
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown send outcome {outcome!r}; one of {', '.join(OUTCOMES)}")
     packed = msgspec.msgpack.encode(
-        Outcomes(since_ms=round(since * 1000), channel=channel, rows=list(outcomes))
+        Outcomes(since_ms=since_ms, channel=channel, rows=list(outcomes))
     )
     return _append(packed, f"{len(outcomes)} send outcomes", client)
 

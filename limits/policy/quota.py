@@ -93,8 +93,8 @@ def _user_quota(
         rule_set = encode([*counters, *own], priority=QUOTA_PRIORITY, zone=zone, now_ms=now_ms)
         groups.append((scope, rule_set))
     figures = get_limiter().usage(
-        user_id, groups, campaign=campaign, now=None if now is None else now_ms / 1000
-    )  # SEAM engine-ms
+        user_id, groups, campaign=campaign, now_ms=None if now is None else now_ms
+    )
     if figures is None:
         raise Unavailable("Redis is not answering; quotas cannot be read.")
     by_scope: dict[str, list[RuleUsage]] = {}
@@ -179,10 +179,7 @@ def user_recent_sends(
     rule name them (the log keeps hashes)."""
     now_ms = None if now is None else instant_ms(now)
     try:
-        history = get_limiter().history(
-            user_id, now=None if now_ms is None else now_ms / 1000
-        )  # SEAM engine-ms
-        entries = history[:limit]
+        entries = get_limiter().history(user_id, now_ms=now_ms)[:limit]
     except REDIS_DOWN as exc:
         raise redis_unavailable(exc) from exc
     campaigns = _campaign_names(min((e.at_ms for e in entries), default=0))
@@ -223,21 +220,21 @@ def user_quiet_hours(
     now (None: this process's clock): until when (`until`, epoch seconds) and when the user's
     own send would go (`release`: the end plus their place in the spread), read in their
     `zone`."""
-    clock = instant_ms(instant_or_now(now)) / 1000  # SEAM engine-ms: quiet_until counts seconds
+    now_ms = instant_ms(instant_or_now(now))
     table = policy_cache().table()
     names = _segment_names()
     answer = []
     for channel in channels():
         entries = table.quiet_for(segment=segment, channel=channel)
-        end, spread = quiet_until(entries, zone, clock)
-        holds = end > clock
+        end_ms, spread = quiet_until(entries, zone, now_ms)
+        holds = end_ms > now_ms
         answer.append(
             {
                 "channel": channel,
                 "entries": [quiet_describe(entry, segment_names=names) for entry in entries],
                 "quiet_now": holds,
-                "until": end if holds else None,
-                "release": release_at(end, spread, user_id) if holds else None,
+                "until": end_ms / 1000 if holds else None,
+                "release": release_at(end_ms, spread, user_id) / 1000 if holds else None,
                 "spread_seconds": spread if holds else 0,
             }
         )

@@ -35,8 +35,8 @@ def rule(
     )
 
 
-def rule_set(*rules: RuleView, now: float = 0.0, zone: str = "UTC", priority: int = 5) -> RuleSet:
-    return encode(list(rules), priority=priority, zone=zone, now_ms=round(now * 1000))
+def rule_set(*rules: RuleView, now_ms: int = 0, zone: str = "UTC", priority: int = 5) -> RuleSet:
+    return encode(list(rules), priority=priority, zone=zone, now_ms=now_ms)
 
 
 def caps(
@@ -63,3 +63,9 @@ def caps(
         effective=encoded.effective,
         limits={"daily": daily, "weekly": weekly},
     )
+
+
+def ms(seconds: float) -> int:
+    """A test's clock (epoch seconds, as `retry_after` reads) as the engine takes it: epoch
+    milliseconds."""
+    return round(seconds * 1000)

@@ -12,7 +12,7 @@ from redis.cluster import RedisCluster
 
 from bench.servers import RedisClusterProcesses, RedisServer
 from limits.engine.limiter import Limiter
-from tests.limits.rulesets import DAY_S, caps, rule, rule_set
+from tests.limits.rulesets import DAY_S, caps, ms, rule, rule_set
 
 NOW = 1_763_800_000.0
 USERS = 10
@@ -40,7 +40,7 @@ def _hammer(
         message = f"w{worker}-a{attempt}"
         # Small batches interleave with the other processes' calls.
         if not mixed:
-            (decision,) = limiter.acquire("email", [(user, message)], RULES, now=NOW)
+            (decision,) = limiter.acquire("email", [(user, message)], RULES, now_ms=ms(NOW))
             if decision.allowed:
                 admitted.append(user)
             continue
@@ -48,7 +48,7 @@ def _hammer(
         campaign = "flash" if tags else CAMPAIGNS[(attempt // USERS + worker) % 3]
         applicable = MIXED if tags else rule_set(MIXED.rules[0], MIXED.rules[2])
         (decision,) = limiter.acquire(
-            "email", [(user, message)], applicable, campaign=campaign, tags=tags, now=NOW
+            "email", [(user, message)], applicable, campaign=campaign, tags=tags, now_ms=ms(NOW)
         )
         if decision.allowed:
             admitted.append((user, campaign, bool(tags)))
@@ -109,9 +109,9 @@ def test_it_reloads_its_functions_after_a_flush_between_batches(own_redis: Redis
     client = redis.Redis.from_url(own_redis.url)
     limiter = Limiter(client)
     rules = caps(daily=1)
-    assert limiter.acquire("email", [(1, "a")], rules, now=NOW)[0].reason == "allowed"
+    assert limiter.acquire("email", [(1, "a")], rules, now_ms=ms(NOW))[0].reason == "allowed"
     client.function_flush()
-    decisions = limiter.acquire("email", [(1, "b"), (2, "c")], rules, now=NOW)
+    decisions = limiter.acquire("email", [(1, "b"), (2, "c")], rules, now_ms=ms(NOW))
     assert [d.reason for d in decisions] == ["daily_cap", "allowed"]
 
 
@@ -137,7 +137,7 @@ def test_decisions_stay_exact_while_another_client_keeps_flushing_functions(
         reasons: Counter[str] = Counter()
         for attempt in range(30):
             decisions = limiter.acquire(
-                "email", [(u, f"m{attempt}") for u in users], RULES, now=NOW
+                "email", [(u, f"m{attempt}") for u in users], RULES, now_ms=ms(NOW)
             )
             reasons.update(d.reason for d in decisions)
     finally:
@@ -160,17 +160,17 @@ def test_redis_down_gives_unavailable_and_recovers_after_restart(own_redis: Redi
         redis.Redis.from_url(own_redis.url, socket_timeout=0.5, socket_connect_timeout=0.5)
     )
     rules = caps(daily=5)
-    assert limiter.acquire("email", [(1, "a")], rules, now=NOW)[0].reason == "allowed"
+    assert limiter.acquire("email", [(1, "a")], rules, now_ms=ms(NOW))[0].reason == "allowed"
 
     own_redis.stop()
-    down = limiter.acquire("email", [(1, "b"), (2, "c")], rules, now=NOW)
+    down = limiter.acquire("email", [(1, "b"), (2, "c")], rules, now_ms=ms(NOW))
     assert [(d.allowed, d.reason) for d in down] == [(False, "unavailable")] * 2
-    assert limiter.usage(1, [("email", rules)], now=NOW) is None
+    assert limiter.usage(1, [("email", rules)], now_ms=ms(NOW)) is None
     assert limiter.release("email", [(1, "a")]) == [False]
     assert limiter.ping() is False
 
     own_redis.start()  # same port, empty: no data, no functions
-    up = limiter.acquire("email", [(1, "d")], rules, now=NOW)
+    up = limiter.acquire("email", [(1, "d")], rules, now_ms=ms(NOW))
     assert (up[0].allowed, up[0].reason) == (True, "allowed")
 
 
@@ -178,11 +178,11 @@ def test_while_upgrading_redis_down_still_gives_unavailable(own_redis: RedisServ
     client = redis.Redis.from_url(own_redis.url, socket_timeout=0.5, socket_connect_timeout=0.5)
     limiter = Limiter(client, upgrade=True)
     rules = caps(daily=5)
-    assert limiter.acquire("email", [(1, "a")], rules, now=NOW)[0].reason == "allowed"
+    assert limiter.acquire("email", [(1, "a")], rules, now_ms=ms(NOW))[0].reason == "allowed"
     own_redis.stop()
-    down = limiter.acquire("email", [(1, "b"), (2, "c")], rules, now=NOW)
+    down = limiter.acquire("email", [(1, "b"), (2, "c")], rules, now_ms=ms(NOW))
     assert [(d.allowed, d.reason) for d in down] == [(False, "unavailable")] * 2
-    assert limiter.usage(1, [("email", rules)], now=NOW) is None
+    assert limiter.usage(1, [("email", rules)], now_ms=ms(NOW)) is None
     assert limiter.release("email", [(1, "a")]) == [False]
 
 
@@ -191,7 +191,7 @@ def test_fail_open_lets_sends_through_uncounted_when_redis_is_down(own_redis: Re
         redis.Redis.from_url(own_redis.url, socket_connect_timeout=0.5), fail_open=True
     )
     own_redis.stop()
-    decision = limiter.acquire("email", [(1, "a")], caps(daily=0), now=NOW)[0]
+    decision = limiter.acquire("email", [(1, "a")], caps(daily=0), now_ms=ms(NOW))[0]
     assert (decision.allowed, decision.reason) == (True, "unavailable")
 
 
@@ -204,11 +204,11 @@ def test_a_cluster_batch_survives_functions_flushed_on_every_node(
     rules = caps(daily=1)
     users = list(range(0, 500 * 97, 97))
     assert {
-        d.reason for d in limiter.acquire("email", [(u, "a") for u in users], rules, now=NOW)
+        d.reason for d in limiter.acquire("email", [(u, "a") for u in users], rules, now_ms=ms(NOW))
     } == {"allowed"}
     for node in cluster_client.get_primaries():
         cluster_client.get_redis_connection(node).function_flush()
-    again = limiter.acquire("email", [(u, "b") for u in users], rules, now=NOW)
+    again = limiter.acquire("email", [(u, "b") for u in users], rules, now_ms=ms(NOW))
     assert {d.reason for d in again} == {"daily_cap"}
 
 
@@ -221,21 +221,21 @@ def test_a_cluster_down_gives_unavailable_and_recovers_after_restart(tmp_path: P
     rules = caps(daily=5)
     users = list(range(0, 30 * 300, 300))  # on every node
     try:
-        first = limiter.acquire("email", [(u, "a") for u in users], rules, now=NOW)
+        first = limiter.acquire("email", [(u, "a") for u in users], rules, now_ms=ms(NOW))
         assert {d.reason for d in first} == {"allowed"}
         for node in cluster.nodes:
             node.kill()
         # Reading the cluster's map again finds no node: still an answer, not an exception.
-        down = limiter.acquire("email", [(u, "b") for u in users], rules, now=NOW)
+        down = limiter.acquire("email", [(u, "b") for u in users], rules, now_ms=ms(NOW))
         assert {(d.allowed, d.reason) for d in down} == {(False, "unavailable")}
-        assert limiter.usage(users[0], [("email", rules)], now=NOW) is None
+        assert limiter.usage(users[0], [("email", rules)], now_ms=ms(NOW)) is None
         assert limiter.release("email", [(users[0], "a")]) == [False]
         assert limiter.ping() is False
 
         for node in cluster.nodes:
             node.start()  # same ports, empty: no data, no functions
         cluster.wait_settled()
-        up = limiter.acquire("email", [(u, "c") for u in users], rules, now=NOW)
+        up = limiter.acquire("email", [(u, "c") for u in users], rules, now_ms=ms(NOW))
         assert {d.reason for d in up} == {"allowed"}
     finally:
         client.close()

@@ -15,7 +15,7 @@ from gatekeeper.lib.redis_client import make_redis, pipelined
 from limits.engine import log
 from limits.engine.limiter import Limiter
 from limits.reasons import Reason
-from tests.limits.rulesets import caps
+from tests.limits.rulesets import caps, ms
 from tests.support.redis import PREFIX
 
 NOW = 1_763_800_000.0
@@ -28,7 +28,7 @@ def gate(limiter: Limiter, users: Sequence[int], message_id: str) -> dict[int, s
     reasons: dict[int, str] = {}
     todo = list(users)
     for _ in range(ASKS):
-        decisions = limiter.acquire("email", [(u, message_id) for u in todo], RULES, now=NOW)
+        decisions = limiter.acquire("email", [(u, message_id) for u in todo], RULES, now_ms=ms(NOW))
         reasons.update((d.user_id, d.reason) for d in decisions)
         todo = [d.user_id for d in decisions if d.reason == Reason.UNAVAILABLE]
         if not todo:
@@ -43,7 +43,7 @@ def quota(limiter: Limiter, users: Sequence[int]) -> dict[int, int | None]:
     for user in users:
         figures = None
         for _ in range(ASKS):
-            figures = limiter.usage(user, [("email", RULES)], now=NOW)
+            figures = limiter.usage(user, [("email", RULES)], now_ms=ms(NOW))
             if figures is not None:
                 break
         used[user] = None if figures is None else figures[0].used

@@ -7,9 +7,9 @@ import pytest
 from limits.engine import log
 from limits.engine.limiter import Decision, Limiter
 from limits.engine.table import RuleSet
-from tests.limits.rulesets import DAY_S, WEEK_S, caps, rule, rule_set
+from tests.limits.rulesets import DAY_S, WEEK_S, caps, ms, rule, rule_set
 
-NOW = 1_763_800_000.0  # seconds; tests pass the clock, nothing waits for a window
+NOW = 1_763_800_000.0  # seconds (as retry_after reads); the engine is given ms(NOW)
 DAY = 86_400.0
 WEEK = 7 * DAY
 HOUR = 3_600.0
@@ -24,7 +24,7 @@ def send(
     channel: str = "email",
     **options: object,
 ) -> Decision:
-    return limiter.acquire(channel, [(user, message)], rules, now=at, **options)[0]  # type: ignore[arg-type]
+    return limiter.acquire(channel, [(user, message)], rules, now_ms=ms(at), **options)[0]  # type: ignore[arg-type]
 
 
 def test_it_admits_up_to_the_daily_cap_then_refuses(limiter: Limiter) -> None:
@@ -115,7 +115,7 @@ def test_a_refused_send_is_recorded_nowhere(limiter: Limiter) -> None:
 
 
 def test_no_rule_admits_everything(limiter: Limiter) -> None:
-    decisions = limiter.acquire("email", [(1, f"m{i}") for i in range(50)], caps(), now=NOW)
+    decisions = limiter.acquire("email", [(1, f"m{i}") for i in range(50)], caps(), now_ms=ms(NOW))
     assert {d.reason for d in decisions} == {"allowed"}
     assert decisions[-1].counts == {"daily": 50, "weekly": 50}
 
@@ -135,7 +135,7 @@ def test_a_blocking_rule_decides_over_one_that_frees_later(limiter: Limiter) -> 
 
 
 def test_two_sends_in_the_same_millisecond_are_two_entries(limiter: Limiter) -> None:
-    decisions = limiter.acquire("email", [(1, "a"), (1, "b")], caps(daily=5), now=NOW)
+    decisions = limiter.acquire("email", [(1, "a"), (1, "b")], caps(daily=5), now_ms=ms(NOW))
     assert [d.counts["daily"] for d in decisions] == [1, 2]
 
 
@@ -152,16 +152,16 @@ def test_a_repeated_message_id_is_a_duplicate_and_not_counted_again(limiter: Lim
 
 
 def test_a_message_id_repeated_in_one_batch_is_counted_once(limiter: Limiter) -> None:
-    decisions = limiter.acquire("email", [(1, "m"), (1, "m")], caps(daily=5), now=NOW)
+    decisions = limiter.acquire("email", [(1, "m"), (1, "m")], caps(daily=5), now_ms=ms(NOW))
     assert [d.reason for d in decisions] == ["allowed", "duplicate"]
 
 
 def test_dry_run_decides_but_records_nothing(limiter: Limiter) -> None:
     rules = caps(daily=1)
-    dry = limiter.acquire("email", [(1, "m1")], rules, now=NOW, dry_run=True)[0]
+    dry = limiter.acquire("email", [(1, "m1")], rules, now_ms=ms(NOW), dry_run=True)[0]
     assert dry.reason == "allowed"
     assert send(limiter, 1, "m2", rules, NOW).reason == "allowed"
-    dry = limiter.acquire("email", [(1, "m3")], rules, now=NOW + 1, dry_run=True)[0]
+    dry = limiter.acquire("email", [(1, "m3")], rules, now_ms=ms(NOW + 1), dry_run=True)[0]
     assert dry.reason == "daily_cap"
     assert [e.message for e in limiter.entries(1)] == [log.stored_message_hash("m2")]
 
@@ -175,9 +175,11 @@ def test_dry_runs_marked_one_by_one_record_nothing_beside_the_rest(
     users = list(range(1, 201))
     sets = [caps(daily=1 + n % distinct_sets) for n in range(len(users))]
     dry = [user % 3 == 0 for user in users]
-    first = limiter.acquire("email", [(u, f"a{u}") for u in users], sets, now=NOW, dry_run=dry)
+    first = limiter.acquire(
+        "email", [(u, f"a{u}") for u in users], sets, now_ms=ms(NOW), dry_run=dry
+    )
     assert {d.reason for d in first} == {"allowed"}
-    again = limiter.acquire("email", [(u, f"b{u}") for u in users], sets, now=NOW + 1)
+    again = limiter.acquire("email", [(u, f"b{u}") for u in users], sets, now_ms=ms(NOW + 1))
     for user, flag, decision in zip(users, dry, again, strict=True):
         # Recorded only where it was not a dry run: its one slot a day is taken.
         limit = 1 + (user - 1) % distinct_sets
@@ -204,7 +206,7 @@ def test_usage_reports_each_rule_with_the_next_free_slot(limiter: Limiter) -> No
     rules = caps(daily=2, weekly=5, all_daily=3)
     send(limiter, 9, "m1", rules, NOW)
     send(limiter, 9, "m2", rules, NOW + 60)
-    figures = limiter.usage(9, [("email", rules)], now=NOW + 120)
+    figures = limiter.usage(9, [("email", rules)], now_ms=ms(NOW + 120))
     assert figures is not None
     daily, weekly, everything = figures
     assert (daily.used, daily.remaining, daily.next_slot_in) == (2, 0, pytest.approx(DAY - 120))
@@ -215,13 +217,13 @@ def test_usage_reports_each_rule_with_the_next_free_slot(limiter: Limiter) -> No
 def test_history_lists_the_week_newest_first_and_reset_forgets_it(limiter: Limiter) -> None:
     send(limiter, 4, "old", caps(), NOW - WEEK + 10)
     send(limiter, 4, "new", caps(), NOW, priority=8)
-    history = limiter.history(4, now=NOW)
+    history = limiter.history(4, now_ms=ms(NOW))
     assert [(e.message, e.at_ms, e.priority) for e in history] == [
         (log.stored_message_hash("new"), NOW * 1000, 8),
         (log.stored_message_hash("old"), (NOW - WEEK + 10) * 1000, 5),
     ]
     assert limiter.reset(4) is True
-    assert limiter.history(4, now=NOW) == []
+    assert limiter.history(4, now_ms=ms(NOW)) == []
     assert limiter.reset(4) is False
 
 
@@ -249,24 +251,24 @@ def test_the_sweep_drops_users_whose_log_has_aged_out(limiter: Limiter) -> None:
     send(limiter, 1, "quiet", caps(), NOW - 10 * DAY)
     send(limiter, 2, "recent", caps(), NOW - DAY)
     key = log.bucket_key(limiter.prefix, 1)
-    assert limiter.sweep([key], retention_ms=8 * 86_400_000, now=NOW) == (1, 0)
+    assert limiter.sweep([key], retention_ms=8 * 86_400_000, now_ms=ms(NOW)) == (1, 0)
     assert limiter.entries(1) == [] and len(limiter.entries(2)) == 1
     # The last user gone, the bucket goes too.
-    assert limiter.sweep([key], retention_ms=8 * 86_400_000, now=NOW + 8 * DAY) == (1, 1)
+    assert limiter.sweep([key], retention_ms=8 * 86_400_000, now_ms=ms(NOW + 8 * DAY)) == (1, 1)
     assert not limiter.client.exists(key)
 
 
 def test_a_batch_keeps_request_order_across_many_users(limiter: Limiter) -> None:
     requests = [(user, f"m{user}") for user in range(0, 3000, 3)]
-    decisions = limiter.acquire("email", requests, caps(daily=1), now=NOW)
+    decisions = limiter.acquire("email", requests, caps(daily=1), now_ms=ms(NOW))
     assert [(d.user_id, d.message_id) for d in decisions] == requests
-    again = limiter.acquire("email", [(u, "x") for u, _ in requests], caps(daily=1), now=NOW)
+    again = limiter.acquire("email", [(u, "x") for u, _ in requests], caps(daily=1), now_ms=ms(NOW))
     assert {d.reason for d in again} == {"daily_cap"}
 
 
 def test_per_request_rule_sets_apply_to_their_own_request(limiter: Limiter) -> None:
     decisions = limiter.acquire(
-        "email", [(1, "a"), (2, "b")], [caps(daily=0), caps(daily=1)], now=NOW
+        "email", [(1, "a"), (2, "b")], [caps(daily=0), caps(daily=1)], now_ms=ms(NOW)
     )
     assert [d.reason for d in decisions] == ["blocked", "allowed"]
 
@@ -276,6 +278,20 @@ def test_the_server_clock_is_used_when_no_time_is_given(limiter: Limiter) -> Non
     assert decision.reason == "allowed"
     (entry,) = limiter.entries(1)
     assert abs(entry.at_ms / 1000 - time.time()) < 5
+
+
+@pytest.mark.parametrize("clock", [NOW, float(ms(NOW)), True])
+def test_a_clock_that_is_not_epoch_milliseconds_is_refused(limiter: Limiter, clock) -> None:
+    # Epoch seconds taken for milliseconds would judge every window a thousand times off.
+    with pytest.raises(TypeError, match="not epoch milliseconds"):
+        limiter.acquire("email", [(1, "m")], caps(daily=1), now_ms=clock)
+    with pytest.raises(TypeError, match="not epoch milliseconds"):
+        limiter.usage(1, [("email", caps(daily=1))], now_ms=clock)
+    with pytest.raises(TypeError, match="not epoch milliseconds"):
+        limiter.history(1, now_ms=clock)
+    with pytest.raises(TypeError, match="not epoch milliseconds"):
+        limiter.sweep([log.bucket_key(limiter.prefix, 1)], retention_ms=1, now_ms=clock)
+    assert limiter.entries(1) == []
 
 
 def test_ping_runs_the_real_function(limiter: Limiter) -> None:
@@ -352,17 +368,21 @@ def test_a_calendar_day_ends_at_the_users_local_midnight(limiter: Limiter) -> No
     # 2026-03-10 22:00 in New York (EDT, UTC-4) is 02:00 UTC on the 11th.
     evening = 1_773_194_400.0
     daily = rule(1, limit=1, unit="day")
-    send(limiter, 1, "a", rule_set(daily, now=evening, zone="America/New_York"), evening)
+    send(limiter, 1, "a", rule_set(daily, now_ms=ms(evening), zone="America/New_York"), evening)
     later = evening + HOUR
-    refused = send(limiter, 1, "b", rule_set(daily, now=later, zone="America/New_York"), later)
+    refused = send(
+        limiter, 1, "b", rule_set(daily, now_ms=ms(later), zone="America/New_York"), later
+    )
     assert refused.reason == "daily_cap"
     assert refused.retry_after == pytest.approx(HOUR)  # midnight in New York
     # The same sends for a user in Tokyo: its day (11:00 to 12:00 on the 11th) is the same day.
-    tokyo = rule_set(daily, now=later, zone="Asia/Tokyo")
+    tokyo = rule_set(daily, now_ms=ms(later), zone="Asia/Tokyo")
     assert send(limiter, 1, "c", tokyo, later).reason == "daily_cap"
     after = evening + 2 * HOUR + 1
     assert (
-        send(limiter, 1, "d", rule_set(daily, now=after, zone="America/New_York"), after).reason
+        send(
+            limiter, 1, "d", rule_set(daily, now_ms=ms(after), zone="America/New_York"), after
+        ).reason
         == "allowed"
     )
 
@@ -427,7 +447,7 @@ def test_counting_any_recent_interval(limiter: Limiter) -> None:
     for i in range(5):
         send(limiter, 1, f"m{i}", rule_set(), NOW - i * HOUR)
     figures = limiter.usage(
-        1, [("email", rule_set(rule(0, limit=99, seconds=int(2.5 * 3600))))], now=NOW
+        1, [("email", rule_set(rule(0, limit=99, seconds=int(2.5 * 3600))))], now_ms=ms(NOW)
     )
     assert figures is not None and figures[0].used == 3
 
@@ -450,7 +470,7 @@ def test_restored_sends_are_the_sends_that_were_recorded(limiter: Limiter) -> No
             campaign=campaign,
             tags=tags,
             priority=priority,
-            now=at,
+            now_ms=ms(at),
         )
         assert all(d.allowed for d in decided)
         sent += [
@@ -465,17 +485,19 @@ def test_restored_sends_are_the_sends_that_were_recorded(limiter: Limiter) -> No
     before = logs()
     for u in users:
         limiter.reset(u)
-    assert limiter.restore(list(reversed(sent)), retention_ms=8 * 86_400_000, now=NOW) == len(sent)
+    assert limiter.restore(
+        list(reversed(sent)), retention_ms=8 * 86_400_000, now_ms=ms(NOW)
+    ) == len(sent)
     assert logs() == before
     # Idempotent, and what the retention no longer holds is not put back.
-    assert limiter.restore(sent, retention_ms=8 * 86_400_000, now=NOW) == 0
+    assert limiter.restore(sent, retention_ms=8 * 86_400_000, now_ms=ms(NOW)) == 0
     limiter.reset(users[0])
-    assert limiter.restore(sent[:1], retention_ms=3600 * 1000, now=NOW) == 0
+    assert limiter.restore(sent[:1], retention_ms=3600 * 1000, now_ms=ms(NOW)) == 0
 
 
 def test_the_previous_versions_import_call_still_adds_its_entries(limiter: Limiter) -> None:
     """gk_import, as processes of the previous version call it while converting old logs."""
-    limiter.acquire("email", [(7, "warm")], rule_set(), now=NOW)  # loads the library
+    limiter.acquire("email", [(7, "warm")], rule_set(), now_ms=ms(NOW))  # loads the library
     key, field = log.bucket_key(limiter.prefix, 7), log.bucket_field(7)
     at = round((NOW - 60) * 1000)
     args = [round(NOW * 1000), 8 * 86_400_000, field, "email", at, log.message_hash("old")]

@@ -18,7 +18,7 @@ from bench.servers import RedisClusterProcesses, RedisServer
 from gatekeeper.lib.redis_client import BUSY_PAUSE
 from limits.engine import log
 from limits.engine.limiter import Limiter
-from tests.limits.rulesets import caps
+from tests.limits.rulesets import caps, ms
 
 NOW = 1_763_800_000.0
 PREFIX = "migrating:"
@@ -49,7 +49,7 @@ def users_of(buckets: Sequence[int]) -> list[int]:
 
 def gate(limiter: Limiter, users: Sequence[int], message_id: str) -> dict[int, tuple[str, int]]:
     """Each user's decision on one send, asked once, in one batch: (reason, sends of the day)."""
-    decisions = limiter.acquire("email", [(u, message_id) for u in users], RULES, now=NOW)
+    decisions = limiter.acquire("email", [(u, message_id) for u in users], RULES, now_ms=ms(NOW))
     return {d.user_id: (d.reason, d.counts.get("daily", -1)) for d in decisions}
 
 
@@ -57,7 +57,7 @@ def quota(limiter: Limiter, users: Sequence[int]) -> dict[int, int | None]:
     """Each user's sends counted by the daily cap, read once (None: unavailable)."""
     used: dict[int, int | None] = {}
     for user in users:
-        figures = limiter.usage(user, [("email", RULES)], now=NOW)
+        figures = limiter.usage(user, [("email", RULES)], now_ms=ms(NOW))
         used[user] = None if figures is None else figures[0].used
     return used
 

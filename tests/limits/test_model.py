@@ -372,7 +372,7 @@ class LimiterMachine(RuleBasedStateMachine):
             tags=tags,
             priority=priority,
             retention_ms=table.retention_ms,
-            now=self.now / 1000,
+            now_ms=self.now,
             dry_run=dry,
             holder=holder,
             uncounted=uncounted,

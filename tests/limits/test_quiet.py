@@ -7,6 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from gatekeeper.lib.instants import instant_ms
 from limits.engine.quiet import (
     QuietFields,
     QuietView,
@@ -33,18 +34,22 @@ def entry(start: str, end: str, spread: int = 0, *, segment=None, channel="email
     )
 
 
-def at(zone: str, *wall: int, fold: int = 0) -> float:
-    """The instant a local clock in `zone` reads `wall` (fold 1: the second time it does)."""
-    return datetime(*wall).replace(tzinfo=ZoneInfo(zone), fold=fold).timestamp()  # type: ignore[arg-type]
+HOUR_MS = 3_600_000
 
 
-def utc(*wall: int) -> float:
-    return datetime(*wall).replace(tzinfo=UTC).timestamp()  # type: ignore[arg-type]
+def at(zone: str, *wall: int, fold: int = 0) -> int:
+    """The instant (epoch ms) a local clock in `zone` reads `wall` (fold 1: the second time it
+    does)."""
+    return instant_ms(datetime(*wall).replace(tzinfo=ZoneInfo(zone), fold=fold))  # type: ignore[arg-type]
 
 
-def until(entries, zone: str, now: float) -> float | None:
-    end, _ = quiet_until(entries, zone, now)
-    return None if end == now else end
+def utc(*wall: int) -> int:
+    return instant_ms(datetime(*wall).replace(tzinfo=UTC))  # type: ignore[arg-type]
+
+
+def until(entries, zone: str, now_ms: int) -> int | None:
+    end, _ = quiet_until(entries, zone, now_ms)
+    return None if end == now_ms else end
 
 
 NIGHT = entry("21:00", "08:00")
@@ -93,7 +98,7 @@ def test_new_york_spring_forward_a_night_is_an_hour_shorter():
     # 8 March 2026: 02:00 EST is followed by 03:00 EDT.
     start = at(NEW_YORK, 2026, 3, 7, 22, 0)
     assert until([NIGHT], NEW_YORK, start) == at(NEW_YORK, 2026, 3, 8, 8, 0)
-    assert at(NEW_YORK, 2026, 3, 8, 8, 0) - start == 9 * 3600  # 22:00 to 08:00 is 9 hours
+    assert at(NEW_YORK, 2026, 3, 8, 8, 0) - start == 9 * HOUR_MS  # 22:00 to 08:00 is 9 hours
 
 
 def test_new_york_spring_forward_an_end_that_does_not_exist_is_reached_at_the_gap_end():
@@ -114,15 +119,20 @@ def test_new_york_fall_back_the_repeated_hour_is_read_as_the_clock_reads_it():
     short = entry("21:00", "01:30")
     first = at(NEW_YORK, 2026, 11, 1, 1, 10, fold=0)
     second = at(NEW_YORK, 2026, 11, 1, 1, 10, fold=1)
-    assert second - first == 3600
+    assert second - first == HOUR_MS
     assert until([short], NEW_YORK, first) == at(NEW_YORK, 2026, 11, 1, 1, 30, fold=0)
     assert until([short], NEW_YORK, at(NEW_YORK, 2026, 11, 1, 1, 45, fold=0)) is None
     assert until([short], NEW_YORK, second) == at(NEW_YORK, 2026, 11, 1, 1, 30, fold=1)
 
 
+def test_a_clock_in_seconds_is_refused():
+    with pytest.raises(TypeError, match="not epoch milliseconds"):
+        quiet_until([NIGHT], NEW_YORK, utc(2026, 6, 10, 23, 0) / 1000)  # type: ignore[arg-type]
+
+
 def test_new_york_fall_back_a_night_is_an_hour_longer():
     start = at(NEW_YORK, 2026, 10, 31, 22, 0)
-    assert quiet_until([NIGHT], NEW_YORK, start)[0] - start == 11 * 3600
+    assert quiet_until([NIGHT], NEW_YORK, start)[0] - start == 11 * HOUR_MS
 
 
 def test_lord_howe_shifts_by_thirty_minutes():
@@ -131,7 +141,7 @@ def test_lord_howe_shifts_by_thirty_minutes():
     short = entry("22:00", "01:45")
     first = at(zone, 2026, 4, 5, 1, 40, fold=0)
     second = at(zone, 2026, 4, 5, 1, 40, fold=1)
-    assert second - first == 1800
+    assert second - first == HOUR_MS // 2
     assert until([short], zone, first) == at(zone, 2026, 4, 5, 1, 45, fold=0)
     assert until([short], zone, second) == at(zone, 2026, 4, 5, 1, 45, fold=1)
 
@@ -147,14 +157,15 @@ def test_each_user_has_the_same_offset_every_time_within_the_spread():
     assert offsets == [user_offset(user_id, 1800) for user_id in range(1000)]
     assert all(0 <= o < 1800 for o in offsets)
     assert user_offset(42, 0) == 0
-    assert release_at(1000.0, 0, 42) == 1000.0
+    assert release_at(1_000_000, 0, 42) == 1_000_000
+    assert release_at(1_000_000, 1800, 42) == 1_000_000 + user_offset(42, 1800) * 1000
 
 
 @pytest.mark.parametrize("ids", ["sequential", "sparse"])
 def test_ten_thousand_users_over_thirty_minutes_no_minute_gets_twice_the_mean(ids):
     users = range(1, 10_001) if ids == "sequential" else range(7, 7 + 10_000 * 7919, 7919)
     end = utc(2026, 6, 11, 8, 0)
-    minutes = Counter(int((release_at(end, 1800, u) - end) // 60) for u in users)
+    minutes = Counter((release_at(end, 1800, u) - end) // 60_000 for u in users)
     assert set(minutes) == set(range(30))
     mean = 10_000 / 30
     assert max(minutes.values()) <= 2 * mean
@@ -214,9 +225,9 @@ def test_the_answer_kept_per_minute_is_the_exact_answer_at_every_second(zone):
         "Australia/Lord_Howe": [(2026, 4, 5), (2026, 10, 4)],
     }[zone]
     for day in days:
-        start = at(zone, *day, 0, 0) - 4 * 3600
-        for step in range(0, 8 * 3600, 37):
-            now = start + step
-            exact_end, exact_spread = quiet_until(entries, zone, now)
-            kept = table.quiet_release(segment="gold", channel="email", zone=zone, now=now)
-            assert kept == (None if exact_end == now else (exact_end, exact_spread)), now
+        start = at(zone, *day, 0, 0) - 4 * HOUR_MS
+        for step in range(0, 8 * HOUR_MS, 37_000):
+            now_ms = start + step
+            exact_end, exact_spread = quiet_until(entries, zone, now_ms)
+            kept = table.quiet_release(segment="gold", channel="email", zone=zone, now_ms=now_ms)
+            assert kept == (None if exact_end == now_ms else (exact_end, exact_spread)), now_ms

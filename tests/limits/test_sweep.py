@@ -16,16 +16,16 @@ from limits.engine.limiter import Limiter, get_limiter, reset_limiter
 from limits.engine.upkeep import logs_sweep, primaries, sweep_cursors_key
 from limits.policy.selectors import policy_read
 from limits.tasks import send_logs_sweep
-from tests.limits.rulesets import caps
+from tests.limits.rulesets import caps, ms
 from tests.support.redis import PREFIX
 
-NOW = 1_763_800_000.0  # seconds; tests pass the clock, nothing waits for a window
+NOW = 1_763_800_000.0  # seconds (as retry_after reads); the engine is given ms(NOW)
 DAY = 86_400.0
 RETENTION_MS = 8 * 86_400_000
 
 
 def record(limiter: Limiter, user: int, at: float) -> None:
-    assert limiter.acquire("email", [(user, f"m-{user}-{at}")], caps(), now=at)[0].allowed
+    assert limiter.acquire("email", [(user, f"m-{user}-{at}")], caps(), now_ms=ms(at))[0].allowed
 
 
 def bucket(user: int) -> str:
@@ -39,7 +39,7 @@ def test_it_drops_users_whose_log_has_aged_out_and_keeps_the_others(limiter: Lim
     record(limiter, 256, NOW - 9 * DAY)  # a bucket of quiet users only
     record(limiter, 300, NOW - 8 * DAY - 1)
     record(limiter, 70_000, NOW - 7 * DAY)  # inside the retention
-    report = logs_sweep(limiter, buckets=100, retention_ms=RETENTION_MS, now=NOW)
+    report = logs_sweep(limiter, buckets=100, retention_ms=RETENTION_MS, now_ms=ms(NOW))
     assert (report.dropped, report.emptied) == (3, 1)
     assert report.buckets >= 3
     assert limiter.entries(1) == []
@@ -54,8 +54,8 @@ def test_it_drops_users_whose_log_has_aged_out_and_keeps_the_others(limiter: Lim
 def test_a_second_sweep_finds_nothing_more(limiter: Limiter) -> None:
     record(limiter, 1, NOW - 10 * DAY)
     record(limiter, 2, NOW - DAY)
-    assert logs_sweep(limiter, buckets=100, retention_ms=RETENTION_MS, now=NOW).dropped == 1
-    again = logs_sweep(limiter, buckets=100, retention_ms=RETENTION_MS, now=NOW)
+    assert logs_sweep(limiter, buckets=100, retention_ms=RETENTION_MS, now_ms=ms(NOW)).dropped == 1
+    again = logs_sweep(limiter, buckets=100, retention_ms=RETENTION_MS, now_ms=ms(NOW))
     assert (again.dropped, again.emptied) == (0, 0)
 
 
@@ -83,7 +83,7 @@ def test_each_run_looks_at_a_few_buckets_and_the_next_continues(
         record(limiter, user, NOW - (10 if user % 512 else 1) * DAY)
     quiet = [user for user in users if user % 512]
 
-    first = logs_sweep(limiter, buckets=6, retention_ms=RETENTION_MS, now=NOW, page=2)
+    first = logs_sweep(limiter, buckets=6, retention_ms=RETENTION_MS, now_ms=ms(NOW), page=2)
     assert 0 < first.buckets < len(users)
     assert 0 < first.dropped < len(quiet)
     saved = {
@@ -95,7 +95,7 @@ def test_each_run_looks_at_a_few_buckets_and_the_next_continues(
     scans.clear()
     runs, dropped = 1, first.dropped
     while dropped < len(quiet):
-        report = logs_sweep(limiter, buckets=6, retention_ms=RETENTION_MS, now=NOW, page=2)
+        report = logs_sweep(limiter, buckets=6, retention_ms=RETENTION_MS, now_ms=ms(NOW), page=2)
         assert report.buckets <= 2 * 6  # about the budget: SCAN's COUNT is a hint
         dropped += report.dropped
         runs += 1

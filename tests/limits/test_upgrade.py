@@ -22,10 +22,10 @@ from limits.engine import log
 from limits.engine.legacy import LegacyLogs, legacy_key
 from limits.engine.limiter import Limiter, get_limiter, reset_limiter
 from limits.engine.upkeep import convert_cursors_key, logs_convert, primaries
-from tests.limits.rulesets import caps
+from tests.limits.rulesets import caps, ms
 from tests.support.redis import PREFIX
 
-NOW = 1_763_800_000.0  # seconds; tests pass the clock, nothing waits for a window
+NOW = 1_763_800_000.0  # seconds (as retry_after reads); the engine is given ms(NOW)
 HOUR = 3_600.0
 DAY = 86_400.0
 RETENTION_MS = 8 * 86_400_000
@@ -98,7 +98,7 @@ def expected(sends: list[tuple[str, str, int]]) -> list[tuple[str, int, bytes]]:
 
 
 def convert(limiter: Limiter, *, now: float = NOW, **options: Any) -> list[Any]:
-    return list(logs_convert(limiter, retention_ms=RETENTION_MS, now=now, **options))
+    return list(logs_convert(limiter, retention_ms=RETENTION_MS, now_ms=ms(now), **options))
 
 
 # --- decisions during the upgrade -----------------------------------------------------------
@@ -111,7 +111,7 @@ def test_a_user_at_the_daily_cap_before_the_upgrade_is_refused_after_it(
     write_old(client, 1, "email", "b", NOW - HOUR)
     write_old(client, 1, "push", "c", NOW - 2 * HOUR)
     write_old(client, 1, "email", "d", NOW - 3 * DAY)
-    refused = limiter.acquire("email", [(1, "new")], caps(daily=2, weekly=5), now=NOW)[0]
+    refused = limiter.acquire("email", [(1, "new")], caps(daily=2, weekly=5), now_ms=ms(NOW))[0]
     assert (refused.allowed, refused.reason) == (False, "daily_cap")
     assert refused.counts == {"daily": 2, "weekly": 3}
     # The older of today's two sends leaves the 24 h window first.
@@ -124,10 +124,10 @@ def test_a_user_at_the_weekly_cap_before_the_upgrade_is_refused_until_the_oldest
 ) -> None:
     for k, days_ago in enumerate((6, 4, 2)):
         write_old(client, 2, "email", f"m{k}", NOW - days_ago * DAY)
-    refused = limiter.acquire("email", [(2, "new")], caps(daily=5, weekly=3), now=NOW)[0]
+    refused = limiter.acquire("email", [(2, "new")], caps(daily=5, weekly=3), now_ms=ms(NOW))[0]
     assert refused.reason == "weekly_cap"
     assert refused.retry_after == pytest.approx(DAY)
-    assert limiter.acquire("email", [(2, "new")], caps(weekly=3), now=NOW + DAY)[0].allowed
+    assert limiter.acquire("email", [(2, "new")], caps(weekly=3), now_ms=ms(NOW + DAY))[0].allowed
 
 
 def test_old_sends_of_another_channel_count_against_rules_on_every_channel(
@@ -135,7 +135,7 @@ def test_old_sends_of_another_channel_count_against_rules_on_every_channel(
 ) -> None:
     write_old(client, 3, "push", "p1", NOW - 5 * HOUR)
     write_old(client, 3, "push", "p2", NOW - 4 * HOUR)
-    refused = limiter.acquire("email", [(3, "e1")], caps(all_daily=2), now=NOW)[0]
+    refused = limiter.acquire("email", [(3, "e1")], caps(all_daily=2), now_ms=ms(NOW))[0]
     assert refused.reason == "daily_cap"
     assert refused.rule is not None and refused.rule["id"] == 3
     assert refused.retry_after == pytest.approx(DAY - 5 * HOUR)
@@ -145,7 +145,7 @@ def test_a_user_below_the_cap_gets_exactly_the_slots_left(limiter: Limiter, clie
     write_old(client, 4, "email", "old", NOW - 2 * HOUR)
     rules = caps(daily=3)
     first, second, third = (
-        limiter.acquire("email", [(4, f"new{k}")], rules, now=NOW + k)[0] for k in range(3)
+        limiter.acquire("email", [(4, f"new{k}")], rules, now_ms=ms(NOW + k))[0] for k in range(3)
     )
     assert [first.reason, second.reason, third.reason] == ["allowed", "allowed", "daily_cap"]
     assert second.counts == {"daily": 3, "weekly": 3}
@@ -154,7 +154,7 @@ def test_a_user_below_the_cap_gets_exactly_the_slots_left(limiter: Limiter, clie
 def test_a_batch_moves_every_user_it_decides_for(limiter: Limiter, client: Any) -> None:
     sends = old_week(client)
     decisions = limiter.acquire(
-        "email", [(user, "new") for user in USERS], caps(weekly=100), now=NOW, dry_run=True
+        "email", [(user, "new") for user in USERS], caps(weekly=100), now_ms=ms(NOW), dry_run=True
     )
     for decision in decisions:
         emails = sum(1 for channel, _, _ in sends[decision.user_id] if channel == "email")
@@ -167,7 +167,7 @@ def test_a_batch_moves_every_user_it_decides_for(limiter: Limiter, client: Any) 
 
 def test_an_old_send_sent_again_is_a_duplicate(limiter: Limiter, client: Any) -> None:
     write_old(client, 5, "email", "m1", NOW - HOUR)
-    again = limiter.acquire("email", [(5, "m1")], caps(daily=5), now=NOW)[0]
+    again = limiter.acquire("email", [(5, "m1")], caps(daily=5), now_ms=ms(NOW))[0]
     assert (again.reason, again.counts["daily"]) == ("duplicate", 1)
 
 
@@ -178,7 +178,7 @@ def test_releasing_an_old_send_takes_it_out(limiter: Limiter, client: Any) -> No
     assert limiter.release("email", [(6, "failed"), (6, "never")]) == [True, False]
     assert old_keys(client) == []
     assert [e.message for e in limiter.entries(6)] == [log.stored_message_hash("kept")]
-    assert limiter.acquire("email", [(6, "new")], caps(daily=2), now=now)[0].allowed
+    assert limiter.acquire("email", [(6, "new")], caps(daily=2), now_ms=ms(now))[0].allowed
 
 
 def test_a_quota_reset_forgets_old_logs_too(limiter: Limiter, client: Any) -> None:
@@ -188,13 +188,13 @@ def test_a_quota_reset_forgets_old_logs_too(limiter: Limiter, client: Any) -> No
     assert limiter.reset(7) is True
     assert old_keys(client) == []
     assert limiter.reset(7) is False
-    allowed = limiter.acquire("email", [(7, "new")], caps(daily=1, all_daily=1), now=NOW)[0]
+    allowed = limiter.acquire("email", [(7, "new")], caps(daily=1, all_daily=1), now_ms=ms(NOW))[0]
     assert (allowed.reason, allowed.counts) == ("allowed", {"daily": 1, "weekly": 1})
 
 
 def test_the_quota_read_counts_old_sends(limiter: Limiter, client: Any) -> None:
     write_old(client, 8, "email", "a", NOW - HOUR)
-    usage = limiter.usage(8, [("email", caps(daily=3))], now=NOW)
+    usage = limiter.usage(8, [("email", caps(daily=3))], now_ms=ms(NOW))
     assert usage is not None and [u.used for u in usage] == [1]
 
 
@@ -203,7 +203,7 @@ def test_a_channel_no_longer_configured_is_moved_through_the_all_log(
 ) -> None:
     write_old(client, 9, "sms", "s1", NOW - HOUR)
     write_old(client, 9, "email", "e1", NOW - 2 * HOUR)
-    refused = limiter.acquire("email", [(9, "e2")], caps(all_daily=2), now=NOW)[0]
+    refused = limiter.acquire("email", [(9, "e2")], caps(all_daily=2), now_ms=ms(NOW))[0]
     assert refused.reason == "daily_cap"
     assert old_keys(client) == []  # the sms log as well, not left for its TTL
     assert {e.channel for e in limiter.entries(9)} == {"sms", "email"}
@@ -214,9 +214,9 @@ def test_two_processes_moving_one_user_count_each_send_once(limiter: Limiter, cl
     other = LegacyLogs(client, prefix=PREFIX, import_entries=limiter.import_entries)
     read_first = other.read([10])
     # Meanwhile the gate moves the user and records a send...
-    limiter.acquire("email", [(10, "new")], caps(), now=NOW)
+    limiter.acquire("email", [(10, "new")], caps(), now_ms=ms(NOW))
     # ...and the other process imports what it read before: nothing is added twice.
-    assert other.move_logs(read_first, now=NOW) == 0
+    assert other.move_logs(read_first, now_ms=ms(NOW)) == 0
     (new,) = [e for e in limiter.entries(10) if e.message == log.stored_message_hash("new")]
     assert logged(limiter, 10) == sorted([*expected(sends[10]), ("email", new.at_ms, new.message)])
 
@@ -224,7 +224,7 @@ def test_two_processes_moving_one_user_count_each_send_once(limiter: Limiter, cl
 def test_entries_older_than_the_retention_are_not_imported(limiter: Limiter, client: Any) -> None:
     write_old(client, 11, "email", "stale", NOW - 9 * DAY)
     write_old(client, 11, "email", "fresh", NOW - DAY)
-    assert limiter.acquire("email", [(11, "x")], caps(), now=NOW, dry_run=True)[0].allowed
+    assert limiter.acquire("email", [(11, "x")], caps(), now_ms=ms(NOW), dry_run=True)[0].allowed
     assert [e.message for e in limiter.entries(11)] == [log.stored_message_hash("fresh")]
     assert old_keys(client) == []
 
@@ -285,7 +285,7 @@ def test_a_conversion_stopped_half_way_is_continued_by_the_next_run(
 ) -> None:
     sends = old_week(client)
     total = len(old_keys(client))
-    first = logs_convert(limiter, retention_ms=RETENTION_MS, now=NOW, page=3)
+    first = logs_convert(limiter, retention_ms=RETENTION_MS, now_ms=ms(NOW), page=3)
     page = next(first)
     while page.users == 0:
         page = next(first)
@@ -336,9 +336,9 @@ def test_converting_while_the_gate_decides_counts_each_send_once(
     limiter: Limiter, client: Any
 ) -> None:
     sends = old_week(client)
-    pages = logs_convert(limiter, retention_ms=RETENTION_MS, now=NOW, page=3)
+    pages = logs_convert(limiter, retention_ms=RETENTION_MS, now_ms=ms(NOW), page=3)
     next(pages)
-    decisions = limiter.acquire("email", [(user, "new") for user in USERS], caps(), now=NOW)
+    decisions = limiter.acquire("email", [(user, "new") for user in USERS], caps(), now_ms=ms(NOW))
     assert all(d.allowed for d in decisions)
     list(pages)
     assert old_keys(client) == []

@@ -85,18 +85,16 @@ def test_a_calendar_day_rule_frees_at_the_users_next_midnight(
     limiter: Limiter, zone_name: str, first_send: int, hours_to_midnight: float
 ) -> None:
     daily = rule(1, limit=1, unit="day")
-    now = first_send / 1000
-    assert limiter.acquire("push", [(1, "a")], rule_set(daily, now=now, zone=zone_name), now=now)[
-        0
-    ].allowed
-    later = now + 60
+    first = rule_set(daily, now_ms=first_send, zone=zone_name)
+    assert limiter.acquire("push", [(1, "a")], first, now_ms=first_send)[0].allowed
+    later = first_send + 60_000
     refused = limiter.acquire(
-        "push", [(1, "b")], rule_set(daily, now=later, zone=zone_name), now=later
+        "push", [(1, "b")], rule_set(daily, now_ms=later, zone=zone_name), now_ms=later
     )[0]
     assert refused.reason == "daily_cap"
     assert refused.retry_after == pytest.approx(hours_to_midnight * 3600 - 60)
-    after = now + hours_to_midnight * 3600
+    after = first_send + round(hours_to_midnight * HOUR_MS)
     next_day = limiter.acquire(
-        "push", [(1, "c")], rule_set(daily, now=after, zone=zone_name), now=after
+        "push", [(1, "c")], rule_set(daily, now_ms=after, zone=zone_name), now_ms=after
     )[0]
     assert next_day.allowed

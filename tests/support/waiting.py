@@ -5,6 +5,7 @@ from zoneinfo import ZoneInfo
 
 from django.utils import timezone
 
+from gatekeeper.lib.instants import instant_from_ms, instant_ms
 from limits.engine.quiet import release_at
 from tests.support.published import QUIET_USERS
 from worker.models import SendJob
@@ -33,7 +34,7 @@ MORNING = paris(3, 8)
 
 def release(user_id: int) -> datetime:
     """When quiet hours ending at MORNING let this user's send go (their place in the spread)."""
-    return datetime.fromtimestamp(release_at(MORNING.timestamp(), SPREAD, user_id), UTC)
+    return instant_from_ms(release_at(instant_ms(MORNING), SPREAD, user_id))
 
 
 def adds_up(job: SendJob) -> dict[str, int]:

@@ -3,8 +3,6 @@ on the channel and `all`, on the user's own clock) is held, not recorded, with `
 end of the quiet window plus the user's own place in its spread. Decided in Python: it costs
 Redis nothing."""
 
-import math
-
 from limits.engine.quiet import QuietView, release_at
 from limits.reasons import Reason
 from worker.stages.base import Batch, Parts, Stage
@@ -16,7 +14,7 @@ def run(batch: Batch, parts: Parts) -> None:
         return
     quiet: dict[str | None, tuple[QuietView, ...]] = {}
     # Per (segment, zone): when its quiet hours let go (None: they hold nobody now).
-    held: dict[tuple[str | None, str], tuple[float, int] | None] = {}
+    held: dict[tuple[str | None, str], tuple[int, int] | None] = {}
     keep = []
     for i in batch.pending:
         segment = batch.segment(i)
@@ -32,18 +30,14 @@ def run(batch: Batch, parts: Parts) -> None:
             until = held[key]
         else:
             until = held[key] = table.quiet_release(
-                segment=segment,
-                channel=batch.channel,
-                zone=zone,
-                now=batch.clock_ms / 1000,  # SEAM engine-ms
+                segment=segment, channel=batch.channel, zone=zone, now_ms=batch.clock_ms
             )
         if until is None:
             keep.append(i)
             continue
         end, spread = until
         # Rounded up to the millisecond: a send retried after it is never early.
-        release = release_at(end, spread, batch.requests[i][0])
-        release_ms = math.ceil(release * 1000)  # SEAM engine-ms
+        release_ms = release_at(end, spread, batch.requests[i][0])
         batch.refuse(i, Reason.QUIET_HOURS, retry_after=(release_ms - batch.clock_ms) / 1000)
     batch.pending = keep
 

@@ -111,7 +111,7 @@ def asked(batch: Batch, parts: Parts, positions: list[int]) -> list[Decision]:
         tags=batch.tags,
         priority=batch.priority,
         retention_ms=table.retention_ms,
-        now=None if batch.now_ms is None else batch.now_ms / 1000,  # SEAM engine-ms
+        now_ms=batch.now_ms,
         dry_run=batch.dry_run or ([i in batch.dry for i in positions] if batch.dry else False),
         holder=batch.holder,
     )

@@ -3,6 +3,7 @@ is then over any cap, and nobody's quota was lost (every user's log is what it w
 
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from worker.gate import gate_check, gate_release
 pytestmark = pytest.mark.postgres
 
 NOW = float(int(time.time()))
+NOW_AT = datetime.fromtimestamp(NOW, UTC)  # the rebuild takes an aware datetime
 DAY = 86_400.0
 USERS = [1, 2, 3, 9, 10, 11]  # 1-3 vip (1 a day, 20 a week on email), the others default
 
@@ -95,13 +97,13 @@ def test_a_rebuild_after_redis_lost_everything_gives_back_every_count(history, o
     assert all(not entries for entries in logs().values())
     assert {reason for *_, reason in probe()} == {"allowed"}
 
-    report = logs_rebuild(now=NOW)
+    report = logs_rebuild(now=NOW_AT)
     assert (report.users, report.added) == (len(USERS), report.sends)
     assert logs() == before  # every entry back: times, messages, campaigns, tags, priorities
     assert probe() == answers  # so nobody is over a cap, and nobody lost a slot
     assert not get_limiter().client.exists(mark_key(get_limiter().prefix))  # done: no mark left
 
-    again = logs_rebuild(now=NOW)  # run twice: nothing added the second time
+    again = logs_rebuild(now=NOW_AT)  # run twice: nothing added the second time
     assert (again.sends, again.added) == (report.sends, 0)
     assert logs() == before
 
@@ -109,7 +111,7 @@ def test_a_rebuild_after_redis_lost_everything_gives_back_every_count(history, o
 def test_sends_given_back_are_not_put_back(history, own_redis):
     own_redis.kill()
     own_redis.start()
-    logs_rebuild(now=NOW)
+    logs_rebuild(now=NOW_AT)
     hashes = {e.message for e in get_limiter().entries(9)}
     assert stored_message_hash("d1:9") not in hashes  # released
     assert stored_message_hash("d2:9") in hashes
@@ -125,11 +127,11 @@ def test_a_rebuild_that_stops_goes_on_from_the_last_user_done(history, own_redis
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        logs_rebuild(now=NOW, batch=10, progress=stop_after_first_batch)
+        logs_rebuild(now=NOW_AT, batch=10, progress=stop_after_first_batch)
     done = {u for u, entries in logs().items() if entries}
     assert done and done != set(USERS)
-    report = logs_rebuild(now=NOW, batch=10)
+    report = logs_rebuild(now=NOW_AT, batch=10)
     assert report.resumed_after is not None and report.resumed_after in done
     assert logs() == before
     # Finished: the mark is gone, so the next rebuild starts at the first user.
-    assert logs_rebuild(now=NOW).resumed_after is None
+    assert logs_rebuild(now=NOW_AT).resumed_after is None
