@@ -22,7 +22,8 @@ class Reason(StrEnum):
     WEEKLY_CAP = "weekly_cap"  # ... a week
     CAP = "cap"  # ... any other window
     BLOCKED = "blocked"  # refused by a rule whose limit is 0
-    RESERVED = "reserved"  # a reserved scheduled job holds the rule's last slots (limits.engine.reservations)
+    # a reserved scheduled job holds the rule's last slots (limits.engine.reservations)
+    RESERVED = "reserved"
     QUIET_HOURS = "quiet_hours"  # held: the user's quiet hours
     SUPPRESSED = "suppressed"  # the user is on the channel's suppression list
     PREFERENCE = "preference"  # the person switched this topic (or channel) off

@@ -5,9 +5,9 @@ in its user's log with the job as the entry's holder (a transactional send in th
 uncounted log: claimed, never counted), in the same Redis function call that decides it
 (limits/engine/lua/limiter.lua, gk_decide). How far each send of a chunk got is kept in the chunk's
 record, `<prefix>run:{<chunk id>}:<made, ms>` (gk_run): the run that holds the chunk, then one
-byte per recipient, by position: 0 not handed to the provider, 1 sending, 2 sent. A dispatcher batch's
-positions become 1 right before it goes out and 2 (went out) or 0 (did not; its quota is given
-back) right after the provider answers, in the same call that marks the next batch: one call
+byte per recipient, by position: 0 not handed to the provider, 1 sending, 2 sent. A dispatcher
+batch's positions become 1 right before it goes out and 2 (went out) or 0 (did not; its quota is
+given back) right after the provider answers, in the same call that marks the next batch: one call
 per batch, however many recipients and nodes, where a claim per message cost two commands.
 
 A run that finds a send already in a log (the gate answers `duplicate` and names the holder)

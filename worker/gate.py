@@ -84,7 +84,8 @@ class Gate:
         holds: Holds | None = None,
     ) -> None:
         """`record_ledger`: keep decisions in the send ledger (None: as GATEKEEPER_LEDGER says).
-        `holds`: the reservations' holds to apply (None: those the plan wrote, limits.engine.reservations)."""
+        `holds`: the reservations' holds to apply (None: those the plan wrote,
+        limits.engine.reservations)."""
         self._holds = holds
         self._limiter = limiter
         self._policy = policy

@@ -68,14 +68,14 @@ def send_job_create(  # type: ignore[explicit-any]  # rows and fields as the JSO
     `start_at` (aware, in the future, at most START_MAX ahead; default none): the job waits as
     `scheduled` until then (worker.scheduling starts it), and can be edited (send_job_edit),
     started early (send_job_start) or cancelled meanwhile. `reserve` (a scheduled job only):
-    its predicted sends hold their slots until it starts (worker/plan.py, limits.engine.reservations).
-    `expires_at` (aware, after the start, at most EXPIRY_MAX after it; default EXPIRY_DEFAULT
-    after the start): sends the gate deferred that still wait then are dropped as expired.
-    Raises ValidationError naming the field, or the recipient row (`recipients[3].address`).
-    A bad row (not a user id, an address the channel cannot send to, a message id used twice,
-    a context that cannot be stored, an unknown time zone) refuses the whole job with
-    `on_invalid="reject"`; with "skip" it is counted as `invalid`, its reason kept on the job,
-    and the rest goes out.
+    its predicted sends hold their slots until it starts (worker/plan.py,
+    limits.engine.reservations). `expires_at` (aware, after the start, at most EXPIRY_MAX after it;
+    default EXPIRY_DEFAULT after the start): sends the gate deferred that still wait then are
+    dropped as expired. Raises ValidationError naming the field, or the recipient row
+    (`recipients[3].address`). A bad row (not a user id, an address the channel cannot send to, a
+    message id used twice, a context that cannot be stored, an unknown time zone) refuses the whole
+    job with `on_invalid="reject"`; with "skip" it is counted as `invalid`, its reason kept on the
+    job, and the rest goes out.
     """
     fields = _job_fields(**given)
     rows, invalid, repeats = _rows(
@@ -520,7 +520,8 @@ def _expiry_checked(expires_at: object, *, start: datetime | None, now: datetime
 
 
 def _tags_checked(tags: Iterable[str]) -> tuple[str, ...]:
-    """The job's tags by limits.policy.rules.tags_problem; a ValidationError naming `tags` otherwise."""
+    """The job's tags by limits.policy.rules.tags_problem; a ValidationError naming `tags`
+    otherwise."""
     if isinstance(tags, str):
         raise ValidationError({"tags": "A list of tags, not one string."})
     given = tuple(tags)

@@ -3,7 +3,8 @@
 Each process adds the wall-clock seconds of its steps up in memory and writes them to one
 Redis hash (`<prefix>worker:seconds`) at most once a second and when it stops, like the
 decision counters (worker/stats.py; both are gatekeeper/lib/counters.py's); /metrics shows
-them as `gatekeeper_worker_seconds_total` and the gate benchmark reads them for its breakdown. The steps, in a campaign's order:
+them as `gatekeeper_worker_seconds_total` and the gate benchmark reads them for its breakdown. The
+steps, in a campaign's order:
 
 - reading: a campaign file's lines parsed and checked (worker.preparing)
 - chunking: its recipients stored as chunks and the chunks queued

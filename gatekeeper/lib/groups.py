@@ -1,8 +1,9 @@
 """The two admin groups marketers are put in, and what each may do.
 
-- Marketer: edit segments, user lists, caps, cap rules, quiet hours and topics; build, publish and roll
-  back snapshots; add users to the suppression list and take them off; reset a user's quota; send a campaign file; pause, resume and cancel send jobs
-  and their waiting sends; read everything else the admin shows.
+- Marketer: edit segments, user lists, caps, cap rules, quiet hours and topics; build, publish and
+  roll back snapshots; add users to the suppression list and take them off; reset a user's quota;
+  send a campaign file; pause, resume and cancel send jobs and their waiting sends; read everything
+  else the admin shows.
 - Viewer: read-only.
 
 `groups_sync` creates the groups and gives them exactly these permissions. A migration runs it

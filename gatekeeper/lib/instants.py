@@ -1,7 +1,7 @@
 """Instants, one convention: an aware `datetime` at every service, task and view boundary;
 epoch milliseconds (an int, named `..._ms`) only inside the limiter's engine (limits/engine/) and
-what the gate hands it (its stages, the ledger's stream entries). The conversions between the two, the
-check a boundary makes of the `now` it is given (a number or a naive datetime is refused: a
+what the gate hands it (its stages, the ledger's stream entries). The conversions between the two,
+the check a boundary makes of the `now` it is given (a number or a naive datetime is refused: a
 mix-up of seconds, milliseconds and local time would judge leases and expiries hours or years
 off), and an instant typed in a form (the admin's start and expiry of a send job, a what-if
 move): ISO 8601 with its UTC offset, read as the REST bodies read it."""

@@ -4,8 +4,8 @@
 
 While `GATEKEEPER_LOG_UPGRADE` is on, the limiter moves a user's old logs into the new one
 before it decides for them, so every decision counts the sends recorded before the upgrade; and
-`manage.py convert_logs` (limits.engine.upkeep) moves everybody else's. Moving is idempotent: an entry
-already in the new log (same channel and message) is not added again, so two processes moving
+`manage.py convert_logs` (limits.engine.upkeep) moves everybody else's. Moving is idempotent: an
+entry already in the new log (same channel and message) is not added again, so two processes moving
 the same user, or a move interrupted and run again, count each send once. The old keys are
 deleted only after their entries are in the new log.
 

@@ -258,7 +258,7 @@ def release_at(end_ms: int, spread_seconds: int, user_id: int) -> int:
     return end_ms + user_offset(user_id, spread_seconds) * 1000
 
 
-# --- quiet hours as an authored record (limits/policy/authored.py) -------------------------------------
+# --- quiet hours as an authored record (limits/policy/authored.py) --------------------------------
 
 QUIET_SHOWN = (
     ("segment", "segment"),

@@ -2,8 +2,8 @@
 
 `PolicyTable` is every enabled rule (classic caps' rules included), the classic caps and the
 segments' time zones, read from the database in one go and kept in process for a couple of
-seconds (limits.policy.selectors). For one gate call it resolves, per segment and time zone, the rules
-that apply and encodes them for the limiter (`RuleSet`): a calendar rule's period starts are
+seconds (limits.policy.selectors). For one gate call it resolves, per segment and time zone, the
+rules that apply and encodes them for the limiter (`RuleSet`): a calendar rule's period starts are
 computed here, in the user's zone, and a priority reserve is applied to the limit.
 """
 
@@ -157,8 +157,8 @@ class RuleSet:
     rules: tuple[RuleView, ...]
     effective: tuple[int, ...]
     limits: dict[str, int | None]
-    # Per rule, a reservation's hold on it (limits.engine.reservations): (sends held, the job, its start in
-    # ms), or None; empty: no hold at all.
+    # Per rule, a reservation's hold on it (limits.engine.reservations): (sends held, the job, its
+    # start in ms), or None; empty: no hold at all.
     held: tuple[tuple[int, int, int] | None, ...] = ()
 
     def with_own(self, own: Sequence[RuleView], *, zone: str, now_ms: int) -> "RuleSet":
@@ -181,8 +181,8 @@ NO_RULES = RuleSet(records=b"", rules=(), effective=(), limits={})
 
 @dataclass(frozen=True, slots=True)
 class ArmView:
-    """One arm of a running experiment (limits/studies/experiments.py): its rules (kind `arm`), which
-    replace the segment's own rules on the channels they name, or are added to them."""
+    """One arm of a running experiment (limits/studies/experiments.py): its rules (kind `arm`),
+    which replace the segment's own rules on the channels they name, or are added to them."""
 
     name: str
     mode: str  # "replace" or "add"

@@ -1,5 +1,5 @@
-"""Running the limiter's Redis Functions: the transport under `limits.engine.limiter`, as a storage is
-under a strategy in alisaifee/limits. It knows nodes, slots, pipelines and the library, and
+"""Running the limiter's Redis Functions: the transport under `limits.engine.limiter`, as a storage
+is under a strategy in alisaifee/limits. It knows nodes, slots, pipelines and the library, and
 nothing of caps or decisions.
 
 A batch costs one round trip per Redis node: requests are grouped by the node that serves their

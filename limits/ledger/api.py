@@ -1,4 +1,5 @@
-"""REST views of the send ledger: a user's decision history and the decisions report (JSON or CSV)."""
+"""REST views of the send ledger: a user's decision history and the decisions report
+(JSON or CSV)."""
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast

@@ -4,8 +4,8 @@ a time, for `GET /api/v1/users/<id>/history/` and the admin's user lookup.
 Pages are keyset-paginated on (at, id), never by offset or COUNT(*): on PostgreSQL the ledger is
 partitioned by day with an index on user_id, and a query that filters on user_id and orders by
 at descending reads the user's few rows of each day from that index, the newest days first,
-and stops after the page. `id` only breaks ties between decisions of the same millisecond (one gate call
-writes one `at` for the whole batch); on PostgreSQL it is unique only together with `at`, which
+and stops after the page. `id` only breaks ties between decisions of the same millisecond (one gate
+call writes one `at` for the whole batch); on PostgreSQL it is unique only together with `at`, which
 the position always carries.
 """
 

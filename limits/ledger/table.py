@@ -3,8 +3,8 @@
 A decision's row (`LedgerEntry`) keeps only what is its own: when, the user, the message id,
 what became of the send (a two-byte code, limits.models.ledger.LEDGER_OUTCOMES) and its **kind**
 (`LedgerKind`): the fields it shares with the other decisions of its gate call and of every
-call like it (channel, campaign, tags, priority, category, snapshot version, topic) together with its
-segment, reason and deciding rule. A blast of a million decisions names a few dozen kinds, so
+call like it (channel, campaign, tags, priority, category, snapshot version, topic) together with
+its segment, reason and deciding rule. A blast of a million decisions names a few dozen kinds, so
 those fields cost nothing per row. And the message id is not stored when it is the campaign's
 own, `<campaign>:<user id>`, as send jobs name their sends: it is put back when read.
 

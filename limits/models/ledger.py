@@ -40,8 +40,8 @@ class OutcomeField(models.PositiveSmallIntegerField):
 class LedgerKind(models.Model):
     """What decisions of the send ledger have in common, kept once however many share it: the
     gate call's own fields (channel, campaign, tags, priority, category, snapshot version,
-    topic) and the decision's segment, reason and deciding rule. A blast's million decisions name a few
-    dozen kinds. Found or added by the drain (limits/ledger/table.py) by `digest`; deleted by
+    topic) and the decision's segment, reason and deciding rule. A blast's million decisions name a
+    few dozen kinds. Found or added by the drain (limits/ledger/table.py) by `digest`; deleted by
     the ledger's upkeep once no day kept uses it (`last_day`)."""
 
     id = models.AutoField(primary_key=True)  # four bytes on each row that names it

@@ -72,7 +72,8 @@ class Authored(models.Model):
 class Rule(Authored):
     """A cap rule: for the users of one segment (or of every segment), on one channel (or all
     channels together), count the marketing sends that match over a window and admit at most
-    `limit`. Validated by `limits.policy.rules.rule_problems`; written through `limits.policy.services`.
+    `limit`. Validated by `limits.policy.rules.rule_problems`; written through
+    `limits.policy.services`.
 
     A classic cap is stored as two of these (rolling 24 h and 7 d, every send), tied to their
     Cap row: they change with the cap and only through it.

@@ -46,8 +46,8 @@ class Erasure(models.Model):
 
 
 class ErasedPerson(models.Model):
-    """An erased person, kept as a keyed hash of their id (limits.people.suppression.erased_key): the
-    gate refuses them on every channel, and nothing else of them is kept."""
+    """An erased person, kept as a keyed hash of their id (limits.people.suppression.erased_key):
+    the gate refuses them on every channel, and nothing else of them is kept."""
 
     id = models.BigAutoField(primary_key=True)  # the order processes read them in
     key = models.BigIntegerField(unique=True)
@@ -58,8 +58,8 @@ class ErasedPerson(models.Model):
 
 
 class ErasureKey(models.Model):
-    """The key erased people's ids are hashed with (limits.people.suppression.erased_keys): made once,
-    at random, the first time it is needed, and never changed, so that rotating SECRET_KEY
+    """The key erased people's ids are hashed with (limits.people.suppression.erased_keys): made
+    once, at random, the first time it is needed, and never changed, so that rotating SECRET_KEY
     forgets no erasure. GATEKEEPER_ERASURE_KEY, when set, is used instead."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)

@@ -8,8 +8,8 @@ from segments.models import Segment
 
 
 class Experiment(models.Model):
-    """A cap experiment (limits/studies/experiments.py): the users of one segment (or of every segment)
-    split by a keyed hash of their id under `salt` into 2 to 5 arms, each with rules that
+    """A cap experiment (limits/studies/experiments.py): the users of one segment (or of every
+    segment) split by a keyed hash of their id under `salt` into 2 to 5 arms, each with rules that
     replace or add to the segment's own, from `starts_at` to `ends_at`. `state` is what a person
     did (active, stopped, concluded); the status shown also reads the clock (scheduled,
     running, ended)."""
@@ -77,9 +77,9 @@ class ExperimentArm(models.Model):
 
 class StudyMember(models.Model):
     """A user in a study (a cap experiment, or the global control group: `study` 0) since
-    their first marketing decision while it ran (limits/studies/measures.py): their arm (an experiment's
-    arm's place; the control group's 0 for held out, 1 for its treatment sample) and bucket
-    (limits.studies.lift). One row per user and study, never per decision."""
+    their first marketing decision while it ran (limits/studies/measures.py): their arm (an
+    experiment's arm's place; the control group's 0 for held out, 1 for its treatment sample) and
+    bucket (limits.studies.lift). One row per user and study, never per decision."""
 
     pk = models.CompositePrimaryKey("study", "user_id")
     study = models.IntegerField()

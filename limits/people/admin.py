@@ -43,7 +43,8 @@ class SuppressionForm(forms.ModelForm):
 @admin.register(Suppression)
 class SuppressionAdmin(admin.ModelAdmin):
     """Who gets no marketing on which channel, and why. Search by user id; adding and deleting
-    go through limits.people.suppression (journalled, and every worker's gate follows within seconds)."""
+    go through limits.people.suppression (journalled, and every worker's gate follows within
+    seconds)."""
 
     form = SuppressionForm
     list_display = ["user_id", "channel", "reason", "source", "note", "created_at", "created_by"]

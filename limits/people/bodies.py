@@ -13,8 +13,9 @@ from limits.people.suppression import REASONS as SUPPRESSION_REASONS
 from limits.policy.bodies import Scope, Window
 
 # --- a person's preferences ----------------------------------------------------------------
-# Keys (topics, channels) and instants are checked by limits.people.preferences.preferences_problems,
-# the one rule, which names each bad one (`topics.news.sms`).
+# Keys (topics, channels) and instants are checked by
+# limits.people.preferences.preferences_problems, the one rule, which names each bad one
+# (`topics.news.sms`).
 
 PauseInstant = Annotated[
     datetime,

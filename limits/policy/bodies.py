@@ -58,8 +58,9 @@ class CapBody(Body, kw_only=True):
 
 # --- what a send carries for the rules --------------------------------------------------------
 
-# The schema's form of limits.policy.rules.TAG; `tags_checked` applies the rule itself after decoding
-# (a JSON Schema `$` is the end of the string, Python's also matches before a final newline).
+# The schema's form of limits.policy.rules.TAG; `tags_checked` applies the rule itself after
+# decoding (a JSON Schema `$` is the end of the string, Python's also matches before a final
+# newline).
 Tag = Annotated[str, Meta(pattern=words_for_pattern(f"^{TAG.pattern}$", TAG_WORDS))]
 
 
@@ -86,8 +87,8 @@ Priority = Annotated[
 
 
 def window_from_text(text: str, *, field: str = "") -> int:
-    """A recent interval (`?window=3h`) by limits.policy.rules.duration_from_text: its seconds, from 1
-    minute to 90 days. A Problem (a ValueError) saying why otherwise, naming `field`."""
+    """A recent interval (`?window=3h`) by limits.policy.rules.duration_from_text: its seconds, from
+    1 minute to 90 days. A Problem (a ValueError) saying why otherwise, naming `field`."""
     seconds = duration_from_text(text, field=field)
     low, high = ROLLING_SECONDS
     if not low <= seconds <= high:
@@ -233,10 +234,10 @@ class RuleChangeBody(Body, kw_only=True):
 
 
 # --- quiet hours ------------------------------------------------------------------------------
-# As for rules, the bounds limits.engine.quiet.quiet_problems checks (a time of day's form, the spread's
-# range, the channels, the segment) are only stated for the schema here, so that a refusal comes
-# from the one rule, in its words; quiet_problems also refuses what a schema cannot say (an end
-# equal to the start, a spread longer than the day outside the window, a segment that does not
+# As for rules, the bounds limits.engine.quiet.quiet_problems checks (a time of day's form, the
+# spread's range, the channels, the segment) are only stated for the schema here, so that a refusal
+# comes from the one rule, in its words; quiet_problems also refuses what a schema cannot say (an
+# end equal to the start, a spread longer than the day outside the window, a segment that does not
 # exist).
 
 # The schema's form of limits.engine.quiet.CLOCK (its `$` is the end of the string, as fullmatch's).
@@ -297,8 +298,8 @@ class QuietHoursChangeBody(Body, kw_only=True):
 
 
 # --- topics -------------------------------------------------------------------------------------
-# The forms are stated for the schema; limits.engine.topics.topic_problems is the one rule (a channel
-# from settings, each once; the default's choices).
+# The forms are stated for the schema; limits.engine.topics.topic_problems is the one rule (a
+# channel from settings, each once; the default's choices).
 
 TopicChannels = Annotated[
     list[Channel],

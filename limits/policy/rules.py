@@ -1,8 +1,8 @@
 """Cap rules in words and in checks: the one rule for a valid rule (REST, admin and commands
 all use `rule_problems`), a rule read out in plain words, and the findings a marketer should
 see: rules that never decide because a stricter one always applies with them, and reserves that
-shut lower priorities out completely. Also what the authored stack (limits/policy/authored.py) needs of
-a rule: its fields read from a row and put on one, its JSON, a change in words."""
+shut lower priorities out completely. Also what the authored stack (limits/policy/authored.py) needs
+of a rule: its fields read from a row and put on one, its JSON, a change in words."""
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -333,7 +333,7 @@ def window_seconds_of(classic: str) -> int:
     return DAY_SECONDS if classic == "daily" else WEEK_SECONDS
 
 
-# --- a rule as an authored record (limits/policy/authored.py) -----------------------------------------
+# --- a rule as an authored record (limits/policy/authored.py) -------------------------------------
 
 # The fields a change line of a rule's history names, in this order, with their words.
 RULE_SHOWN = tuple(

@@ -50,8 +50,8 @@ def rules_findings() -> dict[int, list[str]]:
 
 def policy_read(*, rules: list[Rule] | None = None) -> PolicyTable:
     """Every enabled rule (in the rules list's order), the classic caps, the segments' time
-    zones, the enabled quiet hours and the topics, straight from the database. `rules`: use these instead of the enabled ones (what-if
-    over draft rules)."""
+    zones, the enabled quiet hours and the topics, straight from the database. `rules`: use these
+    instead of the enabled ones (what-if over draft rules)."""
     if rules is None:
         rules = list(Rule.objects.filter(enabled=True).select_related("segment"))
     classic = {

@@ -1,6 +1,6 @@
-"""Writes of caps, cap rules, quiet hours, topics and quota resets. Admin, REST API and commands change
-caps through `cap_set` and `cap_delete` (the kind `CAPS`), rules, quiet hours and topics through
-their authored kinds (`RULES.create`, `RULES.update`, `RULES.delete`, and the same of
+"""Writes of caps, cap rules, quiet hours, topics and quota resets. Admin, REST API and commands
+change caps through `cap_set` and `cap_delete` (the kind `CAPS`), rules, quiet hours and topics
+through their authored kinds (`RULES.create`, `RULES.update`, `RULES.delete`, and the same of
 `QUIET_HOURS` and `TOPICS`); each goes through the one write path (limits/policy/authored.py),
 recorded in the one history with who made it, in the same transaction."""
 
@@ -63,8 +63,9 @@ def _not_classic(rule: Rule) -> None:
         raise ClassicRule(_classic_message(rule))
 
 
-# Cap rules and quiet hours: created, changed and deleted through limits.policy.authored (`RULES.create`,
-# `QUIET_HOURS.update`, ...), each change checked whole and recorded with who made it.
+# Cap rules and quiet hours: created, changed and deleted through limits.policy.authored
+# (`RULES.create`, `QUIET_HOURS.update`, ...), each change checked whole and recorded with who made
+# it.
 RULES: AuthoredKind[Rule, RuleFields] = AuthoredKind(
     kind=Kind.RULE,
     noun="rule",
@@ -96,8 +97,8 @@ QUIET_HOURS: AuthoredKind[QuietHours, QuietFields] = AuthoredKind(
 )
 
 
-# Topics (limits/engine/topics.py): their slug is set when made and never changed (sends and people's
-# preferences name it), which the REST body and the admin form see to.
+# Topics (limits/engine/topics.py): their slug is set when made and never changed (sends and
+# people's preferences name it), which the REST body and the admin form see to.
 TOPICS: AuthoredKind[Topic, TopicFields] = AuthoredKind(
     kind=Kind.TOPIC,
     noun="topic",

@@ -2,10 +2,10 @@
 `Erasure`, place by place (limits.privacy.personal's registry, the same places a person's export
 reads).
 
-First the people are kept as erased (a keyed hash of each id, limits.people.suppression.erased_add), in
-the transaction that makes the erasure (limits.privacy.services.erasure_start): from that commit on the
-gate refuses them on every channel and keeps none of their decisions, so nothing new of them is
-written while the places are emptied. Then each place's erase, all
+First the people are kept as erased (a keyed hash of each id, limits.people.suppression.erased_add),
+in the transaction that makes the erasure (limits.privacy.services.erasure_start): from that commit
+on the gate refuses them on every channel and keeps none of their decisions, so nothing new of them
+is written while the places are emptied. Then each place's erase, all
 the ids at once (a place batches as it needs); a place done is noted on the erasure, so that a
 run that dies is taken up again (beat's `users_erase_due`) where it stopped, and every erase is
 idempotent besides. A place that must wait (a send job's chunk being sent now keeps its records

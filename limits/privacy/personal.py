@@ -5,8 +5,8 @@ A place is one store of personal data with its own shape in the export: the ledg
 the cap log in Redis, the suppression list and its journal, preferences and their journal,
 quota resets, control-group and experiment memberships (this app's: limits/privacy/places.py); a
 send job's recipients, dead addresses and SMS numbers (the worker's: worker/personal.py, which
-names its own tables). Each app's ready() registers its places. One registry, so that the export, the
-docs and the test that every table with a user id is some place's all read the same list.
+names its own tables). Each app's ready() registers its places. One registry, so that the export,
+the docs and the test that every table with a user id is some place's all read the same list.
 """
 
 from collections.abc import Callable
@@ -77,7 +77,8 @@ def places() -> list[Place]:
 
 def person_export(user_id: int, *, now: datetime | None = None) -> dict[str, Any]:
     """Everything held about `user_id`, one key per place. Raises what a place raises when its
-    store does not answer (limits.policy.quota.Unavailable for Redis): an export is whole or none."""
+    store does not answer (limits.policy.quota.Unavailable for Redis): an export is whole or
+    none."""
     document: dict[str, Any] = {
         "format": EXPORT_FORMAT,
         "user_id": user_id,

@@ -19,14 +19,14 @@ Journals. The suppression list's and preferences' journals are this app's; anoth
 that is written the same way (ids committed in order, under a lock row) is read as a journal
 too once that app registers it (`journal_register`, in its `ready()`), as the places of
 personal data are: the worker's dead addresses are, so that the stream imports nothing of the
-worker (the apps' order is worker, then limits). So a reader that has read batch N has seen every batch before it, and a
-position, `<batch>.<key>` (the last event read: its row's id, or its place in an outcome batch),
-is a resumable cursor. Events before the stream existed (journal changes made before its first
-drain, decisions written before it) are not in it.
+worker (the apps' order is worker, then limits). So a reader that has read batch N has seen every
+batch before it, and a position, `<batch>.<key>` (the last event read: its row's id, or its place in
+an outcome batch), is a resumable cursor. Events before the stream existed (journal changes made
+before its first drain, decisions written before it) are not in it.
 
 Event ids: `d<row>` a decision, `o<row>.<outcome>` its outcome, `s<change>` a suppression
-change, `p<change>` a preferences change, `a<row>` a dead address; the same event always has the same id, so a consumer
-that sees one twice (delivery is at least once) drops the second.
+change, `p<change>` a preferences change, `a<row>` a dead address; the same event always has the
+same id, so a consumer that sees one twice (delivery is at least once) drops the second.
 """
 
 from collections.abc import Callable, Iterable, Iterator, Sequence

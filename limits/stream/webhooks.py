@@ -262,7 +262,7 @@ def webhook_lag(endpoint: WebhookEndpoint) -> int:
     return max(0, end.batch - position_from_text(endpoint.position).batch)
 
 
-# --- delivering ------------------------------------------------------------------------------------
+# --- delivering -----------------------------------------------------------------------------------
 
 
 def webhooks_due(now: datetime | None = None) -> list[int]:

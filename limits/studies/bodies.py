@@ -11,9 +11,9 @@ from limits.policy.bodies import ArmRuleBody, Tag
 from segments.bodies import Slug
 
 # --- experiments --------------------------------------------------------------------------------
-# As for rules, what limits.studies.experiments.experiment_problems checks (2 to 5 arms, shares adding up
-# to at most 1, at least one rule an arm, no overlap) is only described here, so that a refusal
-# comes from the one rule, in its words.
+# As for rules, what limits.studies.experiments.experiment_problems checks (2 to 5 arms, shares
+# adding up to at most 1, at least one rule an arm, no overlap) is only described here, so that a
+# refusal comes from the one rule, in its words.
 
 Aware = Annotated[datetime, Meta(tz=True, description="ISO 8601 with its offset (Z for UTC).")]
 

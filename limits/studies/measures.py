@@ -1,5 +1,6 @@
 """What happens to the users of a study (a cap experiment, or the global control group), kept a
-day and a bucket at a time for the experiments report (limits/studies/lift.py, limits/studies/report.py).
+day and a bucket at a time for the experiments report (limits/studies/lift.py,
+limits/studies/report.py).
 
 **Who is in a study.** A user enters a study with their first marketing decision while it runs
 (whatever the decision: a held-out user's `holdout`, a suppressed one's): an intention-to-treat

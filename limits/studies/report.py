@@ -5,10 +5,10 @@ value, unsubscribes and complaints, each with a 95 % interval; the lift of each 
 reference (the control group's held-out users, or an experiment's first arm) with its interval
 and whether it is significant; and a verdict in plain words.
 
-It reads only the study's days (limits/studies/measures.py: a few rows per day, arm and bucket), never the
-ledger, so that 90 days of 10M decisions a day answer in well under a second. The statistics are
-limits/studies/lift.py's. The cohort is every user who entered up to the period's last day; the measures
-are those of the period's days.
+It reads only the study's days (limits/studies/measures.py: a few rows per day, arm and bucket),
+never the ledger, so that 90 days of 10M decisions a day answer in well under a second. The
+statistics are limits/studies/lift.py's. The cohort is every user who entered up to the period's
+last day; the measures are those of the period's days.
 """
 
 import math

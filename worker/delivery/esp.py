@@ -2,11 +2,11 @@
 
 Used for the email channel when its dispatcher is an ESP (worker/delivery/registry.py:
 GATEKEEPER_DISPATCHERS='{"email": "postmark"}', or GATEKEEPER_EMAIL_PROVIDER=postmark; sendgrid,
-mailgun, amazon_ses, resend, or any other module of anymail.backends). Every send carries `X-Gatekeeper-Message-Id`, a `Message-ID` derived from
-its message id (a copy sent again is recognisable, and receivers drop a second copy; Amazon SES
-replaces it with its own), its own `List-Unsubscribe` headers (marketing), and the anymail
-metadata {"user_id", "message_id"} that ties the provider's tracking events back to the user
-(worker/delivery/tracking.py).
+mailgun, amazon_ses, resend, or any other module of anymail.backends). Every send carries
+`X-Gatekeeper-Message-Id`, a `Message-ID` derived from its message id (a copy sent again is
+recognisable, and receivers drop a second copy; Amazon SES replaces it with its own), its own
+`List-Unsubscribe` headers (marketing), and the anymail metadata {"user_id", "message_id"} that ties
+the provider's tracking events back to the user (worker/delivery/tracking.py).
 
 Batches. Sends of one dispatcher batch whose rendered subject, text and HTML are the same go
 as one API call in anymail's batch mode (`merge_headers` and `merge_metadata`: each recipient

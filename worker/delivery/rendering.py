@@ -83,7 +83,8 @@ class _Template:
     same values of the names it reads, and a campaign's texts mostly repeat (the same offer,
     a handful of cities or first names): such a template is rendered once per distinct set of
     values, then read from a dictionary (at most _REMEMBERED outputs and _REMEMBERED_CHARACTERS;
-    afterwards the rest are rendered). Any other template (tags), or other values than texts, is rendered every time."""
+    afterwards the rest are rendered). Any other template (tags), or other values than texts, is
+    rendered every time."""
 
     def __init__(self, template: Any) -> None:
         self.template = template

@@ -4,7 +4,8 @@ decisions made so far and the requests still pending; and what a stage is.
 A stage (`Stage.run`) looks at the pending requests, decides some of them (a refusal with its
 reason, or the limiter's decisions) and leaves the rest pending for the next. The gate runs the
 stages in the order DESIGN.md gives (worker/gate.py, STAGES), so that a new check is a new stage
-in that list and not a new branch inside another; every decision is a limits.engine.limiter.Decision.
+in that list and not a new branch inside another; every decision is a
+limits.engine.limiter.Decision.
 """
 
 from collections.abc import Callable, Sequence

@@ -1,10 +1,11 @@
 """The rules: every enabled rule that applies to a send (its segment's and every segment's, its
 channel's and `all`'s, every send, its tags, its campaign), resolved per segment and time zone (a
 calendar window in the user's own zone), with the person's own frequency on the channel added as
-rules of theirs (limits.people.preferences: the same log, the same call), and asked of the limiter in
-one round trip per Redis node. A reserved scheduled job's holds (limits.engine.reservations) lower the limits
-of the rules that count its sends, for the users it will reach, in the same call. Admitted sends are recorded (unless a dry run); a
-refusal names the rule (`kind` person: their own; reason `reserved`: a reservation's hold)."""
+rules of theirs (limits.people.preferences: the same log, the same call), and asked of the limiter
+in one round trip per Redis node. A reserved scheduled job's holds (limits.engine.reservations)
+lower the limits of the rules that count its sends, for the users it will reach, in the same call.
+Admitted sends are recorded (unless a dry run); a refusal names the rule (`kind` person: their own;
+reason `reserved`: a reservation's hold)."""
 
 from typing import Any
 

@@ -1,5 +1,5 @@
-"""REST view of the import of a file of people's preferences (limits/people/preferences_import.py): the
-file as the raw body, checked whole, then written; all or nothing."""
+"""REST view of the import of a file of people's preferences (limits/people/preferences_import.py):
+the file as the raw body, checked whole, then written; all or nothing."""
 
 from types import SimpleNamespace
 from typing import Any

@@ -1,6 +1,6 @@
 """Admin of the global control group: one page (the list goes straight to it), a form checked
-by the one rule (limits.policy.holdout.holdout_problems), saved through `holdout_set` so the change is
-recorded and said in words, with a link to its result (the experiments admin's page: what
+by the one rule (limits.policy.holdout.holdout_problems), saved through `holdout_set` so the change
+is recorded and said in words, with a link to its result (the experiments admin's page: what
 marketing brings against no marketing at all); its history read only."""
 
 from typing import Any

@@ -1,5 +1,5 @@
-"""REST views of topics (limits/engine/topics.py): listed, made, read, changed (never their slug) and
-deleted through their authored kind, each change in the topic's history."""
+"""REST views of topics (limits/engine/topics.py): listed, made, read, changed (never their slug)
+and deleted through their authored kind, each change in the topic's history."""
 
 from typing import Any
 

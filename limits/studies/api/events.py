@@ -1,5 +1,5 @@
-"""REST view of outcome events (limits/studies/measures.py): the company's systems post what people did
-(orders, sign-ups), taken into the ledger's stream and counted by its drain for the experiments
+"""REST view of outcome events (limits/studies/measures.py): the company's systems post what people
+did (orders, sign-ups), taken into the ledger's stream and counted by its drain for the experiments
 report."""
 
 from django.utils import timezone

@@ -1,5 +1,5 @@
-"""REST views of cap experiments (limits/studies/experiments.py): list, create, read, change, stop and
-conclude."""
+"""REST views of cap experiments (limits/studies/experiments.py): list, create, read, change, stop
+and conclude."""
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
