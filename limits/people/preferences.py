@@ -634,6 +634,8 @@ class PreferenceCache(JournaledCache):
         ends = np.zeros(len(user_ids)) if not paused else paused.ends_of(user_ids)
         if paused_here:
             ends = np.maximum(ends, paused_here.ends_of(user_ids))
+        # Seconds each pause still lasts at `now_ms` (not positive: none), for all at once.
+        left = ((ends * 1000 - now_ms) / 1000).tolist()
         out: list[tuple[Reason, dict[str, Any] | None, float | None] | None] = []
         for k, user_id in enumerate(user_ids):
             if channel_off is not None and user_id in channel_off:
@@ -643,9 +645,7 @@ class PreferenceCache(JournaledCache):
             ):
                 out.append((Reason.PREFERENCE, {"topic": slug, "channel": channel}, None))
             else:
-                until_ms = int(ends[k]) * 1000  # a pause ends on a whole second
-                paused_for = (until_ms - now_ms) / 1000 if until_ms > now_ms else None
-                out.append(None if paused_for is None else (Reason.PAUSED, None, paused_for))
+                out.append((Reason.PAUSED, None, left[k]) if left[k] > 0 else None)
         return out if any(out) else None
 
     def own_rules(
