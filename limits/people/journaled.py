@@ -55,28 +55,28 @@ class JournaledCache:
 
     def _fresh(self) -> None:
         """Up to date within the TTL; raises `unavailable` while never read."""
-        now = self.clock()
+        monotonic = self.clock()
         read_at = self._read_at
-        if self._due or read_at is None or now - read_at >= self.ttl:
+        if self._due or read_at is None or monotonic - read_at >= self.ttl:
             with self._lock:
-                if self._due or self._read_at is None or now - self._read_at >= self.ttl:
+                if self._due or self._read_at is None or monotonic - self._read_at >= self.ttl:
                     self._due = False
                     try:
-                        self._read(now)
+                        self._read(monotonic)
                     except Exception:
                         logger.exception("%s not read; deciding by the last one read", self.what)
-                        self._read_at = now
+                        self._read_at = monotonic
         if not self._loaded:
             raise self.unavailable(f"{self.what} could not be read")
 
-    def _read(self, now: float) -> None:
-        if self._full_at is None or now - self._full_at >= FULL_READ_AFTER:
+    def _read(self, monotonic: float) -> None:
+        if self._full_at is None or monotonic - self._full_at >= FULL_READ_AFTER:
             self._read_all()
             self._loaded = True
-            self._full_at = now
+            self._full_at = monotonic
         else:
             self._read_changes()
-        self._read_at = now
+        self._read_at = monotonic
 
     def _reset(self) -> None:
         raise NotImplementedError
