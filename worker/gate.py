@@ -18,9 +18,8 @@ from datetime import datetime
 from typing import Any, Literal, Protocol, cast
 
 from django.core.exceptions import ValidationError
-from django.utils import timezone
 
-from gatekeeper.lib.instants import instant_ms
+from gatekeeper.lib.instants import instant_ms, ms_or_now
 from limits.channels import validate_channel
 from limits.engine.limiter import Decision, Limiter, get_limiter
 from limits.engine.log import holder_of
@@ -193,7 +192,7 @@ class Gate:
                 priority=priority,
                 dry_run=dry_run,
                 now_ms=now_ms,
-                clock_ms=instant_ms(timezone.now()) if now_ms is None else now_ms,
+                clock_ms=ms_or_now(now_ms),
                 requests=requests,
                 segments=segments,
                 time_zones=time_zones,
@@ -213,7 +212,7 @@ class Gate:
             if self._ledger_on():
                 kept = [d for d in decisions if not d.erased]  # an erased person's: not named
                 ledger_append(
-                    at_ms=round(time.time() * 1000) if now_ms is None else now_ms,
+                    at_ms=ms_or_now(now_ms),
                     channel=channel,
                     campaign=campaign,
                     tags=tags,
@@ -284,7 +283,7 @@ class Gate:
         if released and self._ledger_on():
             # On the ledger's rows too, so that a rebuild of the logs leaves them out; a
             # send older than the longest window has no entry to give back.
-            since_ms = round(time.time() * 1000) - self.policy.table().retention_ms
+            since_ms = ms_or_now(None) - self.policy.table().retention_ms
             ledger_outcomes(channel=channel, since_ms=since_ms, outcomes=released)
         return removed
 

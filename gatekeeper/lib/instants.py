@@ -6,6 +6,7 @@ mix-up of seconds, milliseconds and local time would judge leases and expiries h
 off), and an instant typed in a form (the admin's start and expiry of a send job, a what-if
 move): ISO 8601 with its UTC offset, read as the REST bodies read it."""
 
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -65,6 +66,13 @@ def ms_checked(ms: _Ms) -> _Ms:
     if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int)):
         raise TypeError(f"now_ms={ms!r} is not epoch milliseconds (an int)")
     return ms
+
+
+def ms_or_now(now_ms: int | None) -> int:
+    """`now_ms` as given (checked by ms_checked); None: this process's clock, in epoch
+    milliseconds."""
+    checked = ms_checked(now_ms)
+    return round(time.time() * 1000) if checked is None else checked
 
 
 class InstantField(forms.CharField):

@@ -8,7 +8,6 @@ on a cluster) is `limits.engine.transport`'s; the bytes of the log are `limits.e
 
 import logging
 import struct
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -16,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
-from gatekeeper.lib.instants import ms_checked
+from gatekeeper.lib.instants import ms_checked, ms_or_now
 from gatekeeper.lib.redis_client import REDIS_DOWN, get_redis
 from limits.channels import ALL
 from limits.engine import log
@@ -374,7 +373,7 @@ class Limiter:
         """Recorded sends in the last 7 days, newest first (`now_ms`: None, this process's
         clock)."""
         now_ms = ms_checked(now_ms)
-        since = (round(time.time() * 1000) if now_ms is None else now_ms) - 7 * 86_400_000
+        since = ms_or_now(now_ms) - 7 * 86_400_000
         found = [e for e in self.entries(user_id) if e.at_ms > since]
         return sorted(found, key=lambda e: -e.at_ms)
 

@@ -13,7 +13,6 @@ returns every key that exists for a whole pass at least once (some twice).
 import logging
 import math
 import re
-import time
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from gatekeeper.lib.instants import ms_checked
+from gatekeeper.lib.instants import ms_checked, ms_or_now
 from limits.engine.legacy import LegacyLogs, OldLogs, parse_legacy_key
 from limits.engine.limiter import Limiter
 
@@ -142,7 +141,7 @@ def logs_convert(
 
 def _within(logs: dict[int, OldLogs], *, retention_ms: int, now_ms: int | None) -> int:
     """The old entries an import would keep (the rest have aged out)."""
-    since = (round(time.time() * 1000) if now_ms is None else now_ms) - retention_ms
+    since = ms_or_now(now_ms) - retention_ms
     return sum(1 for old in logs.values() for _, at, _ in old.entries if at > since)
 
 

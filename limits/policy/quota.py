@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gatekeeper.lib.instants import instant_checked, instant_ms, instant_or_now
+from gatekeeper.lib.instants import instant_ms, instant_or_now
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.channels import ALL, channels, scopes
 from limits.engine.limiter import RuleUsage, get_limiter
@@ -52,8 +52,6 @@ def user_quota(
     remaining, next slot); every rule that applies, with the same figures; and with
     `window_seconds`, the sends per channel recorded in that recent interval. At `now` (None:
     Redis's clock for the logs, this process's for the rules' calendars)."""
-    if now is not None:
-        instant_checked(now)
     try:
         return _user_quota(
             user_id, now=now, time_zone=time_zone, window_seconds=window_seconds, campaign=campaign
@@ -70,11 +68,11 @@ def _user_quota(
     window_seconds: int | None,
     campaign: str,
 ) -> dict[str, Any]:
+    now_ms = instant_ms(instant_or_now(now))  # a bad `now` refused before anything is read
     index = live_index()
     segment = index.resolve(user_id)
     table = policy_cache().table()
     zone = resolve_zone(requested=time_zone, segment_zone=table.zone_of(segment))
-    now_ms = instant_ms(instant_or_now(now))
     arm = next(iter(table.arms([user_id], [segment], now_ms=now_ms)), None)
     groups = []
     for scope in scopes():

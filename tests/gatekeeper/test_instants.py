@@ -12,6 +12,7 @@ from gatekeeper.lib.instants import (
     instant_from_text,
     instant_ms,
     instant_or_now,
+    ms_or_now,
 )
 from limits.privacy.erasure import erasures_due
 from worker.chunks import chunks_due
@@ -42,6 +43,14 @@ def test_a_number_or_a_naive_datetime_is_not_an_instant() -> None:
     assert instant_from_text("2026-03-29T03:30:00.123+02:00") == AT
     assert instant_or_now(AT) is AT
     assert instant_or_now(None).tzinfo is not None
+
+
+def test_the_engines_clock_is_the_one_given_or_this_processs_in_milliseconds() -> None:
+    assert ms_or_now(1_780_000_000_123) == 1_780_000_000_123
+    before = round(datetime.now(UTC).timestamp() * 1000)
+    assert before - 1000 <= ms_or_now(None) <= before + 60_000
+    with pytest.raises(TypeError, match="not epoch milliseconds"):
+        ms_or_now(1_780_000_000.5)  # type: ignore[arg-type]
 
 
 @pytest.mark.django_db

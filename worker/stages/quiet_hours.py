@@ -36,7 +36,7 @@ def run(batch: Batch, parts: Parts) -> None:
             keep.append(i)
             continue
         end, spread = until
-        # Rounded up to the millisecond: a send retried after it is never early.
+        # Both in whole milliseconds: a send retried after `retry_after` is never early.
         release_ms = release_at(end, spread, batch.requests[i][0])
         batch.refuse(i, Reason.QUIET_HOURS, retry_after=(release_ms - batch.clock_ms) / 1000)
     batch.pending = keep
