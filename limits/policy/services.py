@@ -6,7 +6,7 @@ recorded in the one history with who made it, in the same transaction."""
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -158,9 +158,12 @@ def _classic_sync(cap: Cap, user: Actor, via: str) -> None:
         RULES.write(None, locate=_as_is(rule), change=synced, user=user, via=via)
 
 
-def _as_is(rule: Rule | None) -> Callable[[], Rule | None]:
+_Row = TypeVar("_Row", Rule, Cap)
+
+
+def _as_is(row: _Row | None) -> Callable[[], _Row | None]:
     """A `locate` of a row already found (under the caller's lock)."""
-    return lambda: rule
+    return lambda: row
 
 
 def cap_as_json(cap: Cap) -> dict[str, Any]:  # type: ignore[explicit-any]
@@ -223,10 +226,14 @@ def cap_set(
         Segment.objects.select_for_update().filter(pk=segment.pk).first()
         return Cap.objects.select_for_update().filter(segment=segment, channel=channel).first()
 
+    changed = []  # whether the cap was made or its limits changed: its rules follow then only
+
     def limits_set(cap: Cap | None) -> Cap:
         if cap is None:
+            changed.append(True)
             return Cap.objects.create(segment=segment, channel=channel, daily=daily, weekly=weekly)
         if (cap.daily, cap.weekly) != (daily, weekly):
+            changed.append(True)
             cap.daily, cap.weekly = daily, weekly
             cap.save(update_fields=["daily", "weekly", "updated_at"])
         return cap
@@ -234,22 +241,24 @@ def cap_set(
     with transaction.atomic():
         cap = CAPS.write(None, locate=locate, change=limits_set, user=user, via=via)
         assert cap is not None
-        _classic_sync(cap, user, "cap")
+        if changed:
+            _classic_sync(cap, user, "cap")
     return cap
 
 
 def cap_delete(cap: Cap, *, user: Actor = None, via: str = "admin") -> None:
     """Delete a cap and its two rules, each recorded in the history."""
 
-    def locate() -> Cap | None:
-        Segment.objects.select_for_update().filter(pk=cap.segment_id).first()
-        return Cap.objects.select_for_update().select_related("segment").get(pk=cap.pk)
-
     with transaction.atomic():
-        for rule in Rule.objects.filter(cap=cap).select_related("segment"):
+        # The locks first, in cap_set's order (the segment, then the cap): a cap_set at the same
+        # moment cannot add a rule the loop below would miss, and the two never wait on each
+        # other's rows in opposite orders.
+        Segment.objects.select_for_update().filter(pk=cap.segment_id).first()
+        locked = Cap.objects.select_for_update().select_related("segment").get(pk=cap.pk)
+        for rule in Rule.objects.filter(cap=locked).select_related("segment"):
             RULES.write(Action.DELETED, locate=_as_is(rule), change=deleted, user=user,
                         via="cap")  # fmt: skip
-        CAPS.write(Action.DELETED, locate=locate, change=deleted, user=user, via=via)
+        CAPS.write(Action.DELETED, locate=_as_is(locked), change=deleted, user=user, via=via)
 
 
 def cap_warnings(*, daily: int | None, weekly: int | None) -> list[str]:
