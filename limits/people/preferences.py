@@ -40,6 +40,7 @@ from django.db.models import Model
 from django.utils import timezone
 from pyroaring import BitMap64
 
+from gatekeeper.lib.accounts import account_acting
 from gatekeeper.lib.ids import max_user_id, user_id_from_json
 from gatekeeper.lib.integers import INT32_MAX
 from gatekeeper.lib.problems import Problem
@@ -453,7 +454,8 @@ def preferences_store(writes: Sequence[PreferencesWrite], *, source: str, by: An
         return ops.adapt_json_value(value, None)
 
     at = ops.adapt_datetimefield_value(timezone.now())
-    changed_by = by.pk if by is not None and getattr(by, "is_authenticated", False) else None
+    acting = account_acting(by)
+    changed_by = acting.pk if acting is not None else None
     longest = 0  # the longest own frequency written, in seconds
     for user_id, row_id, current, new in writes:
         before = preferences_as_json(user_id, current)

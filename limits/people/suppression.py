@@ -32,6 +32,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pyroaring import BitMap64
 
+from gatekeeper.lib.accounts import account_acting
 from gatekeeper.lib.ids import max_user_id, out_of_bounds
 from gatekeeper.lib.instants import instant_or_now
 from limits.channels import ALL, validate_scope
@@ -68,10 +69,6 @@ def suppression_checked(channel: str, reason: str | None = None) -> None:
             validate_reason(reason)
         except ValidationError as exc:
             raise ValidationError({"reason": exc.messages}) from None
-
-
-def _who(user: Any) -> Any:
-    return user if user is not None and getattr(user, "is_authenticated", False) else None
 
 
 def _locked() -> None:
@@ -115,7 +112,7 @@ def suppress(
     on it already. Users already on it keep their first reason. All or nothing."""
     suppression_checked(channel, reason)
     ids = sorted(set(user_ids))
-    who = _who(by)
+    who = account_acting(by)
     added = 0
     with transaction.atomic():
         _locked()
@@ -163,7 +160,7 @@ def unsuppress(
     marketer's), chosen under the same lock as the removal."""
     suppression_checked(channel)
     ids = sorted(set(user_ids))
-    who = _who(by)
+    who = account_acting(by)
     removed = 0
     with transaction.atomic():
         _locked()

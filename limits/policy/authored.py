@@ -25,6 +25,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from django.core.exceptions import ValidationError
 from django.db import models, transaction
 
+from gatekeeper.lib.accounts import account_acting
 from gatekeeper.lib.ids import DATABASE_MAX
 from limits.models.policy import Authored, SettingChange
 from limits.policy.selectors import policy_cache
@@ -43,11 +44,6 @@ T = TypeVar("T", bound=models.Model)
 RowT = TypeVar("RowT", bound=Authored)
 FieldsT = TypeVar("FieldsT", bound=Fields)
 Names = Mapping[str, str]  # segment names by slug
-
-
-def who(user: Any) -> Any:
-    """The user to record: None for nobody known (a command, an anonymous caller)."""
-    return user if user is not None and getattr(user, "is_authenticated", False) else None
 
 
 def _no_guard(row: Any) -> None:
@@ -131,7 +127,7 @@ class SettingKind(Generic[T]):
                 after=after,
                 words=said,
                 via=via,
-                by=who(user),
+                by=account_acting(user),
             )
         if self.invalidates:
             # This process sees its own edit at once; the others within the cache TTL.
@@ -184,7 +180,7 @@ class AuthoredKind(SettingKind[RowT], Generic[RowT, FieldsT]):
         segment = self._checked(fields)
 
         def made(_: RowT | None) -> RowT:
-            row = self.model(created_by=who(user), changed_by=who(user))
+            row = self.model(created_by=account_acting(user), changed_by=account_acting(user))
             self.apply(row, fields, segment)
             row.save()
             return row
@@ -206,7 +202,7 @@ class AuthoredKind(SettingKind[RowT], Generic[RowT, FieldsT]):
             segment = self._checked(fields)
             before = self.as_json(locked)
             self.apply(locked, fields, segment)
-            locked.changed_by = who(user)
+            locked.changed_by = account_acting(user)
             if self.as_json(locked) != before:
                 locked.save()
             return locked

@@ -19,6 +19,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 
+from gatekeeper.lib.accounts import account_acting
 from limits.engine.assignment import CONTROL_GROUP
 from limits.models.policy import Holdout
 from limits.models.studies import StudyDay, StudyEvent, StudyMember
@@ -159,7 +160,7 @@ def holdout_set(
             control_group_reset()  # who is in it changed: its report starts afresh
         row.share, row.salt = fields.share, fields.salt
         row.exclude_segments, row.exclude_tags = after["exclude_segments"], after["exclude_tags"]
-        row.changed_by = by if by is not None and getattr(by, "is_authenticated", False) else None
+        row.changed_by = account_acting(by)
         row.save()
         return row
 

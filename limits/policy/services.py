@@ -38,7 +38,7 @@ from limits.engine.topics import (
     topic_value_words,
 )
 from limits.models.policy import Cap, QuietHours, QuotaReset, Rule, Topic
-from limits.policy.authored import Action, AuthoredKind, Kind, SettingKind, deleted, who
+from limits.policy.authored import Action, AuthoredKind, Kind, SettingKind, deleted
 from limits.policy.quota import Unavailable, user_quota
 from limits.policy.rules import (
     RULE_SHOWN,
@@ -142,7 +142,7 @@ def _classic_sync(cap: Cap, user: Actor, via: str) -> None:
             row: Rule | None, which: str = which, value: int = value, seconds: int = seconds
         ) -> Rule:
             before = rule_as_json(row) if row is not None else None
-            row = row or Rule(cap=cap, created_by=who(user))
+            row = row or Rule(cap=cap, created_by=account_acting(user))
             row.name = classic_rule_name(cap.segment, cap.channel, which)
             row.segment = cap.segment
             row.channel = cap.channel
@@ -150,7 +150,7 @@ def _classic_sync(cap: Cap, user: Actor, via: str) -> None:
             row.window_kind = Rule.WindowKind.ROLLING
             row.window_seconds = seconds
             row.limit = value
-            row.changed_by = who(user)
+            row.changed_by = account_acting(user)
             if before is None or rule_as_json(row) != before:
                 row.save()
             return row

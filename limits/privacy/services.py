@@ -5,10 +5,9 @@ from collections.abc import Sequence
 
 from django.db import transaction
 
-from gatekeeper.lib.accounts import Actor
+from gatekeeper.lib.accounts import Actor, account_acting
 from limits.models.privacy import Erasure
 from limits.people.suppression import erased_add
-from limits.policy.authored import who
 from limits.privacy.erasure import users_packed
 from limits.privacy.tasks import users_erase
 
@@ -23,7 +22,7 @@ def erasure_start(*, user_ids: Sequence[int], via: str, by: Actor = None) -> Era
     with transaction.atomic():
         erased_add(ids)
         erasure = Erasure.objects.create(
-            requested_by=who(by), via=via, count=len(ids), users=users_packed(ids)
+            requested_by=account_acting(by), via=via, count=len(ids), users=users_packed(ids)
         )
         transaction.on_commit(lambda: users_erase.delay(erasure.pk))
     return erasure

@@ -38,12 +38,13 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from gatekeeper.lib.accounts import account_acting
 from gatekeeper.lib.leases import RowLease, lease_free
 from gatekeeper.lib.problems import Problems
 from gatekeeper.lib.weburls import http_url_problem
 from limits.ledger.reports import FILTER_PROBLEMS
 from limits.models.stream import WebhookDelivery, WebhookEndpoint
-from limits.policy.authored import Action, Kind, SettingKind, deleted, who
+from limits.policy.authored import Action, Kind, SettingKind, deleted
 from limits.stream.events import (
     Filters,
     Position,
@@ -198,7 +199,7 @@ def webhook_create(
         return WebhookEndpoint.objects.create(
             url=fields.url, description=fields.description, types=list(fields.types),
             channels=list(fields.channels), campaigns=list(fields.campaigns),
-            secret=secret_new(), position=position, created_by=who(by),
+            secret=secret_new(), position=position, created_by=account_acting(by),
         )  # fmt: skip
 
     endpoint = WEBHOOKS.write(Action.CREATED, locate=lambda: None, change=made, user=by, via=via)

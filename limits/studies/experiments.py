@@ -32,11 +32,12 @@ from django.core.exceptions import ValidationError
 from django.db.models import Q
 from django.utils import timezone
 
+from gatekeeper.lib.accounts import account_acting
 from gatekeeper.lib.conflicts import Conflict
 from limits.channels import ALL
 from limits.models.policy import Holdout, Rule
 from limits.models.studies import Experiment, ExperimentArm
-from limits.policy.authored import Action, Kind, SettingKind, who
+from limits.policy.authored import Action, Kind, SettingKind
 from limits.policy.holdout import holdout_read, new_salt
 from limits.policy.rules import rule_fields_of_json, rule_problems
 from limits.policy.services import RULES
@@ -276,7 +277,7 @@ def experiment_create(
             salt=fields.salt,
             starts_at=fields.starts_at,
             ends_at=fields.ends_at,
-            created_by=who(user),
+            created_by=account_acting(user),
         )
         _write_arms(row, fields.arms)
         return row
