@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from django.db import models
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -154,3 +155,13 @@ class RedisLease:
         if self._script is None or self._script.registered_client is not client:
             self._script = client.register_script(LEASE_LUA)
         return bool(self._script(keys=[self.key], args=[op, self.token, self.ms]))
+
+
+def writers_locked(model: type[models.Model]) -> None:
+    """Take a table's writers' lock, `model`'s one row (pk 1, made the first time), for the rest
+    of the caller's transaction: its writers commit one after another (a journal's ids then
+    commit in order)."""
+    manager = model._default_manager
+    if not manager.select_for_update().filter(pk=1).exists():
+        manager.get_or_create(pk=1)
+        manager.select_for_update().filter(pk=1).exists()

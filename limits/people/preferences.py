@@ -43,6 +43,7 @@ from pyroaring import BitMap64
 from gatekeeper.lib.accounts import account_acting
 from gatekeeper.lib.ids import max_user_id, user_id_from_json
 from gatekeeper.lib.integers import INT32_MAX
+from gatekeeper.lib.leases import writers_locked
 from gatekeeper.lib.problems import Problem
 from gatekeeper.lib.words import count
 from limits.channels import channel_problem, channels
@@ -399,9 +400,7 @@ def _write(
 def preference_lock() -> None:
     """Take PreferenceLock, in the caller's transaction, before reading anyone's row: writers
     then commit one after another, so the journal's ids are in commit order."""
-    if not PreferenceLock.objects.select_for_update().filter(pk=1).exists():
-        PreferenceLock.objects.get_or_create(pk=1)
-        PreferenceLock.objects.select_for_update().filter(pk=1).exists()
+    writers_locked(PreferenceLock)
 
 
 def preferences_standing(

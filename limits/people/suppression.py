@@ -35,6 +35,7 @@ from pyroaring import BitMap64
 from gatekeeper.lib.accounts import account_acting
 from gatekeeper.lib.ids import max_user_id, out_of_bounds
 from gatekeeper.lib.instants import instant_or_now
+from gatekeeper.lib.leases import writers_locked
 from limits.channels import ALL, validate_scope
 from limits.models.people import Suppression, SuppressionChange, SuppressionLock
 from limits.models.privacy import ErasedPerson, ErasureKey
@@ -69,13 +70,6 @@ def suppression_checked(channel: str, reason: str | None = None) -> None:
             validate_reason(reason)
         except ValidationError as exc:
             raise ValidationError({"reason": exc.messages}) from None
-
-
-def _locked() -> None:
-    """Take the writers' lock for the rest of the transaction (see the module's docstring)."""
-    if not SuppressionLock.objects.select_for_update().filter(pk=1).exists():
-        SuppressionLock.objects.get_or_create(pk=1)
-        SuppressionLock.objects.select_for_update().filter(pk=1).exists()
 
 
 def _journal(
@@ -115,7 +109,7 @@ def suppress(
     who = account_acting(by)
     added = 0
     with transaction.atomic():
-        _locked()
+        writers_locked(SuppressionLock)  # see the module's docstring
         for part in _batches(ids):
             known = set(
                 Suppression.objects.filter(channel=channel, user_id__in=part).values_list(
@@ -163,7 +157,7 @@ def unsuppress(
     who = account_acting(by)
     removed = 0
     with transaction.atomic():
-        _locked()
+        writers_locked(SuppressionLock)  # see the module's docstring
         for part in _batches(ids):
             rows = Suppression.objects.filter(channel=channel, user_id__in=part)
             if only_from is not None:

@@ -12,7 +12,8 @@ import redis
 from django.db.models import F, Q
 from redis.cluster import RedisCluster
 
-from gatekeeper.lib.leases import RedisLease, RowLease
+from gatekeeper.lib.leases import RedisLease, RowLease, writers_locked
+from limits.models.people import SuppressionLock
 from limits.models.privacy import Erasure
 
 NOW = datetime(2027, 3, 1, 12, tzinfo=UTC)
@@ -178,3 +179,16 @@ def test_a_redis_lease_refuses_what_makes_no_sense(redis_client) -> None:
         RedisLease(KEY, 0, client=redis_client)
     with pytest.raises(redis.ResponseError, match="unknown operation"):
         RedisLease(KEY, 60, client=redis_client)._call("steal")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_writers_lock_is_made_the_first_time_and_taken_in_the_callers_transaction() -> None:
+    from django.db import transaction
+
+    SuppressionLock.objects.all().delete()
+    with transaction.atomic():
+        writers_locked(SuppressionLock)
+        assert SuppressionLock.objects.filter(pk=1).exists()  # made, and held until the commit
+    with transaction.atomic():
+        writers_locked(SuppressionLock)  # taken again, not made twice
+    assert list(SuppressionLock.objects.values_list("pk", flat=True)) == [1]

@@ -37,6 +37,7 @@ from django.core.checks import CheckMessage, Warning, register
 from django.db import transaction
 
 from gatekeeper.lib.instants import instant_text
+from gatekeeper.lib.leases import writers_locked
 from limits.models.stream import StreamBatch
 from limits.stream.events import Journal, JournalEvents
 from worker.models import DeadAddress, DeadAddressLock, SendJob
@@ -52,7 +53,7 @@ def dead_addresses_record(job: SendJob, dead: Sequence[tuple[int, str, str]]) ->
     each (a chunk run again after a crash finds them already kept), under the writers' lock:
     they commit in the order of their ids, as the event stream takes them."""
     with transaction.atomic():
-        _locked()
+        writers_locked(DeadAddressLock)
         known = set(
             DeadAddress.objects.filter(job=job, user_id__in={u for u, _, _ in dead}).values_list(
                 "user_id", "address"
@@ -64,13 +65,6 @@ def dead_addresses_record(job: SendJob, dead: Sequence[tuple[int, str, str]]) ->
             if (user_id, address) not in known
         ]
         DeadAddress.objects.bulk_create(rows)
-
-
-def _locked() -> None:
-    """Take the writers' lock for the rest of the transaction (made the first time)."""
-    if not DeadAddressLock.objects.select_for_update().filter(pk=1).exists():
-        DeadAddressLock.objects.get_or_create(pk=1)
-        DeadAddressLock.objects.select_for_update().filter(pk=1).exists()
 
 
 def dead_address_events(after: int, upto: int) -> JournalEvents:
