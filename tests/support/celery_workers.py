@@ -90,3 +90,19 @@ def stop_celery_worker(process: subprocess.Popen[Any]) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
+
+
+def start_celery_beat_logged(
+    env: dict[str, str], directory: Path, log: Path
+) -> subprocess.Popen[Any]:
+    """start_celery_beat, its output (WARNING and above: the lead taken and lost, with the
+    time) appended to `log` for the test to read."""
+    output = open(log, "ab")  # noqa: SIM115 (the child's)
+    try:
+        return subprocess.Popen(
+            [str(Path(sys.executable).parent / "celery"), "-A", "gatekeeper", "beat",
+             "--loglevel", "WARNING", "--pidfile", str(directory / "beat.pid")],
+            cwd=ROOT, env=env, start_new_session=True, stdout=output, stderr=output,
+        )  # fmt: skip
+    finally:
+        output.close()
