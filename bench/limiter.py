@@ -33,7 +33,7 @@ from bench.servers import RedisServer
 from limits.engine import log
 from limits.engine.limiter import Limiter
 from limits.engine.table import RuleSet, RuleView, counting_rule, encode
-from limits.engine.transport import LIBRARY
+from limits.engine.transport import LIMITER_LIBRARY
 from limits.reasons import Reason
 
 BASE_MS = 1_780_000_000_000
@@ -170,7 +170,7 @@ def measure(
 ) -> tuple[float, float, int]:
     """(CPU us per decision, bytes per recorded send, recorded) of one run on an empty server."""
     client.flushall()
-    client.function_load(LIBRARY, replace=True)
+    LIMITER_LIBRARY.load(client)
     client.script_flush()
     cpu0, memory0 = cpu_seconds(client), used_memory(client)
     recorded = run()
@@ -244,11 +244,12 @@ def pipe_ceiling(server: RedisServer, requests: int) -> float:
     )
     rng = random.Random(5)
     stream = bytearray()
+    acquire = LIMITER_LIBRARY.function("gk_acquire")
     for i in range(requests):
         user = rng.randrange(THROUGHPUT_USERS)
         payload = head + b"\x00\x01" + log.bucket_field(user) + log.message_hash(f"p{i}") + b"\x01"
         key = log.bucket_key("bench:", user)
-        call = ("FCALL", "gk_acquire", 1, key, "", "0", "email", 5, RETENTION_MS, payload)
+        call = ("FCALL", acquire, 1, key, "", "0", "email", 5, RETENTION_MS, payload)
         stream += pack_command(call)  # type: ignore[arg-type]
     cli = shutil.which("redis-cli") or "redis-cli"
     started = time.perf_counter()
@@ -266,7 +267,7 @@ def pipe_ceiling(server: RedisServer, requests: int) -> float:
 
 def throughput(server: RedisServer, client: redis.Redis, seconds: float) -> None:
     client.flushall()
-    client.function_load(LIBRARY, replace=True)
+    LIMITER_LIBRARY.load(client)
     limiter = Limiter(client, prefix="bench:")
     rules = classic_rules("email")
     rng = random.Random(7)
@@ -279,7 +280,7 @@ def throughput(server: RedisServer, client: redis.Redis, seconds: float) -> None
     batched = decided / (time.perf_counter() - started)
     assert all(d.reason != Reason.UNAVAILABLE for d in decisions), "Redis did not answer"
     client.flushall()
-    client.function_load(LIBRARY, replace=True)
+    LIMITER_LIBRARY.load(client)
     top = pipe_ceiling(server, requests=max(int(batched * 3), 100_000))
     latencies = []
     for i in range(3000):

@@ -1,9 +1,11 @@
 """Which processes gate with which snapshot version, for the dashboard.
 
 Every process that gates (each gunicorn worker, each Celery child) writes one field of the Redis
-hash `<prefix>processes`, `<host>:<pid>`, holding its role, snapshot version and when it last
-reported: once at start-up and after every snapshot poll. A process that has not reported for
-three poll intervals (at least 30 s) is taken for gone; listing drops it from the hash.
+hash `<prefix>processes`, `<host>:<pid>`, holding its role, snapshot version, the version of the
+limiter's function library it calls (`functions`; none from a release before versioned
+libraries) and when it last reported: once at start-up and after every snapshot poll. A
+process that has not reported for three poll intervals (at least 30 s) is taken for gone;
+listing drops it from the hash.
 """
 
 import json
@@ -17,6 +19,7 @@ from django.conf import settings
 
 from gatekeeper.lib.instants import instant_or_now
 from gatekeeper.lib.redis_client import REDIS_DOWN, get_redis
+from limits.engine.transport import LIMITER_LIBRARY
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ def process_report(*, role: str, status: dict[str, Any], now: datetime | None = 
         "version": status.get("version"),
         "source": status.get("source"),
         "error": status.get("error"),
+        "functions": LIMITER_LIBRARY.version,
         "started_at": _started_at.setdefault(pid, seen_at),
         "seen_at": seen_at,
     }

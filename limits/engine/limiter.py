@@ -21,7 +21,7 @@ from limits.channels import ALL
 from limits.engine import log
 from limits.engine.legacy import LegacyLogs
 from limits.engine.table import DEFAULT_PRIORITY, NO_RULES, RuleSet, RuleView
-from limits.engine.transport import Call, FunctionTransport
+from limits.engine.transport import LIMITER_LIBRARY, Call, FunctionLibrary, FunctionTransport
 from limits.reasons import Reason
 
 logger = logging.getLogger(__name__)
@@ -89,8 +89,16 @@ def _now_arg(now_ms: int | None) -> str:
 
 class Limiter:
     def __init__(
-        self, client: Any, *, prefix: str = "gk:", fail_open: bool = False, upgrade: bool = False
+        self,
+        client: Any,
+        *,
+        prefix: str = "gk:",
+        fail_open: bool = False,
+        upgrade: bool = False,
+        library: FunctionLibrary = LIMITER_LIBRARY,
     ) -> None:
+        """`library`: the function library it calls, this release's unless told (a test runs
+        another release's beside it)."""
         self.client = client
         self.prefix = prefix
         self.fail_open = fail_open
@@ -99,6 +107,7 @@ class Limiter:
             slot_key=lambda u: log.bucket_key(prefix, u),
             order_key=lambda u: u,
             slot_group=lambda u: u >> log.BUCKET_BITS,
+            library=library,
         )
         # While logs of the earlier format may remain: moved into the new log before deciding.
         self.legacy = (

@@ -18,9 +18,15 @@ the call declares: a call whose keys have all moved is refused with ASK, naming 
 node, and one declaring keys on both sides with TRYAGAIN. Requests so refused are sent again one
 declared key per call (a call of one key is never refused for holding only part of its keys),
 those of an ASK to the node it names, preceded by ASKING (see `run`).
+
+The library is loaded under names of its release's own (`FunctionLibrary`): callers name a
+function as the Lua registers it (`gk_decide`), and the transport calls the version of it that
+this release loaded, so two releases' processes running side by side (a rolling upgrade) each
+call their own functions on the same data.
 """
 
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -43,8 +49,8 @@ from gatekeeper.lib.redis_client import (
 
 logger = logging.getLogger(__name__)
 
-LIBRARY = (Path(__file__).parent / "lua" / "limiter.lua").read_text()
-LOAD_COMMAND = pack_command(("FUNCTION", "LOAD", "REPLACE", LIBRARY))  # type: ignore[arg-type]
+SOURCE = (Path(__file__).parent / "lua" / "limiter.lua").read_text()
+LIBRARY_BASE = "gatekeeper_limiter"  # every release's library is named so, then `_<version>`
 ASKING_COMMAND = pack_command(("ASKING",))
 USERS_PER_CALL = 250
 # A flush may race with our reload; a few tries make that a non-event.
@@ -57,9 +63,73 @@ REROUTE = (*SLOT_MOVED, redis.exceptions.AskError, *SLOT_BUSY, *BROKEN)
 Route = ClusterNode | None
 
 
+class FunctionLibrary:
+    """A release's library as Redis gets it: its name and its functions' names end in
+    `_<version>`, ten hex digits of the sha1 of the Lua text as the file holds it (`SOURCE`).
+
+    Function names are global across a server's libraries: two libraries registering one name
+    cannot both be loaded (under one library name, as before versions, loading either replaced
+    the other, and the other release's next call found its function missing; under two, the
+    second load is refused). With the version in every name, releases whose Lua differs load
+    libraries side by side and neither replaces the other; releases whose Lua is the same share
+    one, which either loads again as it is (`REPLACE`: idempotent).
+    Libraries of releases no longer running are dropped by `manage.py limiter_functions
+    --drop-others`."""
+
+    SUFFIX_LINE = "local SUFFIX = ''"
+
+    def __init__(self, source: str) -> None:
+        self.version = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()[:10]
+        self.name = f"{LIBRARY_BASE}_{self.version}"
+        first, _, rest = source.partition("\n")
+        if first != f"#!lua name={LIBRARY_BASE}" or rest.count(self.SUFFIX_LINE) != 1:
+            raise ValueError(
+                f"a limiter library starts with '#!lua name={LIBRARY_BASE}' and sets its "
+                f"names' suffix once, in a line {self.SUFFIX_LINE!r}"
+            )
+        rest = rest.replace(self.SUFFIX_LINE, f"local SUFFIX = '_{self.version}'")
+        self.text = f"#!lua name={self.name}\n{rest}"
+        self.load_command = pack_command(("FUNCTION", "LOAD", "REPLACE", self.text))  # type: ignore[arg-type]
+
+    def function(self, name: str) -> str:
+        """The name Redis knows this library's function `name` by."""
+        return f"{name}_{self.version}"
+
+    def load(self, conn: Any) -> None:
+        """Load it on one node (a client of that node), replacing only itself."""
+        conn.function_load(self.text, replace=True)
+
+
+LIMITER_LIBRARY = FunctionLibrary(SOURCE)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _fields(entry: Any) -> dict[str, Any]:
+    """A FUNCTION LIST entry (a flat list of names and values, or a map) as a dict."""
+    if isinstance(entry, dict):
+        return {_text(k): v for k, v in entry.items()}
+    return {_text(entry[i]): entry[i + 1] for i in range(0, len(entry) - 1, 2)}
+
+
+def libraries_loaded(conn: Any) -> dict[str, list[str]]:
+    """The limiter libraries of every release loaded on one node (a client of that node):
+    name -> its functions' names. Other libraries on the server are not the limiter's."""
+    found: dict[str, list[str]] = {}
+    for entry in conn.function_list():
+        fields = _fields(entry)
+        name = _text(fields["library_name"])
+        if name == LIBRARY_BASE or name.startswith(f"{LIBRARY_BASE}_"):
+            found[name] = sorted(_text(_fields(f)["name"]) for f in fields["functions"])
+    return found
+
+
 @dataclass(slots=True)
 class Call:
-    """One FCALL and the requests (by index) it decides, in reply order."""
+    """One FCALL and the requests (by index) it decides, in reply order; `function` as the
+    Lua registers it (the transport adds its library's version)."""
 
     function: str
     args: list[Any]
@@ -108,7 +178,8 @@ class FunctionTransport:
     """Calls of the limiter library on one Redis or a Redis Cluster. `slot_key(user_id)` names
     the key a call declares for the user (the bucket of the user's log), to route by and to
     group requests by when a migration refused them; `order_key` sorts each call's requests so
-    that those sharing a key come together (stable: one user's requests keep their order)."""
+    that those sharing a key come together (stable: one user's requests keep their order);
+    `library`: this release's unless told (a test loads another release's beside it)."""
 
     def __init__(
         self,
@@ -117,6 +188,7 @@ class FunctionTransport:
         slot_key: Callable[[int], str],
         order_key: Callable[[int], int] | None = None,
         slot_group: Callable[[int], int] | None = None,
+        library: FunctionLibrary = LIMITER_LIBRARY,
     ) -> None:
         """`slot_group(user_id)`: a number the same for users whose keys share a slot (the
         limiter's: id >> 8, the buckets' hash tag), so that a slot is hashed once per group
@@ -125,6 +197,7 @@ class FunctionTransport:
         self.slot_key = slot_key
         self.order_key = order_key
         self.slot_group = slot_group
+        self.library = library
         self._slots: dict[int, int] = {}  # slot group -> slot (a key's slot never changes)
         self._loaded: set[str] = set()
         # Nodes an ASK named that the slot map does not (a node joining the cluster serves no
@@ -217,15 +290,16 @@ class FunctionTransport:
         """
         pool = conn.connection_pool
         connection = pool.get_connection()
+        library = self.library
         sent: list[Call] = []
         try:
             for call in calls:
                 # Right before the call, in the same write: Redis runs a client's pipelined
                 # commands back to back, so another client's flush rarely lands in between.
-                packed = [LOAD_COMMAND] if reload else []
+                packed = [library.load_command] if reload else []
                 if asking:
                     packed.append(ASKING_COMMAND)
-                packed.append(pack_command(("FCALL", call.function, *call.args)))
+                packed.append(pack_command(("FCALL", library.function(call.function), *call.args)))
                 connection.send_packed_command(packed, check_health=False)
                 sent.append(call)
             for call in sent:
@@ -268,7 +342,7 @@ class FunctionTransport:
             # A primary that a failover demoted refuses the load with READONLY: that raises
             # before the node counts as loaded, and `run` routes the calls again (REROUTE). A
             # load declares no key: a node an ASK named takes it without ASKING.
-            conn.function_load(LIBRARY, replace=True)
+            self.library.load(conn)
             self._loaded.add(name)
         self._send_and_read(conn, calls, sort, reload=False, asking=asking)
         for _ in range(LOAD_ATTEMPTS):

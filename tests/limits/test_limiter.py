@@ -496,13 +496,14 @@ def test_restored_sends_are_the_sends_that_were_recorded(limiter: Limiter) -> No
 
 
 def test_the_previous_versions_import_call_still_adds_its_entries(limiter: Limiter) -> None:
-    """gk_import, as processes of the previous version call it while converting old logs."""
+    """gk_import, the interface of the version that converted the two-sorted-set logs."""
     limiter.acquire("email", [(7, "warm")], rule_set(), now_ms=ms(NOW))  # loads the library
     key, field = log.bucket_key(limiter.prefix, 7), log.bucket_field(7)
     at = round((NOW - 60) * 1000)
     args = [round(NOW * 1000), 8 * 86_400_000, field, "email", at, log.message_hash("old")]
-    assert limiter.client.fcall("gk_import", 1, key, *args) == 1
-    assert limiter.client.fcall("gk_import", 1, key, *args) == 0  # idempotent
+    gk_import = limiter.transport.library.function("gk_import")
+    assert limiter.client.fcall(gk_import, 1, key, *args) == 1
+    assert limiter.client.fcall(gk_import, 1, key, *args) == 0  # idempotent
     entry = next(e for e in limiter.entries(7) if e.message == log.stored_message_hash("old"))
     assert (entry.channel, entry.at_ms, entry.campaign, entry.priority, entry.tags) == (
         "email",

@@ -4,6 +4,7 @@ import json
 import os
 from datetime import UTC, datetime, timedelta
 
+from limits.engine.transport import LIMITER_LIBRARY
 from worker.processes import process_report, processes_by_version, processes_list, stale_after
 
 
@@ -21,6 +22,7 @@ def test_a_process_reports_its_version_and_quiet_ones_are_forgotten(redis_client
     process_report(role="worker", status={"version": "v1", "source": "store"}, now=seen)
     listed = processes_list(now=seen + quiet_for - timedelta(seconds=1))
     assert [(p["role"], p["pid"], p["version"]) for p in listed] == [("worker", os.getpid(), "v1")]
+    assert listed[0]["functions"] == LIMITER_LIBRARY.version  # the library it calls
     assert redis_client.hkeys(key) == [f"{listed[0]['host']}:{os.getpid()}".encode()]
     assert list(processes_by_version(now=seen)) == ["v1"]
     assert processes_list(now=seen + quiet_for + timedelta(seconds=1)) == []

@@ -4,7 +4,9 @@ Gatekeeper's send log and cap rules, as a Redis Functions library.
 
 A library (not EVAL/EVALSHA) because it is persisted and replicated with the data: a failover
 or a restart from an RDB/AOF keeps it, and a client that finds it missing (FUNCTION FLUSH, a
-fresh node) loads it again and retries; a function that is not found runs nothing.
+fresh node) loads it again and retries; a function that is not found runs nothing. Each
+release's library has names of its own (its version in them: `register`, below), so that two
+releases' libraries stay loaded side by side while both run.
 
 THE LOG. Each user's recorded sends, every channel together, are one binary string: one field
 of a bucket hash that 256 users share, those whose ids differ only in the low byte. The caller
@@ -83,7 +85,7 @@ gk_acquire  (one call decides many requests; on a cluster the keys of one slot)
              week     the channel's entries in the last 7 days }
 
 gk_decide  (gk_acquire, with the holder its entries get and the log they go to; gk_acquire is
-           gk_decide for holder 0, counted: the previous version's processes call it)
+           gk_decide for holder 0, counted: the interface before holders, kept for its callers)
   as gk_acquire, and
   ARGV[7]  the holder: the send job, numbered by the caller below 2^28 (0: none)
   ARGV[8]  "1": the sends are not counted (transactional): recorded in the uncounted log, no
@@ -92,8 +94,7 @@ gk_decide  (gk_acquire, with the holder its entries get and the log they go to; 
 gk_decide_each  (gk_decide, some of its requests dry runs: the control group's held-out users
            asked what they would have got, in the same call as the others)
   as gk_decide with ARGV[2] "0", and a request's rule set byte + 128 for a dry run (decided,
-  recorded nothing); at most 127 rule sets. A library of the previous version lacks it: the
-  caller loads this one again ("Function not found"), and that one still has gk_decide.
+  recorded nothing); at most 127 rule sets.
 
 gk_release
   KEYS     one per request; ARGV[1] the channel; then 2 per request: field, message hash
@@ -117,8 +118,8 @@ gk_usage  (flags: no-writes; one user)
   reply    { now, then per rule of each pair, in order: used, retry (ms; -1: it has room or
              never will) }
 
-gk_import  (the upgrade from the two-sorted-set logs, as the previous version calls it: this
-           version's processes call gk_restore; idempotent)
+gk_import  (the upgrade from the two-sorted-set logs, in the interface of the version that
+           converted them: this version's processes call gk_restore; idempotent)
   KEYS[1]  the bucket; ARGV[1] now or ""; ARGV[2] retention ms; ARGV[3] field;
            then 3 per entry: channel, time ms, message hash
   reply    gk_restore's, for those entries with no campaign, priority 5 and no tags
@@ -145,6 +146,17 @@ local DAY, WEEK = 86400000, 604800000
 local EXPIRY = 'expiry'
 local EXPIRY_PADDING = '                                                                '
 local NONE = '\0\0\0\0'
+
+-- Every name this library registers ends in its release's version, '_' and ten hex digits of
+-- the sha1 of this file, and so does its own (the first line): the loader puts them in
+-- (limits/engine/transport.py, `FunctionLibrary`). Function names are global across a server's
+-- libraries, so two releases' libraries that shared one could not both stay loaded. Callers
+-- name functions as below; the transport adds the version.
+local SUFFIX = ''
+
+local function register(name, callback, flags)
+  redis.register_function{function_name = name .. SUFFIX, callback = callback, flags = flags}
+end
 
 -- Bound on the first call: while a library loads, Redis lets it reach nothing but `redis`.
 local bunpack, bpack, find, sub, byte, char, rep, concat, floor, sort, unpack_list, math_huge
@@ -1073,8 +1085,8 @@ local function restore(keys, args)
   return added
 end
 
--- The earlier format's entries as gk_restore's: no campaign, priority 5, no tags. Kept for
--- processes of the previous version still converting logs while this library is loaded.
+-- The earlier format's entries as gk_restore's: no campaign, priority 5, no tags. Kept in the
+-- interface of the version that converted them.
 local function import(keys, args)
   if not floor then bind() end
   local rest, field = {args[1], args[2]}, args[3]
@@ -1137,12 +1149,12 @@ local function run_record(keys, args)
   return 1
 end
 
-redis.register_function('gk_acquire', acquire)
-redis.register_function('gk_decide', decide)
-redis.register_function('gk_decide_each', function(keys, args) return decide(keys, args, true) end)
-redis.register_function('gk_run', run_record)
-redis.register_function('gk_release', release)
-redis.register_function{function_name = 'gk_usage', callback = usage, flags = {'no-writes'}}
-redis.register_function('gk_import', import)
-redis.register_function('gk_restore', restore)
-redis.register_function('gk_sweep', sweep)
+register('gk_acquire', acquire)
+register('gk_decide', decide)
+register('gk_decide_each', function(keys, args) return decide(keys, args, true) end)
+register('gk_run', run_record)
+register('gk_release', release)
+register('gk_usage', usage, {'no-writes'})
+register('gk_import', import)
+register('gk_restore', restore)
+register('gk_sweep', sweep)
