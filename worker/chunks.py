@@ -616,6 +616,25 @@ def chunks_due(*, now: datetime | None = None) -> list[int]:
     return ids
 
 
+def chunk_run_later(chunk_id: int, *, seconds: float, now: datetime | None = None) -> None:
+    """The chunk's next run, due in `seconds`, waits in the database: beat's `send_chunks_due`
+    queues it then. Not as a message with a countdown: the broker hands such a message to one
+    worker at once, which holds it until it is due, and a worker killed meanwhile has its
+    messages given back only after the broker's visibility timeout (hours): the chunk would
+    wait as long (`make bench BENCH_ARGS="chaos"` met it)."""
+    now = instant_or_now(now)
+    SendChunk.objects.filter(pk=chunk_id, status=SendChunk.Status.QUEUED).update(
+        not_before=now + timedelta(seconds=seconds), queued_at=None
+    )
+
+
+def chunk_failed(chunk_id: int) -> int:
+    """A run of the chunk stopped on an error: its failures so far, this one counted."""
+    SendChunk.objects.filter(pk=chunk_id).update(failures=F("failures") + 1)
+    found = SendChunk.objects.filter(pk=chunk_id).values_list("failures", flat=True).first()
+    return found or 0
+
+
 def chunks_runnable(*, job_id: int, now: datetime | None = None) -> list[int]:
     """A job's chunks that may run now (a resumed job's), marked as handed out now."""
     now = instant_or_now(now)

@@ -274,6 +274,11 @@ class SendChunk(models.Model):
     size = models.PositiveIntegerField(default=0, help_text="How many recipients it holds.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     attempts = models.PositiveSmallIntegerField(default=0)
+    failures = models.PositiveSmallIntegerField(
+        default=0,
+        help_text="Runs that stopped on an error (the database or Redis gone mid-chunk): it is "
+        "run again after a backoff, and given up after the last.",
+    )
     not_before = models.DateTimeField(null=True, blank=True, help_text="Deferred until then.")
     error = models.TextField(blank=True, help_text="Why the chunk was given up.")
     queued_at = models.DateTimeField(

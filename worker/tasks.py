@@ -4,9 +4,18 @@ import logging
 from datetime import datetime
 
 from celery import Task, shared_task
+from django.db import DatabaseError
 
 from gatekeeper.lib.instants import instant_from_text
-from worker.chunks import ChunkBusy, chunks_due, send_chunk_fail, send_chunk_run, waiting_close
+from worker.chunks import (
+    ChunkBusy,
+    chunk_failed,
+    chunk_run_later,
+    chunks_due,
+    send_chunk_fail,
+    send_chunk_run,
+    waiting_close,
+)
 from worker.delivery import dead_addresses
 from worker.plan import plan_refresh
 from worker.preparing import jobs_preparing_stalled, send_job_prepare_run
@@ -29,9 +38,12 @@ def send_chunk(self: Task, chunk_id: int, now: str | None = None) -> dict[str, i
     """Gate and dispatch one chunk of a send job. Redelivered after a worker dies; the message
     ids make the rerun send only what had not gone out.
 
-    An error (database or Redis gone mid-chunk) retries the chunk with backoff instead of
-    dropping it; after the last retry its recipients are counted as failed on the job, so a
-    campaign never stalls with sends that silently went nowhere.
+    An error (database or Redis gone mid-chunk) runs the chunk again after a backoff instead of
+    dropping it; after the last its recipients are counted as failed on the job, so a campaign
+    never stalls with sends that silently went nowhere. The run again waits in the database
+    (worker.chunks.chunk_run_later: beat queues it when due), not in the broker as a countdown,
+    which a worker killed while holding it would keep for the broker's visibility timeout;
+    only when the database is away too does the broker hold it.
 
     `now` (tests, replays; ISO 8601 with its offset): the instant the chunk is run at, passed
     to `send_chunk_run`, the gate's clock included. Production never passes it. A bad `now`
@@ -40,9 +52,9 @@ def send_chunk(self: Task, chunk_id: int, now: str | None = None) -> dict[str, i
     try:
         return send_chunk_run(chunk_id=chunk_id, now=instant)
     except ChunkBusy as busy:
-        # Another delivery runs it (or ran it and died): look again when its lease ends. A new
-        # message, not a retry, so it spends none of the retries.
-        send_chunk.apply_async((chunk_id,), {"now": now}, countdown=busy.retry_in)
+        # Another delivery runs it (or ran it and died): look again when its lease ends,
+        # spending none of its retries.
+        chunk_run_later(chunk_id, seconds=busy.retry_in, now=instant)
         return {}
     except WorkerStopping as stopped:
         # This worker stops (worker/stopping.py): the chunk, its lease given back, goes to
@@ -51,16 +63,27 @@ def send_chunk(self: Task, chunk_id: int, now: str | None = None) -> dict[str, i
         send_chunk.apply_async((chunk_id,), {"now": now})
         return {}
     except Exception as exc:
-        if self.request.retries >= MAX_RETRIES:
+        try:
+            failures: int | None = chunk_failed(chunk_id)
+        except DatabaseError:
+            failures = None  # the database is away too: the broker holds the retry
+        tried = self.request.retries + 1 if failures is None else failures
+        if tried > MAX_RETRIES:
             logger.exception(
                 "Chunk %s failed %d times; its unsent recipients count as failed",
                 chunk_id,
-                MAX_RETRIES + 1,
+                tried,
             )
             send_chunk_fail(chunk_id=chunk_id, error=f"{type(exc).__name__}: {exc}")
             raise
-        logger.warning("Chunk %s met %s: %s; trying again", chunk_id, type(exc).__name__, exc)
-        raise self.retry(exc=exc, countdown=min(600, 5 * 2**self.request.retries)) from exc
+        backoff = min(600, 5 * 2 ** (tried - 1))
+        logger.warning(
+            "Chunk %s met %s: %s; trying again in %d s", chunk_id, type(exc).__name__, exc, backoff
+        )
+        if failures is None:
+            raise self.retry(exc=exc, countdown=backoff) from exc
+        chunk_run_later(chunk_id, seconds=backoff, now=instant)
+        return {}
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)

@@ -327,8 +327,21 @@ def test_a_chunk_that_keeps_failing_is_counted_failed_not_lost(campaign, smtp):
     job = make_job(1, 9, campaign="t")
     chunk = job.chunks.get()
     SendJob.objects.filter(pk=job.pk).update(template="removed-since")  # every run now raises
-    # Run eagerly, the task's retries follow one another at once: the last one gives up.
-    last = send_chunk.apply(args=(chunk.pk,))
+    # Each failed run waits in the database for its backoff (5 s, doubling up to 10 minutes),
+    # not in the broker: beat queues it when due. Run as beat would, from 21 minutes ago on.
+    at = timezone.now() - timedelta(seconds=1300)
+    waits = []
+    for _ in range(MAX_RETRIES):
+        assert send_chunk.apply(args=(chunk.pk,), kwargs={"now": at.isoformat()}).state == "SUCCESS"
+        chunk.refresh_from_db()
+        assert (chunk.status, chunk.queued_at) == (SendChunk.Status.QUEUED, None)
+        waits.append((chunk.not_before - at).total_seconds())
+        assert chunks_due(now=chunk.not_before - timedelta(seconds=1)) == []
+        assert chunks_due(now=chunk.not_before) == [chunk.pk]
+        at = chunk.not_before
+    assert waits == [5, 10, 20, 40, 80, 160, 320, 600]
+    # The ninth failure gives up.
+    last = send_chunk.apply(args=(chunk.pk,), kwargs={"now": at.isoformat()})
     assert last.state == "FAILURE"
     # A late redelivery of the given-up chunk does nothing.
     assert send_chunk.apply(args=(chunk.pk,), retries=MAX_RETRIES).state == "SUCCESS"
