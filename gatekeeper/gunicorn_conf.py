@@ -40,8 +40,8 @@ timeout = 60
 # down): the slowest request, a campaign file upload of hundreds of MB on a slow link, is what it
 # must cover. systemd's TimeoutStopSec for the web unit (45 s) is above it.
 graceful_timeout = 30
-# gunicorn's default: an idle kept-alive connection is closed after 2 s (a stopping worker closes
-# it at once; a request arriving on it then is answered with `Connection: close`).
+# gunicorn's default: an idle kept-alive connection is closed after 2 s (a stopping worker's too;
+# a request arriving on it meanwhile is answered with `Connection: close`).
 keepalive = 2
 
 

@@ -16,6 +16,7 @@ import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -278,3 +279,75 @@ def test_a_web_worker_stopped_alone_leaves_the_others_listening(published, redis
         os.kill(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
     assert server.returncode == 0
+
+
+def test_an_upload_outlasting_the_graceful_timeout_is_cut_off_and_stores_nothing(
+    published, redis_client, settings, tmp_path
+):
+    """An upload still coming in when the graceful timeout runs out (here 2 s, by
+    GUNICORN_CMD_ARGS) is cut off with its worker: no job, no file kept; the other requests in
+    flight were answered. (300,000 recipients: half the file is more than Django keeps in memory,
+    so a temporary file was being written.)"""
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    from gatekeeper.lib.permissions import CAMPAIGN_SYSTEM
+    from tests.support.api import make_user
+    from worker.models import SendJob
+
+    published(vip=(10, [1], {}))
+    user: User = make_user("gate", *CAMPAIGN_SYSTEM)
+    headers = {"Authorization": f"Token {Token.objects.create(user=user).key}"}
+    csv = "user_id,address\n" + "".join(f"{u},token-{u}\n" for u in range(1, 300_001))
+    fields = {"channel": "push", "campaign": "cut", "template": "welcome"}
+    upload_body, upload_type = multipart(fields, "recipients_file", "cut.csv", csv.encode())
+    media = Path(settings.MEDIA_ROOT)
+    kept_before = stored_files(media)
+    temp = tmp_path / "tmp"  # the web process's temporary files (Django's uploads)
+    temp.mkdir()
+    log = tmp_path / "gunicorn.log"
+    env = worker_env(
+        TEST_BROKER_URL, GUNICORN_ACCESSLOG="", GUNICORN_CMD_ARGS="--graceful-timeout 2",
+        TMPDIR=str(temp),
+    )  # fmt: skip
+    never = threading.Event()
+    with gunicorn_serving(env, log) as (server, base):
+        address = ("127.0.0.1", int(base.rsplit(":", 1)[1]))
+        upload = InFlight(
+            address, "/api/v1/sends/", upload_body, {**headers, "Content-Type": upload_type},
+            held=len(upload_body) // 2, release=never,
+        )  # fmt: skip
+        check = {"channel": "push", "requests": [{"user_id": 1, "message_id": "m"}]}
+        json_headers = {**headers, "Content-Type": "application/json"}
+        body = json.dumps(check).encode()
+        checks = [InFlight(address, "/api/v1/gate/check/", body, json_headers) for _ in range(10)]
+        upload.start()
+        assert upload.sent.wait(60)
+        for request in checks:
+            request.start()
+        for request in checks:
+            assert request.sent.wait(60)
+        os.kill(server.pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        server.wait(timeout=60)
+        exited = time.monotonic()
+        never.set()  # the rest of the upload, to a server that is gone
+        upload.join(60)
+        for request in checks:
+            request.join(60)
+    assert [r.answer.status for r in checks] == [200] * len(checks)
+    assert upload.answer.status is None and (upload.answer.error or "").startswith("reset")
+    assert 2 <= exited - signalled < 10
+    assert not SendJob.objects.exists()
+    assert stored_files(media) == kept_before
+    # What the upload had brought so far, in Django's temporary file: the killed worker could not
+    # remove it (under systemd, PrivateTmp= gives the unit a /tmp of its own, removed when it stops).
+    assert all(p.name.endswith(".upload.csv") for p in temp.iterdir())
+    print(
+        f"\nupload cut off {exited - signalled:.2f} s after SIGTERM ({upload.answer.error}); "
+        f"left in the web process's temporary directory: {sorted(p.name for p in temp.iterdir())}"
+    )
+
+
+def stored_files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()} if root.exists() else set()
