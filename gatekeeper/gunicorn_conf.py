@@ -30,8 +30,8 @@ from gunicorn.workers.gthread import ThreadWorker
 bind = os.environ.get("GATEKEEPER_BIND", "127.0.0.1:8000")
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 threads = int(os.environ.get("WEB_THREADS", "4"))
-# gunicorn's gthread worker, as taken: threads, kept-alive connections, and (gunicorn 27) a stop
-# that answers the connections it took before exiting.
+# gunicorn's gthread worker (threads, kept-alive connections; since gunicorn 27 a stopping one
+# answers the connections it has taken), with the stop of PoliteThreadWorker below.
 worker_class = "gatekeeper.gunicorn_conf.PoliteThreadWorker"
 preload_app = True
 accesslog = os.environ.get("GUNICORN_ACCESSLOG", "-") or None
@@ -88,7 +88,8 @@ class PoliteThreadWorker(ThreadWorker):
             if not select.select([listener], [], [], 0)[0]:
                 break
             try:
-                self.accept(listener)  # nothing when another worker took it first
+                # gunicorn's accept: nothing when another worker took it first.
+                super().accept(listener)
             except OSError:
                 break  # the socket no longer listens: another worker stopped it
         return self.nr_conns - before
