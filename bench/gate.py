@@ -218,14 +218,20 @@ def rotated(
     ]
 
 
+# Rounds of the metrics' parts: short runs, many, so that a load that comes and goes over a
+# few seconds (the machine's other work) falls on every part alike.
+METRICS_ROUNDS = 24
+
+
 def metrics_beside_none(url: str, seconds: float) -> None:
     """What recording the operator's figures costs the gate, each part alone: the same gate
     with neither, the decision counters only (worker/stats.py, by segment, channel and reason),
     the latency histogram only (worker/latency.py), and both, each buffered in the process and
-    written to Redis once a second; ROUNDS rounds of a run of each (`rotated`), for one-request
-    calls and batches of 1,000. Each line: a part's decisions/s, that of the gate without
-    either, their ratio (median of the rounds'), what the part adds to a call, and the target
-    (of the metrics' whole, so of each part alone too)."""
+    written to Redis once a second; METRICS_ROUNDS rounds of a run of each (`rotated`;
+    `seconds` of each in all), for one-request calls and batches of 1,000. Each line: a part's
+    decisions/s and the gate's without either (medians of the runs), their ratio (median of the
+    rounds'), what that ratio adds to a call at the gate's rate, and the target (of the
+    metrics' whole, so of each part alone too)."""
     client = _redis(url)
     client.flushdb()
     limiter = Limiter(client, prefix="bench:")
@@ -257,17 +263,17 @@ def metrics_beside_none(url: str, seconds: float) -> None:
         found = rotated(
             [functools.partial(step, g, size) for g in gates],
             seconds,
-            rounds=ROUNDS,
+            rounds=METRICS_ROUNDS,
             between=client.flushdb,
         )
         calls = "one request a call" if size == 1 else "batches of 1,000"
         plain = found[0][0]
         for (part, _, _), (kept, ratio) in zip(METRICS_PARTS[1:], found[1:], strict=True):
-            adds = 1e6 * size * (1 / kept - 1 / plain)
+            adds = 1e6 * size / plain * (1 / ratio - 1)
             print(
                 f"gate with the metrics' {part} against none, {calls}: {kept:,.0f} against "
                 f"{plain:,.0f} decisions/s, ratio {ratio:.3f}x, {adds:+,.1f} us a call   "
-                f"(target >= {target:.2f}x; medians of {ROUNDS} rounds)"
+                f"(target >= {target:.2f}x; medians of {METRICS_ROUNDS} rounds)"
             )
     client.flushdb()
 
