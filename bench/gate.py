@@ -197,24 +197,32 @@ def rotated(
     *,
     rounds: int = 8,
     between: Callable[[], Any] | None = None,
-) -> list[tuple[float, float]]:
-    """`alternated` for any number of steps: in each round a short run of each, the round
-    starting one step further on than the one before (so that no step always runs first or
-    last); per step, its median rate and the median over the rounds of its run's rate over the
-    first step's run in the same round (the first's own: 1)."""
-    rates: list[list[float]] = [[] for _ in steps]
+) -> list[tuple[float, float, float, float]]:
+    """`alternated` for any number of steps, timed by the clock and by this process's CPU: in
+    each round a short run of each, the round starting one step further on than the one before
+    (so that no step always runs first or last). Per step: its median rate and the median over
+    the rounds of its run's rate over the first step's run in the same round (the first's own:
+    1), then the same two of its rate per CPU second of this process (what a machine busy with
+    other work inflates least)."""
+    runs: list[list[tuple[float, float]]] = [[] for _ in steps]  # (per second, per CPU second)
     for r in range(rounds):
         for k in range(len(steps)):
             at = (r + k) % len(steps)
-            rates[at].append(rate(steps[at], seconds / rounds))
+            done, started, cpu = 0, time.perf_counter(), time.process_time()
+            while time.perf_counter() - started < seconds / rounds:
+                done += steps[at]()
+            wall, used = time.perf_counter() - started, time.process_time() - cpu
+            runs[at].append((done / wall, done / used))
             if between is not None:
                 between()
     return [
         (
-            statistics.median(found),
-            statistics.median(m / a for a, m in zip(rates[0], found, strict=True)),
+            statistics.median(w for w, _ in found),
+            statistics.median(m[0] / a[0] for a, m in zip(runs[0], found, strict=True)),
+            statistics.median(c for _, c in found),
+            statistics.median(m[1] / a[1] for a, m in zip(runs[0], found, strict=True)),
         )
-        for found in rates
+        for found in runs
     ]
 
 
@@ -229,9 +237,12 @@ def metrics_beside_none(url: str, seconds: float) -> None:
     the latency histogram only (worker/latency.py), and both, each buffered in the process and
     written to Redis once a second; METRICS_ROUNDS rounds of a run of each (`rotated`;
     `seconds` of each in all), for one-request calls and batches of 1,000. Each line: a part's
-    decisions/s and the gate's without either (medians of the runs), their ratio (median of the
-    rounds'), what that ratio adds to a call at the gate's rate, and the target (of the
-    metrics' whole, so of each part alone too)."""
+    decisions/s and the gate's without either (medians of the runs) and their ratio (median of
+    the rounds'); the same per second of this process's CPU, and what that ratio adds to a call
+    in CPU; and the target (of the metrics' whole, so of each part alone too). The metrics cost
+    the gate's process CPU only, so the ratio by CPU is the lower of the two but for noise
+    (wall = CPU + waiting, and (c + w) / (c + w + d) >= c / (c + d)), and the one a machine
+    busy with other work (other processes, Redis answering them) blurs least."""
     client = _redis(url)
     client.flushdb()
     limiter = Limiter(client, prefix="bench:")
@@ -267,13 +278,16 @@ def metrics_beside_none(url: str, seconds: float) -> None:
             between=client.flushdb,
         )
         calls = "one request a call" if size == 1 else "batches of 1,000"
-        plain = found[0][0]
-        for (part, _, _), (kept, ratio) in zip(METRICS_PARTS[1:], found[1:], strict=True):
-            adds = 1e6 * size / plain * (1 / ratio - 1)
+        plain, _, plain_cpu, _ = found[0]
+        for (part, _, _), (kept, ratio, kept_cpu, cpu_ratio) in zip(
+            METRICS_PARTS[1:], found[1:], strict=True
+        ):
+            adds = 1e6 * size / plain_cpu * (1 / cpu_ratio - 1)
             print(
                 f"gate with the metrics' {part} against none, {calls}: {kept:,.0f} against "
-                f"{plain:,.0f} decisions/s, ratio {ratio:.3f}x, {adds:+,.1f} us a call   "
-                f"(target >= {target:.2f}x; medians of {METRICS_ROUNDS} rounds)"
+                f"{plain:,.0f} decisions/s, ratio {ratio:.3f}x; per CPU second {kept_cpu:,.0f} "
+                f"against {plain_cpu:,.0f}, ratio {cpu_ratio:.3f}x, {adds:+,.1f} us of CPU a "
+                f"call   (target >= {target:.2f}x; medians of {METRICS_ROUNDS} rounds)"
             )
     client.flushdb()
 
