@@ -191,58 +191,72 @@ METRICS_PARTS = (
 )
 
 
-def rotated(
+def interleaved(
     steps: list[Callable[[], int]],
     seconds: float,
     *,
-    rounds: int = 8,
+    blocks: int = 24,
     between: Callable[[], Any] | None = None,
 ) -> list[tuple[float, float, float, float]]:
-    """`alternated` for any number of steps, timed by the clock and by this process's CPU: in
-    each round a short run of each, the round starting one step further on than the one before
-    (so that no step always runs first or last). Per step: its median rate and the median over
-    the rounds of its run's rate over the first step's run in the same round (the first's own:
-    1), then the same two of its rate per CPU second of this process (what a machine busy with
-    other work inflates least)."""
-    runs: list[list[tuple[float, float]]] = [[] for _ in steps]  # (per second, per CPU second)
-    for r in range(rounds):
-        for k in range(len(steps)):
-            at = (r + k) % len(steps)
-            done, started, cpu = 0, time.perf_counter(), time.process_time()
-            while time.perf_counter() - started < seconds / rounds:
-                done += steps[at]()
-            wall, used = time.perf_counter() - started, time.process_time() - cpu
-            runs[at].append((done / wall, done / used))
-            if between is not None:
-                between()
+    """Steps taken in turn, one call of each after the other (each turn starting one step
+    further on, so that none always follows the same), each call timed by the clock and by
+    this process's CPU: a load that comes and goes falls on every step alike, even over a
+    fraction of a second. `seconds` of each in all, in `blocks` (`between` after each). Per
+    step: its rate (decisions per second of its calls) and the median over the blocks of its
+    rate over the first step's in the same block (the first's own: 1), then the same two per
+    CPU second of this process."""
+    n = len(steps)
+    # Per block, per step: [decisions, seconds, CPU seconds].
+    found = [[[0.0, 0.0, 0.0] for _ in steps] for _ in range(blocks)]
+    clock, cpu = time.perf_counter, time.process_time
+    for block in found:
+        turn, ends = 0, clock() + n * seconds / blocks
+        while clock() < ends:
+            for k in range(n):
+                at = (turn + k) % n
+                wall_0, cpu_0 = clock(), cpu()
+                done = steps[at]()
+                cpu_1, wall_1 = cpu(), clock()
+                tally = block[at]
+                tally[0] += done
+                tally[1] += wall_1 - wall_0
+                tally[2] += cpu_1 - cpu_0
+            turn += 1
+        if between is not None:
+            between()
+
+    def ratios(k: int, of: int) -> float:
+        return statistics.median(
+            (b[k][0] / b[k][of]) / (b[0][0] / b[0][of]) for b in found if b[0][of] and b[k][of]
+        )
+
     return [
         (
-            statistics.median(w for w, _ in found),
-            statistics.median(m[0] / a[0] for a, m in zip(runs[0], found, strict=True)),
-            statistics.median(c for _, c in found),
-            statistics.median(m[1] / a[1] for a, m in zip(runs[0], found, strict=True)),
+            sum(b[k][0] for b in found) / sum(b[k][1] for b in found),
+            ratios(k, 1),
+            sum(b[k][0] for b in found) / sum(b[k][2] for b in found),
+            ratios(k, 2),
         )
-        for found in runs
+        for k in range(n)
     ]
 
 
-# Rounds of the metrics' parts: short runs, many, so that a load that comes and goes over a
-# few seconds (the machine's other work) falls on every part alike.
-METRICS_ROUNDS = 24
+# Blocks of the metrics' parts, whose ratios' median each line gives.
+METRICS_BLOCKS = 24
 
 
 def metrics_beside_none(url: str, seconds: float) -> None:
     """What recording the operator's figures costs the gate, each part alone: the same gate
     with neither, the decision counters only (worker/stats.py, by segment, channel and reason),
     the latency histogram only (worker/latency.py), and both, each buffered in the process and
-    written to Redis once a second; METRICS_ROUNDS rounds of a run of each (`rotated`;
-    `seconds` of each in all), for one-request calls and batches of 1,000. Each line: a part's
-    decisions/s and the gate's without either (medians of the runs) and their ratio (median of
-    the rounds'); the same per second of this process's CPU, and what that ratio adds to a call
-    in CPU; and the target (of the metrics' whole, so of each part alone too). The metrics cost
-    the gate's process CPU only, so the ratio by CPU is the lower of the two but for noise
-    (wall = CPU + waiting, and (c + w) / (c + w + d) >= c / (c + d)), and the one a machine
-    busy with other work (other processes, Redis answering them) blurs least."""
+    written to Redis once a second; their calls taken in turn (`interleaved`; `seconds` of each
+    in all), one-request calls, then batches of 1,000. Each line: a part's decisions/s and the
+    gate's without either, and their ratio (the median of METRICS_BLOCKS blocks'); the same per
+    second of this process's CPU, and what that ratio adds to a call in CPU; and the target (of
+    the metrics' whole, so of each part alone too). The metrics cost the gate's process CPU
+    only, so the ratio by CPU is the lower of the two but for noise (wall = CPU + waiting, and
+    (c + w) / (c + w + d) >= c / (c + d)), and the one a machine busy with other work (other
+    processes, Redis answering them) blurs least."""
     client = _redis(url)
     client.flushdb()
     limiter = Limiter(client, prefix="bench:")
@@ -271,10 +285,10 @@ def metrics_beside_none(url: str, seconds: float) -> None:
         return len(g.check(channel="email", requests=[(u, f"8-{n}-{u}") for u in users]))
 
     for size, target in ((1, 0.95), (1000, 0.98)):
-        found = rotated(
+        found = interleaved(
             [functools.partial(step, g, size) for g in gates],
             seconds,
-            rounds=METRICS_ROUNDS,
+            blocks=METRICS_BLOCKS,
             between=client.flushdb,
         )
         calls = "one request a call" if size == 1 else "batches of 1,000"
@@ -287,7 +301,7 @@ def metrics_beside_none(url: str, seconds: float) -> None:
                 f"gate with the metrics' {part} against none, {calls}: {kept:,.0f} against "
                 f"{plain:,.0f} decisions/s, ratio {ratio:.3f}x; per CPU second {kept_cpu:,.0f} "
                 f"against {plain_cpu:,.0f}, ratio {cpu_ratio:.3f}x, {adds:+,.1f} us of CPU a "
-                f"call   (target >= {target:.2f}x; medians of {METRICS_ROUNDS} rounds)"
+                f"call   (target >= {target:.2f}x; calls in turn, medians of {METRICS_BLOCKS} blocks)"
             )
     client.flushdb()
 
