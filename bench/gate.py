@@ -181,39 +181,128 @@ def gate_beside_limiter(url: str, seconds: float) -> None:
     )
 
 
+# The metrics' parts, each switched on alone and together, beside neither (first): the label,
+# and the gate's `record_stats` (the decision counters) and `record_latency` (the histogram).
+METRICS_PARTS = (
+    ("none", False, False),
+    ("counters only", True, False),
+    ("histogram only", False, True),
+    ("both", True, True),
+)
+
+
+def interleaved(
+    steps: list[Callable[[], int]],
+    seconds: float,
+    *,
+    blocks: int = 24,
+    between: Callable[[], Any] | None = None,
+) -> list[tuple[float, float, float, float]]:
+    """Steps taken in turn, one call of each after the other (each turn starting one step
+    further on, so that none always follows the same), each call timed by the clock and by
+    this process's CPU: a load that comes and goes falls on every step alike, even over a
+    fraction of a second. `seconds` of each in all, in `blocks` (`between` after each). Per
+    step: its rate (decisions per second of its calls) and the median over the blocks of its
+    rate over the first step's in the same block (the first's own: 1), then the same two per
+    CPU second of this process."""
+    n = len(steps)
+    # Per block, per step: [decisions, seconds, CPU seconds].
+    found = [[[0.0, 0.0, 0.0] for _ in steps] for _ in range(blocks)]
+    clock, cpu = time.perf_counter, time.process_time
+    for block in found:
+        turn, ends = 0, clock() + n * seconds / blocks
+        while clock() < ends:
+            for k in range(n):
+                at = (turn + k) % n
+                wall_0, cpu_0 = clock(), cpu()
+                done = steps[at]()
+                cpu_1, wall_1 = cpu(), clock()
+                tally = block[at]
+                tally[0] += done
+                tally[1] += wall_1 - wall_0
+                tally[2] += cpu_1 - cpu_0
+            turn += 1
+        if between is not None:
+            between()
+
+    def ratios(k: int, of: int) -> float:
+        return statistics.median(
+            (b[k][0] / b[k][of]) / (b[0][0] / b[0][of]) for b in found if b[0][of] and b[k][of]
+        )
+
+    return [
+        (
+            sum(b[k][0] for b in found) / sum(b[k][1] for b in found),
+            ratios(k, 1),
+            sum(b[k][0] for b in found) / sum(b[k][2] for b in found),
+            ratios(k, 2),
+        )
+        for k in range(n)
+    ]
+
+
+# Blocks of the metrics' parts, whose ratios' median each line gives.
+METRICS_BLOCKS = 24
+
+
 def metrics_beside_none(url: str, seconds: float) -> None:
-    """What recording the operator's figures costs the gate (worker/stats.py's day counters,
-    worker/latency.py's histogram; both flushed to Redis once a second): the same gate with
-    `record_stats` on and off, alternated, for one-request calls and batches of 1,000."""
+    """What recording the operator's figures costs the gate, each part alone: the same gate
+    with neither, the decision counters only (worker/stats.py, by segment, channel and reason),
+    the latency histogram only (worker/latency.py), and both, each buffered in the process and
+    written to Redis once a second; their calls taken in turn (`interleaved`; `seconds` of each
+    in all), one-request calls, then batches of 1,000. Each line: a part's decisions/s and the
+    gate's without either, and their ratio (the median of METRICS_BLOCKS blocks'); the same per
+    second of this process's CPU, and what that ratio adds to a call in CPU; and the target (of
+    the metrics' whole, so of each part alone too). The metrics cost the gate's process CPU
+    only, so the ratio by CPU is the lower of the two but for noise (wall = CPU + waiting, and
+    (c + w) / (c + w + d) >= c / (c + d)), and the one a machine busy with other work (other
+    processes, Redis answering them) blurs least."""
     client = _redis(url)
     client.flushdb()
     limiter = Limiter(client, prefix="bench:")
+    index = in_memory_index()
 
-    def gate(on: bool) -> Gate:
-        return Gate(
-            limiter=limiter,
-            policy=PolicyCache.holding(PolicyTable(rules=CLASSIC, classic={}, zones={})),
-            index=in_memory_index(),
-            suppressions=SuppressionCache.holding(),
-            preferences=PreferenceCache.holding({}),
-            record_stats=on,
-            record_ledger=False,
+    def gate(counters: bool, histogram: bool) -> Gate:
+        return deciding(
+            Gate(
+                limiter=limiter,
+                policy=PolicyCache.holding(PolicyTable(rules=CLASSIC, classic={}, zones={})),
+                index=index,
+                suppressions=SuppressionCache.holding(),
+                preferences=PreferenceCache.holding({}),
+                record_stats=counters,
+                record_latency=histogram,
+                record_ledger=False,
+            )
         )
 
-    for size in (1, 1000):
-        plain, kept, ratio = gates_alternated(
-            [gate(False), gate(True)],
-            client,
+    gates = [gate(counters, histogram) for _, counters, histogram in METRICS_PARTS]
+    pick = random.Random(8)
+    counter = iter(range(10**9))
+
+    def step(g: Gate, size: int) -> int:
+        n, users = next(counter), pick.sample(range(USERS), size)
+        return len(g.check(channel="email", requests=[(u, f"8-{n}-{u}") for u in users]))
+
+    for size, target in ((1, 0.95), (1000, 0.98)):
+        found = interleaved(
+            [functools.partial(step, g, size) for g in gates],
             seconds,
-            seed=8,
-            check=lambda g, requests: g.check(channel="email", requests=requests),
-            size=size,
+            blocks=METRICS_BLOCKS,
+            between=client.flushdb,
         )
-        print(
-            f"gate with the metrics recorded against not, {'one request a call' if size == 1 else 'batches of 1,000'}: "
-            f"{kept:,.0f} against {plain:,.0f} decisions/s, ratio {ratio:.3f}x   (target >= 0.98x; "
-            f"medians of {ROUNDS} alternated runs)"
-        )
+        calls = "one request a call" if size == 1 else "batches of 1,000"
+        plain, _, plain_cpu, _ = found[0]
+        for (part, _, _), (kept, ratio, kept_cpu, cpu_ratio) in zip(
+            METRICS_PARTS[1:], found[1:], strict=True
+        ):
+            adds = 1e6 * size / plain_cpu * (1 / cpu_ratio - 1)
+            print(
+                f"gate with the metrics' {part} against none, {calls}: {kept:,.0f} against "
+                f"{plain:,.0f} decisions/s, ratio {ratio:.3f}x; per CPU second {kept_cpu:,.0f} "
+                f"against {plain_cpu:,.0f}, ratio {cpu_ratio:.3f}x, {adds:+,.1f} us of CPU a "
+                f"call   (target >= {target:.2f}x; calls in turn, medians of {METRICS_BLOCKS} blocks)"
+            )
     client.flushdb()
 
 

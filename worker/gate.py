@@ -79,10 +79,13 @@ class Gate:
         suppressions: SuppressionCache | None = None,
         preferences: PreferenceCache | None = None,
         record_stats: bool = True,
+        record_latency: bool | None = None,
         record_ledger: bool | None = None,
         holds: Holds | None = None,
     ) -> None:
-        """`record_ledger`: keep decisions in the send ledger (None: as GATEKEEPER_LEDGER says).
+        """`record_stats`: count the decisions (worker/stats.py); `record_latency`: time the
+        calls (worker/latency.py; None: as `record_stats`), each for /metrics, never for dry runs.
+        `record_ledger`: keep decisions in the send ledger (None: as GATEKEEPER_LEDGER says).
         `holds`: the reservations' holds to apply (None: those the plan wrote,
         limits.engine.reservations)."""
         self._holds = holds
@@ -92,6 +95,7 @@ class Gate:
         self._suppressions = suppressions
         self._preferences = preferences
         self.record_stats = record_stats
+        self.record_latency = record_stats if record_latency is None else record_latency
         self.record_ledger = record_ledger
 
     @property
@@ -222,7 +226,7 @@ class Gate:
                     decisions=kept,
                     topic=topic,
                 )
-            if self.record_stats:
+            if self.record_latency:
                 latency.observe(channel, len(requests), time.perf_counter() - started)
         return decisions
 

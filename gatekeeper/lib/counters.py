@@ -89,6 +89,19 @@ class RedisCounters:
         if due:
             self.flush()
 
+    def add_one(self, field: str, amount: float, *, day: dt.date | None = None) -> None:
+        """`add` of one field (a one-request gate call's count: no mapping made and walked)."""
+        if self.per_day:
+            day = day or self.today()
+        elif day is not None:
+            raise ValueError(f"the counters of {self.name} are not kept per day")
+        slot = (day, field)
+        with self._lock:
+            self._pending[slot] = self._pending.get(slot, 0) + amount
+            due = time.monotonic() - self._last_flush >= FLUSH_EVERY_SECONDS
+        if due:
+            self.flush()
+
     def flush(self) -> None:
         """Write the counts added so far, in one pipeline."""
         with self._lock:

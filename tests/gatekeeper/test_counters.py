@@ -121,6 +121,36 @@ def test_the_decisions_per_day_are_whole_counts_in_the_days_hash(
     }  # fmt: skip
 
 
+def test_one_decision_a_call_counts_under_the_fields_a_batch_does(
+    redis_client: redis.Redis, settings
+) -> None:
+    day = dt.date(2026, 3, 2)
+    stats.record(channel="email", decisions=[_Decision(None, "allowed")], day=day)
+    stats.record(channel="email", decisions=[_Decision("unknown", "allowed")], day=day)
+    stats.record(channel="push", decisions=[_Decision("vip", "allowed")], day=day)
+    stats.record(channel="email", decisions=[_Decision(None, "allowed")] * 3, day=day)
+    stats.record(channel="email", decisions=[], day=day)  # counts nothing
+    stats.flush()
+    # The one-decision path names the fields as the batch's does: one field for both.
+    assert redis_client.hgetall(f"{settings.GATEKEEPER_KEY_PREFIX}stats:2026-03-02") == {
+        b"unknown|email|allowed": b"5", b"vip|push|allowed": b"1"
+    }  # fmt: skip
+
+
+def test_add_one_adds_to_what_add_holds(redis_client: redis.Redis, clock) -> None:
+    days = RedisCounters("test:one", per_day=True, whole=True)
+    monday = dt.date(2026, 3, 2)
+    days.add({"x": 2}, day=monday)
+    days.add_one("x", 3, day=monday)
+    days.add_one("y", 1, day=monday)
+    assert days.read(monday) == {}  # held like any add
+    clock[0] += 1.0
+    days.add_one("x", 1, day=monday)  # a second since the last write: writes them all
+    assert days.read(monday) == {"x": 6, "y": 1}
+    with pytest.raises(ValueError, match="not kept per day"):
+        RedisCounters("test:flat").add_one("x", 1, day=monday)
+
+
 def test_the_worker_step_seconds_are_one_hash_without_expiry(
     redis_client: redis.Redis, settings
 ) -> None:

@@ -9,7 +9,7 @@ from limits.policy.selectors import PolicyCache
 from limits.policy.services import cap_set
 from segments.models import Segment
 from tests.support.clocks import instant
-from worker import stats
+from worker import latency, stats
 from worker.gate import Gate, GateError, gate_check, gate_release
 
 NOW = 1_763_800_000.0
@@ -109,6 +109,24 @@ def test_decisions_are_counted_per_day_segment_channel_and_reason(snapshot):
     assert counts[("vip", "email", "allowed")] == 1
     assert counts[("dormant", "email", "blocked")] == 1
     assert counts[("default", "email", "allowed")] == 1
+
+
+def test_the_counters_and_the_histogram_are_switched_off_each_alone(snapshot):
+    today = dt.datetime.now(dt.UTC).date()
+    counting = Gate(record_latency=False)  # the decisions counted, the calls not timed
+    counting.check(channel="email", requests=[(1, "a")], now=instant(NOW))
+    stats.flush()
+    latency.flush()
+    assert stats.stats_for_day(today) == {("vip", "email", "allowed"): 1}
+    assert latency.histograms() == {}
+    timing = Gate(record_stats=False, record_latency=True)  # timed, not counted
+    timing.check(channel="email", requests=[(1, "b"), (3, "c")], now=instant(NOW))
+    stats.flush()
+    latency.flush()
+    assert stats.stats_for_day(today) == {("vip", "email", "allowed"): 1}
+    ((where, (buckets, seconds)),) = latency.histograms().items()
+    assert where == ("email", "2-100") and buckets[-1] == ("+Inf", 1) and seconds > 0
+    assert (Gate(record_stats=False).record_latency, Gate().record_latency) == (False, True)
 
 
 def test_dry_run_counts_nothing(snapshot):
