@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ import redis
 import requests
 import schemathesis
 from django.contrib.auth.models import User
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from gatekeeper.lib.redis_client import reset_redis_clients
@@ -43,7 +45,7 @@ from tests.support.releases import (
     ready,
 )
 from tests.support.worker_processes import TEST_BROKER_URL, job_counts, job_done, wait_for
-from worker.models import SendJob
+from worker.models import SendChunk, SendJob
 from worker.services import send_job_create
 
 pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.django_db(transaction=True)]
@@ -53,14 +55,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.django_db(tra
 PREVIOUS_RELEASE = "e17ee6473f8c7821670fa5321141de273353b501"
 
 RECIPIENTS = 100_000
-VIP = range(1, 201)  # capped: one push a minute each
-AGAIN = 10_000  # where their second push sits in the job: deferred by the cap for a minute
-USERS = range(1, RECIPIENTS - len(VIP) + 1)
-# The provider's rate, sends a second: the job lasts about 80 s, over the whole overlap.
-RATE = 1_250
+USERS = range(1, RECIPIENTS + 1)
+# Capped at one push a minute each, and sent one through the old web's gate as this release
+# starts: their push in the job, placed at AT, is deferred to a minute after that, during
+# the overlap (the old web is stopped only once they went).
+VIP = range(1, 201)
+AT = 10_000
+# The provider's rate, sends a second: the job lasts about 100 s, over the whole overlap.
+RATE = 1_000
 # The old processes are stopped, one kind at a time, once the job has sent this many.
-STOP_AT = {"worker": 20_000, "upkeep": 32_000, "beat": 44_000, "web": 75_000}
-START_NEW_AT = 8_000
+# The old processes are stopped in this order, each once this many more were sent.
+STOPS = ("worker", "upkeep", "beat", "web")
+STEP = 2_500
+START_NEW_AT = 2_000
 
 
 @pytest.fixture
@@ -200,9 +207,19 @@ def test_a_rolling_upgrade_mid_job_loses_nothing_doubles_nothing_and_answers_eve
             ready(running)
         mark("previous release ready")
 
-        rows = [{"user_id": u, "address": f"token-{u}"} for u in USERS]
-        again = [{"user_id": u, "address": f"token-{u}", "message_id": f"again:{u}"} for u in VIP]
-        rows[AGAIN:AGAIN] = again
+        # The VIPs' one push a minute, taken through the old web's gate.
+        body = {
+            "channel": "push",
+            "requests": [{"user_id": u, "message_id": f"elsewhere:{u}"} for u in VIP],
+        }
+        answer = requests.post(
+            f"{old_web.url}/api/v1/gate/check/", json=body, timeout=30,
+            headers={"Authorization": f"Token {token}"},
+        )  # fmt: skip
+        assert answer.status_code == 200 and all(r["allowed"] for r in answer.json()["results"])
+        mark("VIPs charged")
+        rows = [{"user_id": u, "address": f"token-{u}"} for u in USERS if u not in VIP]
+        rows[AT:AT] = [{"user_id": u, "address": f"token-{u}"} for u in VIP]
         job = send_job_create(
             channel="push", campaign="news", template="welcome", recipients=rows,
             on_capped="defer",
@@ -220,7 +237,7 @@ def test_a_rolling_upgrade_mid_job_loses_nothing_doubles_nothing_and_answers_eve
             return job.sent >= n or job.status == SendJob.Status.DONE
 
         wait_for(lambda: sent_at_least(START_NEW_AT), seconds=90, what="the job's first sends")
-        mark(f"{START_NEW_AT} sent: migrate, this release starts")
+        mark(f"{job.sent} sent: migrate, this release starts")
         new.manage("migrate", "--no-input")
         new_web = new.web()
         started = [new_web, new.worker("sends,builds", "worker"),
@@ -231,16 +248,27 @@ def test_a_rolling_upgrade_mid_job_loses_nothing_doubles_nothing_and_answers_eve
         with traffic.lock:
             traffic.pool.append(new_web)
         mark("this release ready")
+        overlap_from = timezone.now()
         assert job.pending > 0, "the job ended before the overlap"
 
         by_kind = {r.kind: r for r in old.running}
-        for kind, at in STOP_AT.items():
-            wait_for(lambda at=at: sent_at_least(at), seconds=120, what=f"{at} sent")
-            assert not job_done(job), f"the job ended before the old {kind} was stopped"
-            if kind == "web":
+        for kind in STOPS:
+            at = job.sent + STEP
+            if kind != "web":
+                wait_for(lambda at=at: sent_at_least(at), seconds=120, what=f"{at} sent")
+            else:
+                # Beat has queued the VIPs' deferred pushes (they run behind the chunks queued
+                # before them).
+                wait_for(
+                    lambda: deferred_chunks(job) and all(queued for queued in deferred_chunks(job)),
+                    seconds=120,
+                    what="the VIPs' deferred pushes to be released",
+                )
                 traffic.remove(by_kind[kind])
+            assert not job_done(job), f"the job ended before the old {kind} was stopped"
             by_kind[kind].stop()
-            mark(f"{at} sent: old {kind} stopped in {by_kind[kind].stopped_in:.1f} s")
+            mark(f"{job.sent} sent: old {kind} stopped in {by_kind[kind].stopped_in:.1f} s")
+        overlap_to = timezone.now()
         wait_for(lambda: job_done(job), seconds=180, what="the job to finish")
         mark("job done")
         traffic.stop.set()
@@ -280,18 +308,27 @@ def test_a_rolling_upgrade_mid_job_loses_nothing_doubles_nothing_and_answers_eve
     handed = dispatched(log)
     twice = [key for key, n in handed.items() if n > 1]
     assert not twice, f"sent twice: {twice[:10]}"
-    expected = {(u, f"news:{u}") for u in USERS} | {(u, f"again:{u}") for u in VIP}
+    expected = {(u, f"news:{u}") for u in USERS}
     assert set(handed) == expected, sorted(expected - set(handed))[:10]
 
-    # The ledger: one allowed decision for each send; the VIPs' second refused (deferred) once
-    # or more before it; each REST gate check once.
+    # The ledger: one allowed decision for each send; the VIPs' refused (deferred) once or more
+    # before it, and allowed during the overlap; each REST gate check once.
     rows_by: dict[str, list[str]] = {}
-    for message, reason in decisions().values_list("message", "reason").iterator(20_000):
+    released: list[datetime] = []
+    rows = decisions().order_by("id").values_list("message", "reason", "at")
+    for message, reason, at in rows.iterator(20_000):
         rows_by.setdefault(message, []).append(reason)
+        if reason == "allowed" and message.startswith("news:") and int(message[5:]) in VIP:
+            released.append(at)
     allowed = Counter(m for m, reasons in rows_by.items() for r in reasons if r == "allowed")
     assert set(allowed.values()) == {1}
-    deferred = {m: r for m, r in rows_by.items() if m.startswith("again:")}
-    assert len(deferred) == len(VIP)
+    deferred = {f"news:{u}": rows_by[f"news:{u}"] for u in VIP}
+    assert len(released) == len(VIP)
+    releases = deferred_chunks(job)
+    assert overlap_from <= min(releases) and max(releases) <= overlap_to, (
+        overlap_from, releases, overlap_to,
+    )  # fmt: skip
+    assert all(rows_by[f"elsewhere:{u}"] == ["allowed"] for u in VIP)
     assert all(r[-1] == "allowed" and "allowed" not in r[:-1] and r[:-1] for r in deferred.values())
     assert job.reasons and sum(len(r) - 1 for r in deferred.values()) >= len(VIP)
     checked = Counter(traffic.checked)
@@ -308,6 +345,12 @@ def test_a_rolling_upgrade_mid_job_loses_nothing_doubles_nothing_and_answers_eve
     with capsys.disabled():
         print(f"\nrolling upgrade: {json.dumps(timings)}")
         print(f"REST answers by release: {dict(traffic.answered)}; events {len(events)}")
+
+
+def deferred_chunks(job: SendJob) -> list[datetime | None]:
+    """When each of the job's deferred chunks was handed to the broker (None: still waiting)."""
+    chunks = job.chunks.filter(kind=SendChunk.Kind.DEFERRED).order_by("pk")
+    return list(chunks.values_list("queued_at", flat=True))
 
 
 def stream_events() -> list[dict[str, Any]]:
