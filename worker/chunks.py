@@ -555,7 +555,13 @@ def _settle(
         if not _still_queued(chunk.pk):
             return  # another delivery of this chunk's task finished first and counted it
         reasons = Counter(job.reasons)
-        reasons.update(d.reason for d in decisions)
+        # A send an earlier run of this job admitted (and may have sent) is held by this job: the
+        # gate says duplicate, but the job's reason for it is the earlier run's, allowed.
+        mine = holder_of(job.pk)
+        reasons.update(
+            Reason.ALLOWED if d.reason == Reason.DUPLICATE and d.holder == mine else d.reason
+            for d in decisions
+        )
         segments = Counter(job.segments)
         segments.update(d.segment or "unknown" for d in decisions)
         waiting = []
