@@ -607,12 +607,18 @@ def _settle(
 
 def chunks_due(*, now: datetime | None = None) -> list[int]:
     """The chunks that should be queued now (beat's `send_chunks_due` queues them, every few
-    seconds): follow-ups whose `not_before` has come, and chunks queued long ago whose task was
-    lost (a broker or database failure at the wrong moment). Marked as queued now. A chunk run
-    twice is harmless: the lease lets one run, and a finished chunk does nothing."""
+    seconds): follow-ups whose `not_before` has come, chunks whose run died (killed: its lease
+    ran out without being given back, since it was last queued), and chunks queued long ago
+    whose task was lost (a broker or database failure at the wrong moment). Marked as queued
+    now. A chunk run twice is harmless: the lease lets one run, and a finished chunk does
+    nothing.
+
+    A dead run's chunk is not left to its task: the broker gives a killed worker's messages
+    back only after its visibility timeout (hours) on Redis."""
     now = instant_or_now(now)
     stale = now - timedelta(seconds=settings.GATEKEEPER_CHUNK_REQUEUE_SECONDS)
-    waiting = Q(queued_at__isnull=True) | Q(queued_at__lt=stale)
+    died = Q(lease_until__lt=now, lease_until__gt=F("queued_at"))
+    waiting = Q(queued_at__isnull=True) | Q(queued_at__lt=stale) | died
     ids = list(
         SendChunk.objects.filter(chunks_runnable_at(now), waiting)
         .order_by("pk")

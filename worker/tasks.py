@@ -1,6 +1,7 @@
 """Celery tasks of the worker (queue `sends`): each calls the work in `worker.chunks`."""
 
 import logging
+import time
 from datetime import datetime
 
 from celery import Task, shared_task
@@ -26,6 +27,9 @@ from worker.timings import timed
 logger = logging.getLogger(__name__)
 
 MAX_RETRIES = 8  # with the backoff below: about 25 minutes of trying before giving up
+# With the database away too, a failed chunk waits this long at most in its task before it is
+# queued again (nothing else can run meanwhile: every chunk needs the database).
+DATABASE_AWAY_WAIT = 30.0
 
 
 def _instant(now: str | None) -> datetime | None:
@@ -81,7 +85,10 @@ def send_chunk(self: Task, chunk_id: int, now: str | None = None) -> dict[str, i
             "Chunk %s met %s: %s; trying again in %d s", chunk_id, type(exc).__name__, exc, backoff
         )
         if failures is None:
-            raise self.retry(exc=exc, countdown=backoff) from exc
+            # Waited here, then queued again to run at once: a message with a countdown would
+            # be held by one worker until due, and lost with it for hours if it were killed.
+            time.sleep(min(backoff, DATABASE_AWAY_WAIT))
+            raise self.retry(exc=exc, countdown=0) from exc
         chunk_run_later(chunk_id, seconds=backoff, now=instant)
         return {}
 

@@ -384,7 +384,12 @@ def test_two_deliveries_of_one_chunk_never_run_at_once(campaign, smtp):
     assert smtp.messages == []
     # That run died without finishing: once its lease has run out, the chunk is taken over.
     later = now + timedelta(seconds=61)
-    assert chunks_due(now=later) == []  # queued recently: not lost yet
+    assert chunks_due(now=now + timedelta(seconds=59)) == []  # the run may still be alive
+    # Its lease ran out without being given back: beat queues it again at once, not after
+    # GATEKEEPER_CHUNK_REQUEUE_SECONDS (the broker gives a killed worker's task back only after
+    # its visibility timeout), and once only.
+    assert chunks_due(now=later) == [chunk.pk]
+    assert chunks_due(now=later + timedelta(seconds=10)) == []
     assert send_chunk_run(chunk_id=chunk.pk, now=later) == {"sent": 2}
 
 
