@@ -427,8 +427,14 @@ def _run_gated(
 ) -> dict[str, int]:
     job = chunk.job
     recipients = recipients_typed(chunk.recipients)
-    # No later than the gate's own time for the ledger (its outcomes are found from it).
-    gating = clock if clock is not None else timezone.now() - timedelta(seconds=1)
+    # No later than the decision that admitted each send, for the ledger, which finds an outcome
+    # on the send's decision at or after it: this run's gate call, or an earlier run's (one that
+    # died or failed, or the chunk this retry chunk came from), whose sends this run's gate call
+    # answers `duplicate` and this run sends. Every decision of the job is after its making.
+    gating = min(
+        clock if clock is not None else timezone.now() - timedelta(seconds=1),
+        job.created_at - timedelta(seconds=1),
+    )
     with timed("gate"):
         decisions = job_gate_check(job, recipients, now=clock)
     # What `retry_after` counts from: the gate's clock (taken after it answered, so that a

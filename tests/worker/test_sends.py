@@ -281,6 +281,23 @@ def test_a_send_cut_off_by_a_dead_worker_is_not_sent_again(campaign, smtp):
     assert recorded(1, "email") == recorded(9, "email") == 1  # charged once
 
 
+def test_the_ledger_keeps_what_became_of_a_send_an_earlier_run_admitted(campaign, smtp):
+    from limits.ledger.drain import ledger_drain_all
+    from limits.ledger.table import decisions
+
+    job = make_job(1, 9, campaign="k")
+    # A run gated both and died before handing either over; the chunk runs again a minute
+    # later: its gate call answers `duplicate` (this job's own sends), and it sends both.
+    earlier_run(job)
+    later = timezone.now() + timedelta(minutes=1)
+    assert send_chunk_run(chunk_id=job.chunks.get().pk, now=later) == {"sent": 2}
+    ledger_drain_all()
+    rows = decisions().order_by("at", "user_id").values_list("user_id", "reason", "outcome")
+    # The outcome is on the decision that admitted each send, the earlier run's.
+    assert list(rows) == [(1, "allowed", "sent"), (9, "allowed", "sent"),
+                          (1, "duplicate", ""), (9, "duplicate", "")]  # fmt: skip
+
+
 def test_a_send_the_previous_version_cut_off_is_not_sent_again(campaign, smtp, redis_client):
     job = make_job(1, 2, 9, campaign="k")
     # A run of the previous version gated all three (its entries name no job), sent user 2's
