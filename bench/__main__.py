@@ -25,6 +25,7 @@ SUITES = [
     "plan",
     "erase",
     "stream",
+    "chaos",
     "providers",
 ]
 

@@ -858,7 +858,9 @@ def _beats(
     """`count` beat processes and a worker on the upkeep queue, as the Procfile runs them."""
     from gatekeeper.beat import lease_key
 
-    _redis(env["REDIS_URL"]).delete(lease_key())
+    url = env["REDIS_URL"]
+    on_cluster = env.get("REDIS_CLUSTER") == "true"
+    (RedisCluster.from_url(url) if on_cluster else _redis(url)).delete(lease_key())
     beats = []
     for n in range(count):
         (tmp / f"beat{n}").mkdir()

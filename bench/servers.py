@@ -1,6 +1,7 @@
 """Real redis-server processes for tests and benchmarks: single nodes and clusters (3 masters,
-replicas if asked) on loopback."""
+replicas if asked) on loopback; and a PostgreSQL server of a benchmark's own."""
 
+import os
 import shutil
 import socket
 import subprocess
@@ -318,3 +319,47 @@ def _owner(client: redis.Redis, slot: int) -> int | None:
 def _is_primary(node: RedisServer) -> bool:
     with _client(node) as client:
         return bool(client.info("replication")["role"] == "master")
+
+
+PG_CTL = shutil.which("pg_ctl") or "pg_ctl"
+INITDB = shutil.which("initdb") or "initdb"
+
+
+class PostgresServer:
+    """A PostgreSQL server of its own (initdb into `directory`, a free loopback port), which a
+    benchmark may restart or stop without touching the machine's. PostgreSQL refuses to run as
+    root: run by root, it runs as the `postgres` user (`directory`'s parents must let it in)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory / "postgres"
+        self.port = free_port()
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _run(self, *args: str) -> None:
+        owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*owner, *args], check=True, stdout=subprocess.DEVNULL)
+
+    def start(self) -> "PostgresServer":
+        if not (self.directory / "PG_VERSION").exists():
+            self.directory.mkdir(parents=True)
+            if os.geteuid() == 0:
+                shutil.chown(self.directory, "postgres", "postgres")
+            self._run(INITDB, "-D", str(self.directory), "-A", "trust", "-U", "postgres",
+                      "--no-sync", "-E", "UTF8")  # fmt: skip
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -c max_connections=200 "
+            f"-c unix_socket_directories={self.directory}"
+        )
+        self._run(PG_CTL, "-D", str(self.directory), "-l", str(self.directory / "log"), "-w",
+                  "-o", options, "start")  # fmt: skip
+        return self
+
+    def restart(self) -> None:
+        """A fast restart: every connection dropped, the server back once it takes new ones."""
+        self._run(PG_CTL, "-D", str(self.directory), "-m", "fast", "-w", "restart")
+
+    def stop(self) -> None:
+        if (self.directory / "postmaster.pid").exists():
+            self._run(PG_CTL, "-D", str(self.directory), "-m", "immediate", "-w", "stop")

@@ -54,6 +54,7 @@ def _receiver(port_out: Any, results: Any) -> None:
     """A company's endpoint: parses each batch, answers 200, notes each event's lag."""
     lags: list[float] = []
     counted = [0]
+    ids: set[str] = set()  # each event's id: repeats of an at-least-once delivery count once
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -69,18 +70,21 @@ def _receiver(port_out: Any, results: Any) -> None:
             self.end_headers()
             events = msgspec.json.decode(body)["events"]
             counted[0] += len(events)
+            ids.update(event["id"] for event in events)
             for event in events:
                 if event["type"] == "decision":
                     at = datetime.fromisoformat(event["at"]).timestamp()
                     lags.append(arrived - at)
 
         def do_GET(self) -> None:
-            # /count: how many so far; /report: the figures, then they are forgotten.
-            body = str(counted[0]).encode()
-            if self.path != "/count":
+            # /count: how many so far; /distinct: how many ids; /report: the figures, then
+            # they are forgotten.
+            body = str(len(ids) if self.path == "/distinct" else counted[0]).encode()
+            if self.path not in ("/count", "/distinct"):
                 results.put((counted[0], list(lags)))
                 counted[0] = 0
                 lags.clear()
+                ids.clear()
             self.send_response(200)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
