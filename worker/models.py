@@ -276,6 +276,7 @@ class SendChunk(models.Model):
     attempts = models.PositiveSmallIntegerField(default=0)
     failures = models.PositiveSmallIntegerField(
         default=0,
+        db_default=0,  # the previous release's INSERTs leave it out while both run
         help_text="Runs that stopped on an error (the database or Redis gone mid-chunk): it is "
         "run again after a backoff, and given up after the last.",
     )

@@ -190,8 +190,10 @@ def _keyword(call: ast.Call, name: str) -> ast.expr | None:
 
 def not_expanding(path: str) -> list[str]:
     """What in one migration file an older process could not run beside: an operation that
-    removes or renames, or that makes a field NOT NULL without a default (an old process's
-    INSERT would leave it out). Each as `<file>: <operation> <its arguments>`."""
+    removes or renames, a field added NOT NULL without a default in the database (`db_default`:
+    an old process's INSERT leaves the new column out, and Django's `default` is not the
+    database's, so the row is refused), or a field made NOT NULL without a default. Each as
+    `<file>: <operation> <its arguments>`."""
     tree = ast.parse((ROOT / path).read_text())
     found = []
     for node in ast.walk(tree):
@@ -208,9 +210,8 @@ def not_expanding(path: str) -> list[str]:
             if not isinstance(fielded, ast.Call):
                 continue
             nullable = _keyword(fielded, "null")
-            has_default = (
-                _keyword(fielded, "default") is not None
-                or _keyword(fielded, "db_default") is not None
+            has_default = _keyword(fielded, "db_default") is not None or (
+                op == "AlterField" and _keyword(fielded, "default") is not None
             )
             null = isinstance(nullable, ast.Constant) and nullable.value is True
             auto = isinstance(fielded.func, ast.Attribute) and "Auto" in fielded.func.attr
