@@ -441,7 +441,9 @@ def _print(
     )
     print(
         f"  handed to the dispatcher: {len(users):,} recipients ({sum(handed.values()):,} sends);"
-        f" sent or ambiguous in the job: {counts['sent'] + counts['ambiguous']:,}"
+        f" sent or ambiguous in the job: {counts['sent'] + counts['ambiguous']:,}; of the"
+        f" {counts['ambiguous']:,} ambiguous (a run cut off during its batch: kept, never sent"
+        f" again), {len(users) - counts['sent']:,} had reached the dispatcher"
     )
     print(
         f"  the ledger: {counts['ledger']:,} decisions of {counts['ledger_users']:,} users, "
