@@ -15,7 +15,11 @@ key, so one slot on a cluster) that every worker process takes from before handi
   every worker for the time it asked (`Retry-After`) or a second, and the refused sends are
   sent again after it, as often as RETHROTTLED_MAX times, before they count as transient
   failures (a later chunk);
-- the clock is Redis's (`TIME`), one for every worker; tests pass `now_ms`.
+- the clock is Redis's (`TIME`), one for every worker; tests pass `now_ms`;
+- the bucket's node away (a failover: a replica is promoted within seconds) is waited for, a
+  quarter second then twice as long each time, 7.75 s at most, before the run gives up: a
+  worker asks for tokens after its batch's places are marked `sending`, so a run that gave up
+  at once would leave a batch it never sent to be counted as ambiguous.
 
 A provider without a rate is not throttled and costs no round trip.
 """
@@ -32,7 +36,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, register
 from django.core.exceptions import ImproperlyConfigured
 
-from gatekeeper.lib.redis_client import get_redis
+from gatekeeper.lib.redis_client import REDIS_DOWN, get_redis
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -152,13 +156,30 @@ def paced(
         left = len(items) - start
         # Half a burst at least: a bucket waited on until full would lose what came while
         # the worker woke and asked.
-        granted, wait = throttle.take(left, least=min(left, max(1, throttle.rate.burst // 2)))
+        least = min(left, max(1, throttle.rate.burst // 2))
+        granted, wait = _taken(throttle, left, least, wait_for)
         if granted:
             results.extend(send(items[start : start + granted]))
             start += granted
         if start < len(items) and wait > 0:
             wait_for(wait)
     return results
+
+
+# How long each wait for the bucket's node is, one after the other (7.75 s in all).
+AWAY_WAITS = (0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def _taken(
+    throttle: Throttle, want: int, least: int, wait_for: Callable[[float], None]
+) -> tuple[int, float]:
+    """throttle.take, its node waited for while it is away (AWAY_WAITS), then given up."""
+    for pause in AWAY_WAITS:
+        try:
+            return throttle.take(want, least=least)
+        except REDIS_DOWN:
+            wait_for(pause)
+    return throttle.take(want, least=least)
 
 
 @register()

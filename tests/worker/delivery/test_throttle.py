@@ -85,3 +85,34 @@ def test_sends_are_paced_in_order(settings_redis: Any) -> None:
     assert sent[3][1] == started and sent[4][1] == sent[5][1] == started + 20
     assert sent[-1][1] - started == 2460
     assert paced(None, [1, 2], send) == [10, 20]  # no rate: one call, no round trip
+
+
+def test_a_bucket_whose_redis_is_away_for_a_moment_is_waited_for(own_redis: Any) -> None:
+    """The bucket's node stopped (a failover's seconds): the worker waits for it, renewing its
+    lease meanwhile, instead of giving up a batch it has marked `sending` and never sent."""
+    import redis
+
+    from worker.delivery.throttle import AWAY_WAITS
+
+    clock = Clock()
+    client = redis.Redis.from_url(own_redis.url, socket_timeout=1, socket_connect_timeout=1)
+    bucket = Throttle("fcm", parse_rates("fcm=100")["fcm"], client=client, clock=clock)
+    waits: list[float] = []
+    back_after = [2]  # waits before the server is back: once
+
+    def waiting(seconds: float) -> None:
+        waits.append(seconds)
+        if back_after and len(waits) == back_after[0]:
+            back_after.clear()
+            own_redis.start()  # back on its port, empty, as a promoted replica would answer
+        clock.sleep(seconds)
+
+    own_redis.stop()
+    assert paced(bucket, [1, 2, 3], lambda part: list(part), waiting=waiting) == [1, 2, 3]
+    assert waits[:2] == list(AWAY_WAITS[:2])
+    # Away for longer than every wait: the run gives up, as before.
+    own_redis.stop()
+    waits.clear()
+    with pytest.raises(redis.ConnectionError):
+        paced(bucket, [1], lambda part: list(part), waiting=waiting)
+    assert waits == list(AWAY_WAITS)
