@@ -9,7 +9,6 @@ deferred send goes out once, the ledger holds every decision once, and the hand-
 killed to the other beat's first tick as leader: the lease taken) is printed and bounded by
 GATEKEEPER_BEAT_LOCK_SECONDS, shortened here to 3 s."""
 
-import json
 import os
 import signal
 import subprocess
@@ -35,7 +34,10 @@ from tests.support.celery_workers import (
     stop_celery_worker,
     worker_env,
 )
-from tests.support.dispatch_log import DISPATCH_LOG, FILE_DISPATCHER, FileDispatcher, dispatched
+from tests.support.dispatch_log import (
+    dispatched,
+    file_dispatch_env,
+)
 from tests.support.sends import make_rule
 from tests.support.worker_processes import TEST_BROKER_URL, job_counts, job_done, wait_for
 from worker.models import SendChunk, SendJob
@@ -78,10 +80,8 @@ def processes(published, redis_client, tmp_path) -> Iterator[dict[str, Any]]:
     log = tmp_path / "dispatched.txt"
     env = worker_env(
         TEST_BROKER_URL,
-        GATEKEEPER_DISPATCHERS=json.dumps({"push": FILE_DISPATCHER}),
         GATEKEEPER_BEAT_LOCK_SECONDS=str(LOCK_SECONDS),
-        GATEKEEPER_PROVIDER_RATES=f"{FileDispatcher.provider}={STEADY_RATE}",
-        **{DISPATCH_LOG: str(log)},
+        **file_dispatch_env(log, STEADY_RATE),
     )
     workers = [
         start_celery_worker(settings.CELERY_TASK_DEFAULT_QUEUE, env),

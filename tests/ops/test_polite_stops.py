@@ -23,13 +23,17 @@ import redis
 import requests
 
 from tests.support.celery_workers import start_celery_worker, stop_celery_worker, worker_env
-from tests.support.dispatch_log import DISPATCH_LOG, FILE_DISPATCHER, FileDispatcher, dispatched
+from tests.support.dispatch_log import (
+    FILE_DISPATCHER,
+    FileDispatcher,
+    dispatched,
+    file_dispatch_env,
+)
 from tests.support.stops import (
     InFlight,
     LogWatch,
     chunk_free_or_taken,
     chunk_of_users,
-    first_true,
     gunicorn_serving,
     multipart,
 )
@@ -60,10 +64,8 @@ def test_a_worker_stopped_mid_chunk_hands_it_back_and_the_other_finishes_the_job
     def worker(name: str):
         env = worker_env(
             TEST_BROKER_URL,
-            GATEKEEPER_DISPATCHERS=json.dumps({"push": FILE_DISPATCHER}),
-            GATEKEEPER_PROVIDER_RATES=f"{FileDispatcher.provider}={RATE}",
             GATEKEEPER_CHUNK_LEASE_SECONDS=str(LEASE),
-            **{DISPATCH_LOG: str(logs[name])},
+            **file_dispatch_env(logs[name], RATE),
         )
         return start_celery_worker("sends", env, log=tmp_path / f"worker-{name}.log")
 
@@ -91,8 +93,11 @@ def test_a_worker_stopped_mid_chunk_hands_it_back_and_the_other_finishes_the_job
         before = watch.count()
         chunk = chunk_of_users(job, watch.last_user())
         runs = SendChunk.objects.get(pk=chunk).runs
-        back = first_true(
-            lambda: chunk_free_or_taken(chunk, runs), seconds=30, what="the chunk given back"
+        back = wait_for(
+            lambda: chunk_free_or_taken(chunk, runs),
+            seconds=30,
+            what="the chunk given back",
+            every=0.02,
         )
         stopped.wait(timeout=30)
         exited = time.monotonic()
@@ -108,10 +113,11 @@ def test_a_worker_stopped_mid_chunk_hands_it_back_and_the_other_finishes_the_job
         rest = users - of_chunk
 
         other_watch = LogWatch(logs["other"])
-        taken = first_true(
+        taken = wait_for(
             lambda: bool(rest & other_watch.users()),
             seconds=LEASE / 4,
             what="the other worker to take up the chunk handed back",
+            every=0.02,
         )
         wait_for(lambda: job_done(job), seconds=LEASE / 4, what="the other worker to finish")
         done = time.monotonic()
@@ -204,7 +210,12 @@ def test_a_web_process_stopped_with_200_requests_in_flight_answers_every_one(
         signalled = time.monotonic()
         # Both workers are stopping (gatekeeper/gunicorn_conf.py logs it) before the held
         # requests are let go: they are answered by stopping workers.
-        first_true(lambda: log_count(log, "no longer listening") == 2, seconds=10, what="the stop")
+        wait_for(
+            lambda: log_count(log, "no longer listening") == 2,
+            seconds=10,
+            what="the stop",
+            every=0.02,
+        )
         release.set()
 
         # Connections made after the stop: each is refused at connect or answered whole.
@@ -217,7 +228,7 @@ def test_a_web_process_stopped_with_200_requests_in_flight_answers_every_one(
             probe.join(120)
             return probe.answer.error == "refused"
 
-        refused_at = first_true(refused, seconds=60, what="a connection refused", every=0.05)
+        refused_at = wait_for(refused, seconds=60, what="a connection refused", every=0.05)
         # From then on, every connection is refused at once.
         burst = [check(2000 + k, 0) for k in range(20)]
         for probe in burst:
@@ -272,7 +283,12 @@ def test_a_web_worker_stopped_alone_leaves_the_others_listening(published, redis
     env = worker_env(TEST_BROKER_URL, WEB_CONCURRENCY="2", WEB_THREADS="4", GUNICORN_ACCESSLOG="")
     with gunicorn_serving(env, log) as (server, base):
         os.kill(server.pid, signal.SIGTTOU)
-        first_true(lambda: log_count(log, "Worker exiting") == 1, seconds=60, what="one worker out")
+        wait_for(
+            lambda: log_count(log, "Worker exiting") == 1,
+            seconds=60,
+            what="one worker out",
+            every=0.02,
+        )
         answers = [requests.get(f"{base}/healthz", timeout=15).status_code for _ in range(20)]
         assert answers == [200] * 20
         assert log_count(log, "no longer listening") == 0

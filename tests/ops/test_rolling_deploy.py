@@ -34,8 +34,12 @@ from limits.policy.selectors import policy_cache
 from limits.policy.services import RULES
 from limits.stream.events import START, stream_read
 from limits.stream.webhooks import WebhookFields, webhook_create
-from tests.support.celery_workers import ROOT, release_tree, worker_env
-from tests.support.dispatch_log import DISPATCH_LOG, FILE_DISPATCHER, FileDispatcher, dispatched
+from tests.support.celery_workers import ROOT, release_tree_or_skip, worker_env
+from tests.support.dispatch_log import (
+    FILE_DISPATCHER,
+    dispatched,
+    file_dispatch_env,
+)
 from tests.support.releases import (
     Release,
     Running,
@@ -71,10 +75,7 @@ START_NEW_AT = 2_000
 
 @pytest.fixture
 def previous_tree(tmp_path_factory):
-    try:
-        return release_tree(PREVIOUS_RELEASE, tmp_path_factory.mktemp("previous"))
-    except LookupError as exc:
-        pytest.skip(str(exc))  # a shallow clone: the previous release is not in it
+    return release_tree_or_skip(PREVIOUS_RELEASE, tmp_path_factory)
 
 
 @dataclass
@@ -167,10 +168,8 @@ def test_a_rolling_upgrade_mid_job_loses_nothing_doubles_nothing_and_answers_eve
     env = worker_env(
         TEST_BROKER_URL,
         REDIS_URL=own_redis.url,
-        GATEKEEPER_DISPATCHERS=json.dumps({"push": FILE_DISPATCHER}),
-        GATEKEEPER_PROVIDER_RATES=f"{FileDispatcher.provider}={RATE}",
         GATEKEEPER_SNAPSHOT_POLL_SECONDS="1",
-        **{DISPATCH_LOG: str(log)},
+        **file_dispatch_env(log, RATE),
     )
     logs = tmp_path / "logs"
     logs.mkdir()

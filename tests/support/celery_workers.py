@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.conf import settings
 from django.db import connection
 
@@ -74,6 +75,15 @@ def release_tree(commit: str, directory: Path) -> Path:
     )
     subprocess.run(["tar", "-x", "-C", str(directory)], input=archive.stdout, check=True)
     return directory
+
+
+def release_tree_or_skip(commit: str, tmp_path_factory: Any) -> Path:
+    """release_tree in a directory of the test's own, or the test skipped when the commit is not
+    in this clone (a shallow one)."""
+    try:
+        return release_tree(commit, tmp_path_factory.mktemp("previous"))
+    except LookupError as exc:
+        pytest.skip(str(exc))
 
 
 def start_celery_beat(env: dict[str, str], directory: Path) -> subprocess.Popen[Any]:

@@ -4,6 +4,7 @@ every send it is handed to a file the test reads afterwards, one line a send (`<
 DISPATCH_LOG in the worker's environment; name the class in GATEKEEPER_DISPATCHERS
 (`{"push": "tests.support.dispatch_log.FileDispatcher"}`)."""
 
+import json
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -28,6 +29,15 @@ class FileDispatcher(SendsInBatches):
         with open(os.environ[DISPATCH_LOG], "a", encoding="utf-8") as log:
             log.write(lines)
         return [None] * len(messages)
+
+
+def file_dispatch_env(log: Path, rate: float | None = None) -> dict[str, str]:
+    """A worker's environment for pushes handed to FileDispatcher, written to `log`, at most
+    `rate` a second for every worker together (none: as fast as they go)."""
+    env = {"GATEKEEPER_DISPATCHERS": json.dumps({"push": FILE_DISPATCHER}), DISPATCH_LOG: str(log)}
+    if rate is not None:
+        env["GATEKEEPER_PROVIDER_RATES"] = f"{FileDispatcher.provider}={rate}"
+    return env
 
 
 def dispatched(path: Path) -> Counter[tuple[int, str]]:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +18,7 @@ import requests
 
 from bench.servers import free_port
 from tests.support.celery_workers import ROOT
+from tests.support.worker_processes import wait_for
 from worker.models import SendChunk, SendJob
 
 
@@ -78,19 +79,6 @@ def chunk_free_or_taken(chunk_id: int, runs: int) -> bool:
     the `runs` it had counted took it."""
     chunk = SendChunk.objects.get(pk=chunk_id)
     return chunk.lease_until is None or chunk.runs > runs
-
-
-def first_true(
-    condition: Callable[[], bool], *, seconds: float, what: str, every: float = 0.02
-) -> float:
-    """Wait until `condition` holds, looking every `every` seconds, for at most `seconds`: the
-    time (time.monotonic()) at which it was first seen to hold."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
-    return time.monotonic()
 
 
 @dataclass
@@ -189,7 +177,7 @@ def gunicorn_serving(
         output.close()
     base = f"http://{bind}"
     try:
-        first_true(lambda: _healthy(base), seconds=60, what="gunicorn to answer", every=0.2)
+        wait_for(lambda: _healthy(base), seconds=60, what="gunicorn to answer", every=0.2)
         yield server, base
     finally:
         if server.poll() is None:

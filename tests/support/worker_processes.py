@@ -63,12 +63,17 @@ class SlowInbox:
         return "250 OK"
 
 
-def wait_for(condition: Callable[[], bool], *, seconds: float, what: str) -> None:
+def wait_for(
+    condition: Callable[[], bool], *, seconds: float, what: str, every: float = 0.1
+) -> float:
+    """Wait until `condition` holds, looking every `every` seconds, for at most `seconds`: the
+    time (time.monotonic()) at which it was first seen to hold."""
     deadline = time.monotonic() + seconds
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+        time.sleep(every)
+    return time.monotonic()
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ by reading what that one left (worker/claims.py, "Upgrading from per-message cla
 
 import pytest
 
-from tests.support.celery_workers import release_tree
+from tests.support.celery_workers import release_tree_or_skip
 from tests.support.worker_processes import (
     email_job,
     job_counts,
@@ -22,10 +22,7 @@ PREVIOUS_RELEASE = "9fc164eb43aabca04970582e4948ce00cf288b94"
 
 @pytest.fixture
 def previous_release(tmp_path_factory):
-    try:
-        return release_tree(PREVIOUS_RELEASE, tmp_path_factory.mktemp("previous"))
-    except LookupError as exc:
-        pytest.skip(str(exc))  # a shallow clone: the previous release is not in it
+    return release_tree_or_skip(PREVIOUS_RELEASE, tmp_path_factory)
 
 
 def test_a_job_the_previous_release_left_midway_is_finished_without_a_loss_or_a_double(

@@ -3,7 +3,6 @@ the sends the job has not yet gated: once the change is visible to the worker (c
 GATEKEEPER_SUPPRESSION_TTL_SECONDS), every send of the people who made it is refused with
 `preference`; what was gated before went out once; everybody else's sends all go out once."""
 
-import json
 import random
 import time
 
@@ -17,7 +16,11 @@ from limits.people.preferences import preferences_patch
 from limits.policy.selectors import policy_cache, topics_read
 from limits.policy.services import TOPICS
 from tests.support.celery_workers import start_celery_worker, stop_celery_worker, worker_env
-from tests.support.dispatch_log import DISPATCH_LOG, FILE_DISPATCHER, FileDispatcher, dispatched
+from tests.support.dispatch_log import (
+    FILE_DISPATCHER,
+    dispatched,
+    file_dispatch_env,
+)
 from tests.support.sends import recorded
 from tests.support.worker_processes import TEST_BROKER_URL, job_counts, job_done, wait_for
 from worker.services import send_job_create
@@ -52,10 +55,8 @@ def test_a_topic_switched_off_during_a_running_job_governs_the_sends_not_yet_gat
     log = tmp_path / "dispatched.txt"
     env = worker_env(
         TEST_BROKER_URL,
-        GATEKEEPER_DISPATCHERS=json.dumps({"push": FILE_DISPATCHER}),
         GATEKEEPER_SUPPRESSION_TTL_SECONDS=str(ttl),
-        GATEKEEPER_PROVIDER_RATES=f"{FileDispatcher.provider}={RATE}",
-        **{DISPATCH_LOG: str(log)},
+        **file_dispatch_env(log, RATE),
     )
     worker = start_celery_worker("sends", env, log=tmp_path / "worker.log")
     asked: dict[int, float] = {}  # when the change of each user was asked for
