@@ -25,7 +25,6 @@ the stream against the ledger, and each fault's window: how long the gate answer
 import argparse
 import contextlib
 import json
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -43,7 +42,17 @@ import psycopg
 import requests
 from redis.cluster import RedisCluster
 
-from bench.gate import CLASSIC, _Beats, _beats, _caught_up, _redis
+from bench.gate import (
+    CLASSIC,
+    _Beats,
+    _beats,
+    _caught_up,
+    _redis,
+    demo_seeded,
+    endpoint_made,
+    recipients_file,
+    upkeep_worker,
+)
 from bench.postgres import ROOT
 from bench.servers import PostgresServer, RedisClusterProcesses, poll
 from limits.engine.limiter import Limiter
@@ -129,12 +138,7 @@ class Deployment:
     def kill_upkeep(self) -> None:
         os.killpg(self.beats.upkeep.pid, signal.SIGKILL)
         self.beats.upkeep.wait(timeout=30)
-        self.beats.upkeep = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "gatekeeper", "worker", "-Q", "upkeep", "-c",
-             "1", "-n", "upkeep2@%h", "--loglevel", "WARNING", "--without-mingle",
-             "--without-gossip"],
-            cwd=ROOT, env=self.env, start_new_session=True,
-        )  # fmt: skip
+        self.beats.upkeep = upkeep_worker(self.env, "upkeep2")
 
 
 def _stopped(process: subprocess.Popen[Any]) -> None:
@@ -293,7 +297,7 @@ def _children_logged(path: Path) -> Any:
 
 
 def run(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> None:
-    from bench.stream import _receiver, _report
+    from bench.stream import _report, receiver_started
 
     tmp.chmod(0o755)  # PostgreSQL's own user reads its directory in here
     print("starting PostgreSQL, a 3-primary Redis Cluster with replicas and the processes...")
@@ -320,34 +324,16 @@ def run(args: argparse.Namespace, tmp: Path, stack: contextlib.ExitStack) -> Non
     }
     _redis(args.broker_url).flushdb()
     python = sys.executable
-    subprocess.run([python, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-    subprocess.run(
-        [python, "manage.py", "seed_demo"], cwd=ROOT, env=env, check=True, capture_output=True
-    )
-    ports: Any = multiprocessing.Queue()
-    results: Any = multiprocessing.Queue()
-    receiver = multiprocessing.Process(target=_receiver, args=(ports, results), daemon=True)
-    receiver.start()
-    stack.callback(receiver.terminate)
-    port = ports.get(timeout=30)
-    subprocess.run(
-        [python, "manage.py", "shell", "-v", "0", "-c",
-         "from limits.stream.webhooks import WebhookFields, webhook_create;"
-         f"webhook_create(fields=WebhookFields(url='http://127.0.0.1:{port}/in', "
-         f"campaigns=({CAMPAIGN!r},)))"],
-        cwd=ROOT, env=env, check=True,
-    )  # fmt: skip
+    demo_seeded(env)
+    port, results = receiver_started(stack)
+    endpoint_made(env, port, campaigns=(CAMPAIGN,))
     data = RedisCluster.from_url(nodes.url, socket_timeout=10)
     deployment = Deployment(env, tmp, stack)
     probes = Probes()
     prober = threading.Thread(
         target=_probe, args=(probes, nodes.url, pg.url("gatekeeper"), dispatched), daemon=True
     )
-    csv = tmp / "recipients.csv"
-    with csv.open("w") as lines:  # one send per user, past the demo's listed users
-        for start in range(0, args.recipients, 100_000):
-            stop = min(args.recipients, start + 100_000)
-            lines.write("".join(f"{i},token-{i}\n" for i in range(start, stop)))
+    csv = recipients_file(tmp / "recipients.csv", args.recipients)
     time.sleep(3)  # the workers' start-up is not the campaign's
     prober.start()
     stack.callback(probes.stop.set)

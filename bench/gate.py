@@ -852,6 +852,15 @@ class _Beats:
         return int(token.split(b":")[1]) if token else None
 
 
+def upkeep_worker(env: dict[str, str], name: str = "upkeep") -> subprocess.Popen[Any]:
+    """A worker on the upkeep queue, as the Procfile runs it (a process group of its own)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "gatekeeper", "worker", "-Q", "upkeep", "-c", "1",
+         "-n", f"{name}@%h", "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
+        cwd=ROOT, env=env, start_new_session=True,
+    )  # fmt: skip
+
+
 def _beats(
     python: str, env: dict[str, str], count: int, tmp: Path, stack: contextlib.ExitStack
 ) -> _Beats:
@@ -870,12 +879,7 @@ def _beats(
             cwd=ROOT, env=env, start_new_session=True,
         )  # fmt: skip
         beats.append(beat)
-    upkeep = subprocess.Popen(
-        [python, "-m", "celery", "-A", "gatekeeper", "worker", "-Q", "upkeep", "-c", "1",
-         "-n", "upkeep@%h", "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
-        cwd=ROOT, env=env, start_new_session=True,
-    )  # fmt: skip
-    group = _Beats(beats, upkeep)
+    group = _Beats(beats, upkeep_worker(env))
     stack.callback(lambda: group.wait(60))
     stack.callback(group.terminate)
     return group
@@ -944,17 +948,9 @@ def campaign(
         for db in (*servers, broker):
             db.flushdb()
         python = sys.executable
-        subprocess.run([python, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-        subprocess.run(
-            [python, "manage.py", "seed_demo"], cwd=ROOT, env=env, check=True, capture_output=True
-        )
+        demo_seeded(env)
         data.delete(timings_key())  # the demo's own small campaigns
-        csv = Path(tmp) / "recipients.csv"
-        # One send per user: ids past the demo's 200,000 listed users fall in the default segment.
-        with csv.open("w") as lines:
-            for start in range(0, recipients, 100_000):
-                stop = min(recipients, start + 100_000)
-                lines.write("".join(f"{i},token-{i}\n" for i in range(start, stop)))
+        csv = recipients_file(Path(tmp) / "recipients.csv", recipients)
         profiled = Path(tmp) / "worker.prof"
         pool = ["-P", "solo"] if profile else ["-c", "2"]
         under = [python, "-m", "cProfile", "-o", str(profiled), "-m"] if profile else [python, "-m"]
@@ -1186,27 +1182,46 @@ def _caught_up(port: int, *, quiet: float = 3.0, longest: float = 300.0) -> None
         time.sleep(0.5)
 
 
-def _stream_out(env: dict[str, str], stack: contextlib.ExitStack) -> tuple[Any, Any]:
-    """A local receiver (bench/stream.py's), an endpoint for it made in the campaign's database,
-    and a process delivering to it every second: (the deliverer, what _report reads)."""
-    import multiprocessing
+def demo_seeded(env: dict[str, str]) -> None:
+    """The database of `env` migrated and seeded with the demo (its segments, published)."""
+    python = sys.executable
+    subprocess.run([python, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    subprocess.run(
+        [python, "manage.py", "seed_demo"], cwd=ROOT, env=env, check=True, capture_output=True
+    )
 
-    from bench.stream import _receiver
 
-    ports: Any = multiprocessing.Queue()
-    results: Any = multiprocessing.Queue()
-    receiver = multiprocessing.Process(target=_receiver, args=(ports, results), daemon=True)
-    receiver.start()
-    stack.callback(receiver.terminate)
-    port = ports.get(timeout=30)
+def recipients_file(path: Path, recipients: int) -> Path:
+    """A campaign file of `recipients` push recipients, one send per user: ids past the demo's
+    200,000 listed users fall in the default segment."""
+    with path.open("w") as lines:
+        for start in range(0, recipients, 100_000):
+            stop = min(recipients, start + 100_000)
+            lines.write("".join(f"{i},token-{i}\n" for i in range(start, stop)))
+    return path
+
+
+def endpoint_made(env: dict[str, str], port: int, campaigns: tuple[str, ...] = ()) -> int:
+    """A webhook endpoint for a local receiver on `port`, made in the database of `env`
+    (`campaigns`: its filter): its id."""
     made = subprocess.run(
         [sys.executable, "manage.py", "shell", "-v", "0", "-c",
          "from limits.stream.webhooks import WebhookFields, webhook_create;"
-         f"print(webhook_create(fields=WebhookFields(url='http://127.0.0.1:{port}/in')).pk)"],
+         f"print(webhook_create(fields=WebhookFields(url='http://127.0.0.1:{port}/in', "
+         f"campaigns={campaigns!r})).pk)"],
         cwd=ROOT, env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
+    return int(made.stdout.strip())
+
+
+def _stream_out(env: dict[str, str], stack: contextlib.ExitStack) -> tuple[Any, Any]:
+    """A local receiver (bench/stream.py's), an endpoint for it made in the campaign's database,
+    and a process delivering to it every second: (the deliverer, what _report reads)."""
+    from bench.stream import receiver_started
+
+    port, results = receiver_started(stack)
     deliverer = subprocess.Popen(
-        [sys.executable, "-c", DELIVERER, made.stdout.strip()], cwd=ROOT,
+        [sys.executable, "-c", DELIVERER, str(endpoint_made(env, port))], cwd=ROOT,
         env={**env, "DJANGO_SETTINGS_MODULE": "gatekeeper.settings"},
     )  # fmt: skip
     stack.callback(deliverer.wait)

@@ -22,6 +22,7 @@ On the benchmarks' own PostgreSQL database (bench/postgres.py) and Redis databas
 """
 
 import argparse
+import contextlib
 import functools
 import multiprocessing
 import os
@@ -96,6 +97,17 @@ def _receiver(port_out: Any, results: Any) -> None:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     port_out.put(server.server_address[1])
     server.serve_forever()
+
+
+def receiver_started(stack: contextlib.ExitStack) -> tuple[int, Any]:
+    """A `_receiver` in a process of its own, stopped with `stack`: (its port, what `_report`
+    reads)."""
+    ports: Any = multiprocessing.Queue()
+    results: Any = multiprocessing.Queue()
+    receiver = multiprocessing.Process(target=_receiver, args=(ports, results), daemon=True)
+    receiver.start()
+    stack.callback(receiver.terminate)
+    return ports.get(timeout=30), results
 
 
 def _report(port: int, results: Any) -> tuple[int, list[float]]:
@@ -286,15 +298,9 @@ def main(argv: list[str]) -> None:
     _fill(client, args.events)
     expected = pull(args.events)
     db.connections.close_all()
-    ports: Any = multiprocessing.Queue()
-    results: Any = multiprocessing.Queue()
-    receiver = multiprocessing.Process(target=_receiver, args=(ports, results), daemon=True)
-    receiver.start()
-    port = ports.get(timeout=30)
-    try:
+    with contextlib.ExitStack() as stack:
+        port, results = receiver_started(stack)
         webhook(port, results, expected)
         if args.blast_seconds > 0:
             blast(port, results, args.blast_seconds, args.rate)
         gate_beside_stream(port, args.gate_seconds)
-    finally:
-        receiver.terminate()
