@@ -74,13 +74,18 @@ class RedisCounters:
             self._day_ends = (self._day.toordinal() - EPOCH_ORDINAL + 1) * 86400.0
         return self._day
 
+    def _day_of(self, day: dt.date | None) -> dt.date | None:
+        """The day counts go to: `day`, today (UTC) by default when kept per day; none else."""
+        if self.per_day:
+            return day or self.today()
+        if day is not None:
+            raise ValueError(f"the counters of {self.name} are not kept per day")
+        return None
+
     def add(self, counts: Mapping[str, float], *, day: dt.date | None = None) -> None:
         """Add `counts` (field: amount; ints if `whole`) to `day`'s hash (per day; default
         today, UTC) or the one hash; written with the others within a second."""
-        if self.per_day:
-            day = day or self.today()
-        elif day is not None:
-            raise ValueError(f"the counters of {self.name} are not kept per day")
+        day = self._day_of(day)
         with self._lock:
             pending = self._pending
             for field, amount in counts.items():
@@ -91,11 +96,7 @@ class RedisCounters:
 
     def add_one(self, field: str, amount: float, *, day: dt.date | None = None) -> None:
         """`add` of one field (a one-request gate call's count: no mapping made and walked)."""
-        if self.per_day:
-            day = day or self.today()
-        elif day is not None:
-            raise ValueError(f"the counters of {self.name} are not kept per day")
-        slot = (day, field)
+        slot = (self._day_of(day), field)
         with self._lock:
             self._pending[slot] = self._pending.get(slot, 0) + amount
             due = time.monotonic() - self._last_flush >= FLUSH_EVERY_SECONDS

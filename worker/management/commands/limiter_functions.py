@@ -56,8 +56,12 @@ class Command(BaseCommand):
         current = LIMITER_LIBRARY.name
         try:
             nodes = [(node, conn, libraries_loaded(conn)) for node, conn in primaries(get_redis())]
-            others = [(node, conn, name) for node, conn, found in nodes for name in found]
-            others = [(node, conn, name) for node, conn, name in others if name != current]
+            others = [
+                (node, conn, name)
+                for node, conn, found in nodes
+                for name in found
+                if name != current
+            ]
             self.stdout.write(f"This release's library: {current}.")
             for node, _, found in nodes:
                 if current not in found:
