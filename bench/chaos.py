@@ -264,6 +264,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--every", type=float, default=20.0, help="seconds between faults")
     parser.add_argument("--broker-url", default=BROKER_URL, help="emptied first")
     args = parser.parse_args(argv)
+    for name, least in (("recipients", 1), ("rate", 1), ("every", 1)):
+        if getattr(args, name) < least:
+            parser.error(f"--{name} is {getattr(args, name)}; it must be at least {least}")
     log = ROOT / "var" / "chaos" / "processes.log"
     with (
         tempfile.TemporaryDirectory() as name,
