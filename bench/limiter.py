@@ -1,6 +1,7 @@
 """The limiter's costs, side by side with their anchors, measured in one run.
 
 python -m bench limiter [-- --quick --seconds 5]
+python -m bench limiter -- --mix [--users 1000000] [--designs]
 
 1. Redis cost against the seed's script (seeds/002: one sorted set per user and channel;
    ZREMRANGEBYSCORE, ZCOUNT, ZADD, EXPIRE; member = time and message id; one EVALSHA per
@@ -12,6 +13,14 @@ python -m bench limiter [-- --quick --seconds 5]
 3. One process's decisions/s (batches of 1,000) against Redis's own bulk client streaming the
    same function, one request per call (redis-cli --pipe; see pipe_ceiling for why not
    redis-benchmark); and one-request latency.
+
+With `--mix`, instead: the realistic mix (../shared/DESIGN.md, "Costs to beat"). 1M users whose
+last 7 days hold 1, 2, 3, 5, 10 and 30 sends in the shares 40, 20, 15, 12, 10 and 3 %, written in
+time order by the gate and by the seed's script, each in a Redis server of its own, batch by
+batch in turn; then a one-send-per-user blast over as many users, the same way. Printed for
+both: Redis bytes per user (INFO used_memory, everything in: the difference from the empty
+server) and Redis CPU per decision (INFO commandstats: the calls of the function or script
+themselves, which include the commands they run).
 """
 
 import argparse
@@ -62,10 +71,10 @@ Workload = Iterator[tuple[int, str, list[tuple[int, str]]]]
 """Per batch: the time (ms), the channel, and (user, message id) requests."""
 
 
-def workload(users: int, sends: int, mix: bool) -> Workload:
+def workload(users: int, sends: int, channels: bool) -> Workload:
     """The same sends for every contender: `sends` rounds over `users` users (ids 1..users, as a
-    user table hands them out), each round in a random order, in batches; with `mix`, each send
-    goes by email or push at random."""
+    user table hands them out), each round in a random order, in batches; with `channels`, each
+    send goes by email or push at random."""
     rng = random.Random(11)
     ids = list(range(1, users + 1))
     for r in range(sends):
@@ -74,7 +83,7 @@ def workload(users: int, sends: int, mix: bool) -> Workload:
         rng.shuffle(order)
         for k in range(0, users, BATCH):
             batch = [(u, f"c{r}:{u}") for u in order[k : k + BATCH]]
-            if not mix:
+            if not channels:
                 yield now + k, "email", batch
                 continue
             email = [req for req in batch if rng.random() < 0.5]
@@ -128,10 +137,10 @@ def used_memory(client: redis.Redis) -> int:
     return int(client.info("memory")["used_memory"])
 
 
-def run_seed(client: redis.Redis, users: int, sends: int, mix: bool) -> int:
+def run_seed(client: redis.Redis, users: int, sends: int, channels: bool) -> int:
     sha = client.script_load(SEED_SCRIPT)
     admitted = 0
-    for now, channel, batch in workload(users, sends, mix):
+    for now, channel, batch in workload(users, sends, channels):
         pipe = client.pipeline(transaction=False)
         for user, message in batch:
             pipe.evalsha(sha, 1, f"seed:{{u:{user}}}:{channel}", now, message, DAILY, WEEKLY)
@@ -143,14 +152,14 @@ def run_log(
     client: redis.Redis,
     users: int,
     sends: int,
-    mix: bool,
+    channels: bool,
     rules: Callable[[str], RuleSet],
     tags: tuple[str, ...] = (),
 ) -> int:
     limiter = Limiter(client, prefix="bench:")
     sets = {channel: rules(channel) for channel in ("email", "push")}
     admitted = 0
-    for now_ms, channel, batch in workload(users, sends, mix):
+    for now_ms, channel, batch in workload(users, sends, channels):
         campaign = batch[0][1].partition(":")[0] if batch else ""
         decisions = limiter.acquire(
             channel,
@@ -181,16 +190,18 @@ def measure(
 def against_seed(client: redis.Redis, repeats: int) -> None:
     print("Redis cost per decision against the seed's script (classic daily and weekly caps):")
     for users, sends in ((100_000, 5), (20_000, 30)):
-        for mix in (False, True):
+        for channels in (False, True):
             decisions = users * sends
             seed_cpu, log_cpu = [], []
             seed_mem = log_mem = 0.0
             for _ in range(repeats):
                 s_cpu, s_mem, s_rec = measure(
-                    client, partial(run_seed, client, users, sends, mix), decisions
+                    client, partial(run_seed, client, users, sends, channels), decisions
                 )
                 l_cpu, l_mem, l_rec = measure(
-                    client, partial(run_log, client, users, sends, mix, classic_rules), decisions
+                    client,
+                    partial(run_log, client, users, sends, channels, classic_rules),
+                    decisions,
                 )
                 assert s_rec == l_rec == decisions, (s_rec, l_rec)
                 seed_cpu.append(s_cpu)
@@ -198,8 +209,8 @@ def against_seed(client: redis.Redis, repeats: int) -> None:
                 seed_mem, log_mem = s_mem, l_mem
             ratios = sorted(mine / seed for mine, seed in zip(log_cpu, seed_cpu, strict=True))
             target_cpu, target_mem = (0.6, 40) if sends == 5 else (0.8, 30)
-            channels = "email and push" if mix else "one channel"
-            label = f"{users // 1000}k users x {sends} sends, {channels}"
+            spread = "email and push" if channels else "one channel"
+            label = f"{users // 1000}k users x {sends} sends, {spread}"
             print(
                 f"  {label}: CPU {statistics.median(log_cpu):.2f} us against "
                 f"{statistics.median(seed_cpu):.2f} us, ratio {statistics.median(ratios):.2f}x "
@@ -304,7 +315,17 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="bench limiter")
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--quick", action="store_true", help="one run of each, not three")
+    parser.add_argument("--mix", action="store_true", help="the realistic mix, against the seed")
+    parser.add_argument("--users", type=int, default=1_000_000, help="with --mix: how many")
+    parser.add_argument(
+        "--designs", action="store_true", help="with --mix: the same logs in other containers"
+    )
     args = parser.parse_args(argv)
+    if args.mix:
+        from bench import mix
+
+        mix.main(args.users, args.designs)
+        return
     repeats = 1 if args.quick else 3
     with tempfile.TemporaryDirectory() as tmp:
         server = RedisServer(Path(tmp)).start()
