@@ -100,7 +100,7 @@ def gate_logs(client: redis.Redis, prefix: str) -> Iterator[tuple[int, bytes]]:
     for key in client.scan_iter(match=f"{prefix}{{b:*", count=1000):
         bucket = log.bucket_of(key)
         for field, raw in client.hgetall(key).items():
-            if len(field) == 1:
+            if isinstance(field, bytes) and isinstance(raw, bytes) and len(field) == 1:
                 yield (bucket << log.BUCKET_BITS) | field[0], raw
 
 

@@ -255,6 +255,14 @@ def _counts(rule: Any, before: JobPlan, job: SendJob) -> bool:
     )
 
 
+def _log_keys(prefix: str, first: int) -> list[str]:
+    """A bucket's key (`first` its first user) and its 16 groups' (docs/limiter.md, "Buckets and
+    groups")."""
+    return [log.bucket_key(prefix, first)] + [
+        log.group_key(prefix, first + (g << 4)) for g in range(1 << (log.BUCKET_BITS - 4))
+    ]
+
+
 def _logs_copied(live: Limiter, scratch_prefix: str, users: np.ndarray) -> list[str]:
     """Copy the log buckets of `users` under `scratch_prefix` (DUMP, RESTORE with a TTL);
     returns the scratch keys of every bucket of theirs (copied, or to be made by the replay)."""
@@ -263,13 +271,14 @@ def _logs_copied(live: Limiter, scratch_prefix: str, users: np.ndarray) -> list[
     written: list[str] = []
     for start in range(0, buckets.size, COPY_BATCH):
         part = [int(b) << log.BUCKET_BITS for b in buckets[start : start + COPY_BATCH]]
+        sources = [key for first in part for key in _log_keys(live.prefix, first)]
+        targets = [key for first in part for key in _log_keys(scratch_prefix, first)]
         reading = client.pipeline(transaction=False)
-        for first in part:
-            reading.dump(log.bucket_key(live.prefix, first))
+        for key in sources:
+            reading.dump(key)
         dumps = reading.execute()
         writing = client.pipeline(transaction=False)
-        for first, dumped in zip(part, dumps, strict=True):
-            key = log.bucket_key(scratch_prefix, first)
+        for key, dumped in zip(targets, dumps, strict=True):
             written.append(key)  # removed afterwards: the replay may write it when none was
             if dumped is not None:
                 writing.restore(key, PLAN_SCRATCH_TTL * 1000, dumped, replace=True)

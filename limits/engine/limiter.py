@@ -96,12 +96,16 @@ class Limiter:
         fail_open: bool = False,
         upgrade: bool = False,
         library: FunctionLibrary = LIMITER_LIBRARY,
+        groups: bool = False,
     ) -> None:
         """`library`: the function library it calls, this release's unless told (a test runs
-        another release's beside it)."""
+        another release's beside it). `groups`: the home of a user's logs is its group's key, not
+        its bucket (docs/limiter.md, "Buckets and groups": what the next release does; tests run
+        it beside this one)."""
         self.client = client
         self.prefix = prefix
         self.fail_open = fail_open
+        self.home = log.group_key if groups else log.bucket_key
         self.transport = FunctionTransport(
             client,
             slot_key=lambda u: log.bucket_key(prefix, u),
@@ -210,7 +214,7 @@ class Limiter:
             parts: list[bytes] = []
             for i in chunk:
                 user_id = user_ids[i]
-                key = log.bucket_key(self.prefix, user_id)
+                key = self.home(self.prefix, user_id)
                 k = keys.get(key)
                 if k is None:
                     k = keys[key] = len(keys) + 1
@@ -309,7 +313,7 @@ class Limiter:
 
         def build(batches: list[list[int]]) -> Iterator[Call]:
             for chunk in batches:
-                keys = [log.bucket_key(self.prefix, user_ids[i]) for i in chunk]
+                keys = [self.home(self.prefix, user_ids[i]) for i in chunk]
                 args: list[Any] = [channel, holder]
                 for i in chunk:
                     args.append(field(user_ids[i]))
@@ -341,7 +345,7 @@ class Limiter:
         args: list[Any] = [_now_arg(now_ms), log.bucket_field(user_id), log.short_hash(campaign)]
         for channel, rule_set in groups:
             args.extend((channel, rule_set.records))
-        key = log.bucket_key(self.prefix, user_id)
+        key = self.home(self.prefix, user_id)
         out: list[Any] = []
 
         def collect(call: Call, reply: list[Any]) -> None:
@@ -375,8 +379,11 @@ class Limiter:
         """The user's log as it is stored (every channel, entries not trimmed yet included);
         with `uncounted`, the user's uncounted log (a send job's transactional sends)."""
         field = log.uncounted_field(user_id) if uncounted else log.bucket_field(user_id)
-        raw = self.client.hget(log.bucket_key(self.prefix, user_id), field)
-        return log.decode(raw)
+        pipe = self.client.pipeline(transaction=False)
+        for key in log.user_keys(self.prefix, user_id):
+            pipe.hget(key, field)
+        in_bucket, in_group = pipe.execute()
+        return log.decode(in_bucket or in_group)
 
     def history(self, user_id: int, *, now_ms: int | None = None) -> list[log.Entry]:
         """Recorded sends in the last 7 days, newest first (`now_ms`: None, this process's
@@ -392,8 +399,11 @@ class Limiter:
         if self.legacy is not None:
             # The old logs first: a move running meanwhile then has nothing to bring back.
             forgot = self.legacy.forget(user_id)
-        key, field = log.bucket_key(self.prefix, user_id), log.bucket_field(user_id)
-        return bool(self.client.hdel(key, field)) or forgot
+        field = log.bucket_field(user_id)
+        pipe = self.client.pipeline(transaction=False)
+        for key in log.user_keys(self.prefix, user_id):
+            pipe.hdel(key, field)
+        return any(pipe.execute()) or forgot
 
     def forget(self, user_ids: Sequence[int]) -> int:
         """Forget the users' logs, counted and uncounted (an erasure): one HDEL per bucket, in
@@ -403,10 +413,10 @@ class Limiter:
             forgot += sum(bool(self.legacy.forget(user_id)) for user_id in user_ids)
         fields: dict[str, list[bytes]] = {}
         for user_id in user_ids:
-            key = log.bucket_key(self.prefix, user_id)
-            fields.setdefault(key, []).extend(
-                (log.bucket_field(user_id), log.uncounted_field(user_id))
-            )
+            for key in log.user_keys(self.prefix, user_id):
+                fields.setdefault(key, []).extend(
+                    (log.bucket_field(user_id), log.uncounted_field(user_id))
+                )
         keys = list(fields)
         for first in range(0, len(keys), 500):
             pipe = self.client.pipeline(transaction=False)
@@ -438,19 +448,20 @@ class Limiter:
     def sweep(
         self, keys: Sequence[str | bytes], *, retention_ms: int, now_ms: int | None = None
     ) -> tuple[int, int]:
-        """Drop the users of these buckets whose newest entry has left the retention, and the
-        buckets left with nobody. Returns (users dropped, buckets deleted). One pipeline per
-        node; raises when Redis does not answer (the sweep tries again on its next run)."""
+        """Drop the users of these buckets (or groups) whose newest entry has left the
+        retention, and the keys left with nobody. Returns (users dropped, keys deleted). One
+        pipeline per node; raises when Redis does not answer (the sweep tries again on its next
+        run)."""
         now_ms = ms_checked(now_ms)
-        buckets = [log.bucket_of(key) for key in keys]
-        user_ids = [bucket << log.BUCKET_BITS for bucket in buckets]
+        names = [key.decode() if isinstance(key, bytes) else key for key in keys]
+        user_ids = [log.bucket_of(key) << log.BUCKET_BITS for key in names]
         totals = [0, 0]
 
         def build(batches: list[list[int]]) -> Iterator[Call]:
             for batch in batches:
                 for i in batch:
-                    key = log.bucket_key(self.prefix, user_ids[i])
-                    yield Call("gk_sweep", [1, key, _now_arg(now_ms), retention_ms], [i])
+                    call = [1, names[i], _now_arg(now_ms), retention_ms]
+                    yield Call("gk_sweep", call, [i])
 
         def collect(call: Call, reply: list[Any]) -> None:
             totals[0] += int(reply[0])
@@ -498,7 +509,7 @@ class Limiter:
             for batch in batches:
                 by_key: dict[str, list[int]] = {}
                 for i in batch:
-                    by_key.setdefault(log.bucket_key(self.prefix, user_ids[i]), []).append(i)
+                    by_key.setdefault(self.home(self.prefix, user_ids[i]), []).append(i)
                 for key, found in by_key.items():
                     found.sort(key=lambda i: (user_ids[i], entries[i].at_ms))
                     args: list[Any] = [_now_arg(now_ms), retention_ms]

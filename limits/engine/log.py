@@ -6,6 +6,10 @@ low byte share: key `<prefix>{b:<id >> 8>}`, field the low byte as one raw byte.
 keeps a bucket in one cluster slot, so a user's whole log (every channel) is decided in one
 function call, and consecutive ids (a campaign over a segment) share reads and writes.
 
+Or in its group's key, `group_key`: the bucket's name and one hex digit, the 16 users whose ids
+differ only in the low 4 bits, the same field (docs/limiter.md, "Buckets and groups"). The
+functions read and write both; the callers name the bucket as the home in this release.
+
 Hashes (blake2b, so they are the same in every process and version):
 - message id: 64 bits passed, the first 56 kept in an entry. Two different message ids of one
   user on one channel collide with probability about n / 2^56 for a user holding n entries: at
@@ -41,6 +45,16 @@ KIND_CODES = {"any": 1, "tag": 2, "campaign": 3}
 def bucket_key(prefix: str, user_id: int) -> str:
     # The {b:<bucket>} hash tag keeps a bucket (and so each of its users' logs) in one slot.
     return f"{prefix}{{b:{user_id >> BUCKET_BITS}}}"
+
+
+def group_key(prefix: str, user_id: int) -> str:
+    """The key of the user's group of 16, in its bucket's cluster slot."""
+    return f"{bucket_key(prefix, user_id)}{(user_id >> 4) & 0xF:x}"
+
+
+def user_keys(prefix: str, user_id: int) -> tuple[str, str]:
+    """Both keys the user's logs may be in: its bucket's and its group's."""
+    return bucket_key(prefix, user_id), group_key(prefix, user_id)
 
 
 def bucket_of(key: str | bytes) -> int:

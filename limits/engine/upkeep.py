@@ -177,7 +177,7 @@ def logs_sweep(
     saved = {_text(n): int(c) for n, c in client.hgetall(key).items()}
     nodes = primaries(client)
     share = max(1, math.ceil(buckets / len(nodes)))
-    pattern = f"{_glob(prefix)}{{b:*}}"
+    pattern = f"{_glob(prefix)}{{b:*}}*"  # buckets and their groups
     looked = dropped = emptied = passes = 0
     for name, conn in nodes:
         cursor, seen = saved.get(name, 0), 0

@@ -21,6 +21,7 @@ import redis
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from limits.engine import log
 from limits.engine.limiter import Limiter
 from limits.engine.table import ArmView, ExperimentView, PolicyTable, RuleView
 from tests.conftest import TEST_REDIS_URL, examples
@@ -288,7 +289,13 @@ class LimiterMachine(RuleBasedStateMachine):
     def setup(self, start: int) -> None:
         self.client = redis.Redis.from_url(TEST_REDIS_URL)
         self.client.flushdb()
-        self.limiter = Limiter(self.client, prefix="model:")
+        # This release's limiter, and the next one's (its users' logs at home in their groups)
+        # beside it: each step is taken by either, as while both releases run.
+        self.limiters = {
+            False: Limiter(self.client, prefix="model:"),
+            True: Limiter(self.client, prefix="model:", groups=True),
+        }
+        self.limiter = self.limiters[False]
         self.model = Model()
         self.now = start
         self.sent: list[tuple[int, str, str]] = []
@@ -327,6 +334,7 @@ class LimiterMachine(RuleBasedStateMachine):
         holder=HOLDERS,
         uncounted=st.sampled_from([False, False, False, True]),
         experiment=arms(),
+        groups=st.booleans(),
     )
     def send(
         self,
@@ -342,6 +350,7 @@ class LimiterMachine(RuleBasedStateMachine):
         holder: int,
         uncounted: bool,
         experiment: ExperimentView | None,
+        groups: bool,
     ) -> None:
         if repeat and self.sent:
             user, channel, mid = self.sent[self.counter % len(self.sent)]
@@ -364,7 +373,7 @@ class LimiterMachine(RuleBasedStateMachine):
             zone=zone,
             now_ms=self.now,
         )
-        real = self.limiter.acquire(
+        real = self.limiters[groups].acquire(
             channel,
             [(user, mid)],
             rule_set,
@@ -408,10 +417,12 @@ class LimiterMachine(RuleBasedStateMachine):
             self.sent.append((user, channel, mid))
 
     @precondition(lambda self: bool(getattr(self, "sent", None)))
-    @rule(pick=st.integers(0, 1000), holder=HOLDERS, uncounted=st.booleans())
-    def release(self, pick: int, holder: int, uncounted: bool) -> None:
+    @rule(pick=st.integers(0, 1000), holder=HOLDERS, uncounted=st.booleans(), groups=st.booleans())
+    def release(self, pick: int, holder: int, uncounted: bool, groups: bool) -> None:
         user, channel, mid = self.sent[pick % len(self.sent)]
-        released = self.limiter.release(channel, [(user, mid)], holder=holder, uncounted=uncounted)
+        released = self.limiters[groups].release(
+            channel, [(user, mid)], holder=holder, uncounted=uncounted
+        )
         assert released == [self.model.release(user, channel, mid, holder, uncounted)]
 
     @invariant()
@@ -426,6 +437,11 @@ class LimiterMachine(RuleBasedStateMachine):
                     (s.channel, s.at, s.holder) for s in self.model.logs.get((user, uncounted), [])
                 )
                 assert stored == modelled
+            # A user's logs are in its bucket or in its group, never in both.
+            bucket, group = log.user_keys("model:", user)
+            fields = (log.bucket_field(user), log.uncounted_field(user))
+            in_bucket = any(self.client.hexists(bucket, f) for f in fields)
+            assert not (in_bucket and any(self.client.hexists(group, f) for f in fields))
 
 
 TestLimiterMatchesModel = LimiterMachine.TestCase

@@ -9,9 +9,10 @@ release's library has names of its own (its version in them: `register`, below),
 releases' libraries stay loaded side by side while both run.
 
 THE LOG. Each user's recorded sends, every channel together, are one binary string: one field
-of a bucket hash that 256 users share, those whose ids differ only in the low byte. The caller
-names both: key `<prefix>{b:<id >> 8>}`, field the low byte as one raw byte (the hash tag puts
-a bucket, so each user's whole log, in one cluster slot). Integers are big-endian, unsigned:
+of a bucket hash that 256 users share, those whose ids differ only in the low byte, or of its
+group's hash of 16 (WHERE, below). The caller names both: key `<prefix>{b:<id >> 8>}`, field the
+low byte as one raw byte (the hash tag puts a bucket and its groups, so each user's whole log,
+in one cluster slot). Integers are big-endian, unsigned:
 
   byte 1    format version (2; a log of format 1, the previous version's, is read as format 2
             with holder 0 and written back as format 2)
@@ -40,6 +41,11 @@ that their message ids are claimed like marketing ones: in a second log of the u
 format, field `~` and the low byte. No rule reads it; a duplicate is looked for in both. A
 bucket holding any says so in its `expiry` ('u' after the time): only then are its users'
 uncounted logs read by a call deciding counted sends.
+
+WHERE. A user's two logs are together in its bucket or in its group's key (the bucket's name
+and one hex digit, id >> 4 & 15), never in both. A function is given the home key; a user with
+no log there is looked for in the other; a write goes where the logs are (to the home when
+nowhere), and gk_decide moves them from a bucket into a group that is their home.
 
 The field `expiry` of a bucket holds when the bucket's TTL ends (ms, the callers' clock). A
 write extends it only when it would end within 12 h of what the new entry needs, so a bucket's
@@ -163,6 +169,7 @@ local bunpack, bpack, find, sub, byte, char, rep, concat, floor, sort, unpack_li
 local match
 local FIELDS = {} -- byte -> the one-byte field
 local UNCOUNTED = {} -- byte -> the field of the uncounted log
+local HEX = {} -- 0..15 -> a group key's last character
 
 local function bind()
   bunpack, bpack = struct.unpack, struct.pack
@@ -171,6 +178,7 @@ local function bind()
   concat, sort, unpack_list = table.concat, table.sort, unpack
   floor, math_huge = math.floor, math.huge
   for b = 0, 255 do FIELDS[b], UNCOUNTED[b] = char(b), '~' .. char(b) end
+  for g = 0, 15 do HEX[g] = string.format('%x', g) end
 end
 
 local function clock(arg)
@@ -687,6 +695,27 @@ local function message_hash(arg)
   return sub(passed_hash(arg), 1, 7)
 end
 
+--- Where a user's logs are ---------------------------------------------------------------
+
+-- A user's two logs (counted and uncounted) are together in one of two keys, never in both:
+-- its bucket `<prefix>{b:<id >> 8>}`, or its group's key, the bucket's name and one hex digit
+-- (id >> 4 & 15: 16 users, a hash small enough for Redis to keep as a listpack). Both are in
+-- one cluster slot. A function's caller names the home key; a user with no log there is looked
+-- for in the other. A write goes where the user's logs are, or to the home when nowhere; and
+-- when the home is a group and the logs were found in the bucket, they move to the group.
+
+local function is_bucket(key)
+  return byte(key, #key) == 125 -- '}'
+end
+
+-- The user's other key, `f` its field byte.
+local function other_key(key, f)
+  if is_bucket(key) then
+    return key .. HEX[floor(f / 16)]
+  end
+  return sub(key, 1, -2)
+end
+
 -- Whether a bucket's `expiry` says it holds uncounted logs ('u' before the padding).
 local function holds_uncounted(expiry)
   return expiry and byte(expiry, 14) == 117 -- 'u' after the 13 digits of a time in ms
@@ -702,9 +731,12 @@ local function write_bucket(key, flat, expiry, now, retention, uncounted)
     or (uncounted and not holds_uncounted(expiry))
   if refresh then
     flat[#flat + 1] = EXPIRY
-    -- Padded past hash-max-listpack-value (64 bytes by default): the bucket is a hash table from
-    -- its first write, its users found in O(1) rather than by a scan of up to 256 of them.
-    flat[#flat + 1] = tostring(needed + DAY) .. (marked and 'u' or '') .. EXPIRY_PADDING
+    -- A bucket's is padded past hash-max-listpack-value (64 bytes by default): the bucket is a
+    -- hash table from its first write, its users found in O(1) rather than by a scan of up to
+    -- 256 of them. A group's 16 users are scanned: it stays a listpack while it can.
+    local value = tostring(needed + DAY) .. (marked and 'u' or '')
+    if is_bucket(key) then value = value .. EXPIRY_PADDING end
+    flat[#flat + 1] = value
   end
   redis.call('HSET', key, unpack_list(flat))
   if refresh then
@@ -734,6 +766,82 @@ local function appended(log, slot, now, cutoff, time6, message, tails, tag_slots
     tails[T] = tail
   end
   return raw .. time6 .. message .. tail
+end
+
+-- HMGET of `fields[f]` for the users `ids[from..to]` (each k * 256 + f) of one key, and of its
+-- `expiry` when not known yet (`expiries`: key -> the field, or false).
+local function read_fields(key, ids, from, to, fields, expiries)
+  local list, n = {}, 0
+  for x = from, to do
+    n = n + 1
+    list[n] = fields[ids[x] % 256]
+  end
+  local ask_expiry = expiries[key] == nil
+  if ask_expiry then list[n + 1] = EXPIRY end
+  local values = redis.call('HMGET', key, unpack_list(list, 1, ask_expiry and n + 1 or n))
+  if ask_expiry then expiries[key] = values[n + 1] or false end
+  return values
+end
+
+-- Reads the logs of the users `list[from..to]` in the key `name`. A user found there (or any,
+-- when `last`) gets `own[id]`, `other[id]` (its logs through the fields `OWN` and `OTHER`, false
+-- for none) and `where[id]` (`name`, or `home` for a user found nowhere); the others are added
+-- to `absent`. The other logs are read where `other_always` or the key's expiry says it has any.
+local function take(name, home, list, from, to, last, absent, c)
+  local values = read_fields(name, list, from, to, c.OWN, c.expiries)
+  local others = nil
+  if c.other_always or holds_uncounted(c.expiries[name]) then
+    others = read_fields(name, list, from, to, c.OTHER, c.expiries)
+  end
+  local own, other, where = c.own, c.other, c.where
+  for x = from, to do
+    local id = list[x]
+    local a = values[x - from + 1]
+    local b = others and others[x - from + 1]
+    if a or b then
+      own[id], other[id], where[id] = a or false, b or false, name
+    elseif last then
+      own[id], other[id], where[id] = false, false, home
+    else
+      absent[#absent + 1] = id
+    end
+  end
+end
+
+-- Finds where the users `ids[1..n]` (distinct, each k * 256 + f) of the home `key` have their
+-- logs: the home first, then the other key of those not there (grouped by that key).
+local function locate(key, ids, n, c)
+  local absent = {}
+  take(key, key, ids, 1, n, false, absent, c)
+  local count = #absent
+  if count == 0 then return end
+  sort(absent)
+  local x = 1
+  while x <= count do
+    local name = other_key(key, absent[x] % 256)
+    local y = x
+    while y < count and other_key(key, absent[y + 1] % 256) == name do y = y + 1 end
+    take(name, key, absent, x, y, true, {}, c)
+    x = y + 1
+  end
+end
+
+-- One field's log where it is: (its bytes or nil, the key it is in: the home when nowhere).
+local function find_log(key, field)
+  local raw = redis.call('HGET', key, field)
+  if raw then return raw, key end
+  local other = other_key(key, byte(field, #field))
+  raw = redis.call('HGET', other, field)
+  if raw then return raw, other end
+  return nil, key
+end
+
+-- Removes fields of users whose logs moved; a key left with its expiry alone goes.
+local function drop_fields(key, fields)
+  redis.call('HDEL', key, unpack_list(fields))
+  if redis.call('HLEN', key) == 1 and redis.call('HEXISTS', key, EXPIRY) == 1 then
+    redis.call('DEL', key)
+  end
 end
 
 --- Functions --------------------------------------------------------------------------------
@@ -769,9 +877,14 @@ local function decide(keys, args, each)
   local out, replies = {}, {}
   local logs = {}     -- key * 256 + field byte -> the user's log: a string, a table, or false
   local others = {}   -- the same -> the user's other log (uncounted, or counted), as read
-  local expiries = {} -- key -> its `expiry`, or false
-  local changed = {}  -- key -> field, raw, ... to write (a later value of a field wins)
-  local list, ids = {}, {} -- scratch: the fields one HMGET asks for, and their users
+  local where = {}    -- the same -> the key the user's logs are in (or go to)
+  local expiries = {} -- key name -> its `expiry`, or false
+  local changed, order = {}, {} -- key name -> field, raw, ... to write (a later value wins)
+  local marks = {}    -- key name -> true: an uncounted log is written there
+  local moved = {}    -- key name -> fields whose logs moved to a group
+  local ids = {}      -- scratch: the users one read asks for
+  local found_in = {OWN = OWN, OTHER = OTHER, other_always = uncounted, own = logs,
+                    other = others, where = where, expiries = expiries}
 
   local i = 0
   while i < n do
@@ -787,39 +900,15 @@ local function decide(keys, args, each)
     end
     local wanted = 0
     for m = i, j - 1 do
-      local f = byte(requests, base + m * REQUEST + 2)
-      local id = k * 256 + f
+      local id = k * 256 + byte(requests, base + m * REQUEST + 2)
       if logs[id] == nil then
         logs[id] = false
         wanted = wanted + 1
         ids[wanted] = id
-        list[wanted] = OWN[f]
       end
     end
-    local read_expiry = expiries[k] == nil
-    local asked = wanted
-    if read_expiry then
-      asked = asked + 1
-      list[asked] = EXPIRY
-    end
-    if asked > 0 then
-      local values = redis.call('HMGET', keys[k], unpack_list(list, 1, asked))
-      for x = 1, wanted do
-        logs[ids[x]] = values[x] or false
-        others[ids[x]] = false
-      end
-      if read_expiry then expiries[k] = values[asked] or false end
-    end
-    -- The users' other logs, where the bucket has any: a duplicate is looked for in both. A
-    -- bucket's uncounted logs are rare (a job's transactional sends); its counted ones are not.
-    if wanted > 0 and (uncounted or holds_uncounted(expiries[k])) then
-      for x = 1, wanted do
-        list[x] = OTHER[ids[x] % 256]
-      end
-      local values = redis.call('HMGET', keys[k], unpack_list(list, 1, wanted))
-      for x = 1, wanted do
-        others[ids[x]] = values[x] or false
-      end
+    if wanted > 0 then
+      locate(keys[k], ids, wanted, found_in)
     end
 
     for m = i, j - 1 do
@@ -935,13 +1024,40 @@ local function decide(keys, args, each)
             raw = rebuilt(log, cutoff, channel, entry, now, slots, nil)
           end
           logs[id] = raw -- parsed again only if this user comes again in the call
-          local flat = changed[k]
+          local home, at = keys[k], where[id]
+          local flat = changed[home]
+          if at ~= home and not is_bucket(home) then
+            -- In the bucket, its home a group: both logs move there.
+            local gone = moved[at]
+            if not gone then
+              gone = {}
+              moved[at] = gone
+            end
+            gone[#gone + 1] = OWN[f]
+            local other = others[id]
+            if other then
+              gone[#gone + 1] = OTHER[f]
+              if type(other) == 'table' then other = other[1] end
+              if not flat then
+                flat = {}
+                changed[home] = flat
+                order[#order + 1] = home
+              end
+              flat[#flat + 1] = OTHER[f]
+              flat[#flat + 1] = other
+              if not uncounted then marks[home] = true end
+            end
+            where[id], at = home, home
+          end
+          flat = changed[at]
           if not flat then
             flat = {}
-            changed[k] = flat
+            changed[at] = flat
+            order[#order + 1] = at
           end
           flat[#flat + 1] = OWN[f]
           flat[#flat + 1] = raw
+          if uncounted then marks[at] = true end
         end
       end
       if decider == 0 and decider_used == 0 and day < 65536 and week < 65536 then
@@ -960,11 +1076,14 @@ local function decide(keys, args, each)
     i = j
   end
 
-  for k = 1, #keys do
-    local flat = changed[k]
-    if flat then
-      write_bucket(keys[k], flat, expiries[k] or nil, now, retention, uncounted)
-    end
+  for x = 1, #order do
+    local name = order[x]
+    local expiry = expiries[name]
+    if expiry == nil then expiry = redis.call('HGET', name, EXPIRY) end
+    write_bucket(name, changed[name], expiry or nil, now, retention, marks[name])
+  end
+  for name, fields in pairs(moved) do
+    drop_fields(name, fields)
   end
   return {now, concat(out)}
 end
@@ -983,9 +1102,9 @@ local function release(keys, args)
     if holder == 0 then holder = nil end
   end
   for i = 1, #keys do
-    local key, field = keys[i], args[from + 2 * i - 1]
+    local field = args[from + 2 * i - 1]
     local message = message_hash(args[from + 2 * i])
-    local raw = redis.call('HGET', key, field)
+    local raw, key = find_log(keys[i], field)
     local removed = 0
     if raw then
       local log = parse(raw)
@@ -1012,7 +1131,7 @@ end
 local function usage(keys, args)
   if not floor then bind() end
   local now = clock(args[1])
-  local log = parse(redis.call('HGET', keys[1], args[2]) or nil)
+  local log = parse(find_log(keys[1], args[2]) or nil)
   local campaign, reply = args[3], {now}
   for p = 4, #args, 2 do
     local channel = args[p]
@@ -1057,15 +1176,26 @@ local function restore(keys, args)
   if not floor then bind() end
   local now = clock(args[1])
   local cutoff = now - tonumber(args[2])
-  local key = keys[1]
-  local expiry = redis.call('HGET', key, EXPIRY)
-  local flat, added = {}, 0
-  local field, log, changed = nil, nil, false
+  local home = keys[1]
+  local flats, added = {}, 0 -- key -> field, value, ... to write
+  local field, log, changed, at = nil, nil, false, nil
+  local function keep()
+    if not changed then return end
+    local flat = flats[at]
+    if not flat then
+      flat = {}
+      flats[at] = flat
+    end
+    flat[#flat + 1] = field
+    flat[#flat + 1] = log[1]
+  end
   for p = 3, #args, 4 do
     if args[p] ~= field then
-      if changed then flat[#flat + 1] = field; flat[#flat + 1] = log[1] end
+      keep()
       field, changed = args[p], false
-      log = parse(redis.call('HGET', key, field) or nil)
+      local raw
+      raw, at = find_log(home, field)
+      log = parse(raw)
     end
     local channel, at, rest = args[p + 1], tonumber(args[p + 2]), args[p + 3]
     local message = sub(rest, 1, 7)
@@ -1078,9 +1208,9 @@ local function restore(keys, args)
       added, changed = added + 1, true
     end
   end
-  if changed then flat[#flat + 1] = field; flat[#flat + 1] = log[1] end
-  if #flat > 0 then
-    write_bucket(key, flat, expiry, now, tonumber(args[2]))
+  keep()
+  for key, flat in pairs(flats) do
+    write_bucket(key, flat, redis.call('HGET', key, EXPIRY), now, tonumber(args[2]))
   end
   return added
 end
