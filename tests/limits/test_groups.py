@@ -72,10 +72,13 @@ def test_the_next_release_moves_a_users_logs_to_its_group_and_this_one_follows(
     assert keys_holding(limiter, 1) == {group}
     assert len(limiter.entries(1)) == 2
 
-    # User 2 moves too: the bucket, left with its expiry alone, goes.
+    # User 2 moves too: the bucket, left with its expiry alone, stays while its groups live
+    # (its expiry says it has groups: only then does this release read them).
     grouped.acquire("email", [(2, "a2b")], rules, now_ms=ms(NOW + HOUR))
-    assert limiter.client.exists(bucket) == 0
     assert keys_holding(limiter, 2) == {group}
+    assert limiter.client.hkeys(bucket) == [log.EXPIRY_FIELD]
+    assert b"g" in limiter.client.hget(bucket, log.EXPIRY_FIELD)
+    assert limiter.client.pttl(bucket) >= limiter.client.pttl(group)
 
     # An erasure forgets the user wherever its logs are.
     assert limiter.forget([1, 2]) == 3  # user 1's two logs, user 2's one
@@ -92,7 +95,9 @@ def test_a_group_of_small_logs_is_a_listpack_and_a_users_first_send_goes_home(
     group = log.group_key(limiter.prefix, 32)
     assert limiter.client.object("encoding", group) == b"listpack"
     assert limiter.client.hlen(group) == len(users) + 1  # and its expiry
-    assert limiter.client.exists(log.bucket_key(limiter.prefix, 32)) == 0
+    # Their bucket holds nobody and says it has groups.
+    bucket = log.bucket_key(limiter.prefix, 32)
+    assert limiter.client.hkeys(bucket) == [log.EXPIRY_FIELD]
     # This release finds them in the group: a second send of the day is refused.
     again = limiter.acquire("push", [(u, f"q{u}") for u in users], caps(daily=1), now_ms=ms(NOW))
     assert {d.reason for d in again} == {"daily_cap"}

@@ -716,31 +716,71 @@ local function other_key(key, f)
   return sub(key, 1, -2)
 end
 
--- Whether a bucket's `expiry` says it holds uncounted logs ('u' before the padding).
+-- Whether a bucket's `expiry` says it holds uncounted logs ('u' after the 13 digits of a time
+-- in ms, where the releases before groups look for it).
 local function holds_uncounted(expiry)
-  return expiry and byte(expiry, 14) == 117 -- 'u' after the 13 digits of a time in ms
+  return expiry and byte(expiry, 14) == 117
 end
 
--- Writes a bucket's changed fields (a flat field, value list), extending its TTL when it
--- would end within 12 h of what `now` needs. `expiry` is the bucket's `expiry` field (or nil);
--- `uncounted`: an uncounted log is among the fields (the bucket's expiry then says so).
-local function write_bucket(key, flat, expiry, now, retention, uncounted)
+-- Whether a bucket's `expiry` says some of its users' logs are in their groups ('g' after the
+-- time and any 'u'): only then are its groups read for a user the bucket does not hold.
+local function has_groups(expiry)
+  return expiry and find(expiry, 'g', 14, true) ~= nil
+end
+
+-- Writes a key's changed fields (a flat field, value list; may be empty), extending its TTL
+-- when it would end within 12 h of what `now` needs. `expiry` is the key's `expiry` field (or
+-- nil); `uncounted`: an uncounted log is among the fields; `groups`: the key is a bucket some
+-- of whose users' logs are in their groups (the expiry then says so, and the bucket lives at
+-- least as long as they do). Returns the key's `expiry` as it now is.
+local function write_bucket(key, flat, expiry, now, retention, uncounted, groups)
   local needed = now + retention
+  local until_ms = needed + DAY
   local marked = holds_uncounted(expiry) or uncounted
-  local refresh = not expiry or tonumber(match(expiry, '^%d+')) < needed + DAY / 2
-    or (uncounted and not holds_uncounted(expiry))
+  local grouped = has_groups(expiry) or groups
+  local refresh = not expiry
+  if expiry then
+    local stored = tonumber(match(expiry, '^%d+'))
+    refresh = stored < needed + DAY / 2 or (uncounted and not holds_uncounted(expiry))
+      or (groups and not has_groups(expiry))
+    if stored > until_ms then until_ms = stored end
+  end
   if refresh then
     flat[#flat + 1] = EXPIRY
     -- A bucket's is padded past hash-max-listpack-value (64 bytes by default): the bucket is a
     -- hash table from its first write, its users found in O(1) rather than by a scan of up to
     -- 256 of them. A group's 16 users are scanned: it stays a listpack while it can.
-    local value = tostring(needed + DAY) .. (marked and 'u' or '')
+    local value = tostring(until_ms) .. (marked and 'u' or '') .. (grouped and 'g' or '')
     if is_bucket(key) then value = value .. EXPIRY_PADDING end
     flat[#flat + 1] = value
   end
-  redis.call('HSET', key, unpack_list(flat))
+  if #flat > 0 then
+    redis.call('HSET', key, unpack_list(flat))
+  end
   if refresh then
-    redis.call('PEXPIRE', key, retention + DAY)
+    redis.call('PEXPIRE', key, until_ms - now)
+    return flat[#flat]
+  end
+  return expiry
+end
+
+-- After writes to groups: their buckets say they have groups, and live as long as they do.
+local function mark_buckets(written, expiries, now, retention)
+  local done = {}
+  for x = 1, #written do
+    local name = written[x]
+    if not is_bucket(name) then
+      local bucket = sub(name, 1, -2)
+      if not done[bucket] then
+        done[bucket] = true
+        local expiry = expiries[bucket]
+        if expiry == nil then
+          expiry = redis.call('HGET', bucket, EXPIRY)
+          expiries[bucket] = expiry
+        end
+        expiries[bucket] = write_bucket(bucket, {}, expiry or nil, now, retention, false, true)
+      end
+    end
   end
 end
 
@@ -815,6 +855,14 @@ local function locate(key, ids, n, c)
   take(key, key, ids, 1, n, false, absent, c)
   local count = #absent
   if count == 0 then return end
+  if is_bucket(key) and not has_groups(c.expiries[key]) then
+    -- No group of this bucket holds anybody: they are nowhere.
+    local own, other, where = c.own, c.other, c.where
+    for x = 1, count do
+      own[absent[x]], other[absent[x]], where[absent[x]] = false, false, key
+    end
+    return
+  end
   sort(absent)
   local x = 1
   while x <= count do
@@ -828,20 +876,18 @@ end
 
 -- One field's log where it is: (its bytes or nil, the key it is in: the home when nowhere).
 local function find_log(key, field)
-  local raw = redis.call('HGET', key, field)
-  if raw then return raw, key end
+  local got = redis.call('HMGET', key, field, EXPIRY)
+  if got[1] then return got[1], key end
+  if is_bucket(key) and not has_groups(got[2]) then return nil, key end
   local other = other_key(key, byte(field, #field))
-  raw = redis.call('HGET', other, field)
+  local raw = redis.call('HGET', other, field)
   if raw then return raw, other end
   return nil, key
 end
 
--- Removes fields of users whose logs moved; a key left with its expiry alone goes.
+-- Removes fields of users whose logs moved into their groups (the bucket stays, saying so).
 local function drop_fields(key, fields)
   redis.call('HDEL', key, unpack_list(fields))
-  if redis.call('HLEN', key) == 1 and redis.call('HEXISTS', key, EXPIRY) == 1 then
-    redis.call('DEL', key)
-  end
 end
 
 --- Functions --------------------------------------------------------------------------------
@@ -1080,8 +1126,9 @@ local function decide(keys, args, each)
     local name = order[x]
     local expiry = expiries[name]
     if expiry == nil then expiry = redis.call('HGET', name, EXPIRY) end
-    write_bucket(name, changed[name], expiry or nil, now, retention, marks[name])
+    expiries[name] = write_bucket(name, changed[name], expiry or nil, now, retention, marks[name])
   end
+  mark_buckets(order, expiries, now, retention)
   for name, fields in pairs(moved) do
     drop_fields(name, fields)
   end
@@ -1209,9 +1256,13 @@ local function restore(keys, args)
     end
   end
   keep()
+  local written, expiries = {}, {}
   for key, flat in pairs(flats) do
-    write_bucket(key, flat, redis.call('HGET', key, EXPIRY), now, tonumber(args[2]))
+    local expiry = redis.call('HGET', key, EXPIRY)
+    expiries[key] = write_bucket(key, flat, expiry or nil, now, tonumber(args[2]))
+    written[#written + 1] = key
   end
+  mark_buckets(written, expiries, now, tonumber(args[2]))
   return added
 end
 
@@ -1249,8 +1300,10 @@ local function sweep(keys, args)
   local deleted = 0
   if #stale > 0 then
     redis.call('HDEL', keys[1], unpack_list(stale))
-    -- Nobody left but the bucket's expiry: the bucket goes.
-    if redis.call('HLEN', keys[1]) == 1 and redis.call('HEXISTS', keys[1], EXPIRY) == 1 then
+    -- Nobody left but the bucket's expiry: the bucket goes, unless it says it has groups (it
+    -- then expires with them).
+    if redis.call('HLEN', keys[1]) == 1 and not has_groups(redis.call('HGET', keys[1], EXPIRY))
+       and redis.call('HEXISTS', keys[1], EXPIRY) == 1 then
       redis.call('DEL', keys[1])
       deleted = 1
     end
