@@ -45,9 +45,12 @@ uncounted logs read by a call deciding counted sends.
 WHERE. A user's two logs are together in its bucket or in its group's key (the bucket's name
 and one hex digit, id >> 4 & 15), never in both. A function is given the home key; a user with
 no log there is looked for in the other; a write goes where the logs are (to the home when
-nowhere), and gk_decide moves them from a bucket into a group that is their home.
+nowhere), and gk_decide moves them from a bucket into a group that is their home. Whoever
+writes a group marks its bucket's `expiry` ('g', below) and keeps the bucket alive as long; a
+bucket's groups are read only when it says so.
 
-The field `expiry` of a bucket holds when the bucket's TTL ends (ms, the callers' clock). A
+The field `expiry` of a bucket (or group) holds when its TTL ends (ms, the callers' clock), then
+'u' if it holds uncounted logs, then 'g' if some of its users' logs are in their groups. A
 write extends it only when it would end within 12 h of what the new entry needs, so a bucket's
 TTL is set about twice a day rather than on every write (a PEXPIRE costs twice an HSET). A bucket
 whose users all stop receiving expires on its own; gk_sweep, called by a periodic task, drops the
@@ -810,8 +813,9 @@ end
 
 -- HMGET of `fields[f]` for the users `ids[from..to]` (each k * 256 + f) of one key, and of its
 -- `expiry` when not known yet (`expiries`: key -> the field, or false).
+local READ_LIST = {} -- scratch: the fields one read asks for
 local function read_fields(key, ids, from, to, fields, expiries)
-  local list, n = {}, 0
+  local list, n = READ_LIST, 0
   for x = from, to do
     n = n + 1
     list[n] = fields[ids[x] % 256]
@@ -825,9 +829,11 @@ end
 
 -- Reads the logs of the users `list[from..to]` in the key `name`. A user found there (or any,
 -- when `last`) gets `own[id]`, `other[id]` (its logs through the fields `OWN` and `OTHER`, false
--- for none) and `where[id]` (`name`, or `home` for a user found nowhere); the others are added
--- to `absent`. The other logs are read where `other_always` or the key's expiry says it has any.
-local function take(name, home, list, from, to, last, absent, c)
+-- for none) and `where[id]` (`name`, or `home` for a user found nowhere); the others are put in
+-- ABSENT (scratch) from position `missing` + 1, and their new count returned. The other logs are
+-- read where `other_always` or the key's expiry says it has any.
+local ABSENT = {}
+local function take(name, home, list, from, to, last, missing, c)
   local values = read_fields(name, list, from, to, c.OWN, c.expiries)
   local others = nil
   if c.other_always or holds_uncounted(c.expiries[name]) then
@@ -843,35 +849,46 @@ local function take(name, home, list, from, to, last, absent, c)
     elseif last then
       own[id], other[id], where[id] = false, false, home
     else
-      absent[#absent + 1] = id
+      missing = missing + 1
+      ABSENT[missing] = id
     end
   end
+  return missing
 end
 
--- Finds where the users `ids[1..n]` (distinct, each k * 256 + f) of the home `key` have their
--- logs: the home first, then the other key of those not there (grouped by that key).
-local function locate(key, ids, n, c)
+-- Reads the groups of the users ABSENT[1..count] of the bucket or group `key` (the other key of
+-- each: a group of a bucket, the bucket of a group), grouped by that key.
+local function in_groups(key, count, c)
   local absent = {}
-  take(key, key, ids, 1, n, false, absent, c)
-  local count = #absent
-  if count == 0 then return end
-  if is_bucket(key) and not has_groups(c.expiries[key]) then
-    -- No group of this bucket holds anybody: they are nowhere.
-    local own, other, where = c.own, c.other, c.where
-    for x = 1, count do
-      own[absent[x]], other[absent[x]], where[absent[x]] = false, false, key
-    end
-    return
-  end
+  for x = 1, count do absent[x] = ABSENT[x] end
   sort(absent)
   local x = 1
   while x <= count do
     local name = other_key(key, absent[x] % 256)
     local y = x
     while y < count and other_key(key, absent[y + 1] % 256) == name do y = y + 1 end
-    take(name, key, absent, x, y, true, {}, c)
+    take(name, key, absent, x, y, true, 0, c)
     x = y + 1
   end
+end
+
+-- Finds where the users `ids[1..n]` (distinct, each k * 256 + f) of the home `key` have their
+-- logs: the home first, then the other key of those not there (grouped by that key), where a
+-- bucket home says it has groups.
+
+local function locate(key, ids, n, c)
+  local count = take(key, key, ids, 1, n, false, 0, c)
+  if count == 0 then return end
+  if is_bucket(key) and not has_groups(c.expiries[key]) then
+    -- No group of this bucket holds anybody: they are nowhere.
+    local own, other, where = c.own, c.other, c.where
+    for x = 1, count do
+      local id = ABSENT[x]
+      own[id], other[id], where[id] = false, false, key
+    end
+    return
+  end
+  in_groups(key, count, c)
 end
 
 -- One field's log where it is: (its bytes or nil, the key it is in: the home when nowhere).
@@ -953,8 +970,41 @@ local function decide(keys, args, each)
         ids[wanted] = id
       end
     end
-    if wanted > 0 then
-      locate(keys[k], ids, wanted, found_in)
+    local key = keys[k]
+    if wanted > 0 and is_bucket(key) then
+      -- A bucket home, read as before groups (the common case: a few calls as few as can be);
+      -- its groups only when it says it has some.
+      local list = READ_LIST
+      for x = 1, wanted do list[x] = OWN[ids[x] % 256] end
+      local asked = wanted
+      local read_expiry = expiries[key] == nil
+      if read_expiry then
+        asked = asked + 1
+        list[asked] = EXPIRY
+      end
+      local values = redis.call('HMGET', key, unpack_list(list, 1, asked))
+      if read_expiry then expiries[key] = values[asked] or false end
+      local expiry = expiries[key]
+      local other_values = nil
+      if uncounted or holds_uncounted(expiry) then
+        for x = 1, wanted do list[x] = OTHER[ids[x] % 256] end
+        other_values = redis.call('HMGET', key, unpack_list(list, 1, wanted))
+      end
+      local missing = 0
+      for x = 1, wanted do
+        local id = ids[x]
+        local a, b = values[x], other_values and other_values[x]
+        logs[id], others[id] = a or false, b or false -- `where` left nil: the home
+        if not (a or b) then
+          missing = missing + 1
+          ABSENT[missing] = id
+        end
+      end
+      if missing > 0 and has_groups(expiry) then
+        in_groups(key, missing, found_in)
+      end
+    elseif wanted > 0 then
+      locate(key, ids, wanted, found_in)
     end
 
     for m = i, j - 1 do
@@ -1070,7 +1120,8 @@ local function decide(keys, args, each)
             raw = rebuilt(log, cutoff, channel, entry, now, slots, nil)
           end
           logs[id] = raw -- parsed again only if this user comes again in the call
-          local home, at = keys[k], where[id]
+          local home = keys[k]
+          local at = where[id] or home
           local flat = changed[home]
           if at ~= home and not is_bucket(home) then
             -- In the bucket, its home a group: both logs move there.
@@ -1122,13 +1173,18 @@ local function decide(keys, args, each)
     i = j
   end
 
+  local groups = nil
   for x = 1, #order do
     local name = order[x]
     local expiry = expiries[name]
     if expiry == nil then expiry = redis.call('HGET', name, EXPIRY) end
     expiries[name] = write_bucket(name, changed[name], expiry or nil, now, retention, marks[name])
+    if byte(name, #name) ~= 125 then -- a group
+      groups = groups or {}
+      groups[#groups + 1] = name
+    end
   end
-  mark_buckets(order, expiries, now, retention)
+  if groups then mark_buckets(groups, expiries, now, retention) end
   for name, fields in pairs(moved) do
     drop_fields(name, fields)
   end
