@@ -28,10 +28,12 @@ import struct
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import redis
 
-from bench.mix import function_usec, used_memory
+from bench.limiter import used_memory
+from bench.mix import function_usec
 from bench.servers import RedisServer
 from limits.engine import log
 
@@ -115,8 +117,27 @@ def packed(logs: list[tuple[int, bytes]]) -> bytes:
     return header + fields + lengths + b"".join(raw for _, raw in logs)
 
 
+class Batched:
+    """Commands sent in pipelines of 10,000."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.pipe = client.pipeline(transaction=False)
+
+    def __getattr__(self, name: str) -> Any:
+        def queued(*args: Any, **kwargs: Any) -> None:
+            getattr(self.pipe, name)(*args, **kwargs)
+            if len(self.pipe) >= 10_000:
+                self.flush()
+
+        return queued
+
+    def flush(self) -> None:
+        self.pipe.execute()
+
+
 def store(client: redis.Redis, design: str, logs: list[tuple[int, bytes]]) -> None:
-    pipe = client.pipeline(transaction=False)
+    pipe = Batched(client)
     if design == "hash-256":
         for user, raw in logs:
             pipe.hset(log.bucket_key("h:", user), log.bucket_field(user), raw)
@@ -143,10 +164,7 @@ def store(client: redis.Redis, design: str, logs: list[tuple[int, bytes]]) -> No
             groups.setdefault(pack_key(user, size), []).append((user, raw))
         for key, members in groups.items():
             pipe.set(key, packed(members), px=TTL_MS)
-    for start in range(0, len(pipe.command_stack), 10_000):
-        part = client.pipeline(transaction=False)
-        part.command_stack = pipe.command_stack[start : start + 10_000]
-        part.execute()
+    pipe.flush()
 
 
 def container_usec(client: redis.Redis, design: str, users: int) -> float:

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from bench.limiter import BASE_MS, BATCH, RETENTION_MS, SEED_SCRIPT
+from bench.limiter import BASE_MS, BATCH, RETENTION_MS, SEED_SCRIPT, used_memory
 from bench.servers import RedisServer
 from limits.engine.limiter import Limiter
 from limits.engine.table import counting_rule, encode
@@ -94,10 +94,6 @@ def function_usec(client: redis.Redis) -> int:
     """The usec Redis spent in function and script calls, the commands they ran included."""
     stats = client.info("commandstats")
     return sum(int(stats.get(f"cmdstat_{name}", {}).get("usec", 0)) for name in TOP_LEVEL)
-
-
-def used_memory(client: redis.Redis) -> int:
-    return int(client.info("memory")["used_memory"])
 
 
 @dataclass

@@ -731,6 +731,18 @@ local function has_groups(expiry)
   return expiry and find(expiry, 'g', 14, true) ~= nil
 end
 
+-- The field, value list to write to the key `name` in `changed`: made the first time, when
+-- `name` is added to `order` (keys are written in the order they were first changed).
+local function to_write(changed, order, name)
+  local flat = changed[name]
+  if not flat then
+    flat = {}
+    changed[name] = flat
+    order[#order + 1] = name
+  end
+  return flat
+end
+
 -- Writes a key's changed fields (a flat field, value list; may be empty), extending its TTL
 -- when it would end within 12 h of what `now` needs. `expiry` is the key's `expiry` field (or
 -- nil); `uncounted`: an uncounted log is among the fields; `groups`: the key is a bucket some
@@ -872,23 +884,12 @@ local function in_groups(key, count, c)
   end
 end
 
--- Finds where the users `ids[1..n]` (distinct, each k * 256 + f) of the home `key` have their
--- logs: the home first, then the other key of those not there (grouped by that key), where a
--- bucket home says it has groups.
-
+-- Finds where the users `ids[1..n]` (distinct, each k * 256 + f) of the group `key`, their
+-- home, have their logs: the group first, then the bucket for those not there. (A bucket home
+-- is read in gk_decide itself: the common case, kept to its calls and tables.)
 local function locate(key, ids, n, c)
   local count = take(key, key, ids, 1, n, false, 0, c)
-  if count == 0 then return end
-  if is_bucket(key) and not has_groups(c.expiries[key]) then
-    -- No group of this bucket holds anybody: they are nowhere.
-    local own, other, where = c.own, c.other, c.where
-    for x = 1, count do
-      local id = ABSENT[x]
-      own[id], other[id], where[id] = false, false, key
-    end
-    return
-  end
-  in_groups(key, count, c)
+  if count > 0 then in_groups(key, count, c) end
 end
 
 -- One field's log where it is: (its bytes or nil, the key it is in: the home when nowhere).
@@ -900,11 +901,6 @@ local function find_log(key, field)
   local raw = redis.call('HGET', other, field)
   if raw then return raw, other end
   return nil, key
-end
-
--- Removes fields of users whose logs moved into their groups (the bucket stays, saying so).
-local function drop_fields(key, fields)
-  redis.call('HDEL', key, unpack_list(fields))
 end
 
 --- Functions --------------------------------------------------------------------------------
@@ -944,7 +940,7 @@ local function decide(keys, args, each)
   local expiries = {} -- key name -> its `expiry`, or false
   local changed, order = {}, {} -- key name -> field, raw, ... to write (a later value wins)
   local marks = {}    -- key name -> true: an uncounted log is written there
-  local moved = {}    -- key name -> fields whose logs moved to a group
+  local moved, moved_order = {}, {} -- key name -> fields whose logs moved to a group
   local ids = {}      -- scratch: the users one read asks for
   local found_in = {OWN = OWN, OTHER = OTHER, other_always = uncounted, own = logs,
                     other = others, where = where, expiries = expiries}
@@ -972,8 +968,9 @@ local function decide(keys, args, each)
     end
     local key = keys[k]
     if wanted > 0 and is_bucket(key) then
-      -- A bucket home, read as before groups (the common case: a few calls as few as can be);
-      -- its groups only when it says it has some.
+      -- A bucket home, read as before groups, and its groups only when it says it has some.
+      -- Written out here rather than through `take` (as a group home is): the common case, and
+      -- a decision of a random batch at 1M users cost about 1.5 us more through it.
       local list = READ_LIST
       for x = 1, wanted do list[x] = OWN[ids[x] % 256] end
       local asked = wanted
@@ -1122,36 +1119,22 @@ local function decide(keys, args, each)
           logs[id] = raw -- parsed again only if this user comes again in the call
           local home = keys[k]
           local at = where[id] or home
-          local flat = changed[home]
           if at ~= home and not is_bucket(home) then
             -- In the bucket, its home a group: both logs move there.
-            local gone = moved[at]
-            if not gone then
-              gone = {}
-              moved[at] = gone
-            end
+            local gone = to_write(moved, moved_order, at)
             gone[#gone + 1] = OWN[f]
             local other = others[id]
             if other then
               gone[#gone + 1] = OTHER[f]
               if type(other) == 'table' then other = other[1] end
-              if not flat then
-                flat = {}
-                changed[home] = flat
-                order[#order + 1] = home
-              end
+              local flat = to_write(changed, order, home)
               flat[#flat + 1] = OTHER[f]
               flat[#flat + 1] = other
               if not uncounted then marks[home] = true end
             end
             where[id], at = home, home
           end
-          flat = changed[at]
-          if not flat then
-            flat = {}
-            changed[at] = flat
-            order[#order + 1] = at
-          end
+          local flat = to_write(changed, order, at)
           flat[#flat + 1] = OWN[f]
           flat[#flat + 1] = raw
           if uncounted then marks[at] = true end
@@ -1185,8 +1168,8 @@ local function decide(keys, args, each)
     end
   end
   if groups then mark_buckets(groups, expiries, now, retention) end
-  for name, fields in pairs(moved) do
-    drop_fields(name, fields)
+  for x = 1, #moved_order do -- the bucket stays, saying it has groups
+    redis.call('HDEL', moved_order[x], unpack_list(moved[moved_order[x]]))
   end
   return {now, concat(out)}
 end
@@ -1280,15 +1263,11 @@ local function restore(keys, args)
   local now = clock(args[1])
   local cutoff = now - tonumber(args[2])
   local home = keys[1]
-  local flats, added = {}, 0 -- key -> field, value, ... to write
+  local flats, order, added = {}, {}, 0 -- key -> field, value, ... to write
   local field, log, changed, at = nil, nil, false, nil
   local function keep()
     if not changed then return end
-    local flat = flats[at]
-    if not flat then
-      flat = {}
-      flats[at] = flat
-    end
+    local flat = to_write(flats, order, at)
     flat[#flat + 1] = field
     flat[#flat + 1] = log[1]
   end
@@ -1312,13 +1291,13 @@ local function restore(keys, args)
     end
   end
   keep()
-  local written, expiries = {}, {}
-  for key, flat in pairs(flats) do
+  local expiries = {}
+  for x = 1, #order do
+    local key = order[x]
     local expiry = redis.call('HGET', key, EXPIRY)
-    expiries[key] = write_bucket(key, flat, expiry or nil, now, tonumber(args[2]))
-    written[#written + 1] = key
+    expiries[key] = write_bucket(key, flats[key], expiry or nil, now, tonumber(args[2]))
   end
-  mark_buckets(written, expiries, now, tonumber(args[2]))
+  mark_buckets(order, expiries, now, tonumber(args[2]))
   return added
 end
 
