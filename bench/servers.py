@@ -11,6 +11,8 @@ from pathlib import Path
 
 import redis
 
+from limits.engine.log import GROUP_LISTPACK_VALUE
+
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 
@@ -57,6 +59,7 @@ class RedisServer:
             "--appendonly", "no",
             "--dir", str(self.directory),
             "--logfile", str(self.directory / "redis.log"),
+            "--hash-max-listpack-value", str(GROUP_LISTPACK_VALUE),  # as deployed
         ]  # fmt: skip
         if self.cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]

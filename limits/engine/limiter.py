@@ -96,7 +96,7 @@ class Limiter:
         fail_open: bool = False,
         upgrade: bool = False,
         library: FunctionLibrary = LIMITER_LIBRARY,
-        groups: bool = False,
+        groups: bool = True,
     ) -> None:
         """`library`: the function library it calls, this release's unless told (a test runs
         another release's beside it). `groups`: the home of a user's logs is its group's key, not
@@ -108,7 +108,7 @@ class Limiter:
         self.home = log.group_key if groups else log.bucket_key
         self.transport = FunctionTransport(
             client,
-            slot_key=lambda u: log.bucket_key(prefix, u),
+            slot_key=lambda u: self.home(prefix, u),
             order_key=lambda u: u,
             slot_group=lambda u: u >> log.BUCKET_BITS,
             library=library,

@@ -38,6 +38,9 @@ RULE_RECORD = struct.Struct(">BBBI6s6s6s4s")
 REPLY = struct.Struct(">BBI6sII")
 REPLY_BYTES = REPLY.size
 EXPIRY_FIELD = b"expiry"
+# The limiter's Redis server's hash-max-listpack-value (its default is 64): a group stays a
+# listpack while each of its logs fits, and a 30-send log is about 650 bytes (docs/deploy.md).
+GROUP_LISTPACK_VALUE = 4096
 
 KIND_CODES = {"any": 1, "tag": 2, "campaign": 3}
 

@@ -176,7 +176,7 @@ def _is_missing_function(exc: BaseException) -> bool:
 
 class FunctionTransport:
     """Calls of the limiter library on one Redis or a Redis Cluster. `slot_key(user_id)` names
-    the key a call declares for the user (the bucket of the user's log), to route by and to
+    the key a call declares for the user (the home of its logs: its group), to route by and to
     group requests by when a migration refused them; `order_key` sorts each call's requests so
     that those sharing a key come together (stable: one user's requests keep their order);
     `library`: this release's unless told (a test loads another release's beside it)."""

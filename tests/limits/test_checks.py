@@ -1,6 +1,13 @@
-"""Settings the limiter depends on are checked at start-up, each error with a stable id."""
+"""Settings the limiter depends on are checked at start-up, each error with a stable id; the
+limiter's Redis by `check --deploy`."""
 
-from django.core.checks import run_checks
+import pytest
+import redis
+from django.core.checks import CheckMessage, run_checks
+
+from gatekeeper.lib.redis_client import reset_redis_clients
+from limits.checks import limiter_redis_check
+from limits.engine.log import GROUP_LISTPACK_VALUE
 
 
 def ids(settings_changes: dict, settings) -> set[str]:
@@ -41,3 +48,38 @@ def test_the_unsubscribe_links_base_is_an_http_address_and_https_off_loopback(se
     assert ids({"GATEKEEPER_PUBLIC_URL": "http://gate.example.com"}, settings) == {"limits.W001"}
     assert ids({"GATEKEEPER_PUBLIC_URL": "https://gate.example.com/"}, settings) == set()
     assert ids({"GATEKEEPER_SUPPRESSION_TTL_SECONDS": -1}, settings) == {"limits.E007"}
+
+
+def redis_warnings(settings, url: str, *, cluster: bool = False) -> list[CheckMessage]:
+    """What the deploy check says of the limiter's Redis at `url`."""
+    settings.REDIS_URL, settings.REDIS_CLUSTER = url, cluster
+    reset_redis_clients()
+    try:
+        return list(limiter_redis_check(None))
+    finally:
+        reset_redis_clients()
+
+
+def test_the_limiters_redis_keeps_groups_as_listpacks(settings, own_redis) -> None:
+    assert redis_warnings(settings, own_redis.url) == []
+    with redis.Redis.from_url(own_redis.url) as client:
+        client.config_set("hash-max-listpack-value", 64)
+    warnings = redis_warnings(settings, own_redis.url)
+    assert [w.id for w in warnings] == ["limits.W003"]
+    assert "hash-max-listpack-value 64" in warnings[0].msg
+    assert f"hash-max-listpack-value {GROUP_LISTPACK_VALUE}" in str(warnings[0].hint)
+    own_redis.stop()
+    assert [w.id for w in redis_warnings(settings, own_redis.url)] == ["limits.W002"]
+
+
+@pytest.mark.cluster
+def test_every_node_of_a_cluster_is_asked(settings, cluster_processes) -> None:
+    assert redis_warnings(settings, cluster_processes.url, cluster=True) == []
+    node = cluster_processes.nodes[-1]
+    with redis.Redis(port=node.port) as client:
+        client.config_set("hash-max-listpack-value", 64)
+        try:
+            warnings = redis_warnings(settings, cluster_processes.url, cluster=True)
+            assert [w.id for w in warnings] == ["limits.W003"]
+        finally:
+            client.config_set("hash-max-listpack-value", GROUP_LISTPACK_VALUE)

@@ -1,6 +1,7 @@
 """Buckets and groups (docs/limiter.md): a user's logs in its bucket of 256 or in its group of 16,
-read and written by this release wherever they are, moved into the group by the next release's
-limiter (a Limiter with `groups`), never lost or counted twice, on one node and on a cluster."""
+moved into the group by this release's limiter (the group its home) and read and written wherever
+they are by the release before (its home the bucket: a Limiter with `groups=False`), never lost
+or counted twice, on one node and on a cluster."""
 
 from limits.engine import log
 from limits.engine.limiter import Limiter, Restored
@@ -20,43 +21,43 @@ def keys_holding(limiter: Limiter, user: int) -> set[str]:
     }
 
 
-def test_the_next_release_moves_a_users_logs_to_its_group_and_this_one_follows(
+def test_this_release_moves_a_users_logs_to_its_group_and_the_one_before_follows(
     limiter: Limiter,
 ) -> None:
-    grouped = Limiter(limiter.client, prefix=limiter.prefix, groups=True)
+    previous = Limiter(limiter.client, prefix=limiter.prefix, groups=False)
     bucket, group = log.user_keys(limiter.prefix, 1)
     rules = caps(daily=3)
-    # This release: users 1 and 2 (one group, one bucket), each log in the bucket.
+    # The release before: users 1 and 2 (one group, one bucket), each log in the bucket.
     for user in (1, 2):
-        sent = limiter.acquire("email", [(user, f"a{user}")], rules, now_ms=ms(NOW))
+        sent = previous.acquire("email", [(user, f"a{user}")], rules, now_ms=ms(NOW))
         assert sent[0].allowed
-    job = limiter.acquire(
+    job = previous.acquire(
         "email", [(1, "t1")], rules, now_ms=ms(NOW), holder=7, uncounted=True
     )  # a job's transactional send: the uncounted log
     assert job[0].allowed
     assert keys_holding(limiter, 1) == keys_holding(limiter, 2) == {bucket}
 
-    # The next release records user 1's second send: both of its logs move to the group.
-    second = grouped.acquire("email", [(1, "a1b")], rules, now_ms=ms(NOW + HOUR))
+    # This release records user 1's second send: both of its logs move to the group.
+    second = limiter.acquire("email", [(1, "a1b")], rules, now_ms=ms(NOW + HOUR))
     assert second[0].allowed and second[0].counts["daily"] == 2
     assert keys_holding(limiter, 1) == {group}
     assert keys_holding(limiter, 2) == {bucket}
-    assert [e.holder for e in limiter.entries(1, uncounted=True)] == [7]
+    assert [e.holder for e in previous.entries(1, uncounted=True)] == [7]
 
-    # This release decides where the logs are: the third send fills the cap, the fourth is
+    # The release before decides where the logs are: the third send fills the cap, the fourth is
     # refused, a duplicate is found in the uncounted log; and it writes there, not back.
-    third = limiter.acquire("email", [(1, "a1c")], rules, now_ms=ms(NOW + 2 * HOUR))
-    fourth = limiter.acquire("email", [(1, "a1d")], rules, now_ms=ms(NOW + 2 * HOUR))
-    again = limiter.acquire("email", [(1, "t1")], rules, now_ms=ms(NOW + 2 * HOUR))
+    third = previous.acquire("email", [(1, "a1c")], rules, now_ms=ms(NOW + 2 * HOUR))
+    fourth = previous.acquire("email", [(1, "a1d")], rules, now_ms=ms(NOW + 2 * HOUR))
+    again = previous.acquire("email", [(1, "t1")], rules, now_ms=ms(NOW + 2 * HOUR))
     assert (third[0].reason, fourth[0].reason, again[0].reason) == (
         "allowed",
         "daily_cap",
         "duplicate",
     )
     assert keys_holding(limiter, 1) == {group}
-    usage = limiter.usage(1, [("email", rules)], now_ms=ms(NOW + 2 * HOUR))
+    usage = previous.usage(1, [("email", rules)], now_ms=ms(NOW + 2 * HOUR))
     assert usage is not None and usage[0].used == 3
-    assert [e.at_ms for e in limiter.history(1, now_ms=ms(NOW + 2 * HOUR))] == [
+    assert [e.at_ms for e in previous.history(1, now_ms=ms(NOW + 2 * HOUR))] == [
         ms(NOW + 2 * HOUR),
         ms(NOW + HOUR),
         ms(NOW),
@@ -64,33 +65,33 @@ def test_the_next_release_moves_a_users_logs_to_its_group_and_this_one_follows(
 
     # Either release takes a send back out of the group; rebuild_logs' restore adds nothing
     # that is there and puts back what is not.
-    assert limiter.release("email", [(1, "a1c")]) == [True]
-    assert grouped.release("email", [(1, "a1b")]) == [True]
+    assert previous.release("email", [(1, "a1c")]) == [True]
+    assert limiter.release("email", [(1, "a1b")]) == [True]
     back = [Restored(1, "email", ms(NOW + HOUR), "a1b", "", 5, ())]
-    assert limiter.restore(back, retention_ms=8 * 86_400_000, now_ms=ms(NOW + 3 * HOUR)) == 1
-    assert limiter.restore(back, retention_ms=8 * 86_400_000, now_ms=ms(NOW + 3 * HOUR)) == 0
+    assert previous.restore(back, retention_ms=8 * 86_400_000, now_ms=ms(NOW + 3 * HOUR)) == 1
+    assert previous.restore(back, retention_ms=8 * 86_400_000, now_ms=ms(NOW + 3 * HOUR)) == 0
     assert keys_holding(limiter, 1) == {group}
-    assert len(limiter.entries(1)) == 2
+    assert len(previous.entries(1)) == 2
 
     # User 2 moves too: the bucket, left with its expiry alone, stays while its groups live
-    # (its expiry says it has groups: only then does this release read them).
-    grouped.acquire("email", [(2, "a2b")], rules, now_ms=ms(NOW + HOUR))
+    # (its expiry says it has groups: only then does the release before read them).
+    limiter.acquire("email", [(2, "a2b")], rules, now_ms=ms(NOW + HOUR))
     assert keys_holding(limiter, 2) == {group}
     assert limiter.client.hkeys(bucket) == [log.EXPIRY_FIELD]
     assert b"g" in limiter.client.hget(bucket, log.EXPIRY_FIELD)
     assert limiter.client.pttl(bucket) >= limiter.client.pttl(group)
 
     # An erasure forgets the user wherever its logs are.
-    assert limiter.forget([1, 2]) == 3  # user 1's two logs, user 2's one
+    assert previous.forget([1, 2]) == 3  # user 1's two logs, user 2's one
     assert keys_holding(limiter, 1) == keys_holding(limiter, 2) == set()
 
 
 def test_a_group_of_small_logs_is_a_listpack_and_a_users_first_send_goes_home(
     limiter: Limiter,
 ) -> None:
-    grouped = Limiter(limiter.client, prefix=limiter.prefix, groups=True)
+    previous = Limiter(limiter.client, prefix=limiter.prefix, groups=False)
     users = list(range(32, 48))  # one group
-    decided = grouped.acquire("push", [(u, f"p{u}") for u in users], caps(daily=1), now_ms=ms(NOW))
+    decided = limiter.acquire("push", [(u, f"p{u}") for u in users], caps(daily=1), now_ms=ms(NOW))
     assert all(d.allowed for d in decided)
     group = log.group_key(limiter.prefix, 32)
     assert limiter.client.object("encoding", group) == b"listpack"
@@ -98,16 +99,16 @@ def test_a_group_of_small_logs_is_a_listpack_and_a_users_first_send_goes_home(
     # Their bucket holds nobody and says it has groups.
     bucket = log.bucket_key(limiter.prefix, 32)
     assert limiter.client.hkeys(bucket) == [log.EXPIRY_FIELD]
-    # This release finds them in the group: a second send of the day is refused.
-    again = limiter.acquire("push", [(u, f"q{u}") for u in users], caps(daily=1), now_ms=ms(NOW))
+    # The release before finds them in the group: a second send of the day is refused.
+    again = previous.acquire("push", [(u, f"q{u}") for u in users], caps(daily=1), now_ms=ms(NOW))
     assert {d.reason for d in again} == {"daily_cap"}
 
 
 def test_the_sweep_drops_stale_users_of_groups_and_buckets(limiter: Limiter) -> None:
-    grouped = Limiter(limiter.client, prefix=limiter.prefix, groups=True)
-    limiter.acquire("email", [(1, "old"), (300, "old")], caps(daily=5), now_ms=ms(NOW))
-    grouped.acquire("email", [(2, "old"), (301, "new")], caps(daily=5), now_ms=ms(NOW))
-    grouped.acquire("email", [(301, "newer")], caps(daily=5), now_ms=ms(NOW + 9 * 86_400))
+    previous = Limiter(limiter.client, prefix=limiter.prefix, groups=False)
+    previous.acquire("email", [(1, "old"), (300, "old")], caps(daily=5), now_ms=ms(NOW))
+    limiter.acquire("email", [(2, "old"), (301, "new")], caps(daily=5), now_ms=ms(NOW))
+    limiter.acquire("email", [(301, "newer")], caps(daily=5), now_ms=ms(NOW + 9 * 86_400))
     report = logs_sweep(
         limiter, buckets=100, retention_ms=8 * 86_400_000, now_ms=ms(NOW + 9 * 86_400)
     )

@@ -233,27 +233,32 @@ def test_entries_leave_the_log_on_write_once_older_than_the_retention(limiter: L
     assert [e.message for e in limiter.entries(5)] == [log.stored_message_hash("new")]
 
 
-def test_a_bucket_outlives_the_retention_by_a_day_and_then_expires(limiter: Limiter) -> None:
+def test_a_group_and_its_bucket_outlive_the_retention_by_a_day_and_then_expire(
+    limiter: Limiter,
+) -> None:
     send(limiter, 5, "m", caps(), NOW, retention_ms=8 * 86_400_000)
-    ttl = limiter.client.ttl(log.bucket_key(limiter.prefix, 5))
-    assert 8 * DAY < ttl <= 9 * DAY
+    for key in log.user_keys(limiter.prefix, 5):
+        assert 8 * DAY < limiter.client.ttl(key) <= 9 * DAY
 
 
-def test_the_users_of_one_bucket_share_one_key(limiter: Limiter) -> None:
-    for user in (256, 257, 511, 512):
+def test_the_users_of_one_group_share_one_key(limiter: Limiter) -> None:
+    for user in (256, 257, 271, 272, 512):
         send(limiter, user, "m", caps(), NOW)
     client = limiter.client
-    assert client.hlen(log.bucket_key(limiter.prefix, 256)) == 3 + 1  # and its expiry
-    assert client.hlen(log.bucket_key(limiter.prefix, 512)) == 1 + 1
+    assert client.hlen(log.group_key(limiter.prefix, 256)) == 3 + 1  # and its expiry
+    assert client.hlen(log.group_key(limiter.prefix, 272)) == 1 + 1
+    assert client.hlen(log.group_key(limiter.prefix, 512)) == 1 + 1
+    # Their buckets hold only their expiry, saying they have groups.
+    assert client.hkeys(log.bucket_key(limiter.prefix, 256)) == [log.EXPIRY_FIELD]
 
 
 def test_the_sweep_drops_users_whose_log_has_aged_out(limiter: Limiter) -> None:
     send(limiter, 1, "quiet", caps(), NOW - 10 * DAY)
     send(limiter, 2, "recent", caps(), NOW - DAY)
-    key = log.bucket_key(limiter.prefix, 1)
+    key = log.group_key(limiter.prefix, 1)
     assert limiter.sweep([key], retention_ms=8 * 86_400_000, now_ms=ms(NOW)) == (1, 0)
     assert limiter.entries(1) == [] and len(limiter.entries(2)) == 1
-    # The last user gone, the bucket goes too.
+    # The last user gone, the group goes too.
     assert limiter.sweep([key], retention_ms=8 * 86_400_000, now_ms=ms(NOW + 8 * DAY)) == (1, 1)
     assert not limiter.client.exists(key)
 

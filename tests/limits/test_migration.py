@@ -93,11 +93,12 @@ def run_migration(cluster: RedisClusterProcesses, target: RedisServer | None) ->
         )
 
         cluster.begin_migration(slot, source, target)
-        cluster.migrate(
-            source, target, [log.bucket_key(PREFIX, b << log.BUCKET_BITS) for b in buckets[:2]]
-        )
+        # Each bucket's users in two groups (low bytes 1 and 2, and 200): three keys a bucket.
+        moving = sorted({key for user in moved for key in log.user_keys(PREFIX, user)})
+        assert len(moving) == 6
+        cluster.migrate(source, target, moving)
         # Mid-migration: the source holds the kept buckets, the target the moved ones.
-        assert (keys_in_slot(source, slot), keys_in_slot(target, slot)) == (2, 2)
+        assert (keys_in_slot(source, slot), keys_in_slot(target, slot)) == (6, 6)
         asks, tries = errors(source, "ASK"), errors(source, "TRYAGAIN")
 
         # Only moved buckets in a call: refused whole with ASK, answered by the target.
@@ -107,7 +108,7 @@ def run_migration(cluster: RedisClusterProcesses, target: RedisServer | None) ->
         assert gate(limiter, kept, "mid:1") == dict.fromkeys(kept, ("allowed", 2))
         # A bucket that exists nowhere yet: created on the target.
         assert gate(limiter, fresh, "mid:1") == dict.fromkeys(fresh, ("allowed", 1))
-        assert keys_in_slot(target, slot) == 3
+        assert keys_in_slot(target, slot) == 9
         # Buckets on both sides in one call: refused with TRYAGAIN, sent again after a pause one
         # bucket per call (those moved after an ASK, to the target).
         started = time.monotonic()
@@ -133,7 +134,7 @@ def run_migration(cluster: RedisClusterProcesses, target: RedisServer | None) ->
         assert limiter.release("email", [(u, "mid:2") for u in one_each]) == [False] * 3
         assert quota(limiter, one_each) == dict.fromkeys(one_each, 2)
         assert gate(limiter, one_each, "mid:5") == dict.fromkeys(one_each, ("allowed", 3))
-        assert keys_in_slot(source, slot) == 2  # nothing written where it should not be
+        assert keys_in_slot(source, slot) == 6  # nothing written where it should not be
 
         cluster.move_slot(slot, target.port)
         assert keys_in_slot(source, slot) == 0

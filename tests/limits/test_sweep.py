@@ -28,25 +28,28 @@ def record(limiter: Limiter, user: int, at: float) -> None:
     assert limiter.acquire("email", [(user, f"m-{user}-{at}")], caps(), now_ms=ms(at))[0].allowed
 
 
-def bucket(user: int) -> str:
-    return log.bucket_key(PREFIX, user)
+def group(user: int) -> str:
+    return log.group_key(PREFIX, user)
 
 
 def test_it_drops_users_whose_log_has_aged_out_and_keeps_the_others(limiter: Limiter) -> None:
     record(limiter, 1, NOW - 10 * DAY)  # quiet, sharing a bucket with a recent user
     record(limiter, 2, NOW - 10 * DAY)
     record(limiter, 2, NOW - DAY)  # the newest entry decides
-    record(limiter, 256, NOW - 9 * DAY)  # a bucket of quiet users only
+    record(limiter, 256, NOW - 9 * DAY)  # two groups of quiet users only
     record(limiter, 300, NOW - 8 * DAY - 1)
     record(limiter, 70_000, NOW - 7 * DAY)  # inside the retention
     report = logs_sweep(limiter, buckets=100, retention_ms=RETENTION_MS, now_ms=ms(NOW))
-    assert (report.dropped, report.emptied) == (3, 1)
+    assert (report.dropped, report.emptied) == (3, 2)
     assert report.buckets >= 3
     assert limiter.entries(1) == []
     assert limiter.entries(2) != []
     assert len(limiter.entries(70_000)) == 1
-    assert not limiter.client.exists(bucket(256))
-    assert limiter.client.exists(bucket(1))
+    assert not limiter.client.exists(group(256)) and not limiter.client.exists(group(300))
+    assert limiter.client.exists(group(1))
+    # Their bucket, which says it has groups, expires with the last of them.
+    bucket = log.bucket_key(PREFIX, 256)
+    assert limiter.client.hkeys(bucket) == [log.EXPIRY_FIELD]
     # Every node's walk came to its end: the next run starts it over.
     assert report.passes == len(primaries(limiter.client))
 

@@ -94,10 +94,7 @@ def in_logs(job: SendJob) -> set[int]:
     users = set()
     for chunk in SendChunk.objects.filter(job=job):
         for row in chunk.recipients:
-            raw = limiter.client.hget(
-                log.bucket_key(limiter.prefix, row["user_id"]), log.bucket_field(row["user_id"])
-            )
-            held = {e.message for e in log.decode(raw) if e.channel == job.channel}
+            held = {e.message for e in limiter.entries(row["user_id"]) if e.channel == job.channel}
             if log.stored_message_hash(row["message_id"]) in held:
                 users.add(row["user_id"])
     return users

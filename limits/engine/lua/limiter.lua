@@ -933,6 +933,7 @@ local function decide(keys, args, each)
   local day_start, week_start = now - DAY, now - WEEK
   local time6 = bpack('>I6', now)
   local tails = {[tag_slots] = campaign .. held(priority, holder) .. tags}
+  local first_log = nil -- a first send's log before its entry: made once per call
   local out, replies = {}, {}
   local logs = {}     -- key * 256 + field byte -> the user's log: a string, a table, or false
   local others = {}   -- the same -> the user's other log (uncounted, or counted), as read
@@ -1103,6 +1104,12 @@ local function decide(keys, args, each)
               tails[log[2]] = tail
             end
             raw = log[1] .. time6 .. message .. tail
+          elseif log[4] == 0 then
+            -- The user's first send (in the retention): a log of one section and one entry.
+            if not first_log then
+              first_log = char(VERSION, tag_slots, 1) .. char(#channel) .. channel .. '\0\0'
+            end
+            raw = first_log .. time6 .. message .. tails[tag_slots]
           else
             raw = appended(log, slot, now, cutoff, time6, message, tails, tag_slots)
           end
@@ -1161,8 +1168,11 @@ local function decide(keys, args, each)
     local name = order[x]
     local expiry = expiries[name]
     if expiry == nil then expiry = redis.call('HGET', name, EXPIRY) end
-    expiries[name] = write_bucket(name, changed[name], expiry or nil, now, retention, marks[name])
-    if byte(name, #name) ~= 125 then -- a group
+    local written = write_bucket(name, changed[name], expiry or nil, now, retention, marks[name])
+    expiries[name] = written
+    if written ~= (expiry or nil) and byte(name, #name) ~= 125 then
+      -- A group whose expiry was written: its bucket says so and outlives it. (Between two
+      -- such writes the bucket, marked at the first, outlives every entry written meanwhile.)
       groups = groups or {}
       groups[#groups + 1] = name
     end
