@@ -320,11 +320,16 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--designs", action="store_true", help="with --mix: the same logs in other containers"
     )
+    parser.add_argument(
+        "--unmoved",
+        action="store_true",
+        help="with --mix: the gate before group_logs has run (buckets still read)",
+    )
     args = parser.parse_args(argv)
     if args.mix:
         from bench import mix
 
-        mix.main(args.users, args.designs)
+        mix.main(args.users, args.designs, moved=not args.unmoved)
         return
     repeats = 1 if args.quick else 3
     with tempfile.TemporaryDirectory() as tmp:

@@ -11,6 +11,7 @@ class LimitsConfig(AppConfig):
     def ready(self) -> None:
         # Imported here: models, and what uses them, load only once the app registry is ready.
         from limits import checks  # noqa: F401  (registers the settings checks)
+        from limits.engine import server_checks  # noqa: F401  (and the limiter's Redis's)
         from limits.ledger.listeners import drain_listen
         from limits.models.studies import Experiment
         from limits.policy.selectors import policy_cache_invalidate_on_commit

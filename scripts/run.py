@@ -27,9 +27,12 @@ WORKER_NODES = ("celery", "upkeep")
 
 
 def prepare() -> None:
-    """Migrate, collect static files and seed the demo (first start only), in one process of
-    its own (`run.py prepare`): one Django start-up for the three, and its memory (the demo's
+    """Migrate, collect static files, seed the demo (first start only) and keep the send logs
+    in their groups (group_logs: nothing to move after the first start), in one process of
+    its own (`run.py prepare`): one Django start-up for them all, and its memory (the demo's
     snapshot, numpy) given back before the processes start."""
+    import io
+
     import django
     from django.core.management import call_command
 
@@ -37,6 +40,9 @@ def prepare() -> None:
     call_command("migrate", interactive=False, verbosity=0)
     call_command("collectstatic", interactive=False, verbosity=0)
     call_command("seed_demo")
+    # This machine's processes are all of this checkout: any the registry still shows are ones
+    # `make run` started before and stopped.
+    call_command("group_logs", force=True, stdout=io.StringIO())
 
 
 def web_url() -> str:

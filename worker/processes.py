@@ -19,6 +19,7 @@ from django.conf import settings
 
 from gatekeeper.lib.instants import instant_or_now
 from gatekeeper.lib.redis_client import REDIS_DOWN, get_redis
+from gatekeeper.lib.words import count
 from limits.engine.transport import LIMITER_LIBRARY
 
 logger = logging.getLogger(__name__)
@@ -81,3 +82,28 @@ def processes_by_version(now: datetime | None = None) -> dict[str | None, list[d
     for entry in processes_list(now):
         grouped.setdefault(entry.get("version"), []).append(entry)
     return grouped
+
+
+SHOWN = 5  # processes named in a refusal
+
+
+def describe(entry: dict[str, Any]) -> str:
+    functions = entry.get("functions")
+    calls = f"functions {functions}" if functions else "a release before versioned names"
+    return f"{entry.get('role')} on {entry.get('host')} (pid {entry.get('pid')}): {calls}"
+
+
+def other_releases_refusal(what: str, consequence: str) -> str | None:
+    """Why `what` is refused while processes of another release (a limiter library other than
+    this release's) have reported recently; None when none have. `consequence`: what --force
+    would risk."""
+    running = [p for p in processes_list() if p.get("functions") != LIMITER_LIBRARY.version]
+    if not running:
+        return None
+    named = "; ".join(describe(p) for p in running[:SHOWN])
+    more = f"; and {len(running) - SHOWN} more" if len(running) > SHOWN else ""
+    return (
+        f"{what}: {count(len(running), 'process', 'processes')} of another release "
+        f"reported in the last {stale_after():.0f} s ({named}{more}). Stop them first, or pass "
+        f"--force ({consequence})."
+    )

@@ -6,8 +6,10 @@ into decisions. How calls reach Redis (nodes, slots, pipelines, reloading the li
 on a cluster) is `limits.engine.transport`'s; the bytes of the log are `limits.engine.log`'s.
 """
 
+import contextlib
 import logging
 import struct
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -29,6 +31,8 @@ logger = logging.getLogger(__name__)
 # The library's answers for an admitted request (limits/engine/lua/limiter.lua).
 ALLOWED, DUPLICATE = 1, 2
 _REQUEST = struct.Struct(">HB")
+# How often a limiter asks Redis whether the logs have all moved into their groups.
+GROUPED_CHECK_SECONDS = 60.0
 
 
 @dataclass(slots=True)
@@ -105,7 +109,9 @@ class Limiter:
         self.client = client
         self.prefix = prefix
         self.fail_open = fail_open
+        self.groups = groups
         self.home = log.group_key if groups else log.bucket_key
+        self._grouped, self._grouped_checked = False, 0.0
         self.transport = FunctionTransport(
             client,
             slot_key=lambda u: self.home(prefix, u),
@@ -185,7 +191,7 @@ class Limiter:
             ]
             for flag in (False, True)
         }
-        tail = [str(holder), "1" if uncounted else "0"]
+        tail = [str(holder), "1" if uncounted else "0", "1" if self.grouped() else "0"]
         tag_hashes = log.tags_bytes(tags)
         payload_head = log.short_hash(campaign) + bytes((len(tag_hashes) // 4,)) + tag_hashes
         hashes = [log.message_hash(message_id) for _, message_id in requests]
@@ -473,6 +479,45 @@ class Limiter:
         if keys:
             self.transport.run(user_ids, build, collect, fail)
         return totals[0], totals[1]
+
+    def group_buckets(
+        self, keys: Sequence[str | bytes], *, retention_ms: int, now_ms: int | None = None
+    ) -> int:
+        """Move every user's logs in these buckets into its group (docs/limiter.md, "Buckets
+        and groups"). Returns how many logs moved; raises when Redis does not answer (what
+        moved stays moved: running it again moves the rest)."""
+        now_ms = ms_checked(now_ms)
+        names = [key.decode() if isinstance(key, bytes) else key for key in keys]
+        user_ids = [log.bucket_of(key) << log.BUCKET_BITS for key in names]
+        moved = [0]
+
+        def build(batches: list[list[int]]) -> Iterator[Call]:
+            for batch in batches:
+                for i in batch:
+                    yield Call("gk_group", [1, names[i], _now_arg(now_ms), retention_ms], [i])
+
+        def collect(call: Call, reply: Any) -> None:
+            moved[0] += int(reply)
+
+        def fail(indexes: list[int]) -> None:
+            raise ConnectionError("Redis is not answering: the logs were not all moved")
+
+        if keys:
+            self.transport.run(user_ids, build, collect, fail)
+        return moved[0]
+
+    def grouped(self) -> bool:
+        """Whether every user's logs are in its group, its bucket read no more: said by Redis
+        once `manage.py group_logs` has moved them all, and looked up at most every
+        GROUPED_CHECK_SECONDS (never again once said)."""
+        if self._grouped or not self.groups:
+            return self._grouped
+        now = time.monotonic()
+        if now >= self._grouped_checked:
+            self._grouped_checked = now + GROUPED_CHECK_SECONDS
+            with contextlib.suppress(*REDIS_DOWN):  # the call itself says what Redis answers
+                self._grouped = bool(self.client.exists(log.grouped_key(self.prefix)))
+        return self._grouped
 
     def import_entries(
         self,

@@ -55,6 +55,11 @@ def group_key(prefix: str, user_id: int) -> str:
     return f"{bucket_key(prefix, user_id)}{(user_id >> 4) & 0xF:x}"
 
 
+def grouped_key(prefix: str) -> str:
+    """The key that says every user's logs are in its group: buckets are read no more."""
+    return f"{prefix}logs:grouped"
+
+
 def user_keys(prefix: str, user_id: int) -> tuple[str, str]:
     """Both keys the user's logs may be in: its bucket's and its group's."""
     return bucket_key(prefix, user_id), group_key(prefix, user_id)

@@ -13,7 +13,7 @@ returns every key that exists for a whole pass at least once (some twice).
 import logging
 import math
 import re
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from gatekeeper.lib.instants import ms_checked, ms_or_now
+from limits.engine import log
 from limits.engine.legacy import LegacyLogs, OldLogs, parse_legacy_key
 from limits.engine.limiter import Limiter
 
@@ -199,3 +200,30 @@ def logs_sweep(
             logger.warning("Sweep of the send logs on %s stopped: %s", name, exc)
         looked += seen
     return SweepReport(buckets=looked, dropped=dropped, emptied=emptied, passes=passes)
+
+
+@dataclass(frozen=True)
+class GroupPage:
+    node: str
+    buckets: int  # buckets looked at
+    moved: int  # logs moved into their groups
+
+
+def logs_group(
+    limiter: Limiter, *, retention_ms: int, now_ms: int | None = None, page: int = PAGE
+) -> Iterator[GroupPage]:
+    """Move every bucket's users into their groups, one SCAN page at a time on each primary
+    (docs/limiter.md, "Buckets and groups"); once every node's walk has ended, say so in
+    Redis (log.grouped_key), and the limiters read buckets no more. Raises when a node does
+    not answer: nothing is said, and a run again moves what is left."""
+    client, prefix = limiter.client, limiter.prefix
+    pattern = f"{_glob(prefix)}{{b:*}}"  # buckets: a group's key goes on after the '}'
+    for name, conn in primaries(client):
+        cursor = 0
+        while True:
+            cursor, keys = conn.scan(cursor, match=pattern, count=page)
+            moved = limiter.group_buckets(keys, retention_ms=retention_ms, now_ms=now_ms)
+            yield GroupPage(node=name, buckets=len(keys), moved=moved)
+            if cursor == 0:
+                break
+    client.set(log.grouped_key(prefix), ms_or_now(now_ms))

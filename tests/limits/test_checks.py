@@ -6,8 +6,8 @@ import redis
 from django.core.checks import CheckMessage, run_checks
 
 from gatekeeper.lib.redis_client import reset_redis_clients
-from limits.checks import limiter_redis_check
 from limits.engine.log import GROUP_LISTPACK_VALUE
+from limits.engine.server_checks import limiter_redis_check
 
 
 def ids(settings_changes: dict, settings) -> set[str]:

@@ -29,6 +29,7 @@ FUNCTIONS = (
     "gk_restore",
     "gk_run",
     "gk_sweep",
+    "gk_group",
     "gk_usage",
 )
 # Another release: the same Lua but for one comment, so another version.

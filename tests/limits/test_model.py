@@ -289,17 +289,19 @@ class LimiterMachine(RuleBasedStateMachine):
     def setup(self, start: int) -> None:
         self.client = redis.Redis.from_url(TEST_REDIS_URL)
         self.client.flushdb()
-        # This release's limiter, and the next one's (its users' logs at home in their groups)
-        # beside it: each step is taken by either, as while both releases run.
+        # The release before's limiter (its users' logs at home in their buckets), and this
+        # release's (at home in their groups) beside it: each step is taken by either, as while
+        # both releases run.
         self.limiters = {
-            False: Limiter(self.client, prefix="model:"),
-            True: Limiter(self.client, prefix="model:", groups=True),
+            False: Limiter(self.client, prefix="model:", groups=False),
+            True: Limiter(self.client, prefix="model:"),
         }
         self.limiter = self.limiters[False]
         self.model = Model()
         self.now = start
         self.sent: list[tuple[int, str, str]] = []
         self.counter = 0
+        self.moved = False  # group_logs has run: the release before runs no more
 
     def teardown(self) -> None:
         if hasattr(self, "client"):
@@ -373,7 +375,7 @@ class LimiterMachine(RuleBasedStateMachine):
             zone=zone,
             now_ms=self.now,
         )
-        real = self.limiters[groups].acquire(
+        real = self.limiters[groups or self.moved].acquire(
             channel,
             [(user, mid)],
             rule_set,
@@ -420,10 +422,26 @@ class LimiterMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 1000), holder=HOLDERS, uncounted=st.booleans(), groups=st.booleans())
     def release(self, pick: int, holder: int, uncounted: bool, groups: bool) -> None:
         user, channel, mid = self.sent[pick % len(self.sent)]
-        released = self.limiters[groups].release(
+        released = self.limiters[groups or self.moved].release(
             channel, [(user, mid)], holder=holder, uncounted=uncounted
         )
         assert released == [self.model.release(user, channel, mid, holder, uncounted)]
+
+    @precondition(lambda self: not getattr(self, "moved", True))
+    @rule()
+    def move_to_groups(self) -> None:
+        """manage.py group_logs: every bucket's users into their groups; this release's
+        limiter then reads groups alone."""
+        buckets = {log.bucket_key("model:", user) for user in (0, 1, 300)}
+        self.limiters[True].group_buckets(sorted(buckets), retention_ms=WEEK_MS, now_ms=self.now)
+        self.client.set(log.grouped_key("model:"), self.now)
+        self.limiters[True] = Limiter(self.client, prefix="model:")
+        assert self.limiters[True].grouped()
+        self.moved = True
+        for user in (0, 1, 300):
+            bucket = log.bucket_key("model:", user)
+            fields = (log.bucket_field(user), log.uncounted_field(user))
+            assert not any(self.client.hexists(bucket, f) for f in fields)
 
     @invariant()
     def logs_match(self) -> None:

@@ -55,7 +55,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.processes, pytest.mark.django_db(tra
 
 # The release before this one. Each release moves it to the one before itself, so that this
 # test always runs the upgrade an operator makes to reach it.
-PREVIOUS_RELEASE = "e17ee6473f8c7821670fa5321141de273353b501"
+PREVIOUS_RELEASE = "993af90fc5c47c4220917023866245a668834328"
 
 RECIPIENTS = 100_000
 USERS = range(1, RECIPIENTS + 1)

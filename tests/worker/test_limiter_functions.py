@@ -85,9 +85,9 @@ def test_other_releases_libraries_are_dropped_once_no_process_of_theirs_reports(
     everything = {LIMITER_LIBRARY.name, OTHER.name, "gatekeeper_limiter", "someone_else"}
     nodes = len(primaries(client))
     listed = _run()
-    assert f"{OTHER.name}, 9 functions (another release)" in listed
-    assert "gatekeeper_limiter, 9 functions (a release before versioned names)" in listed
-    assert f"{LIMITER_LIBRARY.name}, 9 functions (this release)" in listed
+    assert f"{OTHER.name}, 10 functions (another release)" in listed
+    assert "gatekeeper_limiter, 10 functions (a release before versioned names)" in listed
+    assert f"{LIMITER_LIBRARY.name}, 10 functions (this release)" in listed
     assert "someone_else" not in listed
     assert f"{2 * nodes} libraries of other releases: --drop-others deletes them" in listed
     assert _libraries(client) == [everything] * nodes  # listing changes nothing

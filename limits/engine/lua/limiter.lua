@@ -743,20 +743,23 @@ local function to_write(changed, order, name)
   return flat
 end
 
--- Writes a key's changed fields (a flat field, value list; may be empty), extending its TTL
--- when it would end within 12 h of what `now` needs. `expiry` is the key's `expiry` field (or
--- nil); `uncounted`: an uncounted log is among the fields; `groups`: the key is a bucket some
--- of whose users' logs are in their groups (the expiry then says so, and the bucket lives at
--- least as long as they do). Returns the key's `expiry` as it now is.
-local function write_bucket(key, flat, expiry, now, retention, uncounted, groups)
-  local needed = now + retention
-  local until_ms = needed + DAY
-  local marked = holds_uncounted(expiry) or uncounted
-  local grouped = has_groups(expiry) or groups
+-- The time (ms) a key's `expiry` field says it lives until: its digits, before any mark.
+local function expiry_ms(expiry)
+  return tonumber(expiry) or tonumber(match(expiry, '^%d+'))
+end
+
+-- Writes a key's changed fields (a flat field, value list; may be empty), and its `expiry` and
+-- TTL when it would end before `needed` (ms) or its marks change: it then lives a day past
+-- `needed`, or as long as it did if longer. `expiry` is the key's `expiry` field (or nil);
+-- `uncounted`: an uncounted log is among the fields; `groups`: the key is a bucket some of whose
+-- users' logs are in their groups (the expiry then says so). Returns the key's `expiry` as it
+-- now is, and whether it was written.
+local function write_bucket(key, flat, expiry, now, needed, uncounted, groups)
   local refresh = not expiry
+  local until_ms = needed + DAY
   if expiry then
-    local stored = tonumber(match(expiry, '^%d+'))
-    refresh = stored < needed + DAY / 2 or (uncounted and not holds_uncounted(expiry))
+    local stored = expiry_ms(expiry)
+    refresh = stored < needed or (uncounted and not holds_uncounted(expiry))
       or (groups and not has_groups(expiry))
     if stored > until_ms then until_ms = stored end
   end
@@ -765,7 +768,8 @@ local function write_bucket(key, flat, expiry, now, retention, uncounted, groups
     -- A bucket's is padded past hash-max-listpack-value (64 bytes by default): the bucket is a
     -- hash table from its first write, its users found in O(1) rather than by a scan of up to
     -- 256 of them. A group's 16 users are scanned: it stays a listpack while it can.
-    local value = tostring(until_ms) .. (marked and 'u' or '') .. (grouped and 'g' or '')
+    local value = tostring(until_ms) .. ((holds_uncounted(expiry) or uncounted) and 'u' or '')
+      .. ((has_groups(expiry) or groups) and 'g' or '')
     if is_bucket(key) then value = value .. EXPIRY_PADDING end
     flat[#flat + 1] = value
   end
@@ -774,28 +778,32 @@ local function write_bucket(key, flat, expiry, now, retention, uncounted, groups
   end
   if refresh then
     redis.call('PEXPIRE', key, until_ms - now)
-    return flat[#flat]
+    return flat[#flat], true
   end
-  return expiry
+  return expiry, false
 end
 
--- After writes to groups: their buckets say they have groups, and live as long as they do.
-local function mark_buckets(written, expiries, now, retention)
-  local done = {}
+-- After groups' `expiry` was written (`written`: their names): their buckets say they have
+-- groups, and live at least as long as each of them. A group written without its expiry lives
+-- no longer than when it was last written, its bucket marked then.
+local function mark_buckets(written, expiries, now)
+  local needs, buckets = {}, {}
   for x = 1, #written do
     local name = written[x]
-    if not is_bucket(name) then
-      local bucket = sub(name, 1, -2)
-      if not done[bucket] then
-        done[bucket] = true
-        local expiry = expiries[bucket]
-        if expiry == nil then
-          expiry = redis.call('HGET', bucket, EXPIRY)
-          expiries[bucket] = expiry
-        end
-        expiries[bucket] = write_bucket(bucket, {}, expiry or nil, now, retention, false, true)
-      end
+    local bucket = sub(name, 1, -2)
+    local needed = expiry_ms(expiries[name])
+    if not needs[bucket] then
+      buckets[#buckets + 1] = bucket
+      needs[bucket] = needed
+    elseif needed > needs[bucket] then
+      needs[bucket] = needed
     end
+  end
+  for x = 1, #buckets do
+    local bucket = buckets[x]
+    local expiry = expiries[bucket]
+    if expiry == nil then expiry = redis.call('HGET', bucket, EXPIRY) end
+    expiries[bucket] = write_bucket(bucket, {}, expiry or nil, now, needs[bucket], false, true)
   end
 end
 
@@ -884,14 +892,6 @@ local function in_groups(key, count, c)
   end
 end
 
--- Finds where the users `ids[1..n]` (distinct, each k * 256 + f) of the group `key`, their
--- home, have their logs: the group first, then the bucket for those not there. (A bucket home
--- is read in gk_decide itself: the common case, kept to its calls and tables.)
-local function locate(key, ids, n, c)
-  local count = take(key, key, ids, 1, n, false, 0, c)
-  if count > 0 then in_groups(key, count, c) end
-end
-
 -- One field's log where it is: (its bytes or nil, the key it is in: the home when nowhere).
 local function find_log(key, field)
   local got = redis.call('HMGET', key, field, EXPIRY)
@@ -911,6 +911,7 @@ local function decide(keys, args, each)
   local holder = (tonumber(args[7]) or 0) % PRIORITY_UNIT
   local OWN, OTHER = FIELDS, UNCOUNTED
   local uncounted = args[8] == '1'
+  local grouped = args[9] == '1' -- every user's logs are in its group: no bucket is read
   if uncounted then OWN, OTHER = UNCOUNTED, FIELDS end
   local dry = args[2] == '1'
   local channel = args[3]
@@ -968,10 +969,10 @@ local function decide(keys, args, each)
       end
     end
     local key = keys[k]
-    if wanted > 0 and is_bucket(key) then
-      -- A bucket home, read as before groups, and its groups only when it says it has some.
-      -- Written out here rather than through `take` (as a group home is): the common case, and
-      -- a decision of a random batch at 1M users cost about 1.5 us more through it.
+    if wanted > 0 then
+      -- The home read in one HMGET, then the other key for the users not there: a group's
+      -- bucket, a bucket's groups when it says it has some. Written out here rather than
+      -- through `take`: a decision of a random batch at 1M users cost about 1.5 us more so.
       local list = READ_LIST
       for x = 1, wanted do list[x] = OWN[ids[x] % 256] end
       local asked = wanted
@@ -998,11 +999,9 @@ local function decide(keys, args, each)
           ABSENT[missing] = id
         end
       end
-      if missing > 0 and has_groups(expiry) then
+      if missing > 0 and (has_groups(expiry) or not (grouped or is_bucket(key))) then
         in_groups(key, missing, found_in)
       end
-    elseif wanted > 0 then
-      locate(key, ids, wanted, found_in)
     end
 
     for m = i, j - 1 do
@@ -1168,16 +1167,16 @@ local function decide(keys, args, each)
     local name = order[x]
     local expiry = expiries[name]
     if expiry == nil then expiry = redis.call('HGET', name, EXPIRY) end
-    local written = write_bucket(name, changed[name], expiry or nil, now, retention, marks[name])
+    local written, refreshed = write_bucket(name, changed[name], expiry or nil, now,
+      now + retention, marks[name])
     expiries[name] = written
-    if written ~= (expiry or nil) and byte(name, #name) ~= 125 then
-      -- A group whose expiry was written: its bucket says so and outlives it. (Between two
-      -- such writes the bucket, marked at the first, outlives every entry written meanwhile.)
+    if refreshed and byte(name, #name) ~= 125 then -- a group whose expiry was written
       groups = groups or {}
       groups[#groups + 1] = name
     end
   end
-  if groups then mark_buckets(groups, expiries, now, retention) end
+  -- Once every log is in its group, no release that reads buckets runs: none is marked.
+  if groups and not grouped then mark_buckets(groups, expiries, now) end
   for x = 1, #moved_order do -- the bucket stays, saying it has groups
     redis.call('HDEL', moved_order[x], unpack_list(moved[moved_order[x]]))
   end
@@ -1301,13 +1300,16 @@ local function restore(keys, args)
     end
   end
   keep()
-  local expiries = {}
+  local expiries, groups = {}, {}
   for x = 1, #order do
     local key = order[x]
     local expiry = redis.call('HGET', key, EXPIRY)
-    expiries[key] = write_bucket(key, flats[key], expiry or nil, now, tonumber(args[2]))
+    local written, refreshed = write_bucket(key, flats[key], expiry or nil, now,
+      now + tonumber(args[2]))
+    expiries[key] = written
+    if refreshed and not is_bucket(key) then groups[#groups + 1] = key end
   end
-  mark_buckets(order, expiries, now, tonumber(args[2]))
+  mark_buckets(groups, expiries, now)
   return added
 end
 
@@ -1357,6 +1359,55 @@ local function sweep(keys, args)
 end
 
 -- A send job chunk's record (see gk_run above).
+-- Moves every user's logs in the bucket `keys[1]` into its group (args: now, retention ms),
+-- the bucket left with its `expiry` saying it has groups, and living as long as they do.
+-- Returns how many logs moved. A user's logs are never in both keys; were they, the group's
+-- would be kept.
+local function group_bucket(keys, args)
+  if not floor then bind() end
+  local now, retention = clock(args[1]), tonumber(args[2])
+  local bucket = keys[1]
+  local flat = redis.call('HGETALL', bucket)
+  local changed, order, marks, fields, expiry = {}, {}, {}, {}, nil
+  for k = 1, #flat, 2 do
+    local field = flat[k]
+    if field == EXPIRY then
+      expiry = flat[k + 1]
+    else
+      local group = bucket .. HEX[floor(byte(field, #field) / 16)]
+      local to = to_write(changed, order, group)
+      to[#to + 1] = field
+      to[#to + 1] = flat[k + 1]
+      if #field > 1 then marks[group] = true end -- an uncounted log
+      fields[#fields + 1] = field
+    end
+  end
+  if #fields == 0 then return 0 end
+  local expiries, groups = {}, {}
+  for x = 1, #order do
+    local group = order[x]
+    local list = changed[group]
+    local names = {}
+    for y = 1, #list, 2 do names[#names + 1] = list[y] end
+    local there = redis.call('HMGET', group, EXPIRY, unpack_list(names))
+    local kept = {}
+    for y = 1, #names do
+      if not there[y + 1] then
+        kept[#kept + 1] = names[y]
+        kept[#kept + 1] = list[2 * y]
+      end
+    end
+    local written, refreshed = write_bucket(group, kept, there[1] or nil, now, now + retention,
+      marks[group])
+    expiries[group] = written
+    if refreshed then groups[#groups + 1] = group end
+  end
+  redis.call('HDEL', bucket, unpack_list(fields))
+  expiries[bucket] = expiry or false
+  mark_buckets(groups, expiries, now)
+  return #fields
+end
+
 local function run_record(keys, args)
   if not floor then bind() end
   local key, run = keys[1], args[1]
@@ -1386,3 +1437,4 @@ register('gk_usage', usage, {'no-writes'})
 register('gk_import', import)
 register('gk_restore', restore)
 register('gk_sweep', sweep)
+register('gk_group', group_bucket)

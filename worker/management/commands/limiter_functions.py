@@ -11,9 +11,7 @@ from gatekeeper.lib.redis_client import REDIS_DOWN, get_redis
 from gatekeeper.lib.words import count
 from limits.engine.transport import LIBRARY_BASE, LIMITER_LIBRARY, libraries_loaded
 from limits.engine.upkeep import primaries
-from worker.processes import processes_list, stale_after
-
-SHOWN = 5  # processes named in a refusal
+from worker.processes import other_releases_refusal
 
 
 def _release(name: str) -> str:
@@ -22,12 +20,6 @@ def _release(name: str) -> str:
     if name == LIBRARY_BASE:
         return "a release before versioned names"
     return "another release"
-
-
-def _process(entry: dict[str, Any]) -> str:
-    functions = entry.get("functions")
-    calls = f"functions {functions}" if functions else "a release before versioned names"
-    return f"{entry.get('role')} on {entry.get('host')} (pid {entry.get('pid')}): {calls}"
 
 
 class Command(BaseCommand):
@@ -79,17 +71,12 @@ class Command(BaseCommand):
                     "--drop-others deletes them once no process of theirs runs."
                 )
                 return
-            running = [p for p in processes_list() if p.get("functions") != LIMITER_LIBRARY.version]
-            if running and not options["force"]:
-                named = "; ".join(_process(p) for p in running[:SHOWN])
-                more = f"; and {len(running) - SHOWN} more" if len(running) > SHOWN else ""
-                raise CommandError(
-                    f"Not dropped: {count(len(running), 'process', 'processes')} of another "
-                    f"release reported in the last {stale_after():.0f} s ({named}{more}). "
-                    "Stop them first, or "
-                    "pass --force (a process still running loads its library back on its next "
-                    "call)."
-                )
+            refusal = other_releases_refusal(
+                "Not dropped",
+                "a process still running loads its library back on its next call",
+            )
+            if refusal and not options["force"]:
+                raise CommandError(refusal)
             dropped = 0
             for node, conn, name in others:
                 try:
