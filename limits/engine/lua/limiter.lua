@@ -748,6 +748,16 @@ local function expiry_ms(expiry)
   return tonumber(expiry) or tonumber(match(expiry, '^%d+'))
 end
 
+-- Whether a key whose `expiry` field says so lives until `needed` (ms; `needed_text`, its
+-- digits). Both 13 digits (times from 2001 to 2286): compared as text, no number read.
+local function lasts(expiry, needed, needed_text)
+  local c = byte(expiry, 14)
+  if #needed_text == 13 and byte(expiry, 13) and (c == nil or c < 48 or c > 57) then
+    return expiry >= needed_text
+  end
+  return expiry_ms(expiry) >= needed
+end
+
 -- Writes a key's changed fields (a flat field, value list; may be empty), and its `expiry` and
 -- TTL when it would end before `needed` (ms) or its marks change: it then lives a day past
 -- `needed`, or as long as it did if longer. `expiry` is the key's `expiry` field (or nil);
@@ -853,6 +863,7 @@ end
 -- ABSENT (scratch) from position `missing` + 1, and their new count returned. The other logs are
 -- read where `other_always` or the key's expiry says it has any.
 local ABSENT = {}
+local WRITES = {} -- scratch: a run's writes to its home
 local function take(name, home, list, from, to, last, missing, c)
   local values = read_fields(name, list, from, to, c.OWN, c.expiries)
   local others = nil
@@ -931,6 +942,8 @@ local function decide(keys, args, each)
   local requests, base = payload, pos + 1
   local n = (#payload - base + 1) / REQUEST
   local cutoff = now - retention
+  local needed = now + retention -- what every key written must live until
+  local needed_text = tostring(needed)
   local day_start, week_start = now - DAY, now - WEEK
   local time6 = bpack('>I6', now)
   local tails = {[tag_slots] = campaign .. held(priority, holder) .. tags}
@@ -944,6 +957,7 @@ local function decide(keys, args, each)
   local marks = {}    -- key name -> true: an uncounted log is written there
   local moved, moved_order = {}, {} -- key name -> fields whose logs moved to a group
   local ids = {}      -- scratch: the users one read asks for
+  local nw = 0        -- the run's writes to its home, WRITES[1..nw] (field, log, ...)
   local found_in = {OWN = OWN, OTHER = OTHER, other_always = uncounted, own = logs,
                     other = others, where = where, expiries = expiries}
 
@@ -1140,9 +1154,13 @@ local function decide(keys, args, each)
             end
             where[id], at = home, home
           end
-          local flat = to_write(changed, order, at)
-          flat[#flat + 1] = OWN[f]
-          flat[#flat + 1] = raw
+          if at == home then
+            WRITES[nw + 1], WRITES[nw + 2], nw = OWN[f], raw, nw + 2
+          else
+            local flat = to_write(changed, order, at)
+            flat[#flat + 1] = OWN[f]
+            flat[#flat + 1] = raw
+          end
           if uncounted then marks[at] = true end
         end
       end
@@ -1158,6 +1176,19 @@ local function decide(keys, args, each)
       else
         out[m + 1] = bpack('>BBI4I6I4I4', outcome, decider, decider_used, retry, day, week)
       end
+    end
+    if nw > 0 then
+      -- The run's writes to its home: at once when the key's expiry needs nothing (most
+      -- runs), else with the key's other changes at the end (its expiry written there).
+      local expiry = expiries[key]
+      if expiry and lasts(expiry, needed, needed_text)
+         and not (uncounted and not holds_uncounted(expiry)) then
+        redis.call('HSET', key, unpack_list(WRITES, 1, nw))
+      else
+        local flat = to_write(changed, order, key)
+        for x = 1, nw do flat[#flat + 1] = WRITES[x] end
+      end
+      nw = 0
     end
     i = j
   end
