@@ -1183,12 +1183,14 @@ def _caught_up(port: int, *, quiet: float = 3.0, longest: float = 300.0) -> None
 
 
 def demo_seeded(env: dict[str, str]) -> None:
-    """The database of `env` migrated and seeded with the demo (its segments, published)."""
+    """The database of `env` migrated and seeded with the demo (its segments, published), and
+    the send logs kept in their groups alone, as on a new install (`make run` does the same)."""
     python = sys.executable
     subprocess.run([python, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-    subprocess.run(
-        [python, "manage.py", "seed_demo"], cwd=ROOT, env=env, check=True, capture_output=True
-    )
+    for command in (["seed_demo"], ["group_logs", "--force"]):
+        subprocess.run(
+            [python, "manage.py", *command], cwd=ROOT, env=env, check=True, capture_output=True
+        )
 
 
 def recipients_file(path: Path, recipients: int) -> Path:

@@ -270,7 +270,7 @@ GATEKEEPER_DEFAULT_TIME_ZONE = env.str("GATEKEEPER_DEFAULT_TIME_ZONE", default="
 GATEKEEPER_LOG_UPGRADE = env.bool("GATEKEEPER_LOG_UPGRADE", default=False)
 # Buckets the sweep task looks at per run (every minute): 1,000 a minute goes through the
 # 1M buckets of 270M users in about 17 hours, for about 0.3 s of Redis time a minute.
-GATEKEEPER_LOG_SWEEP_BUCKETS = env.int("GATEKEEPER_LOG_SWEEP_BUCKETS", default=1_000)
+GATEKEEPER_LOG_SWEEP_BUCKETS = env.int("GATEKEEPER_LOG_SWEEP_BUCKETS", default=16_000)
 # The send ledger (limits/ledger/): every decision kept in the database for this many days.
 GATEKEEPER_LEDGER = env.bool("GATEKEEPER_LEDGER", default=True)
 GATEKEEPER_LEDGER_DAYS = env.int("GATEKEEPER_LEDGER_DAYS", default=90)

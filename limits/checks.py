@@ -45,7 +45,8 @@ def limits_settings_check(app_configs: Any, **kwargs: Any) -> list[CheckMessage]
     for name, hint, check_id in (
         (
             "GATEKEEPER_LOG_SWEEP_BUCKETS",
-            "Buckets the sweep of aged-out logs looks at per run (every minute).",
+            "Keys of the send logs (groups, buckets) the sweep of aged-out logs looks at per "
+            "run (every minute).",
             "limits.E004",
         ),
         ("GATEKEEPER_LEDGER_DAYS", "Days the send ledger keeps.", "limits.E005"),

@@ -1,14 +1,13 @@
 """The send log's bytes, from Python: where a user's log lives, the hashes it stores, the rule
 records a call passes, and reading a log back (limits/engine/lua/limiter.lua holds the format).
 
-Each user's log is one field of a bucket hash that the 256 users whose ids differ only in the
-low byte share: key `<prefix>{b:<id >> 8>}`, field the low byte as one raw byte. The hash tag
-keeps a bucket in one cluster slot, so a user's whole log (every channel) is decided in one
-function call, and consecutive ids (a campaign over a segment) share reads and writes.
-
-Or in its group's key, `group_key`: the bucket's name and one hex digit, the 16 users whose ids
-differ only in the low 4 bits, the same field (docs/limiter.md, "Buckets and groups"). The
-functions read and write both; the callers name the bucket as the home in this release.
+Each user's log is one field of its group's hash (`group_key`), which the 16 users whose ids
+differ only in the low 4 bits share: key `<prefix>{b:<id >> 8>}` and one hex digit, field the
+low byte as one raw byte. Or, as the releases before groups wrote it, of its bucket's hash
+(`bucket_key`: the 256 users whose ids differ only in the low byte), until `manage.py
+group_logs` moves it (docs/limiter.md, "Buckets and groups"). The hash tag keeps a bucket and
+its groups in one cluster slot, so a user's whole log (every channel) is decided in one function
+call, and consecutive ids (a campaign over a segment) share reads and writes.
 
 Hashes (blake2b, so they are the same in every process and version):
 - message id: 64 bits passed, the first 56 kept in an entry. Two different message ids of one
