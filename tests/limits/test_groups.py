@@ -3,6 +3,9 @@ moved into the group by this release's limiter (the group its home) and read and
 they are by the release before (its home the bucket: a Limiter with `groups=False`), never lost
 or counted twice, on one node and on a cluster."""
 
+import redis
+
+from bench.servers import RedisServer
 from limits.engine import log
 from limits.engine.limiter import Limiter, Restored
 from limits.engine.upkeep import logs_sweep
@@ -115,3 +118,40 @@ def test_the_sweep_drops_stale_users_of_groups_and_buckets(limiter: Limiter) -> 
     assert report.dropped == 3  # users 1, 2 and 300: their newest entry left the retention
     assert [keys_holding(limiter, u) for u in (1, 2, 300)] == [set(), set(), set()]
     assert keys_holding(limiter, 301) == {log.group_key(limiter.prefix, 301)}
+
+
+def test_a_group_outgrowing_its_listpack_becomes_a_hash_table_and_back_losing_nothing(
+    own_redis: RedisServer,
+) -> None:
+    """At Redis's default hash-max-listpack-value (64) a group whose log grows past 64 bytes is
+    converted to a hash table; a restart with the value docs/deploy.md asks for (4096) loads it
+    back as a listpack. Every entry is kept through both."""
+    client = redis.Redis.from_url(own_redis.url)
+    client.config_set("hash-max-listpack-value", 64)
+    limiter = Limiter(client, prefix="conv:")
+    users = list(range(32, 48))  # one group
+    group = log.group_key("conv:", 32)
+    rules = caps(daily=10)
+
+    def send(n: int) -> None:
+        at = ms(NOW + n * 60)
+        decided = limiter.acquire("email", [(u, f"m{n}-{u}") for u in users], rules, now_ms=at)
+        assert [d.counts["daily"] for d in decided] == [n + 1] * len(users)
+
+    send(0)
+    assert client.object("encoding", group) == b"listpack"  # 32-byte logs
+    send(1)
+    send(2)  # 74-byte logs
+    assert client.object("encoding", group) == b"hashtable"
+    assert all(len(limiter.entries(u)) == 3 for u in users)
+    # A send taken back from the hash table; then a restart from a snapshot.
+    assert limiter.release("email", [(u, f"m2-{u}") for u in users]) == [True] * len(users)
+    client.save()
+    own_redis.stop()
+    own_redis.start()
+    client = redis.Redis.from_url(own_redis.url)
+    limiter = Limiter(client, prefix="conv:")
+    assert client.object("encoding", group) == b"listpack"
+    times = [ms(NOW), ms(NOW + 60)]
+    assert [sorted(e.at_ms for e in limiter.entries(u)) for u in users] == [times] * len(users)
+    send(2)
