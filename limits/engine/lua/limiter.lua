@@ -758,15 +758,23 @@ local function lasts(expiry, needed, needed_text)
   return expiry_ms(expiry) >= needed
 end
 
+-- A time in ms as its digits, the last one made kept (most keys of a call are given one end).
+local until_ms_made, until_text_made = nil, nil
+local function until_text(ms)
+  if ms ~= until_ms_made then until_ms_made, until_text_made = ms, tostring(ms) end
+  return until_text_made
+end
+
 -- Writes a key's changed fields (a flat field, value list; may be empty), and its `expiry` and
--- TTL when it would end before `needed` (ms) or its marks change: it then lives a day past
--- `needed`, or as long as it did if longer. `expiry` is the key's `expiry` field (or nil);
+-- TTL when it would end before `needed` (ms) or its marks change: it then lives two days past
+-- `needed` (refreshed every other day while written to; the sweep empties an idle key's stale
+-- logs long before), or as long as it did if longer. `expiry` is the key's `expiry` field (or nil);
 -- `uncounted`: an uncounted log is among the fields; `groups`: the key is a bucket some of whose
 -- users' logs are in their groups (the expiry then says so). Returns the key's `expiry` as it
 -- now is, and whether it was written.
 local function write_bucket(key, flat, expiry, now, needed, uncounted, groups)
   local refresh = not expiry
-  local until_ms = needed + DAY
+  local until_ms = needed + 2 * DAY
   if expiry then
     local stored = expiry_ms(expiry)
     refresh = stored < needed or (uncounted and not holds_uncounted(expiry))
@@ -778,7 +786,7 @@ local function write_bucket(key, flat, expiry, now, needed, uncounted, groups)
     -- A bucket's is padded past hash-max-listpack-value (64 bytes by default): the bucket is a
     -- hash table from its first write, its users found in O(1) rather than by a scan of up to
     -- 256 of them. A group's 16 users are scanned: it stays a listpack while it can.
-    local value = tostring(until_ms) .. ((holds_uncounted(expiry) or uncounted) and 'u' or '')
+    local value = until_text(until_ms) .. ((holds_uncounted(expiry) or uncounted) and 'u' or '')
       .. ((has_groups(expiry) or groups) and 'g' or '')
     if is_bucket(key) then value = value .. EXPIRY_PADDING end
     flat[#flat + 1] = value
@@ -1007,7 +1015,8 @@ local function decide(keys, args, each)
       for x = 1, wanted do
         local id = ids[x]
         local a, b = values[x], other_values and other_values[x]
-        logs[id], others[id] = a or false, b or false -- `where` left nil: the home
+        logs[id] = a or false -- `where` left nil: the home; `others` nil: none
+        if b then others[id] = b end
         if not (a or b) then
           missing = missing + 1
           ABSENT[missing] = id
@@ -1026,8 +1035,9 @@ local function decide(keys, args, each)
       local id = k * 256 + f
       local log = logs[id]
       if type(log) ~= 'table' then
+        -- Kept only once written: a second request of the user in the call (rare) parses the
+        -- log again.
         log = parse(log or nil, channel)
-        logs[id] = log
       end
       local message = sub(requests, p + 3, p + 9)
       local slot = nil
