@@ -458,27 +458,8 @@ class Limiter:
         retention, and the keys left with nobody. Returns (users dropped, keys deleted). One
         pipeline per node; raises when Redis does not answer (the sweep tries again on its next
         run)."""
-        now_ms = ms_checked(now_ms)
-        names = [key.decode() if isinstance(key, bytes) else key for key in keys]
-        user_ids = [log.bucket_of(key) << log.BUCKET_BITS for key in names]
-        totals = [0, 0]
-
-        def build(batches: list[list[int]]) -> Iterator[Call]:
-            for batch in batches:
-                for i in batch:
-                    call = [1, names[i], _now_arg(now_ms), retention_ms]
-                    yield Call("gk_sweep", call, [i])
-
-        def collect(call: Call, reply: list[Any]) -> None:
-            totals[0] += int(reply[0])
-            totals[1] += int(reply[1])
-
-        def fail(indexes: list[int]) -> None:
-            raise ConnectionError("Redis is not answering: the sweep stopped")
-
-        if keys:
-            self.transport.run(user_ids, build, collect, fail)
-        return totals[0], totals[1]
+        replies = self._each_key("gk_sweep", keys, retention_ms, now_ms, "the sweep stopped")
+        return sum(int(r[0]) for r in replies), sum(int(r[1]) for r in replies)
 
     def group_buckets(
         self, keys: Sequence[str | bytes], *, retention_ms: int, now_ms: int | None = None
@@ -486,25 +467,38 @@ class Limiter:
         """Move every user's logs in these buckets into its group (docs/limiter.md, "Buckets
         and groups"). Returns how many logs moved; raises when Redis does not answer (what
         moved stays moved: running it again moves the rest)."""
+        replies = self._each_key(
+            "gk_group", keys, retention_ms, now_ms, "the logs were not all moved"
+        )
+        return sum(int(r) for r in replies)
+
+    def _each_key(
+        self,
+        function: str,
+        keys: Sequence[str | bytes],
+        retention_ms: int,
+        now_ms: int | None,
+        stopped: str,
+    ) -> list[Any]:
+        """One call of the upkeep function `function` (keys[1] a bucket or group; args: now,
+        retention) per key, pipelined per node: their replies. Raises ConnectionError saying
+        `stopped` when Redis does not answer."""
         now_ms = ms_checked(now_ms)
         names = [key.decode() if isinstance(key, bytes) else key for key in keys]
         user_ids = [log.bucket_of(key) << log.BUCKET_BITS for key in names]
-        moved = [0]
+        replies: list[Any] = []
 
         def build(batches: list[list[int]]) -> Iterator[Call]:
             for batch in batches:
                 for i in batch:
-                    yield Call("gk_group", [1, names[i], _now_arg(now_ms), retention_ms], [i])
-
-        def collect(call: Call, reply: Any) -> None:
-            moved[0] += int(reply)
+                    yield Call(function, [1, names[i], _now_arg(now_ms), retention_ms], [i])
 
         def fail(indexes: list[int]) -> None:
-            raise ConnectionError("Redis is not answering: the logs were not all moved")
+            raise ConnectionError(f"Redis is not answering: {stopped}")
 
-        if keys:
-            self.transport.run(user_ids, build, collect, fail)
-        return moved[0]
+        if names:
+            self.transport.run(user_ids, build, lambda _, reply: replies.append(reply), fail)
+        return replies
 
     def grouped(self) -> bool:
         """Whether every user's logs are in its group, its bucket read no more: said by Redis

@@ -204,7 +204,6 @@ def logs_sweep(
 
 @dataclass(frozen=True)
 class GroupPage:
-    node: str
     buckets: int  # buckets looked at
     moved: int  # logs moved into their groups
 
@@ -218,12 +217,12 @@ def logs_group(
     not answer: nothing is said, and a run again moves what is left."""
     client, prefix = limiter.client, limiter.prefix
     pattern = f"{_glob(prefix)}{{b:*}}"  # buckets: a group's key goes on after the '}'
-    for name, conn in primaries(client):
+    for _, conn in primaries(client):
         cursor = 0
         while True:
             cursor, keys = conn.scan(cursor, match=pattern, count=page)
             moved = limiter.group_buckets(keys, retention_ms=retention_ms, now_ms=now_ms)
-            yield GroupPage(node=name, buckets=len(keys), moved=moved)
+            yield GroupPage(buckets=len(keys), moved=moved)
             if cursor == 0:
                 break
     client.set(log.grouped_key(prefix), ms_or_now(now_ms))

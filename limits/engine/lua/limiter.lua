@@ -51,10 +51,10 @@ bucket's groups are read only when it says so.
 
 The field `expiry` of a bucket (or group) holds when its TTL ends (ms, the callers' clock), then
 'u' if it holds uncounted logs, then 'g' if some of its users' logs are in their groups. A
-write extends it only when it would end within 12 h of what the new entry needs, so a bucket's
-TTL is set about twice a day rather than on every write (a PEXPIRE costs twice an HSET). A bucket
-whose users all stop receiving expires on its own; gk_sweep, called by a periodic task, drops the
-users of a live bucket whose newest entry has left the retention.
+write extends it (to two days past what the new entry needs) only when it would end before that,
+so a key's TTL is set about every other day rather than on every write (a PEXPIRE costs twice an
+HSET). A key whose users all stop receiving expires on its own; gk_sweep, called by a periodic
+task, drops the users of a live key whose newest entry has left the retention.
 
 RULES. Each request names a rule set: the rules that apply to it, resolved by the caller. A rule
 is a 29-byte record, '>BBBI4I6I6I6c4':
@@ -748,14 +748,20 @@ local function expiry_ms(expiry)
   return tonumber(expiry) or tonumber(match(expiry, '^%d+'))
 end
 
--- Whether a key whose `expiry` field says so lives until `needed` (ms; `needed_text`, its
--- digits). Both 13 digits (times from 2001 to 2286): compared as text, no number read.
-local function lasts(expiry, needed, needed_text)
-  local c = byte(expiry, 14)
-  if #needed_text == 13 and byte(expiry, 13) and (c == nil or c < 48 or c > 57) then
-    return expiry >= needed_text
+-- Whether a key's `expiry` (and TTL) must be written: it has none, it would end before `needed`
+-- (ms), or it lacks a mark it now needs (`uncounted`, `groups`: see write_bucket). With
+-- `needed_text` (`needed`'s digits) two times of 13 digits (2001 to 2286) are compared as text,
+-- no number read.
+local function due(expiry, needed, needed_text, uncounted, groups)
+  if not expiry or (uncounted and not holds_uncounted(expiry))
+     or (groups and not has_groups(expiry)) then
+    return true
   end
-  return expiry_ms(expiry) >= needed
+  local c = byte(expiry, 14)
+  if needed_text and #needed_text == 13 and byte(expiry, 13) and (c == nil or c < 48 or c > 57) then
+    return expiry < needed_text
+  end
+  return expiry_ms(expiry) < needed
 end
 
 -- A time in ms as its digits, the last one made kept (most keys of a call are given one end).
@@ -773,12 +779,10 @@ end
 -- users' logs are in their groups (the expiry then says so). Returns the key's `expiry` as it
 -- now is, and whether it was written.
 local function write_bucket(key, flat, expiry, now, needed, uncounted, groups)
-  local refresh = not expiry
+  local refresh = due(expiry, needed, nil, uncounted, groups)
   local until_ms = needed + 2 * DAY
-  if expiry then
+  if refresh and expiry then
     local stored = expiry_ms(expiry)
-    refresh = stored < needed or (uncounted and not holds_uncounted(expiry))
-      or (groups and not has_groups(expiry))
     if stored > until_ms then until_ms = stored end
   end
   if refresh then
@@ -825,6 +829,26 @@ local function mark_buckets(written, expiries, now)
   end
 end
 
+-- Writes every key of `order` (its fields in `changed`, its expiry when due: write_bucket), each
+-- one's `expiries` entry then as written (read first where nil); then, with `mark`, marks the
+-- buckets of the groups whose expiry was written (mark_buckets).
+local function write_keys(order, changed, expiries, marks, now, needed, mark)
+  local groups = nil
+  for x = 1, #order do
+    local name = order[x]
+    local expiry = expiries[name]
+    if expiry == nil then expiry = redis.call('HGET', name, EXPIRY) end
+    local written, refreshed = write_bucket(name, changed[name], expiry or nil, now, needed,
+      marks[name])
+    expiries[name] = written
+    if refreshed and not is_bucket(name) then
+      groups = groups or {}
+      groups[#groups + 1] = name
+    end
+  end
+  if groups and mark then mark_buckets(groups, expiries, now) end
+end
+
 -- The common write as one append, or nil when it takes a rebuild: the send goes to the last
 -- section, is its newest entry, needs no more tag slots, and nothing has left the retention.
 -- `tails` caches, per number of tag slots, what follows the entry's time and message.
@@ -865,14 +889,13 @@ local function read_fields(key, ids, from, to, fields, expiries)
   return values
 end
 
--- Reads the logs of the users `list[from..to]` in the key `name`. A user found there (or any,
--- when `last`) gets `own[id]`, `other[id]` (its logs through the fields `OWN` and `OTHER`, false
--- for none) and `where[id]` (`name`, or `home` for a user found nowhere); the others are put in
--- ABSENT (scratch) from position `missing` + 1, and their new count returned. The other logs are
--- read where `other_always` or the key's expiry says it has any.
+-- Reads the logs of the users `list[from..to]`, not in their home `home`, in the key `name`.
+-- Each gets `own[id]`, `other[id]` (its logs through the fields `OWN` and `OTHER`, false for
+-- none) and `where[id]` (`name`, or `home` for a user found nowhere). The other logs are read
+-- where `other_always` or the key's expiry says it has any.
 local ABSENT = {}
 local WRITES = {} -- scratch: a run's writes to its home
-local function take(name, home, list, from, to, last, missing, c)
+local function take(name, home, list, from, to, c)
   local values = read_fields(name, list, from, to, c.OWN, c.expiries)
   local others = nil
   if c.other_always or holds_uncounted(c.expiries[name]) then
@@ -885,14 +908,10 @@ local function take(name, home, list, from, to, last, missing, c)
     local b = others and others[x - from + 1]
     if a or b then
       own[id], other[id], where[id] = a or false, b or false, name
-    elseif last then
-      own[id], other[id], where[id] = false, false, home
     else
-      missing = missing + 1
-      ABSENT[missing] = id
+      own[id], other[id], where[id] = false, false, home
     end
   end
-  return missing
 end
 
 -- Reads the groups of the users ABSENT[1..count] of the bucket or group `key` (the other key of
@@ -906,7 +925,7 @@ local function in_groups(key, count, c)
     local name = other_key(key, absent[x] % 256)
     local y = x
     while y < count and other_key(key, absent[y + 1] % 256) == name do y = y + 1 end
-    take(name, key, absent, x, y, true, 0, c)
+    take(name, key, absent, x, y, c)
     x = y + 1
   end
 end
@@ -1147,7 +1166,7 @@ local function decide(keys, args, each)
             raw = rebuilt(log, cutoff, channel, entry, now, slots, nil)
           end
           logs[id] = raw -- parsed again only if this user comes again in the call
-          local home = keys[k]
+          local home = key
           local at = where[id] or home
           if at ~= home and not is_bucket(home) then
             -- In the bucket, its home a group: both logs move there.
@@ -1190,9 +1209,7 @@ local function decide(keys, args, each)
     if nw > 0 then
       -- The run's writes to its home: at once when the key's expiry needs nothing (most
       -- runs), else with the key's other changes at the end (its expiry written there).
-      local expiry = expiries[key]
-      if expiry and lasts(expiry, needed, needed_text)
-         and not (uncounted and not holds_uncounted(expiry)) then
+      if not due(expiries[key], needed, needed_text, uncounted, false) then
         redis.call('HSET', key, unpack_list(WRITES, 1, nw))
       else
         local flat = to_write(changed, order, key)
@@ -1203,21 +1220,8 @@ local function decide(keys, args, each)
     i = j
   end
 
-  local groups = nil
-  for x = 1, #order do
-    local name = order[x]
-    local expiry = expiries[name]
-    if expiry == nil then expiry = redis.call('HGET', name, EXPIRY) end
-    local written, refreshed = write_bucket(name, changed[name], expiry or nil, now,
-      now + retention, marks[name])
-    expiries[name] = written
-    if refreshed and byte(name, #name) ~= 125 then -- a group whose expiry was written
-      groups = groups or {}
-      groups[#groups + 1] = name
-    end
-  end
   -- Once every log is in its group, no release that reads buckets runs: none is marked.
-  if groups and not grouped then mark_buckets(groups, expiries, now) end
+  write_keys(order, changed, expiries, marks, now, needed, not grouped)
   for x = 1, #moved_order do -- the bucket stays, saying it has groups
     redis.call('HDEL', moved_order[x], unpack_list(moved[moved_order[x]]))
   end
@@ -1341,16 +1345,7 @@ local function restore(keys, args)
     end
   end
   keep()
-  local expiries, groups = {}, {}
-  for x = 1, #order do
-    local key = order[x]
-    local expiry = redis.call('HGET', key, EXPIRY)
-    local written, refreshed = write_bucket(key, flats[key], expiry or nil, now,
-      now + tonumber(args[2]))
-    expiries[key] = written
-    if refreshed and not is_bucket(key) then groups[#groups + 1] = key end
-  end
-  mark_buckets(groups, expiries, now)
+  write_keys(order, flats, {}, {}, now, now + tonumber(args[2]), true)
   return added
 end
 
@@ -1399,7 +1394,6 @@ local function sweep(keys, args)
   return {#stale, deleted}
 end
 
--- A send job chunk's record (see gk_run above).
 -- Moves every user's logs in the bucket `keys[1]` into its group (args: now, retention ms),
 -- the bucket left with its `expiry` saying it has groups, and living as long as they do.
 -- Returns how many logs moved. A user's logs are never in both keys; were they, the group's
@@ -1424,7 +1418,7 @@ local function group_bucket(keys, args)
     end
   end
   if #fields == 0 then return 0 end
-  local expiries, groups = {}, {}
+  local expiries = {[bucket] = expiry or false}
   for x = 1, #order do
     local group = order[x]
     local list = changed[group]
@@ -1438,17 +1432,14 @@ local function group_bucket(keys, args)
         kept[#kept + 1] = list[2 * y]
       end
     end
-    local written, refreshed = write_bucket(group, kept, there[1] or nil, now, now + retention,
-      marks[group])
-    expiries[group] = written
-    if refreshed then groups[#groups + 1] = group end
+    changed[group], expiries[group] = kept, there[1] or false
   end
+  write_keys(order, changed, expiries, marks, now, now + retention, true)
   redis.call('HDEL', bucket, unpack_list(fields))
-  expiries[bucket] = expiry or false
-  mark_buckets(groups, expiries, now)
   return #fields
 end
 
+-- A send job chunk's record (see gk_run above).
 local function run_record(keys, args)
   if not floor then bind() end
   local key, run = keys[1], args[1]

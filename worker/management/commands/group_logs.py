@@ -1,6 +1,6 @@
 """manage.py group_logs [--force]: move every user's logs still in its bucket into its group of
-16, on every Redis primary; then every limiter reads buckets no more. docs/deploy.md, "Moving
-the send logs into groups", says when."""
+16, on every Redis primary; then every limiter reads buckets no more. docs/deploy.md ("Deploying
+a release", step 4) says when; docs/limiter.md ("Buckets and groups") what it does."""
 
 from typing import Any
 
