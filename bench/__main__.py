@@ -16,6 +16,7 @@ SUITES = [
     "limiter",
     "segments",
     "gate",
+    "front_door",
     "ledger",
     "api",
     "bodies",

@@ -24,6 +24,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from gatekeeper.lib.binding import large_rows_created
 from gatekeeper.lib.instants import instant_checked, instant_or_now
 from gatekeeper.lib.leases import LeaseLost, RowLease, lease_free
 from gatekeeper.lib.redis_client import REDIS_DOWN
@@ -514,13 +515,19 @@ def _still_queued(chunk_id: int) -> bool:
 
 def _count_on_job(job: SendJob, outcomes: Counter[str]) -> None:
     """Add a chunk's outcomes to its (locked) job; the job is done once all have one (not one
-    whose file is still being read, its total still growing, nor one waiting for its start)."""
+    whose file is still being read, its total still growing, nor one waiting for its start, nor
+    one whose file was refused)."""
     unknown = set(outcomes) - set(SendJob.OUTCOMES)
     if unknown:
         raise ValueError(f"not outcomes of a send job: {', '.join(sorted(unknown))}")
     for outcome, count in outcomes.items():
         setattr(job, outcome, getattr(job, outcome) + count)
-    waits = job.status in (SendJob.Status.SCHEDULED, SendJob.Status.PREPARING)
+    # A failed job (its file refused after some of it was handed out) stays failed.
+    waits = job.status in (
+        SendJob.Status.SCHEDULED,
+        SendJob.Status.PREPARING,
+        SendJob.Status.FAILED,
+    )
     if job.processed >= job.total and not waits:
         job.status = SendJob.Status.CANCELLED if job.cancelled_at else SendJob.Status.DONE
     job.save()
@@ -604,7 +611,7 @@ def _settle(
             )
             for not_before, recipients in release_groups(waiting)
         )
-        SendChunk.objects.bulk_create(follow_ups)
+        large_rows_created(SendChunk, follow_ups)
         chunk.status = SendChunk.Status.DONE
         chunk.lease_until = None
         chunk.save(update_fields=["status", "lease_until"])

@@ -51,7 +51,10 @@ class SendJob(models.Model):
     """
 
     class Status(models.TextChoices):
-        PREPARING = "preparing", "preparing: its file is being read; nothing is queued yet"
+        PREPARING = (
+            "preparing",
+            "preparing: its file is being read; what was read is sent meanwhile",
+        )
         SCHEDULED = (
             "scheduled",
             "scheduled: waits for its start; can be edited, rescheduled or cancelled until then",
@@ -61,7 +64,10 @@ class SendJob(models.Model):
         PAUSED = "paused", "paused: no chunk is handed out until it is resumed"
         DONE = "done"
         CANCELLED = "cancelled", "cancelled: what had not gone out never will"
-        FAILED = "failed", "failed: its file was refused and nothing was sent"
+        FAILED = (
+            "failed",
+            "failed: its file was refused; nothing after the bad line was sent",
+        )
 
     class OnCapped(models.TextChoices):
         DROP = "drop", "drop capped sends"
@@ -144,8 +150,8 @@ class SendJob(models.Model):
         help_text="The first 100 invalid rows: row, field, message (and line, from a file).",
     )
     # A job handed over as a file (an upload, or an object in the store): read in the
-    # background while the job is `preparing`, its recipients staged in chunks that are queued
-    # only once the whole file is read and valid.
+    # background while the job is `preparing`, its recipients staged in chunks that are handed
+    # to the workers as they are written (worker/preparing.py).
     file = models.FileField(
         upload_to="send-files/",
         blank=True,

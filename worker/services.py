@@ -12,10 +12,12 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.files import File
 from django.db import transaction
+from django.db.models import Sum
 from django.template import TemplateDoesNotExist
 from django.utils import timezone
 
 from gatekeeper.lib.accounts import Actor, account_acting
+from gatekeeper.lib.binding import large_rows_created
 from gatekeeper.lib.bodies import DATETIME_WORDS
 from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.files import storage_name
@@ -107,14 +109,17 @@ def send_job_create(  # type: ignore[explicit-any]  # rows and fields as the JSO
             started_at=None if scheduled else timezone.now(),
         )
         chunk_status = SendChunk.Status.STAGED if scheduled else SendChunk.Status.QUEUED
-        chunks = SendChunk.objects.bulk_create(
-            SendChunk(
-                job=job,
-                recipients=rows[i : i + size],
-                size=len(rows[i : i + size]),
-                status=chunk_status,
-            )
-            for i in range(0, len(rows), size)
+        chunks = large_rows_created(
+            SendChunk,
+            (
+                SendChunk(
+                    job=job,
+                    recipients=rows[i : i + size],
+                    size=len(rows[i : i + size]),
+                    status=chunk_status,
+                )
+                for i in range(0, len(rows), size)
+            ),
         )
         ids = [] if scheduled else [chunk.pk for chunk in chunks]
         # Handed over now (to the broker, or to the caller that runs them with queue=False):
@@ -270,9 +275,12 @@ def send_job_cancel(*, job: SendJob, user: Actor = None) -> SendJob:
             locked.paused_at = None
             reading = locked.prepare_lease_until is not None and locked.prepare_lease_until > now
             if locked.status == SendJob.Status.PREPARING and not reading:
-                # No run reads its file: cancelled here (a run would stop at its next stage).
+                # No run reads its file: cancelled here (a run would stop at its next write).
+                # What a run that died had handed out ends as its chunks do (closed below).
                 SendChunk.objects.filter(job=locked, status=SendChunk.Status.STAGED).delete()
-                locked.status = SendJob.Status.CANCELLED
+                handed = SendChunk.objects.filter(job=locked, kind=SendChunk.Kind.SEND)
+                locked.total = handed.aggregate(n=Sum("size"))["n"] or 0
+                locked.status = SendJob.Status.RUNNING if locked.total else SendJob.Status.CANCELLED
                 file_removed_on_commit(locked)
             elif locked.status == SendJob.Status.SCHEDULED:
                 staged_cancel(locked)  # nothing of it was handed out

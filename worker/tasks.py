@@ -95,12 +95,18 @@ def send_chunk(self: Task, chunk_id: int, now: str | None = None) -> dict[str, i
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def send_job_prepare(job_id: int) -> int:
-    """Read a job's recipients file into staged chunks, then queue them (worker.preparing).
-    Redelivered after a worker dies: the next run reads the file again from the start. Returns
-    how many chunks it queued."""
-    ids = send_job_prepare_run(job_id=job_id)
-    send_chunks(ids)
-    return len(ids)
+    """Read a job's recipients file into chunks, handing each write of them to the workers as it
+    goes (worker.preparing). Redelivered after a worker dies: the next run reads the file again
+    from the start. Returns how many chunks it queued."""
+    queued = 0
+
+    def hand_out(ids: list[int]) -> None:
+        nonlocal queued
+        send_chunks(ids)
+        queued += len(ids)
+
+    hand_out(send_job_prepare_run(job_id=job_id, hand_out=hand_out))
+    return queued
 
 
 def send_chunks(chunk_ids: list[int], *, now: str | None = None) -> None:

@@ -1,5 +1,6 @@
-"""Send jobs handed over as a campaign file: read as a stream, staged in chunks, queued only once
-the whole file is valid; paused, resumed and cancelled as one job."""
+"""Send jobs handed over as a campaign file: read as a stream, staged in chunks handed out as
+they are written, a bad line stopping everything after it; paused, resumed and cancelled as one
+job."""
 
 import gzip
 import io
@@ -48,7 +49,7 @@ def staged_or_queued(job: SendJob) -> list[SendChunk]:
 
 
 @pytest.mark.postgres
-def test_a_gzip_file_is_staged_while_read_and_queued_once_all_of_it_is_valid(push, settings):
+def test_a_gzip_file_is_read_into_chunks_handed_out_as_they_are_written(push, settings):
     settings.GATEKEEPER_SEND_CHUNK_SIZE = 2
     text = (
         "time_zone,address,user_id,context\n"
@@ -86,7 +87,9 @@ def test_a_gzip_file_is_staged_while_read_and_queued_once_all_of_it_is_valid(pus
 
 
 @pytest.mark.postgres
-def test_a_bad_line_deep_in_the_file_fails_the_job_and_nothing_is_queued(push, monkeypatch):
+def test_a_bad_line_before_anything_was_handed_out_fails_the_job_and_nothing_is_sent(
+    push, monkeypatch
+):
     monkeypatch.setattr(services, "HEAD_LINES", 5)
     lines = [f"{i},token-{i}" for i in range(1, 60)]
     lines[48] = "49,not a token"
@@ -96,7 +99,7 @@ def test_a_bad_line_deep_in_the_file_fails_the_job_and_nothing_is_queued(push, m
     job.refresh_from_db()
     assert job.status == "failed" and not job.file
     assert "line 49 (address)" in job.error and "line 53 (user_id)" in job.error
-    assert "nothing was sent" in job.error
+    assert job.error.endswith("Nothing was sent.")
     assert [(r["line"], r["field"]) for r in job.invalid_rows] == [(49, "address"), (53, "user_id")]
     assert not SendChunk.objects.filter(job=job).exists()
     assert job.total == job.processed == 0
@@ -301,3 +304,88 @@ def test_a_context_with_numbers_json_cannot_carry_is_a_bad_line() -> None:
     assert lines[2].recipient is not None and lines[2].recipient["context"] == {"a": 1.5}
     # Chunks stored before this rule may hold NaN: they are still read.
     assert json.loads('[{"a": NaN}]', cls=CompactJSONDecoder)[0]["a"] != 0
+
+
+@pytest.mark.postgres
+def test_the_first_chunks_are_sent_while_the_file_is_read_and_a_bad_line_stops_what_follows(
+    push, settings, monkeypatch
+):
+    settings.GATEKEEPER_SEND_CHUNK_SIZE = 2
+    monkeypatch.setattr(services, "HEAD_LINES", 5)
+    lines = [f"{i},token-{i}" for i in range(1, 31)]
+    lines[20] = "21,not a token"  # line 21: chunks of lines 1-2, then 3-6, then 7-14 went out
+    job = upload("\n".join(lines) + "\n")
+    sent: list[dict[str, int]] = []
+    handed: list[int] = []
+
+    def hand_out(ids: list[int]) -> None:
+        handed.extend(ids)
+        if not sent:  # the first write is sent before the rest of the file is read
+            sent.append(send_chunk_run(chunk_id=ids[0]))
+
+    assert send_job_prepare_run(job_id=job.pk, hand_out=hand_out) == []
+    assert sent == [{"sent": 2}]
+    job.refresh_from_db()
+    assert job.status == "failed" and not job.file
+    assert "line 21 (address)" in job.error
+    assert "Before it was found, 14 recipients had been handed out" in job.error
+    assert "nothing after it was sent" in job.error
+    # Handed out and not run yet: cancelled; read and not handed out (lines 15-20): cancelled.
+    assert {c.status for c in SendChunk.objects.filter(pk__in=handed[1:])} == {"cancelled"}
+    assert (job.total, job.sent, job.invalid, job.cancelled) == (21, 2, 1, 18)
+    assert job.pending == 0
+    assert {r["user_id"] for c in SendChunk.objects.filter(job=job) for r in c.recipients} == set(
+        range(1, 15)
+    )  # nothing of lines 15 and after was ever stored
+    for chunk_id in handed[1:]:
+        assert send_chunk_run(chunk_id=chunk_id) == {}  # a late delivery sends nothing
+
+
+def test_a_run_that_died_after_handing_out_chunks_makes_them_again_without_storing_them(
+    push, settings
+):
+    settings.GATEKEEPER_SEND_CHUNK_SIZE = 2
+    job = upload("".join(f"{i},token-{i}\n" for i in range(1, 12)))
+    first = []
+
+    def die(ids: list[int]) -> None:
+        first.extend(ids)
+        raise RuntimeError("the worker died")
+
+    with pytest.raises(RuntimeError):
+        send_job_prepare_run(job_id=job.pk, hand_out=die)
+    assert send_chunk_run(chunk_id=first[0]) == {"sent": 2}
+    SendJob.objects.filter(pk=job.pk).update(prepare_lease_until=None)  # its lease ran out
+    rest = send_job_prepare_run(job_id=job.pk)
+    chunks = list(SendChunk.objects.filter(job=job).order_by("pk"))
+    assert [c.pk for c in chunks] == first + rest
+    assert [r["user_id"] for c in chunks for r in c.recipients] == list(range(1, 12))
+    job.refresh_from_db()
+    assert (job.status, job.total, job.sent) == ("running", 11, 2)
+    for chunk_id in rest:
+        send_chunk_run(chunk_id=chunk_id)
+    job.refresh_from_db()
+    assert (job.status, job.sent, job.pending) == ("done", 11, 0)
+
+
+def test_a_job_paused_while_its_file_is_read_hands_out_nothing_more_until_resumed(
+    push, settings, django_capture_on_commit_callbacks
+):
+    settings.GATEKEEPER_SEND_CHUNK_SIZE = 2
+    job = upload("".join(f"{i},token-{i}\n" for i in range(1, 13)))
+    handed: list[list[int]] = []
+
+    def hand_out(ids: list[int]) -> None:
+        handed.append(ids)
+        if len(handed) == 1:
+            send_job_pause(job=job)
+
+    assert send_job_prepare_run(job_id=job.pk, hand_out=hand_out) == []
+    assert len(handed) == 1 and len(handed[0]) == 1  # the first write only
+    job.refresh_from_db()
+    assert (job.status, job.total) == ("paused", 12)
+    assert SendChunk.objects.filter(job=job, status="queued").count() == 6
+    broker.clear("sends")
+    with django_capture_on_commit_callbacks(execute=True):
+        send_job_resume(job=job)
+    assert len(broker.queued("sends")) == 6

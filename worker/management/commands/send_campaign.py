@@ -38,8 +38,8 @@ JOB_OPTIONS = (
 class Command(BaseCommand):
     help = (
         f"Send a campaign to the recipients in a CSV file (plain or gzip): {FILE_FORMAT}. Reads "
-        "and checks the whole file here, then queues it for the workers (--follow shows their "
-        "progress), or with --wait sends it here."
+        "and checks the file here, handing what was read to the workers as it goes (--follow "
+        "shows their progress), or with --wait reads all of it, then sends it here."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -153,12 +153,22 @@ class Command(BaseCommand):
             def progress(read: int, _size: int) -> None:
                 bar.update(read - bar.n)
 
+            # Without --wait, the workers send what was read while the rest is read here.
+            handed: list[int] = []
+
+            def hand_out(ids: list[int]) -> None:
+                tasks.send_chunks(ids)
+                handed.extend(ids)
+
             ids = send_job_prepare_run(
-                job_id=job.pk, stream=(handle, job.source_bytes), progress=progress
+                job_id=job.pk,
+                stream=(handle, job.source_bytes),
+                progress=progress,
+                hand_out=None if options["wait"] else hand_out,
             )
         job.refresh_from_db()
         if job.status == SendJob.Status.FAILED:
-            raise CommandError(f"Nothing was sent. {path}: {job.error}")
+            raise CommandError(f"{path}: {job.error}")
         if job.status == SendJob.Status.SCHEDULED:
             assert job.start_at is not None
             self.stdout.write(
@@ -174,7 +184,7 @@ class Command(BaseCommand):
             timings.flush()  # this process's reading and chunking, for /metrics
             self.stdout.write(
                 f"Send job #{job.pk} queued: {count(job.total, 'recipient')} in "
-                f"{count(len(ids), 'chunk')}."
+                f"{count(len(handed) + len(ids), 'chunk')}."
             )
             if options["follow"]:
                 self._follow(job)
