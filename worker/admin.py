@@ -372,11 +372,15 @@ def job_progress(job: SendJob) -> dict[str, Any]:
     """A job's progress as its page shows it (and polls it)."""
     if job.status == SendJob.Status.PREPARING:
         stage = (
-            f"reading the file: {job.read_bytes:,} of {job.source_bytes:,} bytes; nothing is "
-            "queued before all of it is valid"
+            f"reading the file: {job.read_bytes:,} of {job.source_bytes:,} bytes; "
+            f"{job.processed:,} settled of what was read"
         )
     elif job.status == SendJob.Status.FAILED:
-        stage = "the file was refused: nothing was sent"
+        stage = "the file was refused: " + (
+            f"{count(job.sent, 'send')} went out before its bad line, nothing after it"
+            if job.sent
+            else "nothing was sent"
+        )
     elif job.status == SendJob.Status.SCHEDULED and job.start_at is not None:
         stage = (
             f"{count(job.total, 'recipient')}, starting at "

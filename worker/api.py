@@ -205,9 +205,10 @@ class SendJobListView(JsonAPIView):
             "not take beside the JSON one), or named by `recipients_key`, an object in the configured store. A "
             "file's first lines are checked before the answer (a 400 names the line); the job "
             "is then `preparing` while the worker reads the rest in the background (`progress` "
-            "is the share read), and is queued once the whole file is valid. A bad line found "
-            "then fails the job with the line named in `error` and `invalid_rows`: nothing is "
-            "sent. Every send of a file has the message id <campaign>:<user_id>."
+            "is the share read), and what it has read is sent meanwhile, in file order. A bad "
+            "line found then fails the job with the line named in `error` and `invalid_rows`: "
+            "nothing after it is sent, and what was handed out and had not gone out yet is "
+            "cancelled. Every send of a file has the message id <campaign>:<user_id>."
         ),
         responses={202: SendJobCreatedSerializer, **errors(400, 413, 503)},
     )

@@ -10,8 +10,8 @@ of a dense list), so a file of any length is read in constant memory apart from 
 Per-send message ids are for JSON bodies.
 
 Reading is done by `recipient_lines`, which yields each line's recipient or its problem with the
-line number; `worker.preparing` stages what it reads in chunks and queues them once the whole
-file is valid.
+line number; `worker.preparing` stages what it reads in chunks and hands them to the workers as
+it goes.
 """
 
 import csv

@@ -178,7 +178,8 @@ class SendJobSerializer(serializers.Serializer):
     source_bytes = serializers.IntegerField(help_text="The file's size as handed over.")
     read_bytes = serializers.IntegerField(help_text="Of it, read so far.")
     error = serializers.CharField(
-        help_text="Why a `failed` job's file was refused (the lines named); nothing was sent."
+        help_text="Why a `failed` job's file was refused (the lines named), and what of it had "
+        "been sent: nothing after the first bad line."
     )
     paused_at = serializers.DateTimeField(allow_null=True, help_text="null: not paused.")
     cancelled_at = serializers.DateTimeField(allow_null=True, help_text="null: not cancelled.")

@@ -152,8 +152,9 @@ def send_job_from_file(  # type: ignore[explicit-any]  # an upload or a file; fi
     The job's fields and the file's first HEAD_LINES lines are checked here (a ValidationError
     naming `recipients_file` or `recipients_key` with the line); the job is stored as
     `preparing` and, with `queue`, `send_job_prepare` is queued once the transaction commits.
-    That reads the whole file in the background, staging it in chunks, and queues them once all
-    of it is valid; a bad line found then fails the job with its line named (nothing is sent).
+    That reads the whole file in the background, staging it in chunks that it hands to the
+    workers as it goes; a bad line found then fails the job with its line named (nothing after
+    it is sent: worker/preparing.py).
     An upload is kept (in the media storage) until it is read; with `keep_upload=False` the
     caller reads it itself (`send_job_prepare_run(stream=...)`, as `send_campaign` does)."""
     fields = _job_fields(**job)
