@@ -70,6 +70,15 @@ def _multipart(path: Path, csv: Path, fields: dict[str, str]) -> str:
     return f"multipart/form-data; boundary={boundary}"
 
 
+def _stopped(process: subprocess.Popen[bytes], *, group: bool) -> None:
+    """SIGTERM to a process (and its process group), and its end waited for."""
+    if group:
+        os.killpg(process.pid, 15)
+    else:
+        process.terminate()
+    process.wait(timeout=60)
+
+
 def _ready(url: str, deadline: float) -> None:
     while time.monotonic() < deadline:
         with contextlib.suppress(requests.RequestException):
@@ -124,15 +133,15 @@ def run(recipients: int) -> None:
              "gatekeeper.wsgi:application"],
             cwd=ROOT, env=env, start_new_session=True, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        stack.callback(lambda: (os.killpg(web.pid, 15), web.wait(timeout=60)))
+        stack.callback(_stopped, web, group=True)
         worker = subprocess.Popen(
             [python, "-m", "celery", "-A", "gatekeeper", "worker", "-Q", "sends", "-c", "2",
              "--loglevel", "WARNING", "--without-mingle", "--without-gossip"],
             cwd=ROOT, env=env, start_new_session=True,
         )  # fmt: skip
-        stack.callback(lambda: (os.killpg(worker.pid, 15), worker.wait(timeout=60)))
+        stack.callback(_stopped, worker, group=True)
         drainer = subprocess.Popen([python, "-c", DRAINER], cwd=ROOT, env=env)
-        stack.callback(lambda: (drainer.terminate(), drainer.wait(timeout=60)))
+        stack.callback(_stopped, drainer, group=False)
         url = f"http://127.0.0.1:{port}"
         _ready(url, time.monotonic() + 60)
         time.sleep(3)  # the worker's start-up (snapshot loaded, pool forked) is not the campaign's
