@@ -414,6 +414,11 @@ GATEKEEPER_SEND_CHUNK_SIZE = env.int("GATEKEEPER_SEND_CHUNK_SIZE", default=5000)
 GATEKEEPER_SEND_FILE_MAX_UPLOAD_BYTES = env.int(
     "GATEKEEPER_SEND_FILE_MAX_UPLOAD_BYTES", default=16 * 2**30
 )
+# A plain campaign file larger than this is read in parts of about this size, each by whichever
+# send worker is free (worker/preparing.py); at least 1 MiB.
+GATEKEEPER_SEND_FILE_PART_BYTES = max(
+    2**20, env.int("GATEKEEPER_SEND_FILE_PART_BYTES", default=32 * 2**20)
+)
 # A run holds its chunk this long, renewed as it goes; a killed worker's chunk is free after it.
 GATEKEEPER_CHUNK_LEASE_SECONDS = env.float("GATEKEEPER_CHUNK_LEASE_SECONDS", default=60.0)
 # A chunk handed to the broker this long ago and still not run is queued again (a lost task).

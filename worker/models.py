@@ -272,6 +272,11 @@ class SendChunk(models.Model):
 
     job = models.ForeignKey(SendJob, on_delete=models.CASCADE, related_name="chunks")
     kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.SEND)
+    part = models.PositiveIntegerField(
+        default=0,
+        db_default=0,  # the previous release's INSERTs leave it out while both run
+        help_text="The part of its job's file it was read from (SendJobPart.index).",
+    )
     recipients = models.JSONField(
         encoder=CompactJSONEncoder,
         decoder=CompactJSONDecoder,
@@ -309,6 +314,43 @@ class SendChunk(models.Model):
 
     def __str__(self) -> str:
         return f"chunk {self.pk} of job {self.job_id}"
+
+
+class SendJobPart(models.Model):
+    """A byte range of a job's campaign file, read by whichever send worker is free: its
+    recipients staged in chunks (`SendChunk.part`), its counts and the user ids it listed kept
+    here, until the job's reading run takes it in, in file order (worker/preparing.py). Part 0,
+    from the file's start, is read by that run itself and has no row."""
+
+    class Status(models.TextChoices):
+        WAITING = "waiting", "not read yet"
+        READ = "read", "read: its chunks staged"
+        FAILED = "failed", "could not be read as CSV"
+        TAKEN = "taken", "taken in by the reading run: its chunks are the job's"
+
+    job = models.ForeignKey(SendJob, on_delete=models.CASCADE, related_name="parts")
+    index = models.PositiveIntegerField()
+    start = models.BigIntegerField(help_text="Its first byte in the file.")
+    end = models.BigIntegerField(help_text="The byte after its last.")
+    first_line = models.PositiveBigIntegerField(help_text="The file's line number it starts on.")
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.WAITING)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    rows = models.PositiveIntegerField(default=0)
+    invalid = models.PositiveIntegerField(default=0)
+    repeats = models.PositiveIntegerField(default=0, help_text="Users it lists twice.")
+    invalid_rows = models.JSONField(default=list, blank=True)
+    error = models.TextField(blank=True, help_text="Why it could not be read.")
+    users = models.BinaryField(
+        default=b"", help_text="The user ids of its valid rows: a serialized roaring bitmap."
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "index"], name="send_job_part_index"),
+        ]
+
+    def __str__(self) -> str:
+        return f"part {self.index} of job {self.job_id}"
 
 
 class DeadAddress(models.Model):

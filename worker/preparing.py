@@ -21,7 +21,7 @@ start ahead is staged to the end and waits for it.
 import gc
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -38,8 +38,18 @@ from gatekeeper.lib.words import count
 from segments.store import NotFound, StoreError, store_from_settings
 from worker import timings
 from worker.chunks import lease_length, waiting_close
-from worker.models import SendChunk, SendJob
-from worker.recipients import FileError, RecipientRules, SeenUsers, line_words, recipient_lines
+from worker.models import SendChunk, SendJob, SendJobPart
+from worker.recipients import (
+    FileError,
+    FileRange,
+    Line,
+    RecipientRules,
+    SeenUsers,
+    file_cuts,
+    file_header,
+    line_words,
+    recipient_lines,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +57,9 @@ STORE_PREFIX = "store:"  # a job's `source` when its file is an object in the st
 INVALID_ROWS_KEPT = 100  # invalid rows kept on a job (with on_invalid: skip) to show why
 REJECTED_ROWS_SHOWN = 20  # bad rows named when a job is refused (with on_invalid: reject)
 STAGE_EVERY = 20  # chunks written to the database at a time at most (and progress noted)
+NAMING_RENEW_LINES = 100_000  # after a bad line, the lease renewed every so many lines read
+PART_WAIT_SECONDS = 0.2  # the reading run's wait for a part another worker reads
+HEADER_BYTES = 1 << 16  # the first line of a file, read by a part's reader for its header
 # The first write holds one chunk and each next one twice as many, up to STAGE_EVERY: the first
 # sends go out after one chunk was read, and the writes are few after that.
 
@@ -63,15 +76,16 @@ def _taken(lease: RowLease) -> bool:
 
 class _Staging:
     """The recipients read so far: valid ones in chunks (written a few at a time), repeats and
-    invalid rows counted. `skip`: chunks an earlier run handed out, made again and not stored."""
+    invalid rows counted. `skip`: chunks an earlier run handed out, made again and not stored;
+    `part`: the part of the file they come from; `every`: chunks in the first write."""
 
-    def __init__(self, job: SendJob, skip: int) -> None:
-        self.job = job
+    def __init__(self, job: SendJob, skip: int, *, part: int = 0, every: int = 1) -> None:
+        self.job, self.part = job, part
         self.size = int(settings.GATEKEEPER_SEND_CHUNK_SIZE)
         self.batch: list[dict[str, Any]] = []
         self.full: list[list[dict[str, Any]]] = []
         self.rows = self.repeats = self.invalid = 0
-        self.skip, self.made, self.every = skip, 0, 1
+        self.skip, self.made, self.every = skip, 0, every
         self.seconds = 0.0  # spent storing chunks
         self.invalid_rows: list[dict[str, Any]] = []
         self.seen = SeenUsers()
@@ -112,6 +126,7 @@ class _Staging:
             (
                 SendChunk(
                     job_id=self.job.pk,
+                    part=self.part,
                     recipients=recipients,
                     size=len(recipients),
                     status=SendChunk.Status.STAGED,
@@ -126,10 +141,13 @@ class _Staging:
         timings.add("chunking", seconds)
 
 
-def _handed_out(job_id: int, lease: RowLease, rows: int, read_bytes: int) -> list[int] | None:
-    """Note the progress and queue what is staged: the ids of the chunks to hand to the broker
-    now (none while the job is paused, queued for its resume, or waits for its start, staged).
-    None when the job was cancelled or another run took it over."""
+def _handed_out(
+    job_id: int, lease: RowLease, rows: int, read_bytes: int, *, part: int = 0
+) -> list[int] | None:
+    """Note the progress and queue what is staged of `part` (a part after the first is marked
+    taken in, in the same transaction): the ids of the chunks to hand to the broker now (none
+    while the job is paused, queued for its resume, or waits for its start, staged). None when
+    the job was cancelled or another run took it over."""
     now = timezone.now()
     with transaction.atomic():
         renewed = lease.renew(
@@ -137,10 +155,14 @@ def _handed_out(job_id: int, lease: RowLease, rows: int, read_bytes: int) -> lis
         )
         if not renewed:
             return None
+        if part:
+            SendJobPart.objects.filter(job_id=job_id, index=part).update(
+                status=SendJobPart.Status.TAKEN
+            )
         job = SendJob.objects.only("start_at", "paused_at", "started_at").get(pk=job_id)
         if job.started_at is None and job.start_at is not None and job.start_at > now:
             return []  # staged until its start (worker.scheduling)
-        staged = SendChunk.objects.filter(job_id=job_id, status=SendChunk.Status.STAGED)
+        staged = SendChunk.objects.filter(job_id=job_id, part=part, status=SendChunk.Status.STAGED)
         if job.paused_at is not None:
             staged.update(status=SendChunk.Status.QUEUED)  # handed out when it is resumed
             ids: list[int] = []
@@ -179,6 +201,7 @@ def send_job_prepare_run(
     progress: Callable[[int, int], None] | None = None,
     stream: tuple[Any, int] | None = None,
     hand_out: Callable[[list[int]], None] | None = None,
+    read_parts: Callable[[int, list[int]], None] | None = None,
 ) -> list[int]:
     """Read a preparing job's file and stage its recipients, handing each write of chunks to
     `hand_out` (their ids) as it goes; then queue the job (`running` or `queued`, `paused` when
@@ -187,74 +210,319 @@ def send_job_prepare_run(
     it; none when the job is paused, failed, cancelled, or another run reads it).
     `progress(read_bytes, source_bytes)` is called as it goes. `stream` (a binary stream and its
     size): the file, when the caller holds it (`send_campaign`) instead of the job's upload or
-    store object."""
+    store object.
+
+    A plain file larger than two parts (GATEKEEPER_SEND_FILE_PART_BYTES) in a place every worker
+    reads (the upload, a local store) is cut into parts: this run reads the first, handing it
+    out as it goes, and `read_parts(job_id, indexes)` asks other workers to read the others
+    (`send_job_part_run`); then it takes them in, in file order, reading itself any that no
+    worker has started."""
     lease = _job_lease(job_id)
     if not _taken(lease):
         return []
     job = SendJob.objects.get(pk=job_id)
     # An earlier run that died left what it staged: this run reads the file from the start,
     # making again the chunks it handed out (they are the same: the file is read in order).
-    SendChunk.objects.filter(job_id=job_id, status=SendChunk.Status.STAGED).delete()
-    handed = _send_chunks(job_id).count()
+    # What other workers read of the later parts stays theirs.
+    SendChunk.objects.filter(job_id=job_id, part=0, status=SendChunk.Status.STAGED).delete()
+    handed = _send_chunks(job_id).filter(part=0).count()
     staging = _Staging(job, skip=handed)
     rules = RecipientRules(channel=job.channel, campaign=job.campaign)
     reject = job.on_invalid == SendJob.OnInvalid.REJECT
     kept: list[int] = []
+    parts: list[SendJobPart] = []
+    asked: list[bool] = []
     handle: Any = None
-    collecting = gc.isenabled()
+
+    def hand(ids: list[int]) -> None:
+        if hand_out is None:
+            kept.extend(ids)
+        elif ids:
+            hand_out(ids)
+
+    def ask() -> None:
+        """The later parts to other workers, once the first chunk is out."""
+        waiting = [p.index for p in parts if p.status == SendJobPart.Status.WAITING]
+        if not asked and read_parts is not None and waiting:
+            read_parts(job_id, waiting)
+        asked.append(True)
+
+    def written() -> bool:
+        if progress is not None:
+            progress(counting.count, size)
+        ids = _handed_out(job_id, lease, staging.rows, counting.count)
+        if ids is None:
+            return False  # cancelled (finished below), or taken over by another run
+        hand(ids)
+        ask()
+        return True
+
     try:
         if stream is not None:
             handle, size = stream
         else:
             handle, size = _open(job)
-        counting = _Counting(handle)
-        # Reading makes millions of short-lived objects, none in reference cycles, and each of
-        # the collector's walks would also walk everything the process held before (Django,
-        # the snapshot): without them reading a 1M-line file in `send_campaign` is a third
-        # faster. The young generations are collected after each write of chunks, the rest
-        # once reading ends.
-        gc.disable()
-        started = time.perf_counter()
-        for line in recipient_lines(counting, rules):
-            if line.error is not None:
-                if reject and not staging.invalid:
-                    _stopped(job_id)  # what was handed out and not sent yet goes no further
-                staging.bad(line.number, line.error.field, line.error.message)
-                if reject and staging.invalid >= REJECTED_ROWS_SHOWN:
-                    break
-            elif reject and staging.invalid:
-                continue  # after a bad line nothing more is staged: only bad lines are named
-            else:
-                staging.add(line.recipient)  # type: ignore[arg-type]
-            if staging.due() and not (reject and staging.invalid):
-                staging.flush()  # timed as chunking: the rest of the loop is reading
-                gc.collect(1)  # the young only: cycles the writes made, not the whole heap
-                if progress is not None:
-                    progress(counting.count, size)
-                ids = _handed_out(job_id, lease, staging.rows, counting.count)
-                if ids is None:
-                    break  # cancelled (finished below), or taken over by another run
-                if hand_out is None:
-                    kept.extend(ids)
-                elif ids:
-                    hand_out(ids)
-        if not (reject and staging.invalid):
-            staging.flush(last=True)
-        timings.add("reading", time.perf_counter() - started - staging.seconds)
+            parts = _parts(job, handle, size)
+        counting = _Counting(FileRange(handle, 0, parts[0].start) if parts else handle)
+        _read(
+            recipient_lines(counting, rules),
+            staging,
+            reject=reject,
+            first_bad=lambda: _stopped(job_id),
+            written=written,
+            naming=lambda: lease.renew(read_bytes=counting.count),
+        )
         if progress is not None:
             progress(counting.count, size)
     except FileError as exc:
         _stopped(job_id)
         return _fail(job_id, str(exc.message), staging)
     finally:
-        if collecting:
-            gc.enable()
         if handle is not None:
             handle.close()
     if reject and staging.invalid:
         return _fail(job_id, _rejected_words(staging.invalid_rows), staging)
+    ask()
+    read_bytes = counting.count
+    if parts:
+        rest = _handed_out(job_id, lease, staging.rows, read_bytes)  # the first part's last
+        outcome, error = "stopped", ""
+        if rest is not None:
+            hand(rest)
+            outcome, error = _parts_taken_in(job_id, lease, staging, parts, reject, hand, progress)
+        if outcome == "failed":
+            _stopped(job_id)
+            return _fail(job_id, error, staging)
+        if outcome == "rejected":
+            _stopped(job_id)
+            return _fail(job_id, _rejected_words(staging.invalid_rows), staging)
+        read_bytes = size if outcome == "read" else read_bytes
     with timings.timed("chunking"):
-        return kept + _finish(job_id, staging, lease, counting.count)
+        return kept + _finish(job_id, staging, lease, read_bytes)
+
+
+def _read(
+    lines: Iterator[Line],
+    staging: _Staging,
+    *,
+    reject: bool,
+    first_bad: Callable[[], None],
+    written: Callable[[], bool],
+    naming: Callable[[], bool],
+    before_write: Callable[[], bool] = lambda: True,
+) -> None:
+    """Stage every line of `lines` (a file, or a part of it) in `staging`. `first_bad()` on the
+    first bad line with `reject` (after which nothing is staged: only more bad lines are named,
+    up to REJECTED_ROWS_SHOWN, with `naming()` every NAMING_RENEW_LINES lines); before each write
+    of chunks `before_write()`, after it `written()`: False from either stops the reading."""
+    collecting = gc.isenabled()
+    # Reading makes millions of short-lived objects, none in reference cycles, and each of the
+    # collector's walks would also walk everything the process held before (Django, the
+    # snapshot): without them reading a 1M-line file in `send_campaign` is a third faster. The
+    # young generations are collected after each write of chunks, the rest once reading ends.
+    gc.disable()
+    started = time.perf_counter()
+    seconds = staging.seconds
+    try:
+        for line in lines:
+            if line.error is not None:
+                if reject and not staging.invalid:
+                    first_bad()  # what was handed out and not sent yet goes no further
+                staging.bad(line.number, line.error.field, line.error.message)
+                if reject and staging.invalid >= REJECTED_ROWS_SHOWN:
+                    break
+            elif reject and staging.invalid:
+                # After a bad line nothing more is staged: only bad lines are named, the lease
+                # kept meanwhile.
+                if line.number % NAMING_RENEW_LINES == 0 and not naming():
+                    break  # another run took it over
+                continue
+            else:
+                staging.add(line.recipient)  # type: ignore[arg-type]
+            if staging.due() and not (reject and staging.invalid):
+                if not before_write():
+                    break
+                staging.flush()  # timed as chunking: the rest of the loop is reading
+                gc.collect(1)  # the young only: cycles the writes made, not the whole heap
+                if not written():
+                    break
+        else:
+            if not (reject and staging.invalid) and before_write():
+                staging.flush(last=True)
+    finally:
+        if collecting:
+            gc.enable()
+        timings.add("reading", time.perf_counter() - started - (staging.seconds - seconds))
+
+
+def _parts(job: SendJob, handle: Any, size: int) -> list[SendJobPart]:
+    """The parts of a job's file after the first (made when this is the job's first run), or
+    none: a gzip file, one smaller than two parts, or one that cannot be read from the middle."""
+    made = list(SendJobPart.objects.filter(job=job).order_by("index"))
+    part_bytes = int(settings.GATEKEEPER_SEND_FILE_PART_BYTES)
+    if made or size < 2 * part_bytes or not getattr(handle, "seekable", lambda: False)():
+        return made
+    try:
+        gzip = bytes(handle.read(2)) == b"\x1f\x8b"
+        handle.seek(0)
+        cuts = [] if gzip else file_cuts(handle, size, part_bytes)
+        handle.seek(0)
+    except OSError:
+        return []  # read as one: the reading names what is wrong
+    if not cuts:
+        return []
+    ends = [start for start, _ in cuts[1:]] + [size]
+    return SendJobPart.objects.bulk_create(
+        SendJobPart(job=job, index=i, start=start, end=end, first_line=line)
+        for i, ((start, line), end) in enumerate(zip(cuts, ends, strict=True), start=1)
+    )
+
+
+def _parts_taken_in(
+    job_id: int,
+    lease: RowLease,
+    staging: _Staging,
+    parts: list[SendJobPart],
+    reject: bool,
+    hand: Callable[[list[int]], None],
+    progress: Callable[[int, int], None] | None,
+) -> tuple[str, str]:
+    """Take in the parts after the first, in file order, each once it is read (reading it here
+    when no worker has started it): its users listed before counted as repeats and taken out of
+    its chunks, its counts added, its chunks handed out. ("read", "") when all were taken in;
+    ("stopped", "") when the job was cancelled or another run took it over; ("rejected", "")
+    on a bad line with `reject`; ("failed", why) when one could not be read."""
+    size = parts[-1].end
+    for index in range(1, len(parts) + 1):
+        part = _part_ready(job_id, lease, index, len(parts))
+        if part is None:
+            return "stopped", ""
+        if part.status == SendJobPart.Status.FAILED:
+            return "failed", part.error
+        users = type(staging.seen.ids).deserialize(bytes(part.users)) if part.users else None
+        repeats = 0
+        if users is not None:
+            listed_before = users & staging.seen.ids
+            repeats = len(listed_before)
+            if listed_before and part.status == SendJobPart.Status.READ:
+                _repeats_removed(job_id, index, listed_before)
+            staging.seen.ids |= users
+        staging.rows += part.rows
+        staging.invalid += part.invalid
+        staging.repeats += part.repeats + repeats
+        room = INVALID_ROWS_KEPT - len(staging.invalid_rows)
+        staging.invalid_rows.extend(part.invalid_rows[: max(0, room)])
+        if reject and part.invalid:
+            return "rejected", ""
+        if progress is not None:
+            progress(part.end, size)
+        if part.status == SendJobPart.Status.TAKEN:
+            continue  # by a run before this one, which died
+        ids = _handed_out(job_id, lease, staging.rows, part.end, part=index)
+        if ids is None:
+            return "stopped", ""
+        hand(ids)
+    return "read", ""
+
+
+def _part_ready(job_id: int, lease: RowLease, index: int, last: int) -> SendJobPart | None:
+    """Part `index` once it is read (or could not be): read here if no worker has started it;
+    while a worker reads it, a later part no worker has started is read here meanwhile. None
+    when the job was cancelled or another run took it over."""
+
+    def kept() -> bool:
+        return lease.renew(where=Q(cancelled_at__isnull=True))
+
+    while True:
+        part = SendJobPart.objects.get(job_id=job_id, index=index)
+        if part.status != SendJobPart.Status.WAITING:
+            return part
+        if send_job_part_run(job_id=job_id, index=index, keep=kept):
+            continue
+        later = range(index + 1, last + 1)
+        if any(send_job_part_run(job_id=job_id, index=i, keep=kept) for i in later):
+            continue
+        if not kept():
+            return None
+        time.sleep(PART_WAIT_SECONDS)  # a worker reads it: a few lines' time
+
+
+def _repeats_removed(job_id: int, index: int, users: Any) -> None:
+    """Take out of a part's staged chunks the users an earlier part listed (each is there once:
+    its reader kept the first of its own repeats)."""
+    for chunk in SendChunk.objects.filter(
+        job_id=job_id, part=index, status=SendChunk.Status.STAGED
+    ):
+        rest = [r for r in chunk.recipients if r["user_id"] not in users]
+        if not rest:
+            chunk.delete()
+        elif len(rest) < len(chunk.recipients):
+            chunk.recipients, chunk.size = rest, len(rest)
+            chunk.save(update_fields=["recipients", "size"])
+
+
+def send_job_part_run(*, job_id: int, index: int, keep: Callable[[], bool] | None = None) -> bool:
+    """Read part `index` of a preparing job's file into staged chunks (never handed out here:
+    the job's reading run takes them in, in file order) and keep its counts, bad rows and user
+    ids on the part. False when it is not to be read here: read already, read by another run
+    (its lease), or its job ended. `keep()`, at each write: False stops the reading (the
+    caller's own hold on the job is gone)."""
+    rows = SendJobPart.objects.filter(job_id=job_id, index=index)
+    lease = RowLease(rows, lease_length())
+    live = Q(job__status=SendJob.Status.PREPARING, job__cancelled_at__isnull=True)
+    if not lease.take(timezone.now(), where=Q(status=SendJobPart.Status.WAITING) & live):
+        return False
+    part = rows.select_related("job").get()
+    job = part.job
+    # A run before this one that died left what it staged: read again from the part's start.
+    staged = SendChunk.objects.filter(job_id=job_id, part=index, status=SendChunk.Status.STAGED)
+    staged.delete()
+    staging = _Staging(job, skip=0, part=index, every=STAGE_EVERY)
+    rules = RecipientRules(channel=job.channel, campaign=job.campaign)
+    reject = job.on_invalid == SendJob.OnInvalid.REJECT
+    stopped: list[bool] = []
+
+    def held() -> bool:
+        if lease.renew(where=live) and (keep is None or keep()):
+            return True
+        stopped.append(True)
+        return False
+
+    handle: Any = None
+    try:
+        handle, _ = _open(job)
+        header = file_header(bytes(handle.readline(HEADER_BYTES)))
+        _read(
+            recipient_lines(
+                FileRange(handle, part.start, part.end),
+                rules,
+                first_line=part.first_line,
+                header=header,
+            ),
+            staging,
+            reject=reject,
+            first_bad=lambda: None,
+            written=lambda: True,
+            naming=held,
+            before_write=held,
+        )
+    except FileError as exc:
+        result: dict[str, Any] = {"status": SendJobPart.Status.FAILED, "error": str(exc.message)}
+    else:
+        result = {
+            "status": SendJobPart.Status.READ,
+            "rows": staging.rows,
+            "invalid": staging.invalid,
+            "repeats": staging.repeats,
+            "invalid_rows": staging.invalid_rows,
+            "users": staging.seen.ids.serialize(),
+        }
+    finally:
+        if handle is not None:
+            handle.close()
+    if stopped or not lease.give_back(where=live, **result):
+        staged.delete()  # the job ended meanwhile (or another run read it): what this staged goes
+    return True
 
 
 def _send_chunks(job_id: int) -> Any:
@@ -319,6 +587,7 @@ def _fail(job_id: int, error: str, staging: _Staging) -> list[int]:
         job.prepare_lease_until = None
         job.save()
         file_removed_on_commit(job)
+        _parts_read(job_id)
     if handed:
         waiting_close(job_id=job_id)  # its queued chunks, and any deferred sends
     logger.info("Job %s refused: %s", job_id, error)
@@ -366,6 +635,7 @@ def _finish(job_id: int, staging: _Staging, lease: RowLease, read_bytes: int) ->
             job.status = SendJob.Status.RUNNING  # its handed-out chunks end as cancelled
         job.save()
         file_removed_on_commit(job)
+        _parts_read(job_id)
     if job.cancelled_at is not None and job.status == SendJob.Status.RUNNING:
         waiting_close(job_id=job_id)
     logger.info(
@@ -377,6 +647,11 @@ def _finish(job_id: int, staging: _Staging, lease: RowLease, read_bytes: int) ->
         job.status,
     )
     return ids
+
+
+def _parts_read(job_id: int) -> None:
+    """Its file read (or refused): the user ids its parts listed are of no more use."""
+    SendJobPart.objects.filter(job_id=job_id).exclude(users=b"").update(users=b"")
 
 
 def file_removed_on_commit(job: SendJob) -> None:

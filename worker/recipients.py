@@ -159,11 +159,18 @@ def _finite(text: str) -> float:
     return value
 
 
-def recipient_lines(raw: Any, rules: RecipientRules) -> Iterator[Line]:
+def recipient_lines(
+    raw: Any, rules: RecipientRules, *, first_line: int = 1, header: dict[str, int] | None = None
+) -> Iterator[Line]:
     """Every recipient line of a campaign file (`raw`: its bytes, plain or gzip) in order,
     checked. Blank lines are skipped. Raises FileError for what makes the whole file unreadable:
-    not UTF-8, a broken gzip, a bad header, a line the CSV reader cannot split."""
+    not UTF-8, a broken gzip, a bad header, a line the CSV reader cannot split.
+
+    A part of a file (`raw` from a line after the first): `first_line` is the file's number of
+    its first line, and `header` the columns the file's header line named (`file_header`; None:
+    by position)."""
     rows: Any = None
+    lines_before = first_line - 1
     try:
         binary = io.BufferedReader(_Binary(open_list(raw)), READ_BYTES)
         # Bytes that are not UTF-8 are kept as lone surrogates, to be named with their line.
@@ -171,23 +178,45 @@ def recipient_lines(raw: Any, rules: RecipientRules) -> Iterator[Line]:
         rows = csv.reader(text, strict=True)
         at: dict[str, int] = {name: i for i, name in enumerate(COLUMNS)}
         positional = True
+        if header is not None:
+            at, positional = header, False
         for row in rows:
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue  # a blank line
             # The line a record ends on (a quoted context may span several).
-            number = rows.line_num
+            number = rows.line_num + lines_before
             if not "".join(row).isascii():
                 _utf8_checked(row, number)
-            first = row[0].strip()
-            if number == 1 and not (first.isascii() and first.isdigit()):
+            if number == 1 and _is_header(row):
                 at, positional = _header(row), False
                 continue
             yield _line(number, row, at, positional, rules)
     except csv.Error as exc:
-        raise FileError(f"Not CSV: {exc}.", line=_after(rows)) from None
+        after = _after(rows)
+        raise FileError(
+            f"Not CSV: {exc}.", line=None if after is None else after + lines_before
+        ) from None
     except (OSError, EOFError, ValueError) as exc:
         # A gzip cut short or corrupt (EOFError, BadGzipFile), a stream that broke.
         raise FileError(f"The file could not be read to its end: {exc}.") from None
+
+
+def _is_header(row: list[str]) -> bool:
+    """A file's first line is its header unless it starts with a user id."""
+    first = row[0].strip()
+    return not (first.isascii() and first.isdigit())
+
+
+def file_header(first_line: bytes) -> dict[str, int] | None:
+    """The columns a plain file's first line names (as `recipient_lines` reads them), or None
+    when it is a recipient's line (columns by position). Raises FileError as reading would."""
+    try:
+        row = next(csv.reader([first_line.decode("utf-8", "surrogateescape")], strict=True), [])
+    except csv.Error as exc:
+        raise FileError(f"Not CSV: {exc}.", line=1) from None
+    if not row or (len(row) == 1 and not row[0].strip()) or not _is_header(row):
+        return None
+    return _header(row)
 
 
 def _utf8_checked(row: list[str], number: int) -> None:
@@ -291,3 +320,58 @@ class _Binary(io.RawIOBase):
         data, self.left = data[: len(buffer)], data[len(buffer) :]
         buffer[: len(data)] = data
         return len(data)
+
+
+CUT_SCAN_BYTES = 8 << 20  # read at a time when looking for where to cut a file
+
+
+def file_cuts(raw: Any, size: int, part_bytes: int) -> list[tuple[int, int]]:
+    """Where a plain campaign file (`raw`, a binary stream at its start) can be cut into parts
+    of about `part_bytes`: for each part after the first, (the byte it starts at, the line it
+    starts on), just after a line's end that is outside any quoted cell (a quoted context may
+    span lines: the quotes before it are even). Empty when the file is not cut: smaller than two
+    parts, or it ends a line with a bare carriage return (which the CSV reader counts as a line
+    and this does not)."""
+    cuts: list[tuple[int, int]] = []
+    target, offset, lines, quotes = part_bytes, 0, 1, 0
+    last = b""
+    while target < size - part_bytes // 2:  # the last part at least half a part
+        block = bytes(raw.read(CUT_SCAN_BYTES))
+        if not block:
+            break
+        if (last + block).count(b"\r") != (last + block).count(b"\r\n") + block.endswith(b"\r"):
+            return []
+        last = block[-1:]
+        at = max(0, target - offset)
+        while at < len(block):
+            end = block.find(b"\n", at)
+            if end < 0:
+                break
+            if (quotes + block.count(b'"', 0, end)) % 2:
+                at = end + 1  # inside a quoted cell: the next line end
+                continue
+            cut = offset + end + 1
+            cuts.append((cut, lines + block.count(b"\n", 0, end + 1)))
+            target = cut + part_bytes
+            if target >= size - part_bytes // 2:
+                break
+            at = target - offset
+        lines += block.count(b"\n")
+        quotes += block.count(b'"')
+        offset += len(block)
+    return cuts
+
+
+class FileRange:
+    """The bytes [start, end) of a seekable binary stream, as a stream."""
+
+    def __init__(self, raw: Any, start: int, end: int) -> None:
+        raw.seek(start)
+        self.raw, self.left = raw, end - start
+
+    def read(self, n: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        data = bytes(self.raw.read(self.left if n < 0 else min(n, self.left)))
+        self.left -= len(data)
+        return data

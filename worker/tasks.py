@@ -19,7 +19,7 @@ from worker.chunks import (
 )
 from worker.delivery import dead_addresses
 from worker.plan import plan_refresh
-from worker.preparing import jobs_preparing_stalled, send_job_prepare_run
+from worker.preparing import jobs_preparing_stalled, send_job_part_run, send_job_prepare_run
 from worker.scheduling import jobs_start_due
 from worker.stopping import WorkerStopping
 from worker.timings import timed
@@ -105,8 +105,20 @@ def send_job_prepare(job_id: int) -> int:
         send_chunks(ids)
         queued += len(ids)
 
-    hand_out(send_job_prepare_run(job_id=job_id, hand_out=hand_out))
+    def read_parts(job: int, indexes: list[int]) -> None:
+        for index in indexes:
+            send_job_prepare_part.delay(job, index)
+
+    hand_out(send_job_prepare_run(job_id=job_id, hand_out=hand_out, read_parts=read_parts))
     return queued
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def send_job_prepare_part(job_id: int, index: int) -> bool:
+    """Read one part of a job's campaign file into staged chunks, for the run that reads the
+    job's file to take in (worker.preparing). A part that run or another already read, or whose
+    job ended, is left alone (False); one whose worker died is read by that run."""
+    return send_job_part_run(job_id=job_id, index=index)
 
 
 def send_chunks(chunk_ids: list[int], *, now: str | None = None) -> None:

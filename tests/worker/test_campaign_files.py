@@ -16,11 +16,11 @@ from django.utils import timezone
 from gatekeeper.lib.conflicts import Conflict
 from segments.store import store_from_settings
 from tests.support import broker
-from worker import services, timings
+from worker import preparing, services, timings
 from worker.chunks import chunks_due, send_chunk_run
 from worker.models import SendChunk, SendJob
-from worker.preparing import send_job_prepare_run
-from worker.recipients import RecipientRules, SeenUsers, recipient_lines
+from worker.preparing import send_job_part_run, send_job_prepare_run
+from worker.recipients import RecipientRules, SeenUsers, file_cuts, recipient_lines
 from worker.services import send_job_cancel, send_job_from_file, send_job_pause, send_job_resume
 
 pytestmark = pytest.mark.django_db
@@ -389,3 +389,142 @@ def test_a_job_paused_while_its_file_is_read_hands_out_nothing_more_until_resume
     with django_capture_on_commit_callbacks(execute=True):
         send_job_resume(job=job)
     assert len(broker.queued("sends")) == 6
+
+
+def test_after_a_bad_line_the_file_is_read_on_to_name_more_while_the_lease_is_kept(
+    push, settings, monkeypatch
+):
+    settings.GATEKEEPER_SEND_CHUNK_SIZE = 2
+    monkeypatch.setattr(services, "HEAD_LINES", 5)
+    monkeypatch.setattr(preparing, "NAMING_RENEW_LINES", 5)
+    lines = [f"{i},token-{i}" for i in range(1, 41)]
+    lines[9] = lines[29] = "x,token-x"  # lines 10 and 30
+
+    def read(campaign: str) -> SendJob:
+        job = upload("\n".join(lines) + "\n", campaign=campaign)
+        send_job_prepare_run(job_id=job.pk)
+        job.refresh_from_db()
+        return job
+
+    job = read("kept")
+    assert [r["line"] for r in job.invalid_rows] == [10, 30]
+    assert job.status == "failed" and job.pending == 0
+    stop = preparing._stopped
+
+    def taken_over(job_id: int) -> None:  # another run takes the job just after the bad line
+        stop(job_id)
+        SendJob.objects.filter(pk=job_id).update(prepare_lease_until=timezone.now())
+
+    monkeypatch.setattr(preparing, "_stopped", taken_over)
+    assert [r["line"] for r in read("lost").invalid_rows] == [10]  # stopped at line 15
+
+
+def parted(lines: list[str], settings, **options) -> SendJob:
+    """A job whose file is cut into parts of about 1,000 bytes (some 60 lines)."""
+    settings.GATEKEEPER_SEND_CHUNK_SIZE = 7
+    settings.GATEKEEPER_SEND_FILE_PART_BYTES = 1000
+    return upload("user_id,address\n" + "\n".join(lines) + "\n", **options)
+
+
+def test_a_large_file_is_read_in_parts_taken_in_and_sent_in_file_order(push, settings):
+    lines = [f"{i},token-{i}" for i in range(1, 301)]
+    lines[99] = "100,not a token"  # line 101 of the file (the header is line 1)
+    lines[249] = "5,token-5-again"  # user 5 again, three parts later: a repeat
+    job = parted(lines, settings, on_invalid="skip")
+    handed: list[int] = []
+    asked: list[list[int]] = []
+    ids = send_job_prepare_run(
+        job_id=job.pk, hand_out=handed.extend, read_parts=lambda j, idx: asked.append(idx)
+    )
+    parts = list(job.parts.order_by("index"))
+    assert len(parts) >= 3 and asked == [[p.index for p in parts]]
+    assert {p.status for p in parts} == {"taken"}  # read here: no worker took them
+    text = "user_id,address\n" + "".join(f"{x}\n" for x in lines)
+    for part in parts:  # each starts a line, and knows its number
+        assert text[: part.start].endswith("\n")
+        assert text[: part.start].count("\n") + 1 == part.first_line
+    job.refresh_from_db()
+    assert (job.status, job.total, job.invalid, job.duplicate) == ("queued", 300, 1, 1)
+    assert not any(bytes(p.users) for p in job.parts.all())  # the ids are let go once read
+    assert [(r["line"], r["field"]) for r in job.invalid_rows] == [(101, "address")]
+    chunks = list(SendChunk.objects.filter(job=job).order_by("pk"))
+    assert [c.pk for c in chunks] == handed + ids
+    assert [c.part for c in chunks] == sorted(c.part for c in chunks)  # in file order
+    users = [r["user_id"] for c in chunks for r in c.recipients]
+    assert users == [u for u in range(1, 301) if u not in (100, 250)]
+    for chunk in chunks:
+        send_chunk_run(chunk_id=chunk.pk)
+    job.refresh_from_db()
+    assert (job.status, job.sent, job.pending) == ("done", 298, 0)
+
+
+@pytest.mark.postgres
+def test_parts_read_by_other_workers_are_taken_in_and_a_bad_line_stops_the_rest(
+    push, settings, monkeypatch
+):
+    monkeypatch.setattr(services, "HEAD_LINES", 5)
+    lines = [f"{i},token-{i}" for i in range(1, 301)]
+    lines[199] = "200,not a token"  # line 201
+    job = parted(lines, settings)
+    read_elsewhere: list[bool] = []
+
+    def other_workers(job_id: int, indexes: list[int]) -> None:
+        for index in reversed(indexes):  # the last parts first, before this run gets there
+            read_elsewhere.append(send_job_part_run(job_id=job_id, index=index))
+
+    sent: list[int] = []
+
+    def hand_out(ids: list[int]) -> None:
+        for chunk_id in ids:
+            sent.append(send_chunk_run(chunk_id=chunk_id)["sent"])
+
+    assert send_job_prepare_run(job_id=job.pk, hand_out=hand_out, read_parts=other_workers) == []
+    assert read_elsewhere and all(read_elsewhere)
+    assert not send_job_part_run(job_id=job.pk, index=1)  # read already
+    job.refresh_from_db()
+    assert job.status == "failed" and "line 201 (address)" in job.error
+    # Every part before the bad line's went out; nothing of its part or after is left anywhere.
+    first = job.parts.filter(first_line__lte=201).order_by("-index")[0].first_line
+    assert sum(sent) == job.sent == first - 2
+    assert (job.total, job.invalid, job.cancelled, job.pending) == (200, 1, 201 - first, 0)
+    kept = {r["user_id"] for c in SendChunk.objects.filter(job=job) for r in c.recipients}
+    assert kept == set(range(1, first - 1))
+
+
+def test_a_run_that_died_while_taking_in_parts_goes_on_from_where_it_was(push, settings):
+    job = parted([f"{i},token-{i}" for i in range(1, 301)], settings)
+    calls: list[int] = []
+
+    def die_at_the_second_part(ids: list[int]) -> None:
+        calls.extend(ids)
+        if SendChunk.objects.filter(pk__in=ids, part=2).exists():
+            raise RuntimeError("the worker died")
+
+    with pytest.raises(RuntimeError):
+        send_job_prepare_run(job_id=job.pk, hand_out=die_at_the_second_part)
+    SendJob.objects.filter(pk=job.pk).update(prepare_lease_until=None)  # its lease ran out
+    rest = send_job_prepare_run(job_id=job.pk)
+    chunks = list(SendChunk.objects.filter(job=job).order_by("part", "pk"))
+    assert [r["user_id"] for c in chunks for r in c.recipients] == list(range(1, 301))
+    assert set(calls) | set(rest) == {c.pk for c in chunks}
+    job.refresh_from_db()
+    assert (job.status, job.total, job.duplicate) == ("queued", 300, 0)
+
+
+def test_a_file_is_cut_only_at_line_ends_outside_quoted_cells():
+    record = b'1,token-1,,"{""a"":\n 1}"\n'  # a context over two lines
+    data = record * 200
+    cuts = file_cuts(io.BytesIO(data), len(data), 500)
+    assert len(cuts) >= 5
+    for start, line in cuts:
+        assert data[start:].startswith(b"1,token-1")  # a record's start, not inside its cell
+        assert line == data[:start].count(b"\n") + 1
+    assert file_cuts(io.BytesIO(b"1,t-1\r" * 2000), 12000, 1000) == []  # bare CRs: read as one
+    small = b"1,t-1\n" * 100
+    assert file_cuts(io.BytesIO(small), len(small), 1000) == []  # under two parts
+
+
+def test_a_gzip_file_is_read_in_one_part(push, settings):
+    settings.GATEKEEPER_SEND_FILE_PART_BYTES = 1000
+    job = upload("".join(f"{i},token-{i}\n" for i in range(1, 3000)), gz=True)
+    assert send_job_prepare_run(job_id=job.pk) and not job.parts.exists()
