@@ -18,6 +18,7 @@ the next write; one paused has its chunks queued but not handed out until its re
 start ahead is staged to the end and waits for it.
 """
 
+import enum
 import gc
 import logging
 import time
@@ -286,17 +287,17 @@ def send_job_prepare_run(
     read_bytes = counting.count
     if parts:
         rest = _handed_out(job_id, lease, staging.rows, read_bytes)  # the first part's last
-        outcome, error = "stopped", ""
+        outcome, error = _Taken.STOPPED, ""
         if rest is not None:
             hand(rest)
             outcome, error = _parts_taken_in(job_id, lease, staging, parts, reject, hand, progress)
-        if outcome == "failed":
+        if outcome == _Taken.UNREADABLE:
             _stopped(job_id)
             return _fail(job_id, error, staging)
-        if outcome == "rejected":
+        if outcome == _Taken.BAD_LINE:
             _stopped(job_id)
             return _fail(job_id, _rejected_words(staging.invalid_rows), staging)
-        read_bytes = size if outcome == "read" else read_bytes
+        read_bytes = size if outcome == _Taken.ALL else read_bytes
     with timings.timed("chunking"):
         return kept + _finish(job_id, staging, lease, read_bytes)
 
@@ -378,6 +379,15 @@ def _parts(job: SendJob, handle: Any, size: int) -> list[SendJobPart]:
     )
 
 
+class _Taken(enum.Enum):
+    """How taking in a file's parts ended."""
+
+    ALL = enum.auto()
+    STOPPED = enum.auto()
+    BAD_LINE = enum.auto()
+    UNREADABLE = enum.auto()
+
+
 def _parts_taken_in(
     job_id: int,
     lease: RowLease,
@@ -386,19 +396,19 @@ def _parts_taken_in(
     reject: bool,
     hand: Callable[[list[int]], None],
     progress: Callable[[int, int], None] | None,
-) -> tuple[str, str]:
+) -> tuple["_Taken", str]:
     """Take in the parts after the first, in file order, each once it is read (reading it here
     when no worker has started it): its users listed before counted as repeats and taken out of
-    its chunks, its counts added, its chunks handed out. ("read", "") when all were taken in;
-    ("stopped", "") when the job was cancelled or another run took it over; ("rejected", "")
-    on a bad line with `reject`; ("failed", why) when one could not be read."""
+    its chunks, its counts added, its chunks handed out. (ALL, "") when all were taken in;
+    (STOPPED, "") when the job was cancelled or another run took it over; (BAD_LINE, "") on a
+    bad line with `reject`; (UNREADABLE, why) when one could not be read."""
     size = parts[-1].end
     for index in range(1, len(parts) + 1):
         part = _part_ready(job_id, lease, index, len(parts))
         if part is None:
-            return "stopped", ""
+            return _Taken.STOPPED, ""
         if part.status == SendJobPart.Status.FAILED:
-            return "failed", part.error
+            return _Taken.UNREADABLE, part.error
         users = type(staging.seen.ids).deserialize(bytes(part.users)) if part.users else None
         repeats = 0
         if users is not None:
@@ -413,16 +423,16 @@ def _parts_taken_in(
         room = INVALID_ROWS_KEPT - len(staging.invalid_rows)
         staging.invalid_rows.extend(part.invalid_rows[: max(0, room)])
         if reject and part.invalid:
-            return "rejected", ""
+            return _Taken.BAD_LINE, ""
         if progress is not None:
             progress(part.end, size)
         if part.status == SendJobPart.Status.TAKEN:
             continue  # by a run before this one, which died
         ids = _handed_out(job_id, lease, staging.rows, part.end, part=index)
         if ids is None:
-            return "stopped", ""
+            return _Taken.STOPPED, ""
         hand(ids)
-    return "read", ""
+    return _Taken.ALL, ""
 
 
 def _part_ready(job_id: int, lease: RowLease, index: int, last: int) -> SendJobPart | None:

@@ -210,3 +210,39 @@ def test_a_push_cut_off_by_a_killed_worker_is_sent_again_with_its_key_and_nothin
     assert len(relay.delivered) == len(set(relay.delivered)) == 150
     assert relay.requests == 151
     assert (job.sent, job.ambiguous, job.failed, job.pending) == (150, 0, 0, 0)
+
+
+@pytest.mark.postgres
+def test_a_file_in_parts_is_read_by_both_workers_and_sent_once_each_in_file_order(
+    published, start_worker, settings
+):
+    """A 3 MB file in parts of 1 MiB, two worker processes: each later part read by whichever
+    is free, taken in by the job's reading run in file order, every user sent once."""
+    import io
+
+    from worker.models import SendJobPart
+    from worker.services import send_job_from_file
+
+    published(vip=(10, [1], {}))
+    pad = "x" * 40
+    lines = [f"{i},token-{i}-{pad}" for i in range(1, 50_001)]
+    lines[45_000] = f"7,token-7-again-{pad}"  # user 7 again, in the last part
+    data = ("\n".join(lines) + "\n").encode()
+    for _ in range(2):
+        start_worker(
+            GATEKEEPER_DISPATCHERS='{"push": "null"}', GATEKEEPER_SEND_FILE_PART_BYTES=str(2**20)
+        )
+    job = send_job_from_file(
+        fileobj=io.BytesIO(data),
+        name="big.csv",
+        channel="push",
+        campaign="parts",
+        template="welcome",
+        on_invalid="skip",
+    )
+    wait_for(lambda: job_done(job), seconds=120, what="the job in parts")
+    job.refresh_from_db()
+    parts = list(SendJobPart.objects.filter(job=job).order_by("index"))
+    assert len(parts) == 2 and {p.status for p in parts} == {"taken"}  # and part 0
+    assert (job.total, job.duplicate, job.pending) == (50_000, 1, 0)
+    assert job.sent + job.capped == 49_999
