@@ -44,7 +44,7 @@ from limits.engine.reservations import (
 )
 from limits.engine.table import PolicyTable
 from limits.policy.quota import Unavailable
-from limits.policy.selectors import policy_read
+from limits.policy.selectors import PolicyCache, policy_read
 from limits.reasons import CAPPED, HELD, SENDING, Reason
 from segments.index import get_index
 from worker.delivery.base import recipients_typed
@@ -110,20 +110,28 @@ def plan_compute(
     index: SegmentResolver | None = None,
     holds: Holds | None = None,
     audiences: dict[int, np.ndarray] | None = None,
+    table: PolicyTable | None = None,
 ) -> list[JobPlan]:
     """Every job's predicted decisions (`jobs` in the order they start; default
     scheduled_jobs()), by the process's gate (`index`: resolve segments with this one instead of
     the loaded snapshot) on a scratch copy of the logs of `limiter` (default: the live one),
     with the reservations' `holds` (default: those in force). `audiences`: each job's users, as
-    job_audiences read them (default: read here). Raises Unavailable when Redis does not
-    answer."""
+    job_audiences read them (default: read here). `table`: the policy, as policy_read() gives
+    it (default: read now; never the process's cached copy, which may be older than a rule
+    the plan is made for). Raises Unavailable when Redis does not answer."""
     jobs = scheduled_jobs() if jobs is None else list(jobs)
     live = limiter or get_limiter()
     scratch = Limiter(live.client, prefix=f"{live.prefix}plan:{uuid.uuid4().hex[:12]}:")
     if holds is None:
         holds = holds_cache().get(live.client, live.prefix)
+    policy = PolicyCache.holding(policy_read() if table is None else table)
     replay = Gate(
-        limiter=scratch, index=index, holds=holds, record_stats=False, record_ledger=False
+        limiter=scratch,
+        index=index,
+        holds=holds,
+        policy=policy,
+        record_stats=False,
+        record_ledger=False,
     )
     started = time.monotonic()
     scratch_keys: list[str] = []
@@ -309,16 +317,17 @@ PLAN_MAX_AGE = 900  # seconds: a plan is made again at least this often while jo
 HOLDS_ROUNDS = 4
 
 
-def plan_inputs(jobs: Sequence[SendJob] | None = None) -> str:
+def plan_inputs(jobs: Sequence[SendJob] | None = None, *, table: PolicyTable | None = None) -> str:
     """What a plan depends on, hashed: the scheduled jobs as they are (each edit changes its
     `updated_at`), every rule, quiet hours, topic, holdout and experiment as the gate reads
-    them, and the snapshot this process resolves segments with. People's own changes
-    (preferences, suppression) are not in it: the plan is made again every PLAN_MAX_AGE."""
+    them (`table`, default: read now), and the snapshot this process resolves segments with.
+    People's own changes (preferences, suppression) are not in it: the plan is made again every
+    PLAN_MAX_AGE."""
     jobs = scheduled_jobs() if jobs is None else jobs
     index = get_index()
     parts = [
         repr([(j.pk, j.updated_at.isoformat(), j.total) for j in jobs]),
-        repr(policy_read()),
+        repr(policy_read() if table is None else table),
         index.version if index is not None else "",
     ]
     return blake2b("\n".join(parts).encode(), digest_size=16).hexdigest()
@@ -376,7 +385,10 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
     live = limiter or get_limiter()
     latest = plan_latest(limiter=live)
     jobs = scheduled_jobs()
-    inputs = plan_inputs(jobs)
+    # One read of the policy for the plan and the hash it is kept under: a plan made with an
+    # older table than its hash says would pass for fresh until PLAN_MAX_AGE.
+    table = policy_read()
+    inputs = plan_inputs(jobs, table=table)
     fresh = (
         latest is not None
         and latest["inputs"] == inputs
@@ -391,7 +403,7 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
         return False
     try:
         started = time.time()
-        plans, blob = plan_with_holds(jobs, limiter=live)
+        plans, blob = plan_with_holds(jobs, limiter=live, table=table)
         result = {
             "inputs": inputs,
             "computed_epoch": started,
@@ -408,19 +420,21 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
 
 
 def plan_with_holds(
-    jobs: Sequence[SendJob], *, limiter: Limiter | None = None
+    jobs: Sequence[SendJob], *, limiter: Limiter | None = None, table: PolicyTable | None = None
 ) -> tuple[list[JobPlan], bytes]:
-    """The plan of `jobs` with the holds of its reserved ones, and those holds (encoded).
+    """The plan of `jobs` with the holds of its reserved ones, and those holds (encoded), under
+    the policy `table` (default: read now).
 
     First as if each reserved job got every recipient it names (so that no earlier send of a
     lower priority takes what it would get), then with what it is predicted to get, until the
     holds the plan is made with are those it makes (HOLDS_ROUNDS at most)."""
+    table = policy_read() if table is None else table
     audiences = job_audiences(jobs)
     holds = holds_decode(plan_holds([], jobs, everyone=audiences))
     plans: list[JobPlan] = []
     blob = holds_encode([])
     for _ in range(HOLDS_ROUNDS):
-        plans = plan_compute(jobs, limiter=limiter, holds=holds, audiences=audiences)
+        plans = plan_compute(jobs, limiter=limiter, holds=holds, audiences=audiences, table=table)
         blob = plan_holds(plans, jobs)
         if blob == holds_encode(holds.by_job()):
             break

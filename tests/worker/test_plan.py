@@ -310,3 +310,34 @@ def test_the_plan_and_its_holds_on_one_node_and_on_a_cluster(published, settings
         scheduled.refresh_from_db()
         assert Counter(scheduled.reasons) == +planned.reasons
         assert in_logs(scheduled) - before == {int(u) for u in planned.admitted}
+
+
+def test_a_rule_made_just_before_a_job_is_in_its_plan_whatever_this_process_cached(
+    world, monkeypatch
+):
+    """A rule made seconds before a job was scheduled, already refusing at the gate, was missing
+    from the plan: the plan read the policy from the process's cached copy (kept for
+    GATEKEEPER_CAPS_TTL_SECONDS), while the plan's inputs were hashed from the database, so the
+    stale plan also passed for fresh. The plan reads the policy as it is."""
+    cache = policy_cache()
+    monkeypatch.setattr(cache, "ttl", 3600.0)
+    cache.invalidate()
+    cache.table()  # this process's copy, read before the rule
+    start = timezone.now() + timedelta(hours=1)
+    gate_check(  # four users had their one push of the day already
+        channel="push", requests=[(u, f"earlier:{u}") for u in (1, 2, 3, 4)], campaign="old"
+    )
+    make_rule("1 push a day", channel="push", limit=1)  # by another process: no invalidation
+    job = send_job_create(
+        channel="push",
+        campaign="later",
+        template="welcome",
+        recipients=[{"user_id": u, "address": f"token-{u}"} for u in range(1, 11)],
+        start_at=start,
+        queue=False,
+    )
+    assert plan_refresh(force=True)
+    (planned,) = plan_compute()
+    assert (planned.job_id, planned.sent) == (job.pk, 6)
+    assert planned.reasons["daily_cap"] == 4
+    assert plan_refresh() is False  # made with the policy its inputs were hashed from
