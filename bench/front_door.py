@@ -34,6 +34,7 @@ from bench.gate import (
     _process_figures,
     _redis,
     _redis_cpu,
+    campaign_env,
     demo_seeded,
     recipients_file,
 )
@@ -96,18 +97,10 @@ def run(recipients: int) -> None:
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         port = _free_port()
         env = {
-            **os.environ,
-            "DATABASE_URL": f"{BENCH_DB.rsplit('/', 1)[0]}/gk_bench_front_door",
-            "REDIS_URL": "redis://127.0.0.1:6379/14",
-            "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13",
-            "GATEKEEPER_STORE_URL": f"{tmp}/store",
-            "GATEKEEPER_SNAPSHOT_CACHE_DIR": f"{tmp}/cache",
-            "MEDIA_ROOT": f"{tmp}/media",
-            "GATEKEEPER_DISPATCHERS": '{"push": "null"}',
+            **campaign_env(tmp, f"{BENCH_DB.rsplit('/', 1)[0]}/gk_bench_front_door"),
             "GATEKEEPER_BIND": f"127.0.0.1:{port}",
             "GUNICORN_ACCESSLOG": "",
             "DJANGO_HTTPS": "false",  # plain HTTP on loopback, as `make run` serves
-            "LOG_LEVEL": "WARNING",
             "DJANGO_SETTINGS_MODULE": "gatekeeper.settings",
         }
         database_made(env["DATABASE_URL"], fresh=True)

@@ -918,17 +918,7 @@ def campaign(
     from worker.timings import STEPS, timings_key
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        env = {
-            **os.environ,
-            "DATABASE_URL": f"sqlite:///{tmp}/bench.sqlite3",
-            "REDIS_URL": "redis://127.0.0.1:6379/14",
-            "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13",
-            "GATEKEEPER_STORE_URL": f"{tmp}/store",
-            "GATEKEEPER_SNAPSHOT_CACHE_DIR": f"{tmp}/cache",
-            "MEDIA_ROOT": f"{tmp}/media",
-            "GATEKEEPER_DISPATCHERS": '{"push": "null"}',
-            "LOG_LEVEL": "WARNING",
-        }
+        env = campaign_env(tmp, f"sqlite:///{tmp}/bench.sqlite3")
         if postgres:
             from bench.postgres import BENCH_DB, database_made
 
@@ -1180,6 +1170,22 @@ def _caught_up(port: int, *, quiet: float = 3.0, longest: float = 300.0) -> None
         elif time.monotonic() - still >= quiet:
             return
         time.sleep(0.5)
+
+
+def campaign_env(tmp: str, database_url: str) -> dict[str, str]:
+    """The environment of a campaign's processes: `database_url`, Redis databases 14 (the gate)
+    and 13 (the broker), files under `tmp`, the null push dispatcher."""
+    return {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": "redis://127.0.0.1:6379/14",
+        "CELERY_BROKER_URL": "redis://127.0.0.1:6379/13",
+        "GATEKEEPER_STORE_URL": f"{tmp}/store",
+        "GATEKEEPER_SNAPSHOT_CACHE_DIR": f"{tmp}/cache",
+        "MEDIA_ROOT": f"{tmp}/media",
+        "GATEKEEPER_DISPATCHERS": '{"push": "null"}',
+        "LOG_LEVEL": "WARNING",
+    }
 
 
 def demo_seeded(env: dict[str, str]) -> None:

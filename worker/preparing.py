@@ -11,11 +11,16 @@ is cancelled, and nothing after the line is staged (a file that cannot be read f
 way). The head of the file is checked before the job is stored (worker.services), so a file bad
 from its start sends nothing.
 
-A run that dies midway leaves what it staged to the next run, which deletes the staged chunks and
-reads the file again from the start, making again (and not storing) the chunks handed out before
-(the job's lease keeps two runs from reading at once). A job cancelled while it is read stops at
-the next write; one paused has its chunks queued but not handed out until its resume; one with a
-start ahead is staged to the end and waits for it.
+A plain file larger than two parts is read by every free worker, a part each
+(`send_job_part_run`), and taken in by the job's reading run in file order: its first part is
+handed out as it is read, each later one once it and every part before it are read.
+
+A run that dies midway leaves what it staged to the next run, which deletes the staged chunks of
+the first part and reads it again from the start, making again (and not storing) the chunks
+handed out before, and counts again the later parts it had taken in (the job's lease keeps two
+runs from reading at once; a part's lease, two readers of one part). A job cancelled while it is
+read stops at the next write; one paused has its chunks queued but not handed out until its
+resume; one with a start ahead is staged to the end and waits for it.
 """
 
 import enum
@@ -34,7 +39,7 @@ from django.utils import timezone
 from gatekeeper.lib.binding import large_rows_created
 from gatekeeper.lib.files import remover
 from gatekeeper.lib.instants import instant_or_now
-from gatekeeper.lib.leases import RowLease
+from gatekeeper.lib.leases import RowLease, lease_free
 from gatekeeper.lib.words import count
 from segments.store import NotFound, StoreError, store_from_settings
 from worker import timings
@@ -232,7 +237,7 @@ def send_job_prepare_run(
     reject = job.on_invalid == SendJob.OnInvalid.REJECT
     kept: list[int] = []
     parts: list[SendJobPart] = []
-    asked: list[bool] = []
+    asked = False
     handle: Any = None
 
     def hand(ids: list[int]) -> None:
@@ -243,10 +248,11 @@ def send_job_prepare_run(
 
     def ask() -> None:
         """The later parts to other workers, once the first chunk is out."""
+        nonlocal asked
         waiting = [p.index for p in parts if p.status == SendJobPart.Status.WAITING]
         if not asked and read_parts is not None and waiting:
             read_parts(job_id, waiting)
-        asked.append(True)
+        asked = True
 
     def written() -> bool:
         if progress is not None:
@@ -286,10 +292,8 @@ def send_job_prepare_run(
     ask()
     read_bytes = counting.count
     if parts:
-        rest = _handed_out(job_id, lease, staging.rows, read_bytes)  # the first part's last
         outcome, error = _Taken.STOPPED, ""
-        if rest is not None:
-            hand(rest)
+        if written():  # the first part's last chunks out, before the later parts' ones
             outcome, error = _parts_taken_in(job_id, lease, staging, parts, reject, hand, progress)
         if outcome == _Taken.UNREADABLE:
             _stopped(job_id)
@@ -404,7 +408,7 @@ def _parts_taken_in(
     bad line with `reject`; (UNREADABLE, why) when one could not be read."""
     size = parts[-1].end
     for index in range(1, len(parts) + 1):
-        part = _part_ready(job_id, lease, index, len(parts))
+        part = _part_ready(job_id, lease, index)
         if part is None:
             return _Taken.STOPPED, ""
         if part.status == SendJobPart.Status.FAILED:
@@ -435,7 +439,7 @@ def _parts_taken_in(
     return _Taken.ALL, ""
 
 
-def _part_ready(job_id: int, lease: RowLease, index: int, last: int) -> SendJobPart | None:
+def _part_ready(job_id: int, lease: RowLease, index: int) -> SendJobPart | None:
     """Part `index` once it is read (or could not be): read here if no worker has started it;
     while a worker reads it, a later part no worker has started is read here meanwhile. None
     when the job was cancelled or another run took it over."""
@@ -449,7 +453,12 @@ def _part_ready(job_id: int, lease: RowLease, index: int, last: int) -> SendJobP
             return part
         if send_job_part_run(job_id=job_id, index=index, keep=kept):
             continue
-        later = range(index + 1, last + 1)
+        later = SendJobPart.objects.filter(
+            lease_free(timezone.now()),
+            job_id=job_id,
+            index__gt=index,
+            status=SendJobPart.Status.WAITING,
+        ).values_list("index", flat=True)
         if any(send_job_part_run(job_id=job_id, index=i, keep=kept) for i in later):
             continue
         if not kept():
@@ -543,10 +552,20 @@ def _send_chunks(job_id: int) -> Any:
     )
 
 
-def _not_handed_out(job_id: int, staging: _Staging) -> int:
-    """Valid recipients read but never handed out (staged, or not written yet)."""
-    handed = _send_chunks(job_id).aggregate(n=Sum("size"))["n"] or 0
-    return staging.rows - staging.invalid - staging.repeats - handed
+def handed_size(job_id: int) -> int:
+    """Recipients in the chunks of a job's file handed out."""
+    return int(_send_chunks(job_id).aggregate(n=Sum("size"))["n"] or 0)
+
+
+def _counted(job: SendJob, staging: _Staging, *, handed: int | None = None) -> None:
+    """What was read, on the (locked) job: its rows, bad ones and repeats. With `handed` (the
+    recipients handed out), the valid rows read and never handed out count as cancelled."""
+    job.total = staging.rows
+    job.invalid = staging.invalid
+    job.duplicate += staging.repeats
+    job.invalid_rows = staging.invalid_rows[:INVALID_ROWS_KEPT]
+    if handed is not None:
+        job.cancelled += staging.rows - staging.invalid - staging.repeats - handed
 
 
 def _stopped(job_id: int) -> None:
@@ -582,18 +601,15 @@ def _fail(job_id: int, error: str, staging: _Staging) -> list[int]:
     with transaction.atomic():
         job = SendJob.objects.select_for_update().get(pk=job_id)
         SendChunk.objects.filter(job_id=job_id, status=SendChunk.Status.STAGED).delete()
-        handed = _send_chunks(job_id).aggregate(n=Sum("size"))["n"] or 0
+        handed = handed_size(job_id)
         if handed:
             # Read up to where it was refused: what was handed out settles as it runs (what had
             # not gone out as cancelled), the rest read before the line is cancelled.
-            job.total = staging.rows
-            job.invalid = staging.invalid
-            job.duplicate += staging.repeats
-            job.cancelled += _not_handed_out(job_id, staging)
+            _counted(job, staging, handed=handed)
+        job.invalid_rows = staging.invalid_rows[:INVALID_ROWS_KEPT]
         error = _failed_words(error, handed)
         job.status = SendJob.Status.FAILED
         job.error = error[:4000]
-        job.invalid_rows = staging.invalid_rows[:INVALID_ROWS_KEPT]
         job.prepare_lease_until = None
         job.save()
         file_removed_on_commit(job)
@@ -613,18 +629,15 @@ def _finish(job_id: int, staging: _Staging, lease: RowLease, read_bytes: int) ->
         if job.prepare_lease_until != lease.until and job.cancelled_at is None:
             return []  # another run took it over (this one was too slow to renew)
         staged = SendChunk.objects.filter(job_id=job_id, status=SendChunk.Status.STAGED)
-        job.total = staging.rows
-        job.invalid = staging.invalid
-        job.duplicate += staging.repeats
-        job.invalid_rows = staging.invalid_rows
+        # Read up to where it was cancelled: what was valid and not handed out is cancelled,
+        # never queued; what was handed out ends as it runs.
+        cancelled = job.cancelled_at is not None
+        _counted(job, staging, handed=handed_size(job_id) if cancelled else None)
         job.read_bytes = read_bytes
         job.prepare_lease_until = None
         ids: list[int] = []
         started = job.started_at is not None
-        if job.cancelled_at is not None:
-            # Read up to where it was cancelled: what was valid and not handed out is
-            # cancelled, never queued; what was handed out ends as it runs.
-            job.cancelled += _not_handed_out(job_id, staging)
+        if cancelled:
             staged.delete()
         elif not started and job.start_at is not None and job.start_at > now:
             job.status = SendJob.Status.SCHEDULED  # staged until its start (worker.scheduling)

@@ -12,7 +12,6 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.files import File
 from django.db import transaction
-from django.db.models import Sum
 from django.template import TemplateDoesNotExist
 from django.utils import timezone
 
@@ -50,6 +49,7 @@ from worker.preparing import (
     REJECTED_ROWS_SHOWN,
     STORE_PREFIX,
     file_removed_on_commit,
+    handed_size,
 )
 from worker.recipients import FileError, RecipientRules, RowError, line_words, recipient_lines
 from worker.scheduling import job_started, staged_cancel
@@ -279,8 +279,7 @@ def send_job_cancel(*, job: SendJob, user: Actor = None) -> SendJob:
                 # No run reads its file: cancelled here (a run would stop at its next write).
                 # What a run that died had handed out ends as its chunks do (closed below).
                 SendChunk.objects.filter(job=locked, status=SendChunk.Status.STAGED).delete()
-                handed = SendChunk.objects.filter(job=locked, kind=SendChunk.Kind.SEND)
-                locked.total = handed.aggregate(n=Sum("size"))["n"] or 0
+                locked.total = handed_size(locked.pk)
                 locked.status = SendJob.Status.RUNNING if locked.total else SendJob.Status.CANCELLED
                 file_removed_on_commit(locked)
             elif locked.status == SendJob.Status.SCHEDULED:
