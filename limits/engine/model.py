@@ -1,0 +1,724 @@
+"""The decision model: what the limiter's function (limits/engine/lua/limiter.lua, gk_decide)
+answers, computed for many users and sends at once over numpy arrays, from logs read from Redis
+in bulk (or made from the ledger) and never written back.
+
+`ModelLogs` holds many users' logs as columns, one row per entry (`Entries`), in sorted runs: a
+call reads its users' entries with binary searches, and what it records is a new run, merged into
+the others now and then. `decide` answers one call as gk_decide does: the same rule records
+(limits.engine.table.RuleSet.records: the caller has resolved each window in the user's zone and
+applied reserves and holds), the same counting (an entry counts when it is newer than the
+window's start, later ones too), the same choice of the deciding rule (the first whose limit is
+0, else the one whose room comes last, the first of equals; a rule whose period ended before now
+decides nothing), the same duplicates (the message on the channel, in the user's log and then in
+the other log), the same writes (a recorded send drops the log's entries that left the
+retention). A user asked twice in one call is decided in turns, as the function reads the log it
+wrote.
+
+`ModelLimiter` is a Limiter for the gate (`acquire`, the same arguments and Decisions), so that
+every stage before the rules (quiet hours, suppression, preferences, the control group, arms,
+reservations) is the gate's own code: the tests compare the two on random rules, logs, clocks
+and batches, and allow no difference (tests/limits/test_decision_model.py).
+"""
+
+import struct
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gatekeeper.lib.instants import ms_checked
+from limits.engine import log
+from limits.engine.limiter import ALLOWED, DUPLICATE, Decision, Limiter
+from limits.engine.table import DEFAULT_PRIORITY, RuleSet
+
+REFUSED = 3
+DAY_MS, WEEK_MS = 86_400_000, 604_800_000
+RUNS_MERGED = 8  # runs beyond the first that are merged into one
+MAX_TAGS = 8
+KIND_ANY, KIND_TAG, KIND_CAMPAIGN = 1, 2, 3
+_U64 = np.uint64
+_NO_TAGS = np.zeros((0, 0), dtype=np.uint32)
+READ_BATCH = 256  # keys read per pipeline
+
+
+def message_int(message_hash: bytes) -> int:
+    """What an entry keeps of a message's 8-byte hash (its first 7 bytes), as an integer."""
+    return int.from_bytes(message_hash[: log.STORED_MESSAGE], "big")
+
+
+def hash_int(short: bytes) -> int:
+    """A campaign's or a tag's 4-byte hash as an integer (0: none)."""
+    return int.from_bytes(short, "big")
+
+
+@dataclass(slots=True)
+class Entries:
+    """Entries of logs, one row each: whose (`user`), on which channel (a code, `ModelLogs`
+    names it), when (ms), the message (7 bytes), the campaign (4), `held` (priority in the high
+    4 bits, the holder below), in the uncounted log or not, and the tags (one column per tag
+    slot, 0 for none)."""
+
+    user: np.ndarray  # uint64
+    channel: np.ndarray  # int32
+    at: np.ndarray  # int64
+    message: np.ndarray  # uint64
+    campaign: np.ndarray  # uint32
+    held: np.ndarray  # uint32
+    uncounted: np.ndarray  # bool
+    tags: np.ndarray  # uint32, (rows, slots)
+
+    @staticmethod
+    def empty(slots: int = 0) -> "Entries":
+        return Entries(
+            user=np.empty(0, dtype=_U64),
+            channel=np.empty(0, dtype=np.int32),
+            at=np.empty(0, dtype=np.int64),
+            message=np.empty(0, dtype=_U64),
+            campaign=np.empty(0, dtype=np.uint32),
+            held=np.empty(0, dtype=np.uint32),
+            uncounted=np.empty(0, dtype=bool),
+            tags=np.zeros((0, slots), dtype=np.uint32),
+        )
+
+    def __len__(self) -> int:
+        return int(self.user.size)
+
+    def take(self, rows: np.ndarray) -> "Entries":
+        return Entries(
+            user=self.user[rows],
+            channel=self.channel[rows],
+            at=self.at[rows],
+            message=self.message[rows],
+            campaign=self.campaign[rows],
+            held=self.held[rows],
+            uncounted=self.uncounted[rows],
+            tags=self.tags[rows],
+        )
+
+    def sorted(self) -> "Entries":
+        """By user, then time (stable)."""
+        return self.take(np.lexsort((self.at, self.user)))
+
+
+def _widened(tags: np.ndarray, slots: int) -> np.ndarray:
+    if tags.shape[1] >= slots:
+        return tags
+    out = np.zeros((tags.shape[0], slots), dtype=np.uint32)
+    out[:, : tags.shape[1]] = tags
+    return out
+
+
+def joined(parts: Sequence[Entries]) -> Entries:
+    if not parts:
+        return Entries.empty()
+    if len(parts) == 1:
+        return parts[0]
+    slots = max(p.tags.shape[1] for p in parts)
+    return Entries(
+        user=np.concatenate([p.user for p in parts]),
+        channel=np.concatenate([p.channel for p in parts]),
+        at=np.concatenate([p.at for p in parts]),
+        message=np.concatenate([p.message for p in parts]),
+        campaign=np.concatenate([p.campaign for p in parts]),
+        held=np.concatenate([p.held for p in parts]),
+        uncounted=np.concatenate([p.uncounted for p in parts]),
+        tags=np.concatenate([_widened(p.tags, slots) for p in parts]),
+    )
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every index of the ranges [starts[k], starts[k] + counts[k]), and k for each."""
+    total = int(counts.sum())
+    owner = np.repeat(np.arange(counts.size), counts)
+    if total == 0:
+        return np.empty(0, dtype=np.int64), owner
+    first = np.cumsum(counts) - counts
+    return starts[owner] + (np.arange(total) - first[owner]), owner
+
+
+@dataclass(slots=True)
+class _Run:
+    entries: Entries  # sorted by user
+    gone: np.ndarray  # bool: dropped since (left the retention when its log was written)
+
+
+class ModelLogs:
+    """Many users' logs (counted and uncounted), as `Entries` in sorted runs."""
+
+    def __init__(self, entries: Entries | None = None, channels: Sequence[str] = ()) -> None:
+        self.channels: list[str] = list(channels)
+        self._codes = {name: k for k, name in enumerate(self.channels)}
+        self._runs: list[_Run] = []
+        if entries is not None and len(entries):
+            self._add(entries.sorted())
+
+    def code(self, channel: str) -> int:
+        found = self._codes.get(channel)
+        if found is None:
+            found = self._codes[channel] = len(self.channels)
+            self.channels.append(channel)
+        return found
+
+    def _add(self, entries: Entries) -> None:
+        self._runs.append(_Run(entries, np.zeros(len(entries), dtype=bool)))
+        if len(self._runs) > RUNS_MERGED + 1:
+            rest = self._merged(self._runs[1:])
+            first = self._runs[0]
+            if len(rest.entries) * 2 > len(first.entries):
+                self._runs = [self._merged([first, rest])]
+            else:
+                self._runs = [first, rest]
+
+    @staticmethod
+    def _merged(runs: Sequence[_Run]) -> _Run:
+        kept = joined([r.entries.take(~r.gone) for r in runs]).sorted()
+        return _Run(kept, np.zeros(len(kept), dtype=bool))
+
+    def __len__(self) -> int:
+        return sum(int((~r.gone).sum()) for r in self._runs)
+
+    def entries(self) -> Entries:
+        """Every entry held, by user and time."""
+        return self._merged(self._runs).entries
+
+    def gathered(
+        self, users: np.ndarray
+    ) -> tuple[Entries, np.ndarray, list[tuple[int, np.ndarray]]]:
+        """The entries of `users` (distinct), each with its user's position in `users`, and
+        where each is held (per run: its rows), so that they can be dropped."""
+        parts, owners, where = [], [], []
+        for k, run in enumerate(self._runs):
+            column = run.entries.user
+            lo = np.searchsorted(column, users, side="left")
+            hi = np.searchsorted(column, users, side="right")
+            rows, owner = _ranges(lo, hi - lo)
+            if rows.size:
+                live = ~run.gone[rows]
+                rows, owner = rows[live], owner[live]
+            if rows.size:
+                parts.append(run.entries.take(rows))
+                owners.append(owner)
+                where.append((k, rows))
+        if not parts:
+            return Entries.empty(), np.empty(0, dtype=np.int64), []
+        return joined(parts), np.concatenate(owners), where
+
+    def drop(self, where: list[tuple[int, np.ndarray]], mask: np.ndarray) -> None:
+        """Drop the gathered entries where `mask` (gathered()'s order) is true."""
+        at = 0
+        for k, rows in where:
+            part = mask[at : at + rows.size]
+            self._runs[k].gone[rows[part]] = True
+            at += rows.size
+
+    def record(self, entries: Entries) -> None:
+        if len(entries):
+            self._add(entries.sorted())
+
+    # --- reading logs ------------------------------------------------------------------------
+
+    @classmethod
+    def decoded(
+        cls, logs: Iterable[tuple[int, bool, bytes]], channels: Sequence[str] = ()
+    ) -> "ModelLogs":
+        """From stored logs: (user, uncounted, the log's bytes) each."""
+        out = cls(channels=channels)
+        out._add(out._decode(list(logs)).sorted())
+        return out
+
+    def _decode(self, logs: list[tuple[int, bool, bytes]]) -> Entries:
+        """Every entry of the stored logs (format 2 over arrays; format 1, rare, one by one)."""
+        current = [item for item in logs if item[2] and item[2][0] == log.FORMAT_VERSION]
+        older = [item for item in logs if item[2] and item[2][0] != log.FORMAT_VERSION]
+        parts = [self._decode_current(current)] if current else []
+        if older:
+            parts.append(self._decode_older(older))
+        return joined(parts)
+
+    def _decode_older(self, logs: list[tuple[int, bool, bytes]]) -> Entries:
+        rows: list[tuple[Any, ...]] = []
+        for user, uncounted, raw in logs:
+            for e in log.decode(raw):
+                rows.append((user, uncounted, e))
+        slots = max((len(e.tags) for _, _, e in rows), default=0)
+        tags = np.zeros((len(rows), slots), dtype=np.uint32)
+        for k, (_, _, e) in enumerate(rows):
+            for j, tag in enumerate(e.tags):
+                tags[k, j] = hash_int(tag)
+        return Entries(
+            user=np.asarray([r[0] for r in rows], dtype=_U64),
+            channel=np.asarray([self.code(e.channel) for _, _, e in rows], dtype=np.int32),
+            at=np.asarray([e.at_ms for _, _, e in rows], dtype=np.int64),
+            message=np.asarray([int.from_bytes(e.message, "big") for _, _, e in rows], dtype=_U64),
+            campaign=np.asarray([hash_int(e.campaign) for _, _, e in rows], dtype=np.uint32),
+            held=np.asarray(
+                [(e.priority << log.HOLDER_BITS) | e.holder for _, _, e in rows], dtype=np.uint32
+            ),
+            uncounted=np.asarray([r[1] for r in rows], dtype=bool),
+            tags=tags,
+        )
+
+    def _decode_current(self, logs: list[tuple[int, bool, bytes]]) -> Entries:
+        raws = [raw for _, _, raw in logs]
+        lengths = np.fromiter((len(r) for r in raws), dtype=np.int64, count=len(raws))
+        begin = np.cumsum(lengths) - lengths
+        end = begin + lengths
+        buf = np.frombuffer(b"".join(raws), dtype=np.uint8).astype(np.int64)
+        slots = buf[begin + 1]
+        sections = buf[begin + 2]
+        width = log.ENTRY_BASE + 4 * slots
+        pos = begin + 3
+        names: list[np.ndarray] = []  # per section index: the channel code of each log having it
+        counts: list[np.ndarray] = []
+        for s in range(int(sections.max(initial=0))):
+            having = np.nonzero(sections > s)[0]
+            at = pos[having]
+            size = buf[at]
+            longest = int(size.max(initial=0))
+            grid = np.zeros((having.size, max(longest, 1)), dtype=np.uint8)
+            for j in range(longest):
+                inside = size > j
+                grid[inside, j] = buf[at[inside] + 1 + j]
+            labels = grid.view(f"S{grid.shape[1]}").ravel()
+            unique, inverse = np.unique(labels, return_inverse=True)
+            codes = np.asarray([self.code(u.decode()) for u in unique], dtype=np.int32)
+            name = np.full(begin.size, -1, dtype=np.int32)
+            name[having] = codes[inverse.ravel()]
+            count = np.zeros(begin.size, dtype=np.int64)
+            count[having] = buf[at + 1 + size] * 256 + buf[at + 2 + size]
+            names.append(name)
+            counts.append(count)
+            pos[having] = at + 3 + size
+        # Entries: each section's after the headers, the last running to the end of the log.
+        offset = pos.copy()
+        user_all = np.fromiter((u for u, _, _ in logs), dtype=_U64, count=len(logs))
+        uncounted_all = np.fromiter((c for _, c, _ in logs), dtype=bool, count=len(logs))
+        rows_parts, owner_parts, channel_parts = [], [], []
+        for s in range(len(names)):
+            having = np.nonzero(sections > s)[0]
+            last = sections[having] == s + 1
+            n = counts[s][having]
+            n[last] = (end[having][last] - offset[having][last]) // width[having][last]
+            starts = offset[having]
+            total = int(n.sum())
+            owner = np.repeat(having, n)
+            first = np.cumsum(n) - n
+            local = np.arange(total) - np.repeat(first, n)
+            rows = np.repeat(starts, n) + local * width[owner]
+            rows_parts.append(rows)
+            owner_parts.append(owner)
+            channel_parts.append(np.repeat(names[s][having], n))
+            offset[having] = starts + n * width[having]
+        rows = np.concatenate(rows_parts) if rows_parts else np.empty(0, dtype=np.int64)
+        owner = np.concatenate(owner_parts) if owner_parts else np.empty(0, dtype=np.int64)
+
+        def number(first: int, size: int) -> np.ndarray:
+            value = np.zeros(rows.size, dtype=np.uint64)
+            for j in range(size):
+                value = (value << _U64(8)) | buf[rows + first + j].astype(np.uint64)
+            return value
+
+        held = number(17, 4).astype(np.uint32)
+        most = int(slots.max(initial=0))
+        tags = np.zeros((rows.size, most), dtype=np.uint32)
+        row_slots = slots[owner]
+        for j in range(most):
+            inside = row_slots > j
+            tag = np.zeros(rows.size, dtype=np.uint64)
+            for b in range(4):
+                tag[inside] = (tag[inside] << _U64(8)) | buf[
+                    rows[inside] + log.ENTRY_BASE + 4 * j + b
+                ].astype(np.uint64)
+            tags[:, j] = tag.astype(np.uint32)
+        return Entries(
+            user=user_all[owner],
+            channel=np.concatenate(channel_parts) if channel_parts else np.empty(0, np.int32),
+            at=number(0, 6).astype(np.int64),
+            message=number(6, 7),
+            campaign=number(13, 4).astype(np.uint32),
+            held=held,
+            uncounted=uncounted_all[owner],
+            tags=tags,
+        )
+
+    @classmethod
+    def read(cls, limiter: Limiter, users: np.ndarray, channels: Sequence[str] = ()) -> "ModelLogs":
+        """The logs of `users` (and of the others who share their keys) as the limiter's Redis
+        holds them now: every bucket's key and its 16 groups', read in pipelines (a user's logs
+        are in one of the two: the group's when both say so, as its home)."""
+        buckets = np.unique(np.asarray(users, dtype=_U64) >> _U64(log.BUCKET_BITS))
+        found: dict[tuple[int, bool], tuple[bool, bytes]] = {}  # -> (in a group, the log)
+        client = limiter.client
+        prefix = limiter.prefix
+        for first in range(0, buckets.size, READ_BATCH):
+            pipe = client.pipeline(transaction=False)
+            keys: list[tuple[int, bool]] = []
+            for bucket in buckets[first : first + READ_BATCH].tolist():
+                base = bucket << log.BUCKET_BITS
+                pipe.hgetall(log.bucket_key(prefix, base))
+                keys.append((base, False))
+                for g in range(16):
+                    pipe.hgetall(log.group_key(prefix, base + (g << 4)))
+                    keys.append((base, True))
+            for (base, grouped), fields in zip(keys, pipe.execute(), strict=True):
+                for name, raw in fields.items():
+                    if name == log.EXPIRY_FIELD or not raw:
+                        continue
+                    uncounted = len(name) == 2
+                    user = base + name[-1]
+                    had = found.get((user, uncounted))
+                    if had is None or (grouped and not had[0]):
+                        found[(user, uncounted)] = (grouped, raw)
+        return cls.decoded(
+            ((user, uncounted, raw) for (user, uncounted), (_, raw) in found.items()), channels
+        )
+
+
+# --- deciding -----------------------------------------------------------------------------------
+
+_RULE = struct.Struct(">BBBI6s6s6s4s")
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """Rule sets as columns, (sets, most rules): kind (0 where a set has fewer rules), every
+    channel, calendar, limit, a, b, c, tag."""
+
+    kind: np.ndarray
+    every: np.ndarray
+    calendar: np.ndarray
+    limit: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    c: np.ndarray
+    tag: np.ndarray
+
+    @staticmethod
+    def of(records: Sequence[bytes]) -> "Rules":
+        widest = max((len(r) // _RULE.size for r in records), default=0)
+        shape = (len(records), widest)
+        cols = [np.zeros(shape, dtype=np.int64) for _ in range(8)]
+        for s, blob in enumerate(records):
+            for p, fields in enumerate(_RULE.iter_unpack(blob)):
+                kind, every, calendar, limit, a, b, c, tag = fields
+                for col, value in zip(
+                    cols,
+                    (kind, every, calendar, limit, int.from_bytes(a, "big"),
+                     int.from_bytes(b, "big"), int.from_bytes(c, "big"), hash_int(tag)),
+                    strict=True,
+                ):  # fmt: skip
+                    col[s, p] = value
+        return Rules(*cols)
+
+
+@dataclass(slots=True)
+class Answers:
+    """gk_decide's reply per request, as columns: outcome (1 allowed, 2 duplicate, 3 refused),
+    the deciding rule's position (1-based; 0 none), used (a duplicate's: its holder), retry (1 +
+    ms; 0 none), and the channel's sends in the last 24 h and 7 days after the decision."""
+
+    outcome: np.ndarray
+    rule: np.ndarray
+    used: np.ndarray
+    retry: np.ndarray
+    day: np.ndarray
+    week: np.ndarray
+
+
+def decide(
+    logs: ModelLogs,
+    *,
+    channel: str,
+    users: np.ndarray,
+    messages: np.ndarray,
+    sets: np.ndarray,
+    records: Sequence[bytes],
+    now_ms: int,
+    campaign: bytes = log.NO_HASH,
+    tags: bytes = b"",
+    priority: int = DEFAULT_PRIORITY,
+    retention_ms: int = 8 * DAY_MS,
+    dry: np.ndarray | None = None,
+    holder: int = 0,
+    uncounted: bool = False,
+) -> Answers:
+    """One gk_decide call over the model's logs: request k is user `users[k]` sending the
+    message `messages[k]` (message_int), fitting the rule set `records[sets[k]]`; `dry[k]`:
+    decided, recorded nothing. `campaign` and `tags` as the call's payload has them (4-byte
+    hashes). Records the admitted sends that are not dry runs in `logs`."""
+    users = np.asarray(users, dtype=_U64)
+    n = users.size
+    out = Answers(*(np.zeros(n, dtype=np.int64) for _ in range(6)))
+    if n == 0:
+        return out
+    dry = np.zeros(n, dtype=bool) if dry is None else np.asarray(dry, dtype=bool)
+    rules = Rules.of(records)
+    order = np.argsort(users, kind="stable")
+    # A user's k-th request of the call is decided in turn k, after their earlier ones.
+    sorted_users = users[order]
+    new_user = np.ones(n, dtype=bool)
+    new_user[1:] = sorted_users[1:] != sorted_users[:-1]
+    group_start = np.maximum.accumulate(np.where(new_user, np.arange(n), 0))
+    turn = np.empty(n, dtype=np.int64)
+    turn[order] = np.arange(n) - group_start
+    context = _Call(
+        logs=logs,
+        channel=logs.code(channel),
+        campaign=hash_int(campaign),
+        tags=np.frombuffer(tags, dtype=">u4").astype(np.uint32),
+        held=((priority & 0xF) << log.HOLDER_BITS) | (holder % (1 << log.HOLDER_BITS)),
+        now=now_ms,
+        cutoff=now_ms - retention_ms,
+        uncounted=uncounted,
+        rules=rules,
+    )
+    for k in range(int(turn.max()) + 1):
+        at = np.nonzero(turn == k)[0]
+        context.decide(at, users[at], np.asarray(messages, dtype=_U64)[at], sets[at], dry[at], out)
+    return out
+
+
+@dataclass(slots=True)
+class _Call:
+    logs: ModelLogs
+    channel: int
+    campaign: int
+    tags: np.ndarray
+    held: int
+    now: int
+    cutoff: int
+    uncounted: bool
+    rules: Rules
+
+    def decide(
+        self,
+        at: np.ndarray,
+        users: np.ndarray,
+        messages: np.ndarray,
+        sets: np.ndarray,
+        dry: np.ndarray,
+        out: Answers,
+    ) -> None:
+        """Requests `at` of the call, each of a different user."""
+        n = users.size
+        found, owner, where = self.logs.gathered(users)
+        own = found.uncounted == self.uncounted
+        on_channel = found.channel == self.channel
+        mine = own & on_channel
+        now = self.now
+        day = np.bincount(owner[mine & (found.at > now - DAY_MS)], minlength=n)
+        week = np.bincount(owner[mine & (found.at > now - WEEK_MS)], minlength=n)
+        # Duplicates: the message on the channel in the user's log, else in the other one.
+        same = on_channel & (found.message == messages[owner])
+        outcome = np.ones(n, dtype=np.int64)
+        decider = np.zeros(n, dtype=np.int64)
+        used = np.zeros(n, dtype=np.int64)
+        retry = np.zeros(n, dtype=np.int64)
+        if same.any():
+            hits = np.nonzero(same)[0]
+            # The user's own log first, then the earliest there.
+            first = hits[np.lexsort((found.at[hits], ~own[hits], owner[hits]))]
+            keep = np.ones(first.size, dtype=bool)
+            keep[1:] = owner[first][1:] != owner[first][:-1]
+            first = first[keep]
+            outcome[owner[first]] = DUPLICATE
+            used[owner[first]] = found.held[first] & ((1 << log.HOLDER_BITS) - 1)
+        rules = self.rules
+        widest = rules.kind.shape[1]
+        if widest:
+            self._ruled(found, owner, own, on_channel, sets, outcome, decider, used, retry)
+        admitted = outcome == ALLOWED
+        day = day + admitted
+        week = week + admitted
+        writes = admitted & ~dry
+        if writes.any():
+            wrote = writes[owner] & own & (found.at <= self.cutoff)
+            if wrote.any():
+                self.logs.drop(where, wrote)
+            self.logs.record(self._entries(users[writes], messages[writes]))
+        out.outcome[at] = outcome
+        out.rule[at] = decider
+        out.used[at] = used
+        out.retry[at] = retry
+        out.day[at] = day
+        out.week[at] = week
+
+    def _ruled(
+        self,
+        found: Entries,
+        owner: np.ndarray,
+        own: np.ndarray,
+        on_channel: np.ndarray,
+        sets: np.ndarray,
+        outcome: np.ndarray,
+        decider: np.ndarray,
+        used: np.ndarray,
+        retry: np.ndarray,
+    ) -> None:
+        """The rules of each request not a duplicate: the deciding one, when some has no room."""
+        rules, now, n = self.rules, self.now, sets.size
+        widest = rules.kind.shape[1]
+        asked = outcome == ALLOWED
+        never_at = np.full(n, widest, dtype=np.int64)  # the first rule of limit 0
+        best_wait = np.full(n, -1, dtype=np.int64)
+        best_at = np.zeros(n, dtype=np.int64)
+        best_used = np.zeros(n, dtype=np.int64)
+        never_used = np.zeros(n, dtype=np.int64)
+        campaign_match = found.campaign == self.campaign
+        counted = own & asked[owner]
+        for p in range(widest):
+            kind = rules.kind[sets, p]
+            live = asked & (kind > 0)
+            if not live.any():
+                continue
+            every = rules.every[sets, p] == 1
+            calendar = rules.calendar[sets, p] == 1
+            limit = rules.limit[sets, p]
+            a, b, c = rules.a[sets, p], rules.b[sets, p], rules.c[sets, p]
+            later = now >= b
+            start = np.where(calendar, np.where(later, b - 1, a - 1), now - a)
+            period_end = np.where(later, c, b)
+            k_e = kind[owner]
+            matched = counted & live[owner] & (every[owner] | on_channel)
+            matched &= found.at > start[owner]
+            if (k_e == KIND_TAG).any():
+                tag = rules.tag[sets, p].astype(np.uint32)[owner]
+                holds_tag = (
+                    (found.tags == tag[:, None]).any(axis=1)
+                    if found.tags.shape[1]
+                    else (np.zeros(owner.size, dtype=bool))
+                )
+                matched &= (k_e != KIND_TAG) | holds_tag
+            matched &= (k_e != KIND_CAMPAIGN) | campaign_match
+            count = np.bincount(owner[matched], minlength=n)
+            full = live & (count >= limit)
+            if not full.any():
+                continue
+            never = full & (limit == 0)
+            first_never = never & (never_at == widest)
+            never_at[first_never] = p
+            never_used[first_never] = count[first_never]
+            waiting = full & (limit > 0)
+            wait = np.full(n, -1, dtype=np.int64)
+            wait[waiting & calendar] = (period_end - now)[waiting & calendar]
+            rolling = waiting & ~calendar
+            if rolling.any():
+                # The entry that must leave for one more to fit: the (count - limit)-th oldest.
+                rows = np.nonzero(matched & rolling[owner])[0]
+                rows = rows[np.lexsort((found.at[rows], owner[rows]))]
+                whose = owner[rows]
+                first_row = np.searchsorted(whose, np.nonzero(rolling)[0], side="left")
+                leaving = found.at[rows[first_row + (count - limit)[rolling]]]
+                wait[rolling] = leaving + a[rolling] - now
+            better = waiting & (wait >= 0) & (wait > best_wait)
+            best_wait[better] = wait[better]
+            best_at[better] = p
+            best_used[better] = count[better]
+        by_never = never_at < widest
+        by_wait = ~by_never & (best_wait >= 0)
+        outcome[by_never | by_wait] = REFUSED
+        decider[by_never] = never_at[by_never] + 1
+        used[by_never] = never_used[by_never]
+        decider[by_wait] = best_at[by_wait] + 1
+        used[by_wait] = best_used[by_wait]
+        retry[by_wait] = best_wait[by_wait] + 1
+
+    def _entries(self, users: np.ndarray, messages: np.ndarray) -> Entries:
+        n = users.size
+        return Entries(
+            user=users,
+            channel=np.full(n, self.channel, dtype=np.int32),
+            at=np.full(n, self.now, dtype=np.int64),
+            message=messages,
+            campaign=np.full(n, self.campaign, dtype=np.uint32),
+            held=np.full(n, self.held, dtype=np.uint32),
+            uncounted=np.full(n, self.uncounted, dtype=bool),
+            tags=np.tile(self.tags, (n, 1)) if self.tags.size else np.zeros((n, 0), np.uint32),
+        )
+
+
+class ModelLimiter:
+    """The limiter as the gate calls it (`acquire`), answered by the model over `logs`: nothing
+    is read from Redis or written there."""
+
+    def __init__(self, logs: ModelLogs, *, fail_open: bool = False) -> None:
+        self.logs = logs
+        self.fail_open = fail_open
+        self.prefix = "model:"
+
+    def acquire(
+        self,
+        channel: str,
+        requests: Sequence[tuple[int, str]],
+        rule_sets: RuleSet | Sequence[RuleSet],
+        *,
+        campaign: str = "",
+        tags: tuple[str, ...] = (),
+        priority: int = DEFAULT_PRIORITY,
+        retention_ms: int = 8 * DAY_MS,
+        now_ms: int | None = None,
+        dry_run: bool | Sequence[bool] = False,
+        holder: int = 0,
+        uncounted: bool = False,
+    ) -> list[Decision]:
+        """Limiter.acquire's decisions (its arguments), from the model."""
+        now_ms = ms_checked(now_ms)
+        if now_ms is None:
+            now_ms = int(time.time() * 1000)
+        sets_given: Sequence[RuleSet] = (
+            [rule_sets] * len(requests) if isinstance(rule_sets, RuleSet) else rule_sets
+        )
+        if len(sets_given) != len(requests):
+            raise ValueError(f"{len(requests)} requests but {len(sets_given)} rule sets")
+        if not requests:
+            return []
+        index: dict[bytes, int] = {}
+        set_of = np.fromiter(
+            (index.setdefault(s.records, len(index)) for s in sets_given),
+            dtype=np.int64,
+            count=len(requests),
+        )
+        dry = (
+            np.full(len(requests), dry_run, dtype=bool)
+            if isinstance(dry_run, bool)
+            else np.asarray(dry_run, dtype=bool)
+        )
+        if dry.size != len(requests):
+            raise ValueError(f"{len(requests)} requests but {dry.size} dry-run flags")
+        answers = decide(
+            self.logs,
+            channel=channel,
+            users=np.fromiter((u for u, _ in requests), dtype=_U64, count=len(requests)),
+            messages=np.fromiter(
+                (message_int(log.message_hash(m)) for _, m in requests),
+                dtype=_U64,
+                count=len(requests),
+            ),
+            sets=set_of,
+            records=list(index),
+            now_ms=now_ms,
+            campaign=log.short_hash(campaign),
+            tags=log.tags_bytes(tags),
+            priority=priority,
+            retention_ms=retention_ms,
+            dry=dry,
+            holder=holder,
+            uncounted=uncounted,
+        )
+        return [
+            Limiter._decision(
+                requests[k],
+                sets_given[k],
+                int(answers.outcome[k]),
+                int(answers.rule[k]),
+                int(answers.used[k]),
+                int(answers.retry[k]),
+                int(answers.day[k]),
+                int(answers.week[k]),
+                now_ms=now_ms,
+                priority=priority,
+            )
+            for k in range(len(requests))
+        ]

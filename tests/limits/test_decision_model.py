@@ -1,0 +1,276 @@
+"""The decision model (limits/engine/model.py) against the real limiter: its Lua, on one Redis
+node and on a Redis Cluster.
+
+Random histories are written by the real function (some of them by the release before's
+limiter, which keeps logs in buckets; uncounted sends, holders, clocks stepping back); the model
+then reads every log in bulk, and each later call (random rules in random zones across DST days,
+reserves, tags, campaigns, every channel, mixed dry runs, a user asked twice in one call, repeated
+message ids, transactional sends) is answered by both: no difference in any decision is allowed,
+and afterwards the logs the model holds are those Redis holds.
+"""
+
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+
+from limits.engine import log
+from limits.engine.limiter import Limiter
+from limits.engine.model import ModelLimiter, ModelLogs, hash_int
+from limits.engine.table import NO_RULES, PolicyTable, RuleSet, RuleView
+from limits.engine.windows import CLOCK_SLACK_MS, period_starts
+from tests.conftest import examples
+from tests.limits.test_model import HOLDERS, SEGMENT, STARTS_MS, ZONES, rule_views
+
+# Users in several groups of one bucket, and in other buckets.
+USERS = (0, 1, 17, 255, 300, 65_791)
+CHANNELS = ("email", "push", "sms")
+RETENTIONS = (7 * 86_400_000, 8 * 86_400_000, 91 * 86_400_000)
+UNITS = ("day", "week", "month")
+MESSAGES = 12  # message ids drawn from a small pool: duplicates happen
+STEPS = st.one_of(
+    st.integers(0, 5_000),
+    st.integers(0, 2 * 86_400_000),
+    st.sampled_from([3_600_000, 86_400_000, 604_800_000]).flatmap(
+        lambda span: st.sampled_from([span - 1, span, span + 1])
+    ),
+    st.integers(-3 * 3_600_000, 0),  # the clock stepped back
+    # An entry made now then sits exactly on the retention's cutoff of a later call.
+    st.sampled_from(RETENTIONS).flatmap(lambda span: st.sampled_from([span - 1, span, span + 1])),
+    # To a calendar period's start in a zone, or a millisecond either side.
+    st.tuples(st.sampled_from(ZONES), st.sampled_from(UNITS), st.integers(-1, 1)),
+)
+
+
+@st.composite
+def rule_lists(draw: st.DrawFn) -> tuple[RuleView, ...]:
+    return tuple(draw(rule_views(k + 1)) for k in range(draw(st.integers(0, 5))))
+
+
+@st.composite
+def calls(draw: st.DrawFn, *, ruled: bool = True) -> dict:
+    """One limiter call: its requests, per request a rule set (from one of two rule lists, in
+    one of the zones), dry runs for all, none or some."""
+    size = draw(st.integers(1, 8))
+    users = draw(st.lists(st.sampled_from(USERS), min_size=size, max_size=size))
+    messages = draw(st.lists(st.integers(0, MESSAGES), min_size=size, max_size=size))
+    uncounted = draw(st.sampled_from([False, False, False, True]))
+    lists = [draw(rule_lists()), draw(rule_lists())] if ruled and not uncounted else [(), ()]
+    return {
+        "step": draw(STEPS),
+        "channel": draw(st.sampled_from(CHANNELS)),
+        "requests": [(u, f"m{m}") for u, m in zip(users, messages, strict=True)],
+        "lists": [lists[draw(st.integers(0, 1))] for _ in range(size)],
+        "zones": [draw(st.sampled_from(ZONES)) for _ in range(size)],
+        "campaign": draw(st.sampled_from(["", "c1", "c2"])),
+        "tags": draw(st.sampled_from([(), ("promo",), ("news",), ("promo", "news")])),
+        "priority": draw(st.integers(0, 9)),
+        "dry": draw(
+            st.one_of(st.booleans(), st.lists(st.booleans(), min_size=size, max_size=size))
+        ),
+        "holder": draw(HOLDERS),
+        "uncounted": uncounted,
+        "retention": draw(st.sampled_from(RETENTIONS)),
+        "buckets": draw(st.booleans()),
+    }
+
+
+def _stepped(now: int, step: int | tuple[str, str, int]) -> int:
+    if isinstance(step, int):
+        return now + step
+    zone, unit, off = step
+    return period_starts(zone, unit, now + CLOCK_SLACK_MS)[1] + off
+
+
+def _rule_sets(call: dict, now: int) -> list[RuleSet]:
+    """Per request, its rules as the gate encodes them at `now` in the request's zone."""
+    out = []
+    for rules, zone in zip(call["lists"], call["zones"], strict=True):
+        if call["uncounted"]:
+            out.append(NO_RULES)
+            continue
+        table = PolicyTable(rules=rules, classic={}, zones={})
+        out.append(
+            table.rule_set(
+                segment=SEGMENT,
+                channel=call["channel"],
+                campaign=call["campaign"],
+                tags=call["tags"],
+                priority=call["priority"],
+                zone=zone,
+                now_ms=now,
+            )
+        )
+    return out
+
+
+def _asked(limiter: Limiter | ModelLimiter, call: dict, now: int) -> list:
+    return limiter.acquire(
+        call["channel"],
+        call["requests"],
+        _rule_sets(call, now),
+        campaign=call["campaign"],
+        tags=call["tags"],
+        priority=call["priority"],
+        retention_ms=call["retention"],
+        now_ms=now,
+        dry_run=call["dry"],
+        holder=call["holder"],
+        uncounted=call["uncounted"],
+    )
+
+
+def _stored(limiter: Limiter) -> list[tuple]:
+    """Every entry Redis holds of USERS, as the model compares them."""
+    out = []
+    for user in USERS:
+        for uncounted in (False, True):
+            for e in limiter.entries(user, uncounted=uncounted):
+                out.append(
+                    (
+                        user,
+                        uncounted,
+                        e.channel,
+                        e.at_ms,
+                        int.from_bytes(e.message, "big"),
+                        hash_int(e.campaign),
+                        (e.priority << log.HOLDER_BITS) | e.holder,
+                        tuple(sorted(hash_int(t) for t in e.tags)),
+                    )
+                )
+    return sorted(out)
+
+
+def _modelled(logs: ModelLogs) -> list[tuple]:
+    e = logs.entries()
+    return sorted(
+        (
+            int(e.user[k]),
+            bool(e.uncounted[k]),
+            logs.channels[int(e.channel[k])],
+            int(e.at[k]),
+            int(e.message[k]),
+            int(e.campaign[k]),
+            int(e.held[k]),
+            tuple(sorted(int(t) for t in e.tags[k] if t)),
+        )
+        for k in range(len(e))
+    )
+
+
+def _compared(client, data: st.DataObject) -> None:
+    start = data.draw(st.sampled_from(STARTS_MS))
+    now = start
+    limiters = {
+        False: Limiter(client, prefix="dm:"),
+        True: Limiter(client, prefix="dm:", groups=False),
+    }
+    for call in data.draw(st.lists(calls(), min_size=0, max_size=12), label="history"):
+        now = _stepped(now, call["step"])
+        _asked(limiters[call["buckets"]], call, now)
+    real = limiters[False]
+    logs = ModelLogs.read(real, np.asarray(USERS, dtype=np.uint64))
+    assert _modelled(logs) == _stored(real)
+    model = ModelLimiter(logs)
+    for call in data.draw(st.lists(calls(), min_size=1, max_size=12), label="compared"):
+        now = _stepped(now, call["step"])
+        decided = _asked(real, call, now)
+        assert _asked(model, call, now) == decided, call
+        for d in decided:
+            event(f"{d.reason} by {d.rule['kind'] if d.rule else None}")
+    assert _modelled(logs) == _stored(real)
+
+
+@settings(
+    max_examples=examples(200),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_the_model_decides_as_the_function_on_one_node(redis_client, data) -> None:
+    redis_client.flushdb()
+    _compared(redis_client, data)
+
+
+@pytest.mark.cluster
+@settings(
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(data=st.data())
+def test_the_model_decides_as_the_function_on_a_cluster(cluster_client, data) -> None:
+    from redis.cluster import RedisCluster
+
+    cluster_client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    _compared(cluster_client, data)
+
+
+def _fixed(client, calls_at: list[tuple[int, dict]]) -> list:
+    """Each (now, call) asked of the real limiter and of a model that read the logs before
+    the first one: both decisions equal, and the logs after."""
+    real = Limiter(client, prefix="dm:")
+    model = ModelLimiter(ModelLogs.read(real, np.asarray(USERS, dtype=np.uint64)))
+    decided = []
+    for now, call in calls_at:
+        decisions = _asked(real, call, now)
+        assert _asked(model, call, now) == decisions
+        decided.append(decisions)
+    assert _modelled(model.logs) == _stored(real)
+    return decided
+
+
+def _call(message: str, *, rules: tuple[RuleView, ...] = (), zone: str = "UTC", **options) -> dict:
+    return {
+        "channel": "email",
+        "requests": [(0, message)],
+        "lists": [rules],
+        "zones": [zone],
+        "campaign": "",
+        "tags": (),
+        "priority": 5,
+        "dry": False,
+        "holder": 0,
+        "uncounted": False,
+        "retention": 7 * 86_400_000,
+        **options,
+    }
+
+
+def test_a_write_drops_the_entries_on_the_retention_cutoff_and_no_later_ones(redis_client) -> None:
+    redis_client.flushdb()
+    t0, week = STARTS_MS[-1], 7 * 86_400_000
+    decided = _fixed(
+        redis_client,
+        [
+            (t0, _call("a")),
+            (t0 + 1, _call("b")),
+            (t0 + week, _call("c")),  # "a" sits on the cutoff: dropped; "b" stays
+            (t0 + week, _call("b")),  # still a duplicate
+            (t0 + week, _call("a")),  # no longer one
+        ],
+    )
+    assert [d[0].reason for d in decided] == ["allowed"] * 3 + ["duplicate", "allowed"]
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "Australia/Lord_Howe"])
+def test_a_calendar_day_counts_a_send_made_at_its_first_instant(redis_client, zone) -> None:
+    redis_client.flushdb()
+    rule = RuleView(
+        id=1, name="r1", segment=None, channel="email", match="any", tag="", window_kind="calendar",
+        window_seconds=None, window_unit="day", limit=1, reserve_below_priority=None,
+        reserve_slots=None,
+    )  # fmt: skip
+    day_start = period_starts(zone, "day", STARTS_MS[0] + CLOCK_SLACK_MS)[1]
+    decided = _fixed(
+        redis_client,
+        [
+            (day_start - 1, _call("a")),  # the day before
+            (day_start, _call("b")),  # the day's first instant
+            # In the day's first minute the rule's record holds the day before and this one (the
+            # clock's slack), after it this day and the next: both ways it counts "b" alone.
+            (day_start + 30_000, _call("c", rules=(rule,), zone=zone)),
+            (day_start + 3_600_000, _call("d", rules=(rule,), zone=zone)),
+        ],
+    )
+    assert [d[0].reason for d in decided] == ["allowed", "allowed", "daily_cap", "daily_cap"]
