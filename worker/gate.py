@@ -21,7 +21,7 @@ from django.core.exceptions import ValidationError
 
 from gatekeeper.lib.instants import instant_ms, ms_or_now
 from limits.channels import validate_channel
-from limits.engine.limiter import Decision, Limiter, get_limiter
+from limits.engine.limiter import Decider, Decision, Limiter, get_limiter
 from limits.engine.log import holder_of
 from limits.engine.reservations import Holds, holds_cache
 from limits.engine.table import DEFAULT_PRIORITY, NO_RULES, PolicyTable
@@ -82,13 +82,16 @@ class Gate:
         record_latency: bool | None = None,
         record_ledger: bool | None = None,
         holds: Holds | None = None,
+        decider: Decider | None = None,
     ) -> None:
         """`record_stats`: count the decisions (worker/stats.py); `record_latency`: time the
         calls (worker/latency.py; None: as `record_stats`), each for /metrics, never for dry runs.
         `record_ledger`: keep decisions in the send ledger (None: as GATEKEEPER_LEDGER says).
         `holds`: the reservations' holds to apply (None: those the plan wrote,
-        limits.engine.reservations)."""
+        limits.engine.reservations). `decider`: what decides the requests under their rules
+        (None: the limiter; the plan's gate gives the decision model, limits.engine.model)."""
         self._holds = holds
+        self._decider = decider
         self._limiter = limiter
         self._policy = policy
         self._index = index
@@ -101,6 +104,10 @@ class Gate:
     @property
     def limiter(self) -> Limiter:
         return self._limiter or get_limiter()
+
+    @property
+    def decider(self) -> Decider:
+        return self._decider or self.limiter
 
     @property
     def policy(self) -> PolicyCache:

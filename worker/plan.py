@@ -2,14 +2,14 @@
 the job starts, given each user's log now, every rule, quiet hours, preferences, suppression and
 the control group, and every job that starts before it (its admitted sends counted as if made).
 
-How: the replay. The logs of every user a scheduled job reaches are copied (DUMP and RESTORE of
-their buckets) under a scratch prefix, then each job, in the order the jobs start, is put
-through the gate itself, not a model of it, at its `start_at` (the gate's explicit clock), on
-that copy: the same stages, the same Lua function, the same rules (calendar windows in each
-user's zone, DST included), so that a prediction is the gate's own answer. An earlier job's
-admitted sends are recorded in the copy, so the later jobs count them. Nothing is written to the
-live logs, the ledger or the decision counts; the copy is removed afterwards (and, should the
-process die, expires by itself within PLAN_SCRATCH_TTL).
+How: the decision model (limits/engine/model.py). The logs of every user a scheduled job reaches
+are read from Redis in bulk into memory, then each job, in the order the jobs start, is put
+through the gate's own stages at its `start_at` (the gate's explicit clock), its rules decided by
+the model over those logs instead of the Lua function: the same rule records (calendar windows in
+each user's zone, DST included, reserves, holds), the same answers (the tests allow no
+difference), so that a prediction is the gate's own answer. An earlier job's admitted sends are
+recorded in the model's logs, so the later jobs count them. Nothing is written to Redis, the
+ledger or the decision counts.
 
 What a prediction assumes (docs/worker.md, "The plan"): every send of a job is decided at its
 `start_at`, and nothing else is sent in between (no other campaign, no send of a job that is
@@ -20,7 +20,6 @@ what the gate decides then is not predicted.
 import json
 import logging
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,8 +31,8 @@ import numpy as np
 
 from gatekeeper.lib.leases import RedisLease
 from gatekeeper.lib.redis_client import REDIS_DOWN
-from limits.engine import log
 from limits.engine.limiter import Decision, Limiter, get_limiter
+from limits.engine.model import ModelLimiter, ModelLogs
 from limits.engine.reservations import (
     HeldJob,
     Holds,
@@ -53,8 +52,6 @@ from worker.models import SendChunk, SendJob
 
 logger = logging.getLogger(__name__)
 
-PLAN_SCRATCH_TTL = 3600  # seconds a scratch copy of the logs outlives a plan that died
-COPY_BATCH = 500  # bucket keys copied per pipeline
 LOST_SHOWN = 100  # users named per job among those who lose a send to an earlier job
 
 
@@ -114,40 +111,37 @@ def plan_compute(
 ) -> list[JobPlan]:
     """Every job's predicted decisions (`jobs` in the order they start; default
     scheduled_jobs()), by the process's gate (`index`: resolve segments with this one instead of
-    the loaded snapshot) on a scratch copy of the logs of `limiter` (default: the live one),
+    the loaded snapshot) with the decision model over the logs of `limiter` (default: the live
+    one) as they are now,
     with the reservations' `holds` (default: those in force). `audiences`: each job's users, as
     job_audiences read them (default: read here). `table`: the policy, as policy_read() gives
     it (default: read now; never the process's cached copy, which may be older than a rule
     the plan is made for). Raises Unavailable when Redis does not answer."""
     jobs = scheduled_jobs() if jobs is None else list(jobs)
     live = limiter or get_limiter()
-    scratch = Limiter(live.client, prefix=f"{live.prefix}plan:{uuid.uuid4().hex[:12]}:")
     if holds is None:
         holds = holds_cache().get(live.client, live.prefix)
     policy = PolicyCache.holding(policy_read() if table is None else table)
+    started = time.monotonic()
+    plans: list[JobPlan] = []
+    if audiences is None:
+        audiences = job_audiences(jobs)
+    users = np.unique(np.concatenate([audiences[job.pk] for job in jobs] or [_NONE]))
+    try:
+        logs = ModelLogs.read(live, users)
+    except REDIS_DOWN as exc:
+        raise Unavailable(f"Redis is not answering; the plan cannot be made: {exc}") from exc
     replay = Gate(
-        limiter=scratch,
+        decider=ModelLimiter(logs),
         index=index,
         holds=holds,
         policy=policy,
         record_stats=False,
         record_ledger=False,
     )
-    started = time.monotonic()
-    scratch_keys: list[str] = []
-    plans: list[JobPlan] = []
-    try:
-        if audiences is None:
-            audiences = job_audiences(jobs)
-        users = np.unique(np.concatenate([audiences[job.pk] for job in jobs] or [_NONE]))
-        scratch_keys = _logs_copied(live, scratch.prefix, users)
-        for job in jobs:
-            plans.append(_job_planned(job, replay, earlier=plans))
-            plans[-1].audience = audiences[job.pk]
-    except REDIS_DOWN as exc:
-        raise Unavailable(f"Redis is not answering; the plan cannot be made: {exc}") from exc
-    finally:
-        _removed(live.client, scratch_keys)
+    for job in jobs:
+        plans.append(_job_planned(job, replay, earlier=plans))
+        plans[-1].audience = audiences[job.pk]
     logger.info(
         "Planned %d jobs (%d recipients, %d users) in %.1f s",
         len(jobs),
@@ -261,49 +255,6 @@ def _counts(rule: Any, before: JobPlan, job: SendJob) -> bool:
             channel=before.channel, tags=before.tags, campaign=before.campaign, asked=job.campaign
         )
     )
-
-
-def _log_keys(prefix: str, first: int) -> list[str]:
-    """A bucket's key (`first` its first user) and its 16 groups' (docs/limiter.md, "Buckets and
-    groups")."""
-    return [log.bucket_key(prefix, first)] + [
-        log.group_key(prefix, first + (g << 4)) for g in range(1 << (log.BUCKET_BITS - 4))
-    ]
-
-
-def _logs_copied(live: Limiter, scratch_prefix: str, users: np.ndarray) -> list[str]:
-    """Copy the log buckets of `users` under `scratch_prefix` (DUMP, RESTORE with a TTL);
-    returns the scratch keys of every bucket of theirs (copied, or to be made by the replay)."""
-    buckets = np.unique(users >> np.uint64(log.BUCKET_BITS))
-    client = live.client
-    written: list[str] = []
-    for start in range(0, buckets.size, COPY_BATCH):
-        part = [int(b) << log.BUCKET_BITS for b in buckets[start : start + COPY_BATCH]]
-        sources = [key for first in part for key in _log_keys(live.prefix, first)]
-        targets = [key for first in part for key in _log_keys(scratch_prefix, first)]
-        reading = client.pipeline(transaction=False)
-        for key in sources:
-            reading.dump(key)
-        dumps = reading.execute()
-        writing = client.pipeline(transaction=False)
-        for key, dumped in zip(targets, dumps, strict=True):
-            written.append(key)  # removed afterwards: the replay may write it when none was
-            if dumped is not None:
-                writing.restore(key, PLAN_SCRATCH_TTL * 1000, dumped, replace=True)
-        writing.execute()
-    return written
-
-
-def _removed(client: Any, keys: list[str]) -> None:
-    for start in range(0, len(keys), COPY_BATCH):
-        try:
-            pipe = client.pipeline(transaction=False)
-            for key in keys[start : start + COPY_BATCH]:
-                pipe.unlink(key)
-            pipe.execute()
-        except REDIS_DOWN:  # they expire by themselves
-            logger.warning("Could not remove the plan's scratch logs; they expire in an hour")
-            return
 
 
 # --- the plan kept: computed in the background, read by the API and the admin ---------------

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 
@@ -80,6 +80,28 @@ class RuleUsage:
     @property
     def remaining(self) -> int:
         return max(self.limit - self.used, 0)
+
+
+class Decider(Protocol):
+    """What decides a gate call's requests under their rules: the limiter (its function in
+    Redis), or the decision model over logs held in memory (limits.engine.model.ModelLimiter,
+    the plan's)."""
+
+    def acquire(
+        self,
+        channel: str,
+        requests: Sequence[tuple[int, str]],
+        rule_sets: "RuleSet | Sequence[RuleSet]",
+        *,
+        campaign: str = "",
+        tags: tuple[str, ...] = (),
+        priority: int = DEFAULT_PRIORITY,
+        retention_ms: int = 8 * 86_400_000,
+        now_ms: int | None = None,
+        dry_run: bool | Sequence[bool] = False,
+        holder: int = 0,
+        uncounted: bool = False,
+    ) -> list[Decision]: ...
 
 
 # Rule sets a call of gk_decide_each may have: a request's set byte + 128 marks a dry run.

@@ -139,7 +139,7 @@ def test_the_plan_is_what_the_gate_decides_when_each_job_starts(world, seed):
     holds_cache().clear()
     plans = plan_compute()
     live = get_limiter()
-    assert not list(live.client.scan_iter(f"{live.prefix}plan:*"))  # the copy is removed
+    assert not list(live.client.scan_iter(f"{live.prefix}plan:*"))  # nothing written
 
     for job, plan in zip(jobs, plans, strict=True):
         before = in_logs(job)  # an earlier job of the same campaign sent them (a duplicate)
@@ -265,7 +265,7 @@ def test_the_plan_over_rest_is_made_in_the_background_and_follows_edits(api, sna
 @pytest.mark.cluster
 def test_the_plan_and_its_holds_on_one_node_and_on_a_cluster(published, settings, settings_redis):
     """Users on every node of a cluster: the plan is what the gate then decides, a reserved
-    job's holds refuse what they must, and no scratch copy is left on any node."""
+    job's holds refuse what they must, and the plan writes nothing to any node but its result."""
     settings.GATEKEEPER_DISPATCHERS = {"push": "null", "email": "null"}
     users = [k * 257 + 1 for k in range(30)]  # 30 buckets: slots on every node
     published(vip=(10, users[:10], {}))

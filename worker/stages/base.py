@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from limits.engine.limiter import Decision, Limiter
+from limits.engine.limiter import Decider, Decision
 from limits.engine.reservations import Holds
 from limits.engine.table import ExperimentView, PolicyTable
 from limits.engine.topics import TopicView
@@ -145,7 +145,7 @@ class Parts(Protocol):
     """What a stage may ask of the gate that runs it (a test's gate gives its own)."""
 
     @property
-    def limiter(self) -> Limiter: ...
+    def decider(self) -> Decider: ...
 
     @property
     def suppressions(self) -> SuppressionCache: ...

@@ -104,7 +104,7 @@ def asked(batch: Batch, parts: Parts, positions: list[int]) -> list[Decision]:
             rule_set = holding
         per_request.append(rule_set)
     whole = len(positions) == len(batch.requests)
-    decided = parts.limiter.acquire(
+    decided = parts.decider.acquire(
         batch.channel,
         batch.requests if whole else [batch.requests[i] for i in positions],
         per_request,
