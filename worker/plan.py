@@ -27,12 +27,16 @@ from datetime import UTC, datetime
 from hashlib import blake2b
 from typing import Any
 
+import msgspec
 import numpy as np
+from django.db.models import TextField
+from django.db.models.functions import Cast
 
 from gatekeeper.lib.leases import RedisLease
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.engine.limiter import Decision, Limiter, get_limiter
-from limits.engine.model import ModelLimiter, ModelLogs
+from limits.engine.log import holder_of, message_hash
+from limits.engine.model import ModelLimiter, ModelLogs, message_int
 from limits.engine.reservations import (
     HeldJob,
     Holds,
@@ -42,13 +46,15 @@ from limits.engine.reservations import (
     holds_store,
 )
 from limits.engine.table import PolicyTable
+from limits.engine.topics import topic_problem
 from limits.policy.quota import Unavailable
 from limits.policy.selectors import PolicyCache, policy_read
-from limits.reasons import CAPPED, HELD, SENDING, Reason
+from limits.reasons import CAPPED, HELD, SENDING, Category, Reason
 from segments.index import get_index
 from worker.delivery.base import recipients_typed
 from worker.gate import Gate, SegmentResolver, job_gate_check
-from worker.models import SendChunk, SendJob
+from worker.modelled import CODES, REASONS, JobDecisions, job_decided
+from worker.models import CompactJSONDecoder, SendChunk, SendJob
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +112,7 @@ def plan_compute(
     limiter: Limiter | None = None,
     index: SegmentResolver | None = None,
     holds: Holds | None = None,
-    audiences: dict[int, np.ndarray] | None = None,
+    audiences: dict[int, "JobRecipients"] | None = None,
     table: PolicyTable | None = None,
 ) -> list[JobPlan]:
     """Every job's predicted decisions (`jobs` in the order they start; default
@@ -121,12 +127,13 @@ def plan_compute(
     live = limiter or get_limiter()
     if holds is None:
         holds = holds_cache().get(live.client, live.prefix)
-    policy = PolicyCache.holding(policy_read() if table is None else table)
+    table = policy_read() if table is None else table
+    policy = PolicyCache.holding(table)
     started = time.monotonic()
     plans: list[JobPlan] = []
     if audiences is None:
         audiences = job_audiences(jobs)
-    users = np.unique(np.concatenate([audiences[job.pk] for job in jobs] or [_NONE]))
+    users = np.unique(np.concatenate([audiences[job.pk].audience for job in jobs] or [_NONE]))
     try:
         logs = ModelLogs.read(live, users)
     except REDIS_DOWN as exc:
@@ -140,8 +147,11 @@ def plan_compute(
         record_ledger=False,
     )
     for job in jobs:
-        plans.append(_job_planned(job, replay, earlier=plans))
-        plans[-1].audience = audiences[job.pk]
+        plan = _job_modelled(job, audiences[job.pk], replay, logs, table=table, earlier=plans)
+        if plan is None:  # a user listed twice, transactional sends: as the gate runs it
+            plan = _job_planned(job, replay, earlier=plans)
+        plan.audience = audiences[job.pk].audience
+        plans.append(plan)
     logger.info(
         "Planned %d jobs (%d recipients, %d users) in %.1f s",
         len(jobs),
@@ -162,14 +172,183 @@ def _chunks(job: SendJob) -> Iterator[list[Any]]:
 _NONE = np.empty(0, dtype=np.uint64)
 
 
-def job_audiences(jobs: Sequence[SendJob]) -> dict[int, np.ndarray]:
-    """Each job's users (sorted, once each), read once for a plan and its rounds."""
-    return {
-        job.pk: np.unique(
-            np.fromiter((r.user_id for chunk in _chunks(job) for r in chunk), dtype=np.uint64)
+class _Addressed(msgspec.Struct):
+    """What a plan reads of a recipient (the other fields are skipped)."""
+
+    user_id: int
+    message_id: str
+    time_zone: str | None = None
+
+
+_ADDRESSED = msgspec.json.Decoder(list[_Addressed])
+
+
+@dataclass(frozen=True)
+class JobRecipients:
+    """A scheduled job's recipients as a plan reads them: in the order its run gates them,
+    each one's user, message id (limits.engine.model.message_int of its hash) and the zone it
+    names (`zones` None: none names one)."""
+
+    users: np.ndarray
+    messages: np.ndarray
+    zones: list[str | None] | None
+
+    @property
+    def audience(self) -> np.ndarray:
+        """Its users, sorted, once each."""
+        return np.unique(self.users)
+
+
+# (job, updated_at, total) -> its recipients: read once while the job stays as it is
+_READ: dict[tuple[int, str, int], JobRecipients] = {}
+
+
+def job_audiences(jobs: Sequence[SendJob]) -> dict[int, JobRecipients]:
+    """Each job's recipients, read once for a plan and its rounds (and kept in this process
+    while the job is unchanged: a plan made again reads only the jobs that changed)."""
+    wanted = {(job.pk, job.updated_at.isoformat(), job.total): job for job in jobs}
+    for key in [key for key in _READ if key not in wanted]:
+        del _READ[key]
+    out = {}
+    for key, job in wanted.items():
+        found = _READ.get(key)
+        if found is None:
+            found = _READ[key] = _recipients_read(job)
+        out[job.pk] = found
+    return out
+
+
+def _recipients_read(job: SendJob) -> JobRecipients:
+    users: list[int] = []
+    messages: list[int] = []
+    zones: list[str | None] = []
+    chunks = SendChunk.objects.filter(job=job, status=SendChunk.Status.STAGED).order_by("pk")
+    texts = chunks.annotate(text=Cast("recipients", TextField())).values_list("text", flat=True)
+    for text in texts.iterator(chunk_size=20):
+        try:
+            part = _ADDRESSED.decode(text)
+        except msgspec.DecodeError:  # NaN, from older rows
+            part = msgspec.convert(CompactJSONDecoder().decode(text), list[_Addressed])
+        users.extend(r.user_id for r in part)
+        messages.extend(message_int(message_hash(r.message_id)) for r in part)
+        zones.extend(r.time_zone for r in part)
+    return JobRecipients(
+        users=np.asarray(users, dtype=np.uint64),
+        messages=np.asarray(messages, dtype=np.uint64),
+        zones=zones if any(zones) else None,
+    )
+
+
+def _job_modelled(
+    job: SendJob,
+    recipients: JobRecipients,
+    gate: Gate,
+    logs: ModelLogs,
+    *,
+    table: PolicyTable,
+    earlier: list[JobPlan],
+) -> JobPlan | None:
+    """A job's plan from its recipients decided at once (worker/modelled.py), as the gate
+    decides them at its start; None for a job that must go through the gate itself (a user
+    listed twice, a transactional job)."""
+    assert job.start_at is not None
+    if job.category != Category.MARKETING:
+        return None
+    topic = None
+    if job.topic and topic_problem(table.topics, job.topic, job.channel) is None:
+        topic = table.topics.get(job.topic)
+    index = gate.index()
+    decided = job_decided(
+        channel=job.channel,
+        campaign=job.campaign,
+        tags=tuple(job.tags),
+        priority=job.priority,
+        topic=topic,
+        holder=holder_of(job.pk),
+        users=recipients.users,
+        messages=recipients.messages,
+        zones=recipients.zones,
+        now_ms=round(job.start_at.timestamp() * 1000),
+        table=table,
+        segments=None if index is None else index.resolve_many(recipients.users),  # type: ignore[arg-type]
+        suppressions=gate.suppressions,
+        preferences=gate.preferences,
+        holds=gate.holds,
+        logs=logs,
+    )
+    if decided is None:
+        return None
+    if (decided.reason == CODES[Reason.UNAVAILABLE]).any():
+        raise Unavailable("Redis or the segment snapshot is not available; no plan.")
+    return _counted(job, decided, earlier)
+
+
+def _counted(job: SendJob, decided: JobDecisions, earlier: list[JobPlan]) -> JobPlan:
+    """A job's decisions counted as its plan shows them."""
+    assert job.start_at is not None
+    plan = JobPlan(
+        job_id=job.pk,
+        campaign=job.campaign,
+        channel=job.channel,
+        priority=job.priority,
+        start_at=job.start_at,
+        tags=tuple(job.tags),
+        recipients=int(decided.users.size),
+    )
+    counts = np.bincount(decided.reason, minlength=len(REASONS))
+    for code in np.flatnonzero(counts).tolist():
+        plan.reasons[REASONS[code]] += int(counts[code])
+    ruled = decided.rule >= 0
+    if ruled.any():
+        by_rule = np.bincount(decided.rule[ruled], minlength=len(decided.rules))
+        for k in np.flatnonzero(by_rule).tolist():
+            rule = decided.rules[k]
+            plan.rules[(int(rule.id), str(rule.name))] += int(by_rule[k])
+    reserved = decided.reserved_for != 0
+    lost = reserved.copy()
+    if reserved.any():
+        jobs, counts_of = np.unique(decided.reserved_for[reserved], return_counts=True)
+        for held_for, n in zip(jobs.tolist(), counts_of.tolist(), strict=True):
+            plan.taken_by[held_for] += n
+    held = np.isin(decided.reason, [CODES[r] for r in HELD]) & ~np.isnan(decided.retry_after)
+    if held.any():
+        at = job.start_at.timestamp()
+        plan.held_from = at + float(decided.retry_after[held].min())
+        plan.held_until = at + float(decided.retry_after[held].max())
+    plan.admitted = np.unique(decided.users[decided.reason == CODES[Reason.ALLOWED]])
+    capped = np.isin(decided.reason, [CODES[r] for r in CAPPED]) & ruled
+    if capped.any() and earlier:
+        lost |= _taken_by_earlier(plan, job, decided, capped, earlier)
+    plan.lost_users = [int(u) for u in decided.users[lost][:LOST_SHOWN]]
+    return plan
+
+
+def _taken_by_earlier(
+    plan: JobPlan,
+    job: SendJob,
+    decided: JobDecisions,
+    capped: np.ndarray,
+    earlier: list[JobPlan],
+) -> np.ndarray:
+    """_slots_taken over arrays: per earlier job, the capped sends whose rule counts that
+    job's admitted send to the same user. Returns which recipients lost one so."""
+    lost = np.zeros(decided.users.size, dtype=bool)
+    at = np.flatnonzero(capped)
+    users = decided.users[at]
+    rule_of = decided.rule[at]
+    for before in earlier:
+        hit = np.isin(users, before.admitted)
+        if not hit.any():
+            continue
+        counts = np.array(
+            [_counts(None if rule.kind != "rule" else rule, before, job) for rule in decided.rules],
+            dtype=bool,
         )
-        for job in jobs
-    }
+        counted = hit & counts[rule_of]
+        if counted.any():
+            plan.taken_by[before.job_id] += int(counted.sum())
+            lost[at[counted]] = True
+    return lost
 
 
 def _job_planned(job: SendJob, gate: Gate, *, earlier: list[JobPlan]) -> JobPlan:
@@ -381,7 +560,8 @@ def plan_with_holds(
     holds the plan is made with are those it makes (HOLDS_ROUNDS at most)."""
     table = policy_read() if table is None else table
     audiences = job_audiences(jobs)
-    holds = holds_decode(plan_holds([], jobs, everyone=audiences))
+    everyone = {pk: recipients.audience for pk, recipients in audiences.items()}
+    holds = holds_decode(plan_holds([], jobs, everyone=everyone))
     plans: list[JobPlan] = []
     blob = holds_encode([])
     for _ in range(HOLDS_ROUNDS):
