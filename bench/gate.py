@@ -46,9 +46,10 @@ USERS = 1_000_000
 SEGMENTS = ["vip", "active", "new", "dormant", "churned"]
 
 
-def in_memory_index() -> SegmentIndex:
+def in_memory_index(users: int = USERS) -> SegmentIndex:
+    """`users` ids (from 0) spread over the segments, a sixth of them in none."""
     rng = np.random.default_rng(5)
-    assignment = rng.integers(0, len(SEGMENTS) + 1, USERS)  # the last value: in no list
+    assignment = rng.integers(0, len(SEGMENTS) + 1, users)  # the last value: in no list
     bitmaps = {
         slug: FrozenBitMap(
             array.array("I", np.flatnonzero(assignment == i).astype(np.uint32).tobytes())

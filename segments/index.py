@@ -128,6 +128,21 @@ class SegmentIndex:
             return []
         return self._labels[self._packed.first_containing(values.ravel())].tolist()
 
+    def resolve_codes(self, ids: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """resolve_many's answers as positions in a list of segments (the second value): for
+        many ids at once without a string each."""
+        labels = self._labels.tolist()
+        dtype = np.uint64 if self.id_width == 64 else np.uint32
+        values = np.asarray(ids)
+        if values.size and (values.min() < 0 or values.max() > self._max_id):
+            found = self.resolve_many(values)
+            where = {label: k for k, label in enumerate(labels)}
+            return np.fromiter((where[s] for s in found), np.int64, len(found)), labels
+        if values.size == 0:
+            return np.empty(0, dtype=np.int64), labels
+        codes = self._packed.first_containing(values.astype(dtype).ravel())
+        return codes.astype(np.int64), labels
+
     def _resolve_beyond_width(self, ids: Sequence[int] | np.ndarray) -> list[str]:
         """Ids the snapshot cannot hold (wider than its ids, or negative) are in no list."""
         inside = [0 <= int(i) <= self._max_id for i in ids]

@@ -66,8 +66,30 @@ class JobDecisions:
         return int(np.isin(self.reason, [CODES[r] for r in reasons]).sum())
 
 
+def segment_codes(index: Any, users: np.ndarray) -> tuple[np.ndarray, list[str | None]]:
+    """The users' segments as job_decided takes them: each one's position in a list of
+    segments, and that list (at once where the snapshot can say so, else one by one)."""
+    codes = getattr(index, "resolve_codes", None)
+    if codes is not None:
+        return codes(users)
+    return _codes(index.resolve_many(users))
+
+
+def distinct_count(users: np.ndarray) -> int:
+    """How many different users (sorted ones are counted without a sort)."""
+    if users.size < 2:
+        return int(users.size)
+    if bool((users[1:] > users[:-1]).all()):
+        return int(users.size)
+    return int(np.unique(users).size)
+
+
 def _codes(values: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:
     """Each value's code, and the distinct values by code (values hashable, None included)."""
+    if not isinstance(values, list):
+        values = list(values)
+    if values and values.count(values[0]) == len(values):  # most: one value for all
+        return np.zeros(len(values), dtype=np.int64), [values[0]]
     seen: dict[Any, int] = {}
     codes = np.fromiter((seen.setdefault(v, len(seen)) for v in values), np.int64, len(values))
     return codes, list(seen)
@@ -86,7 +108,7 @@ def job_decided(
     zones: Sequence[str | None] | None,
     now_ms: int,
     table: PolicyTable,
-    segments: Sequence[str | None] | None,
+    segments: tuple[np.ndarray, list[str | None]] | None,
     suppressions: SuppressionCache,
     preferences: PreferenceCache,
     holds: Holds | None,
@@ -95,11 +117,12 @@ def job_decided(
     """The gate's decisions of one marketing call over every recipient of a job at `now_ms`
     (`users` distinct; `messages`: their message ids as limits.engine.model.message_int has
     them; `zones`: the zone each names, None for none; `segments`: as the snapshot resolves
-    them, None when none is loaded), the rules decided by the model over `logs` (the admitted
+    them, each one's position in a list of segments and that list (segment_codes), None when
+    none is loaded), the rules decided by the model over `logs` (the admitted
     sends recorded there). None when a user is listed twice."""
     users = np.asarray(users, dtype=_U64)
     n = users.size
-    if np.unique(users).size != n:
+    if distinct_count(users) != n:
         return None
     reason = np.full(n, -1, dtype=np.int64)
     retry_after = np.full(n, np.nan)
@@ -134,7 +157,9 @@ def job_decided(
     # Preferences.
     asked = np.flatnonzero(pending)
     try:
-        refusals = preferences.refusals(channel, topic, [listed[i] for i in asked], now_ms)
+        refusals = preferences.refusals(
+            channel, topic, listed if asked.size == n else [listed[i] for i in asked], now_ms
+        )
     except PreferencesUnavailable:
         refuse(pending.copy(), Reason.UNAVAILABLE)
         return out
@@ -149,7 +174,7 @@ def job_decided(
     if segments is None:
         refuse(pending.copy(), Reason.UNAVAILABLE)
         return out
-    segment_code, segment_names = _codes(segments)
+    segment_code, segment_names = segments
     # The control group: refused, their rules asked as a dry run (what they would have got).
     dry = np.zeros(n, dtype=bool)
     group = table.holdout
@@ -157,7 +182,9 @@ def job_decided(
         asked = np.flatnonzero(pending)
         held = group.held(
             [listed[i] for i in asked],
-            [segments[i] for i in asked.tolist()] if group.exclude_segments else [],
+            [segment_names[c] for c in segment_code[asked].tolist()]
+            if group.exclude_segments
+            else [],
             tags,
         )
         if held is not None:
@@ -165,11 +192,15 @@ def job_decided(
             pending[asked[held]] = False
     # Each recipient's zone: their own, else their segment's, else the setting's.
     fallback = [resolve_zone(requested=None, segment_zone=table.zone_of(s)) for s in segment_names]
-    zone_of = [
-        (zones[i] if zones is not None and zones[i] else fallback[segment_code[i]])
-        for i in range(n)
-    ]
-    zone_code, zone_names = _codes(zone_of)
+    zone_names = sorted(set(fallback))
+    zone_code = np.asarray([zone_names.index(z) for z in fallback], dtype=np.int64)[segment_code]
+    if zones is not None:
+        named, names = _codes(zones)
+        for k, name in enumerate(names):
+            if name:
+                if name not in zone_names:
+                    zone_names.append(name)
+                zone_code[named == k] = zone_names.index(name)
     # Quiet hours, per segment and zone.
     if table.has_quiet(channel=channel) and pending.any():
         asked = np.flatnonzero(pending)
@@ -241,10 +272,14 @@ def _rules(
     listed = users.tolist()
     m = ruled.size
     # Their arm of a running experiment.
-    arms = table.arms(listed, [segment_names[segment_code[i]] for i in ruled], now_ms=now_ms)
+    arms = (
+        table.arms(listed, [segment_names[c] for c in segment_code[ruled].tolist()], now_ms=now_ms)
+        if table.running(now_ms)
+        else []
+    )
     arm_keys = [None if a is None else (a[0].id, a[1]) for a in arms] if arms else [None] * m
     arm_code, arm_values = _codes(arm_keys)
-    arm_of = dict(zip(arm_keys, arms or [None] * m, strict=True))
+    arm_of = dict(zip(arm_keys, arms, strict=True)) if arms else {None: None}
     owns = preferences.own_rules(channel, topic, listed)
     own_code, own_values = _codes(owns if owns is not None else [()] * m)
     held = holds.of(listed, priority=priority, now_ms=now_ms) if holds else None
@@ -254,21 +289,28 @@ def _rules(
     # A group's key: segment, arm, zone (only where a rule reads it: a person's own rules and a
     # reservation's holds may read it too), their own rules, their holds.
     reads: dict[tuple[int, int], bool] = {}
-    for s, a in set(zip(seg.tolist(), arm_code.tolist(), strict=True)):
+    pair = seg * len(arm_values) + arm_code
+    zoned = np.zeros(m, dtype=bool)
+    for p in np.unique(pair).tolist():
+        s, a = divmod(p, len(arm_values))
         reads[(s, a)] = table.needs_zone(
             segment=segment_names[s], channel=channel, arm=arm_of[arm_values[a]]
         )
-    zoned = np.fromiter(
-        (reads[(s, a)] for s, a in zip(seg.tolist(), arm_code.tolist(), strict=True)), bool, m
-    )
+        if reads[(s, a)]:
+            zoned[pair == p] = True
     personal = (own_code != own_values.index(())) if () in own_values else np.ones(m, bool)
     personal |= (hold_code != hold_values.index(())) if () in hold_values else True
     zone_key = np.where(zoned | personal, zone, -1)
-    keys = np.stack([seg, arm_code, zone_key, own_code, hold_code], axis=1)
-    unique, group = np.unique(keys, axis=0, return_inverse=True)
+    columns = [seg, arm_code, zone_key + 1, own_code, hold_code]
+    key = np.zeros(m, dtype=np.int64)
+    for column in columns:  # one number per group: each column a digit of its own base
+        key = key * (int(column.max()) + 1) + column
+    _, first, group = np.unique(key, return_index=True, return_inverse=True)
     group = group.ravel()
     sets: list[RuleSet] = []
-    for s, a, z, o, h in unique.tolist():
+    for at in first.tolist():
+        s, a, z, o, h = (int(column[at]) for column in columns)
+        z -= 1
         segment = segment_names[s]
         arm = arm_of[arm_values[a]]
         reads_zone = reads[(s, a)]

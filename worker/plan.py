@@ -17,6 +17,7 @@ running now). Waiting sends a job defers are shown as held, with when they would
 what the gate decides then is not predicted.
 """
 
+import functools
 import json
 import logging
 import time
@@ -36,7 +37,7 @@ from gatekeeper.lib.leases import RedisLease
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.engine.limiter import Decision, Limiter, get_limiter
 from limits.engine.log import holder_of, message_hash
-from limits.engine.model import ModelLimiter, ModelLogs, message_int
+from limits.engine.model import ModelLimiter, ModelLogs, message_int, users_buckets
 from limits.engine.reservations import (
     HeldJob,
     Holds,
@@ -53,7 +54,13 @@ from limits.reasons import CAPPED, HELD, SENDING, Category, Reason
 from segments.index import get_index
 from worker.delivery.base import recipients_typed
 from worker.gate import Gate, SegmentResolver, job_gate_check
-from worker.modelled import CODES, REASONS, JobDecisions, job_decided
+from worker.modelled import (
+    CODES,
+    REASONS,
+    JobDecisions,
+    job_decided,
+    segment_codes,
+)
 from worker.models import CompactJSONDecoder, SendChunk, SendJob
 
 logger = logging.getLogger(__name__)
@@ -114,6 +121,7 @@ def plan_compute(
     holds: Holds | None = None,
     audiences: dict[int, "JobRecipients"] | None = None,
     table: PolicyTable | None = None,
+    steps: dict[str, float] | None = None,
 ) -> list[JobPlan]:
     """Every job's predicted decisions (`jobs` in the order they start; default
     scheduled_jobs()), by the process's gate (`index`: resolve segments with this one instead of
@@ -130,14 +138,17 @@ def plan_compute(
     table = policy_read() if table is None else table
     policy = PolicyCache.holding(table)
     started = time.monotonic()
+    took = steps if steps is not None else {}
     plans: list[JobPlan] = []
     if audiences is None:
         audiences = job_audiences(jobs)
-    users = np.unique(np.concatenate([audiences[job.pk].audience for job in jobs] or [_NONE]))
+    took["recipients"] = time.monotonic() - started
+    buckets = np.unique(np.concatenate([audiences[job.pk].buckets for job in jobs] or [_NONE]))
     try:
-        logs = ModelLogs.read(live, users)
+        logs = ModelLogs.read(live, buckets=buckets)
     except REDIS_DOWN as exc:
         raise Unavailable(f"Redis is not answering; the plan cannot be made: {exc}") from exc
+    took["logs"] = time.monotonic() - started - took["recipients"]
     replay = Gate(
         decider=ModelLimiter(logs),
         index=index,
@@ -152,12 +163,14 @@ def plan_compute(
             plan = _job_planned(job, replay, earlier=plans)
         plan.audience = audiences[job.pk].audience
         plans.append(plan)
+    took["decisions"] = time.monotonic() - started - took["recipients"] - took["logs"]
     logger.info(
-        "Planned %d jobs (%d recipients, %d users) in %.1f s",
+        "Planned %d jobs (%d recipients, the logs of %d buckets) in %.1f s: %s",
         len(jobs),
         sum(p.recipients for p in plans),
-        int(users.size),
+        int(buckets.size),
         time.monotonic() - started,
+        ", ".join(f"{name} {seconds:.1f} s" for name, seconds in took.items()),
     )
     return plans
 
@@ -193,10 +206,15 @@ class JobRecipients:
     messages: np.ndarray
     zones: list[str | None] | None
 
-    @property
+    @functools.cached_property
     def audience(self) -> np.ndarray:
         """Its users, sorted, once each."""
         return np.unique(self.users)
+
+    @functools.cached_property
+    def buckets(self) -> np.ndarray:
+        """Its users' log buckets (limits.engine.model.users_buckets)."""
+        return users_buckets(self.audience, ordered=True)
 
 
 # (job, updated_at, total) -> its recipients: read once while the job stays as it is
@@ -270,7 +288,7 @@ def _job_modelled(
         zones=recipients.zones,
         now_ms=round(job.start_at.timestamp() * 1000),
         table=table,
-        segments=None if index is None else index.resolve_many(recipients.users),  # type: ignore[arg-type]
+        segments=None if index is None else segment_codes(index, recipients.users),
         suppressions=gate.suppressions,
         preferences=gate.preferences,
         holds=gate.holds,
@@ -315,7 +333,9 @@ def _counted(job: SendJob, decided: JobDecisions, earlier: list[JobPlan]) -> Job
         at = job.start_at.timestamp()
         plan.held_from = at + float(decided.retry_after[held].min())
         plan.held_until = at + float(decided.retry_after[held].max())
-    plan.admitted = np.unique(decided.users[decided.reason == CODES[Reason.ALLOWED]])
+    admitted = decided.users[decided.reason == CODES[Reason.ALLOWED]]
+    ascending = admitted.size < 2 or bool((admitted[1:] > admitted[:-1]).all())
+    plan.admitted = admitted if ascending else np.unique(admitted)
     capped = np.isin(decided.reason, [CODES[r] for r in CAPPED]) & ruled
     if capped.any() and earlier:
         lost |= _taken_by_earlier(plan, job, decided, capped, earlier)
@@ -337,7 +357,11 @@ def _taken_by_earlier(
     users = decided.users[at]
     rule_of = decided.rule[at]
     for before in earlier:
-        hit = np.isin(users, before.admitted)
+        if not before.admitted.size:
+            continue
+        # `admitted` is sorted, once each: found by a binary search.
+        place = np.searchsorted(before.admitted, users)
+        hit = before.admitted[np.minimum(place, before.admitted.size - 1)] == users
         if not hit.any():
             continue
         counts = np.array(
@@ -406,7 +430,11 @@ def _slots_taken(
     lost = np.zeros(users.size, dtype=bool)
     rules = {rule.id: rule for rule in table.rules}
     for before in earlier:
-        hit = np.isin(users, before.admitted)
+        if not before.admitted.size:
+            continue
+        # `admitted` is sorted, once each: found by a binary search.
+        place = np.searchsorted(before.admitted, users)
+        hit = before.admitted[np.minimum(place, before.admitted.size - 1)] == users
         if not hit.any():
             continue
         counted = np.array(

@@ -40,7 +40,21 @@ MAX_TAGS = 8
 KIND_ANY, KIND_TAG, KIND_CAMPAIGN = 1, 2, 3
 _U64 = np.uint64
 _NO_TAGS = np.zeros((0, 0), dtype=np.uint32)
-READ_BATCH = 256  # keys read per pipeline
+READ_BATCH = 256  # buckets read per pipeline
+# A bucket's keys read in one call (they share its cluster slot): per key that holds any field,
+# its position in KEYS, its fields' count, then its fields and values.
+_READ_SCRIPT = """#!lua flags=no-writes
+local out = {}
+for k = 1, #KEYS do
+  local fields = redis.call('HGETALL', KEYS[k])
+  if #fields > 0 then
+    out[#out + 1] = k
+    out[#out + 1] = #fields / 2
+    for j = 1, #fields do out[#out + 1] = fields[j] end
+  end
+end
+return out
+"""
 
 
 def message_int(message_hash: bytes) -> int:
@@ -98,8 +112,11 @@ class Entries:
         )
 
     def sorted(self) -> "Entries":
-        """By user, then time (stable)."""
-        return self.take(np.lexsort((self.at, self.user)))
+        """By user (stable: a user's entries keep their order; nothing reads them by time
+        order but after sorting them so)."""
+        if self.user.size < 2 or bool((self.user[1:] >= self.user[:-1]).all()):
+            return self
+        return self.take(np.argsort(self.user, kind="stable"))
 
 
 def _widened(tags: np.ndarray, slots: int) -> np.ndarray:
@@ -136,6 +153,22 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndar
         return np.empty(0, dtype=np.int64), owner
     first = np.cumsum(counts) - counts
     return starts[owner] + (np.arange(total) - first[owner]), owner
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The values of a sorted array, once each."""
+    if values.size < 2:
+        return values
+    keep = np.empty(values.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
+
+
+def users_buckets(users: np.ndarray, *, ordered: bool = False) -> np.ndarray:
+    """The log buckets of `users` (sorted already: `ordered`), sorted, once each."""
+    shifted = np.asarray(users, dtype=_U64) >> _U64(log.BUCKET_BITS)
+    return distinct(shifted if ordered else np.sort(shifted))
 
 
 @dataclass(slots=True)
@@ -224,18 +257,35 @@ class ModelLogs:
         cls, logs: Iterable[tuple[int, bool, bytes]], channels: Sequence[str] = ()
     ) -> "ModelLogs":
         """From stored logs: (user, uncounted, the log's bytes) each."""
+        listed = [item for item in logs if item[2]]
         out = cls(channels=channels)
-        out._add(out._decode(list(logs)).sorted())
+        out._add(
+            out._decode(
+                np.fromiter((u for u, _, _ in listed), _U64, len(listed)),
+                np.fromiter((c for _, c, _ in listed), bool, len(listed)),
+                [raw for _, _, raw in listed],
+            ).sorted()
+        )
         return out
 
-    def _decode(self, logs: list[tuple[int, bool, bytes]]) -> Entries:
+    def _decode(self, users: np.ndarray, uncounted: np.ndarray, raws: list[bytes]) -> Entries:
         """Every entry of the stored logs (format 2 over arrays; format 1, rare, one by one)."""
-        current = [item for item in logs if item[2] and item[2][0] == log.FORMAT_VERSION]
-        older = [item for item in logs if item[2] and item[2][0] != log.FORMAT_VERSION]
-        parts = [self._decode_current(current)] if current else []
-        if older:
-            parts.append(self._decode_older(older))
-        return joined(parts)
+        if not raws:
+            return Entries.empty()
+        lengths = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
+        end = np.cumsum(lengths)
+        begin = end - lengths
+        buf = np.frombuffer(b"".join(raws), dtype=np.uint8)
+        current = buf[begin] == log.FORMAT_VERSION
+        if current.all():
+            return self._decode_current(users, uncounted, buf, begin, end)
+        at = np.flatnonzero(current)
+        parts = [self._decode_current(users[at], uncounted[at], buf, begin[at], end[at])]
+        older = np.flatnonzero(~current).tolist()
+        parts.append(
+            self._decode_older([(int(users[i]), bool(uncounted[i]), raws[i]) for i in older])
+        )
+        return joined(parts).sorted()
 
     def _decode_older(self, logs: list[tuple[int, bool, bytes]]) -> Entries:
         rows: list[tuple[Any, ...]] = []
@@ -260,14 +310,19 @@ class ModelLogs:
             tags=tags,
         )
 
-    def _decode_current(self, logs: list[tuple[int, bool, bytes]]) -> Entries:
-        raws = [raw for _, _, raw in logs]
-        lengths = np.fromiter((len(r) for r in raws), dtype=np.int64, count=len(raws))
-        begin = np.cumsum(lengths) - lengths
-        end = begin + lengths
-        buf = np.frombuffer(b"".join(raws), dtype=np.uint8).astype(np.int64)
-        slots = buf[begin + 1]
-        sections = buf[begin + 2]
+    def _decode_current(
+        self,
+        users: np.ndarray,
+        uncounted: np.ndarray,
+        buf: np.ndarray,
+        begin: np.ndarray,
+        end: np.ndarray,
+    ) -> Entries:
+        """The entries of the logs of format 2 at [begin, end) of `buf`."""
+        if not begin.size:
+            return Entries.empty()
+        slots = buf[begin + 1].astype(np.int64)
+        sections = buf[begin + 2].astype(np.int64)
         width = log.ENTRY_BASE + 4 * slots
         pos = begin + 3
         names: list[np.ndarray] = []  # per section index: the channel code of each log having it
@@ -275,105 +330,173 @@ class ModelLogs:
         for s in range(int(sections.max(initial=0))):
             having = np.nonzero(sections > s)[0]
             at = pos[having]
-            size = buf[at]
+            size = buf[at].astype(np.int64)
             longest = int(size.max(initial=0))
-            grid = np.zeros((having.size, max(longest, 1)), dtype=np.uint8)
-            for j in range(longest):
-                inside = size > j
-                grid[inside, j] = buf[at[inside] + 1 + j]
-            labels = grid.view(f"S{grid.shape[1]}").ravel()
-            unique, inverse = np.unique(labels, return_inverse=True)
-            codes = np.asarray([self.code(u.decode()) for u in unique], dtype=np.int32)
+            if longest <= 8:  # names of up to 8 bytes: one number each
+                # (8 bytes from each name on: a name is followed by at least its count's 2
+                # and an entry's 21)
+                grid = np.lib.stride_tricks.sliding_window_view(buf, 8)[at + 1]
+                grid = np.where(np.arange(8) < size[:, None], grid, 0).astype(np.uint8)
+                numbers = np.ascontiguousarray(grid).view(np.uint64).ravel()
+                if bool((numbers == numbers[0]).all()):  # most: every log's first is one name
+                    unique, inverse = numbers[:1], np.zeros(numbers.size, dtype=np.int64)
+                else:
+                    unique, inverse = np.unique(numbers, return_inverse=True)
+                texts = [int(u).to_bytes(8, "little").rstrip(b"\0") for u in unique.tolist()]
+            else:
+                grid = np.zeros((having.size, -(-longest // 8) * 8), dtype=np.uint8)
+                for j in range(longest):
+                    inside = size > j
+                    grid[inside, j] = buf[at[inside] + 1 + j]
+                labels = grid.view(f"S{grid.shape[1]}").ravel()
+                unique, inverse = np.unique(labels, return_inverse=True)
+                texts = list(unique.tolist())
+            codes = np.asarray([self.code(t.decode()) for t in texts], dtype=np.int32)
             name = np.full(begin.size, -1, dtype=np.int32)
             name[having] = codes[inverse.ravel()]
             count = np.zeros(begin.size, dtype=np.int64)
-            count[having] = buf[at + 1 + size] * 256 + buf[at + 2 + size]
+            count[having] = buf[at + 1 + size].astype(np.int64) * 256 + buf[at + 2 + size]
             names.append(name)
             counts.append(count)
             pos[having] = at + 3 + size
-        # Entries: each section's after the headers, the last running to the end of the log.
-        offset = pos.copy()
-        user_all = np.fromiter((u for u, _, _ in logs), dtype=_U64, count=len(logs))
-        uncounted_all = np.fromiter((c for _, c, _ in logs), dtype=bool, count=len(logs))
-        rows_parts, owner_parts, channel_parts = [], [], []
-        for s in range(len(names)):
-            having = np.nonzero(sections > s)[0]
-            last = sections[having] == s + 1
-            n = counts[s][having]
-            n[last] = (end[having][last] - offset[having][last]) // width[having][last]
-            starts = offset[having]
-            total = int(n.sum())
-            owner = np.repeat(having, n)
-            first = np.cumsum(n) - n
-            local = np.arange(total) - np.repeat(first, n)
-            rows = np.repeat(starts, n) + local * width[owner]
-            rows_parts.append(rows)
-            owner_parts.append(owner)
-            channel_parts.append(np.repeat(names[s][having], n))
-            offset[having] = starts + n * width[having]
-        rows = np.concatenate(rows_parts) if rows_parts else np.empty(0, dtype=np.int64)
-        owner = np.concatenate(owner_parts) if owner_parts else np.empty(0, dtype=np.int64)
+        # The entries: every section's, one after the other from the end of the headers to the
+        # end of the log (the last section's count is what remains), all of one width.
+        body = pos
+        total = (end - body) // width
+        listed = np.stack(counts, axis=1) if counts else np.zeros((begin.size, 0), np.int64)
+        if listed.shape[1]:
+            rows = np.arange(begin.size)
+            last_at = np.maximum(sections - 1, 0)
+            listed[rows, last_at] = 0
+            listed[rows, last_at] = np.where(sections > 0, total - listed.sum(axis=1), 0)
+        channel = np.repeat(
+            np.stack(names, axis=1).ravel() if names else np.empty(0, np.int32), listed.ravel()
+        )
+        owner = np.repeat(np.arange(begin.size), total)
+        first = np.cumsum(total) - total
+        starts = body[owner] + (np.arange(owner.size) - first[owner]) * width[owner]
+        parts = []
+        for w in np.unique(width[total > 0]).tolist():
+            mine = np.flatnonzero(width[owner] == w)
+            grid = np.lib.stride_tricks.sliding_window_view(buf, w)[starts[mine]]
+            parts.append((mine, grid))
+        if len(parts) == 1:
+            grid = parts[0][1]
+            return self._columns(grid, users[owner], uncounted[owner], channel)
+        # Several widths (tag slots): each width's entries, then back in the logs' order.
+        pieces = [
+            self._columns(grid, users[owner[mine]], uncounted[owner[mine]], channel[mine])
+            for mine, grid in parts
+        ]
+        order = np.argsort(np.concatenate([mine for mine, _ in parts]), kind="stable")
+        return joined(pieces).take(order)
+
+    @staticmethod
+    def _columns(
+        grid: np.ndarray, users: np.ndarray, uncounted: np.ndarray, channel: np.ndarray
+    ) -> Entries:
+        """Entries from their bytes, one row each (limits/engine/lua/limiter.lua's layout)."""
 
         def number(first: int, size: int) -> np.ndarray:
-            value = np.zeros(rows.size, dtype=np.uint64)
-            for j in range(size):
-                value = (value << _U64(8)) | buf[rows + first + j].astype(np.uint64)
-            return value
+            wide = np.zeros((grid.shape[0], 8), dtype=np.uint8)
+            wide[:, 8 - size :] = grid[:, first : first + size]
+            return wide.view(">u8").ravel().astype(np.uint64)
 
-        held = number(17, 4).astype(np.uint32)
-        most = int(slots.max(initial=0))
-        tags = np.zeros((rows.size, most), dtype=np.uint32)
-        row_slots = slots[owner]
-        for j in range(most):
-            inside = row_slots > j
-            tag = np.zeros(rows.size, dtype=np.uint64)
-            for b in range(4):
-                tag[inside] = (tag[inside] << _U64(8)) | buf[
-                    rows[inside] + log.ENTRY_BASE + 4 * j + b
-                ].astype(np.uint64)
-            tags[:, j] = tag.astype(np.uint32)
+        slots = (grid.shape[1] - log.ENTRY_BASE) // 4
+        tags = (
+            np.ascontiguousarray(grid[:, log.ENTRY_BASE :]).view(">u4").astype(np.uint32)
+            if slots
+            else np.zeros((grid.shape[0], 0), dtype=np.uint32)
+        )
         return Entries(
-            user=user_all[owner],
-            channel=np.concatenate(channel_parts) if channel_parts else np.empty(0, np.int32),
+            user=users,
+            channel=channel.astype(np.int32),
             at=number(0, 6).astype(np.int64),
             message=number(6, 7),
-            campaign=number(13, 4).astype(np.uint32),
-            held=held,
-            uncounted=uncounted_all[owner],
-            tags=tags,
+            campaign=np.ascontiguousarray(grid[:, 13:17]).view(">u4").ravel().astype(np.uint32),
+            held=np.ascontiguousarray(grid[:, 17:21]).view(">u4").ravel().astype(np.uint32),
+            uncounted=uncounted,
+            tags=tags.reshape(grid.shape[0], slots),
         )
 
     @classmethod
-    def read(cls, limiter: Limiter, users: np.ndarray, channels: Sequence[str] = ()) -> "ModelLogs":
+    def read(
+        cls,
+        limiter: Limiter,
+        users: np.ndarray | None = None,
+        channels: Sequence[str] = (),
+        *,
+        buckets: np.ndarray | None = None,
+    ) -> "ModelLogs":
         """The logs of `users` (and of the others who share their keys) as the limiter's Redis
-        holds them now: every bucket's key and its 16 groups', read in pipelines (a user's logs
-        are in one of the two: the group's when both say so, as its home)."""
-        buckets = np.unique(np.asarray(users, dtype=_U64) >> _U64(log.BUCKET_BITS))
-        found: dict[tuple[int, bool], tuple[bool, bytes]] = {}  # -> (in a group, the log)
-        client = limiter.client
-        prefix = limiter.prefix
+        holds them now: every group key of their buckets (and the bucket's own, until every
+        log is in its group), read in pipelines. A user's logs are in one of the two, the
+        group's when both say so (it is their home). `buckets`: theirs (users_buckets), given
+        instead of `users`."""
+        if buckets is None:
+            buckets = users_buckets(np.asarray(users, dtype=_U64))
+        client, prefix = limiter.client, limiter.prefix
+        with_bucket = not limiter.grouped()  # until every log is in its group: the bucket too
+        names: list[bytes] = []
+        values: list[bytes] = []
+        bases: list[int] = []
+        in_bucket: list[bool] = []
+        counts: list[int] = []
         for first in range(0, buckets.size, READ_BATCH):
             pipe = client.pipeline(transaction=False)
-            keys: list[tuple[int, bool]] = []
-            for bucket in buckets[first : first + READ_BATCH].tolist():
-                base = bucket << log.BUCKET_BITS
-                pipe.hgetall(log.bucket_key(prefix, base))
-                keys.append((base, False))
-                for g in range(16):
-                    pipe.hgetall(log.group_key(prefix, base + (g << 4)))
-                    keys.append((base, True))
-            for (base, grouped), fields in zip(keys, pipe.execute(), strict=True):
-                for name, raw in fields.items():
-                    if name == log.EXPIRY_FIELD or not raw:
-                        continue
-                    uncounted = len(name) == 2
-                    user = base + name[-1]
-                    had = found.get((user, uncounted))
-                    if had is None or (grouped and not had[0]):
-                        found[(user, uncounted)] = (grouped, raw)
-        return cls.decoded(
-            ((user, uncounted, raw) for (user, uncounted), (_, raw) in found.items()), channels
-        )
+            asked = [int(b) << log.BUCKET_BITS for b in buckets[first : first + READ_BATCH]]
+            for base in asked:
+                keys = [log.group_key(prefix, base + (g << 4)) for g in range(16)]
+                if with_bucket:
+                    keys.append(log.bucket_key(prefix, base))
+                pipe.execute_command("EVAL", _READ_SCRIPT, len(keys), *keys)
+            for base, reply in zip(asked, pipe.execute(), strict=True):
+                at = 0
+                while at < len(reply):
+                    key, pairs = reply[at], reply[at + 1]
+                    names.extend(reply[at + 2 : at + 2 + 2 * pairs : 2])
+                    values.extend(reply[at + 3 : at + 2 + 2 * pairs : 2])
+                    bases.append(base)
+                    in_bucket.append(key == 17)
+                    counts.append(pairs)
+                    at += 2 + 2 * pairs
+        return cls._from_fields(names, values, bases, in_bucket, counts, channels)
+
+    @classmethod
+    def _from_fields(
+        cls,
+        names: list[bytes],
+        values: list[bytes],
+        bases: list[int],
+        in_bucket: list[bool],
+        counts: list[int],
+        channels: Sequence[str],
+    ) -> "ModelLogs":
+        """The logs in the fields read (each key's: its bucket's first user, whether it is the
+        bucket's own key, how many fields)."""
+        out = cls(channels=channels)
+        if not names:
+            return out
+        per_key = np.asarray(counts, dtype=np.int64)
+        base = np.repeat(np.asarray(bases, dtype=_U64), per_key)
+        bucket_key = np.repeat(np.asarray(in_bucket, dtype=bool), per_key)
+        length = np.fromiter(map(len, names), np.int64, len(names))
+        last = np.frombuffer(b"".join(names), dtype=np.uint8)[np.cumsum(length) - 1]
+        size = np.fromiter(map(len, values), np.int64, len(values))
+        # A counted log's field is its user's low byte; an uncounted one's, '~' and that byte.
+        keep = ((length == 1) | (length == 2)) & (size > 0)
+        user = base + last.astype(_U64)
+        uncounted = length == 2
+        rows = np.flatnonzero(keep)
+        # Each user's log once: the one in a group where both keys hold one.
+        rows = rows[np.lexsort((bucket_key[rows], uncounted[rows], user[rows]))]
+        first = np.ones(rows.size, dtype=bool)
+        same = (user[rows][1:] == user[rows][:-1]) & (uncounted[rows][1:] == uncounted[rows][:-1])
+        first[1:] = ~same
+        rows = rows[first]
+        taken = [values[i] for i in rows.tolist()]
+        out._add(out._decode(user[rows], uncounted[rows], taken).sorted())
+        return out
 
 
 # --- deciding -----------------------------------------------------------------------------------
