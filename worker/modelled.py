@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from limits.engine import log
-from limits.engine.model import ALLOWED, DUPLICATE, ModelLogs, decide
+from limits.engine.model import ALLOWED, DUPLICATE, ModelLogs, decide, grouped, present
 from limits.engine.reservations import Holds
 from limits.engine.table import PolicyTable, RuleSet, RuleView
 from limits.engine.topics import TopicView
@@ -205,7 +205,7 @@ def job_decided(
     if table.has_quiet(channel=channel) and pending.any():
         asked = np.flatnonzero(pending)
         pairs = segment_code[asked] * len(zone_names) + zone_code[asked]
-        for pair in np.unique(pairs).tolist():
+        for pair in present(pairs).tolist():
             s, z = divmod(pair, len(zone_names))
             segment = segment_names[s]
             if not table.quiet_for(segment=segment, channel=channel):
@@ -291,7 +291,7 @@ def _rules(
     reads: dict[tuple[int, int], bool] = {}
     pair = seg * len(arm_values) + arm_code
     zoned = np.zeros(m, dtype=bool)
-    for p in np.unique(pair).tolist():
+    for p in present(pair).tolist():
         s, a = divmod(p, len(arm_values))
         reads[(s, a)] = table.needs_zone(
             segment=segment_names[s], channel=channel, arm=arm_of[arm_values[a]]
@@ -305,8 +305,7 @@ def _rules(
     key = np.zeros(m, dtype=np.int64)
     for column in columns:  # one number per group: each column a digit of its own base
         key = key * (int(column.max()) + 1) + column
-    _, first, group = np.unique(key, return_index=True, return_inverse=True)
-    group = group.ravel()
+    group, first = grouped(key)
     sets: list[RuleSet] = []
     for at in first.tolist():
         s, a, z, o, h = (int(column[at]) for column in columns)

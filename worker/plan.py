@@ -37,7 +37,13 @@ from gatekeeper.lib.leases import RedisLease
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.engine.limiter import Decision, Limiter, get_limiter
 from limits.engine.log import holder_of, message_hash
-from limits.engine.model import ModelLimiter, ModelLogs, message_int, users_buckets
+from limits.engine.model import (
+    ModelLimiter,
+    ModelLogs,
+    ascending_distinct,
+    message_int,
+    users_buckets,
+)
 from limits.engine.reservations import (
     HeldJob,
     Holds,
@@ -209,7 +215,7 @@ class JobRecipients:
     @functools.cached_property
     def audience(self) -> np.ndarray:
         """Its users, sorted, once each."""
-        return np.unique(self.users)
+        return ascending_distinct(self.users)
 
     @functools.cached_property
     def buckets(self) -> np.ndarray:
@@ -334,8 +340,7 @@ def _counted(job: SendJob, decided: JobDecisions, earlier: list[JobPlan]) -> Job
         plan.held_from = at + float(decided.retry_after[held].min())
         plan.held_until = at + float(decided.retry_after[held].max())
     admitted = decided.users[decided.reason == CODES[Reason.ALLOWED]]
-    ascending = admitted.size < 2 or bool((admitted[1:] > admitted[:-1]).all())
-    plan.admitted = admitted if ascending else np.unique(admitted)
+    plan.admitted = ascending_distinct(admitted)
     capped = np.isin(decided.reason, [CODES[r] for r in CAPPED]) & ruled
     if capped.any() and earlier:
         lost |= _taken_by_earlier(plan, job, decided, capped, earlier)
@@ -602,11 +607,24 @@ def plan_with_holds(
 
 
 def plan_overlaps(plans: Sequence[JobPlan]) -> list[dict[str, Any]]:
-    """Every pair of jobs that reach some users in common: how many, and on which channels."""
+    """Every pair of jobs that reach some users in common: how many, and on which channels.
+
+    Each job's audience as bits over every job's users together (a bit a user: 1.25 MB for
+    10M), so that a pair's users in common are the bits set in both, counted in C."""
+    if len(plans) < 2:
+        return []
+    everyone = np.unique(np.concatenate([p.audience for p in plans]))
+    words = (everyone.size + 63) // 64
+    bits = []
+    for plan in plans:
+        mask = np.zeros(words * 64, dtype=bool)
+        mask[np.searchsorted(everyone, plan.audience)] = True
+        bits.append(np.packbits(mask).view(np.uint64))
     out = []
     for i, a in enumerate(plans):
-        for b in plans[i + 1 :]:
-            both = int(np.intersect1d(a.audience, b.audience, assume_unique=True).size)
+        for j in range(i + 1, len(plans)):
+            b = plans[j]
+            both = int(np.bitwise_count(bits[i] & bits[j]).sum())
             if both:
                 out.append(
                     {

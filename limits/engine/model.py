@@ -23,6 +23,7 @@ and batches, and allow no difference (tests/limits/test_decision_model.py).
 import struct
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,6 +166,36 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return values[keep]
 
 
+SMALL = 1 << 24  # small enough that a count per possible value beats sorting
+
+
+def present(values: np.ndarray) -> np.ndarray:
+    """The distinct values of non-negative integers, sorted (counted when they are small)."""
+    if values.size and int(values.max()) < SMALL:
+        return np.flatnonzero(np.bincount(values))
+    return np.unique(values)
+
+
+def grouped(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For non-negative integers: each one's group (its rank among the distinct values) and
+    where each group first occurs, as np.unique's return_inverse and return_index."""
+    if not values.size or int(values.max()) >= SMALL:
+        _, first, group = np.unique(values, return_index=True, return_inverse=True)
+        return group.ravel(), first
+    seen = np.bincount(values) > 0
+    rank = np.cumsum(seen) - 1
+    first = np.empty(int(seen.sum()), dtype=np.int64)
+    first[rank[values[::-1]]] = np.arange(values.size - 1, -1, -1)  # the earliest write wins
+    return rank[values], first
+
+
+def ascending_distinct(values: np.ndarray) -> np.ndarray:
+    """np.unique, without a sort when the values already ascend."""
+    if values.size < 2 or bool((values[1:] > values[:-1]).all()):
+        return values
+    return np.unique(values)
+
+
 def users_buckets(users: np.ndarray, *, ordered: bool = False) -> np.ndarray:
     """The log buckets of `users` (sorted already: `ordered`), sorted, once each."""
     shifted = np.asarray(users, dtype=_U64) >> _U64(log.BUCKET_BITS)
@@ -175,6 +206,39 @@ def users_buckets(users: np.ndarray, *, ordered: bool = False) -> np.ndarray:
 class _Run:
     entries: Entries  # sorted by user
     gone: np.ndarray  # bool: dropped since (left the retention when its log was written)
+    # Where each user's entries start, by user id from `low` (the last: the end), when the ids
+    # are dense enough for an array of them to cost no more than the entries: a look-up then
+    # costs an index, not a binary search.
+    low: int = 0
+    starts: np.ndarray | None = None
+
+    @staticmethod
+    def of(entries: Entries) -> "_Run":
+        run = _Run(entries, np.zeros(len(entries), dtype=bool))
+        users = entries.user
+        if users.size > SMALL // 64:
+            low, high = int(users[0]), int(users[-1])
+            if high - low < 4 * users.size:
+                counts = np.bincount((users - _U64(low)).astype(np.int64), minlength=high - low + 1)
+                run.low = low
+                run.starts = np.concatenate(([0], np.cumsum(counts)))
+        return run
+
+    def rows_of(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where the entries of `users` start and end in this run."""
+        if self.starts is None:
+            column = self.entries.user
+            return (
+                np.searchsorted(column, users, side="left"),
+                np.searchsorted(column, users, side="right"),
+            )
+        span = self.starts.size - 1
+        at = users.astype(np.int64) - self.low
+        inside = (at >= 0) & (at < span)
+        at = np.where(inside, at, 0)
+        lo = np.where(inside, self.starts[at], 0)
+        hi = np.where(inside, self.starts[at + 1], 0)
+        return lo, hi
 
 
 class ModelLogs:
@@ -195,7 +259,7 @@ class ModelLogs:
         return found
 
     def _add(self, entries: Entries) -> None:
-        self._runs.append(_Run(entries, np.zeros(len(entries), dtype=bool)))
+        self._runs.append(_Run.of(entries))
         if len(self._runs) > RUNS_MERGED + 1:
             rest = self._merged(self._runs[1:])
             first = self._runs[0]
@@ -207,7 +271,7 @@ class ModelLogs:
     @staticmethod
     def _merged(runs: Sequence[_Run]) -> _Run:
         kept = joined([r.entries.take(~r.gone) for r in runs]).sorted()
-        return _Run(kept, np.zeros(len(kept), dtype=bool))
+        return _Run.of(kept)
 
     def __len__(self) -> int:
         return sum(int((~r.gone).sum()) for r in self._runs)
@@ -223,9 +287,7 @@ class ModelLogs:
         where each is held (per run: its rows), so that they can be dropped."""
         parts, owners, where = [], [], []
         for k, run in enumerate(self._runs):
-            column = run.entries.user
-            lo = np.searchsorted(column, users, side="left")
-            hi = np.searchsorted(column, users, side="right")
+            lo, hi = run.rows_of(users)
             rows, owner = _ranges(lo, hi - lo)
             if rows.size:
                 live = ~run.gone[rows]
@@ -376,7 +438,7 @@ class ModelLogs:
         first = np.cumsum(total) - total
         starts = body[owner] + (np.arange(owner.size) - first[owner]) * width[owner]
         parts = []
-        for w in np.unique(width[total > 0]).tolist():
+        for w in present(width[total > 0]).tolist():
             mine = np.flatnonzero(width[owner] == w)
             grid = np.lib.stride_tricks.sliding_window_view(buf, w)[starts[mine]]
             parts.append((mine, grid))
@@ -437,12 +499,8 @@ class ModelLogs:
             buckets = users_buckets(np.asarray(users, dtype=_U64))
         client, prefix = limiter.client, limiter.prefix
         with_bucket = not limiter.grouped()  # until every log is in its group: the bucket too
-        names: list[bytes] = []
-        values: list[bytes] = []
-        bases: list[int] = []
-        in_bucket: list[bool] = []
-        counts: list[int] = []
-        for first in range(0, buckets.size, READ_BATCH):
+
+        def fetched(first: int) -> tuple[list[int], list[Any]]:
             pipe = client.pipeline(transaction=False)
             asked = [int(b) << log.BUCKET_BITS for b in buckets[first : first + READ_BATCH]]
             for base in asked:
@@ -450,33 +508,55 @@ class ModelLogs:
                 if with_bucket:
                     keys.append(log.bucket_key(prefix, base))
                 pipe.execute_command("EVAL", _READ_SCRIPT, len(keys), *keys)
-            for base, reply in zip(asked, pipe.execute(), strict=True):
-                at = 0
-                while at < len(reply):
-                    key, pairs = reply[at], reply[at + 1]
-                    names.extend(reply[at + 2 : at + 2 + 2 * pairs : 2])
-                    values.extend(reply[at + 3 : at + 2 + 2 * pairs : 2])
-                    bases.append(base)
-                    in_bucket.append(key == 17)
-                    counts.append(pairs)
-                    at += 2 + 2 * pairs
-        return cls._from_fields(names, values, bases, in_bucket, counts, channels)
+            return asked, pipe.execute()
 
-    @classmethod
+        out = cls(channels=channels)
+        parts: list[Entries] = []
+        # Redis answers the next batch while this thread decodes the last one (the reading
+        # thread waits on its socket, which holds no lock).
+        starts = list(range(0, buckets.size, READ_BATCH))
+        with ThreadPoolExecutor(max_workers=1) as reader:
+            coming = reader.submit(fetched, starts[0]) if starts else None
+            for k in range(len(starts)):
+                assert coming is not None
+                asked, replies = coming.result()
+                coming = reader.submit(fetched, starts[k + 1]) if k + 1 < len(starts) else None
+                parts.append(out._fields_decoded(asked, replies))
+        # Buckets in order, each one's users in order: the whole is sorted by user.
+        out._add(joined(parts).sorted())
+        return out
+
+    def _fields_decoded(self, asked: list[int], replies: list[Any]) -> Entries:
+        """The entries of one batch's replies (its buckets' first users, in order)."""
+        names: list[bytes] = []
+        values: list[bytes] = []
+        bases: list[int] = []
+        in_bucket: list[bool] = []
+        counts: list[int] = []
+        for base, reply in zip(asked, replies, strict=True):
+            at = 0
+            while at < len(reply):
+                key, pairs = reply[at], reply[at + 1]
+                names.extend(reply[at + 2 : at + 2 + 2 * pairs : 2])
+                values.extend(reply[at + 3 : at + 2 + 2 * pairs : 2])
+                bases.append(base)
+                in_bucket.append(key == 17)
+                counts.append(pairs)
+                at += 2 + 2 * pairs
+        return self._from_fields(names, values, bases, in_bucket, counts)
+
     def _from_fields(
-        cls,
+        self,
         names: list[bytes],
         values: list[bytes],
         bases: list[int],
         in_bucket: list[bool],
         counts: list[int],
-        channels: Sequence[str],
-    ) -> "ModelLogs":
+    ) -> Entries:
         """The logs in the fields read (each key's: its bucket's first user, whether it is the
-        bucket's own key, how many fields)."""
-        out = cls(channels=channels)
+        bucket's own key, how many fields), as entries sorted by user."""
         if not names:
-            return out
+            return Entries.empty()
         per_key = np.asarray(counts, dtype=np.int64)
         base = np.repeat(np.asarray(bases, dtype=_U64), per_key)
         bucket_key = np.repeat(np.asarray(in_bucket, dtype=bool), per_key)
@@ -495,8 +575,7 @@ class ModelLogs:
         first[1:] = ~same
         rows = rows[first]
         taken = [values[i] for i in rows.tolist()]
-        out._add(out._decode(user[rows], uncounted[rows], taken).sorted())
-        return out
+        return self._decode(user[rows], uncounted[rows], taken).sorted()
 
 
 # --- deciding -----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, event, given, settings
 
 from limits.engine import log
 from limits.engine.limiter import Limiter
-from limits.engine.model import ModelLimiter, ModelLogs, hash_int
+from limits.engine.model import Entries, ModelLimiter, ModelLogs, hash_int
 from limits.engine.table import NO_RULES, PolicyTable, RuleSet, RuleView
 from limits.engine.windows import CLOCK_SLACK_MS, period_starts
 from tests.conftest import examples
@@ -274,3 +274,29 @@ def test_a_calendar_day_counts_a_send_made_at_its_first_instant(redis_client, zo
         ],
     )
     assert [d[0].reason for d in decided] == ["allowed", "allowed", "daily_cap", "daily_cap"]
+
+
+def test_a_large_run_finds_each_users_entries_by_index_as_by_search() -> None:
+    """Runs of many entries over dense ids look users up by index, not by binary search: the
+    same entries either way, ids outside the run's range included."""
+    rng = np.random.default_rng(4)
+    users = np.sort(rng.choice(400_000, 300_000, replace=False)).astype(np.uint64) + 1_000
+    users = np.repeat(users, rng.integers(1, 3, users.size))  # some users hold two entries
+    n = users.size
+    entries = Entries(
+        user=users,
+        channel=np.zeros(n, dtype=np.int32),
+        at=np.arange(n, dtype=np.int64),
+        message=np.arange(n, dtype=np.uint64),
+        campaign=np.zeros(n, dtype=np.uint32),
+        held=np.zeros(n, dtype=np.uint32),
+        uncounted=np.zeros(n, dtype=bool),
+        tags=np.zeros((n, 0), dtype=np.uint32),
+    )
+    logs = ModelLogs(entries, channels=["email"])
+    asked = np.unique(rng.integers(0, 402_000, 50_000).astype(np.uint64))
+    found, owner, _ = logs.gathered(asked)
+    assert logs._runs[0].starts is not None  # looked up by index
+    expected = np.flatnonzero(np.isin(users, asked))
+    assert np.array_equal(np.sort(found.message), expected.astype(np.uint64))
+    assert np.array_equal(asked[owner], found.user)

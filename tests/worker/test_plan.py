@@ -7,6 +7,7 @@ import random
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pytest
 from django.utils import timezone
 
@@ -341,3 +342,25 @@ def test_a_rule_made_just_before_a_job_is_in_its_plan_whatever_this_process_cach
     assert (planned.job_id, planned.sent) == (job.pk, 6)
     assert planned.reasons["daily_cap"] == 4
     assert plan_refresh() is False  # made with the policy its inputs were hashed from
+
+
+def test_overlaps_count_the_users_every_pair_of_jobs_shares():
+    from worker.plan import JobPlan, plan_overlaps
+
+    rng = random.Random(3)
+    start = datetime(2027, 1, 1, tzinfo=UTC)
+    audiences = [sorted(rng.sample(range(1, 500), rng.randint(0, 200))) for _ in range(6)]
+    plans = [
+        JobPlan(job_id=k, campaign=f"c{k}", channel="email", priority=5, start_at=start)
+        for k in range(6)
+    ]
+    for plan, users in zip(plans, audiences, strict=True):
+        plan.audience = np.asarray(users, dtype=np.uint64)
+    found = {tuple(o["jobs"]): o["users"] for o in plan_overlaps(plans)}
+    expected = {
+        (i, j): len(set(audiences[i]) & set(audiences[j]))
+        for i in range(6)
+        for j in range(i + 1, 6)
+        if set(audiences[i]) & set(audiences[j])
+    }
+    assert found == expected and found
