@@ -167,6 +167,9 @@ def distinct(values: np.ndarray) -> np.ndarray:
 
 
 SMALL = 1 << 24  # small enough that a count per possible value beats sorting
+# A run's ids looked up by index (4 bytes an id of its range) up to this range, or 4 ids an
+# entry: 128 MB at most for a run of fewer entries.
+DENSE_SPAN = 1 << 25
 
 
 def present(values: np.ndarray) -> np.ndarray:
@@ -218,10 +221,12 @@ class _Run:
         users = entries.user
         if users.size > SMALL // 64:
             low, high = int(users[0]), int(users[-1])
-            if high - low < 4 * users.size:
+            if high - low < max(4 * users.size, DENSE_SPAN):
                 counts = np.bincount((users - _U64(low)).astype(np.int64), minlength=high - low + 1)
+                kind = np.int32 if users.size < 2**31 else np.int64
                 run.low = low
-                run.starts = np.concatenate(([0], np.cumsum(counts)))
+                run.starts = np.zeros(high - low + 2, dtype=kind)
+                np.cumsum(counts, out=run.starts[1:])
         return run
 
     def rows_of(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -285,20 +290,41 @@ class ModelLogs:
     ) -> tuple[Entries, np.ndarray, list[tuple[int, np.ndarray]]]:
         """The entries of `users` (distinct), each with its user's position in `users`, and
         where each is held (per run: its rows), so that they can be dropped."""
-        parts, owners, where = [], [], []
+        picks: list[tuple[int, np.ndarray, np.ndarray]] = []
         for k, run in enumerate(self._runs):
             lo, hi = run.rows_of(users)
             rows, owner = _ranges(lo, hi - lo)
             if rows.size:
                 live = ~run.gone[rows]
-                rows, owner = rows[live], owner[live]
+                if not live.all():
+                    rows, owner = rows[live], owner[live]
             if rows.size:
-                parts.append(run.entries.take(rows))
-                owners.append(owner)
-                where.append((k, rows))
-        if not parts:
+                picks.append((k, rows, owner))
+        if not picks:
             return Entries.empty(), np.empty(0, dtype=np.int64), []
-        return joined(parts), np.concatenate(owners), where
+        # Each column taken once, straight into its place.
+        total = sum(rows.size for _, rows, _ in picks)
+        slots = max(self._runs[k].entries.tags.shape[1] for k, _, _ in picks)
+        out = Entries(
+            user=np.empty(total, dtype=_U64),
+            channel=np.empty(total, dtype=np.int32),
+            at=np.empty(total, dtype=np.int64),
+            message=np.empty(total, dtype=_U64),
+            campaign=np.empty(total, dtype=np.uint32),
+            held=np.empty(total, dtype=np.uint32),
+            uncounted=np.empty(total, dtype=bool),
+            tags=np.zeros((total, slots), dtype=np.uint32),
+        )
+        at = 0
+        for k, rows, _ in picks:
+            source, end = self._runs[k].entries, at + rows.size
+            for name in ("user", "channel", "at", "message", "campaign", "held", "uncounted"):
+                np.take(getattr(source, name), rows, out=getattr(out, name)[at:end])
+            if source.tags.shape[1]:
+                out.tags[at:end, : source.tags.shape[1]] = source.tags[rows]
+            at = end
+        owner = np.concatenate([owner for _, _, owner in picks]) if len(picks) > 1 else picks[0][2]
+        return out, owner, [(k, rows) for k, rows, _ in picks]
 
     def drop(self, where: list[tuple[int, np.ndarray]], mask: np.ndarray) -> None:
         """Drop the gathered entries where `mask` (gathered()'s order) is true."""
