@@ -36,7 +36,7 @@ from limits.engine.table import DEFAULT_PRIORITY, RuleSet
 
 REFUSED = 3
 DAY_MS, WEEK_MS = 86_400_000, 604_800_000
-RUNS_MERGED = 8  # runs beyond the first that are merged into one
+RUNS_MERGED = 24  # runs beyond the first that are merged into one (a plan adds one a job)
 MAX_TAGS = 8
 KIND_ANY, KIND_TAG, KIND_CAMPAIGN = 1, 2, 3
 _U64 = np.uint64
