@@ -434,6 +434,9 @@ def plan_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
         "plan.html",
         "The plan",
         current=current,
+        made=(
+            datetime.fromisoformat(current["computed_at"]) if current.get("computed_at") else None
+        ),
         days=days,
         overlaps=current["overlaps"],
         losers=[job for job in planned if job["taken_by"]],

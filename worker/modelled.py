@@ -20,7 +20,15 @@ from typing import Any
 import numpy as np
 
 from limits.engine import log
-from limits.engine.model import ALLOWED, DUPLICATE, ModelLogs, decide, grouped, present
+from limits.engine.model import (
+    ALLOWED,
+    DUPLICATE,
+    NO_LIMIT,
+    ModelLogs,
+    decide,
+    grouped,
+    present,
+)
 from limits.engine.reservations import Holds
 from limits.engine.table import PolicyTable, RuleSet, RuleView
 from limits.engine.topics import TopicView
@@ -51,8 +59,9 @@ def user_offsets(users: np.ndarray, spread_seconds: int) -> np.ndarray:
 class JobDecisions:
     """Per recipient (in the order given): the reason (REASONS' index), the rule that decided or
     would have (the holdout's) as an index into `rules` (-1: none) and its count, the seconds
-    after the job's start it may go (NaN: none), and the job a reservation held it for (0:
-    none)."""
+    after the job's start it may go (NaN: none), the job a reservation held it for (0: none),
+    and the fewest sends its rules had room for (limits.engine.model.Answers.room; NO_LIMIT for
+    none, and for a recipient no rule was asked about)."""
 
     users: np.ndarray
     reason: np.ndarray
@@ -61,6 +70,7 @@ class JobDecisions:
     retry_after: np.ndarray
     reserved_for: np.ndarray
     rules: list[RuleView]
+    room: np.ndarray
 
     def count(self, reasons: Sequence[Reason]) -> int:
         return int(np.isin(self.reason, [CODES[r] for r in reasons]).sum())
@@ -134,6 +144,7 @@ def job_decided(
         retry_after=retry_after,
         reserved_for=np.zeros(n, dtype=np.int64),
         rules=[],
+        room=np.full(n, NO_LIMIT, dtype=np.int64),
     )
     if n == 0:
         return out
@@ -421,3 +432,4 @@ def _named(
     out.used[ruled] = used
     out.retry_after[ruled] = retry
     out.reserved_for[ruled] = reserved_for
+    out.room[ruled] = answers.room

@@ -94,6 +94,10 @@ class JobPlan:
     lost_users: list[int] = field(default_factory=list)  # the first LOST_SHOWN of them
     held_from: float | None = None  # quiet hours: the first and last release, epoch seconds
     held_until: float | None = None
+    # Sends predicted that one more send to the same user before the job starts, counted by the
+    # rule with the least room, would have refused (None: not known, the job went through the
+    # gate itself).
+    one_slot_left: int | None = None
     # the users whose send it records (allowed; not a duplicate), sorted
     admitted: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
     audience: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
@@ -341,6 +345,7 @@ def _counted(job: SendJob, decided: JobDecisions, earlier: list[JobPlan]) -> Job
         plan.held_until = at + float(decided.retry_after[held].max())
     admitted = decided.users[decided.reason == CODES[Reason.ALLOWED]]
     plan.admitted = ascending_distinct(admitted)
+    plan.one_slot_left = int((decided.room[decided.reason == CODES[Reason.ALLOWED]] == 1).sum())
     capped = np.isin(decided.reason, [CODES[r] for r in CAPPED]) & ruled
     if capped.any() and earlier:
         lost |= _taken_by_earlier(plan, job, decided, capped, earlier)
@@ -519,6 +524,7 @@ def plan_shape(plans: Sequence[JobPlan], jobs: Sequence[SendJob]) -> list[dict[s
                 "held": plan.held,
                 "held_from": _iso(plan.held_from),
                 "held_until": _iso(plan.held_until),
+                "one_slot_left": plan.one_slot_left,
                 "refused": refused,
                 "rules": [
                     {"id": rule_id, "name": name, "refused": n}

@@ -274,6 +274,11 @@ class JobPlanSerializer(serializers.Serializer):
     held_until = serializers.DateTimeField(
         allow_null=True, help_text="When the last held send is released."
     )
+    one_slot_left = serializers.IntegerField(
+        allow_null=True,
+        help_text="Sends predicted that one more send to the same person before the start "
+        "would refuse (their fullest rule had one slot left); null: not known.",
+    )
     refused = serializers.DictField(
         child=serializers.IntegerField(),
         help_text="Predicted refusals by reason (daily_cap, cap, blocked, suppressed, "

@@ -35,6 +35,7 @@ from limits.engine.limiter import ALLOWED, DUPLICATE, Decision, Limiter
 from limits.engine.table import DEFAULT_PRIORITY, RuleSet
 
 REFUSED = 3
+NO_LIMIT = 2**62  # room under no rule
 DAY_MS, WEEK_MS = 86_400_000, 604_800_000
 RUNS_MERGED = 24  # runs beyond the first that are merged into one (a plan adds one a job)
 MAX_TAGS = 8
@@ -645,7 +646,10 @@ class Rules:
 class Answers:
     """gk_decide's reply per request, as columns: outcome (1 allowed, 2 duplicate, 3 refused),
     the deciding rule's position (1-based; 0 none), used (a duplicate's: its holder), retry (1 +
-    ms; 0 none), and the channel's sends in the last 24 h and 7 days after the decision."""
+    ms; 0 none), and the channel's sends in the last 24 h and 7 days after the decision. And
+    what the function does not answer: `room`, the fewest sends any of the request's rules had
+    room for before it (NO_LIMIT when it had no rule; an admitted send with 1 would have been
+    refused had one more send counted by that rule come first)."""
 
     outcome: np.ndarray
     rule: np.ndarray
@@ -653,6 +657,7 @@ class Answers:
     retry: np.ndarray
     day: np.ndarray
     week: np.ndarray
+    room: np.ndarray
 
 
 def decide(
@@ -678,7 +683,7 @@ def decide(
     hashes). Records the admitted sends that are not dry runs in `logs`."""
     users = np.asarray(users, dtype=_U64)
     n = users.size
-    out = Answers(*(np.zeros(n, dtype=np.int64) for _ in range(6)))
+    out = Answers(*(np.zeros(n, dtype=np.int64) for _ in range(7)))
     if n == 0:
         return out
     dry = np.zeros(n, dtype=bool) if dry is None else np.asarray(dry, dtype=bool)
@@ -744,6 +749,7 @@ class _Call:
         decider = np.zeros(n, dtype=np.int64)
         used = np.zeros(n, dtype=np.int64)
         retry = np.zeros(n, dtype=np.int64)
+        room = np.full(n, NO_LIMIT, dtype=np.int64)
         if same.any():
             hits = np.nonzero(same)[0]
             # The user's own log first, then the earliest there.
@@ -756,7 +762,7 @@ class _Call:
         rules = self.rules
         widest = rules.kind.shape[1]
         if widest:
-            self._ruled(found, owner, own, on_channel, sets, outcome, decider, used, retry)
+            self._ruled(found, owner, own, on_channel, sets, outcome, decider, used, retry, room)
         admitted = outcome == ALLOWED
         day = day + admitted
         week = week + admitted
@@ -772,6 +778,7 @@ class _Call:
         out.retry[at] = retry
         out.day[at] = day
         out.week[at] = week
+        out.room[at] = room
 
     def _ruled(
         self,
@@ -784,8 +791,10 @@ class _Call:
         decider: np.ndarray,
         used: np.ndarray,
         retry: np.ndarray,
+        room: np.ndarray,
     ) -> None:
-        """The rules of each request not a duplicate: the deciding one, when some has no room."""
+        """The rules of each request not a duplicate: the deciding one, when some has no room;
+        `room`: the fewest sends any of them had room for."""
         rules, now, n = self.rules, self.now, sets.size
         widest = rules.kind.shape[1]
         asked = outcome == ALLOWED
@@ -821,6 +830,7 @@ class _Call:
                 matched &= (k_e != KIND_TAG) | holds_tag
             matched &= (k_e != KIND_CAMPAIGN) | campaign_match
             count = np.bincount(owner[matched], minlength=n)
+            np.minimum(room, np.where(live, limit - count, NO_LIMIT), out=room)
             full = live & (count >= limit)
             if not full.any():
                 continue

@@ -300,3 +300,33 @@ def test_a_large_run_finds_each_users_entries_by_index_as_by_search() -> None:
     expected = np.flatnonzero(np.isin(users, asked))
     assert np.array_equal(np.sort(found.message), expected.astype(np.uint64))
     assert np.array_equal(asked[owner], found.user)
+
+
+def test_room_is_what_the_fullest_rule_had_left_before_the_send() -> None:
+    """`room` (not part of the function's reply): the fewest sends any rule of a request had
+    room for before it; 1 means one more send counted by that rule first would have refused it."""
+    from limits.engine.model import NO_LIMIT, decide, message_int
+    from tests.limits.rulesets import rule, rule_set
+
+    now = STARTS_MS[-1]
+    two_a_day = rule(1, limit=2, seconds=86_400)
+    five_a_week = rule(2, limit=5, seconds=604_800)
+    sets = [rule_set(two_a_day, five_a_week, now_ms=now).records, b""]
+    logs = ModelLogs(channels=["email"])
+    rooms, outcomes = [], []
+    for k in range(3):
+        answers = decide(
+            logs,
+            channel="email",
+            users=np.array([7, 8], dtype=np.uint64),
+            messages=np.array(
+                [message_int(log.message_hash(f"m{k}:{u}")) for u in (7, 8)], dtype=np.uint64
+            ),
+            sets=np.array([0, 1]),  # user 8: no rule
+            records=sets,
+            now_ms=now + k,
+        )
+        rooms.append(answers.room.tolist())
+        outcomes.append(answers.outcome.tolist())
+    assert outcomes == [[1, 1], [1, 1], [3, 1]]
+    assert rooms == [[2, NO_LIMIT], [1, NO_LIMIT], [0, NO_LIMIT]]

@@ -698,8 +698,9 @@ def test_a_user_listed_twice_is_left_to_the_gate_and_no_recipient_is_no_decision
     }  # fmt: skip
     twice = np.array([users["plain"], users["capped"], users["plain"]], dtype=np.uint64)
     messages = np.arange(3, dtype=np.uint64)
-    listed = (np.zeros(3, dtype=np.int64), ["default"])
+    listed: tuple[np.ndarray, list[str | None]] = (np.zeros(3, dtype=np.int64), ["default"])
     assert job_decided(users=twice, messages=messages, segments=listed, **options) is None
     none = np.array([], dtype=np.uint64)
-    nobody = job_decided(users=none, messages=none, segments=(none, ["default"]), **options)
+    default: list[str | None] = ["default"]
+    nobody = job_decided(users=none, messages=none, segments=(none, default), **options)
     assert nobody is not None and nobody.reason.size == 0

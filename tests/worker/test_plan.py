@@ -22,7 +22,7 @@ from tests.support.sends import make_rule, recipients
 from worker.chunks import send_chunk_run
 from worker.gate import gate_check
 from worker.models import SendChunk, SendJob
-from worker.plan import plan_compute, plan_refresh, scheduled_jobs
+from worker.plan import plan_compute, plan_refresh, plan_shape, scheduled_jobs
 from worker.scheduling import jobs_start_due
 from worker.services import send_job_create
 
@@ -183,6 +183,28 @@ def test_the_plan_names_the_earlier_job_that_takes_the_slot(world):
     assert second.taken_by == Counter({promo.pk: 2})
     assert sorted(second.lost_users) == [2, 3]
     assert list(second.rules.values()) == [2]
+    # Every promo sent had the day's one slot: one more promo first would have refused it.
+    assert (first.one_slot_left, second.one_slot_left) == (3, 1)
+
+
+def test_the_plan_counts_the_sends_one_more_send_before_the_start_would_refuse(world):
+    """What a prediction cannot know, said per job: sends predicted that one more send to the
+    same user before the job starts would refuse (the rule with the least room had one)."""
+    make_rule("2 a day", channel="email", limit=2)
+    policy_cache().invalidate()
+    start = timezone.now() + timedelta(hours=2)
+    gate_check(channel="email", requests=[(1, "before:1"), (2, "before:2")], now=start)
+    job = send_job_create(
+        channel="email",
+        campaign="news",
+        template="welcome",
+        recipients=recipients(1, 2, 3),
+        start_at=start + timedelta(hours=1),
+        queue=False,
+    )
+    (plan,) = plan_compute()
+    assert (plan.job_id, plan.sent, plan.one_slot_left) == (job.pk, 3, 2)  # users 1 and 2
+    assert plan_shape([plan], [job])[0]["one_slot_left"] == 2
 
 
 def test_a_plan_that_outlived_its_lock_leaves_the_next_holders_lock(world, monkeypatch):
