@@ -314,8 +314,9 @@ def _rules(
     zone_key = np.where(zoned | personal, zone, -1)
     columns = [seg, arm_code, zone_key + 1, own_code, hold_code]
     key = np.zeros(m, dtype=np.int64)
-    for column in columns:  # one number per group: each column a digit of its own base
-        key = key * (int(column.max()) + 1) + column
+    for column in columns:  # one number per group: each column a digit of its own base,
+        # ranked again after each so that it stays below the recipients' count times a base
+        key = grouped(key * (int(column.max()) + 1) + column)[0]
     group, first = grouped(key)
     sets: list[RuleSet] = []
     for at in first.tolist():

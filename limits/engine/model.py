@@ -168,9 +168,9 @@ def distinct(values: np.ndarray) -> np.ndarray:
 
 
 SMALL = 1 << 24  # small enough that a count per possible value beats sorting
-# A run's ids looked up by index (4 bytes an id of its range) up to this range, or 4 ids an
-# entry: 128 MB at most for a run of fewer entries.
-DENSE_SPAN = 1 << 25
+# A run's ids looked up by index (4 bytes an id of its range) when its range holds at most this
+# many ids an entry: the index then costs at most 64 bytes an entry, about what the entry does.
+DENSE_IDS = 16
 
 
 def present(values: np.ndarray) -> np.ndarray:
@@ -188,9 +188,10 @@ def grouped(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return group.ravel(), first
     seen = np.bincount(values) > 0
     rank = np.cumsum(seen) - 1
-    first = np.empty(int(seen.sum()), dtype=np.int64)
-    first[rank[values[::-1]]] = np.arange(values.size - 1, -1, -1)  # the earliest write wins
-    return rank[values], first
+    group = rank[values]
+    first = np.full(int(seen.sum()), values.size, dtype=np.int64)
+    np.minimum.at(first, group, np.arange(values.size))
+    return group, first
 
 
 def ascending_distinct(values: np.ndarray) -> np.ndarray:
@@ -222,7 +223,7 @@ class _Run:
         users = entries.user
         if users.size > SMALL // 64:
             low, high = int(users[0]), int(users[-1])
-            if high - low < max(4 * users.size, DENSE_SPAN):
+            if high - low < DENSE_IDS * users.size:
                 counts = np.bincount((users - _U64(low)).astype(np.int64), minlength=high - low + 1)
                 kind = np.int32 if users.size < 2**31 else np.int64
                 run.low = low
@@ -469,6 +470,8 @@ class ModelLogs:
             mine = np.flatnonzero(width[owner] == w)
             grid = np.lib.stride_tricks.sliding_window_view(buf, w)[starts[mine]]
             parts.append((mine, grid))
+        if not parts:  # logs of no entry (the function never leaves one)
+            return Entries.empty()
         if len(parts) == 1:
             grid = parts[0][1]
             return self._columns(grid, users[owner], uncounted[owner], channel)

@@ -330,3 +330,15 @@ def test_room_is_what_the_fullest_rule_had_left_before_the_send() -> None:
         outcomes.append(answers.outcome.tolist())
     assert outcomes == [[1, 1], [1, 1], [3, 1]]
     assert rooms == [[2, NO_LIMIT], [1, NO_LIMIT], [0, NO_LIMIT]]
+
+
+@pytest.mark.parametrize("high", [50, 1 << 30])  # counted, then sorted
+def test_grouped_answers_as_unique_does(high: int) -> None:
+    from limits.engine.model import grouped, present
+
+    values = np.random.default_rng(high).integers(0, high, 5_000)
+    group, first = grouped(values)
+    _, expected_first, expected_group = np.unique(values, return_index=True, return_inverse=True)
+    assert np.array_equal(group, expected_group.ravel())
+    assert np.array_equal(first, expected_first)
+    assert np.array_equal(present(values), np.unique(values))
