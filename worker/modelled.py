@@ -25,6 +25,7 @@ from limits.engine.model import (
     DUPLICATE,
     NO_LIMIT,
     ModelLogs,
+    ascending_distinct,
     decide,
     grouped,
     present,
@@ -85,15 +86,6 @@ def segment_codes(index: Any, users: np.ndarray) -> tuple[np.ndarray, list[str |
     return _codes(index.resolve_many(users))
 
 
-def distinct_count(users: np.ndarray) -> int:
-    """How many different users (sorted ones are counted without a sort)."""
-    if users.size < 2:
-        return int(users.size)
-    if bool((users[1:] > users[:-1]).all()):
-        return int(users.size)
-    return int(np.unique(users).size)
-
-
 def _codes(values: Sequence[Any]) -> tuple[np.ndarray, list[Any]]:
     """Each value's code, and the distinct values by code (values hashable, None included)."""
     if not isinstance(values, list):
@@ -132,7 +124,7 @@ def job_decided(
     sends recorded there). None when a user is listed twice."""
     users = np.asarray(users, dtype=_U64)
     n = users.size
-    if distinct_count(users) != n:
+    if ascending_distinct(users).size != n:
         return None
     reason = np.full(n, -1, dtype=np.int64)
     retry_after = np.full(n, np.nan)

@@ -104,6 +104,22 @@ class Decider(Protocol):
     ) -> list[Decision]: ...
 
 
+def per_request(
+    requests: Sequence[tuple[int, str]],
+    rule_sets: RuleSet | Sequence[RuleSet],
+    dry_run: bool | Sequence[bool],
+) -> tuple[Sequence[RuleSet], list[bool]]:
+    """A call's rule sets and dry-run flags, one per request (given for all, or per request);
+    a ValueError when a list's length is not the requests'."""
+    sets = [rule_sets] * len(requests) if isinstance(rule_sets, RuleSet) else rule_sets
+    if len(sets) != len(requests):
+        raise ValueError(f"{len(requests)} requests but {len(sets)} rule sets")
+    dry = [dry_run] * len(requests) if isinstance(dry_run, bool) else list(dry_run)
+    if len(dry) != len(requests):
+        raise ValueError(f"{len(requests)} requests but {len(dry)} dry-run flags")
+    return sets, dry
+
+
 # Rule sets a call of gk_decide_each may have: a request's set byte + 128 marks a dry run.
 EACH_SETS = 127
 
@@ -173,11 +189,7 @@ class Limiter:
         transactional sends: claimed, never counted), the rule sets then being empty.
         `now_ms`: the clock, epoch milliseconds (None: Redis's own)."""
         now_ms = ms_checked(now_ms)
-        sets: Sequence[RuleSet] = (
-            [rule_sets] * len(requests) if isinstance(rule_sets, RuleSet) else rule_sets
-        )
-        if len(sets) != len(requests):
-            raise ValueError(f"{len(requests)} requests but {len(sets)} rule sets")
+        sets, dry = per_request(requests, rule_sets, dry_run)
         if not requests:
             return []
         user_ids = [user_id for user_id, _ in requests]
@@ -200,9 +212,6 @@ class Limiter:
             # The old logs could not be counted: deciding without them could admit too much.
             fail(list(range(len(requests))))
             return [d for d in results if d is not None]
-        dry = [dry_run] * len(requests) if isinstance(dry_run, bool) else list(dry_run)
-        if len(dry) != len(requests):
-            raise ValueError(f"{len(requests)} requests but {len(dry)} dry-run flags")
         heads = {
             flag: [
                 _now_arg(now_ms),

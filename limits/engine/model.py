@@ -22,7 +22,7 @@ and batches, and allow no difference (tests/limits/test_decision_model.py).
 
 import struct
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -31,17 +31,15 @@ import numpy as np
 
 from gatekeeper.lib.instants import ms_checked
 from limits.engine import log
-from limits.engine.limiter import ALLOWED, DUPLICATE, Decision, Limiter
+from limits.engine.limiter import ALLOWED, DUPLICATE, Decision, Limiter, per_request
 from limits.engine.table import DEFAULT_PRIORITY, RuleSet
 
 REFUSED = 3
 NO_LIMIT = 2**62  # room under no rule
 DAY_MS, WEEK_MS = 86_400_000, 604_800_000
 RUNS_MERGED = 24  # runs beyond the first that are merged into one (a plan adds one a job)
-MAX_TAGS = 8
-KIND_ANY, KIND_TAG, KIND_CAMPAIGN = 1, 2, 3
+KIND_TAG, KIND_CAMPAIGN = 2, 3  # a rule record's kinds (1: every send)
 _U64 = np.uint64
-_NO_TAGS = np.zeros((0, 0), dtype=np.uint32)
 READ_BATCH = 256  # buckets read per pipeline
 # A bucket's keys read in one call (they share its cluster slot): per key that holds any field,
 # its position in KEYS, its fields' count, then its fields and values.
@@ -341,22 +339,6 @@ class ModelLogs:
             self._add(entries.sorted())
 
     # --- reading logs ------------------------------------------------------------------------
-
-    @classmethod
-    def decoded(
-        cls, logs: Iterable[tuple[int, bool, bytes]], channels: Sequence[str] = ()
-    ) -> "ModelLogs":
-        """From stored logs: (user, uncounted, the log's bytes) each."""
-        listed = [item for item in logs if item[2]]
-        out = cls(channels=channels)
-        out._add(
-            out._decode(
-                np.fromiter((u for u, _, _ in listed), _U64, len(listed)),
-                np.fromiter((c for _, c, _ in listed), bool, len(listed)),
-                [raw for _, _, raw in listed],
-            ).sorted()
-        )
-        return out
 
     def _decode(self, users: np.ndarray, uncounted: np.ndarray, raws: list[bytes]) -> Entries:
         """Every entry of the stored logs (format 2 over arrays; format 1, rare, one by one)."""
@@ -884,10 +866,8 @@ class ModelLimiter:
     """The limiter as the gate calls it (`acquire`), answered by the model over `logs`: nothing
     is read from Redis or written there."""
 
-    def __init__(self, logs: ModelLogs, *, fail_open: bool = False) -> None:
+    def __init__(self, logs: ModelLogs) -> None:
         self.logs = logs
-        self.fail_open = fail_open
-        self.prefix = "model:"
 
     def acquire(
         self,
@@ -908,11 +888,7 @@ class ModelLimiter:
         now_ms = ms_checked(now_ms)
         if now_ms is None:
             now_ms = int(time.time() * 1000)
-        sets_given: Sequence[RuleSet] = (
-            [rule_sets] * len(requests) if isinstance(rule_sets, RuleSet) else rule_sets
-        )
-        if len(sets_given) != len(requests):
-            raise ValueError(f"{len(requests)} requests but {len(sets_given)} rule sets")
+        sets_given, dry = per_request(requests, rule_sets, dry_run)
         if not requests:
             return []
         index: dict[bytes, int] = {}
@@ -921,13 +897,6 @@ class ModelLimiter:
             dtype=np.int64,
             count=len(requests),
         )
-        dry = (
-            np.full(len(requests), dry_run, dtype=bool)
-            if isinstance(dry_run, bool)
-            else np.asarray(dry_run, dtype=bool)
-        )
-        if dry.size != len(requests):
-            raise ValueError(f"{len(requests)} requests but {dry.size} dry-run flags")
         answers = decide(
             self.logs,
             channel=channel,
@@ -944,7 +913,7 @@ class ModelLimiter:
             tags=log.tags_bytes(tags),
             priority=priority,
             retention_ms=retention_ms,
-            dry=dry,
+            dry=np.asarray(dry, dtype=bool),
             holder=holder,
             uncounted=uncounted,
         )
