@@ -38,6 +38,7 @@ from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.engine.limiter import Decision, Limiter, get_limiter
 from limits.engine.log import holder_of, message_hash
 from limits.engine.model import (
+    NO_LIMIT,
     ModelLimiter,
     ModelLogs,
     ascending_distinct,
@@ -52,7 +53,7 @@ from limits.engine.reservations import (
     holds_encode,
     holds_store,
 )
-from limits.engine.table import PolicyTable
+from limits.engine.table import PERSON, RULE, PolicyTable, RuleView, own_rule
 from limits.engine.topics import topic_problem
 from limits.policy.quota import Unavailable
 from limits.policy.selectors import PolicyCache, policy_read
@@ -360,8 +361,10 @@ def _taken_by_earlier(
     capped: np.ndarray,
     earlier: list[JobPlan],
 ) -> np.ndarray:
-    """_slots_taken over arrays: per earlier job, the capped sends whose rule counts that
-    job's admitted send to the same user. Returns which recipients lost one so."""
+    """Name, for each send a rule refuses, the earlier jobs whose admitted send to that user
+    the rule counts (same channel or the rule's `all`; its tag or campaign): they took the
+    room. A send refused by a rule that no earlier job touched lost to the user's log alone.
+    Returns which recipients lost one so."""
     lost = np.zeros(decided.users.size, dtype=bool)
     at = np.flatnonzero(capped)
     users = decided.users[at]
@@ -375,7 +378,7 @@ def _taken_by_earlier(
         if not hit.any():
             continue
         counts = np.array(
-            [_counts(None if rule.kind != "rule" else rule, before, job) for rule in decided.rules],
+            [_counts(None if rule.kind != RULE else rule, before, job) for rule in decided.rules],
             dtype=bool,
         )
         counted = hit & counts[rule_of]
@@ -386,80 +389,50 @@ def _taken_by_earlier(
 
 
 def _job_planned(job: SendJob, gate: Gate, *, earlier: list[JobPlan]) -> JobPlan:
+    """A job's plan from the gate itself, chunk by chunk as its run will gate it, counted as
+    every plan is (`_counted`); what it cannot tell (`one_slot_left`) is left unknown."""
     assert job.start_at is not None
-    plan = JobPlan(
-        job_id=job.pk,
-        campaign=job.campaign,
-        channel=job.channel,
-        priority=job.priority,
-        start_at=job.start_at,
-        tags=tuple(job.tags),
-    )
-    at = job.start_at.timestamp()  # what a hold's release counts from (epoch seconds)
-    admitted: list[int] = []
-    table = gate.policy.table()
+    decisions: list[Decision] = []
     for part in _chunks(job):
-        decisions = job_gate_check(job, part, now=job.start_at, gate=gate)
+        decisions += job_gate_check(job, part, now=job.start_at, gate=gate)
         if any(d.reason == Reason.UNAVAILABLE for d in decisions):
             raise Unavailable("Redis or the segment snapshot is not available; no plan.")
-        plan.recipients += len(decisions)
-        for d in decisions:
-            plan.reasons[d.reason] += 1
-            if d.reason == Reason.ALLOWED:  # recorded: a duplicate takes no room
-                admitted.append(d.user_id)
-            if d.rule is not None:
-                plan.rules[(int(d.rule["id"]), str(d.rule["name"]))] += 1
-            if d.reserved_for is not None:  # held for a later, more important job
-                plan.taken_by[d.reserved_for] += 1
-                if len(plan.lost_users) < LOST_SHOWN:
-                    plan.lost_users.append(d.user_id)
-            if d.reason in HELD and d.retry_after is not None:
-                release = at + d.retry_after
-                plan.held_from = min(plan.held_from or release, release)
-                plan.held_until = max(plan.held_until or release, release)
-        _slots_taken(plan, job, decisions, earlier, table)
-    plan.admitted = np.unique(np.asarray(admitted, dtype=np.uint64))
+    plan = _counted(job, _as_arrays(decisions, gate.policy.table(), job), earlier)
+    plan.one_slot_left = None
     return plan
 
 
-def _slots_taken(
-    plan: JobPlan,
-    job: SendJob,
-    decisions: Sequence[Decision],
-    earlier: list[JobPlan],
-    table: PolicyTable,
-) -> None:
-    """Name, for each send a rule refuses, the earlier jobs whose admitted send to that user
-    the rule counts (same channel or the rule's `all`; its tag or campaign): they took the
-    room. A send refused by a rule that no earlier job touched lost to the user's log alone."""
-    # A rule had no room at the job's start: another send could have taken it.
-    refused = [d for d in decisions if d.reason in CAPPED and d.rule is not None]
-    if not refused or not earlier:
-        return
-    users = np.asarray([d.user_id for d in refused], dtype=np.uint64)
-    lost = np.zeros(users.size, dtype=bool)
-    rules = {rule.id: rule for rule in table.rules}
-    for before in earlier:
-        if not before.admitted.size:
-            continue
-        # `admitted` is sorted, once each: found by a binary search.
-        place = np.searchsorted(before.admitted, users)
-        hit = before.admitted[np.minimum(place, before.admitted.size - 1)] == users
-        if not hit.any():
-            continue
-        counted = np.array(
-            [
-                bool(h) and _counts(rules.get(int(d.rule["id"])), before, job)  # type: ignore[index]
-                for h, d in zip(hit, refused, strict=True)
-            ],
-            dtype=np.bool_,
-        )
-        if counted.any():
-            plan.taken_by[before.job_id] += int(counted.sum())
-            lost |= counted
-    room = LOST_SHOWN - len(plan.lost_users)
-    if room > 0:
-        plan.lost_users += [int(u) for u in users[lost][:room]]
+def _as_arrays(decisions: Sequence[Decision], table: PolicyTable, job: SendJob) -> JobDecisions:
+    """The gate's decisions as job_decided gives them (each rule named found as a view: the
+    table's, an experiment arm's, or the person's own frequency on the job's channel)."""
+    views = {rule.id: rule for rule in table.rules}
+    views.update((rule.id, rule) for e in table.experiments for arm in e.arms for rule in arm.rules)
+    rules: dict[tuple[int, str], int] = {}
+    listed: list[RuleView] = []
+
+    def index(named: dict[str, Any]) -> int:
+        key = (int(named["id"]), str(named["name"]))
+        if key not in rules:
+            rules[key] = len(listed)
+            found = views.get(key[0]) if named["kind"] != PERSON else None
+            listed.append(
+                found or own_rule(channel=job.channel, window=named["window"], limit=named["limit"])
+            )
+        return rules[key]
+
+    n = len(decisions)
+    return JobDecisions(
+        users=np.fromiter((d.user_id for d in decisions), np.uint64, n),
+        reason=np.fromiter((CODES[Reason(d.reason)] for d in decisions), np.int64, n),
+        rule=np.fromiter((-1 if d.rule is None else index(d.rule) for d in decisions), np.int64, n),
+        used=np.fromiter((0 if d.rule is None else d.rule["used"] for d in decisions), np.int64, n),
+        retry_after=np.fromiter(
+            (np.nan if d.retry_after is None else d.retry_after for d in decisions), float, n
+        ),
+        reserved_for=np.fromiter((d.reserved_for or 0 for d in decisions), np.int64, n),
+        rules=listed,
+        room=np.full(n, NO_LIMIT, dtype=np.int64),
+    )
 
 
 def _counts(rule: Any, before: JobPlan, job: SendJob) -> bool:

@@ -386,3 +386,42 @@ def test_overlaps_count_the_users_every_pair_of_jobs_shares():
         if set(audiences[i]) & set(audiences[j])
     }
     assert found == expected and found
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_job_the_plan_puts_through_the_gate_is_counted_as_one_decided_at_once(
+    world, seed, monkeypatch
+):
+    """The two ways a job is planned (its recipients at once over arrays; through the gate
+    chunk by chunk, for a job listing a user twice or transactional) count alike."""
+    rng = random.Random(seed)
+    base = CHANGES[seed % len(CHANGES)]
+    for n in range(rng.randint(1, 3)):
+        random_rule(rng, n)
+    policy_cache().invalidate()
+    for _ in range(rng.randint(0, 6)):
+        users = rng.sample(USERS, rng.randint(1, 30))
+        gate_check(
+            channel=rng.choice(["email", "push"]),
+            requests=[(u, f"earlier-{rng.random()}:{u}") for u in users],
+            campaign=rng.choice(["spring", "old"]),
+            tags=tuple(rng.choice([[], ["promo"]])),
+            now=base - timedelta(hours=rng.uniform(0, 48)),
+        )
+    starts = sorted({base + timedelta(minutes=15 * rng.randint(0, 4 * 36)) for _ in range(3)})
+    [random_job(rng, n, start) for n, start in enumerate(starts)]
+    at_once = plan_compute()
+    monkeypatch.setattr("worker.plan._job_modelled", lambda *args, **kwargs: None)
+    through_gate = plan_compute()
+    assert at_once and len(at_once) == len(through_gate)
+    for a, b in zip(at_once, through_gate, strict=True):
+        assert (a.job_id, a.recipients, +a.reasons, +a.rules, +a.taken_by) == (
+            b.job_id,
+            b.recipients,
+            +b.reasons,
+            +b.rules,
+            +b.taken_by,
+        )
+        assert (a.held_from, a.held_until) == (b.held_from, b.held_until)
+        assert np.array_equal(a.admitted, b.admitted) and a.lost_users == b.lost_users
+        assert a.one_slot_left is not None and b.one_slot_left is None
