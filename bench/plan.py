@@ -26,7 +26,7 @@ from bench.postgres import REDIS_URL, on_bench_database
 from limits.engine import log
 from limits.engine.limiter import Limiter
 from limits.engine.reservations import Holds
-from limits.policy.rules import RuleFields
+from limits.policy.rules import RULE_FIELD_DEFAULTS, RuleFields
 from limits.policy.services import RULES
 from segments.models import Segment
 from worker.models import SendChunk, SendJob
@@ -61,6 +61,11 @@ def logs_written(client: redis.Redis, limiter: Limiter, users: int, at_ms: int) 
 ZONES = ["America/New_York", "Europe/London", "Australia/Lord_Howe", "Asia/Kathmandu", "UTC"]
 
 
+def rule_fields(name: str, **fields: Any) -> RuleFields:
+    """A rule's fields: those given, the others as a record that lacks them reads them."""
+    return RuleFields(**{**RULE_FIELD_DEFAULTS, "name": name, **fields})
+
+
 def policy_made() -> None:
     """The segments, each in a zone of its own, and rules: the classic caps of every one (as
     bench/gate.py's), 2 a day on every channel in each segment's own calendar day, 1 promo a day."""
@@ -70,53 +75,20 @@ def policy_made() -> None:
             slug=slug, defaults={"name": slug, "priority": k + 1, "time_zone": ZONES[k]}
         )
     rules = [
-        RuleFields(
-            name=f"{slug}: 2 a day",
-            segment=slug,
-            channel="all",
-            match="any",
-            tag="",
-            window_kind="calendar",
-            window_seconds=None,
-            window_unit="day",
-            limit=2,
-            reserve_below_priority=None,
-            reserve_slots=None,
-        )
+        rule_fields(f"{slug}: 2 a day", segment=slug, channel="all", window_kind="calendar",
+                    window_unit="day", limit=2)
         for slug in SEGMENTS
-    ]
-    for channel, seconds, limit in (("email", 86_400, 3), ("email", 604_800, 10),
-                                    ("all", 86_400, 5), ("all", 604_800, 20)):  # fmt: skip
-        rules.append(
-            RuleFields(
-                name=f"{channel} {limit} in {seconds} s",
-                segment=None,
-                channel=channel,
-                match="any",
-                tag="",
-                window_kind="rolling",
-                window_seconds=seconds,
-                window_unit="",
-                limit=limit,
-                reserve_below_priority=None,
-                reserve_slots=None,
-            )
-        )
+    ]  # fmt: skip
+    rules += [
+        rule_fields(f"{channel} {limit} in {seconds} s", channel=channel, window_seconds=seconds,
+                    limit=limit)
+        for channel, seconds, limit in (("email", 86_400, 3), ("email", 604_800, 10),
+                                        ("all", 86_400, 5), ("all", 604_800, 20))
+    ]  # fmt: skip
     rules.append(
-        RuleFields(
-            name="1 promo a day",
-            segment=None,
-            channel="all",
-            match="tag",
-            tag="promo",
-            window_kind="rolling",
-            window_seconds=86_400,
-            window_unit="",
-            limit=1,
-            reserve_below_priority=None,
-            reserve_slots=None,
-        )
-    )
+        rule_fields("1 promo a day", channel="all", match="tag", tag="promo",
+                    window_seconds=86_400, limit=1)
+    )  # fmt: skip
     for fields in rules:
         RULES.create(fields=fields, via="command")
 
