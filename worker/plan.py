@@ -133,6 +133,7 @@ def plan_compute(
     audiences: dict[int, "JobRecipients"] | None = None,
     table: PolicyTable | None = None,
     steps: dict[str, float] | None = None,
+    logs: ModelLogs | None = None,
 ) -> list[JobPlan]:
     """Every job's predicted decisions (`jobs` in the order they start; default
     scheduled_jobs()), by the process's gate (`index`: resolve segments with this one instead of
@@ -141,7 +142,9 @@ def plan_compute(
     with the reservations' `holds` (default: those in force). `audiences`: each job's users, as
     job_audiences read them (default: read here). `table`: the policy, as policy_read() gives
     it (default: read now; never the process's cached copy, which may be older than a rule
-    the plan is made for). Raises Unavailable when Redis does not answer."""
+    the plan is made for). `logs`: the users' logs as plan_logs read them (default: read
+    here; a plan records its jobs' sends in its own fork of them). Raises Unavailable when
+    Redis does not answer."""
     jobs = scheduled_jobs() if jobs is None else list(jobs)
     live = limiter or get_limiter()
     if holds is None:
@@ -154,11 +157,7 @@ def plan_compute(
     if audiences is None:
         audiences = job_audiences(jobs)
     took["recipients"] = time.monotonic() - started
-    buckets = np.unique(np.concatenate([audiences[job.pk].buckets for job in jobs] or [_NONE]))
-    try:
-        logs = ModelLogs.read(live, buckets=buckets)
-    except REDIS_DOWN as exc:
-        raise Unavailable(f"Redis is not answering; the plan cannot be made: {exc}") from exc
+    logs = (plan_logs(jobs, audiences, live) if logs is None else logs).fork()
     took["logs"] = time.monotonic() - started - took["recipients"]
     replay = Gate(
         decider=ModelLimiter(logs),
@@ -176,14 +175,25 @@ def plan_compute(
         plans.append(plan)
     took["decisions"] = time.monotonic() - started - took["recipients"] - took["logs"]
     logger.info(
-        "Planned %d jobs (%d recipients, the logs of %d buckets) in %.1f s: %s",
+        "Planned %d jobs (%d recipients) in %.1f s: %s",
         len(jobs),
         sum(p.recipients for p in plans),
-        int(buckets.size),
         time.monotonic() - started,
         ", ".join(f"{name} {seconds:.1f} s" for name, seconds in took.items()),
     )
     return plans
+
+
+def plan_logs(
+    jobs: Sequence[SendJob], audiences: dict[int, "JobRecipients"], limiter: Limiter
+) -> ModelLogs:
+    """The logs of every user the jobs reach, read from Redis in bulk (Unavailable when it
+    does not answer)."""
+    buckets = np.unique(np.concatenate([audiences[job.pk].buckets for job in jobs] or [_NONE]))
+    try:
+        return ModelLogs.read(limiter, buckets=buckets)
+    except REDIS_DOWN as exc:
+        raise Unavailable(f"Redis is not answering; the plan cannot be made: {exc}") from exc
 
 
 def _chunks(job: SendJob) -> Iterator[list[Any]]:
@@ -576,8 +586,11 @@ def plan_with_holds(
     holds = holds_decode(plan_holds([], jobs, everyone=everyone))
     plans: list[JobPlan] = []
     blob = holds_encode([])
+    logs = plan_logs(jobs, audiences, limiter or get_limiter())  # read once for every round
     for _ in range(HOLDS_ROUNDS):
-        plans = plan_compute(jobs, limiter=limiter, holds=holds, audiences=audiences, table=table)
+        plans = plan_compute(
+            jobs, limiter=limiter, holds=holds, audiences=audiences, table=table, logs=logs
+        )
         blob = plan_holds(plans, jobs)
         if blob == holds_encode(holds.by_job()):
             break

@@ -281,6 +281,13 @@ class ModelLogs:
     def __len__(self) -> int:
         return sum(int((~r.gone).sum()) for r in self._runs)
 
+    def fork(self) -> "ModelLogs":
+        """Logs that start as these and change on their own (the entries, never changed once
+        in a run, are shared; what each drops is its own)."""
+        out = ModelLogs(channels=self.channels)
+        out._runs = [_Run(r.entries, r.gone.copy(), low=r.low, starts=r.starts) for r in self._runs]
+        return out
+
     def entries(self) -> Entries:
         """Every entry held, by user and time."""
         return self._merged(self._runs).entries

@@ -342,3 +342,18 @@ def test_grouped_answers_as_unique_does(high: int) -> None:
     assert np.array_equal(group, expected_group.ravel())
     assert np.array_equal(first, expected_first)
     assert np.array_equal(present(values), np.unique(values))
+
+
+def test_a_fork_changes_on_its_own(redis_client) -> None:
+    """A plan's rounds decide over forks of the logs read once: what one fork records and
+    drops (the retention's trim) the logs it came from do not."""
+    redis_client.flushdb()
+    t0, week = STARTS_MS[-1], 7 * 86_400_000
+    real = Limiter(redis_client, prefix="dm:")
+    _asked(real, _call("a"), t0)
+    logs = ModelLogs.read(real, np.asarray(USERS, dtype=np.uint64))
+    before = _modelled(logs)
+    fork = logs.fork()
+    assert _asked(ModelLimiter(fork), _call("b"), t0 + week)[0].reason == "allowed"  # drops "a"
+    assert _modelled(logs) == before and len(before) == 1
+    assert [e[4] for e in _modelled(fork)] == [int.from_bytes(log.stored_message_hash("b"), "big")]
