@@ -89,6 +89,20 @@ def random_job(rng: random.Random, n: int, start: datetime) -> SendJob:
     return job
 
 
+def earlier_sends(rng: random.Random, base: datetime, *, most: int) -> None:
+    """What the users' logs hold already: up to `most` batches of sends over the two days
+    before `base`."""
+    for _ in range(rng.randint(0, most)):
+        users = rng.sample(USERS, rng.randint(1, 30))
+        gate_check(
+            channel=rng.choice(["email", "push"]),
+            requests=[(u, f"earlier-{rng.random()}:{u}") for u in users],
+            campaign=rng.choice(["spring", "old"]),
+            tags=tuple(rng.choice([[], ["promo"]])),
+            now=base - timedelta(hours=rng.uniform(0, 48)),
+        )
+
+
 def in_logs(job: SendJob) -> set[int]:
     """The job's recipients whose logs hold its message id on its channel."""
     limiter = get_limiter()
@@ -120,16 +134,7 @@ def test_the_plan_is_what_the_gate_decides_when_each_job_starts(world, seed):
             via="command",
         )
     policy_cache().invalidate()
-    # What the users' logs hold already: earlier sends over the two days before.
-    for _ in range(rng.randint(0, 8)):
-        users = rng.sample(USERS, rng.randint(1, 30))
-        gate_check(
-            channel=rng.choice(["email", "push"]),
-            requests=[(u, f"earlier-{rng.random()}:{u}") for u in users],
-            campaign=rng.choice(["spring", "old"]),
-            tags=tuple(rng.choice([[], ["promo"]])),
-            now=base - timedelta(hours=rng.uniform(0, 48)),
-        )
+    earlier_sends(rng, base, most=8)
     starts = sorted(
         {base + timedelta(minutes=15 * rng.randint(0, 4 * 36)) for _ in range(rng.randint(2, 4))}
     )
@@ -399,15 +404,7 @@ def test_a_job_the_plan_puts_through_the_gate_is_counted_as_one_decided_at_once(
     for n in range(rng.randint(1, 3)):
         random_rule(rng, n)
     policy_cache().invalidate()
-    for _ in range(rng.randint(0, 6)):
-        users = rng.sample(USERS, rng.randint(1, 30))
-        gate_check(
-            channel=rng.choice(["email", "push"]),
-            requests=[(u, f"earlier-{rng.random()}:{u}") for u in users],
-            campaign=rng.choice(["spring", "old"]),
-            tags=tuple(rng.choice([[], ["promo"]])),
-            now=base - timedelta(hours=rng.uniform(0, 48)),
-        )
+    earlier_sends(rng, base, most=6)
     starts = sorted({base + timedelta(minutes=15 * rng.randint(0, 4 * 36)) for _ in range(3)})
     [random_job(rng, n, start) for n, start in enumerate(starts)]
     at_once = plan_compute()
