@@ -154,7 +154,8 @@ class Gate:
         GateError naming `topic` for one that does not exist or is not sent on `channel`, or
         with `topic_gone="ignore"` (a send job's, checked when it was made) the sends go as of
         no topic, and a warning says so.
-        `time_zones`: per request, the user's zone (None: the segment's, else the setting's).
+        `time_zones`: per request, the user's zone (None: the segment's, else the setting's),
+        kept in the ledger as named; ValueError when not one per request.
         `table`: decide by these rules instead of the live ones (the what-if). `job`: the send
         job whose run asks (worker/claims.py): its admitted sends, transactional ones too, are
         recorded for it, and a duplicate names the job that recorded it (`holder`)."""
@@ -173,6 +174,8 @@ class Gate:
                 raise GateError({"topic": [problem]})
         if not requests:
             return []
+        if time_zones is not None and len(time_zones) != len(requests):
+            raise ValueError(f"{len(time_zones)} time zones for {len(requests)} requests")
         index = self.index()
         segments = None if index is None else index.resolve_many([u for u, _ in requests])
         if category == Category.TRANSACTIONAL and job is not None and not dry_run:
@@ -221,7 +224,8 @@ class Gate:
             if self.record_stats:
                 stats.record(channel=channel, decisions=decisions)
             if self._ledger_on():
-                kept = [d for d in decisions if not d.erased]  # an erased person's: not named
+                # An erased person's decision is not named; the zones stay aligned with the rest.
+                kept = [k for k, d in enumerate(decisions) if not d.erased]
                 ledger_append(
                     at_ms=ms_or_now(now_ms),
                     channel=channel,
@@ -230,8 +234,9 @@ class Gate:
                     priority=priority,
                     category=category,
                     snapshot_version=index.version if index is not None else "",
-                    decisions=kept,
+                    decisions=[decisions[k] for k in kept],
                     topic=topic,
+                    time_zones=None if time_zones is None else [time_zones[k] for k in kept],
                 )
             if self.record_latency:
                 latency.observe(channel, len(requests), time.perf_counter() - started)

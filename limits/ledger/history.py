@@ -249,6 +249,7 @@ def _decision(
         "tags": list(kind.tags or []),
         "priority": kind.priority,
         "topic": kind.topic or None,
+        "zone": kind.zone or None,
         "segment": kind.segment or None,
         "snapshot_version": kind.snapshot_version or None,
         "reason": kind.reason,

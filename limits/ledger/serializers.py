@@ -37,6 +37,11 @@ class HistoryDecisionSerializer(serializers.Serializer):
     topic = serializers.CharField(
         allow_null=True, help_text="What the send was about (a topic's slug); null: no topic."
     )
+    zone = serializers.CharField(
+        allow_null=True,
+        help_text="The time zone the request named for the user (an IANA zone); null: none, so "
+        "the segment's, else the setting's.",
+    )
     segment = serializers.CharField(allow_null=True)
     snapshot_version = serializers.CharField(allow_null=True)
     reason = serializers.ChoiceField(choices=REASONS)

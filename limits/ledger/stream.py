@@ -58,13 +58,18 @@ def ledger_append(
     snapshot_version: str,
     decisions: Sequence[Any],
     topic: str = "",
+    time_zones: Sequence[str | None] | None = None,
     client: RedisClient | None = None,
 ) -> bool:
     """Append one gate call's decisions, made at `at_ms` (epoch ms, the gate's clock), to the
-    ledger's stream. False (and a warning) when Redis
-    cannot take them: the decisions stand, the ledger misses them."""
+    ledger's stream. `time_zones`: per decision, the zone its request named (None: none),
+    aligned with `decisions`; None when no request named one. False (and a warning) when Redis
+    cannot take them: the decisions stand, the ledger misses them. ValueError for zones not
+    one per decision, before anything is appended."""
     if not decisions:
         return True
+    if time_zones is not None and len(time_zones) != len(decisions):
+        raise ValueError(f"{len(time_zones)} time zones for {len(decisions)} decisions")
     packed = msgspec.msgpack.encode(
         Decided(
             at_ms=at_ms,
@@ -81,9 +86,17 @@ def ledger_append(
             rules=[d.rule["id"] if d.rule else None for d in decisions],
             topic=topic,
             arms=_arm_codes(decisions),
+            zones=_zones(time_zones),
         )
     )
     return _append(packed, f"{len(decisions)} decisions", client)
+
+
+def _zones(time_zones: Sequence[str | None] | None) -> list[str]:
+    """Per decision, the zone its request named ("": none); empty when none named one."""
+    if time_zones is None or not any(time_zones):
+        return []
+    return [zone or "" for zone in time_zones]
 
 
 ARM_CODES = 8  # an arm's code: experiment id * ARM_CODES + its place + 1 (0: none)
@@ -169,6 +182,9 @@ class Decided(msgspec.Struct, array_like=True, tag=DECIDED, frozen=True):
     # Per decision, its experiment and arm (ARM_CODES; 0: none); empty: none in one. Last and
     # with a default, as the topic.
     arms: list[int] = []
+    # Per decision, the time zone its request named ("": none, so its segment's, else the
+    # setting's); empty: no request named one. Last and with a default, as the topic.
+    zones: list[str] = []
 
     @property
     def at(self) -> datetime:
@@ -176,6 +192,10 @@ class Decided(msgspec.Struct, array_like=True, tag=DECIDED, frozen=True):
 
     def arm_codes(self) -> list[int]:
         return self.arms or [0] * len(self.users)
+
+    def zone_names(self) -> list[str]:
+        """Per decision, the zone its request named ("": none)."""
+        return self.zones or [""] * len(self.users)
 
     def rows(self) -> Iterator[tuple[int, str, str, str, int | None]]:
         """(user id, message id, segment, reason, rule id) per decision."""
@@ -237,6 +257,6 @@ def ledger_entry(packed: bytes) -> Decided | Outcomes:
         == len(entry.segments)
         == len(entry.reasons)
         == len(entry.rules)
-    ):
+    ) or len(entry.zones) not in (0, len(entry.users)):
         raise ValueError("a ledger entry's columns are not of one length")
     return entry

@@ -4,9 +4,10 @@ A decision's row (`LedgerEntry`) keeps only what is its own: when, the user, the
 what became of the send (a two-byte code, limits.models.ledger.LEDGER_OUTCOMES) and its **kind**
 (`LedgerKind`): the fields it shares with the other decisions of its gate call and of every
 call like it (channel, campaign, tags, priority, category, snapshot version, topic) together with
-its segment, reason and deciding rule. A blast of a million decisions names a few dozen kinds, so
-those fields cost nothing per row. And the message id is not stored when it is the campaign's
-own, `<campaign>:<user id>`, as send jobs name their sends: it is put back when read.
+its segment, reason, deciding rule, experiment arm and the time zone its request named. A blast
+of a million decisions names a few dozen kinds, so those fields cost nothing per row. And the
+message id is not stored when it is the campaign's own, `<campaign>:<user id>`, as send jobs
+name their sends: it is put back when read.
 
 So a row is about 60 bytes on PostgreSQL, and 90 with its index (docs/ledger.md, "Storage"),
 where it was 194 with every field on every row.
@@ -49,12 +50,18 @@ class KindFields(NamedTuple):
     topic: str = ""  # came after the others: left out of the digest when none
     experiment: int | None = None  # and these after it: left out when none
     arm: int | None = None
+    zone: str = ""  # the zone the request named, after them all: left out when none
 
 
 def kind_digest(fields: KindFields) -> str:
     """The key a kind is found by: SHA-1 of its fields as a JSON array (without the topic, the
-    experiment and the arm when it has none, as kinds were found before they existed)."""
+    experiment and the arm when it has none, as kinds were found before they existed). A kind
+    with a zone digests every field (the experiment and the arm as null when none); one
+    without is digested as before zones were kept."""
     values = list(fields)
+    if fields.zone:
+        return hashlib.sha1(msgspec.json.encode(values)).hexdigest()
+    values = values[:-1]
     if fields.experiment is None:
         values = values[:-2] if fields.topic else values[:-3]
     return hashlib.sha1(msgspec.json.encode(values)).hexdigest()
@@ -98,7 +105,8 @@ def kinds_find(day: date, wanted: Iterable[KindFields]) -> dict[KindFields, int]
         returned = values_inserted(
             cursor,
             f"INSERT INTO {KIND_TABLE} (digest, channel, campaign, tags, priority, category, "
-            f"snapshot_version, segment, reason, rule_id, topic, experiment, arm, last_day)",
+            f"snapshot_version, segment, reason, rule_id, topic, experiment, arm, zone, "
+            f"last_day)",
             [
                 (digest, *fields[:2], msgspec.json.encode(list(fields.tags)).decode(),
                  *fields[3:], adapt(day))
@@ -187,6 +195,7 @@ def decisions() -> QuerySet[LedgerEntry]:
         reason=F("kind__reason"),
         rule_id=F("kind__rule_id"),
         topic=F("kind__topic"),
+        zone=F("kind__zone"),
         message=Coalesce(
             "message_id",
             Concat(F("kind__campaign"), Value(":"), Cast("user_id", CharField())),

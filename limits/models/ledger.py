@@ -40,9 +40,10 @@ class OutcomeField(models.PositiveSmallIntegerField):
 class LedgerKind(models.Model):
     """What decisions of the send ledger have in common, kept once however many share it: the
     gate call's own fields (channel, campaign, tags, priority, category, snapshot version,
-    topic) and the decision's segment, reason and deciding rule. A blast's million decisions name a
-    few dozen kinds. Found or added by the drain (limits/ledger/table.py) by `digest`; deleted by
-    the ledger's upkeep once no day kept uses it (`last_day`)."""
+    topic) and the decision's segment, reason, deciding rule, experiment arm and the time zone
+    its request named. A blast's million decisions name a few dozen kinds. Found or added by
+    the drain (limits/ledger/table.py) by `digest`; deleted by the ledger's upkeep once no day
+    kept uses it (`last_day`)."""
 
     id = models.AutoField(primary_key=True)  # four bytes on each row that names it
     digest = models.CharField(max_length=40, unique=True, help_text="SHA-1 of the fields.")
@@ -61,6 +62,13 @@ class LedgerKind(models.Model):
     )
     arm = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="Their arm's place in that experiment."
+    )
+    zone = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="The zone the requests named for their users; empty: none, so the segment's, "
+        "else the setting's.",
     )
     last_day = models.DateField(help_text="The last UTC day a decision of this kind was kept.")
 

@@ -453,7 +453,7 @@ class _Instants:
 # in the kind's dict (table.kinds_read's: forgotten with it): an event is its own few fields
 # written around them.
 _SHARED = ("channel", "campaign", "reason", "rule_id", "segment", "tags", "priority", "category",
-           "topic", "snapshot_version", "experiment", "arm")  # fmt: skip
+           "topic", "zone", "snapshot_version", "experiment", "arm")  # fmt: skip
 
 
 def _tail(kind: dict[str, Any], what: str) -> bytes:

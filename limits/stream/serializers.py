@@ -42,6 +42,9 @@ class StreamEventSerializer(serializers.Serializer):
     priority = serializers.IntegerField(required=False)
     category = serializers.ChoiceField(choices=CATEGORIES, required=False)
     topic = serializers.CharField(required=False)
+    zone = serializers.CharField(
+        required=False, help_text="A decision's time zone, as its request named it; empty: none."
+    )
     snapshot_version = serializers.CharField(required=False)
     experiment = serializers.IntegerField(required=False, allow_null=True)
     arm = serializers.IntegerField(required=False, allow_null=True)

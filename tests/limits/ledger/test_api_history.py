@@ -85,6 +85,7 @@ def test_decisions_come_newest_first_with_what_decided_them(api, snapshot):
         "tags": ["promo", "news"],
         "priority": 7,
         "topic": None,
+        "zone": None,
         "segment": "vip",
         "snapshot_version": snapshot,
         "reason": "allowed",

@@ -76,7 +76,8 @@ def test_decisions_and_their_outcomes_are_streamed_in_order(snapshot):
         "id": a["id"], "type": "decision", "at": a["at"], "user_id": 1, "channel": "email",
         "campaign": "spring", "message_id": "a", "reason": "allowed", "rule_id": None,
         "segment": "vip", "tags": ["promo"], "priority": 7, "category": "marketing",
-        "topic": "", "snapshot_version": snapshot, "experiment": None, "arm": None,
+        "topic": "", "zone": "", "snapshot_version": snapshot, "experiment": None,
+        "arm": None,
     }  # fmt: skip
     assert (b["reason"], b["rule_id"]) == ("daily_cap", rule)
     assert datetime.fromisoformat(a["at"]) == datetime.fromtimestamp(NOW, tz=UTC)

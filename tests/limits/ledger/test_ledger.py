@@ -354,6 +354,80 @@ def test_entries_of_the_first_format_are_still_written(snapshot, redis_client):
     ]
 
 
+def test_each_decision_keeps_the_zone_its_request_named(
+    snapshot, django_capture_on_commit_callbacks
+):
+    from limits.people.suppression import erased_add
+
+    with django_capture_on_commit_callbacks(execute=True):
+        erased_add([7])  # refused and never named: the zones stay with the decisions kept
+    gate_check(
+        channel="email",
+        requests=[(7, "gone"), (9, "a"), (8, "b")],
+        time_zones=["Asia/Tokyo", "Europe/London", None],
+        now=instant(NOW),
+    )
+    gate_check(
+        channel="push", requests=[(9, "otp"), (8, "code")], category="transactional",
+        time_zones=[None, "America/New_York"], now=instant(NOW + 1),
+    )  # fmt: skip
+    gate_check(channel="email", requests=[(6, "c")], now=instant(NOW + 2))
+    assert ledger_drain_all() == 5
+    found = list(decisions().order_by("id").values_list("user_id", "message", "reason", "zone"))
+    assert found == [
+        (9, "a", "allowed", "Europe/London"),
+        (8, "b", "allowed", ""),
+        (9, "otp", "exempt", ""),
+        (8, "code", "exempt", "America/New_York"),
+        (6, "c", "allowed", ""),
+    ]
+    # Two decisions alike but for their zone are of two kinds; a call that named no zone
+    # shares the kind of a decision whose request named none.
+    a, b, _, _, c = LedgerEntry.objects.order_by("id").values_list("kind_id", flat=True)
+    assert a != b and b == c
+    assert LedgerKind.objects.get(pk=a).zone == "Europe/London"
+    assert LedgerKind.objects.get(pk=b).zone == ""
+
+
+def test_entries_written_before_zones_were_kept_are_still_written(snapshot, redis_client):
+    import msgspec
+
+    from limits.ledger.stream import DECIDED
+
+    class Before(msgspec.Struct, array_like=True, tag=DECIDED, frozen=True):
+        """Decided as the gate packed it before it had zones."""
+
+        at_ms: int
+        channel: str
+        campaign: str
+        tags: list[str]
+        priority: int
+        category: str
+        version: str
+        users: list[int]
+        messages: list[str]
+        segments: list[str]
+        reasons: list[str]
+        rules: list[int | None]
+        topic: str = ""
+        arms: list[int] = []
+
+    old = Before(
+        at_ms=round(NOW * 1000), channel="email", campaign="c", tags=["t"], priority=5,
+        category="marketing", version="v1", users=[4, 5], messages=["old-a", "old-b"],
+        segments=["", "vip"], reasons=["allowed", "daily_cap"], rules=[None, 7], topic="news",
+    )  # fmt: skip
+    packed = msgspec.msgpack.encode(old)
+    entry = ledger_entry(packed)
+    assert isinstance(entry, Decided) and (entry.topic, entry.zones) == ("news", [])
+    redis_client.xadd(stream_key(), {"d": packed})
+    assert ledger_drain().rows == 2
+    assert list(decisions().order_by("id").values_list("message", "topic", "zone")) == [
+        ("old-a", "news", ""),
+        ("old-b", "news", ""),
+    ]
+
+
 def test_outcomes_drained_with_their_decisions_are_written_with_them_not_updated(snapshot):
     from django.test.utils import CaptureQueriesContext
 
