@@ -24,6 +24,7 @@ SUITES = [
     "reports",
     "experiments",
     "plan",
+    "backtest",
     "erase",
     "stream",
     "chaos",

@@ -44,6 +44,8 @@ from segments.api import (
     SnapshotListView,
 )
 from worker.api import (
+    BacktestDetailView,
+    BacktestListView,
     GateCheckView,
     GateReleaseView,
     PlanView,
@@ -132,6 +134,8 @@ v1 = [
     path("sends/<int:job_id>/start/", SendJobStartView.as_view(), name="send-start"),
     path("sends/<int:job_id>/plan/", SendJobPlanView.as_view(), name="send-plan"),
     path("plan/", PlanView.as_view(), name="plan"),
+    path("backtests/", BacktestListView.as_view(), name="backtests"),
+    path("backtests/<int:backtest_id>/", BacktestDetailView.as_view(), name="backtest"),
     path("sends/<int:job_id>/pause/", SendJobPauseView.as_view(), name="send-pause"),
     path("sends/<int:job_id>/resume/", SendJobResumeView.as_view(), name="send-resume"),
     path("sends/<int:job_id>/cancel/", SendJobCancelView.as_view(), name="send-cancel"),

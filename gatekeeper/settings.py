@@ -274,6 +274,9 @@ GATEKEEPER_LOG_SWEEP_BUCKETS = env.int("GATEKEEPER_LOG_SWEEP_BUCKETS", default=1
 # The send ledger (limits/ledger/): every decision kept in the database for this many days.
 GATEKEEPER_LEDGER = env.bool("GATEKEEPER_LEDGER", default=True)
 GATEKEEPER_LEDGER_DAYS = env.int("GATEKEEPER_LEDGER_DAYS", default=90)
+# Backtests (worker/backtest.py): each split by user id into this many Celery tasks, so that more
+# workers finish one sooner.
+GATEKEEPER_BACKTEST_PARTS = env.int("GATEKEEPER_BACKTEST_PARTS", default=4)
 # Outcome events (POST /api/v1/events/): an event id seen within this many days counts once.
 GATEKEEPER_EVENTS_DEDUP_DAYS = env.int("GATEKEEPER_EVENTS_DEDUP_DAYS", default=30)
 # Gate calls the ledger's Redis stream holds at most, undrained (about: trimmed approximately).
@@ -459,6 +462,10 @@ SPECTACULAR_SETTINGS = {
             (t, t) for t in ("dead_address", "decision", "outcome", "preferences", "suppression")
         ],
         "ScopeEnum": "limits.channels.scopes",
+        # What a draft's change does (backtests): each kind of change names its own `op`.
+        "DraftOpAddEnum": [("add", "add")],
+        "DraftOpChangeEnum": [("change", "change")],
+        "DraftOpDeleteEnum": [("delete", "delete")],
         # A decision's reason, and why a user is on the suppression list: both `reason`.
         "ReasonEnum": "limits.reasons.REASONS",
         "SuppressionReasonEnum": "limits.people.suppression.REASONS",

@@ -20,6 +20,7 @@ from tests.settings import per_worker
 pytest_plugins = [
     "tests.support.admin",
     "tests.support.api",
+    "tests.support.backtests",
     "tests.support.browser",
     "tests.support.published",
     "tests.support.push",

@@ -45,6 +45,7 @@ from segments.index import get_index, index_status
 from segments.models import Segment
 from segments.selectors import snapshot_live_version
 from segments.store import StoreError
+from worker import admin_backtests
 from worker import stats as decision_stats
 from worker.models import JOB_CAMPAIGN_MAX, SendJob
 from worker.plan import plan_what_if, scheduled_jobs
@@ -76,6 +77,12 @@ LINKS = [
         "Try a change of caps on an audience before making it.",
     ),
     ConsoleLink(
+        "Backtests",
+        "backtests",
+        "worker.view_backtest",
+        "Changes of rules, quiet hours and caps tried on the last 30 days of sends.",
+    ),
+    ConsoleLink(
         "The plan",
         "plan",
         "worker.view_sendjob",
@@ -91,6 +98,7 @@ def urls(site: AdminSite) -> list[URLPattern]:
         page(site, "dashboard/decisions.csv", decisions_csv_download, "decisions_csv"),
         page(site, "what-if/", what_if_page, "what_if"),
         page(site, "plan/", plan_page, "plan"),
+        *admin_backtests.urls(site),
     ]
 
 

@@ -1,29 +1,41 @@
 """REST views of the gate (check, release) and of send jobs (hand over, read, edit or
 reschedule before they start, start early, pause, resume, cancel, their waiting sends)."""
 
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from django.conf import settings
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
-from rest_framework.exceptions import ValidationError
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.parsers import MultiPartParser
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 
 from gatekeeper.lib.api import JsonAPIView, errors
 from gatekeeper.lib.bodies import JsonBodyParser, declared_size_checked, decode
-from gatekeeper.lib.ids import user_ids_checked
-from gatekeeper.lib.permissions import CANCEL_SENDS, GATE, VIEW_SEND_JOBS
+from gatekeeper.lib.conflicts import Conflict
+from gatekeeper.lib.ids import DATABASE_MAX, user_ids_checked
+from gatekeeper.lib.permissions import (
+    CANCEL_SENDS,
+    GATE,
+    RUN_BACKTESTS,
+    VIEW_BACKTESTS,
+    VIEW_SEND_JOBS,
+)
 from gatekeeper.lib.zones import time_zone_checked
 from limits.channels import validate_channel
 from limits.engine.limiter import Decision
-from limits.ledger.api import interval_parameters
+from limits.ledger.api import CsvRenderer, CsvReportView, interval_parameters
 from limits.ledger.history import interval_from_text
 from limits.policy.bodies import tags_checked
 from limits.policy.quota import Unavailable
+from limits.reasons import MARKETING_REASONS
 from segments.index import max_answerable_user_id
 from worker.bodies import (
     FILE_PART,
@@ -31,6 +43,7 @@ from worker.bodies import (
     GATE_LIMIT,
     SEND_BODY_BYTES,
     SEND_LIMIT,
+    BacktestBody,
     GateCheckBody,
     GateReleaseBody,
     GateRequest,
@@ -39,8 +52,9 @@ from worker.bodies import (
     form_fields,
 )
 from worker.gate import gate_check, gate_release
-from worker.models import SendJob
+from worker.models import Backtest, SendJob
 from worker.serializers import (
+    BacktestSerializer,
     GateResultsSerializer,
     JobPlanSerializer,
     PlanSerializer,
@@ -50,6 +64,7 @@ from worker.serializers import (
 )
 from worker.services import (
     EDITABLE,
+    backtest_create,
     plan_current,
     send_job_cancel,
     send_job_cancel_waiting,
@@ -438,3 +453,135 @@ class SendJobPlanView(JsonAPIView):
                     return Response(planned)
             why = "the plan is being made again with it; ask again in a while"
         return Response({"detail": f"Send job {job.pk} is not in the plan: {why}."}, status=404)
+
+
+# --- backtests --------------------------------------------------------------------------------
+
+
+def backtest_shown(backtest: Backtest, request: Request) -> dict[str, Any]:
+    done = sum(part.done for part in backtest.part_rows.all())
+    finished = backtest.status == Backtest.Status.DONE
+    fraction = (
+        1.0 if finished else min(0.99, done / backtest.expected) if backtest.expected else 0.0
+    )
+    return {
+        "id": backtest.pk,
+        "url": request.build_absolute_uri(f"/api/v1/backtests/{backtest.pk}/"),
+        "from": backtest.start,
+        "to": backtest.end,
+        "changes": backtest.changes,
+        "status": backtest.status,
+        "parts": backtest.parts,
+        "progress": {"decisions": done, "expected": backtest.expected, "fraction": fraction},
+        "partial": backtest.partial or None,
+        "error": backtest.error or None,
+        "created_at": backtest.created_at,
+        "finished_at": backtest.finished_at,
+        "result": backtest.result,
+    }
+
+
+class BacktestCsvRenderer(CsvRenderer):
+    """A backtest's rows: per day x segment x channel x campaign, the sends gained and lost,
+    users affected, the decisions by reason under each policy, and the rules in words."""
+
+    def table(self, data: Any) -> tuple[list[str], Iterable[Mapping[str, Any]]]:
+        reasons = [r.value for r in MARKETING_REASONS]
+        columns = [
+            "day", "segment", "channel", "campaign", "gained", "lost", "users_affected",
+            *(f"in_force_{r}" for r in reasons), *(f"draft_{r}" for r in reasons), "rules",
+        ]  # fmt: skip
+        rows = (
+            {
+                **{key: row[key] for key in columns[:7]},
+                **{f"in_force_{r}": row["in_force"].get(r, 0) for r in reasons},
+                **{f"draft_{r}": row["draft"].get(r, 0) for r in reasons},
+                "rules": "; ".join(
+                    f"{rule['name']}: +{rule['gained']} -{rule['lost']}" for rule in row["rules"]
+                ),
+            }
+            for row in (data.get("result") or {}).get("rows", [])
+        )
+        return columns, rows
+
+
+BACKTEST_ID = OpenApiParameter(
+    "backtest_id",
+    {"type": "integer", "minimum": 1, "maximum": DATABASE_MAX},
+    OpenApiParameter.PATH,
+    description="The backtest's id.",
+)
+
+
+class BacktestListView(JsonAPIView):
+    rights = {"POST": RUN_BACKTESTS}
+    bodies = {"POST": BacktestBody}
+    operation_ids = {"POST": "backtest_create"}
+
+    @extend_schema(
+        summary="Replay a draft of the policy on the ledger's days (202, then poll its url)",
+        description=(
+            "The period's marketing requests, from the ledger, replayed in time order under the "
+            "policy in force and under the draft (rules, quiet hours and classic caps added, "
+            "changed or deleted), from the users' logs as they stood at `from`, by the decision "
+            "model; as a job in parts (Celery, split by user id) with its progress. Every "
+            "change of the draft is checked as saving it would check it: a 400 names the field "
+            "(`changes.rules[0].limit`). A period outside the ledger's days is a 400; one the "
+            "ledger only partly holds says so (`partial`). docs/backtests.md."
+        ),
+        responses={202: BacktestSerializer, **errors(400, 413)},
+    )
+    def post(self, request: Request) -> Response:
+        body = decode(request.data, BacktestBody)
+        backtest = backtest_create(
+            start=body.start, end=body.end, changes=body.changes, user=request.user
+        )
+        shown = backtest_shown(backtest, request)
+        return Response(
+            BacktestSerializer(shown).data, status=202, headers={"Location": shown["url"]}
+        )
+
+
+class BacktestDetailView(CsvReportView):
+    rights = {"GET": VIEW_BACKTESTS}
+    operation_ids = {"GET": "backtest_get"}
+    renderer_classes = [
+        *cast(Sequence[type[BaseRenderer]], api_settings.DEFAULT_RENDERER_CLASSES),
+        BacktestCsvRenderer,
+    ]
+    csv_renderer = BacktestCsvRenderer
+
+    @extend_schema(
+        summary="A backtest: its progress, and its result once done",
+        description=(
+            "The result, per UTC day x segment x channel x campaign: decisions by reason under "
+            "the policy in force and under the draft, sends gained and lost, users affected and "
+            "the rules that made the difference; `reproduced` counts the decisions of the policy "
+            "in force replayed that differ from the ledger's (0 unless the policy changed during "
+            "the period). As CSV with `?format=csv` or `Accept: text/csv` (409 until done)."
+        ),
+        parameters=[
+            BACKTEST_ID,
+            OpenApiParameter("format", {"type": "string", "enum": ["json", "csv"]}),
+        ],
+        responses={
+            (200, "application/json"): OpenApiResponse(BacktestSerializer),
+            (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="Rows as CSV."),
+            **{(code, "application/json"): error for code, error in errors(400, 404, 409).items()},
+        },
+    )
+    def get(self, request: Request, backtest_id: int) -> Response:
+        backtest = (
+            Backtest.objects.filter(pk=backtest_id).first() if backtest_id <= DATABASE_MAX else None
+        )
+        if backtest is None:
+            raise NotFound(f"No backtest {backtest_id}.")
+        shown = backtest_shown(backtest, request)
+        if self.as_csv(request):
+            if backtest.status != Backtest.Status.DONE:
+                raise Conflict(f"Backtest {backtest.pk} is {backtest.status}: no rows yet.")
+            response = Response(shown)
+            name = f"backtest-{backtest.pk}-{backtest.start}-{backtest.end}.csv"
+            response["Content-Disposition"] = f'attachment; filename="{name}"'
+            return response
+        return Response(BacktestSerializer(shown).data)

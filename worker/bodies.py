@@ -5,15 +5,15 @@ loaded snapshot (known channels, the widest user id, a template that exists) is 
 decoding, by the view or the service, with the same 400 format.
 """
 
-from datetime import datetime
+from datetime import date, datetime
 from typing import Annotated, Any, Literal
 
-from msgspec import UNSET, Meta, UnsetType
+from msgspec import UNSET, Meta, UnsetType, field
 
 from gatekeeper.lib.bodies import Body, schema_fill
 from gatekeeper.lib.ids import JsonUserId
 from limits.engine.table import DEFAULT_PRIORITY
-from limits.policy.bodies import Channel, Priority, SendTopic, Tags
+from limits.policy.bodies import Channel, DraftBody, Priority, SendTopic, Tags
 from limits.policy.rules import CAMPAIGN_MAX
 from limits.reasons import Category
 from segments.bodies import TimeZone
@@ -230,3 +230,19 @@ def form_fields(form: Any, files: Any) -> dict[str, Any]:
         else:
             fields[name] = values[0] if len(values) == 1 else values
     return fields
+
+
+class BacktestBody(Body, kw_only=True):
+    """POST /api/v1/backtests/: a draft of the policy and the ledger's days to replay it on."""
+
+    start: Annotated[
+        date, Meta(description="The period's first UTC day (YYYY-MM-DD), within the ledger's.")
+    ] = field(name="from")
+    end: Annotated[date, Meta(description="Its last UTC day, included.")] = field(name="to")
+    changes: Annotated[
+        DraftBody,
+        Meta(
+            description="Rules, quiet hours and classic caps added, changed or deleted, each "
+            "checked as saving it would check it; empty: the policy in force replayed alone."
+        ),
+    ] = field(default_factory=DraftBody)

@@ -400,3 +400,73 @@ class SmsNumber(models.Model):
 
     def __str__(self) -> str:
         return f"{self.number} (user {self.user_id})"
+
+
+class Backtest(models.Model):
+    """A draft of the policy replayed on the ledger's days (worker/backtest.py): the draft as
+    given, the period, its progress part by part, and the result once every part is done."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "waiting for a worker"
+        RUNNING = "running", "replaying the ledger"
+        DONE = "done", "done"
+        FAILED = "failed", "failed"
+
+    start = models.DateField(help_text="The period's first UTC day.")
+    end = models.DateField(help_text="Its last UTC day (included).")
+    changes = models.JSONField(default=dict, blank=True, help_text="The draft, as given.")
+    status = models.CharField(max_length=8, choices=Status.choices, default=Status.QUEUED)
+    parts = models.PositiveSmallIntegerField(help_text="Its users split by id into this many.")
+    expected = models.BigIntegerField(
+        default=0, help_text="The ledger's decisions in the period (its hourly counts)."
+    )
+    policy_mark = models.BigIntegerField(
+        default=0, help_text="The last setting change when it was asked for (0: none)."
+    )
+    partial = models.TextField(
+        blank=True, help_text="What the ledger does not hold of what the replay needs."
+    )
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    origin = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The admin form it was tried from: {kind, id (null: a new one), label}.",
+    )
+    saved_as = models.ForeignKey(
+        "limits.SettingChange",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="backtests",
+        help_text="The change it was saved as, which it is kept with.",
+    )
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"backtest {self.pk}: {self.start} to {self.end}"
+
+
+class BacktestPart(models.Model):
+    """The users of one `user_id % parts` of a backtest: how far its replay is, and its sums."""
+
+    backtest = models.ForeignKey(Backtest, on_delete=models.CASCADE, related_name="part_rows")
+    index = models.PositiveSmallIntegerField()
+    done = models.BigIntegerField(default=0, help_text="Decisions replayed so far.")
+    result = models.JSONField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["backtest", "index"], name="backtest_part_index"),
+        ]
+
+    def __str__(self) -> str:
+        return f"part {self.index} of backtest {self.backtest_id}"

@@ -305,3 +305,75 @@ class PlanSerializer(serializers.Serializer):
     )
     computing = serializers.BooleanField(help_text="A new plan is being made now.")
     jobs = JobPlanSerializer(many=True, help_text="The scheduled jobs, in the order they start.")
+
+
+class BacktestProgressSerializer(serializers.Serializer):
+    decisions = serializers.IntegerField(help_text="Decisions replayed so far.")
+    expected = serializers.IntegerField(help_text="The ledger's decisions in the period.")
+    fraction = serializers.FloatField(help_text="From 0 to 1.")
+
+
+class BacktestRuleSerializer(serializers.Serializer):
+    rule = serializers.IntegerField(allow_null=True, help_text="null: a rule of the draft only.")
+    name = serializers.CharField()
+    in_draft_only = serializers.BooleanField()
+    gained = serializers.IntegerField(
+        help_text="Sends this rule refused under the policy in force that the draft admits."
+    )
+    lost = serializers.IntegerField(
+        help_text="Sends admitted now that this rule refuses in the draft."
+    )
+
+
+class BacktestRowSerializer(serializers.Serializer):
+    day = serializers.DateField()
+    segment = serializers.CharField()
+    channel = serializers.CharField()
+    campaign = serializers.CharField()
+    in_force = serializers.DictField(child=serializers.IntegerField(), help_text="By reason.")
+    draft = serializers.DictField(child=serializers.IntegerField(), help_text="By reason.")
+    gained = serializers.IntegerField(help_text="Sends the draft admits that were refused.")
+    lost = serializers.IntegerField(help_text="Sends the draft refuses that were admitted.")
+    users_affected = serializers.IntegerField(help_text="Users with a decision that differs.")
+    rules = BacktestRuleSerializer(many=True, help_text="The rules that made the difference.")
+
+
+class BacktestReproducedSerializer(serializers.Serializer):
+    decisions = serializers.IntegerField()
+    differences = serializers.IntegerField(
+        help_text="Decisions of the policy in force replayed that differ from the ledger's."
+    )
+    examples = serializers.ListField(child=serializers.DictField(), help_text="The first few.")
+
+
+class BacktestResultSerializer(serializers.Serializer):
+    decisions = serializers.IntegerField()
+    reproduced = BacktestReproducedSerializer()
+    totals = serializers.DictField(help_text="gained, lost, users_affected, in_force, draft.")
+    rules = BacktestRuleSerializer(many=True)
+    rows = BacktestRowSerializer(many=True, help_text="Per day x segment x channel x campaign.")
+
+
+class BacktestSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    url = serializers.CharField()
+    changes = serializers.DictField(help_text="The draft, as given.")
+    status = serializers.ChoiceField(choices=["queued", "running", "done", "failed"])
+    parts = serializers.IntegerField(help_text="Replayed in this many parts, by user id.")
+    progress = BacktestProgressSerializer()
+    error = serializers.CharField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    result = BacktestResultSerializer(allow_null=True, help_text="Once done.")
+
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        period = {
+            "from": serializers.DateField(help_text="The period's first UTC day."),
+            "to": serializers.DateField(help_text="Its last, included."),
+        }
+        # `partial` is a serializer's own attribute: the field is named here.
+        fields["partial"] = serializers.CharField(
+            allow_null=True, help_text="What the ledger does not hold of what the replay needs."
+        )
+        return {"id": fields.pop("id"), "url": fields.pop("url"), **period, **fields}

@@ -5,15 +5,18 @@ cancelled, and quota resets.
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
+import msgspec
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.files import File
 from django.db import transaction
+from django.db.models import Min, Sum
 from django.template import TemplateDoesNotExist
 from django.utils import timezone
+from rest_framework.exceptions import ValidationError as DrfValidationError
 
 from gatekeeper.lib.accounts import Actor, account_acting
 from gatekeeper.lib.binding import large_rows_created
@@ -27,12 +30,16 @@ from limits.engine.limiter import get_limiter
 from limits.engine.reservations import holds_without
 from limits.engine.table import DEFAULT_PRIORITY, PRIORITIES
 from limits.engine.topics import topic_problem
+from limits.ledger.reports import first_day_kept
+from limits.models.ledger import LedgerCount
+from limits.policy.drafts import draft_applied
 from limits.policy.quota import Unavailable
 from limits.policy.rules import tags_problem
 from limits.policy.selectors import topics_read
 from limits.reasons import Category, validate_category
 from segments.store import NotFound, StoreError, key_problem, store_from_settings
 from worker import tasks
+from worker.backtest import policy_mark
 from worker.chunks import chunks_runnable, waiting_close
 from worker.delivery.rendering import TEMPLATE_NAME_RE, TEMPLATE_NAME_WORDS, template_check
 from worker.models import (
@@ -40,6 +47,8 @@ from worker.models import (
     EXPIRY_MAX,
     JOB_CAMPAIGN_MAX,
     START_MAX,
+    Backtest,
+    BacktestPart,
     SendChunk,
     SendJob,
 )
@@ -630,3 +639,80 @@ def plan_current(jobs: Sequence[SendJob] | None = None) -> dict[str, Any]:  # ty
         "jobs": latest["jobs"] if latest else [],
         "overlaps": latest.get("overlaps", []) if latest else [],
     }
+
+
+# --- backtests --------------------------------------------------------------------------------
+
+
+def backtest_create(  # type: ignore[explicit-any]  # the draft as the JSON body gives it
+    *, start: date, end: date, changes: Any, user: Actor = None, now: datetime | None = None
+) -> Backtest:
+    """A backtest of the draft `changes` (a DraftBody) on the UTC days `start` to `end`, its
+    parts queued once it is committed. rest_framework's ValidationError naming the field for a
+    period outside the ledger's days or a draft that saving would refuse; nothing is made
+    then."""
+    now = instant_or_now(now)
+    today = now.astimezone(UTC).date()
+    first = first_day_kept(now=now)
+    if end < start:
+        raise DrfValidationError({"to": [f"{end} is before from ({start})."]})
+    if start < first:
+        raise DrfValidationError(
+            {
+                "from": [
+                    f"The ledger keeps {settings.GATEKEEPER_LEDGER_DAYS} days: from {first} to "
+                    f"today ({today}); {start} is before them."
+                ]
+            }
+        )
+    if end > today:
+        raise DrfValidationError({"to": [f"{end} is after today ({today}): nothing to replay."]})
+    draft = draft_applied(changes)
+    partial = backtest_partial(start=start, end=end, keep=draft.keep, first=first, today=today)
+    expected = LedgerCount.objects.filter(
+        hour__gte=datetime(start.year, start.month, start.day, tzinfo=UTC),
+        hour__lt=datetime(end.year, end.month, end.day, tzinfo=UTC) + timedelta(days=1),
+    ).aggregate(n=Sum("count"))["n"]
+    parts = max(1, int(settings.GATEKEEPER_BACKTEST_PARTS))
+    with transaction.atomic():
+        backtest = Backtest.objects.create(
+            start=start,
+            end=end,
+            changes=msgspec.to_builtins(changes),
+            parts=parts,
+            expected=expected or 0,
+            policy_mark=policy_mark(),
+            partial=partial,
+            created_by=account_acting(user),
+        )
+        BacktestPart.objects.bulk_create(
+            BacktestPart(backtest=backtest, index=k) for k in range(parts)
+        )
+        pk = backtest.pk
+        transaction.on_commit(
+            lambda: [tasks.backtest_part.delay(pk, k) for k in range(parts)], robust=True
+        )
+    return backtest
+
+
+def backtest_partial(*, start: date, end: date, keep: timedelta, first: date, today: date) -> str:
+    """What the ledger does not hold of what a replay of `start` to `end` needs, in words ("":
+    nothing): the days before its first decision, the sends before `start` that the logs of
+    the longer policy (`keep`) would still count, and the rest of today."""
+    held = LedgerCount.objects.aggregate(first=Min("hour"))["first"]
+    held_from = max(first, held.astimezone(UTC).date()) if held is not None else today
+    needed = (datetime(start.year, start.month, start.day, tzinfo=UTC) - keep).date()
+    words = []
+    if held_from > start:
+        words.append(
+            f"The ledger holds decisions from {held_from} on: the days before are empty in it."
+        )
+    elif needed < held_from:
+        words.append(
+            f"The users' logs on {start} count sends from {needed} on, and the ledger holds "
+            f"them from {held_from}: in the first days the replay may admit sends the gate "
+            "refused."
+        )
+    if end >= today:
+        words.append(f"Today ({today}) is not over: only its decisions so far are replayed.")
+    return " ".join(words)

@@ -8,6 +8,7 @@ from celery import Task, shared_task
 from django.db import DatabaseError
 
 from gatekeeper.lib.instants import instant_from_text
+from worker.backtest import backtest_part_run
 from worker.chunks import (
     ChunkBusy,
     chunk_failed,
@@ -174,3 +175,10 @@ def plan_refresh_due(force: bool = False) -> bool:
 def dead_addresses_report_due() -> int:
     """POST the dead addresses not reported yet to GATEKEEPER_DEAD_ADDRESS_WEBHOOK (beat)."""
     return dead_addresses.dead_addresses_report_due()
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def backtest_part(backtest_id: int, index: int) -> bool:
+    """Replay one part of a backtest (worker/backtest.py); the last part done merges them. A
+    part already done, or of a backtest that failed, is left alone (False)."""
+    return backtest_part_run(backtest_id=backtest_id, index=index)

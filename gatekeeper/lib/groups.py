@@ -36,6 +36,7 @@ _READ = [
     "limits.view_suppression",
     "limits.view_suppressionchange",
     "worker.view_sendjob",
+    "worker.view_backtest",
 ]
 GROUP_PERMISSIONS: dict[str, list[str]] = {
     VIEWER: _READ,
@@ -52,6 +53,7 @@ GROUP_PERMISSIONS: dict[str, list[str]] = {
         "limits.change_cap",
         "limits.delete_cap",
         "limits.add_rule",
+        "worker.add_backtest",
         "limits.change_rule",
         "limits.delete_rule",
         "limits.add_quiethours",

@@ -27,6 +27,7 @@ VIEW_PREFERENCES = ("limits.view_preference",)
 VIEW_HOLDOUT = ("limits.view_holdout",)
 VIEW_EXPERIMENTS = ("limits.view_experiment",)
 VIEW_SEND_JOBS = ("worker.view_sendjob",)
+VIEW_BACKTESTS = ("worker.view_backtest",)
 VIEW_SUPPRESSIONS = ("limits.view_suppression",)
 # The decisions report (REST) does what the dashboard's chart of refused sends and its CSV
 # download do: the dashboard's right (the dashboard already shows decisions by segment and reason).
@@ -51,6 +52,8 @@ REPLACE_USER_LISTS = (
 )
 SET_CAPS = ("limits.add_cap", "limits.change_cap")
 ADD_RULES = ("limits.add_rule",)
+# A backtest changes nothing, but it replays the ledger: those who may draft rules may run one.
+RUN_BACKTESTS = ("worker.add_backtest",)
 CHANGE_RULES = ("limits.change_rule",)
 DELETE_RULES = ("limits.delete_rule",)
 ADD_QUIET_HOURS = ("limits.add_quiethours",)

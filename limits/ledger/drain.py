@@ -227,6 +227,7 @@ def _entries_written(entries: Sequence[Any], ids: Sequence[str], report: Drained
         )
         calls: list[Decided] = []
         outcomes: list[Outcomes] = []
+        after: list[int] = []  # per outcome entry: the calls before it in the stream
         steps: list[tuple[DrainListener | None, Any]] = []  # decisions, listeners' entries
         for (_, fields), text_id in zip(entries, ids, strict=True):
             if text_id in done:
@@ -248,13 +249,14 @@ def _entries_written(entries: Sequence[Any], ids: Sequence[str], report: Drained
                 continue
             if isinstance(entry, Outcomes):
                 outcomes.append(entry)
+                after.append(len(calls))
             else:
                 calls.append(entry)
                 steps.append((None, entry))
         # Outcomes whose decisions this round writes too are written with them (most of a
         # blast's: a chunk's outcomes follow its decisions within a second); the others update
         # the rows an earlier round wrote.
-        known, outcomes, report.outcomes = outcomes_merged(calls, outcomes)
+        known, outcomes, report.outcomes = outcomes_merged(calls, outcomes, after)
         first = ledger_write(calls, known)
         counts_add(calls)
         # After the decisions: an entry's outcomes follow its decisions in the stream.
@@ -266,7 +268,7 @@ def _entries_written(entries: Sequence[Any], ids: Sequence[str], report: Drained
                 cursor.execute("SET LOCAL jit = off")
         taken: list[Taken] = []
         for found in outcomes:
-            matched = outcomes_write(found, taken)
+            matched = outcomes_write(found, taken, before_id=first or None)
             report.outcomes += matched
             report.unmatched += max(len(found.rows) - matched, 0)
         report.rows = report_rows(calls)
@@ -308,13 +310,16 @@ def _text(value: Any) -> str:
 
 
 def outcomes_merged(
-    calls: Sequence[Decided], outcomes: Sequence[Outcomes]
+    calls: Sequence[Decided], outcomes: Sequence[Outcomes], after: Sequence[int] | None = None
 ) -> tuple[list[dict[int, str]], list[Outcomes], int]:
     """The send outcomes that fall on decisions of `calls` (rows outcomes_sql would update once
     written: a decision that sent (SENDING) of the user and message on the channel, at or after the
-    outcome's `since`): per call, its rows' outcomes; the outcomes left for rows written before;
-    and how many times a row took one (as outcomes_write counts). `released` keeps an outcome
-    already known, as outcomes_sql."""
+    outcome's `since`, and before the outcome in the stream: `after[k]`, the calls before
+    outcome k, all of them when not given): per call, its rows' outcomes; the outcomes left for
+    rows written before; and how many times a row took one (as outcomes_write counts).
+    `released` keeps an outcome already known, as outcomes_sql. A send given back and then
+    admitted again under the same message id keeps its second decision's outcome apart: what
+    became of the first is not what became of the second."""
     known: list[dict[int, str]] = [{} for _ in calls]
     if not outcomes:
         return known, [], 0
@@ -325,13 +330,14 @@ def outcomes_merged(
                 admitted.setdefault((call.channel, user_id, message_id), []).append((c, k))
     left: list[Outcomes] = []
     taken = 0
-    for found in outcomes:
+    for place, found in enumerate(outcomes):
+        before = len(calls) if after is None else after[place]
         rest = []
         for user_id, message_id, outcome in found.rows:
             rows = [
                 (c, k)
                 for c, k in admitted.get((found.channel, user_id, message_id), ())
-                if calls[c].at_ms >= found.since_ms
+                if c < before and calls[c].at_ms >= found.since_ms
             ]
             if not rows:
                 rest.append((user_id, message_id, outcome))
@@ -513,9 +519,13 @@ def outcomes_sql(rows: int, vendor: str) -> str:
     )
 
 
-def outcomes_write(found: Outcomes, taken: list[Taken] | None = None) -> int:
+def outcomes_write(
+    found: Outcomes, taken: list[Taken] | None = None, *, before_id: int | None = None
+) -> int:
     """Write send outcomes on their rows (the admitting decisions of those messages at or after
-    `found.since`), in the current transaction. Returns how many times a row took one.
+    `found.since`; with `before_id`, only rows of a lower id: those written before the
+    decisions that follow the outcome in the stream), in the current transaction. Returns how
+    many times a row took one.
 
     Every row is found first (outcomes_sql, 500 outcomes a query), its outcome settled in the
     entry's order, then each row that changes is updated once, by where it is: a row is never
@@ -539,6 +549,8 @@ def outcomes_write(found: Outcomes, taken: list[Taken] | None = None) -> int:
             for place, table, key, code, row, at in sorted(
                 cursor.fetchall(), key=lambda hit: hit[0]
             ):
+                if before_id is not None and row >= before_id:
+                    continue
                 state = settled.setdefault((table, key), [code, code, row, at])
                 outcome = LEDGER_OUTCOME_CODES[part[place][2]]
                 if outcome != _RELEASED or not state[1]:

@@ -367,3 +367,63 @@ class HoldoutBody(Body, kw_only=True):
         list[str],
         Meta(max_length=64, description="Sends carrying one of these tags are never held back."),
     ] = []
+
+
+# --- a draft of the policy (backtests) ------------------------------------------------------------
+# Changes that are not saved: each is checked as the one write path would check it
+# (limits.policy.drafts), an `op` naming what it does to which row.
+
+DraftRowId = Annotated[int, Meta(ge=1, le=2**63 - 1, description="The row's id.")]
+
+
+class DraftRuleAdd(RuleCreateBody, tag_field="op", tag="add", kw_only=True):
+    """A rule the draft adds (a rule's fields, as POST /api/v1/rules/ takes them)."""
+
+
+class DraftRuleChange(RuleChangeBody, tag_field="op", tag="change", kw_only=True):
+    """Some of a rule's fields changed (as PATCH /api/v1/rules/<id>/ takes them)."""
+
+    id: DraftRowId
+
+
+class DraftRuleDelete(Body, tag_field="op", tag="delete", kw_only=True):
+    id: DraftRowId
+
+
+class DraftQuietAdd(QuietHoursCreateBody, tag_field="op", tag="add", kw_only=True):
+    """Quiet hours the draft adds (as POST /api/v1/quiet-hours/ takes them)."""
+
+
+class DraftQuietChange(QuietHoursChangeBody, tag_field="op", tag="change", kw_only=True):
+    id: DraftRowId
+
+
+class DraftQuietDelete(Body, tag_field="op", tag="delete", kw_only=True):
+    id: DraftRowId
+
+
+class DraftCap(CapBody, kw_only=True):
+    """A segment's classic cap on a channel, set (both limits null: none)."""
+
+    segment: Slug
+    channel: Scope
+
+
+DRAFT_CHANGES_MAX = 200
+
+
+class DraftBody(Body, kw_only=True):
+    rules: Annotated[
+        list[DraftRuleAdd | DraftRuleChange | DraftRuleDelete],
+        Meta(max_length=DRAFT_CHANGES_MAX, description="Rules added, changed or deleted."),
+    ] = []
+    quiet_hours: Annotated[
+        list[DraftQuietAdd | DraftQuietChange | DraftQuietDelete],
+        Meta(max_length=DRAFT_CHANGES_MAX, description="Quiet hours added, changed or deleted."),
+    ] = []
+    caps: Annotated[
+        list[DraftCap],
+        Meta(
+            max_length=DRAFT_CHANGES_MAX, description="Classic caps set, as the cap grid sets them."
+        ),
+    ] = []

@@ -407,6 +407,16 @@ def rule_changes_of_json(data: Mapping[str, Any]) -> dict[str, Any]:
     return changes
 
 
+def rule_changes_given(given: Mapping[str, Any]) -> dict[str, Any]:
+    """A change's fields (a PATCH body's, a draft's: only those it has) as changes of
+    RuleFields."""
+    changes = rule_changes_of_json(given)
+    if "match" in given and given["match"] != "tag" and "tag" not in given:
+        # A rule that stops counting a tag forgets it, rather than being refused for keeping it.
+        changes["tag"] = ""
+    return changes
+
+
 def rule_fields_of_json(data: Mapping[str, Any]) -> RuleFields:
     """A whole rule as its JSON has it (a REST body, a history record)."""
     return RuleFields(**{**RULE_FIELD_DEFAULTS, **rule_changes_of_json(data)})

@@ -122,8 +122,8 @@ def _classic_message(rule: Rule) -> str:
     )
 
 
-def classic_rule_name(segment: Segment, channel: str, which: str) -> str:
-    return f"{segment.name}: {which} cap on {scope_label(channel)}"
+def classic_rule_name(segment_name: str, channel: str, which: str) -> str:
+    return f"{segment_name}: {which} cap on {scope_label(channel)}"
 
 
 def _classic_sync(cap: Cap, user: Actor, via: str) -> None:
@@ -143,7 +143,7 @@ def _classic_sync(cap: Cap, user: Actor, via: str) -> None:
         ) -> Rule:
             before = rule_as_json(row) if row is not None else None
             row = row or Rule(cap=cap, created_by=account_acting(user))
-            row.name = classic_rule_name(cap.segment, cap.channel, which)
+            row.name = classic_rule_name(cap.segment.name, cap.channel, which)
             row.segment = cap.segment
             row.channel = cap.channel
             row.match = Rule.Match.ANY

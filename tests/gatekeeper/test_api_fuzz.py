@@ -72,6 +72,10 @@ NOT_EXPRESSIBLE = {
     "PATCH /api/v1/quiet-hours/{quiet_hours_id}/",
     "PUT /api/v1/users/{user_id}/preferences/",
     "PATCH /api/v1/users/{user_id}/preferences/",
+    # A backtest's period is inside the ledger's days (GATEKEEPER_LEDGER_DAYS back from today)
+    # with `from` before `to`, and its draft's changes are checked as saving them would be
+    # (rules and quiet hours whole, rows that exist, segments and channels that exist).
+    "POST /api/v1/backtests/",
 }
 QUOTA = "GET /api/v1/users/{user_id}/quota/"
 HISTORY = "GET /api/v1/users/{user_id}/history/"

@@ -131,6 +131,7 @@ def quiet_reading(entry: QuietHours) -> str:
 
 @admin.register(QuietHours)
 class QuietHoursAdmin(AuthoredAdmin):
+    change_form_template = "admin/gatekeeper/quiethours_change_form.html"
     authored = QUIET_HOURS
     history_id = "quiet-hours-history"
     counted = ("entry", "entries")

@@ -30,7 +30,7 @@ from limits.policy.bodies import (
     RuleChangeBody,
     RuleCreateBody,
 )
-from limits.policy.rules import rule_changes_of_json, rule_fields_of_json
+from limits.policy.rules import rule_changes_given, rule_fields_of_json
 from limits.policy.serializers import (
     QuietHoursSerializer,
     RuleSerializer,
@@ -51,12 +51,7 @@ def _given(body: RuleChangeBody | RuleCreateBody) -> dict[str, Any]:
 
 def _rule_changes(body: RuleChangeBody) -> dict[str, Any]:
     """The body's fields as changes of RuleFields (only those it has)."""
-    given = _given(body)
-    changes = rule_changes_of_json(given)
-    if "match" in given and given["match"] != "tag" and "tag" not in given:
-        # A rule that stops counting a tag forgets it, rather than being refused for keeping it.
-        changes["tag"] = ""
-    return changes
+    return rule_changes_given(_given(body))
 
 
 RowT = TypeVar("RowT", bound=Authored)

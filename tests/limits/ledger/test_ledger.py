@@ -335,6 +335,28 @@ def test_a_send_given_back_over_the_api_is_marked_released(snapshot):
     assert outcomes() == {"kept": "", "back": "released"}
 
 
+@pytest.mark.parametrize("rounds", ["one round", "a round each"])
+def test_a_send_given_back_then_admitted_again_keeps_each_decisions_own_outcome(
+    snapshot, rounds
+):
+    """An outcome falls on the decisions before it in the stream, never on a later one of the
+    same message: given back, the message is admitted again, and that send went out."""
+    from worker.gate import gate_outcomes
+
+    def admitted(at: float) -> None:
+        gate_check(channel="email", requests=[(9, "again")], now=instant(at))
+        if rounds == "a round each":
+            ledger_drain_all()
+
+    admitted(NOW)
+    assert gate_release(channel="email", requests=[(9, "again")]) == [True]
+    gate_outcomes(channel="email", since=instant(NOW - 1), outcomes=[(9, "again", "released")])
+    admitted(NOW + 60)
+    ledger_drain_all()
+    found = list(decisions().order_by("id").values_list("reason", "outcome"))
+    assert found == [("allowed", "released"), ("allowed", "")]
+
+
 def test_entries_of_the_first_format_are_still_written(snapshot, redis_client):
     # What an upgrade finds waiting in the stream: decisions packed a list per decision.
     import msgspec
