@@ -48,7 +48,7 @@ from segments.store import StoreError
 from worker import admin_backtests
 from worker import stats as decision_stats
 from worker.models import JOB_CAMPAIGN_MAX, SendJob
-from worker.plan import plan_what_if, scheduled_jobs
+from worker.plan import plan_later_counted, plan_what_if, scheduled_jobs
 from worker.processes import processes_list
 from worker.selectors import (
     WHAT_IF_LIMIT,
@@ -436,11 +436,36 @@ def plan_page(request: HttpRequest, *, site: AdminSite) -> HttpResponse:
                     "difference": later["sent"] - job["sent"],
                 }
             )
+    with_later: list[dict[str, Any]] = []
+    later_problem = ""
+    if request.GET.get("later") == "counted":
+        try:
+            counted = {job["job"]: job for job in plan_later_counted()}
+        except (ValueError, Unavailable) as exc:
+            later_problem = str(exc)
+        else:
+            for job in planned:
+                other = counted.get(job["job"])
+                if other is not None:
+                    with_later.append(
+                        {
+                            "job": job["job"],
+                            "campaign": job["campaign"],
+                            "priority": job["priority"],
+                            "sent": job["sent"],
+                            "sent_later_counted": other["sent"],
+                            "difference": other["sent"] - job["sent"],
+                            "taken_by": other["taken_by"],
+                        }
+                    )
     return render(
         request,
         site,
         "plan.html",
         "The plan",
+        later=with_later,
+        later_asked=request.GET.get("later") == "counted",
+        later_problem=later_problem,
         current=current,
         made=(
             datetime.fromisoformat(current["computed_at"]) if current.get("computed_at") else None

@@ -53,6 +53,7 @@ from worker.bodies import (
 )
 from worker.gate import gate_check, gate_release
 from worker.models import Backtest, SendJob
+from worker.plan import plan_later_counted
 from worker.serializers import (
     BacktestSerializer,
     GateResultsSerializer,
@@ -415,15 +416,32 @@ class PlanView(JsonAPIView):
             "whenever a job, a rule or the snapshot changes: `stale` says a newer one is being "
             "made."
         ),
-        parameters=interval_parameters("Jobs starting"),
+        parameters=[
+            *interval_parameters("Jobs starting"),
+            OpenApiParameter(
+                "later",
+                {"type": "string", "enum": ["counted"]},
+                description="counted: each job also counts the sends of the later jobs of "
+                "higher priority that will take its users' slots (as if every job were "
+                "reserved), made while you wait, up to 200,000 recipients in all (400 beyond).",
+            ),
+        ],
         responses={200: PlanSerializer, **errors(400)},
     )
     def get(self, request: Request) -> Response:
         since, until = interval_from_text(
             request.query_params.get("from"), request.query_params.get("to")
         )
+        later = request.query_params.get("later")
+        if later not in (None, "counted"):
+            raise ValidationError({"later": [f"Unknown value '{later[:40]}'. Only: counted."]})
         answer = plan_current()
         answer.pop("overlaps")  # the admin page's, not in the API's answer
+        if later == "counted":
+            try:
+                answer["jobs"] = plan_later_counted()
+            except ValueError as exc:
+                raise ValidationError({"later": [str(exc)]}) from None
         answer["jobs"] = [
             job
             for job in answer["jobs"]

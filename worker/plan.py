@@ -572,10 +572,16 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
 
 
 def plan_with_holds(
-    jobs: Sequence[SendJob], *, limiter: Limiter | None = None, table: PolicyTable | None = None
+    jobs: Sequence[SendJob],
+    *,
+    limiter: Limiter | None = None,
+    table: PolicyTable | None = None,
+    later_counted: bool = False,
 ) -> tuple[list[JobPlan], bytes]:
     """The plan of `jobs` with the holds of its reserved ones, and those holds (encoded), under
-    the policy `table` (default: read now).
+    the policy `table` (default: read now). `later_counted`: every job holds its sends as a
+    reserved one does, so that each job counts the sends of the later jobs of higher priority
+    that will take its users' slots (what the marketer asks for on the plan's page).
 
     First as if each reserved job got every recipient it names (so that no earlier send of a
     lower priority takes what it would get), then with what it is predicted to get, until the
@@ -583,7 +589,7 @@ def plan_with_holds(
     table = policy_read() if table is None else table
     audiences = job_audiences(jobs)
     everyone = {pk: recipients.audience for pk, recipients in audiences.items()}
-    holds = holds_decode(plan_holds([], jobs, everyone=everyone))
+    holds = holds_decode(plan_holds([], jobs, everyone=everyone, every_job=later_counted))
     plans: list[JobPlan] = []
     blob = holds_encode([])
     logs = plan_logs(jobs, audiences, limiter or get_limiter())  # read once for every round
@@ -591,7 +597,7 @@ def plan_with_holds(
         plans = plan_compute(
             jobs, limiter=limiter, holds=holds, audiences=audiences, table=table, logs=logs
         )
-        blob = plan_holds(plans, jobs)
+        blob = plan_holds(plans, jobs, every_job=later_counted)
         if blob == holds_encode(holds.by_job()):
             break
         holds = holds_decode(blob)
@@ -632,6 +638,21 @@ def plan_overlaps(plans: Sequence[JobPlan]) -> list[dict[str, Any]]:
 WHAT_IF_PLAN_LIMIT = 200_000  # recipients of every scheduled job: a what-if's bound
 
 
+def plan_later_counted(*, limiter: Limiter | None = None) -> list[dict[str, Any]]:
+    """The plan as plan_shape has it, each job counting the sends of the later jobs of higher
+    priority that will take its users' slots (as if every job were reserved), made while the
+    caller waits; ValueError (in words) for plans too large to make then."""
+    jobs = scheduled_jobs()
+    total = sum(job.total for job in jobs)
+    if total > WHAT_IF_PLAN_LIMIT:
+        raise ValueError(
+            f"The scheduled jobs have {total:,} recipients; the plan with later jobs of higher "
+            f"priority counted is made here up to {WHAT_IF_PLAN_LIMIT:,} (reserve the jobs that "
+            "must keep their slots, and the plan made in the background counts them)."
+        )
+    return plan_shape(plan_with_holds(jobs, limiter=limiter, later_counted=True)[0], jobs)
+
+
 def plan_what_if(
     job_id: int, start_at: datetime, *, limiter: Limiter | None = None
 ) -> dict[str, Any]:
@@ -661,14 +682,16 @@ def plan_holds(
     jobs: Sequence[SendJob],
     *,
     everyone: dict[int, np.ndarray] | None = None,
+    every_job: bool = False,
 ) -> bytes:
-    """The holds of the reserved jobs among `jobs`: each one's predicted recorded sends (in
-    `plans`), or every user it names (`everyone`: the jobs' audiences)."""
+    """The holds of the reserved jobs among `jobs` (`every_job`: of them all): each one's
+    predicted recorded sends (in `plans`), or every user it names (`everyone`: the jobs'
+    audiences)."""
     held_users = everyone if everyone is not None else {p.job_id: p.admitted for p in plans}
     held = []
     for job in jobs:
         users = held_users.get(job.pk)
-        if not job.reserve or job.start_at is None or users is None:
+        if not (job.reserve or every_job) or job.start_at is None or users is None:
             continue
         held.append(
             (

@@ -422,3 +422,56 @@ def test_a_job_the_plan_puts_through_the_gate_is_counted_as_one_decided_at_once(
         assert (a.held_from, a.held_until) == (b.held_from, b.held_until)
         assert np.array_equal(a.admitted, b.admitted) and a.lost_users == b.lost_users
         assert a.one_slot_left is not None and b.one_slot_left is None
+
+
+def test_asked_for_it_each_job_counts_the_later_jobs_of_higher_priority(world, api):
+    from tests.support.api import call
+    from worker.plan import plan_later_counted
+
+    make_rule("1 promo a day", channel="all", match="tag", tag="promo", limit=1)
+    policy_cache().invalidate()
+    start = timezone.now() + timedelta(hours=2)
+    promo = send_job_create(
+        channel="push", campaign="promo", template="welcome", tags=["promo"],
+        recipients=[{"user_id": u, "address": f"token-{u}"} for u in (1, 2, 3)],
+        start_at=start, queue=False,
+    )  # fmt: skip
+    launch = send_job_create(
+        channel="email", campaign="launch", template="welcome", tags=["promo"], priority=9,
+        recipients=recipients(2, 3, 4), start_at=start + timedelta(hours=20), queue=False,
+    )  # fmt: skip
+    # As the plan is made: the earlier promo takes the slots the later launch needed.
+    assert [p.sent for p in plan_compute()] == [3, 1]
+    counted = {job["job"]: job for job in plan_later_counted()}
+    assert (counted[promo.pk]["sent"], counted[promo.pk]["refused"]) == (1, {"reserved": 2})
+    assert counted[promo.pk]["taken_by"] == [{"job": launch.pk, "campaign": "launch", "sends": 2}]
+    assert counted[promo.pk]["lost_users"] == [2, 3]
+    assert counted[launch.pk]["sent"] == 3
+    assert not SendJob.objects.filter(reserve=True).exists()  # nothing saved
+    answer = call(api("viewer"), "GET", "/api/v1/plan/?later=counted")
+    assert answer.status_code == 200, answer.text
+    assert {j["job"]: j["sent"] for j in answer.json()["jobs"]} == {promo.pk: 1, launch.pk: 3}
+    bad = call(api("viewer"), "GET", "/api/v1/plan/?later=maybe")
+    assert bad.status_code == 400 and "later" in bad.json()
+
+
+def test_the_plan_page_shows_what_each_job_loses_to_later_jobs_when_asked(world, viewer_client):
+    from django.urls import reverse
+
+    make_rule("1 promo a day", channel="all", match="tag", tag="promo", limit=1)
+    policy_cache().invalidate()
+    start = timezone.now() + timedelta(hours=2)
+    promo = send_job_create(
+        channel="email", campaign="promo", template="welcome", tags=["promo"],
+        recipients=recipients(1, 2, 3), start_at=start, queue=False,
+    )  # fmt: skip
+    send_job_create(
+        channel="email", campaign="launch", template="welcome", tags=["promo"], priority=9,
+        recipients=recipients(2, 3), start_at=start + timedelta(hours=20), queue=False,
+    )  # fmt: skip
+    plan_refresh(force=True)
+    page = viewer_client.get(reverse("admin:plan")).content.decode()
+    assert 'id="plan-later-count"' in page and 'id="plan-later"' not in page
+    asked = viewer_client.get(reverse("admin:plan") + "?later=counted").content.decode()
+    row = asked[asked.index(f"<tr><td>#{promo.pk} promo</td>") :].split("</tr>")[0]
+    assert ">3<" in row and ">1<" in row and "-2" in row and "launch (2)" in row
