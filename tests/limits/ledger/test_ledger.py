@@ -336,9 +336,7 @@ def test_a_send_given_back_over_the_api_is_marked_released(snapshot):
 
 
 @pytest.mark.parametrize("rounds", ["one round", "a round each"])
-def test_a_send_given_back_then_admitted_again_keeps_each_decisions_own_outcome(
-    snapshot, rounds
-):
+def test_a_send_given_back_then_admitted_again_keeps_each_decisions_own_outcome(snapshot, rounds):
     """An outcome falls on the decisions before it in the stream, never on a later one of the
     same message: given back, the message is admitted again, and that send went out."""
     from worker.gate import gate_outcomes
