@@ -43,7 +43,7 @@ from limits.policy.rules import (
     window_seconds_of,
 )
 from limits.policy.selectors import policy_read
-from limits.policy.services import QUIET_HOURS, RULES, cap_set, classic_rule_name
+from limits.policy.services import QUIET_HOURS, RULES, cap_set, classic_rule_fields
 from segments.models import Segment
 
 DRAFT_RULE_IDS = 1 << 53  # a draft's added rules: this id and up
@@ -146,23 +146,16 @@ def _cap_rules(
             if at is not None:
                 del rules[at]
             continue
-        fields = RuleFields(
-            name=classic_rule_name(names.get(segment, segment), channel, which),
+        fields = classic_rule_fields(
             segment=segment,
+            segment_name=names.get(segment, segment),
             channel=channel,
-            match="any",
-            tag="",
-            window_kind="rolling",
-            window_seconds=seconds,
-            window_unit="",
+            which=which,
             limit=value,
-            reserve_below_priority=None,
-            reserve_slots=None,
         )
         if at is None:
             rules.append(_Rule(id=0, fields=fields, classic=(segment, channel)))
         else:
-            fields.name = rules[at].fields.name
             rules[at] = _Rule(id=rules[at].id, fields=fields, classic=(segment, channel))
 
 

@@ -126,6 +126,27 @@ def classic_rule_name(segment_name: str, channel: str, which: str) -> str:
     return f"{segment_name}: {which} cap on {scope_label(channel)}"
 
 
+def classic_rule_fields(
+    *, segment: str, segment_name: str, channel: str, which: str, limit: int, enabled: bool = True
+) -> RuleFields:
+    """The one rule for what a classic cap's `which` ("daily", "weekly") limit is as a rule:
+    every send on its channel of the segment's users, over a rolling 24 hours or 7 days."""
+    return RuleFields(
+        name=classic_rule_name(segment_name, channel, which),
+        segment=segment,
+        channel=channel,
+        match="any",
+        tag="",
+        window_kind="rolling",
+        window_seconds=window_seconds_of(which),
+        window_unit="",
+        limit=limit,
+        reserve_below_priority=None,
+        reserve_slots=None,
+        enabled=enabled,
+    )
+
+
 def _classic_sync(cap: Cap, user: Actor, via: str) -> None:
     """Make the cap's two rules (rolling 24 h and 7 d, every send) match its limits, each
     change written through the rules' kind (a classic rule's guard is the caller's own)."""
@@ -138,18 +159,18 @@ def _classic_sync(cap: Cap, user: Actor, via: str) -> None:
                             via=via)  # fmt: skip
             continue
 
-        def synced(
-            row: Rule | None, which: str = which, value: int = value, seconds: int = seconds
-        ) -> Rule:
+        def synced(row: Rule | None, which: str = which, value: int = value) -> Rule:
             before = rule_as_json(row) if row is not None else None
+            fields = classic_rule_fields(
+                segment=cap.segment.slug,
+                segment_name=cap.segment.name,
+                channel=cap.channel,
+                which=which,
+                limit=value,
+                enabled=row.enabled if row is not None else True,
+            )
             row = row or Rule(cap=cap, created_by=account_acting(user))
-            row.name = classic_rule_name(cap.segment.name, cap.channel, which)
-            row.segment = cap.segment
-            row.channel = cap.channel
-            row.match = Rule.Match.ANY
-            row.window_kind = Rule.WindowKind.ROLLING
-            row.window_seconds = seconds
-            row.limit = value
+            rule_apply(row, fields, cap.segment)
             row.changed_by = account_acting(user)
             if before is None or rule_as_json(row) != before:
                 row.save()
