@@ -72,6 +72,7 @@ def exact(sample: int, users: int) -> None:
     from limits.ledger.drain import ledger_drain_all
     from limits.policy.selectors import policy_read
     from limits.policy.services import QUIET_HOURS
+    from limits.reasons import Reason
     from worker.backtest import backtest_part
     from worker.gate import Gate
 
@@ -116,7 +117,7 @@ def exact(sample: int, users: int) -> None:
             )
             made += len(decisions)
             # A few admitted sends fail for good: given back, and so recorded.
-            back = [(d.user_id, d.message_id) for d in decisions if d.reason == "allowed"][:3]
+            back = [(d.user_id, d.message_id) for d in decisions if d.reason == Reason.ALLOWED][:3]
             if back:
                 gate.release(channel=channel, requests=back)
                 gate.outcomes(

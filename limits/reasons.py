@@ -59,6 +59,19 @@ HELD: tuple[Reason, ...] = (Reason.QUIET_HOURS,)
 # Refusals `on_capped: defer` waits out: a slot frees, or the user's quiet hours end.
 # A reservation's hold ends when its job starts.
 DEFERRABLE: tuple[Reason, ...] = (*CAPPED, *HELD, Reason.RESERVED)
+# Decided by what a draft of rules, quiet hours and caps cannot change, or by state the ledger
+# does not keep (whom a reservation held): a backtest keeps the ledger's answer under both
+# policies (worker/backtest.py).
+NOT_REPLAYED: tuple[Reason, ...] = (
+    Reason.SUPPRESSED,
+    Reason.PREFERENCE,
+    Reason.PAUSED,
+    Reason.HOLDOUT,
+    Reason.EXEMPT,
+    Reason.UNAVAILABLE,
+    Reason.RESERVED,
+    *JOB_OWN,
+)
 
 # How the admin's charts colour each reason (the same colour on every chart).
 COLOURS: dict[Reason, str] = {

@@ -50,7 +50,7 @@ from limits.people.suppression import SuppressionCache
 from limits.policy.bodies import DraftBody
 from limits.policy.drafts import draft_applied
 from limits.policy.selectors import policy_read
-from limits.reasons import GIVEN_BACK, Category, Reason
+from limits.reasons import GIVEN_BACK, NOT_REPLAYED, Category, Reason
 from worker.modelled import CODES, REASONS, job_decided
 from worker.models import Backtest, BacktestPart
 
@@ -60,21 +60,7 @@ DAY_MS = 86_400_000
 EXAMPLES_MAX = 20  # differences from the ledger shown, per part
 NO_RULE = -(1 << 62)
 
-# Decided by what a draft cannot change (or by state the ledger does not hold): the ledger's
-# answer stands under both policies.
-KEPT: frozenset[str] = frozenset(
-    {
-        Reason.SUPPRESSED,
-        Reason.PREFERENCE,
-        Reason.PAUSED,
-        Reason.HOLDOUT,
-        Reason.EXEMPT,
-        Reason.UNAVAILABLE,
-        Reason.RESERVED,
-        Reason.EXPIRED,
-        Reason.CANCELLED,
-    }
-)
+KEPT: frozenset[str] = frozenset(NOT_REPLAYED)  # the ledger's answer stands under both
 ALLOWED = CODES[Reason.ALLOWED]
 
 

@@ -134,6 +134,7 @@ def plan_compute(
     table: PolicyTable | None = None,
     steps: dict[str, float] | None = None,
     logs: ModelLogs | None = None,
+    decided: dict[int, JobDecisions | None] | None = None,
 ) -> list[JobPlan]:
     """Every job's predicted decisions (`jobs` in the order they start; default
     scheduled_jobs()), by the process's gate (`index`: resolve segments with this one instead of
@@ -143,8 +144,9 @@ def plan_compute(
     job_audiences read them (default: read here). `table`: the policy, as policy_read() gives
     it (default: read now; never the process's cached copy, which may be older than a rule
     the plan is made for). `logs`: the users' logs as plan_logs read them (default: read
-    here; a plan records its jobs' sends in its own fork of them). Raises Unavailable when
-    Redis does not answer."""
+    here; a plan records its jobs' sends in its own fork of them). `decided`: gets each job's
+    decisions (None for a job put through the gate itself), for a remake after an edit
+    (plan_remade). Raises Unavailable when Redis does not answer."""
     jobs = scheduled_jobs() if jobs is None else list(jobs)
     live = limiter or get_limiter()
     if holds is None:
@@ -168,9 +170,13 @@ def plan_compute(
         record_ledger=False,
     )
     for job in jobs:
-        plan = _job_modelled(job, audiences[job.pk], replay, logs, table=table, earlier=plans)
-        if plan is None:  # a user listed twice, transactional sends: as the gate runs it
+        found = _job_decided(job, audiences[job.pk], replay, logs, table=table)
+        if found is None:  # a user listed twice, transactional sends: as the gate runs it
             plan = _job_planned(job, replay, earlier=plans)
+        else:
+            plan = _counted(job, found, plans)
+        if decided is not None:
+            decided[job.pk] = found
         plan.audience = audiences[job.pk].audience
         plans.append(plan)
     took["decisions"] = time.monotonic() - started - took["recipients"] - took["logs"]
@@ -237,6 +243,13 @@ class JobRecipients:
         """Its users' log buckets (limits.engine.model.users_buckets)."""
         return users_buckets(self.audience, ordered=True)
 
+    def only(self, picked: np.ndarray) -> "JobRecipients":
+        """Those of its recipients where `picked` (a mask), in the same order."""
+        zones = None
+        if self.zones is not None:
+            zones = [self.zones[k] for k in np.flatnonzero(picked).tolist()]
+        return JobRecipients(users=self.users[picked], messages=self.messages[picked], zones=zones)
+
 
 # (job, updated_at, total) -> its recipients: read once while the job stays as it is
 _READ: dict[tuple[int, str, int], JobRecipients] = {}
@@ -278,18 +291,12 @@ def _recipients_read(job: SendJob) -> JobRecipients:
     )
 
 
-def _job_modelled(
-    job: SendJob,
-    recipients: JobRecipients,
-    gate: Gate,
-    logs: ModelLogs,
-    *,
-    table: PolicyTable,
-    earlier: list[JobPlan],
-) -> JobPlan | None:
-    """A job's plan from its recipients decided at once (worker/modelled.py), as the gate
-    decides them at its start; None for a job that must go through the gate itself (a user
-    listed twice, a transactional job)."""
+def _job_decided(
+    job: SendJob, recipients: JobRecipients, gate: Gate, logs: ModelLogs, *, table: PolicyTable
+) -> JobDecisions | None:
+    """A job's recipients decided at once (worker/modelled.py), as the gate decides them at
+    its start; None for a job that must go through the gate itself (a user listed twice, a
+    transactional job)."""
     assert job.start_at is not None
     if job.category != Category.MARKETING:
         return None
@@ -315,11 +322,9 @@ def _job_modelled(
         holds=gate.holds,
         logs=logs,
     )
-    if decided is None:
-        return None
-    if (decided.reason == CODES[Reason.UNAVAILABLE]).any():
+    if decided is not None and (decided.reason == CODES[Reason.UNAVAILABLE]).any():
         raise Unavailable("Redis or the segment snapshot is not available; no plan.")
-    return _counted(job, decided, earlier)
+    return decided
 
 
 def _counted(job: SendJob, decided: JobDecisions, earlier: list[JobPlan]) -> JobPlan:
@@ -541,6 +546,7 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
     # older table than its hash says would pass for fresh until PLAN_MAX_AGE.
     table = policy_read()
     inputs = plan_inputs(jobs, table=table)
+    policy = _policy_key(table)  # before the plan reads it (its caches fill then)
     fresh = (
         latest is not None
         and latest["inputs"] == inputs
@@ -555,12 +561,25 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
         return False
     try:
         started = time.time()
-        plans, blob = plan_with_holds(jobs, limiter=live, table=table)
+        remade = None if force else plan_remade(jobs, limiter=live, table=table, policy=policy)
+        if remade is not None:
+            plans, blob, users = remade
+        else:
+            decided: dict[int, JobDecisions | None] = {}
+            plans, blob = plan_with_holds(jobs, limiter=live, table=table, decided=decided)
+            _kept_after(jobs, policy, decided, full_at=started)
+            users = None
         result = {
             "inputs": inputs,
             "computed_epoch": started,
             "computed_at": datetime.fromtimestamp(started, tz=UTC).isoformat(),
             "seconds": round(time.time() - started, 3),
+            # Made again for only these users (an edit of some jobs), the others' predictions
+            # kept from the plan made whole at `whole_at`; None: made whole.
+            "remade_users": users,
+            "whole_at": datetime.fromtimestamp(
+                _KEPT.whole_at if _KEPT is not None else started, tz=UTC
+            ).isoformat(),
             "jobs": plan_shape(plans, jobs),
             "overlaps": plan_overlaps(plans),
         }
@@ -571,12 +590,155 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
     return True
 
 
+# --- made again after an edit of some jobs: only their users ----------------------------------
+# Users are independent: an edit of some jobs (made, rescheduled, its recipients or fields
+# changed, cancelled or started) changes the predictions of those jobs' users only, in every job
+# they are in. The plan is then made again for those users alone (their logs read, every job
+# decided over them in order) and their decisions put in place of the ones kept from the plan
+# made before; the others' are kept. Only when nothing else changed (the policy, the snapshot),
+# no job is reserved (a hold reaches other jobs' users through its rounds) and no job was put
+# through the gate itself; and at least every PLAN_MAX_AGE the plan is made whole again (people's
+# own changes and sends made since reach every user).
+
+REMAKE_SHARE = 0.5  # beyond this share of the jobs' users touched, the plan is made whole
+
+
+@dataclass
+class _Kept:
+    """The plan this process made last: what it was made from and each job's decisions."""
+
+    policy: str  # the table and the snapshot, hashed
+    jobs: dict[int, tuple[str, int]]  # job -> (updated_at, total) as planned
+    decided: dict[int, JobDecisions]
+    whole_at: float  # when the plan was last made whole (epoch seconds)
+
+
+_KEPT: _Kept | None = None
+
+
+def _policy_key(table: PolicyTable) -> str:
+    index = get_index()
+    text = repr(table) + "\n" + (index.version if index is not None else "")
+    return blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def _jobs_key(jobs: Sequence[SendJob]) -> dict[int, tuple[str, int]]:
+    return {job.pk: (job.updated_at.isoformat(), job.total) for job in jobs}
+
+
+def _kept_after(
+    jobs: Sequence[SendJob],
+    policy: str,
+    decided: dict[int, JobDecisions | None],
+    *,
+    full_at: float | None = None,
+) -> None:
+    """Keep what a plan was made from, for a remake after the next edit (None when one of its
+    jobs went through the gate, or one is reserved: the next plan is made whole)."""
+    global _KEPT
+    complete = {pk: d for pk, d in decided.items() if d is not None}
+    if len(complete) != len(jobs) or any(job.reserve for job in jobs):
+        _KEPT = None
+        return
+    whole_at = full_at if full_at is not None else (_KEPT.whole_at if _KEPT else time.time())
+    _KEPT = _Kept(policy=policy, jobs=_jobs_key(jobs), decided=complete, whole_at=whole_at)
+
+
+def _spliced(kept: JobDecisions, picked: np.ndarray, new: JobDecisions) -> JobDecisions:
+    """A job's kept decisions with those of its recipients at `picked` decided again."""
+    rules = list(kept.rules)
+    places = {rule: k for k, rule in enumerate(rules)}
+    remap = np.empty(len(new.rules) + 1, dtype=np.int64)
+    for k, rule in enumerate(new.rules):
+        if rule not in places:
+            places[rule] = len(rules)
+            rules.append(rule)
+        remap[k] = places[rule]
+    remap[-1] = -1  # no rule
+    out = JobDecisions(
+        users=kept.users,
+        reason=kept.reason.copy(),
+        rule=kept.rule.copy(),
+        used=kept.used.copy(),
+        retry_after=kept.retry_after.copy(),
+        reserved_for=kept.reserved_for.copy(),
+        rules=rules,
+        room=kept.room.copy(),
+    )
+    out.reason[picked] = new.reason
+    out.rule[picked] = remap[new.rule]
+    out.used[picked] = new.used
+    out.retry_after[picked] = new.retry_after
+    out.reserved_for[picked] = new.reserved_for
+    out.room[picked] = new.room
+    return out
+
+
+def plan_remade(
+    jobs: Sequence[SendJob], *, limiter: Limiter, table: PolicyTable, policy: str
+) -> tuple[list[JobPlan], bytes, int] | None:
+    """The plan made again for the users of the jobs edited since the one this process made
+    last (with the number of those users), the other users' decisions kept; None when it must
+    be made whole (see above). `policy`: the table and the snapshot as _policy_key has them,
+    taken before the table is used."""
+    kept = _KEPT
+    if (
+        kept is None
+        or time.time() - kept.whole_at >= PLAN_MAX_AGE
+        or kept.policy != policy
+        or any(job.reserve for job in jobs)
+    ):
+        return None
+    now = _jobs_key(jobs)
+    edited = [pk for pk, key in now.items() if kept.jobs.get(pk) != key]
+    gone = [pk for pk in kept.jobs if pk not in now]
+    if not edited and not gone:
+        return None
+    audiences = job_audiences(jobs)
+    touched = [audiences[pk].audience for pk in edited]
+    touched += [kept.decided[pk].users for pk in (*edited, *gone) if pk in kept.decided]
+    users = ascending_distinct(np.concatenate(touched).astype(np.uint64))
+    everyone = ascending_distinct(
+        np.concatenate([users, *(a.audience for a in audiences.values())])
+    )
+    if users.size > REMAKE_SHARE * max(1, everyone.size):
+        return None
+    try:
+        logs = ModelLogs.read(limiter, buckets=users_buckets(users, ordered=True))
+    except REDIS_DOWN as exc:
+        raise Unavailable(f"Redis is not answering; the plan cannot be made: {exc}") from exc
+    gate = Gate(
+        decider=ModelLimiter(logs),
+        holds=Holds(),
+        policy=PolicyCache.holding(table),
+        record_stats=False,
+        record_ledger=False,
+    )
+    plans: list[JobPlan] = []
+    decided: dict[int, JobDecisions | None] = {}
+    for job in jobs:
+        recipients = audiences[job.pk]
+        place = np.minimum(np.searchsorted(users, recipients.users), users.size - 1)
+        picked = users[place] == recipients.users  # `users` sorted: a binary search each
+        new = _job_decided(job, recipients.only(picked), gate, logs, table=table)
+        if new is None:
+            return None
+        found = new if job.pk in edited else _spliced(kept.decided[job.pk], picked, new)
+        decided[job.pk] = found
+        plan = _counted(job, found, plans)
+        plan.audience = recipients.audience
+        plans.append(plan)
+    _kept_after(jobs, policy, decided)
+    return plans, holds_encode([]), int(users.size)
+
+
 def plan_with_holds(
     jobs: Sequence[SendJob],
     *,
     limiter: Limiter | None = None,
     table: PolicyTable | None = None,
     later_counted: bool = False,
+    decided: dict[int, JobDecisions | None] | None = None,
 ) -> tuple[list[JobPlan], bytes]:
     """The plan of `jobs` with the holds of its reserved ones, and those holds (encoded), under
     the policy `table` (default: read now). `later_counted`: every job holds its sends as a
@@ -594,8 +756,16 @@ def plan_with_holds(
     blob = holds_encode([])
     logs = plan_logs(jobs, audiences, limiter or get_limiter())  # read once for every round
     for _ in range(HOLDS_ROUNDS):
+        if decided is not None:
+            decided.clear()  # the last round's
         plans = plan_compute(
-            jobs, limiter=limiter, holds=holds, audiences=audiences, table=table, logs=logs
+            jobs,
+            limiter=limiter,
+            holds=holds,
+            audiences=audiences,
+            table=table,
+            logs=logs,
+            decided=decided,
         )
         blob = plan_holds(plans, jobs, every_job=later_counted)
         if blob == holds_encode(holds.by_job()):

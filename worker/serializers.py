@@ -304,6 +304,14 @@ class PlanSerializer(serializers.Serializer):
         "being made; ask again in a while."
     )
     computing = serializers.BooleanField(help_text="A new plan is being made now.")
+    remade_users = serializers.IntegerField(
+        allow_null=True,
+        help_text="Made again after an edit of some jobs for this many users (theirs) alone, "
+        "the others' predictions kept; null: made whole.",
+    )
+    whole_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the plan was last made whole (null: none yet)."
+    )
     jobs = JobPlanSerializer(many=True, help_text="The scheduled jobs, in the order they start.")
 
 

@@ -636,6 +636,8 @@ def plan_current(jobs: Sequence[SendJob] | None = None) -> dict[str, Any]:  # ty
         "seconds": latest["seconds"] if latest else None,
         "stale": stale,
         "computing": computing,
+        "remade_users": latest.get("remade_users") if latest else None,
+        "whole_at": latest.get("whole_at", latest["computed_at"]) if latest else None,
         "jobs": latest["jobs"] if latest else [],
         "overlaps": latest.get("overlaps", []) if latest else [],
     }

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='ledgerkind',
             name='zone',
-            field=models.CharField(blank=True, default='', help_text="The zone the requests named for their users; empty: none, so the segment's, else the setting's.", max_length=64),
+            field=models.CharField(blank=True, db_default='', default='', help_text="The zone the requests named for their users; empty: none, so the segment's, else the setting's.", max_length=64),
         ),
     ]

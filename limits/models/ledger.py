@@ -67,6 +67,7 @@ class LedgerKind(models.Model):
         max_length=64,
         blank=True,
         default="",
+        db_default="",  # an older process's INSERT leaves the column out
         help_text="The zone the requests named for their users; empty: none, so the segment's, "
         "else the setting's.",
     )

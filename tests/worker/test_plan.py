@@ -408,7 +408,7 @@ def test_a_job_the_plan_puts_through_the_gate_is_counted_as_one_decided_at_once(
     starts = sorted({base + timedelta(minutes=15 * rng.randint(0, 4 * 36)) for _ in range(3)})
     [random_job(rng, n, start) for n, start in enumerate(starts)]
     at_once = plan_compute()
-    monkeypatch.setattr("worker.plan._job_modelled", lambda *args, **kwargs: None)
+    monkeypatch.setattr("worker.plan._job_decided", lambda *args, **kwargs: None)
     through_gate = plan_compute()
     assert at_once and len(at_once) == len(through_gate)
     for a, b in zip(at_once, through_gate, strict=True):
@@ -475,3 +475,44 @@ def test_the_plan_page_shows_what_each_job_loses_to_later_jobs_when_asked(world,
     asked = viewer_client.get(reverse("admin:plan") + "?later=counted").content.decode()
     row = asked[asked.index(f"<tr><td>#{promo.pk} promo</td>") :].split("</tr>")[0]
     assert ">3<" in row and ">1<" in row and "-2" in row and "launch (2)" in row
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_after_an_edit_of_some_jobs_the_plan_is_made_again_for_their_users_alone(
+    world, seed, monkeypatch
+):
+    """Moved, changed, added or cancelled: the plan made again for the users of the jobs
+    edited, the others' decisions kept, is the plan made whole."""
+    from worker.plan import plan_latest
+    from worker.services import send_job_cancel
+
+    monkeypatch.setattr("worker.plan.REMAKE_SHARE", 1.0)  # a few users: always remade
+    rng = random.Random(seed)
+    base = CHANGES[seed % len(CHANGES)]
+    for n in range(rng.randint(1, 3)):
+        random_rule(rng, n)
+    policy_cache().invalidate()
+    earlier_sends(rng, base, most=6)
+    starts = sorted(base + timedelta(minutes=15 * rng.randint(0, 4 * 36)) for _ in range(4))
+    jobs = [random_job(rng, n, start) for n, start in enumerate(starts)]
+    SendJob.objects.update(reserve=False)
+    assert plan_refresh(force=True)
+    whole = plan_latest()
+    assert whole is not None and whole["remade_users"] is None
+    target = jobs[rng.randrange(len(jobs))]
+    edited = SendJob.objects.filter(pk=target.pk)
+    match seed % 4:
+        case 0:
+            moved = base + timedelta(minutes=15 * rng.randint(0, 4 * 36))
+            edited.update(start_at=moved, updated_at=timezone.now())
+        case 1:
+            edited.update(priority=rng.randint(0, 9), tags=["promo"], updated_at=timezone.now())
+        case 2:
+            random_job(rng, 9, base + timedelta(minutes=15 * rng.randint(0, 4 * 36)))
+            SendJob.objects.update(reserve=False)
+        case _:
+            send_job_cancel(job=target)
+    assert plan_refresh()
+    remade = plan_latest()
+    assert remade is not None and 0 < remade["remade_users"] <= len(USERS)
+    assert remade["jobs"] == plan_shape(plan_compute(), scheduled_jobs())
