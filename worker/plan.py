@@ -36,7 +36,7 @@ from django.db.models.functions import Cast
 from gatekeeper.lib.leases import RedisLease
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.engine.limiter import Decision, Limiter, get_limiter
-from limits.engine.log import holder_of, message_hash
+from limits.engine.log import BUCKET_BITS, holder_of, message_hash
 from limits.engine.model import (
     NO_LIMIT,
     ModelLimiter,
@@ -561,13 +561,16 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
         return False
     try:
         started = time.time()
-        remade = None if force else plan_remade(jobs, limiter=live, table=table, policy=policy)
+        remade = None if force else plan_remade(jobs, table=table, policy=policy)
         if remade is not None:
             plans, blob, users = remade
         else:
             decided: dict[int, JobDecisions | None] = {}
-            plans, blob = plan_with_holds(jobs, limiter=live, table=table, decided=decided)
-            _kept_after(jobs, policy, decided, full_at=started)
+            read: list[ModelLogs] = []
+            plans, blob = plan_with_holds(
+                jobs, limiter=live, table=table, decided=decided, read=read
+            )
+            _kept_after(jobs, policy, decided, full_at=started, logs=read[0] if read else None)
             users = None
         result = {
             "inputs": inputs,
@@ -581,7 +584,7 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
                 _KEPT.whole_at if _KEPT is not None else started, tz=UTC
             ).isoformat(),
             "jobs": plan_shape(plans, jobs),
-            "overlaps": plan_overlaps(plans),
+            "overlaps": _overlaps(plans),
         }
         live.client.set(f"{live.prefix}{PLAN_KEY}", json.dumps(result))
         holds_store(live.client, live.prefix, blob, version=f"{inputs}:{started}")
@@ -611,6 +614,26 @@ class _Kept:
     jobs: dict[int, tuple[str, int]]  # job -> (updated_at, total) as planned
     decided: dict[int, JobDecisions]
     whole_at: float  # when the plan was last made whole (epoch seconds)
+    # The users' logs as the plan made whole read them (never changed: a remake decides over a
+    # fork), so that a remake predicts from the same moment as the decisions it keeps.
+    logs: ModelLogs
+    buckets: np.ndarray  # the log buckets those logs were read from (sorted)
+    everyone: int  # the jobs' users, when it was made whole
+
+
+# The overlaps of the jobs' audiences as last counted: counted again only when an audience
+# changed (a job moved or edited keeps its recipients).
+_OVERLAPS: tuple[tuple[tuple[int, int], ...], list[dict[str, Any]]] | None = None
+
+
+def _overlaps(plans: Sequence[JobPlan]) -> list[dict[str, Any]]:
+    global _OVERLAPS
+    key = tuple((p.job_id, id(p.audience)) for p in sorted(plans, key=lambda p: p.job_id))
+    if _OVERLAPS is None or _OVERLAPS[0] != key:
+        _OVERLAPS = (key, plan_overlaps(plans))
+    order = {p.job_id: k for k, p in enumerate(plans)}
+    # In the plans' order (the pairs' order follows the jobs').
+    return sorted(_OVERLAPS[1], key=lambda pair: (order[pair["jobs"][0]], order[pair["jobs"][1]]))
 
 
 _KEPT: _Kept | None = None
@@ -632,16 +655,30 @@ def _kept_after(
     decided: dict[int, JobDecisions | None],
     *,
     full_at: float | None = None,
+    logs: ModelLogs | None = None,
 ) -> None:
-    """Keep what a plan was made from, for a remake after the next edit (None when one of its
-    jobs went through the gate, or one is reserved: the next plan is made whole)."""
+    """Keep what a plan was made from, for a remake after the next edit (`full_at` and `logs`:
+    it was made whole then, from these logs); none when one of its jobs went through the gate,
+    or one is reserved: the next plan is made whole."""
     global _KEPT
     complete = {pk: d for pk, d in decided.items() if d is not None}
+    before = _KEPT
+    _KEPT = None
     if len(complete) != len(jobs) or any(job.reserve for job in jobs):
-        _KEPT = None
         return
-    whole_at = full_at if full_at is not None else (_KEPT.whole_at if _KEPT else time.time())
-    _KEPT = _Kept(policy=policy, jobs=_jobs_key(jobs), decided=complete, whole_at=whole_at)
+    if full_at is not None and logs is not None:
+        everyone = ascending_distinct(
+            np.concatenate([d.users for d in complete.values()] or [_NONE])
+        )
+        _KEPT = _Kept(
+            policy=policy, jobs=_jobs_key(jobs), decided=complete, whole_at=full_at,
+            logs=logs, buckets=users_buckets(everyone, ordered=True), everyone=int(everyone.size),
+        )  # fmt: skip
+    elif before is not None:
+        _KEPT = _Kept(
+            policy=policy, jobs=_jobs_key(jobs), decided=complete, whole_at=before.whole_at,
+            logs=before.logs, buckets=before.buckets, everyone=before.everyone,
+        )  # fmt: skip
 
 
 def _spliced(kept: JobDecisions, picked: np.ndarray, new: JobDecisions) -> JobDecisions:
@@ -675,7 +712,7 @@ def _spliced(kept: JobDecisions, picked: np.ndarray, new: JobDecisions) -> JobDe
 
 
 def plan_remade(
-    jobs: Sequence[SendJob], *, limiter: Limiter, table: PolicyTable, policy: str
+    jobs: Sequence[SendJob], *, table: PolicyTable, policy: str
 ) -> tuple[list[JobPlan], bytes, int] | None:
     """The plan made again for the users of the jobs edited since the one this process made
     last (with the number of those users), the other users' decisions kept; None when it must
@@ -698,15 +735,29 @@ def plan_remade(
     touched = [audiences[pk].audience for pk in edited]
     touched += [kept.decided[pk].users for pk in (*edited, *gone) if pk in kept.decided]
     users = ascending_distinct(np.concatenate(touched).astype(np.uint64))
-    everyone = ascending_distinct(
-        np.concatenate([users, *(a.audience for a in audiences.values())])
-    )
-    if users.size > REMAKE_SHARE * max(1, everyone.size):
+    if users.size > REMAKE_SHARE * max(1, kept.everyone):
         return None
-    try:
-        logs = ModelLogs.read(limiter, buckets=users_buckets(users, ordered=True))
-    except REDIS_DOWN as exc:
-        raise Unavailable(f"Redis is not answering; the plan cannot be made: {exc}") from exc
+    # The logs as the plan made whole read them, but for the users of a new job whose logs
+    # were not read then: theirs are read now.
+    buckets = users >> np.uint64(BUCKET_BITS)  # each user's
+    place = np.minimum(np.searchsorted(kept.buckets, buckets), max(kept.buckets.size - 1, 0))
+    known = (kept.buckets[place] == buckets) if kept.buckets.size else np.zeros(users.size, bool)
+    logs = kept.logs.fork()
+    if not known.all():
+        try:
+            fresh = ModelLogs.read(
+                get_limiter(), buckets=users_buckets(users[~known], ordered=True)
+            )
+        except REDIS_DOWN as exc:
+            raise Unavailable(f"Redis is not answering; the plan cannot be made: {exc}") from exc
+        entries = fresh.entries()
+        new_users = np.isin(entries.user, users[~known])
+        if new_users.any():
+            taken = entries.take(np.flatnonzero(new_users))
+            taken.channel = np.asarray(
+                [logs.code(fresh.channels[c]) for c in taken.channel.tolist()], dtype=np.int32
+            )
+            logs.record(taken)
     gate = Gate(
         decider=ModelLimiter(logs),
         holds=Holds(),
@@ -739,6 +790,7 @@ def plan_with_holds(
     table: PolicyTable | None = None,
     later_counted: bool = False,
     decided: dict[int, JobDecisions | None] | None = None,
+    read: list[ModelLogs] | None = None,
 ) -> tuple[list[JobPlan], bytes]:
     """The plan of `jobs` with the holds of its reserved ones, and those holds (encoded), under
     the policy `table` (default: read now). `later_counted`: every job holds its sends as a
@@ -755,6 +807,8 @@ def plan_with_holds(
     plans: list[JobPlan] = []
     blob = holds_encode([])
     logs = plan_logs(jobs, audiences, limiter or get_limiter())  # read once for every round
+    if read is not None:
+        read.append(logs)  # never changed: each round decides over its own fork
     for _ in range(HOLDS_ROUNDS):
         if decided is not None:
             decided.clear()  # the last round's

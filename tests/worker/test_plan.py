@@ -491,11 +491,21 @@ def test_after_an_edit_of_some_jobs_the_plan_is_made_again_for_their_users_alone
     base = CHANGES[seed % len(CHANGES)]
     for n in range(rng.randint(1, 3)):
         random_rule(rng, n)
+    make_rule("8 a week", channel="all", window_seconds=7 * 86_400, limit=8)
     policy_cache().invalidate()
     earlier_sends(rng, base, most=6)
     starts = sorted(base + timedelta(minutes=15 * rng.randint(0, 4 * 36)) for _ in range(4))
     jobs = [random_job(rng, n, start) for n, start in enumerate(starts)]
     SendJob.objects.update(reserve=False)
+    far = 70_000  # in no job yet: its log is in a bucket the plan made whole does not read
+    for channel in ("email", "push"):
+        gate_check(
+            channel=channel,
+            requests=[(far, f"far{k}:{channel}") for k in range(4)],
+            campaign="spring",
+            tags=("promo",),
+            now=base - timedelta(minutes=30),
+        )
     assert plan_refresh(force=True)
     whole = plan_latest()
     assert whole is not None and whole["remade_users"] is None
@@ -508,7 +518,15 @@ def test_after_an_edit_of_some_jobs_the_plan_is_made_again_for_their_users_alone
         case 1:
             edited.update(priority=rng.randint(0, 9), tags=["promo"], updated_at=timezone.now())
         case 2:
-            random_job(rng, 9, base + timedelta(minutes=15 * rng.randint(0, 4 * 36)))
+            added = random_job(rng, 9, base + timedelta(minutes=15 * rng.randint(0, 4 * 36)))
+            chunk = added.chunks.order_by("pk").last()
+            assert chunk is not None
+            address = f"token-{far}" if added.channel == "push" else f"u{far}@example.com"
+            chunk.recipients.append(
+                {"user_id": far, "address": address, "message_id": f"{added.campaign}:{far}"}
+            )
+            chunk.save(update_fields=["recipients"])
+            SendJob.objects.filter(pk=added.pk).update(total=added.total + 1)
             SendJob.objects.update(reserve=False)
         case _:
             send_job_cancel(job=target)
