@@ -22,8 +22,8 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from hashlib import blake2b
 from typing import Any
@@ -251,14 +251,16 @@ class JobRecipients:
         return JobRecipients(users=self.users[picked], messages=self.messages[picked], zones=zones)
 
 
-# (job, updated_at, total) -> its recipients: read once while the job stays as it is
+# (job, created_at, total) -> its recipients: read once. An edit never changes a job's
+# recipients (none of worker.services.EDITABLE is theirs), so a job keeps them whatever else is
+# edited.
 _READ: dict[tuple[int, str, int], JobRecipients] = {}
 
 
 def job_audiences(jobs: Sequence[SendJob]) -> dict[int, JobRecipients]:
     """Each job's recipients, read once for a plan and its rounds (and kept in this process
-    while the job is unchanged: a plan made again reads only the jobs that changed)."""
-    wanted = {(job.pk, job.updated_at.isoformat(), job.total): job for job in jobs}
+    while the job is scheduled: a plan made again reads only the jobs new to it)."""
+    wanted = {(job.pk, job.created_at.isoformat(), job.total): job for job in jobs}
     for key in [key for key in _READ if key not in wanted]:
         del _READ[key]
     out = {}
@@ -584,7 +586,7 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
                 _KEPT.whole_at if _KEPT is not None else started, tz=UTC
             ).isoformat(),
             "jobs": plan_shape(plans, jobs),
-            "overlaps": _overlaps(plans),
+            "overlaps": _overlaps(plans, jobs),
         }
         live.client.set(f"{live.prefix}{PLAN_KEY}", json.dumps(result))
         holds_store(live.client, live.prefix, blob, version=f"{inputs}:{started}")
@@ -623,12 +625,14 @@ class _Kept:
 
 # The overlaps of the jobs' audiences as last counted: counted again only when an audience
 # changed (a job moved or edited keeps its recipients).
-_OVERLAPS: tuple[tuple[tuple[int, int], ...], list[dict[str, Any]]] | None = None
+_OVERLAPS: tuple[tuple[tuple[int, str, int], ...], list[dict[str, Any]]] | None = None
 
 
-def _overlaps(plans: Sequence[JobPlan]) -> list[dict[str, Any]]:
+def _overlaps(plans: Sequence[JobPlan], jobs: Sequence[SendJob]) -> list[dict[str, Any]]:
+    """plan_overlaps, counted again only when a job's recipients (or the jobs) changed: an edit
+    never changes them, nor a job's campaign and channel."""
     global _OVERLAPS
-    key = tuple((p.job_id, id(p.audience)) for p in sorted(plans, key=lambda p: p.job_id))
+    key = tuple(sorted((job.pk, job.created_at.isoformat(), job.total) for job in jobs))
     if _OVERLAPS is None or _OVERLAPS[0] != key:
         _OVERLAPS = (key, plan_overlaps(plans))
     order = {p.job_id: k for k, p in enumerate(plans)}
@@ -682,7 +686,8 @@ def _kept_after(
 
 
 def _spliced(kept: JobDecisions, picked: np.ndarray, new: JobDecisions) -> JobDecisions:
-    """A job's kept decisions with those of its recipients at `picked` decided again."""
+    """A job's kept decisions with those of its recipients at `picked` decided again (in place:
+    the kept ones are let go during a remake)."""
     rules = list(kept.rules)
     places = {rule: k for k, rule in enumerate(rules)}
     remap = np.empty(len(new.rules) + 1, dtype=np.int64)
@@ -694,13 +699,13 @@ def _spliced(kept: JobDecisions, picked: np.ndarray, new: JobDecisions) -> JobDe
     remap[-1] = -1  # no rule
     out = JobDecisions(
         users=kept.users,
-        reason=kept.reason.copy(),
-        rule=kept.rule.copy(),
-        used=kept.used.copy(),
-        retry_after=kept.retry_after.copy(),
-        reserved_for=kept.reserved_for.copy(),
+        reason=kept.reason,
+        rule=kept.rule,
+        used=kept.used,
+        retry_after=kept.retry_after,
+        reserved_for=kept.reserved_for,
         rules=rules,
-        room=kept.room.copy(),
+        room=kept.room,
     )
     out.reason[picked] = new.reason
     out.rule[picked] = remap[new.rule]
@@ -711,6 +716,32 @@ def _spliced(kept: JobDecisions, picked: np.ndarray, new: JobDecisions) -> JobDe
     return out
 
 
+MEMBERSHIP_IDS = 1 << 25  # users below this: found in a table of one byte an id (32 MB at most)
+
+
+def _membership(users: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """Which of some values are among `users` (sorted, once each): by a table of one byte per id
+    when the ids are small, else by a binary search each."""
+    top = int(users[-1]) if users.size else 0
+    if users.size and top < MEMBERSHIP_IDS:
+        table = np.zeros(top + 1, dtype=bool)
+        table[users] = True
+
+        def found(values: np.ndarray) -> np.ndarray:
+            inside = values <= top
+            return inside & table[np.where(inside, values, 0)]
+
+        return found
+
+    def searched(values: np.ndarray) -> np.ndarray:
+        if not users.size:
+            return np.zeros(values.size, dtype=bool)
+        place = np.minimum(np.searchsorted(users, values), users.size - 1)
+        return users[place] == values
+
+    return searched
+
+
 def plan_remade(
     jobs: Sequence[SendJob], *, table: PolicyTable, policy: str
 ) -> tuple[list[JobPlan], bytes, int] | None:
@@ -718,6 +749,7 @@ def plan_remade(
     last (with the number of those users), the other users' decisions kept; None when it must
     be made whole (see above). `policy`: the table and the snapshot as _policy_key has them,
     taken before the table is used."""
+    global _KEPT
     kept = _KEPT
     if (
         kept is None
@@ -737,6 +769,7 @@ def plan_remade(
     users = ascending_distinct(np.concatenate(touched).astype(np.uint64))
     if users.size > REMAKE_SHARE * max(1, kept.everyone):
         return None
+    _KEPT = None  # its decisions are changed in place below: kept again once all are made
     # The logs as the plan made whole read them, but for the users of a new job whose logs
     # were not read then: theirs are read now.
     buckets = users >> np.uint64(BUCKET_BITS)  # each user's
@@ -758,6 +791,7 @@ def plan_remade(
                 [logs.code(fresh.channels[c]) for c in taken.channel.tolist()], dtype=np.int32
             )
             logs.record(taken)
+    member = _membership(users)
     gate = Gate(
         decider=ModelLimiter(logs),
         holds=Holds(),
@@ -766,11 +800,10 @@ def plan_remade(
         record_ledger=False,
     )
     plans: list[JobPlan] = []
-    decided: dict[int, JobDecisions | None] = {}
+    decided: dict[int, JobDecisions] = {}
     for job in jobs:
         recipients = audiences[job.pk]
-        place = np.minimum(np.searchsorted(users, recipients.users), users.size - 1)
-        picked = users[place] == recipients.users  # `users` sorted: a binary search each
+        picked = member(recipients.users)
         new = _job_decided(job, recipients.only(picked), gate, logs, table=table)
         if new is None:
             return None
@@ -779,7 +812,7 @@ def plan_remade(
         plan = _counted(job, found, plans)
         plan.audience = recipients.audience
         plans.append(plan)
-    _kept_after(jobs, policy, decided)
+    _KEPT = replace(kept, jobs=_jobs_key(jobs), decided=decided)
     return plans, holds_encode([]), int(users.size)
 
 

@@ -22,7 +22,7 @@ from tests.support.sends import make_rule, recipients
 from worker.chunks import send_chunk_run
 from worker.gate import gate_check
 from worker.models import SendChunk, SendJob
-from worker.plan import plan_compute, plan_refresh, plan_shape, scheduled_jobs
+from worker.plan import plan_compute, plan_overlaps, plan_refresh, plan_shape, scheduled_jobs
 from worker.scheduling import jobs_start_due
 from worker.services import send_job_create
 
@@ -533,4 +533,6 @@ def test_after_an_edit_of_some_jobs_the_plan_is_made_again_for_their_users_alone
     assert plan_refresh()
     remade = plan_latest()
     assert remade is not None and 0 < remade["remade_users"] <= len(USERS)
-    assert remade["jobs"] == plan_shape(plan_compute(), scheduled_jobs())
+    again = plan_compute()
+    assert remade["jobs"] == plan_shape(again, scheduled_jobs())
+    assert remade["overlaps"] == plan_overlaps(again)
