@@ -102,6 +102,15 @@ class JobPlan:
     # the users whose send it records (allowed; not a duplicate), sorted
     admitted: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
     audience: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))
+    _admits: Callable[[np.ndarray], np.ndarray] | None = field(
+        default=None, repr=False, compare=False
+    )
+
+    def admits(self, users: np.ndarray) -> np.ndarray:
+        """Which of `users` it records a send for (`admitted` as a table, made once)."""
+        if self._admits is None:
+            self._admits = _membership(self.admitted)
+        return self._admits(users)
 
     @property
     def sent(self) -> int:
@@ -389,9 +398,7 @@ def _taken_by_earlier(
     for before in earlier:
         if not before.admitted.size:
             continue
-        # `admitted` is sorted, once each: found by a binary search.
-        place = np.searchsorted(before.admitted, users)
-        hit = before.admitted[np.minimum(place, before.admitted.size - 1)] == users
+        hit = before.admits(users)
         if not hit.any():
             continue
         counts = np.array(
