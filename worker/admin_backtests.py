@@ -29,7 +29,7 @@ from limits.engine.quiet import quiet_json_describe
 from limits.models.policy import Cap, QuietHours, Rule, SettingChange
 from limits.policy.bodies import DraftBody
 from limits.policy.drafts import draft_save
-from limits.policy.rules import rule_json_describe
+from limits.policy.rules import rule_fields_as_json, rule_json_describe
 from limits.policy.services import cap_describe, cap_from_text, cap_text
 from segments.models import Segment
 from worker.backtest import policy_mark
@@ -100,7 +100,7 @@ def _form_changes(
         form = _posted_form(site, request, Rule, rule)
         if not form.is_valid():
             raise ModelValidationError(form.errors.as_text())
-        given = _rule_json(form.authored_fields())
+        given = rule_fields_as_json(form.authored_fields())
         op = {"op": "change", "id": rule.pk, **given} if rule else {"op": "add", **given}
         label = rule.name if rule else given["name"]
         return {"rules": [op]}, {"kind": kind, "id": rule and rule.pk, "label": label}
@@ -136,29 +136,6 @@ def _form_changes(
         origin = {"kind": kind, "id": segment.pk, "label": f"caps of {segment.name}"}
         return {"caps": caps}, origin
     raise PermissionDenied
-
-
-def _rule_json(fields: Any) -> dict[str, Any]:
-    """A rule's fields as its REST body names them."""
-    calendar = fields.window_kind == "calendar"
-    reserve = (
-        {"below_priority": fields.reserve_below_priority, "slots": fields.reserve_slots}
-        if fields.reserve_below_priority is not None
-        else None
-    )
-    return {
-        "name": fields.name,
-        "segment": fields.segment,
-        "channel": fields.channel,
-        "match": fields.match,
-        "tag": fields.tag or None,
-        "window": {"kind": "calendar", "unit": fields.window_unit}
-        if calendar
-        else {"kind": "rolling", "seconds": fields.window_seconds},
-        "limit": fields.limit,
-        "reserve": reserve,
-        "enabled": fields.enabled,
-    }
 
 
 @require_POST

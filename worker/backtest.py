@@ -56,11 +56,9 @@ from worker.models import Backtest, BacktestPart
 
 logger = logging.getLogger(__name__)
 
-DAY_MS = 86_400_000
 EXAMPLES_MAX = 20  # differences from the ledger shown, per part
 NO_RULE = -(1 << 62)
 
-KEPT: frozenset[str] = frozenset(NOT_REPLAYED)  # the ledger's answer stands under both
 ALLOWED = CODES[Reason.ALLOWED]
 
 
@@ -175,7 +173,7 @@ class _Kinds:
                 zone=row.zone or None,
                 reason=CODES[Reason(row.reason)],
                 kept=(
-                    row.reason in KEPT
+                    row.reason in NOT_REPLAYED  # the ledger's answer stands under both
                     or row.category != Category.MARKETING
                     or (row.rule_id == 0 and row.reason != Reason.ALLOWED)
                 ),
@@ -585,7 +583,7 @@ def _summed(
         )
         for name, replay in (("in_force", in_force), ("draft", draft)):
             counts = np.bincount(replay.reason[at], minlength=width).tolist()
-            entry[name] = [x + y for x, y in zip(entry[name], counts, strict=True)]
+            entry[name] = _summed_lists(entry[name], counts)
         entry["gained"] += int(gained[at].sum())
         entry["lost"] += int(lost[at].sum())
         differing = at[changed[at]]
@@ -686,6 +684,25 @@ def _reasons(counts: list[int]) -> dict[str, int]:
     return {REASONS[k].value: n for k, n in enumerate(counts) if n}
 
 
+SUMS = ("gained", "lost", "users_affected")
+
+
+def _sums() -> dict[str, Any]:
+    return {"in_force": [], "draft": [], **dict.fromkeys(SUMS, 0), "rules": {}}
+
+
+def _added(into: dict[str, Any], entry: dict[str, Any]) -> None:
+    """Add one group's sums (a part's, or a row's) into `into`."""
+    for which in ("in_force", "draft"):
+        into[which] = _summed_lists(into[which], entry[which])
+    for which in SUMS:
+        into[which] += entry[which]
+    for rule_id, tally in entry["rules"].items():
+        sums = into["rules"].setdefault(rule_id, {"gained": 0, "lost": 0})
+        sums["gained"] += tally["gained"]
+        sums["lost"] += tally["lost"]
+
+
 def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The parts' sums as the backtest's result (docs/api.md, backtests)."""
     names: dict[int, tuple[str, bool]] = {
@@ -697,26 +714,7 @@ def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
         names.update({int(k): (v, True) for k, v in part["added"].items()})
         examples.extend(part["examples"])
         for key, entry in part["groups"].items():
-            into = groups.setdefault(
-                key,
-                {
-                    **entry,
-                    "rules": {},
-                    "in_force": [],
-                    "draft": [],
-                    "gained": 0,
-                    "lost": 0,
-                    "users_affected": 0,
-                },
-            )
-            for which in ("in_force", "draft"):
-                into[which] = _summed_lists(into[which], entry[which])
-            for which in ("gained", "lost", "users_affected"):
-                into[which] += entry[which]
-            for rule_id, tally in entry["rules"].items():
-                sums = into["rules"].setdefault(rule_id, {"gained": 0, "lost": 0})
-                sums["gained"] += tally["gained"]
-                sums["lost"] += tally["lost"]
+            _added(groups.setdefault(key, {**entry, **_sums()}), entry)
 
     def rules_shown(tallies: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
         shown = []
@@ -733,20 +731,10 @@ def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
         return sorted(shown, key=lambda r: -(r["gained"] + r["lost"]))
 
     rows = []
-    totals: dict[str, Any] = {"gained": 0, "lost": 0, "users_affected": 0}
-    overall: dict[str, dict[str, int]] = {}
-    in_force: list[int] = []
-    drafted: list[int] = []
+    total = _sums()
     for key in sorted(groups):
         entry = groups[key]
-        for which in ("gained", "lost", "users_affected"):
-            totals[which] += entry[which]
-        in_force = _summed_lists(in_force, entry["in_force"])
-        drafted = _summed_lists(drafted, entry["draft"])
-        for rule_id, tally in entry["rules"].items():
-            sums = overall.setdefault(rule_id, {"gained": 0, "lost": 0})
-            sums["gained"] += tally["gained"]
-            sums["lost"] += tally["lost"]
+        _added(total, entry)
         rows.append(
             {
                 "day": entry["day"],
@@ -769,7 +757,11 @@ def merged(parts: list[dict[str, Any]]) -> dict[str, Any]:
             "differences": sum(part["differences"] for part in parts),
             "examples": examples[:EXAMPLES_MAX],
         },
-        "totals": {**totals, "in_force": _reasons(in_force), "draft": _reasons(drafted)},
-        "rules": rules_shown(overall),
+        "totals": {
+            **{which: total[which] for which in SUMS},
+            "in_force": _reasons(total["in_force"]),
+            "draft": _reasons(total["draft"]),
+        },
+        "rules": rules_shown(total["rules"]),
         "rows": rows,
     }

@@ -161,7 +161,6 @@ def plan_compute(
     if holds is None:
         holds = holds_cache().get(live.client, live.prefix)
     table = policy_read() if table is None else table
-    policy = PolicyCache.holding(table)
     started = time.monotonic()
     took = steps if steps is not None else {}
     plans: list[JobPlan] = []
@@ -170,14 +169,7 @@ def plan_compute(
     took["recipients"] = time.monotonic() - started
     logs = (plan_logs(jobs, audiences, live) if logs is None else logs).fork()
     took["logs"] = time.monotonic() - started - took["recipients"]
-    replay = Gate(
-        decider=ModelLimiter(logs),
-        index=index,
-        holds=holds,
-        policy=policy,
-        record_stats=False,
-        record_ledger=False,
-    )
+    replay = _model_gate(logs, table, holds, index=index)
     for job in jobs:
         found = _job_decided(job, audiences[job.pk], replay, logs, table=table)
         if found is None:  # a user listed twice, transactional sends: as the gate runs it
@@ -197,6 +189,21 @@ def plan_compute(
         ", ".join(f"{name} {seconds:.1f} s" for name, seconds in took.items()),
     )
     return plans
+
+
+def _model_gate(
+    logs: ModelLogs, table: PolicyTable, holds: Holds, *, index: SegmentResolver | None = None
+) -> Gate:
+    """The gate a plan decides with: the decision model over `logs` for the limiter, `table`
+    for the policy, nothing recorded."""
+    return Gate(
+        decider=ModelLimiter(logs),
+        index=index,
+        holds=holds,
+        policy=PolicyCache.holding(table),
+        record_stats=False,
+        record_ledger=False,
+    )
 
 
 def plan_logs(
@@ -704,23 +711,14 @@ def _spliced(kept: JobDecisions, picked: np.ndarray, new: JobDecisions) -> JobDe
             rules.append(rule)
         remap[k] = places[rule]
     remap[-1] = -1  # no rule
-    out = JobDecisions(
-        users=kept.users,
-        reason=kept.reason,
-        rule=kept.rule,
-        used=kept.used,
-        retry_after=kept.retry_after,
-        reserved_for=kept.reserved_for,
-        rules=rules,
-        room=kept.room,
-    )
-    out.reason[picked] = new.reason
-    out.rule[picked] = remap[new.rule]
-    out.used[picked] = new.used
-    out.retry_after[picked] = new.retry_after
-    out.reserved_for[picked] = new.reserved_for
-    out.room[picked] = new.room
-    return out
+    kept.rules = rules
+    kept.reason[picked] = new.reason
+    kept.rule[picked] = remap[new.rule]
+    kept.used[picked] = new.used
+    kept.retry_after[picked] = new.retry_after
+    kept.reserved_for[picked] = new.reserved_for
+    kept.room[picked] = new.room
+    return kept
 
 
 MEMBERSHIP_IDS = 1 << 25  # users below this: found in a table of one byte an id (32 MB at most)
@@ -799,13 +797,7 @@ def plan_remade(
             )
             logs.record(taken)
     member = _membership(users)
-    gate = Gate(
-        decider=ModelLimiter(logs),
-        holds=Holds(),
-        policy=PolicyCache.holding(table),
-        record_stats=False,
-        record_ledger=False,
-    )
+    gate = _model_gate(logs, table, Holds())
     plans: list[JobPlan] = []
     decided: dict[int, JobDecisions] = {}
     for job in jobs:

@@ -91,7 +91,8 @@ def draft_applied(
     by its place (`prefix` + `rules[0].limit`), before anything is made."""
     base = table if table is not None else policy_read()
     problems = _Problems(prefix)
-    slugs = list(Segment.objects.values_list("slug", flat=True))
+    names = dict(Segment.objects.values_list("slug", "name"))
+    slugs = list(names)
     rules = _rules_applied(changes, problems, slugs)
     quiet = _quiet_applied(changes, problems, slugs)
     classic = dict(base.classic)
@@ -104,7 +105,10 @@ def draft_applied(
             problems.add(f"{where}.channel", why)
             continue
         classic[(cap.segment, cap.channel)] = (cap.daily, cap.weekly)
-        _cap_rules(rules, cap.segment, cap.channel, {"daily": cap.daily, "weekly": cap.weekly})
+        named = names.get(cap.segment, cap.segment)
+        _cap_rules(
+            rules, cap.segment, named, cap.channel, {"daily": cap.daily, "weekly": cap.weekly}
+        )
     if problems.found:
         raise ValidationError(problems.found)
     added: dict[int, str] = {}
@@ -122,16 +126,11 @@ def draft_applied(
     return Draft(table=drafted, added=added, keep=keep)
 
 
-def _segment_names() -> dict[str, str]:
-    return dict(Segment.objects.values_list("slug", "name"))
-
-
 def _cap_rules(
-    rules: list[_Rule], segment: str, channel: str, limits: dict[str, int | None]
+    rules: list[_Rule], segment: str, name: str, channel: str, limits: dict[str, int | None]
 ) -> None:
     """A classic cap set: its two rules (rolling 24 h and 7 d) as limits.policy.services makes
     them, replacing the ones it had (kept in place, with their ids)."""
-    names = _segment_names()
     for which, value in limits.items():
         seconds = window_seconds_of(which)
         at = next(
@@ -148,7 +147,7 @@ def _cap_rules(
             continue
         fields = classic_rule_fields(
             segment=segment,
-            segment_name=names.get(segment, segment),
+            segment_name=name,
             channel=channel,
             which=which,
             limit=value,

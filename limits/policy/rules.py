@@ -422,6 +422,27 @@ def rule_fields_of_json(data: Mapping[str, Any]) -> RuleFields:
     return RuleFields(**{**RULE_FIELD_DEFAULTS, **rule_changes_of_json(data)})
 
 
+def rule_fields_as_json(fields: RuleFields) -> dict[str, Any]:
+    """A rule's fields as its REST body names them (rule_fields_of_json's inverse)."""
+    calendar = fields.window_kind == "calendar"
+    below, slots = fields.reserve_below_priority, fields.reserve_slots
+    return {
+        "name": fields.name,
+        "segment": fields.segment,
+        "channel": fields.channel,
+        "match": fields.match,
+        "tag": fields.tag or None,
+        "window": {"kind": "calendar", "unit": fields.window_unit}
+        if calendar
+        else {"kind": "rolling", "seconds": fields.window_seconds},
+        "limit": fields.limit,
+        "reserve": None
+        if below is None or slots is None
+        else {"below_priority": below, "slots": slots},
+        "enabled": fields.enabled,
+    }
+
+
 def rule_view_of(fields: RuleFields, *, id: int, classic: bool = False) -> RuleView:
     """A rule's fields as decisions and words read them."""
     return RuleView(
