@@ -189,3 +189,14 @@ def remade(jobs: list[SendJob], limiter: Limiter, index: Any) -> None:
         f"users in {seconds:.1f} s (made whole: {latest.get('remade_users') is None}); "
         "target: under 5 s"
     )
+    rule = RULES.model.objects.get(name=f"{SEGMENTS[2]}: 2 a day")
+    RULES.update(row=rule, changes={"limit": 1}, via="command")
+    began = time.perf_counter()
+    plan_refresh(limiter=limiter)
+    seconds = time.perf_counter() - began
+    latest = plan_latest(limiter=limiter) or {}
+    print(
+        f"plan (one segment's rule edited, made again for its users): "
+        f"{latest.get('remade_users') or 0:,} users in {seconds:.1f} s (made whole: "
+        f"{latest.get('remade_users') is None}); target: under 5 s"
+    )

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH_DB = os.environ.get(
     "GATEKEEPER_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/gk_bench"
 )
-REDIS_URL = "redis://127.0.0.1:6379/14"
+REDIS_URL = os.environ.get("GATEKEEPER_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 CHILD = "GATEKEEPER_BENCH_CHILD"
 
 

@@ -35,6 +35,7 @@ from django.db.models.functions import Cast
 
 from gatekeeper.lib.leases import RedisLease
 from gatekeeper.lib.redis_client import REDIS_DOWN
+from limits.channels import ALL
 from limits.engine.limiter import Decision, Limiter, get_limiter
 from limits.engine.log import BUCKET_BITS, holder_of, message_hash
 from limits.engine.model import (
@@ -562,7 +563,6 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
     # older table than its hash says would pass for fresh until PLAN_MAX_AGE.
     table = policy_read()
     inputs = plan_inputs(jobs, table=table)
-    policy = _policy_key(table)  # before the plan reads it (its caches fill then)
     fresh = (
         latest is not None
         and latest["inputs"] == inputs
@@ -577,7 +577,7 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
         return False
     try:
         started = time.time()
-        remade = None if force else plan_remade(jobs, table=table, policy=policy)
+        remade = None if force else plan_remade(jobs, table=table)
         if remade is not None:
             plans, blob, users = remade
         else:
@@ -586,7 +586,7 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
             plans, blob = plan_with_holds(
                 jobs, limiter=live, table=table, decided=decided, read=read
             )
-            _kept_after(jobs, policy, decided, full_at=started, logs=read[0] if read else None)
+            _kept_after(jobs, table, decided, full_at=started, logs=read[0] if read else None)
             users = None
         result = {
             "inputs": inputs,
@@ -609,24 +609,31 @@ def plan_refresh(*, force: bool = False, limiter: Limiter | None = None) -> bool
     return True
 
 
-# --- made again after an edit of some jobs: only their users ----------------------------------
-# Users are independent: an edit of some jobs (made, rescheduled, its recipients or fields
-# changed, cancelled or started) changes the predictions of those jobs' users only, in every job
-# they are in. The plan is then made again for those users alone (their logs read, every job
-# decided over them in order) and their decisions put in place of the ones kept from the plan
-# made before; the others' are kept. Only when nothing else changed (the policy, the snapshot),
-# no job is reserved (a hold reaches other jobs' users through its rounds) and no job was put
-# through the gate itself; and at least every PLAN_MAX_AGE the plan is made whole again (people's
-# own changes and sends made since reach every user).
+# --- made again after an edit: only the users it reaches -------------------------------------
+# Users are independent: an edit changes the predictions of the users it reaches only, in every
+# job they are in. The plan is then made again for those users alone (every job decided over
+# them in order, from the logs the plan made whole read) and their decisions put in place of
+# the ones kept from the plan made before; the others' are kept. Whom an edit reaches:
+# - of some jobs (made, rescheduled, its fields changed, cancelled or started): their users;
+# - of a rule, a quiet-hours entry, a classic cap or a segment's zone (_policy_reach): the
+#   users of its segment (every segment's for one of every segment) among the recipients of
+#   the jobs whose sends it decides (a rule: those it counts, its channel, tag or campaign);
+# - of the snapshot (a segment's list or priority): the users it resolves to another segment.
+# The plan is made whole instead when an edit may reach anyone (a topic, the control group, an
+# experiment, a person's own frequency), when the users reached are more than REMAKE_SHARE of
+# the jobs' users, when a job is reserved (a hold reaches other jobs' users through its rounds)
+# or was put through the gate itself, and at least every PLAN_MAX_AGE (people's own changes and
+# sends made since reach every user).
 
-REMAKE_SHARE = 0.5  # beyond this share of the jobs' users touched, the plan is made whole
+REMAKE_SHARE = 0.5  # beyond this share of the jobs' users reached, the plan is made whole
 
 
 @dataclass
 class _Kept:
     """The plan this process made last: what it was made from and each job's decisions."""
 
-    policy: str  # the table and the snapshot, hashed
+    table: PolicyTable  # the policy it was made under
+    index: Any  # the snapshot it resolved segments with (None: none loaded)
     jobs: dict[int, tuple[str, int]]  # job -> (updated_at, total) as planned
     decided: dict[int, JobDecisions]
     whole_at: float  # when the plan was last made whole (epoch seconds)
@@ -634,7 +641,14 @@ class _Kept:
     # fork), so that a remake predicts from the same moment as the decisions it keeps.
     logs: ModelLogs
     buckets: np.ndarray  # the log buckets those logs were read from (sorted)
-    everyone: int  # the jobs' users, when it was made whole
+    everyone: np.ndarray  # every user of the jobs planned since it was made whole (sorted)
+    # everyone's segments under `index` (segment_codes), once a policy edit asks for them
+    segments: tuple[np.ndarray, list[str | None]] | None = None
+
+    def segments_of(self) -> tuple[np.ndarray, list[str | None]]:
+        if self.segments is None:
+            self.segments = _segments(self.index, self.everyone)
+        return self.segments
 
 
 # The overlaps of the jobs' audiences as last counted: counted again only when an audience
@@ -657,46 +671,130 @@ def _overlaps(plans: Sequence[JobPlan], jobs: Sequence[SendJob]) -> list[dict[st
 _KEPT: _Kept | None = None
 
 
-def _policy_key(table: PolicyTable) -> str:
-    index = get_index()
-    text = repr(table) + "\n" + (index.version if index is not None else "")
-    return blake2b(text.encode(), digest_size=16).hexdigest()
-
-
 def _jobs_key(jobs: Sequence[SendJob]) -> dict[int, tuple[str, int]]:
     return {job.pk: (job.updated_at.isoformat(), job.total) for job in jobs}
 
 
+def _segments(index: Any, users: np.ndarray) -> tuple[np.ndarray, list[str | None]]:
+    """The users' segments as a plan resolves them (everyone in none without a snapshot)."""
+    if index is None:
+        return np.zeros(users.size, dtype=np.int64), [None]
+    return segment_codes(index, users)
+
+
 def _kept_after(
     jobs: Sequence[SendJob],
-    policy: str,
+    table: PolicyTable,
     decided: dict[int, JobDecisions | None],
     *,
     full_at: float | None = None,
     logs: ModelLogs | None = None,
+    everyone: np.ndarray | None = None,
 ) -> None:
     """Keep what a plan was made from, for a remake after the next edit (`full_at` and `logs`:
-    it was made whole then, from these logs); none when one of its jobs went through the gate,
-    or one is reserved: the next plan is made whole."""
+    it was made whole then, from these logs; `everyone`: the jobs' users, when a remake added
+    some); none when one of its jobs went through the gate, or one is reserved: the next plan
+    is made whole."""
     global _KEPT
     complete = {pk: d for pk, d in decided.items() if d is not None}
     before = _KEPT
     _KEPT = None
     if len(complete) != len(jobs) or any(job.reserve for job in jobs):
         return
+    index = get_index()
     if full_at is not None and logs is not None:
-        everyone = ascending_distinct(
-            np.concatenate([d.users for d in complete.values()] or [_NONE])
-        )
+        users = ascending_distinct(np.concatenate([d.users for d in complete.values()] or [_NONE]))
         _KEPT = _Kept(
-            policy=policy, jobs=_jobs_key(jobs), decided=complete, whole_at=full_at,
-            logs=logs, buckets=users_buckets(everyone, ordered=True), everyone=int(everyone.size),
+            table=table, index=index, jobs=_jobs_key(jobs), decided=complete, whole_at=full_at,
+            logs=logs, buckets=users_buckets(users, ordered=True), everyone=users,
         )  # fmt: skip
     elif before is not None:
-        _KEPT = _Kept(
-            policy=policy, jobs=_jobs_key(jobs), decided=complete, whole_at=before.whole_at,
-            logs=before.logs, buckets=before.buckets, everyone=before.everyone,
+        users = before.everyone if everyone is None else everyone
+        same = users is before.everyone and index is before.index
+        _KEPT = replace(
+            before, table=table, index=index, jobs=_jobs_key(jobs), decided=complete,
+            everyone=users, segments=before.segments if same else None,
         )  # fmt: skip
+
+
+def _rule_decides(rule: RuleView, job: SendJob) -> bool:
+    """Whether `rule` decides the sends of `job` (as PolicyTable.applicable picks a send's)."""
+    return rule.counts(
+        channel=job.channel, tags=tuple(job.tags), campaign=job.campaign, asked=job.campaign
+    )
+
+
+def _on_channel(channel: str) -> Callable[[SendJob], bool]:
+    return lambda job: channel in (job.channel, ALL)
+
+
+# A policy edit's reach: the segment of the users it reaches (None: every segment) and which
+# jobs' sends it decides.
+Reach = tuple[str | None, Callable[[SendJob], bool]]
+
+
+def _policy_reach(before: PolicyTable, after: PolicyTable) -> list[Reach] | None:
+    """Whom the edits from `before` to `after` reach, one Reach per rule, quiet-hours entry,
+    classic cap or segment zone changed, added or deleted; None when they may reach anyone (a
+    topic, the control group, an experiment, the longest own frequency): the plan is made
+    whole. A segment "" (the users in none, in the table's keys) is taken as every segment."""
+    if (before.topics, before.holdout, before.experiments, before.own_keeps_ms) != (
+        after.topics, after.holdout, after.experiments, after.own_keeps_ms,
+    ):  # fmt: skip
+        return None
+    reach: list[Reach] = []
+    for rule in set(before.rules) ^ set(after.rules):
+        reach.append((rule.segment, functools.partial(_rule_decides, rule)))
+    for quiet in set(before.quiet) ^ set(after.quiet):
+        reach.append((quiet.segment, _on_channel(quiet.channel)))
+    for segment, channel in before.classic.keys() | after.classic.keys():
+        if before.classic.get((segment, channel)) != after.classic.get((segment, channel)):
+            reach.append((segment or None, _on_channel(channel)))
+    for segment in before.zones.keys() | after.zones.keys():
+        if before.zones.get(segment) != after.zones.get(segment):
+            reach.append((segment or None, lambda job: True))
+    return reach
+
+
+def _another_snapshot(before: Any, after: Any) -> bool:
+    if before is None or after is None:
+        return before is not after
+    return bool(before.version != after.version)
+
+
+def _reached(
+    kept: _Kept, reach: list[Reach], jobs: Sequence[SendJob], index: Any,
+    audiences: dict[int, JobRecipients],
+) -> np.ndarray:  # fmt: skip
+    """The users of the plan a policy edit (`reach`) or a new snapshot (`index`) reaches
+    (sorted, once each)."""
+    found = []
+    if _another_snapshot(kept.index, index):
+        was, was_names = kept.segments_of()
+        now, names = _segments(index, kept.everyone)
+        # each old segment's place among the new ones (-1: gone)
+        moved = np.asarray([names.index(s) if s in names else -1 for s in was_names] or [-1])
+        found.append(kept.everyone[moved[was] != now])
+        kept.segments = (now, names)
+        kept.index = index
+    codes, names = kept.segments_of() if reach else (None, [])
+    for segment, decides in reach:
+        if segment is None:
+            users = kept.everyone
+        elif segment in names:
+            assert codes is not None
+            users = kept.everyone[codes == names.index(segment)]
+        else:
+            continue  # nobody planned is in it
+        picked = [job for job in jobs if decides(job)]
+        if len(picked) == len(jobs):
+            found.append(users)
+            continue
+        member = _membership(users)
+        for job in picked:
+            audience = audiences[job.pk].audience
+            found.append(audience[member(audience)])
+    return ascending_distinct(np.concatenate(found or [_NONE]).astype(np.uint64))
 
 
 def _spliced(kept: JobDecisions, picked: np.ndarray, new: JobDecisions) -> JobDecisions:
@@ -748,32 +846,36 @@ def _membership(users: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def plan_remade(
-    jobs: Sequence[SendJob], *, table: PolicyTable, policy: str
+    jobs: Sequence[SendJob], *, table: PolicyTable
 ) -> tuple[list[JobPlan], bytes, int] | None:
-    """The plan made again for the users of the jobs edited since the one this process made
-    last (with the number of those users), the other users' decisions kept; None when it must
-    be made whole (see above). `policy`: the table and the snapshot as _policy_key has them,
-    taken before the table is used."""
+    """The plan made again for the users the edits since the one this process made last reach
+    (with the number of those users), the other users' decisions kept; None when it must be
+    made whole (see above). `table`: the policy now, as policy_read() gives it."""
     global _KEPT
     kept = _KEPT
-    if (
-        kept is None
-        or time.time() - kept.whole_at >= PLAN_MAX_AGE
-        or kept.policy != policy
-        or any(job.reserve for job in jobs)
-    ):
+    if kept is None or time.time() - kept.whole_at >= PLAN_MAX_AGE or any(j.reserve for j in jobs):
+        return None
+    reach = _policy_reach(kept.table, table)
+    if reach is None:
         return None
     now = _jobs_key(jobs)
     edited = [pk for pk, key in now.items() if kept.jobs.get(pk) != key]
     gone = [pk for pk in kept.jobs if pk not in now]
-    if not edited and not gone:
-        return None
     audiences = job_audiences(jobs)
     touched = [audiences[pk].audience for pk in edited]
     touched += [kept.decided[pk].users for pk in (*edited, *gone) if pk in kept.decided]
+    index = get_index()
+    if not (edited or gone or reach or _another_snapshot(kept.index, index)):
+        return None  # an edit it cannot place
+    touched.append(_reached(kept, reach, jobs, index, audiences))
     users = ascending_distinct(np.concatenate(touched).astype(np.uint64))
-    if users.size > REMAKE_SHARE * max(1, kept.everyone):
+    if users.size > REMAKE_SHARE * max(1, kept.everyone.size):
         return None
+    everyone = kept.everyone
+    if edited:  # the users of a new job (or one planned since): everyone's now
+        new = users[~_membership(everyone)(users)]
+        if new.size:
+            everyone = np.union1d(everyone, new)
     _KEPT = None  # its decisions are changed in place below: kept again once all are made
     # The logs as the plan made whole read them, but for the users of a new job whose logs
     # were not read then: theirs are read now.
@@ -811,7 +913,8 @@ def plan_remade(
         plan = _counted(job, found, plans)
         plan.audience = recipients.audience
         plans.append(plan)
-    _KEPT = replace(kept, jobs=_jobs_key(jobs), decided=decided)
+    _KEPT = kept
+    _kept_after(jobs, table, dict(decided), everyone=everyone)
     return plans, holds_encode([]), int(users.size)
 
 

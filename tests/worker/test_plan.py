@@ -536,3 +536,68 @@ def test_after_an_edit_of_some_jobs_the_plan_is_made_again_for_their_users_alone
     again = plan_compute()
     assert remade["jobs"] == plan_shape(again, scheduled_jobs())
     assert remade["overlaps"] == plan_overlaps(again)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_after_a_policy_or_snapshot_edit_the_plan_is_made_again_for_the_users_it_reaches(
+    world, seed, monkeypatch
+):
+    """A rule, quiet-hours entry, classic cap or zone of one segment edited, or a new snapshot
+    that moves users between segments: the plan made again for the users the edit reaches, the
+    others' decisions kept, is the plan made whole; an edit of one segment's remakes no user
+    outside it."""
+    import io
+
+    from limits.models import Rule
+    from limits.policy.services import RULES, cap_set
+    from segments.index import refresh
+    from segments.publishing import build_run
+    from segments.services import build_start, user_list_import
+    from worker.plan import plan_latest
+
+    monkeypatch.setattr("worker.plan.REMAKE_SHARE", 1.0)  # a few users: always remade
+    rng = random.Random(seed)
+    base = CHANGES[seed % len(CHANGES)]
+    for n in range(rng.randint(1, 3)):
+        random_rule(rng, n)
+    vip_rule = make_rule("vip 2 a day", segment="vip", channel="all", limit=2)
+    make_rule("8 a week", channel="all", window_seconds=7 * 86_400, limit=8)
+    policy_cache().invalidate()
+    earlier_sends(rng, base, most=6)
+    starts = sorted(base + timedelta(minutes=15 * rng.randint(0, 4 * 36)) for _ in range(4))
+    for n, start in enumerate(starts):
+        random_job(rng, n, start)
+    SendJob.objects.update(reserve=False)
+    assert plan_refresh(force=True)
+    vip = Segment.objects.get(slug="vip")
+    case = seed % 6
+    match case:
+        case 0:
+            RULES.update(row=Rule.objects.get(pk=vip_rule.pk), changes={"limit": 1})
+        case 1:
+            make_rule("vip promo", segment="vip", channel=rng.choice(["email", "push"]),
+                      match="tag", tag="promo", limit=rng.choice([0, 1]))  # fmt: skip
+        case 2:
+            QUIET_HOURS.create(
+                fields=QuietFields(segment=rng.choice(["vip", None]), channel="all",
+                                   start="00:00", end="23:59", spread_minutes=0),
+                via="command",
+            )  # fmt: skip
+        case 3:
+            cap_set(segment=vip, channel="email", daily=1, weekly=2, via="command")
+        case 4:
+            Segment.objects.filter(pk=vip.pk).update(time_zone=rng.choice(ZONES))
+        case _:  # half the VIPs leave the list, as many others join it
+            body = "".join(f"{u}\n" for u in USERS[10:30]).encode()
+            user_list_import(segment=vip, fileobj=io.BytesIO(body), name="vip.txt")
+            build_run(build_id=build_start(queue=False).pk)
+            refresh()
+    policy_cache().invalidate()
+    assert plan_refresh()
+    remade = plan_latest()
+    assert remade is not None and remade["remade_users"] is not None
+    if case in (0, 1, 3, 4):  # the VIPs of the jobs its rule or cap decides (of every job)
+        assert (0 if case in (1, 3) else 1) <= remade["remade_users"] <= 20
+    again = plan_compute()
+    assert remade["jobs"] == plan_shape(again, scheduled_jobs())
+    assert remade["overlaps"] == plan_overlaps(again)
