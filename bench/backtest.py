@@ -199,13 +199,37 @@ def rows_written(days: int, per_day: int) -> date:
 
 
 def fast(days: int, per_day: int, parts: int) -> None:
-    """`days` x `per_day` decisions replayed in `parts` processes at once, timed."""
+    """`days` x `per_day` decisions replayed in `parts` processes at once, timed, with the
+    gate's decisions/s beside it; then in one process, for the ratio."""
+    from bench.gate import gate_rate_beside
+
     _reset()
     began = time.perf_counter()
     first = rows_written(days, per_day)
     print(
         f"fast: {days} days x {per_day:,} decisions written in {time.perf_counter() - began:.0f} s"
     )
+    took: dict[int, float] = {}
+
+    def replayed(processes: int) -> None:
+        took[processes] = _replayed(first, days, per_day, processes)
+
+    gate_rate_beside(REDIS_URL, lambda: replayed(parts))
+    print("target: 30 days x 1M decisions a day under 90 s")
+    rows = days * per_day
+    print(
+        f"fast: 300M rows at this rate (linear: each day's rows are read and replayed alike) "
+        f"would take {took[parts] * 300_000_000 / rows:.0f} s in {parts} processes"
+    )
+    if parts > 1:
+        replayed(1)
+        print(
+            f"fast: 1 process against {parts}: {took[1]:.1f} s against {took[parts]:.1f} s "
+            f"({took[1] / took[parts]:.2f}x)"
+        )
+
+
+def _replayed(first: date, days: int, per_day: int, parts: int) -> float:
     began = time.perf_counter()
     env = {**os.environ, "GATEKEEPER_BENCH_PART_OF": str(parts)}
     children = [
@@ -226,7 +250,7 @@ def fast(days: int, per_day: int, parts: int) -> None:
         f"force and a draft in {parts} processes in {seconds:.1f} s "
         f"({decisions / seconds:,.0f} decisions/s)"
     )
-    print("target: 30 days x 1M decisions a day under 90 s")
+    return seconds
 
 
 def part(k: int, parts: int, first: date, days: int) -> None:

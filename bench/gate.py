@@ -88,6 +88,56 @@ def rate(step: Callable[[], int], seconds: float) -> float:
     return done / (time.perf_counter() - started)
 
 
+def gate_rate_beside(url: str, work: Callable[[], Any], *, alone_seconds: float = 8.0) -> None:
+    """The gate's decisions/s (batches of 1,000 random users of USERS under the classic caps,
+    one process of its own, keys of its own prefix) alone for `alone_seconds`, then while
+    `work` runs in this process: printed side by side."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    stop = context.Event()
+    pipe, child_end = context.Pipe()
+
+    def measure(limit: float) -> None:
+        client = _redis(url)
+        gate = deciding(
+            Gate(
+                limiter=Limiter(client, prefix="bench-beside:"),
+                policy=PolicyCache.holding(PolicyTable(rules=CLASSIC, classic={}, zones={})),
+                index=in_memory_index(),
+                suppressions=SuppressionCache.holding(),
+                preferences=PreferenceCache.holding({}),
+                record_stats=True,
+                record_ledger=False,
+            )
+        )
+        child_end.send("ready")
+        rng = random.Random(11)
+        done, n, started = 0, 0, time.perf_counter()
+        while not stop.is_set() and time.perf_counter() - started < limit:
+            n += 1
+            batch = [(u, f"b{n}-{u}") for u in rng.sample(range(USERS), 1000)]
+            done += len(gate.check(channel="email", requests=batch))
+        child_end.send(done / (time.perf_counter() - started))
+
+    figures = []
+    for limit in (alone_seconds, 3600.0):
+        stop.clear()
+        child = context.Process(target=measure, args=(limit,))
+        child.start()
+        assert pipe.recv() == "ready"
+        if limit != alone_seconds:
+            work()
+            stop.set()
+        figures.append(pipe.recv())
+        child.join()
+    alone, beside = figures
+    print(
+        f"the gate beside it: {beside:,.0f} decisions/s against {alone:,.0f} alone "
+        f"({beside / alone:.2f}x; one process each, on the machine's {os.cpu_count()} cores)"
+    )
+
+
 def alternated(
     anchor: Callable[[], int],
     measured: Callable[[], int],

@@ -22,7 +22,7 @@ import numpy as np
 import redis
 from django.utils import timezone
 
-from bench.gate import SEGMENTS, in_memory_index
+from bench.gate import SEGMENTS, gate_rate_beside, in_memory_index
 from bench.postgres import REDIS_URL, on_bench_database
 from limits.engine import log
 from limits.engine.limiter import Limiter
@@ -165,7 +165,11 @@ def main(argv: list[str]) -> None:
             + ", ".join(f"{name} {s:.1f} s" for name, s in steps.items())
         )
     print("target: 20 jobs x 1M over 10M users under 30 s")
+    gate_rate_beside(
+        REDIS_URL, lambda: plan_compute(jobs, limiter=limiter, index=index, holds=Holds())
+    )
     remade(jobs, limiter, index)
+    model_beside_gate(jobs[0], limiter, index)
     client.flushdb()
 
 
@@ -199,4 +203,44 @@ def remade(jobs: list[SendJob], limiter: Limiter, index: Any) -> None:
         f"plan (one segment's rule edited, made again for its users): "
         f"{latest.get('remade_users') or 0:,} users in {seconds:.1f} s (made whole: "
         f"{latest.get('remade_users') is None}); target: under 5 s"
+    )
+
+
+def model_beside_gate(job: SendJob, limiter: Limiter, index: Any) -> None:
+    """One job's recipients decided at its start by the decision model (the plan of that job
+    alone: its users' logs read in bulk, then every recipient at once) and then by the real gate
+    (the send worker's call, job_gate_check, in chunks of CHUNK over the limiter's function in
+    Redis, recording the sends as a run does): the answers compared recipient by recipient, the
+    time per decision of each printed."""
+    from limits.policy.selectors import PolicyCache, policy_read
+    from limits.reasons import Reason
+    from worker.delivery.base import recipients_typed
+    from worker.gate import Gate, job_gate_check
+    from worker.modelled import CODES, JobDecisions
+
+    assert job.start_at is not None
+    table = policy_read()
+    decided: dict[int, JobDecisions | None] = {}
+    steps: dict[str, float] = {}
+    plan_compute([job], limiter=limiter, index=index, holds=Holds(), table=table, steps=steps,
+                 decided=decided)  # fmt: skip
+    model = decided[job.pk]
+    assert model is not None
+    gate = Gate(limiter=limiter, index=index, policy=PolicyCache.holding(table),
+                record_stats=False, record_ledger=False)  # fmt: skip
+    chunks = SendChunk.objects.filter(job=job, status=SendChunk.Status.STAGED).order_by("pk")
+    typed = [recipients_typed(c) for c in chunks.values_list("recipients", flat=True)]
+    began = time.perf_counter()
+    reasons = [d.reason for part in typed for d in job_gate_check(job, part, now=job.start_at, gate=gate)]  # fmt: skip
+    gate_seconds = time.perf_counter() - began
+    gate_codes = np.asarray([CODES[Reason(r)] for r in reasons], dtype=model.reason.dtype)
+    differ = int((gate_codes != model.reason).sum())
+    n = len(reasons)
+    alone, logs = steps["decisions"], steps["logs"]
+    print(
+        f"model against the real gate, one job of {n:,} recipients at its start: {differ:,} "
+        f"answers differ (target 0); the gate {gate_seconds:.1f} s ({gate_seconds / n * 1e6:.2f} "
+        f"us a decision); the model {alone:.2f} s ({alone / n * 1e6:.2f} us a decision: "
+        f"{gate_seconds / alone:.1f}x faster), with its users' logs read {alone + logs:.2f} s "
+        f"({gate_seconds / (alone + logs):.1f}x); target: at least 20x"
     )
