@@ -11,7 +11,7 @@ same way under both policies. Added rules and a cap's new rules come after the o
 saved rule would (the rules list is in id order).
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -27,15 +27,11 @@ from limits.channels import channel_problem
 from limits.engine.quiet import QuietFields, QuietView, minutes_from_text, quiet_read
 from limits.engine.table import PolicyTable, RuleView
 from limits.models.policy import QuietHours, Rule, SettingChange
+from limits.policy.authored import AuthoredKind
 from limits.policy.bodies import (
     DraftBody,
-    DraftQuietAdd,
-    DraftQuietChange,
-    DraftRuleAdd,
-    DraftRuleChange,
 )
 from limits.policy.rules import (
-    RuleFields,
     rule_changes_given,
     rule_fields_of_json,
     rule_read,
@@ -50,10 +46,33 @@ DRAFT_RULE_IDS = 1 << 53  # a draft's added rules: this id and up
 
 
 @dataclass
-class _Rule:
+class _Entry:
+    """A rule or a quiet-hours entry as the draft has it (id 0: added, not numbered yet)."""
+
     id: int
-    fields: RuleFields
-    classic: tuple[str, str] | None  # the (segment, channel) of a classic cap's rule
+    fields: Any  # the kind's fields (RuleFields, QuietFields)
+    classic: tuple[str, str] | None = None  # the (segment, channel) of a classic cap's rule
+
+
+def _body_fields(given: dict[str, Any]) -> dict[str, Any]:
+    """A change's body without what names the change (`op`, `id`): the fields it gives."""
+    return {name: value for name, value in given.items() if name not in ("op", "id")}
+
+
+@dataclass(frozen=True)
+class _Drafted:
+    """How a kind's draft changes become its fields: an added entry's whole fields, and a
+    change's fields (those it gives), from the body's JSON."""
+
+    kind: AuthoredKind[Any, Any]
+    made: Callable[[dict[str, Any]], Any]
+    changes: Callable[[dict[str, Any]], dict[str, Any]]
+
+
+_RULES = _Drafted(RULES, made=rule_fields_of_json, changes=rule_changes_given)
+_QUIET = _Drafted(
+    QUIET_HOURS, made=lambda given: QuietFields(**_body_fields(given)), changes=_body_fields
+)
 
 
 @dataclass
@@ -127,7 +146,7 @@ def draft_applied(
 
 
 def _cap_rules(
-    rules: list[_Rule], segment: str, name: str, channel: str, limits: dict[str, int | None]
+    rules: list[_Entry], segment: str, name: str, channel: str, limits: dict[str, int | None]
 ) -> None:
     """A classic cap set: its two rules (rolling 24 h and 7 d) as limits.policy.services makes
     them, replacing the ones it had (kept in place, with their ids)."""
@@ -153,55 +172,89 @@ def _cap_rules(
             limit=value,
         )
         if at is None:
-            rules.append(_Rule(id=0, fields=fields, classic=(segment, channel)))
+            rules.append(_Entry(id=0, fields=fields, classic=(segment, channel)))
         else:
-            rules[at] = _Rule(id=rules[at].id, fields=fields, classic=(segment, channel))
+            rules[at] = _Entry(id=rules[at].id, fields=fields, classic=(segment, channel))
 
 
-def _rules_applied(changes: DraftBody, problems: _Problems, slugs: list[str]) -> list[_Rule]:
+def _rules_applied(changes: DraftBody, problems: _Problems, slugs: list[str]) -> list[_Entry]:
     rows = list(Rule.objects.select_related("segment", "cap__segment").order_by("id"))
     rules = [
-        _Rule(
+        _Entry(
             id=row.pk,
             fields=rule_read(row),
             classic=(row.cap.segment.slug, row.cap.channel) if row.cap is not None else None,
         )
         for row in rows
     ]
-    by_row = {row.pk: row for row in rows}
-    for k, change in enumerate(changes.rules):
-        where = f"rules[{k}]"
-        given: dict[str, Any] = msgspec.to_builtins(change)
-        if isinstance(change, DraftRuleAdd):
-            fields = rule_fields_of_json(given)
-            found = RULES.problems(fields, segments=slugs)
-            if found:
-                problems.merge(where, found)
-            else:
-                rules.append(_Rule(id=0, fields=fields, classic=None))
-            continue
-        at = _found(rules, change.id, problems, where, "rule")
-        if at is None:
-            continue
-        row = by_row.get(change.id)
-        if row is not None and (why := _guarded(row)) is not None:
-            problems.add(f"{where}.id", why)
-            continue
-        if isinstance(change, DraftRuleChange):
-            fields = RuleFields(**{**asdict(rules[at].fields), **rule_changes_given(given)})
-            found = RULES.problems(fields, segments=slugs)
-            if found:
-                problems.merge(where, found)
-            else:
-                rules[at].fields = fields
-        else:
-            del rules[at]
+    _applied(_RULES, changes.rules, rules, {row.pk: row for row in rows}, problems, "rules", slugs)
     return rules
 
 
-def _guarded(row: Rule) -> str | None:
+def _quiet_applied(changes: DraftBody, problems: _Problems, slugs: list[str]) -> list[QuietView]:
+    rows = list(QuietHours.objects.select_related("segment").order_by("id"))
+    entries = [_Entry(id=row.pk, fields=quiet_read(row)) for row in rows]
+    by_row = {row.pk: row for row in rows}
+    _applied(_QUIET, changes.quiet_hours, entries, by_row, problems, "quiet_hours", slugs)
+    return [
+        QuietView(
+            id=entry.id,
+            segment=entry.fields.segment,
+            channel=entry.fields.channel,
+            start=minutes_from_text(entry.fields.start),
+            end=minutes_from_text(entry.fields.end),
+            spread_minutes=entry.fields.spread_minutes,
+        )
+        for entry in entries
+        if entry.fields.enabled
+    ]
+
+
+def _applied(
+    drafted: _Drafted,
+    changes: Sequence[Any],
+    entries: list[_Entry],
+    rows: dict[int, Any],
+    problems: _Problems,
+    name: str,
+    slugs: list[str],
+) -> None:
+    """A kind's draft changes (`changes`, the body's list `name`) applied in order to its
+    `entries` (the stored `rows` by id), each checked as the write path checks it: its
+    problems, and the kind's guard of the row it changes or deletes."""
+    kind = drafted.kind
+    for k, change in enumerate(changes):
+        where = f"{name}[{k}]"
+        given: dict[str, Any] = msgspec.to_builtins(change)
+        if given["op"] == "add":
+            fields = drafted.made(given)
+            found = kind.problems(fields, segments=slugs)
+            if found:
+                problems.merge(where, found)
+            else:
+                entries.append(_Entry(id=0, fields=fields))
+            continue
+        at = _found(entries, change.id, problems, where, kind.noun)
+        if at is None:
+            continue
+        row = rows.get(change.id)
+        if row is not None and (why := _guarded(kind, row)) is not None:
+            problems.add(f"{where}.id", why)
+            continue
+        if given["op"] == "change":
+            fields = kind.fields(**{**asdict(entries[at].fields), **drafted.changes(given)})
+            found = kind.problems(fields, segments=slugs)
+            if found:
+                problems.merge(where, found)
+            else:
+                entries[at].fields = fields
+        else:
+            del entries[at]
+
+
+def _guarded(kind: AuthoredKind[Any, Any], row: Any) -> str | None:
     try:
-        RULES.guard(row)
+        kind.guard(row)
     except (Conflict, ModelValidationError) as refused:
         return str(refused.args[0]) if refused.args else str(refused)
     return None
@@ -217,85 +270,13 @@ def _found(
     return None
 
 
-@dataclass
-class _Quiet:
-    id: int
-    fields: QuietFields
-
-
-def _quiet_applied(changes: DraftBody, problems: _Problems, slugs: list[str]) -> list[QuietView]:
-    rows = list(QuietHours.objects.select_related("segment").order_by("id"))
-    entries = [_Quiet(id=row.pk, fields=quiet_read(row)) for row in rows]
-    for k, change in enumerate(changes.quiet_hours):
-        where = f"quiet_hours[{k}]"
-        given: dict[str, Any] = msgspec.to_builtins(change)
-        given.pop("op", None)
-        if isinstance(change, DraftQuietAdd):
-            fields = QuietFields(**given)
-            found = QUIET_HOURS.problems(fields, segments=slugs)
-            if found:
-                problems.merge(where, found)
-            else:
-                entries.append(_Quiet(id=0, fields=fields))
-            continue
-        at = _found(entries, change.id, problems, where, "quiet hours")
-        if at is None:
-            continue
-        if isinstance(change, DraftQuietChange):
-            given.pop("id", None)
-            fields = QuietFields(**{**asdict(entries[at].fields), **given})
-            found = QUIET_HOURS.problems(fields, segments=slugs)
-            if found:
-                problems.merge(where, found)
-            else:
-                entries[at].fields = fields
-        else:
-            del entries[at]
-    return [
-        QuietView(
-            id=entry.id,
-            segment=entry.fields.segment,
-            channel=entry.fields.channel,
-            start=minutes_from_text(entry.fields.start),
-            end=minutes_from_text(entry.fields.end),
-            spread_minutes=entry.fields.spread_minutes,
-        )
-        for entry in entries
-        if entry.fields.enabled
-    ]
-
-
 def draft_save(changes: DraftBody, *, user: Any = None, via: str = "admin") -> list[int]:
     """Apply the draft's changes through the one write path, in order, in one transaction (a
     problem found then rolls back every change); the ids of the setting changes recorded."""
     with transaction.atomic():
         mark = SettingChange.objects.aggregate(m=Max("id"))["m"] or 0
-        for change in changes.rules:
-            given: dict[str, Any] = msgspec.to_builtins(change)
-            if isinstance(change, DraftRuleAdd):
-                RULES.create(fields=rule_fields_of_json(given), user=user, via=via)
-                continue
-            row = RULES.find(change.id)
-            if row is None:
-                raise ValidationError({"id": [f"No rule {change.id}."]})
-            if isinstance(change, DraftRuleChange):
-                RULES.update(row=row, changes=rule_changes_given(given), user=user, via=via)
-            else:
-                RULES.delete(row=row, user=user, via=via)
-        for quiet in changes.quiet_hours:
-            given = msgspec.to_builtins(quiet)
-            given.pop("op", None)
-            if isinstance(quiet, DraftQuietAdd):
-                QUIET_HOURS.create(fields=QuietFields(**given), user=user, via=via)
-                continue
-            entry = QUIET_HOURS.find(quiet.id)
-            if entry is None:
-                raise ValidationError({"id": [f"No quiet hours {quiet.id}."]})
-            given.pop("id", None)
-            if isinstance(quiet, DraftQuietChange):
-                QUIET_HOURS.update(row=entry, changes=given, user=user, via=via)
-            else:
-                QUIET_HOURS.delete(row=entry, user=user, via=via)
+        _saved(_RULES, changes.rules, user=user, via=via)
+        _saved(_QUIET, changes.quiet_hours, user=user, via=via)
         for cap in changes.caps:
             segment = Segment.objects.get(slug=cap.segment)
             cap_set(
@@ -309,3 +290,19 @@ def draft_save(changes: DraftBody, *, user: Any = None, via: str = "admin") -> l
         return list(
             SettingChange.objects.filter(id__gt=mark).order_by("id").values_list("id", flat=True)
         )
+
+
+def _saved(drafted: _Drafted, changes: Sequence[Any], *, user: Any, via: str) -> None:
+    kind = drafted.kind
+    for change in changes:
+        given: dict[str, Any] = msgspec.to_builtins(change)
+        if given["op"] == "add":
+            kind.create(fields=drafted.made(given), user=user, via=via)
+            continue
+        row = kind.find(change.id)
+        if row is None:
+            raise ValidationError({"id": [f"No {kind.noun} {change.id}."]})
+        if given["op"] == "change":
+            kind.update(row=row, changes=drafted.changes(given), user=user, via=via)
+        else:
+            kind.delete(row=row, user=user, via=via)
