@@ -678,8 +678,9 @@ def _jobs_key(jobs: Sequence[SendJob]) -> dict[int, tuple[str, int]]:
 def _segments(index: Any, users: np.ndarray) -> tuple[np.ndarray, list[str | None]]:
     """The users' segments as a plan resolves them (everyone in none without a snapshot)."""
     if index is None:
-        return np.zeros(users.size, dtype=np.int64), [None]
-    return segment_codes(index, users)
+        return np.zeros(users.size, dtype=np.int32), [None]
+    codes, names = segment_codes(index, users)
+    return codes.astype(np.int32, copy=False), names  # kept: 4 bytes a user
 
 
 def _kept_after(
