@@ -778,15 +778,8 @@ def _reached(
         found.append(kept.everyone[moved[was] != now])
         kept.segments = (now, names)
         kept.index = index
-    codes, names = kept.segments_of() if reach else (None, [])
     for segment, decides in reach:
-        if segment is None:
-            users = kept.everyone
-        elif segment in names:
-            assert codes is not None
-            users = kept.everyone[codes == names.index(segment)]
-        else:
-            continue  # nobody planned is in it
+        users = kept.everyone if segment is None else _segment_users(kept, segment)
         picked = [job for job in jobs if decides(job)]
         if len(picked) == len(jobs):
             found.append(users)
@@ -795,7 +788,38 @@ def _reached(
         for job in picked:
             audience = audiences[job.pk].audience
             found.append(audience[member(audience)])
-    return ascending_distinct(np.concatenate(found or [_NONE]).astype(np.uint64))
+    return _union(found)
+
+
+def _union(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """The values of sorted arrays of distinct values, sorted, once each (no sort for one)."""
+    kept = [part for part in parts if part.size]
+    if len(kept) == 1:
+        return kept[0].astype(np.uint64, copy=False)
+    return ascending_distinct(np.concatenate(kept or [_NONE]).astype(np.uint64, copy=False))
+
+
+def _segment_users(kept: _Kept, segment: str) -> np.ndarray:
+    """The users of the plan in `segment` (sorted): those its list holds (a table of one byte
+    an id, when the ids are small) that resolve to it, without resolving everyone's segment;
+    else by everyone's segments."""
+    index = kept.index
+    top = int(kept.everyone[-1]) if kept.everyone.size else 0
+    bitmaps = getattr(index, "bitmaps", None)
+    if (
+        kept.segments is None
+        and bitmaps is not None
+        and segment in bitmaps
+        and top < MEMBERSHIP_IDS
+    ):
+        listed = np.asarray(bitmaps[segment].to_array())
+        table = np.zeros(top + 1, dtype=bool)
+        table[listed[listed <= top]] = True
+        candidates = kept.everyone[table[kept.everyone]]
+        codes, names = _segments(index, candidates)
+        return candidates[codes == names.index(segment)] if segment in names else _NONE
+    codes, names = kept.segments_of()
+    return kept.everyone[codes == names.index(segment)] if segment in names else _NONE
 
 
 def _spliced(kept: JobDecisions, picked: np.ndarray, new: JobDecisions) -> JobDecisions:
@@ -864,12 +888,14 @@ def plan_remade(
     gone = [pk for pk in kept.jobs if pk not in now]
     audiences = job_audiences(jobs)
     touched = [audiences[pk].audience for pk in edited]
-    touched += [kept.decided[pk].users for pk in (*edited, *gone) if pk in kept.decided]
+    touched += [
+        ascending_distinct(kept.decided[pk].users) for pk in (*edited, *gone) if pk in kept.decided
+    ]
     index = get_index()
     if not (edited or gone or reach or _another_snapshot(kept.index, index)):
         return None  # an edit it cannot place
     touched.append(_reached(kept, reach, jobs, index, audiences))
-    users = ascending_distinct(np.concatenate(touched).astype(np.uint64))
+    users = _union(touched)
     if users.size > REMAKE_SHARE * max(1, kept.everyone.size):
         return None
     everyone = kept.everyone
