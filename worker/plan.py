@@ -909,7 +909,7 @@ def plan_remade(
     buckets = users >> np.uint64(BUCKET_BITS)  # each user's
     place = np.minimum(np.searchsorted(kept.buckets, buckets), max(kept.buckets.size - 1, 0))
     known = (kept.buckets[place] == buckets) if kept.buckets.size else np.zeros(users.size, bool)
-    logs = kept.logs.fork()
+    logs = kept.logs.fork(within=users)
     if not known.all():
         try:
             fresh = ModelLogs.read(

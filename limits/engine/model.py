@@ -205,20 +205,62 @@ def users_buckets(users: np.ndarray, *, ordered: bool = False) -> np.ndarray:
     return distinct(shifted if ordered else np.sort(shifted))
 
 
+PLACES_IDS = 1 << 25  # users below this: their places found in a table (4 bytes an id)
+
+
+@dataclass(slots=True)
+class _Places:
+    """Each of some users' place among them (sorted, distinct): by a table of one place an id
+    when the ids are small, else by a binary search."""
+
+    users: np.ndarray
+    table: np.ndarray | None = None
+
+    @staticmethod
+    def of(users: np.ndarray) -> "_Places":
+        users = np.asarray(users, dtype=_U64)
+        top = int(users[-1]) if users.size else 0
+        if not users.size or top >= PLACES_IDS:
+            return _Places(users)
+        table = np.full(top + 1, -1, dtype=np.int32)
+        table[users] = np.arange(users.size, dtype=np.int32)
+        return _Places(users, table)
+
+    def find(self, values: np.ndarray) -> np.ndarray:
+        """Each value's place (-1: not among the users)."""
+        if self.table is not None:
+            inside = values < _U64(self.table.size)
+            return np.where(inside, self.table[np.where(inside, values, 0)], -1)
+        if not self.users.size:
+            return np.full(values.size, -1, dtype=np.int64)
+        place = np.minimum(np.searchsorted(self.users, values), self.users.size - 1)
+        return np.where(self.users[place] == values, place, -1)
+
+
 @dataclass(slots=True)
 class _Run:
     entries: Entries  # sorted by user
     gone: np.ndarray  # bool: dropped since (left the retention when its log was written)
     # Where each user's entries start, by user id from `low` (the last: the end), when the ids
     # are dense enough for an array of them to cost no more than the entries: a look-up then
-    # costs an index, not a binary search.
+    # costs an index, not a binary search. Or, with `places`, by each user's place among the
+    # users its logs were forked for (every entry's user among them).
     low: int = 0
     starts: np.ndarray | None = None
+    places: _Places | None = None
 
     @staticmethod
-    def of(entries: Entries) -> "_Run":
+    def of(entries: Entries, places: _Places | None = None) -> "_Run":
         run = _Run(entries, np.zeros(len(entries), dtype=bool))
         users = entries.user
+        if places is not None and users.size:
+            at = places.find(users)
+            if bool((at >= 0).all()):
+                counts = np.bincount(at, minlength=places.users.size)
+                run.places = places
+                run.starts = np.zeros(places.users.size + 1, dtype=np.int64)
+                np.cumsum(counts, out=run.starts[1:])
+                return run
         if users.size > SMALL // 64:
             low, high = int(users[0]), int(users[-1])
             if high - low < DENSE_IDS * users.size:
@@ -238,7 +280,10 @@ class _Run:
                 np.searchsorted(column, users, side="right"),
             )
         span = self.starts.size - 1
-        at = users.astype(np.int64) - self.low
+        if self.places is not None:
+            at = self.places.find(np.asarray(users, dtype=_U64)).astype(np.int64)
+        else:
+            at = users.astype(np.int64) - self.low
         inside = (at >= 0) & (at < span)
         at = np.where(inside, at, 0)
         lo = np.where(inside, self.starts[at], 0)
@@ -253,6 +298,7 @@ class ModelLogs:
         self.channels: list[str] = list(channels)
         self._codes = {name: k for k, name in enumerate(self.channels)}
         self._runs: list[_Run] = []
+        self._places: _Places | None = None  # the users a fork was made for (fork's `within`)
         if entries is not None and len(entries):
             self._add(entries.sorted())
 
@@ -264,7 +310,7 @@ class ModelLogs:
         return found
 
     def _add(self, entries: Entries) -> None:
-        self._runs.append(_Run.of(entries))
+        self._runs.append(_Run.of(entries, self._places))
         if len(self._runs) > RUNS_MERGED + 1:
             rest = self._merged(self._runs[1:])
             first = self._runs[0]
@@ -273,19 +319,24 @@ class ModelLogs:
             else:
                 self._runs = [first, rest]
 
-    @staticmethod
-    def _merged(runs: Sequence[_Run]) -> _Run:
+    def _merged(self, runs: Sequence[_Run]) -> _Run:
         kept = joined([r.entries.take(~r.gone) for r in runs]).sorted()
-        return _Run.of(kept)
+        return _Run.of(kept, self._places)
 
     def __len__(self) -> int:
         return sum(int((~r.gone).sum()) for r in self._runs)
 
-    def fork(self) -> "ModelLogs":
+    def fork(self, *, within: np.ndarray | None = None) -> "ModelLogs":
         """Logs that start as these and change on their own (the entries, never changed once
-        in a run, are shared; what each drops is its own)."""
+        in a run, are shared; what each drops is its own). `within`: the users (sorted, once
+        each) whose entries are the only ones the fork will be asked for and given: the runs
+        it adds find a user's entries by the user's place among them, not by a binary search."""
         out = ModelLogs(channels=self.channels)
-        out._runs = [_Run(r.entries, r.gone.copy(), low=r.low, starts=r.starts) for r in self._runs]
+        out._runs = [
+            _Run(r.entries, r.gone.copy(), low=r.low, starts=r.starts, places=r.places)
+            for r in self._runs
+        ]
+        out._places = _Places.of(within) if within is not None else self._places
         return out
 
     def entries(self) -> Entries:

@@ -171,6 +171,8 @@ def _compared(client, data: st.DataObject) -> None:
     real = limiters[False]
     logs = ModelLogs.read(real, np.asarray(USERS, dtype=np.uint64))
     assert _modelled(logs) == _stored(real)
+    if data.draw(st.booleans(), label="a fork within its users"):  # as a plan's remake forks
+        logs = logs.fork(within=np.asarray(sorted(USERS), dtype=np.uint64))
     model = ModelLimiter(logs)
     for call in data.draw(st.lists(calls(), min_size=1, max_size=12), label="compared"):
         now = _stepped(now, call["step"])
@@ -357,3 +359,31 @@ def test_a_fork_changes_on_its_own(redis_client) -> None:
     assert _asked(ModelLimiter(fork), _call("b"), t0 + week)[0].reason == "allowed"  # drops "a"
     assert _modelled(logs) == before and len(before) == 1
     assert [e[4] for e in _modelled(fork)] == [int.from_bytes(log.stored_message_hash("b"), "big")]
+
+
+@pytest.mark.parametrize("far", [False, True])  # places by a table; by a binary search
+def test_a_fork_within_some_users_finds_their_entries_as_any_fork_does(far: bool) -> None:
+    """The runs a fork within some users adds find a user's entries by the user's place among
+    them: the same entries as a plain fork's binary search, for users among them or not."""
+    top = (1 << 40) if far else 70_000
+    users = np.asarray([3, 7, 500, top], dtype=np.uint64)
+    rng = np.random.default_rng(int(far))
+
+    def entries(n: int) -> Entries:
+        return Entries(
+            user=rng.choice(users, n), channel=np.zeros(n, dtype=np.int32),
+            at=rng.integers(0, 10**6, n), message=rng.integers(1, 10**9, n).astype(np.uint64),
+            campaign=np.zeros(n, dtype=np.uint32), held=np.zeros(n, dtype=np.uint32),
+            uncounted=np.zeros(n, dtype=bool), tags=np.zeros((n, 0), dtype=np.uint32),
+        )  # fmt: skip
+
+    logs = ModelLogs(entries(40), channels=["email"])
+    plain, within = logs.fork(), logs.fork(within=users)
+    for _ in range(3):
+        added = entries(12)
+        plain.record(added)
+        within.record(added)
+    asked = np.asarray([7, 8, top, 3], dtype=np.uint64)
+    (a, a_owner, _), (b, b_owner, _) = plain.gathered(asked), within.gathered(asked)
+    assert np.array_equal(a_owner, b_owner) and len(a) == len(b) > 0
+    assert all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("user", "at", "message"))
