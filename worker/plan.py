@@ -778,9 +778,14 @@ def _reached(
         found.append(kept.everyone[moved[was] != now])
         kept.segments = (now, names)
         kept.index = index
+    asked: set[tuple[str | None, tuple[int, ...]]] = set()  # a rule changed: before and after
     for segment, decides in reach:
-        users = kept.everyone if segment is None else _segment_users(kept, segment)
         picked = [job for job in jobs if decides(job)]
+        key = (segment, tuple(job.pk for job in picked))
+        if key in asked or not picked:
+            continue
+        asked.add(key)
+        users = kept.everyone if segment is None else _segment_users(kept, segment)
         if len(picked) == len(jobs):
             found.append(users)
             continue
