@@ -346,6 +346,17 @@ def _job_decided(
     return decided
 
 
+def _reason_table(reasons: Sequence[Reason]) -> np.ndarray:
+    """Per reason code (worker.modelled.REASONS), whether it is among `reasons`."""
+    table = np.zeros(len(REASONS), dtype=bool)
+    table[[CODES[r] for r in reasons]] = True
+    return table
+
+
+_IS_HELD = _reason_table(HELD)
+_IS_CAPPED = _reason_table(CAPPED)
+
+
 def _counted(job: SendJob, decided: JobDecisions, earlier: list[JobPlan]) -> JobPlan:
     """A job's decisions counted as its plan shows them."""
     assert job.start_at is not None
@@ -373,7 +384,7 @@ def _counted(job: SendJob, decided: JobDecisions, earlier: list[JobPlan]) -> Job
         jobs, counts_of = np.unique(decided.reserved_for[reserved], return_counts=True)
         for held_for, n in zip(jobs.tolist(), counts_of.tolist(), strict=True):
             plan.taken_by[held_for] += n
-    held = np.isin(decided.reason, [CODES[r] for r in HELD]) & ~np.isnan(decided.retry_after)
+    held = _IS_HELD[decided.reason] & ~np.isnan(decided.retry_after)
     if held.any():
         at = job.start_at.timestamp()
         plan.held_from = at + float(decided.retry_after[held].min())
@@ -381,7 +392,7 @@ def _counted(job: SendJob, decided: JobDecisions, earlier: list[JobPlan]) -> Job
     admitted = decided.users[decided.reason == CODES[Reason.ALLOWED]]
     plan.admitted = ascending_distinct(admitted)
     plan.one_slot_left = int((decided.room[decided.reason == CODES[Reason.ALLOWED]] == 1).sum())
-    capped = np.isin(decided.reason, [CODES[r] for r in CAPPED]) & ruled
+    capped = _IS_CAPPED[decided.reason] & ruled
     if capped.any() and earlier:
         lost |= _taken_by_earlier(plan, job, decided, capped, earlier)
     plan.lost_users = [int(u) for u in decided.users[lost][:LOST_SHOWN]]
@@ -840,12 +851,13 @@ def _spliced(kept: JobDecisions, picked: np.ndarray, new: JobDecisions) -> JobDe
         remap[k] = places[rule]
     remap[-1] = -1  # no rule
     kept.rules = rules
-    kept.reason[picked] = new.reason
-    kept.rule[picked] = remap[new.rule]
-    kept.used[picked] = new.used
-    kept.retry_after[picked] = new.retry_after
-    kept.reserved_for[picked] = new.reserved_for
-    kept.room[picked] = new.room
+    at = np.flatnonzero(picked)  # a few of many: placed by index, not by a mask over all
+    kept.reason[at] = new.reason
+    kept.rule[at] = remap[new.rule]
+    kept.used[at] = new.used
+    kept.retry_after[at] = new.retry_after
+    kept.reserved_for[at] = new.reserved_for
+    kept.room[at] = new.room
     return kept
 
 

@@ -271,8 +271,11 @@ class _Run:
                 np.cumsum(counts, out=run.starts[1:])
         return run
 
-    def rows_of(self, users: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Where the entries of `users` start and end in this run."""
+    def rows_of(
+        self, users: np.ndarray, places: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Where the entries of `users` start and end in this run (`places`: the users' places
+        among this run's `places`, found once for every run that shares them)."""
         if self.starts is None:
             column = self.entries.user
             return (
@@ -281,7 +284,9 @@ class _Run:
             )
         span = self.starts.size - 1
         if self.places is not None:
-            at = self.places.find(np.asarray(users, dtype=_U64)).astype(np.int64)
+            if places is None:
+                places = self.places.find(np.asarray(users, dtype=_U64))
+            at = places.astype(np.int64, copy=False)
         else:
             at = users.astype(np.int64) - self.low
         inside = (at >= 0) & (at < span)
@@ -349,8 +354,14 @@ class ModelLogs:
         """The entries of `users` (distinct), each with its user's position in `users`, and
         where each is held (per run: its rows), so that they can be dropped."""
         picks: list[tuple[int, np.ndarray, np.ndarray]] = []
+        found: dict[int, np.ndarray] = {}  # the users' places, by the runs' `places` they are in
         for k, run in enumerate(self._runs):
-            lo, hi = run.rows_of(users)
+            place = None
+            if run.places is not None:
+                place = found.get(id(run.places))
+                if place is None:
+                    place = found[id(run.places)] = run.places.find(np.asarray(users, dtype=_U64))
+            lo, hi = run.rows_of(users, place)
             rows, owner = _ranges(lo, hi - lo)
             if rows.size:
                 live = ~run.gone[rows]
