@@ -33,6 +33,7 @@ from segments.index import get_holder
 from segments.models import Segment
 from worker.models import SendChunk, SendJob
 from worker.plan import plan_compute, plan_latest, plan_refresh
+from worker.planned import recipients_packed
 
 CHUNK = 1000
 KEYS_A_PIPELINE = 2000
@@ -95,6 +96,26 @@ def policy_made() -> None:
         RULES.create(fields=fields, via="command")
 
 
+def staged_chunk(job: SendJob, n: int, users: list[int]) -> SendChunk:
+    """A chunk of job `n` as staging stores it: its recipients' JSON, and their arrays for the
+    plan (worker/planned.py)."""
+    recipients = json.loads(
+        "["
+        + ",".join(
+            f'{{"user_id":{u},"address":"u{u}@example.com","message_id":"job-{n}:{u}"}}'
+            for u in users
+        )
+        + "]"
+    )
+    return SendChunk(
+        job=job,
+        status=SendChunk.Status.STAGED,
+        size=len(recipients),
+        recipients=recipients,
+        plan=recipients_packed(recipients),
+    )
+
+
 def jobs_made(args: argparse.Namespace, users: np.ndarray, start: datetime) -> list[SendJob]:
     rng = np.random.default_rng(7)
     SendJob.objects.all().delete()
@@ -110,20 +131,7 @@ def jobs_made(args: argparse.Namespace, users: np.ndarray, start: datetime) -> l
         for first in range(0, audience.size, 100 * CHUNK):
             part = audience[first : first + 100 * CHUNK]
             SendChunk.objects.bulk_create(
-                SendChunk(
-                    job=job,
-                    status=SendChunk.Status.STAGED,
-                    size=len(part[i : i + CHUNK]),
-                    recipients=json.loads(
-                        "["
-                        + ",".join(
-                            f'{{"user_id":{u},"address":"u{u}@example.com",'
-                            f'"message_id":"job-{n}:{u}"}}'
-                            for u in part[i : i + CHUNK].tolist()
-                        )
-                        + "]"
-                    ),
-                )
+                staged_chunk(job, n, part[i : i + CHUNK].tolist())
                 for i in range(0, part.size, CHUNK)
             )
         jobs.append(job)

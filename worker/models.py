@@ -283,6 +283,14 @@ class SendChunk(models.Model):
         help_text="[{user_id, address, message_id, context, time_zone (when given)}]",
     )
     size = models.PositiveIntegerField(default=0, help_text="How many recipients it holds.")
+    plan = models.BinaryField(
+        null=True,  # the previous release's INSERTs leave it out while both run
+        blank=True,
+        editable=False,
+        help_text="A staged chunk of a job with a start: its recipients' users, message hashes "
+        "and zones as arrays, which the forward plan reads instead of the JSON "
+        "(worker/planned.py; empty: read from the JSON).",
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     attempts = models.PositiveSmallIntegerField(default=0)
     failures = models.PositiveSmallIntegerField(

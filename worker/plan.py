@@ -70,6 +70,7 @@ from worker.modelled import (
     segment_codes,
 )
 from worker.models import CompactJSONDecoder, SendChunk, SendJob
+from worker.planned import Packed, chunks_packed
 
 logger = logging.getLogger(__name__)
 
@@ -290,23 +291,48 @@ def job_audiences(jobs: Sequence[SendJob]) -> dict[int, JobRecipients]:
 
 
 def _recipients_read(job: SendJob) -> JobRecipients:
-    users: list[int] = []
-    messages: list[int] = []
-    zones: list[str | None] = []
+    """A scheduled job's staged recipients, chunk by chunk in the order its run gates them: the
+    arrays stored when they were staged (worker/planned.py), or, for a chunk without readable
+    ones (staged by an older release), its JSON decoded and each message id hashed."""
     chunks = SendChunk.objects.filter(job=job, status=SendChunk.Status.STAGED).order_by("pk")
-    texts = chunks.annotate(text=Cast("recipients", TextField())).values_list("text", flat=True)
-    for text in texts.iterator(chunk_size=20):
-        try:
-            part = _ADDRESSED.decode(text)
-        except msgspec.DecodeError:  # NaN, from older rows
-            part = msgspec.convert(CompactJSONDecoder().decode(text), list[_Addressed])
-        users.extend(r.user_id for r in part)
-        messages.extend(message_int(message_hash(r.message_id)) for r in part)
-        zones.extend(r.time_zone for r in part)
+    parts = chunks_packed(chunks)
+    unread = [pk for pk, part in parts if part is None]
+    decoded: dict[int, Packed] = {}
+    for first in range(0, len(unread), 1000):
+        texts = chunks.filter(pk__in=unread[first : first + 1000]).annotate(
+            text=Cast("recipients", TextField())
+        )
+        for pk, text in texts.values_list("pk", "text").iterator(chunk_size=20):
+            decoded[pk] = _json_read(text)
+    read = [part or decoded[pk] for pk, part in parts]
+    if not read:
+        return JobRecipients(users=_NONE, messages=_NONE, zones=None)
+    zones: list[str | None] = []
+    if any(part.codes is not None for part in read):
+        zones = [zone for part in read for zone in part.zones()]
     return JobRecipients(
-        users=np.asarray(users, dtype=np.uint64),
-        messages=np.asarray(messages, dtype=np.uint64),
+        users=np.concatenate([part.users for part in read]).astype(np.uint64, copy=False),
+        messages=np.concatenate([part.messages for part in read]).astype(np.uint64, copy=False),
         zones=zones if any(zones) else None,
+    )
+
+
+def _json_read(text: str) -> Packed:
+    """A chunk's recipients from its JSON, as packed_read gives them."""
+    try:
+        part = _ADDRESSED.decode(text)
+    except msgspec.DecodeError:  # NaN, from older rows
+        part = msgspec.convert(CompactJSONDecoder().decode(text), list[_Addressed])
+    named = [r.time_zone for r in part]
+    names = [zone for zone in dict.fromkeys(named) if zone is not None]
+    code = {None: 0} | {zone: i for i, zone in enumerate(names, 1)}
+    return Packed(
+        users=np.asarray([r.user_id for r in part], dtype=np.uint64),
+        messages=np.asarray(
+            [message_int(message_hash(r.message_id)) for r in part], dtype=np.uint64
+        ),
+        codes=np.asarray([code[zone] for zone in named], dtype=np.uint16) if names else None,
+        names=names,
     )
 
 

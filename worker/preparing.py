@@ -45,6 +45,7 @@ from segments.store import NotFound, StoreError, store_from_settings
 from worker import timings
 from worker.chunks import lease_length, waiting_close
 from worker.models import SendChunk, SendJob, SendJobPart
+from worker.planned import recipients_packed
 from worker.recipients import (
     FileError,
     FileRange,
@@ -87,6 +88,9 @@ class _Staging:
 
     def __init__(self, job: SendJob, skip: int, *, part: int = 0, every: int = 1) -> None:
         self.job, self.part = job, part
+        # A job with a start waits for it staged (unless the start has passed once it is read):
+        # its chunks carry what the forward plan reads (worker/planned.py).
+        self.planned = job.start_at is not None
         self.size = int(settings.GATEKEEPER_SEND_CHUNK_SIZE)
         self.batch: list[dict[str, Any]] = []
         self.full: list[list[dict[str, Any]]] = []
@@ -136,6 +140,7 @@ class _Staging:
                     recipients=recipients,
                     size=len(recipients),
                     status=SendChunk.Status.STAGED,
+                    plan=recipients_packed(recipients) if self.planned else None,
                 )
                 for recipients in fresh
             ),
@@ -170,12 +175,12 @@ def _handed_out(
             return []  # staged until its start (worker.scheduling)
         staged = SendChunk.objects.filter(job_id=job_id, part=part, status=SendChunk.Status.STAGED)
         if job.paused_at is not None:
-            staged.update(status=SendChunk.Status.QUEUED)  # handed out when it is resumed
+            staged.update(status=SendChunk.Status.QUEUED, plan=None)  # handed out on resume
             ids: list[int] = []
         else:
             ids = list(staged.order_by("pk").values_list("pk", flat=True))
             SendChunk.objects.filter(pk__in=ids).update(
-                status=SendChunk.Status.QUEUED, queued_at=now
+                status=SendChunk.Status.QUEUED, queued_at=now, plan=None
             )
         if job.started_at is None:
             SendJob.objects.filter(pk=job_id).update(started_at=now)
@@ -477,7 +482,8 @@ def _repeats_removed(job_id: int, index: int, users: Any) -> None:
             chunk.delete()
         elif len(rest) < len(chunk.recipients):
             chunk.recipients, chunk.size = rest, len(rest)
-            chunk.save(update_fields=["recipients", "size"])
+            chunk.plan = None if chunk.plan is None else recipients_packed(rest)
+            chunk.save(update_fields=["recipients", "size", "plan"])
 
 
 def send_job_part_run(*, job_id: int, index: int, keep: Callable[[], bool] | None = None) -> bool:
@@ -642,12 +648,12 @@ def _finish(job_id: int, staging: _Staging, lease: RowLease, read_bytes: int) ->
         elif not started and job.start_at is not None and job.start_at > now:
             job.status = SendJob.Status.SCHEDULED  # staged until its start (worker.scheduling)
         elif job.paused_at is not None:  # queued when it is resumed
-            staged.update(status=SendChunk.Status.QUEUED)
+            staged.update(status=SendChunk.Status.QUEUED, plan=None)
             job.status = SendJob.Status.PAUSED
             job.started_at = job.started_at or now
         else:
             ids = list(staged.order_by("pk").values_list("pk", flat=True))
-            staged.update(status=SendChunk.Status.QUEUED, queued_at=now)
+            staged.update(status=SendChunk.Status.QUEUED, queued_at=now, plan=None)
             ran = _send_chunks(job_id).filter(runs__gt=0).exists()
             job.status = SendJob.Status.RUNNING if ran else SendJob.Status.QUEUED
             job.started_at = job.started_at or now

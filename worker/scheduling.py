@@ -63,12 +63,13 @@ def _start(job_id: int, *, now: datetime, due_only: bool) -> list[int]:
         staged = SendChunk.objects.filter(job_id=job_id, status=SendChunk.Status.STAGED)
         ids = list(staged.order_by("pk").values_list("pk", flat=True))
         job.started_at = now
+        # What the plan read of them (SendChunk.plan) goes: only a staged chunk is planned.
         if job.paused_at is not None:  # handed out when it is resumed
-            chunks_update(ids, status=SendChunk.Status.QUEUED)
+            chunks_update(ids, status=SendChunk.Status.QUEUED, plan=None)
             job.status = SendJob.Status.PAUSED
             ids = []
         else:
-            chunks_update(ids, status=SendChunk.Status.QUEUED, queued_at=now)
+            chunks_update(ids, status=SendChunk.Status.QUEUED, queued_at=now, plan=None)
             job.status = SendJob.Status.QUEUED
         job.save(update_fields=["status", "started_at", "updated_at"])
     late = (now - job.start_at).total_seconds() if job.start_at else 0.0

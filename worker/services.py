@@ -53,6 +53,7 @@ from worker.models import (
     SendJob,
 )
 from worker.plan import plan_computing, plan_inputs, plan_latest
+from worker.planned import recipients_packed
 from worker.preparing import (
     INVALID_ROWS_KEPT,
     REJECTED_ROWS_SHOWN,
@@ -126,6 +127,8 @@ def send_job_create(  # type: ignore[explicit-any]  # rows and fields as the JSO
                     recipients=rows[i : i + size],
                     size=len(rows[i : i + size]),
                     status=chunk_status,
+                    # What the forward plan reads of a job that waits for its start.
+                    plan=recipients_packed(rows[i : i + size]) if scheduled else None,
                 )
                 for i in range(0, len(rows), size)
             ),
