@@ -13,7 +13,9 @@ tag rule).
   ledger's are printed (0 expected).
 - Fast: `--days` x `--per-day` decisions written straight into the ledger (a blast a day to
   `--per-day` users in calls of 1,000); replayed under the policy in force and under a draft,
-  in `--parts` processes (as that many Celery workers would), and timed.
+  in `--parts` processes (as that many Celery workers would), and timed, with what 300M rows
+  would take at that rate; then in one process (the ratio printed); then the gate's
+  decisions/s beside a replay of the first days, against the gate alone.
 """
 
 import argparse

@@ -9,7 +9,10 @@ jobs' audiences overlap (each a random sample of the users); every user already 
 their log from the day before (written straight into the logs' keys, as the limiter's function
 writes them), under the classic caps of bench/gate.py's segments and a calendar day rule per
 segment in the segment's zone. Printed: the first plan (each job's recipients read from the
-database), the plan made again with nothing changed (the recipients kept), and its steps.
+database), the plan made again with nothing changed (the recipients kept), and its steps; the
+gate's decisions/s while the plan is made, against the gate alone; the plan made again after
+one job is moved and after one segment's rule is edited (for the users each edit reaches);
+and one job decided by the decision model against the real gate, answer by answer.
 """
 
 import argparse
