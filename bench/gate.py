@@ -120,18 +120,21 @@ def gate_rate_beside(url: str, work: Callable[[], Any], *, alone_seconds: float 
             done += len(gate.check(channel="email", requests=batch))
         child_end.send(done / (time.perf_counter() - started))
 
-    figures = []
-    for limit in (alone_seconds, 3600.0):
-        stop.clear()
+    def measured(limit: float, beside: Callable[[], Any] | None = None) -> float:
+        """The gate's rate until `limit` seconds pass, or until `beside` is done."""
         child = context.Process(target=measure, args=(limit,))
         child.start()
         assert pipe.recv() == "ready"
-        if limit != alone_seconds:
-            work()
+        if beside is not None:
+            beside()
             stop.set()
-        figures.append(pipe.recv())
+        found: float = pipe.recv()
         child.join()
-    alone, beside = figures
+        stop.clear()
+        return found
+
+    alone = measured(alone_seconds)
+    beside = measured(3600.0, work)
     print(
         f"the gate beside it: {beside:,.0f} decisions/s against {alone:,.0f} alone "
         f"({beside / alone:.2f}x; one process each, on the machine's {os.cpu_count()} cores)"

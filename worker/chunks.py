@@ -66,7 +66,7 @@ from worker.delivery.sms_numbers import sms_numbers_record
 from worker.delivery.throttle import RETHROTTLED_MAX, Throttle, paced, throttle_for
 from worker.gate import gate_holders, gate_outcomes, gate_release, job_gate_check
 from worker.models import CompactJSONDecoder, SendChunk, SendJob
-from worker.planned import recipients_packed
+from worker.planned import repacked
 from worker.stopping import WorkerStopping, stopping
 from worker.timings import timed
 
@@ -938,9 +938,7 @@ def chunk_withdraw(
         chunk.size = len(chunk.recipients)
         if not chunk.recipients:
             chunk.status = SendChunk.Status.CANCELLED
-        # What the plan reads of a staged chunk, made again without them (worker/planned.py).
-        staged = chunk.plan is not None and chunk.status == SendChunk.Status.STAGED
-        chunk.plan = recipients_packed(chunk.recipients) if staged else None
+        chunk.plan = repacked(chunk)  # what the plan reads, made again without them
         chunk.save(update_fields=["recipients", "size", "status", "plan"])
         job = SendJob.objects.select_for_update().get(pk=chunk.job_id)
         _count_on_job(job, Counter({JobOutcome.CANCELLED: len(theirs)}))

@@ -37,13 +37,12 @@ from gatekeeper.lib.leases import RedisLease
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from limits.channels import ALL
 from limits.engine.limiter import Decision, Limiter, get_limiter
-from limits.engine.log import BUCKET_BITS, holder_of, message_hash
+from limits.engine.log import BUCKET_BITS, holder_of
 from limits.engine.model import (
     NO_LIMIT,
     ModelLimiter,
     ModelLogs,
     ascending_distinct,
-    message_int,
     users_buckets,
 )
 from limits.engine.reservations import (
@@ -70,7 +69,7 @@ from worker.modelled import (
     segment_codes,
 )
 from worker.models import CompactJSONDecoder, SendChunk, SendJob
-from worker.planned import Packed, chunks_packed
+from worker.planned import Packed, chunks_packed, packed_of
 
 logger = logging.getLogger(__name__)
 
@@ -323,16 +322,8 @@ def _json_read(text: str) -> Packed:
         part = _ADDRESSED.decode(text)
     except msgspec.DecodeError:  # NaN, from older rows
         part = msgspec.convert(CompactJSONDecoder().decode(text), list[_Addressed])
-    named = [r.time_zone for r in part]
-    names = [zone for zone in dict.fromkeys(named) if zone is not None]
-    code = {None: 0} | {zone: i for i, zone in enumerate(names, 1)}
-    return Packed(
-        users=np.asarray([r.user_id for r in part], dtype=np.uint64),
-        messages=np.asarray(
-            [message_int(message_hash(r.message_id)) for r in part], dtype=np.uint64
-        ),
-        codes=np.asarray([code[zone] for zone in named], dtype=np.uint16) if names else None,
-        names=names,
+    return packed_of(
+        [r.user_id for r in part], [r.message_id for r in part], [r.time_zone for r in part]
     )
 
 
@@ -842,22 +833,13 @@ def _union(parts: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def _segment_users(kept: _Kept, segment: str) -> np.ndarray:
-    """The users of the plan in `segment` (sorted): those its list holds (a table of one byte
-    an id, when the ids are small) that resolve to it, without resolving everyone's segment;
-    else by everyone's segments."""
+    """The users of the plan in `segment` (sorted): those its list holds that resolve to it,
+    without resolving everyone's segment; else by everyone's segments."""
     index = kept.index
-    top = int(kept.everyone[-1]) if kept.everyone.size else 0
     bitmaps = getattr(index, "bitmaps", None)
-    if (
-        kept.segments is None
-        and bitmaps is not None
-        and segment in bitmaps
-        and top < MEMBERSHIP_IDS
-    ):
-        listed = np.asarray(bitmaps[segment].to_array())
-        table = np.zeros(top + 1, dtype=bool)
-        table[listed[listed <= top]] = True
-        candidates = kept.everyone[table[kept.everyone]]
+    if kept.segments is None and bitmaps is not None and segment in bitmaps:
+        listed = np.asarray(bitmaps[segment].to_array(), dtype=np.uint64)  # sorted, once each
+        candidates = kept.everyone[_membership(listed)(kept.everyone)]
         codes, names = _segments(index, candidates)
         return candidates[codes == names.index(segment)] if segment in names else _NONE
     codes, names = kept.segments_of()

@@ -67,23 +67,55 @@ class Packed:
         return zones
 
 
+def packed_of(
+    users: Sequence[int], message_ids: Sequence[str], named: Sequence[str | None]
+) -> Packed:
+    """Recipients (each one's user, message id and the zone it names, or None) as the plan
+    reads them: each message id hashed as the logs keep it, the zones coded."""
+    n = len(users)
+    hashes = np.frombuffer(b"".join(map(message_hash, message_ids)), dtype=">u8")
+    names = [zone for zone in dict.fromkeys(named) if zone is not None]
+    codes = None
+    if names:
+        code = {None: 0} | {zone: i for i, zone in enumerate(names, 1)}
+        codes = np.fromiter(map(code.__getitem__, named), dtype="<u2", count=n)
+    return Packed(
+        users=np.fromiter(users, dtype="<u8", count=n),
+        messages=(hashes >> _SHIFT).astype("<u8"),
+        codes=codes,
+        names=names,
+    )
+
+
 def recipients_packed(recipients: Sequence[Mapping[str, object]]) -> bytes:
     """A staged chunk's recipients (each with its user_id and message_id, and time_zone when it
     names one), packed in the layout above."""
-    n = len(recipients)
-    users = np.fromiter(map(_USERS, recipients), dtype="<u8", count=n)
-    hashes = np.frombuffer(b"".join(map(message_hash, map(_IDS, recipients))), dtype=">u8")
-    messages = (hashes >> _SHIFT).astype("<u8")
-    named = [r.get("time_zone") for r in recipients]
-    names = [zone for zone in dict.fromkeys(named) if zone is not None]
-    if len(names) > _ZONES_MAX:
-        raise ValueError(f"{len(names)} time zones in one chunk: at most {_ZONES_MAX}")
-    parts = [_HEADER.pack(VERSION, len(names), n), users.tobytes(), messages.tobytes()]
-    if names:
-        code = {None: 0} | {zone: i for i, zone in enumerate(names, 1)}
-        each = np.fromiter(map(code.__getitem__, named), dtype="<u2", count=n)
-        parts += [each.tobytes(), msgspec.json.encode(names)]
+    packed = packed_of(
+        list(map(_USERS, recipients)),
+        list(map(_IDS, recipients)),
+        [r.get("time_zone") for r in recipients],  # type: ignore[misc]
+    )
+    if len(packed.names) > _ZONES_MAX:
+        raise ValueError(f"{len(packed.names)} time zones in one chunk: at most {_ZONES_MAX}")
+    n = int(packed.users.size)
+    parts = [_HEADER.pack(VERSION, len(packed.names), n), packed.users.tobytes()]
+    parts.append(packed.messages.tobytes())
+    if packed.codes is not None:
+        parts += [packed.codes.tobytes(), msgspec.json.encode(packed.names)]
     return b"".join(parts)
+
+
+def repacked(chunk: SendChunk) -> bytes | None:
+    """A chunk's arrays once its recipients changed (a repeat or an erasure taken out): made
+    again while it is staged and had them, else none."""
+    if chunk.plan is None or chunk.status != SendChunk.Status.STAGED:
+        return None
+    return recipients_packed(chunk.recipients)
+
+
+# A staged chunk handed out (queued, now or on its job's resume): what the plan read of it goes,
+# since only a staged chunk is planned. The fields every hand-out sets (`**UNSTAGED`).
+UNSTAGED: dict[str, object] = {"status": SendChunk.Status.QUEUED, "plan": None}
 
 
 _NAMES = msgspec.json.Decoder(list[str])

@@ -45,7 +45,7 @@ from segments.store import NotFound, StoreError, store_from_settings
 from worker import timings
 from worker.chunks import lease_length, waiting_close
 from worker.models import SendChunk, SendJob, SendJobPart
-from worker.planned import recipients_packed
+from worker.planned import UNSTAGED, recipients_packed, repacked
 from worker.recipients import (
     FileError,
     FileRange,
@@ -175,13 +175,11 @@ def _handed_out(
             return []  # staged until its start (worker.scheduling)
         staged = SendChunk.objects.filter(job_id=job_id, part=part, status=SendChunk.Status.STAGED)
         if job.paused_at is not None:
-            staged.update(status=SendChunk.Status.QUEUED, plan=None)  # handed out on resume
+            staged.update(**UNSTAGED)  # handed out on resume
             ids: list[int] = []
         else:
             ids = list(staged.order_by("pk").values_list("pk", flat=True))
-            SendChunk.objects.filter(pk__in=ids).update(
-                status=SendChunk.Status.QUEUED, queued_at=now, plan=None
-            )
+            SendChunk.objects.filter(pk__in=ids).update(**UNSTAGED, queued_at=now)
         if job.started_at is None:
             SendJob.objects.filter(pk=job_id).update(started_at=now)
     return ids
@@ -482,7 +480,7 @@ def _repeats_removed(job_id: int, index: int, users: Any) -> None:
             chunk.delete()
         elif len(rest) < len(chunk.recipients):
             chunk.recipients, chunk.size = rest, len(rest)
-            chunk.plan = None if chunk.plan is None else recipients_packed(rest)
+            chunk.plan = repacked(chunk)
             chunk.save(update_fields=["recipients", "size", "plan"])
 
 
@@ -648,12 +646,12 @@ def _finish(job_id: int, staging: _Staging, lease: RowLease, read_bytes: int) ->
         elif not started and job.start_at is not None and job.start_at > now:
             job.status = SendJob.Status.SCHEDULED  # staged until its start (worker.scheduling)
         elif job.paused_at is not None:  # queued when it is resumed
-            staged.update(status=SendChunk.Status.QUEUED, plan=None)
+            staged.update(**UNSTAGED)
             job.status = SendJob.Status.PAUSED
             job.started_at = job.started_at or now
         else:
             ids = list(staged.order_by("pk").values_list("pk", flat=True))
-            staged.update(status=SendChunk.Status.QUEUED, queued_at=now, plan=None)
+            staged.update(**UNSTAGED, queued_at=now)
             ran = _send_chunks(job_id).filter(runs__gt=0).exists()
             job.status = SendJob.Status.RUNNING if ran else SendJob.Status.QUEUED
             job.started_at = job.started_at or now

@@ -18,6 +18,7 @@ from django.utils import timezone
 from gatekeeper.lib.conflicts import Conflict
 from worker.chunks import chunks_update
 from worker.models import SendChunk, SendJob
+from worker.planned import UNSTAGED
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +66,11 @@ def _start(job_id: int, *, now: datetime, due_only: bool) -> list[int]:
         job.started_at = now
         # What the plan read of them (SendChunk.plan) goes: only a staged chunk is planned.
         if job.paused_at is not None:  # handed out when it is resumed
-            chunks_update(ids, status=SendChunk.Status.QUEUED, plan=None)
+            chunks_update(ids, **UNSTAGED)
             job.status = SendJob.Status.PAUSED
             ids = []
         else:
-            chunks_update(ids, status=SendChunk.Status.QUEUED, queued_at=now, plan=None)
+            chunks_update(ids, **UNSTAGED, queued_at=now)
             job.status = SendJob.Status.QUEUED
         job.save(update_fields=["status", "started_at", "updated_at"])
     late = (now - job.start_at).total_seconds() if job.start_at else 0.0
