@@ -24,6 +24,9 @@ class Reason(StrEnum):
     BLOCKED = "blocked"  # refused by a rule whose limit is 0
     # a reserved scheduled job holds the rule's last slots (limits.engine.reservations)
     RESERVED = "reserved"
+    # a round gave the user's slot to sends worth more to them (worker/rounds.py); decided
+    # before the send reaches the gate
+    OUTRANKED = "outranked"
     QUIET_HOURS = "quiet_hours"  # held: the user's quiet hours
     SUPPRESSED = "suppressed"  # the user is on the channel's suppression list
     PREFERENCE = "preference"  # the person switched this topic (or channel) off
@@ -70,6 +73,7 @@ NOT_REPLAYED: tuple[Reason, ...] = (
     Reason.EXEMPT,
     Reason.UNAVAILABLE,
     Reason.RESERVED,
+    Reason.OUTRANKED,
     *JOB_OWN,
 )
 
@@ -83,6 +87,7 @@ COLOURS: dict[Reason, str] = {
     Reason.CAP: "#c4883a",
     Reason.BLOCKED: "#b23b3b",
     Reason.RESERVED: "#d98b8b",
+    Reason.OUTRANKED: "#b58fb8",
     Reason.QUIET_HOURS: "#8a63c9",
     Reason.SUPPRESSED: "#3d3d3d",
     Reason.PREFERENCE: "#2f6f73",

@@ -29,6 +29,51 @@ def expiry_default() -> Any:
     return timezone.now() + EXPIRY_DEFAULT
 
 
+class Round(models.Model):
+    """Competing send jobs decided by value per user (worker/rounds.py): jobs join it until it
+    closes and wait as scheduled jobs; when it closes, each user gets, among the round's
+    sends for them, the set of highest total value that fits every rule at `send_at`, and the
+    others are refused as `outranked`. The chosen sends then go through the gate as usual when
+    the jobs start at `send_at`."""
+
+    class Status(models.TextChoices):
+        OPEN = "open", "open: jobs join, leave or change their value until it closes"
+        DECIDING = "deciding", "deciding: the best sends for each user are being chosen"
+        DECIDED = "decided", "decided: its jobs start at its send time"
+        CANCELLED = "cancelled", "cancelled: its jobs went back to waiting, or were cancelled"
+
+    name = models.CharField(max_length=200)
+    channel = models.CharField(
+        max_length=32, help_text="The channel its jobs send on, or `all`: jobs on any channel."
+    )
+    closes_at = models.DateTimeField(help_text="When its jobs are decided; no job joins after.")
+    send_at = models.DateTimeField(help_text="When its jobs start (at or after closes_at).")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
+    lease_until = models.DateTimeField(
+        null=True, blank=True, help_text="A run decides the round until then (renewed as it runs)."
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    report = models.JSONField(
+        null=True, blank=True, help_text="What the decision chose, per job (worker/rounds.py)."
+    )
+    differences = models.PositiveIntegerField(
+        default=0, help_text="Chosen sends the gate refused when they went out."
+    )
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-closes_at", "-id"]
+        indexes = [models.Index(fields=["status", "closes_at"], name="round_close_due")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.channel}, closes {self.closes_at:%Y-%m-%d %H:%M})"
+
+
 class SendJob(models.Model):
     """A campaign's sends handed to the worker: gated in chunks, dispatched, counted.
 
@@ -122,6 +167,21 @@ class SendJob(models.Model):
     )
     started_at = models.DateTimeField(
         null=True, blank=True, help_text="When its chunks were first handed out."
+    )
+    round = models.ForeignKey(
+        Round,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="jobs",
+        help_text="The round it competes in: it waits until the round is decided and its send "
+        "time comes; its sends the round did not choose are refused as `outranked`.",
+    )
+    value = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="In a round, what one of its sends is worth (at least 0); a recipient's own "
+        "`value` (a campaign file's column) replaces it.",
     )
     reserve = models.BooleanField(
         default=False,
