@@ -26,9 +26,10 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from itertools import repeat
 from typing import Any
 
 import msgspec
@@ -51,6 +52,7 @@ from limits.ledger.stream import Decided, Outcomes, arm_of_code, ledger_entry, s
 from limits.ledger.table import (
     KIND_TABLE,
     ROW_COLUMNS,
+    VALUE_COLUMN,
     KindFields,
     kinds_find,
     kinds_forget,
@@ -372,11 +374,15 @@ def ledger_write(calls: Sequence[Decided], outcomes: Sequence[dict[int, str]] = 
                 [TABLE, TABLE, report_rows(calls)],
             )
             first = int(cursor.fetchone()[0]) - report_rows(calls) + 1
-            sql = f"COPY {TABLE} (id, {', '.join(ROW_COLUMNS)}) FROM STDIN"
+            # The outranked decisions' value only when a call has one: the rows of every other
+            # drain are written as they were before rounds.
+            valued = any(call.by for call in calls)
+            columns = (*ROW_COLUMNS, VALUE_COLUMN) if valued else ROW_COLUMNS
+            sql = f"COPY {TABLE} (id, {', '.join(columns)}) FROM STDIN"
             with cursor.cursor.copy(sql) as copy:
                 start = first
                 for call, found, kind in zip(calls, known, kinds, strict=True):
-                    copy.write(_copy_text(call, found, kind, start))
+                    copy.write(_copy_text(call, found, kind, start, valued=valued))
                     start += len(call.users)
         return first
     written = LedgerEntry.objects.bulk_create(
@@ -384,13 +390,20 @@ def ledger_write(calls: Sequence[Decided], outcomes: Sequence[dict[int, str]] = 
             LedgerEntry(
                 at=call.at,
                 user_id=user_id,
-                kind_id=kind[(segment, reason, rule_id, arm, zone)],
+                kind_id=kind[(segment, reason, rule_id, arm, zone, by)],
                 outcome=found.get(k, ""),
                 message_id=message_stored(call.campaign, user_id, message_id),
+                value=call.values[k] if by else None,
             )
             for call, found, kind in zip(calls, known, kinds, strict=True)
-            for k, ((user_id, message_id, segment, reason, rule_id), arm, zone) in enumerate(
-                zip(call.rows(), call.arm_codes(), call.zone_names(), strict=True)
+            for k, ((user_id, message_id, segment, reason, rule_id), arm, zone, by) in enumerate(
+                zip(
+                    call.rows(),
+                    call.arm_codes(),
+                    call.zone_names(),
+                    call.outranked_by(),
+                    strict=True,
+                )
             )
         ],
         batch_size=500,
@@ -401,26 +414,28 @@ def ledger_write(calls: Sequence[Decided], outcomes: Sequence[dict[int, str]] = 
     return int(ids[0])
 
 
-# A decision's segment, reason, rule id, arm code and the zone its request named.
-Own = tuple[str, str, int | None, int, str]
+# A decision's segment, reason, rule id, arm code, the zone its request named and the job that
+# outranked it (0: none).
+Own = tuple[str, str, int | None, int, str, int]
 
 
 def _kinds(calls: Sequence[Decided]) -> list[dict[Own, int]]:
-    """Per call, its kinds' ids by (segment, reason, rule id, arm code, zone), found or added a
-    day at a time."""
+    """Per call, its kinds' ids by (segment, reason, rule id, arm code, zone, outranking job),
+    found or added a day at a time."""
     wanted: dict[date, set[KindFields]] = {}
     per_call: list[dict[Own, KindFields]] = []
     for call in calls:
         head = (call.channel, call.campaign, tuple(call.tags), call.priority, call.category,
                 call.version)  # fmt: skip
-        columns = (call.segments, call.reasons, call.rules, call.arm_codes(), call.zone_names())
+        columns = (call.segments, call.reasons, call.rules, call.arm_codes(), call.zone_names(),
+                   call.outranked_by())  # fmt: skip
         owns = set(zip(*columns, strict=True))
         fields = {}
         for own in owns:
-            segment, reason, rule_id, code, zone = own
+            segment, reason, rule_id, code, zone, by = own
             experiment, place = arm_of_code(code) or (None, None)
             fields[own] = KindFields(
-                *head, segment, reason, rule_id, call.topic, experiment, place, zone
+                *head, segment, reason, rule_id, call.topic, experiment, place, zone, by or None
             )
         wanted.setdefault(call.at.date(), set()).update(fields.values())
         per_call.append(fields)
@@ -434,22 +449,31 @@ def _kinds(calls: Sequence[Decided]) -> list[dict[Own, int]]:
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
-def _copy_text(call: Decided, outcomes: dict[int, str], kinds: dict[Own, int], first: int) -> str:
+def _copy_text(
+    call: Decided, outcomes: dict[int, str], kinds: dict[Own, int], first: int,
+    *, valued: bool = False,
+) -> str:  # fmt: skip
     """A gate call's rows in COPY's text format (the time formatted once): about five times
     cheaper than a row at a time. `outcomes`: by row, those already known; `kinds`: the
-    call's kinds' ids by (segment, reason, rule id, arm code, zone); `first`: its first row's
-    id."""
+    call's kinds' ids by (segment, reason, rule id, arm code, zone, outranking job); `first`:
+    its first row's id; `valued`: each row ends with its value (VALUE_COLUMN: an outranked
+    decision's, NULL on the others)."""
     head = f"\t{call.at.isoformat()}\t"
     codes = LEDGER_OUTCOME_CODES
+    ends: Iterable[str] = repeat("", len(call.users))
+    if valued:
+        values = call.values or [0.0] * len(call.users)
+        ends = [f"\t{value!r}" if by else "\t\\N"
+                for by, value in zip(call.outranked_by(), values, strict=True)]  # fmt: skip
     return "".join(
         [
             str(first + k) + head + str(user_id) + "\t"
-            + str(kinds[(segment, reason, rule_id, arm, zone)]) + "\t"
+            + str(kinds[(segment, reason, rule_id, arm, zone, by)]) + "\t"
             + str(codes[outcomes.get(k, "")]) + "\t"
-            + _copy_message(message_stored(call.campaign, user_id, message_id)) + "\n"
-            for k, ((user_id, message_id, segment, reason, rule_id), arm, zone) in enumerate(
-                zip(call.rows(), call.arm_codes(), call.zone_names(), strict=True)
-            )
+            + _copy_message(message_stored(call.campaign, user_id, message_id)) + end + "\n"
+            for k, ((user_id, message_id, segment, reason, rule_id), arm, zone, by, end)
+            in enumerate(zip(call.rows(), call.arm_codes(), call.zone_names(),
+                             call.outranked_by(), ends, strict=True))
         ]
     )  # fmt: skip
 

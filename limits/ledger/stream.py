@@ -8,9 +8,11 @@ the hot path:
 
 1. **Append** (here; the gate, per call, the one cost it pays): one XADD to the Redis stream
    `<prefix>ledger` holding the whole batch packed with msgpack (the call's own fields once,
-   then per decision its user id, message id, segment, reason and deciding rule): one round trip
-   and about 30 bytes per decision, however large the batch. The worker appends what became of
-   the admitted sends (sent, failed, ambiguous, released) the same way.
+   then per decision its user id, message id, segment, reason and deciding rule, and on one a
+   round outranked the send job that won and that job's value): one round trip and about 30
+   bytes per decision, however large the batch. The worker appends what became of the admitted
+   sends (sent, failed, ambiguous, released), and a round's run the sends it outranked, the
+   same way.
 2. **Drain** (limits/ledger/drain.py, beat every 2 s): the entries written into the database
    exactly once.
 
@@ -21,6 +23,7 @@ Nothing else.
 """
 
 import logging
+import math
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -29,7 +32,7 @@ import msgspec
 from django.conf import settings
 
 from gatekeeper.lib.redis_client import REDIS_DOWN, RedisClient, get_redis
-from limits.reasons import OUTCOMES
+from limits.reasons import OUTCOMES, Reason
 
 logger = logging.getLogger(__name__)
 
@@ -59,17 +62,23 @@ def ledger_append(
     decisions: Sequence[Any],
     topic: str = "",
     time_zones: Sequence[str | None] | None = None,
+    outranked: Sequence[tuple[int, float] | None] | None = None,
     client: RedisClient | None = None,
 ) -> bool:
     """Append one gate call's decisions, made at `at_ms` (epoch ms, the gate's clock), to the
     ledger's stream. `time_zones`: per decision, the zone its request named (None: none),
-    aligned with `decisions`; None when no request named one. False (and a warning) when Redis
-    cannot take them: the decisions stand, the ledger misses them. ValueError for zones not
-    one per decision, before anything is appended."""
+    aligned with `decisions`; None when no request named one. `outranked`: per decision, the
+    send job a round gave the user's slot to and what its send was worth to them, (job id,
+    value), on a decision of reason `outranked` (None on any other), aligned with `decisions`;
+    None when none was outranked. False (and a warning) when Redis cannot take them: the
+    decisions stand, the ledger misses them. ValueError for zones or outranked sends not one
+    per decision, or an outranked send that is not a decision's of reason `outranked`, or not a
+    job id (1 or more) and a value (a finite number, 0 or more), before anything is appended."""
     if not decisions:
         return True
     if time_zones is not None and len(time_zones) != len(decisions):
         raise ValueError(f"{len(time_zones)} time zones for {len(decisions)} decisions")
+    by, values = _outranked(decisions, outranked)
     packed = msgspec.msgpack.encode(
         Decided(
             at_ms=at_ms,
@@ -87,9 +96,45 @@ def ledger_append(
             topic=topic,
             arms=_arm_codes(decisions),
             zones=_zones(time_zones),
+            by=by,
+            values=values,
         )
     )
     return _append(packed, f"{len(decisions)} decisions", client)
+
+
+def _outranked(
+    decisions: Sequence[Any], outranked: Sequence[tuple[int, float] | None] | None
+) -> tuple[list[int], list[float]]:
+    """Per decision, the job that outranked it (0: none) and that job's value to the user (0:
+    none); both empty when none was outranked. ValueError for what ledger_append refuses."""
+    if outranked is None:
+        return [], []
+    if len(outranked) != len(decisions):
+        raise ValueError(f"{len(outranked)} outranked sends for {len(decisions)} decisions")
+    if all(found is None for found in outranked):
+        return [], []
+    by, values = [], []
+    for place, (decision, found) in enumerate(zip(decisions, outranked, strict=True)):
+        if found is None:
+            by.append(0)
+            values.append(0.0)
+            continue
+        if decision.reason != Reason.OUTRANKED:
+            raise ValueError(
+                f"decision {place} is {decision.reason!r}: only an outranked one names the job "
+                f"that outranked it"
+            )
+        job, value = found
+        if isinstance(job, bool) or not isinstance(job, int) or job < 1:
+            raise ValueError(f"decision {place} is outranked by {job!r}, not a send job's id")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"decision {place}'s outranking value {value!r} is not a number")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"decision {place}'s outranking value {value!r} is not 0 or more")
+        by.append(job)
+        values.append(float(value))
+    return by, values
 
 
 def _zones(time_zones: Sequence[str | None] | None) -> list[str]:
@@ -185,6 +230,11 @@ class Decided(msgspec.Struct, array_like=True, tag=DECIDED, frozen=True):
     # Per decision, the time zone its request named ("": none, so its segment's, else the
     # setting's); empty: no request named one. Last and with a default, as the topic.
     zones: list[str] = []
+    # Per decision of reason `outranked`, the send job a round gave the user's slot to (0: not
+    # outranked), and what that job's send was worth to the user (0 where not outranked);
+    # both empty: none outranked. Last and with defaults, as the topic.
+    by: list[int] = []
+    values: list[float] = []
 
     @property
     def at(self) -> datetime:
@@ -196,6 +246,10 @@ class Decided(msgspec.Struct, array_like=True, tag=DECIDED, frozen=True):
     def zone_names(self) -> list[str]:
         """Per decision, the zone its request named ("": none)."""
         return self.zones or [""] * len(self.users)
+
+    def outranked_by(self) -> list[int]:
+        """Per decision, the send job that outranked it (0: none)."""
+        return self.by or [0] * len(self.users)
 
     def rows(self) -> Iterator[tuple[int, str, str, str, int | None]]:
         """(user id, message id, segment, reason, rule id) per decision."""
@@ -251,12 +305,16 @@ def ledger_entry(packed: bytes) -> Decided | Outcomes:
             if outcome not in OUTCOMES:
                 raise ValueError(f"unknown send outcome {outcome!r}")
         return entry
-    if not (
-        len(entry.users)
-        == len(entry.messages)
-        == len(entry.segments)
-        == len(entry.reasons)
-        == len(entry.rules)
-    ) or len(entry.zones) not in (0, len(entry.users)):
+    if (
+        not (
+            len(entry.users)
+            == len(entry.messages)
+            == len(entry.segments)
+            == len(entry.reasons)
+            == len(entry.rules)
+        )
+        or len(entry.zones) not in (0, len(entry.users))
+        or not (len(entry.by) == len(entry.values) and len(entry.by) in (0, len(entry.users)))
+    ):
         raise ValueError("a ledger entry's columns are not of one length")
     return entry

@@ -1,13 +1,16 @@
 """The send ledger's table: how a decision is stored, and how it is read back whole.
 
 A decision's row (`LedgerEntry`) keeps only what is its own: when, the user, the message id,
-what became of the send (a two-byte code, limits.models.ledger.LEDGER_OUTCOMES) and its **kind**
-(`LedgerKind`): the fields it shares with the other decisions of its gate call and of every
-call like it (channel, campaign, tags, priority, category, snapshot version, topic) together with
-its segment, reason, deciding rule, experiment arm and the time zone its request named. A blast
-of a million decisions names a few dozen kinds, so those fields cost nothing per row. And the
-message id is not stored when it is the campaign's own, `<campaign>:<user id>`, as send jobs
-name their sends: it is put back when read.
+what became of the send (a two-byte code, limits.models.ledger.LEDGER_OUTCOMES), on an
+outranked decision what the send that outranked it was worth to the user (`value`: NULL, no
+byte, on every other) and its **kind** (`LedgerKind`): the fields it shares with the other
+decisions of its gate call and of every call like it (channel, campaign, tags, priority,
+category, snapshot version, topic) together with its segment, reason, deciding rule, experiment
+arm, the time zone its request named and the send job that outranked it in a round. A blast
+of a million decisions names a few dozen kinds (a round's outranked ones, one per winning job),
+so those fields cost nothing per row. And the message id is not stored when it is the
+campaign's own, `<campaign>:<user id>`, as send jobs name their sends: it is put back when
+read.
 
 So a row is about 60 bytes on PostgreSQL, and 90 with its index (docs/ledger.md, "Storage"),
 where it was 194 with every field on every row.
@@ -24,13 +27,14 @@ from typing import Any, NamedTuple, cast
 
 import msgspec
 from django.db import connection, transaction
-from django.db.models import CharField, F, QuerySet, Value
-from django.db.models.functions import Cast, Coalesce, Concat
+from django.db.models import Case, CharField, F, JSONField, QuerySet, Value, When
+from django.db.models.functions import Cast, Coalesce, Concat, JSONObject
 
 from limits.models.ledger import LedgerEntry, LedgerKind
 
 KIND_TABLE = LedgerKind._meta.db_table
 ROW_COLUMNS = ("at", "user_id", "kind_id", "outcome", "message_id")  # as COPY writes a row
+VALUE_COLUMN = "value"  # and after them, when a row of the COPY is outranked
 KINDS_CACHED_MAX = 50_000  # kinds a drainer remembers before it forgets them all
 
 
@@ -50,15 +54,21 @@ class KindFields(NamedTuple):
     topic: str = ""  # came after the others: left out of the digest when none
     experiment: int | None = None  # and these after it: left out when none
     arm: int | None = None
-    zone: str = ""  # the zone the request named, after them all: left out when none
+    zone: str = ""  # the zone the request named, after them: left out when none
+    # The send job that outranked the decisions in a round, after them all: left out when none.
+    outranked_by: int | None = None
 
 
 def kind_digest(fields: KindFields) -> str:
     """The key a kind is found by: SHA-1 of its fields as a JSON array (without the topic, the
     experiment and the arm when it has none, as kinds were found before they existed). A kind
-    with a zone digests every field (the experiment and the arm as null when none); one
-    without is digested as before zones were kept."""
+    outranked by a job digests every field (those it has not as null or empty); one that was
+    not, but has a zone, every field but that job; one without either is digested as before
+    zones were kept."""
     values = list(fields)
+    if fields.outranked_by is not None:
+        return hashlib.sha1(msgspec.json.encode(values)).hexdigest()
+    values = values[:-1]
     if fields.zone:
         return hashlib.sha1(msgspec.json.encode(values)).hexdigest()
     values = values[:-1]
@@ -75,6 +85,12 @@ def message_stored(campaign: str, user_id: int, message_id: str) -> str | None:
 def message_of(campaign: str, user_id: int, stored: str | None) -> str:
     """A row's message id, from what it keeps (message_stored's inverse)."""
     return f"{campaign}:{user_id}" if stored is None else stored
+
+
+def outranked_of(job: int | None, value: float | None) -> dict[str, Any] | None:
+    """A decision's `outranked_by` from its kind's job and its row's value: `{"job", "value"}`,
+    or None when no job outranked it."""
+    return None if job is None else {"job": job, "value": value}
 
 
 # The kinds this process found or added, by day and digest: known after their transaction
@@ -106,7 +122,7 @@ def kinds_find(day: date, wanted: Iterable[KindFields]) -> dict[KindFields, int]
             cursor,
             f"INSERT INTO {KIND_TABLE} (digest, channel, campaign, tags, priority, category, "
             f"snapshot_version, segment, reason, rule_id, topic, experiment, arm, zone, "
-            f"last_day)",
+            f"outranked_by, last_day)",
             [
                 (digest, *fields[:2], msgspec.json.encode(list(fields.tags)).decode(),
                  *fields[3:], adapt(day))
@@ -182,8 +198,10 @@ def kinds_analyze() -> None:
 
 def decisions() -> QuerySet[LedgerEntry]:
     """The ledger's rows with their kind's fields and their message id put back, as
-    annotations of the same names (`message` for the message id): for values() and filters.
-    Rows read as objects take `select_related("kind")` and `message_of` instead."""
+    annotations of the same names (`message` for the message id, `outranked_by` for the job
+    that outranked the decision and its value, `{"job", "value"}`, or None): for values() and
+    filters. Rows read as objects take `select_related("kind")`, `message_of` and
+    `outranked_of` instead."""
     return LedgerEntry.objects.annotate(
         channel=F("kind__channel"),
         campaign=F("kind__campaign"),
@@ -196,6 +214,13 @@ def decisions() -> QuerySet[LedgerEntry]:
         rule_id=F("kind__rule_id"),
         topic=F("kind__topic"),
         zone=F("kind__zone"),
+        outranked_by=Case(
+            When(
+                kind__outranked_by__isnull=False,
+                then=JSONObject(job=F("kind__outranked_by"), value=F("value")),
+            ),
+            output_field=JSONField(),
+        ),
         message=Coalesce(
             "message_id",
             Concat(F("kind__campaign"), Value(":"), Cast("user_id", CharField())),

@@ -40,8 +40,8 @@ class OutcomeField(models.PositiveSmallIntegerField):
 class LedgerKind(models.Model):
     """What decisions of the send ledger have in common, kept once however many share it: the
     gate call's own fields (channel, campaign, tags, priority, category, snapshot version,
-    topic) and the decision's segment, reason, deciding rule, experiment arm and the time zone
-    its request named. A blast's million decisions name a few dozen kinds. Found or added by
+    topic) and the decision's segment, reason, deciding rule, experiment arm, the time zone
+    its request named and the send job that outranked it in a round. A blast's million decisions name a few dozen kinds. Found or added by
     the drain (limits/ledger/table.py) by `digest`; deleted by the ledger's upkeep once no day
     kept uses it (`last_day`)."""
 
@@ -71,6 +71,13 @@ class LedgerKind(models.Model):
         help_text="The zone the requests named for their users; empty: none, so the segment's, "
         "else the setting's.",
     )
+    # A round's outranked decisions: one kind per job that won the users' slots, so kinds stay
+    # few. NULL on every other (and an older process's INSERT leaves the column out).
+    outranked_by = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="On reason outranked: the send job a round gave the users' slots to.",
+    )
     last_day = models.DateField(help_text="The last UTC day a decision of this kind was kept.")
 
     def __str__(self) -> str:
@@ -80,7 +87,8 @@ class LedgerKind(models.Model):
 class LedgerEntry(models.Model):
     """One gate decision of a marketing send (or an exempt transactional one), kept durably:
     the send ledger (limits/ledger/). What it shares with other decisions is its `kind`; the
-    row itself is when, who, the message and what became of it (about 90 bytes on PostgreSQL,
+    row itself is when, who, the message and what became of it, and on an outranked decision
+    what the send that outranked it was worth to the user (about 90 bytes on PostgreSQL,
     indexes included; docs/ledger.md). On PostgreSQL the table is partitioned by day (`at`),
     old days are dropped whole, and `id` has no index (rows are found by user, and by time).
     Read through limits.ledger.table.decisions(), which puts the kind's fields and the message
@@ -103,6 +111,15 @@ class LedgerEntry(models.Model):
         null=True,
         blank=True,
         help_text="Empty (NULL) when it is the campaign's own `<campaign>:<user id>`.",
+    )
+    # NULL on every decision but an outranked one: no byte (the row's null bitmap is there
+    # already, or fits in its header's padding), and on PostgreSQL's partitioned table a
+    # column added without a default changes no stored row.
+    value = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="On reason outranked: what the send of the job that outranked it was worth "
+        "to the user (its kind names the job).",
     )
 
     class Meta:
