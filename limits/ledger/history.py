@@ -12,6 +12,7 @@ the position always carries.
 import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -20,7 +21,7 @@ from django.db.models import Q
 from gatekeeper.lib.ids import DATABASE_MAX
 from gatekeeper.lib.problems import Problem
 from limits.engine.table import arm_of_rule_id
-from limits.ledger.table import message_of
+from limits.ledger.table import message_of, outranked_of
 from limits.models.ledger import LedgerEntry
 from limits.models.policy import Rule
 from limits.models.studies import ExperimentArm
@@ -127,7 +128,8 @@ def user_history(
 ) -> HistoryPage:
     """Up to `limit` of the user's decisions, newest first, older than `before`, of `channel`,
     `campaign` and `reason` when given, from `since` (inclusive) to `until` (exclusive). Each
-    with its deciding rule's name and description while the rule exists."""
+    with its deciding rule's name and description while the rule exists, and on an outranked
+    one the send job that outranked it, with its value and in words."""
     entries = LedgerEntry.objects.filter(user_id=user_id).select_related("kind")
     if channel is not None:
         entries = entries.filter(kind__channel=channel)
@@ -257,4 +259,19 @@ def _decision(
         "message_id": message_of(kind.campaign, row.user_id, row.message_id),
         "outcome": row.outcome or None,
         "experiment": experiment,
+        "outranked_by": _outranked(kind.outranked_by, row.value),
     }
+
+
+def _outranked(job: int | None, value: float | None) -> dict[str, Any] | None:
+    """What outranked a decision in a round, with it in words; None when nothing did."""
+    found = outranked_of(job, value)
+    if found is None:
+        return None
+    words = f"Outranked by job {job}, worth {number_text(value or 0.0)} to them."
+    return {**found, "description": words}
+
+
+def number_text(value: float) -> str:
+    """A number as people write it: 3.5, 3 (not 3.0), 0.25, 1200000 (no exponent)."""
+    return format(Decimal(repr(value)).normalize(), "f")

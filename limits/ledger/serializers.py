@@ -27,6 +27,16 @@ class HistoryExperimentSerializer(serializers.Serializer):
     arm = serializers.CharField(allow_null=True, help_text="null once the experiment is gone.")
 
 
+class HistoryOutrankedSerializer(serializers.Serializer):
+    """The send job a round gave the user's slot to, on a decision outranked there."""
+
+    job = serializers.IntegerField(help_text="The send job that won the slot (its id).")
+    value = serializers.FloatField(help_text="What that job's send was worth to the user.")
+    description = serializers.CharField(
+        help_text="In words: 'Outranked by job 12, worth 3.5 to them.'"
+    )
+
+
 class HistoryDecisionSerializer(serializers.Serializer):
     at = serializers.DateTimeField(help_text="When the gate decided (UTC).")
     channel = serializers.CharField()
@@ -57,6 +67,11 @@ class HistoryDecisionSerializer(serializers.Serializer):
     experiment = HistoryExperimentSerializer(
         allow_null=True,
         help_text="The running experiment the user was in, and their arm; null: none.",
+    )
+    outranked_by = HistoryOutrankedSerializer(
+        allow_null=True,
+        help_text="On reason outranked: the send job a round chose for the user instead, and "
+        "what its send was worth to them; null otherwise.",
     )
 
 

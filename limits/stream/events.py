@@ -44,7 +44,7 @@ from django.utils import timezone
 from gatekeeper.lib.instants import instant_text
 from gatekeeper.lib.problems import Problem
 from limits.ledger.listeners import Drained, DrainListener, Round
-from limits.ledger.table import kinds_read, row_time
+from limits.ledger.table import kinds_read, outranked_of, row_time
 from limits.models.ledger import LEDGER_OUTCOMES, LedgerEntry
 from limits.models.people import PreferenceChange, SuppressionChange
 from limits.models.stream import StreamBatch
@@ -406,7 +406,8 @@ def _read(batch: StreamBatch, key: int, span: int) -> tuple[Found, int, int]:
     ], upto, upto - lower  # fmt: skip
 
 
-Row = tuple[int, int, int, int, int, str | None]  # its time in microseconds since the epoch
+# id, time in microseconds since the epoch, user, kind, outcome code, stored message id, value
+Row = tuple[int, int, int, int, int, str | None, float | None]
 
 
 def _rows(
@@ -420,7 +421,7 @@ def _rows(
     at = "(EXTRACT(EPOCH FROM at) * 1000000)::bigint" if connection.vendor == "postgresql" else "at"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT id, {at}, user_id, kind_id, outcome, message_id FROM {TABLE} "
+            f"SELECT id, {at}, user_id, kind_id, outcome, message_id, value FROM {TABLE} "
             f"WHERE {where} AND at >= %s AND at <= %s ORDER BY id",
             [*params, adapt(batch.since), adapt(batch.until)],
         )
@@ -477,20 +478,30 @@ def _message(kind: dict[str, Any], user_id: int, stored: str | None) -> bytes:
 
 
 def _decision(row: Row, kind: dict[str, Any], instant: Callable[[int], bytes]) -> bytes:
-    row_id, at, user_id, _, _, stored = row
-    return b'{"id":"d%d","type":"decision","at":"%s","user_id":%d,"message_id":%s%s}' % (
+    row_id, at, user_id, _, _, stored, value = row
+    return b'{"id":"d%d","type":"decision","at":"%s","user_id":%d,"message_id":%s%s,%s}' % (
         row_id,
         instant(at),
         user_id,
         _message(kind, user_id, stored),
         _tail(kind, "decision"),
+        _outranked(kind, value),
     )
+
+
+def _outranked(kind: dict[str, Any], value: float | None) -> bytes:
+    """A decision's `outranked_by` member: the job of its kind and the value of its row, or
+    null."""
+    job = kind["outranked_by"]
+    if job is None:
+        return b'"outranked_by":null'
+    return b'"outranked_by":' + msgspec.json.encode(outranked_of(job, value))
 
 
 def _outcome(
     row: Row, code: int, made: bytes, kind: dict[str, Any], instant: Callable[[int], bytes]
 ) -> bytes:
-    row_id, at, user_id, _, _, stored = row
+    row_id, at, user_id, _, _, stored, _ = row
     outcome = LEDGER_OUTCOME_BYTES[code]
     return (
         b'{"id":"o%d.%s","type":"outcome","at":"%s","decision":"d%d","decided_at":"%s",'

@@ -7,6 +7,11 @@ from limits.reasons import CATEGORIES
 from limits.stream.events import EVENT_TYPES
 
 
+class StreamOutrankedSerializer(serializers.Serializer):
+    job = serializers.IntegerField(help_text="The send job a round gave the user's slot to.")
+    value = serializers.FloatField(help_text="What that job's send was worth to the user.")
+
+
 class StreamEventSerializer(serializers.Serializer):
     """One event of the stream. Every event has `id`, `type`, `at` and `user_id`; the other
     fields are its type's (docs/api.md, "The event stream", lists them)."""
@@ -48,6 +53,12 @@ class StreamEventSerializer(serializers.Serializer):
     snapshot_version = serializers.CharField(required=False)
     experiment = serializers.IntegerField(required=False, allow_null=True)
     arm = serializers.IntegerField(required=False, allow_null=True)
+    outranked_by = StreamOutrankedSerializer(
+        required=False,
+        allow_null=True,
+        help_text="A decision's, on reason outranked: the send job a round chose for the user "
+        "instead and what its send was worth to them; null otherwise.",
+    )
     decision = serializers.CharField(required=False, help_text="An outcome's decision event id.")
     decided_at = serializers.DateTimeField(required=False, help_text="An outcome's decision.")
     outcome = serializers.ChoiceField(

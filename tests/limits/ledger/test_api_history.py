@@ -93,6 +93,7 @@ def test_decisions_come_newest_first_with_what_decided_them(api, snapshot):
         "message_id": "p",
         "outcome": "sent",
         "experiment": None,
+        "outranked_by": None,
     }
     assert (otp["category"], otp["outcome"], otp["rule"]) == ("transactional", None, None)
     # The deciding rule as the rules endpoint describes it.

@@ -77,7 +77,7 @@ def test_decisions_and_their_outcomes_are_streamed_in_order(snapshot):
         "campaign": "spring", "message_id": "a", "reason": "allowed", "rule_id": None,
         "segment": "vip", "tags": ["promo"], "priority": 7, "category": "marketing",
         "topic": "", "zone": "", "snapshot_version": snapshot, "experiment": None,
-        "arm": None,
+        "arm": None, "outranked_by": None,
     }  # fmt: skip
     assert (b["reason"], b["rule_id"]) == ("daily_cap", rule)
     assert datetime.fromisoformat(a["at"]) == datetime.fromtimestamp(NOW, tz=UTC)
