@@ -25,6 +25,7 @@ SUITES = [
     "experiments",
     "plan",
     "backtest",
+    "rounds",
     "erase",
     "stream",
     "chaos",

@@ -89,9 +89,22 @@ def rate(step: Callable[[], int], seconds: float) -> float:
 
 
 def gate_rate_beside(url: str, work: Callable[[], Any], *, alone_seconds: float = 8.0) -> None:
+    """The gate's decisions/s (gate_rate_measured) alone for `alone_seconds`, then while `work`
+    runs in this process: printed side by side."""
+    alone = gate_rate_measured(url, seconds=alone_seconds)
+    beside = gate_rate_measured(url, seconds=3600.0, beside=work)
+    print(
+        f"the gate beside it: {beside:,.0f} decisions/s against {alone:,.0f} alone "
+        f"({beside / alone:.2f}x; one process each, on the machine's {os.cpu_count()} cores)"
+    )
+
+
+def gate_rate_measured(
+    url: str, *, seconds: float, beside: Callable[[], Any] | None = None
+) -> float:
     """The gate's decisions/s (batches of 1,000 random users of USERS under the classic caps,
-    one process of its own, keys of its own prefix) alone for `alone_seconds`, then while
-    `work` runs in this process: printed side by side."""
+    one process of its own, keys of its own prefix) for `seconds`, or until `beside`, run in
+    this process meanwhile, is done."""
     import multiprocessing
 
     context = multiprocessing.get_context("fork")
@@ -120,25 +133,15 @@ def gate_rate_beside(url: str, work: Callable[[], Any], *, alone_seconds: float 
             done += len(gate.check(channel="email", requests=batch))
         child_end.send(done / (time.perf_counter() - started))
 
-    def measured(limit: float, beside: Callable[[], Any] | None = None) -> float:
-        """The gate's rate until `limit` seconds pass, or until `beside` is done."""
-        child = context.Process(target=measure, args=(limit,))
-        child.start()
-        assert pipe.recv() == "ready"
-        if beside is not None:
-            beside()
-            stop.set()
-        found: float = pipe.recv()
-        child.join()
-        stop.clear()
-        return found
-
-    alone = measured(alone_seconds)
-    beside = measured(3600.0, work)
-    print(
-        f"the gate beside it: {beside:,.0f} decisions/s against {alone:,.0f} alone "
-        f"({beside / alone:.2f}x; one process each, on the machine's {os.cpu_count()} cores)"
-    )
+    child = context.Process(target=measure, args=(seconds,))
+    child.start()
+    assert pipe.recv() == "ready"
+    if beside is not None:
+        beside()
+        stop.set()
+    found: float = pipe.recv()
+    child.join()
+    return found
 
 
 def alternated(

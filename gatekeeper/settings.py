@@ -203,6 +203,9 @@ CELERY_BEAT_SCHEDULE = {
     # Scheduled send jobs started within seconds of their start_at (not as countdown tasks:
     # the broker would hold them for days, past its visibility timeout).
     "send-jobs-start-due": {"task": "worker.tasks.send_jobs_start_due", "schedule": 2.0},
+    # Rounds decided when they close (the choice runs on `sends`: a 10M-user round takes
+    # minutes); a round's jobs start once it is decided.
+    "rounds-decide-due": {"task": "worker.tasks.rounds_decide_due", "schedule": 5.0},
     # The plan of the scheduled jobs, made again when a job, a rule or the snapshot changes.
     "plan-refresh-due": {"task": "worker.tasks.plan_refresh_due", "schedule": 30.0},
     # A large user list whose validation task was lost is queued again.

@@ -64,9 +64,16 @@ from worker.delivery.registry import dispatcher_for
 from worker.delivery.rendering import Renderer
 from worker.delivery.sms_numbers import sms_numbers_record
 from worker.delivery.throttle import RETHROTTLED_MAX, Throttle, paced, throttle_for
-from worker.gate import gate_holders, gate_outcomes, gate_release, job_gate_check
+from worker.gate import (
+    gate_decided_before,
+    gate_holders,
+    gate_outcomes,
+    gate_release,
+    job_gate_check,
+)
 from worker.models import CompactJSONDecoder, SendChunk, SendJob
 from worker.planned import repacked
+from worker.rounds import round_differences, round_split
 from worker.stopping import WorkerStopping, stopping
 from worker.timings import timed
 
@@ -459,8 +466,13 @@ def _run_gated(
         clock if clock is not None else timezone.now() - timedelta(seconds=1),
         job.created_at - timedelta(seconds=1),
     )
+    # A decided round's job: its outranked sends are refused before the gate.
+    split = round_split(job, recipients)
     with timed("gate"):
-        decisions = job_gate_check(job, recipients, now=clock)
+        if split is None:
+            decisions = job_gate_check(job, recipients, now=clock)
+        else:
+            decisions = _round_gated(job, recipients, split, clock)
     # What `retry_after` counts from: the gate's clock (taken after it answered, so that a
     # release read from it is never early).
     gated_at = clock or timezone.now()
@@ -529,6 +541,25 @@ def _run_gated(
     with timed("settle"):
         _settle(chunk, decisions, outcomes, retries, deferred, clock or timezone.now())
     return dict(outcomes)
+
+
+def _round_gated(
+    job: SendJob,
+    recipients: list[Recipient],
+    split: tuple[list[Decision | None], Any],
+    clock: datetime | None,
+) -> list[Decision]:
+    """A decided round's chunk: the outranked refused (and kept in the ledger), the rest gated;
+    a chosen send the gate refuses is a difference, counted on the round."""
+    before, chosen = split
+    gated = [r for r, d in zip(recipients, before, strict=True) if d is None]
+    answers = iter(job_gate_check(job, gated, now=clock) if gated else [])
+    decisions = [d if d is not None else next(answers) for d in before]
+    gate_decided_before(job, [d for d in before if d is not None], now=clock)
+    refused = sum(1 for d, c in zip(decisions, chosen.tolist(), strict=True) if c and not d.allowed)
+    assert job.round_id is not None  # a job no round decided is not split
+    round_differences(job.round_id, refused)
+    return decisions
 
 
 def _still_queued(chunk_id: int) -> bool:

@@ -376,6 +376,38 @@ def job_gate_check(
     )
 
 
+def gate_decided_before(job: Any, decisions: Sequence[Decision], *, now: datetime | None) -> None:
+    """Decisions a send job's run made before the gate (`outranked`, by its round) counted and
+    kept in the ledger as the gate's are (worker/stats.py; limits/ledger/), at `now` (None:
+    this process's clock); each one's segment set as the gate sets it."""
+    if not decisions:
+        return
+    index = _default_gate.index()
+    if index is not None:
+        for decision, segment in zip(
+            decisions, index.resolve_many([d.user_id for d in decisions]), strict=True
+        ):
+            decision.segment = segment
+    stats.record(channel=job.channel, decisions=decisions)
+    if not ledger_enabled():
+        return
+    ledger_append(
+        at_ms=ms_or_now(None if now is None else instant_ms(now)),
+        channel=job.channel,
+        campaign=job.campaign,
+        tags=tuple(job.tags),
+        priority=job.priority,
+        category=job.category,
+        snapshot_version=index.version if index is not None else "",
+        decisions=decisions,
+        topic=job.topic,
+        outranked=[
+            None if d.outranked_by is None else (d.outranked_by["job"], d.outranked_by["value"])
+            for d in decisions
+        ],
+    )
+
+
 def gate_release(
     *,
     channel: str,

@@ -59,6 +59,12 @@ class Round(models.Model):
     differences = models.PositiveIntegerField(
         default=0, help_text="Chosen sends the gate refused when they went out."
     )
+    projection = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="What the round would choose if it closed then, as its report says it, with "
+        "the job values tried instead of theirs: {at, values, report} (worker/rounds.py).",
+    )
     cancelled_at = models.DateTimeField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
@@ -312,6 +318,28 @@ class CompactJSONDecoder(json.JSONDecoder):
             return msgspec.json.decode(s)
         except msgspec.DecodeError:
             return json.loads(s)  # rows written before: json.dumps also wrote NaN
+
+
+class RoundEntry(models.Model):
+    """What a decided round chose for one of its jobs (worker/rounds.py): the users whose send
+    it chose (they go through the gate when the job runs; a refusal there is a difference), and
+    those outranked, each with the job that won their slot and that send's value to them. The
+    job's run refuses the outranked as `outranked` before the gate, records them in the ledger
+    and counts them as it counts a refusal."""
+
+    round = models.ForeignKey(Round, on_delete=models.CASCADE, related_name="entries")
+    job = models.OneToOneField(SendJob, on_delete=models.CASCADE, related_name="round_entry")
+    chosen = models.BinaryField(
+        default=b"", help_text="The users chosen: little-endian uint64, ascending."
+    )
+    outranked = models.BinaryField(
+        default=b"",
+        help_text="The users outranked (uint64, ascending), then per user the winning job "
+        "(int64) and its value (float64), little-endian.",
+    )
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} in round {self.round_id}"
 
 
 class SendChunk(models.Model):

@@ -1,6 +1,7 @@
 """Scheduled send jobs: a job with a `start_at` waits as `scheduled`, its recipients stored in
 staged chunks that nothing hands out, and is started by beat (`worker.tasks.send_jobs_start_due`,
-every few seconds) once its time has come, or at once by `send_job_start`.
+every few seconds) once its time has come (a job in a round: and its round is decided), or at
+once by `send_job_start`.
 
 Starting is one transaction under the job's lock: its staged chunks become queued, the job
 `queued` (`paused` when it was paused while it waited), `started_at` is set, and the chunks are
@@ -13,11 +14,12 @@ import logging
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from gatekeeper.lib.conflicts import Conflict
 from worker.chunks import chunks_update
-from worker.models import SendChunk, SendJob
+from worker.models import Round, SendChunk, SendJob
 from worker.planned import UNSTAGED
 
 logger = logging.getLogger(__name__)
@@ -29,7 +31,10 @@ def jobs_start_due(*, now: datetime | None = None) -> list[int]:
     """Start every scheduled job whose `start_at` has come; returns the chunk ids to queue (the
     caller hands them to the broker once this returns: they are committed then)."""
     now = now or timezone.now()
-    due = SendJob.objects.filter(status=SendJob.Status.SCHEDULED, start_at__lte=now)
+    # A job in a round starts once the round is decided (worker/rounds.py).
+    due = SendJob.objects.filter(status=SendJob.Status.SCHEDULED, start_at__lte=now).filter(
+        Q(round__isnull=True) | Q(round__status=Round.Status.DECIDED)
+    )
     ids: list[int] = []
     for job_id in list(due.order_by("start_at", "pk").values_list("pk", flat=True)[:START_BATCH]):
         ids += _start(job_id, now=now, due_only=True)
@@ -61,6 +66,8 @@ def _start(job_id: int, *, now: datetime, due_only: bool) -> list[int]:
             return []  # started, or cancelled, meanwhile
         if due_only and (job.start_at is None or job.start_at > now):
             return []  # rescheduled meanwhile
+        if due_only and job.round is not None and job.round.status != Round.Status.DECIDED:
+            return []  # joined a round meanwhile: it starts once the round is decided
         staged = SendChunk.objects.filter(job_id=job_id, status=SendChunk.Status.STAGED)
         ids = list(staged.order_by("pk").values_list("pk", flat=True))
         job.started_at = now

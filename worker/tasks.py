@@ -21,6 +21,7 @@ from worker.chunks import (
 from worker.delivery import dead_addresses
 from worker.plan import plan_refresh
 from worker.preparing import jobs_preparing_stalled, send_job_part_run, send_job_prepare_run
+from worker.rounds import round_project, rounds_close_due
 from worker.scheduling import jobs_start_due
 from worker.stopping import WorkerStopping
 from worker.timings import timed
@@ -161,6 +162,21 @@ def send_jobs_start_due(now: str | None = None) -> int:
     ids = jobs_start_due(now=_instant(now))
     send_chunks(ids, now=now)
     return len(ids)
+
+
+@shared_task
+def rounds_decide_due(now: str | None = None) -> int:
+    """Beat, every 5 s: decide the rounds whose closing time has come (worker.rounds), one run
+    per round under its lease; a round that cannot be decided now (Redis or the snapshot away)
+    is tried again once its lease runs out. Returns how many it decided."""
+    return len(rounds_close_due(now=_instant(now)))
+
+
+@shared_task
+def round_project_run(round_id: int, values: dict[str, float] | None = None) -> None:
+    """The admin's or the API's ask: what the round would choose now, with some jobs' values
+    tried (job id -> value), kept on the round (worker.rounds.round_project)."""
+    round_project(round_id, values={int(job): v for job, v in (values or {}).items()})
 
 
 @shared_task

@@ -63,6 +63,9 @@ class Decision:
     # `arm_place`: the arm's place in it (what the ledger keeps).
     experiment: dict[str, Any] | None = None
     arm_place: int | None = None
+    # On reason `outranked` (a round, worker/rounds.py): the job that won the user's slot and
+    # what its send was worth to them ({"job", "value"}).
+    outranked_by: dict[str, Any] | None = None
     # Refused as an erased person (limits.people.suppression.erased_keys): not kept in the ledger.
     erased: bool = False
 

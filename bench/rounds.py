@@ -1,0 +1,154 @@
+"""Rounds: how fast a round's jobs are decided by value per user (worker/rounds.py), and what
+rounds cost the gate while none is deciding.
+
+make bench BENCH_ARGS="rounds" [-- --jobs 5 --recipients 2000000 --users 10000000]
+
+Runs on the benchmarks' own PostgreSQL database (bench/postgres.py) and Redis database. Each
+job's audience is a random sample of the users (so they overlap), each recipient with a value of
+its own drawn from a skewed (log-normal) distribution, stored in the chunk's JSON as a campaign
+file's `value` column stores it; every user already has a send in their log from the day before,
+under bench/plan.py's rules (2 a day per segment in its own zone, the classic caps, 1 promo a
+day). Printed: the decision (round_decide, as beat runs it: recipients and values read, logs
+read, each job alone, the sets tried, first come first served beside, the entries written) and
+its steps; the value won against first come, first served; the gate's decisions/s with rounds
+open and waiting against none (alternated, so that the machine's drift falls on both), and
+while a round decides (printed, no target).
+"""
+
+import argparse
+import json
+import time
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+import redis
+
+from bench.gate import gate_rate_beside, gate_rate_measured, in_memory_index
+from bench.plan import CHUNK, logs_written, policy_made
+from bench.postgres import REDIS_URL, on_bench_database
+from limits.engine.limiter import Limiter
+from segments.index import get_holder
+from worker.models import Round, RoundEntry, SendChunk, SendJob
+from worker.planned import recipients_packed
+from worker.rounds import round_decide
+
+
+def staged_chunk(job: SendJob, n: int, users: list[int], values: list[float]) -> SendChunk:
+    """A chunk as staging stores a campaign file's rows with a `value` column."""
+    recipients = json.loads(
+        "["
+        + ",".join(
+            f'{{"user_id":{u},"address":"u{u}@example.com","message_id":"job-{n}:{u}","value":{v}}}'
+            for u, v in zip(users, values, strict=True)
+        )
+        + "]"
+    )
+    return SendChunk(
+        job=job,
+        status=SendChunk.Status.STAGED,
+        size=len(recipients),
+        recipients=recipients,
+        plan=recipients_packed(recipients),
+    )
+
+
+def round_made(args: argparse.Namespace, users: np.ndarray, send_at: datetime) -> Round:
+    rng = np.random.default_rng(11)
+    SendJob.objects.all().delete()
+    Round.objects.all().delete()
+    round_ = Round.objects.create(
+        name="bench", channel="all", closes_at=send_at - timedelta(hours=1), send_at=send_at
+    )
+    for n in range(args.jobs):
+        job = SendJob.objects.create(
+            channel=["email", "push"][n % 2], campaign=f"job-{n}", template="welcome",
+            tags=["promo"] if n % 3 == 0 else [], priority=int(rng.integers(3, 8)),
+            status=SendJob.Status.SCHEDULED, start_at=send_at, total=args.recipients,
+            round=round_, value=1.0,
+        )  # fmt: skip
+        audience = np.sort(rng.choice(users, args.recipients, replace=False))
+        values = np.round(rng.lognormal(0.0, 1.0, audience.size) * (n + 1), 2)
+        for first in range(0, audience.size, 100 * CHUNK):
+            part = audience[first : first + 100 * CHUNK]
+            worth = values[first : first + 100 * CHUNK]
+            SendChunk.objects.bulk_create(
+                staged_chunk(job, n, part[i : i + CHUNK].tolist(), worth[i : i + CHUNK].tolist())
+                for i in range(0, part.size, CHUNK)
+            )
+    return round_
+
+
+def main(argv: list[str]) -> None:
+    if on_bench_database("rounds", argv):
+        return
+    parser = argparse.ArgumentParser(prog="bench rounds")
+    parser.add_argument("--jobs", type=int, default=5)
+    parser.add_argument("--recipients", type=int, default=200_000)
+    parser.add_argument("--users", type=int, default=1_000_000)
+    args = parser.parse_args(argv)
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    limiter = Limiter(client, prefix="bench-rounds:")
+    index = in_memory_index(args.users)
+    holder = get_holder()  # this process's snapshot: the benchmark's, in memory
+    holder.index, holder._tried, holder.follow_lazily = index, True, False
+    send_at = datetime.now(UTC) + timedelta(days=1)
+    users = np.arange(1, args.users)
+    began = time.perf_counter()
+    logs_written(client, limiter, args.users, int((send_at - timedelta(days=1)).timestamp() * 1000))
+    policy_made()
+    round_ = round_made(args, users, send_at)
+    print(
+        f"made: {args.users:,} users' logs, a round of {args.jobs} jobs x {args.recipients:,} "
+        f"recipients in {time.perf_counter() - began:.0f} s"
+    )
+    gate_rates(round_, args)
+    began = time.perf_counter()
+    assert round_decide(round_.pk, now=round_.closes_at, limiter=limiter, index=index)
+    seconds = time.perf_counter() - began
+    round_.refresh_from_db()
+    report = round_.report or {}
+    total = args.jobs * args.recipients
+    print(
+        f"round decided: {args.jobs} jobs x {args.recipients:,} recipients ({total:,}) over "
+        f"{args.users:,} users in {seconds:.1f} s ({seconds / total * 1e6:.2f} us a candidate); "
+        f"{report['users']:,} users with a send that fits alone, {report['contested']:,} with "
+        "two or more; steps: "
+        + ", ".join(f"{name} {s:.1f} s" for name, s in report["steps"])
+        + "; target: 5 jobs x 2M over 10M users under 120 s"
+    )
+    won, first = report["value_won"], report["first_come_value"]
+    print(
+        f"value won: {won:,.2f} by value, {first:,.2f} first come, first served "
+        f"({won / first:.3f}x; {sum(j['won'] for j in report['jobs']):,} sends against "
+        f"{sum(j['first_come']['won'] for j in report['jobs']):,})"
+    )
+    RoundEntry.objects.filter(round=round_).delete()
+    Round.objects.filter(pk=round_.pk).update(status=Round.Status.OPEN, report=None)
+    gate_rate_beside(
+        REDIS_URL,
+        lambda: round_decide(round_.pk, now=round_.closes_at, limiter=limiter, index=index),
+    )
+    client.flushdb()
+
+
+def gate_rates(round_: Round, args: argparse.Namespace) -> None:
+    """The gate's decisions/s with the round open and its jobs waiting, against no round and no
+    job at all: alternated three times, 6 s each."""
+    jobs = list(SendJob.objects.filter(round=round_).values_list("pk", flat=True))
+    with_rounds: list[float] = []
+    without: list[float] = []
+    for _ in range(3):
+        with_rounds.append(gate_rate_measured(REDIS_URL, seconds=6.0))
+        # None: the round and its jobs out of the way (the jobs moved to another round's id
+        # that does not exist would break the keys; they are parked as cancelled instead).
+        SendJob.objects.filter(pk__in=jobs).update(round=None, status=SendJob.Status.CANCELLED)
+        Round.objects.filter(pk=round_.pk).update(status=Round.Status.CANCELLED)
+        without.append(gate_rate_measured(REDIS_URL, seconds=6.0))
+        SendJob.objects.filter(pk__in=jobs).update(round=round_, status=SendJob.Status.SCHEDULED)
+        Round.objects.filter(pk=round_.pk).update(status=Round.Status.OPEN)
+    a, b = sum(with_rounds), sum(without)
+    print(
+        f"gate with a round open ({args.jobs} jobs waiting) against none: {a / 3:,.0f} against "
+        f"{b / 3:,.0f} decisions/s ({a / b:.3f}x); target: at least 0.98x"
+    )
