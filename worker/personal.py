@@ -1,6 +1,6 @@
 """The worker's places of personal data (limits.privacy.personal): a send job's recipients (an
-address, a message id, the template's context), the dead addresses providers reported, and the
-phone numbers an SMS went to. Registered by the app's ready()."""
+address, a message id, the template's context), what rounds chose for them, the dead addresses
+providers reported, and the phone numbers an SMS went to. Registered by the app's ready()."""
 
 from typing import Any
 
@@ -11,7 +11,8 @@ from rest_framework import serializers
 
 from limits.privacy.personal import Erased, Place, place_register, rows_deleted
 from worker.chunks import chunk_withdraw
-from worker.models import DeadAddress, SendChunk, SendJob, SmsNumber
+from worker.models import DeadAddress, RoundEntry, SendChunk, SendJob, SmsNumber
+from worker.rounds import round_entries_erase, round_entries_of
 
 
 def chunks_holding(user_id: int) -> list[SendChunk]:
@@ -109,6 +110,16 @@ class ExportDeadAddressSerializer(serializers.Serializer):
     at = serializers.DateTimeField()
 
 
+class ExportRoundSerializer(serializers.Serializer):
+    round = serializers.IntegerField()
+    job = serializers.IntegerField()
+    chosen = serializers.BooleanField(help_text="The round chose this job's send to them.")
+    outranked_by = serializers.DictField(
+        allow_null=True,
+        help_text="Not chosen: the job that won their slot and what its send was worth to them.",
+    )
+
+
 class ExportSmsNumberSerializer(serializers.Serializer):
     number = serializers.CharField(help_text="E.164.")
     last_sent_at = serializers.DateTimeField()
@@ -133,6 +144,15 @@ def places_register() -> None:
             lambda: ExportDeadAddressSerializer(many=True),
             (DeadAddress,),
             rows_deleted(DeadAddress),
+        ),
+        Place(
+            "rounds",
+            "What rounds chose for them among competing send jobs: per job, chosen, or outranked "
+            "by which job and what its send was worth to them.",
+            round_entries_of,
+            lambda: ExportRoundSerializer(many=True),
+            (RoundEntry,),
+            lambda user_ids: Erased(round_entries_erase(user_ids)),
         ),
         Place(
             "sms_numbers",

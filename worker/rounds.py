@@ -616,15 +616,9 @@ def round_decided(job: SendJob) -> Decided | None:
     if entry is None:
         return None
     chosen, outranked = (bytes(b) for b in entry)
-    n = len(outranked) // 24
     if len(_DECIDED) >= 64:
         _DECIDED.pop(next(iter(_DECIDED)))
-    found = _DECIDED[key] = Decided(
-        chosen=np.frombuffer(chosen, dtype="<u8").astype(_U64),
-        outranked=np.frombuffer(outranked, dtype="<u8", count=n).astype(_U64),
-        by=np.frombuffer(outranked, dtype="<i8", count=n, offset=8 * n).astype(np.int64),
-        by_value=np.frombuffer(outranked, dtype="<i8", count=n, offset=16 * n).astype(np.int64),
-    )
+    found = _DECIDED[key] = _entry_of(chosen, outranked)
     return found
 
 
@@ -685,3 +679,60 @@ def round_project(round_id: int, *, values: dict[int, float] | None = None) -> d
     }
     Round.objects.filter(pk=round_id).update(projection=projection)
     return projection
+
+
+# --- a person's part (worker/personal.py) ----------------------------------------------------
+
+
+def _entry_of(chosen: bytes, outranked: bytes) -> Decided:
+    n = len(outranked) // 24
+    return Decided(
+        chosen=np.frombuffer(chosen, dtype="<u8").astype(_U64),
+        outranked=np.frombuffer(outranked, dtype="<u8", count=n).astype(_U64),
+        by=np.frombuffer(outranked, dtype="<i8", count=n, offset=8 * n).astype(np.int64),
+        by_value=np.frombuffer(outranked, dtype="<i8", count=n, offset=16 * n).astype(np.int64),
+    )
+
+
+def round_entries_of(user_id: int) -> list[dict[str, Any]]:
+    """What decided rounds chose for a user: per job of theirs in one, chosen or outranked (and
+    by which job, worth how much to them)."""
+    out = []
+    asked = np.array([user_id], dtype=_U64)
+    rows = RoundEntry.objects.order_by("round_id", "job_id")
+    for round_id, job_id, chosen, outranked in rows.values_list(
+        "round_id", "job_id", "chosen", "outranked"
+    ).iterator(chunk_size=20):
+        entry = _entry_of(bytes(chosen), bytes(outranked))
+        at = int(entry.outranked_at(asked)[0])
+        if at >= 0:
+            by = {"job": int(entry.by[at]), "value": _units(int(entry.by_value[at]))}
+            out.append({"round": round_id, "job": job_id, "chosen": False, "outranked_by": by})
+        elif entry.is_chosen(asked)[0]:
+            out.append({"round": round_id, "job": job_id, "chosen": True, "outranked_by": None})
+    return out
+
+
+def round_entries_erase(user_ids: list[int]) -> int:
+    """The users taken out of every decided round's entries; returns how many places."""
+    gone = np.asarray(sorted(set(user_ids)), dtype=_U64)
+    removed = 0
+    for pk in RoundEntry.objects.order_by("pk").values_list("pk", flat=True):
+        with transaction.atomic():
+            row = RoundEntry.objects.select_for_update().get(pk=pk)
+            entry = _entry_of(bytes(row.chosen), bytes(row.outranked))
+            keep_chosen = ~np.isin(entry.chosen, gone)
+            keep = ~np.isin(entry.outranked, gone)
+            taken = int((~keep_chosen).sum() + (~keep).sum())
+            if not taken:
+                continue
+            row.chosen = entry.chosen[keep_chosen].astype("<u8").tobytes()
+            row.outranked = (
+                entry.outranked[keep].astype("<u8").tobytes()
+                + entry.by[keep].astype("<i8").tobytes()
+                + entry.by_value[keep].astype("<i8").tobytes()
+            )
+            row.save(update_fields=["chosen", "outranked"])
+            removed += taken
+    _DECIDED.clear()
+    return removed

@@ -33,6 +33,8 @@ from worker.rounds import (
     rank_order,
     round_choice,
     round_decide,
+    round_entries_erase,
+    round_entries_of,
     round_project,
     rounds_close_due,
 )
@@ -390,3 +392,21 @@ def test_a_round_on_one_node_and_on_a_cluster(published, settings, settings_redi
     assert (high.sent, high.reasons) == (10, {"allowed": 10, "daily_cap": 10})
     round_.refresh_from_db()
     assert round_.differences == 0
+
+
+def test_what_a_round_chose_for_a_person_is_in_their_export_and_gone_when_erased(one_a_day):
+    round_ = one_a_day
+    low = joined(round_, 1, 2, value=1.0)
+    high = joined(round_, 2, value=4.0, campaign="high")
+    assert rounds_close_due(now=round_.closes_at) == [round_.pk]
+    assert round_entries_of(2) == [
+        {"round": round_.pk, "job": low.pk, "chosen": False,
+         "outranked_by": {"job": high.pk, "value": 4.0}},
+        {"round": round_.pk, "job": high.pk, "chosen": True, "outranked_by": None},
+    ]  # fmt: skip
+    assert round_entries_erase([2, 99]) == 2
+    assert round_entries_of(2) == []
+    assert round_entries_of(1) == [
+        {"round": round_.pk, "job": low.pk, "chosen": True, "outranked_by": None}
+    ]
+    assert round_entries_erase([2]) == 0  # again: nothing more
