@@ -73,7 +73,7 @@ from worker.gate import (
 )
 from worker.models import CompactJSONDecoder, SendChunk, SendJob
 from worker.planned import repacked
-from worker.rounds import round_differences, round_split
+from worker.round_entries import round_differences, round_split
 from worker.stopping import WorkerStopping, stopping
 from worker.timings import timed
 

@@ -12,7 +12,7 @@ from rest_framework import serializers
 from limits.privacy.personal import Erased, Place, place_register, rows_deleted
 from worker.chunks import chunk_withdraw
 from worker.models import DeadAddress, RoundEntry, SendChunk, SendJob, SmsNumber
-from worker.rounds import round_entries_erase, round_entries_of
+from worker.round_entries import round_entries_erase, round_entries_of
 
 
 def chunks_holding(user_id: int) -> list[SendChunk]:

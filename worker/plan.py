@@ -70,6 +70,7 @@ from worker.modelled import (
 )
 from worker.models import CompactJSONDecoder, SendChunk, SendJob
 from worker.planned import Packed, chunks_packed, packed_of
+from worker.round_entries import round_decided
 
 logger = logging.getLogger(__name__)
 
@@ -179,6 +180,7 @@ def plan_compute(
             plan = _counted(job, found, plans)
         if decided is not None:
             decided[job.pk] = found
+        plan = _round_counted(plan, audiences[job.pk])
         plan.audience = audiences[job.pk].audience
         plans.append(plan)
     took["decisions"] = time.monotonic() - started - took["recipients"] - took["logs"]
@@ -249,6 +251,9 @@ class JobRecipients:
     users: np.ndarray
     messages: np.ndarray
     zones: list[str | None] | None
+    # Left out: the recipients a decided round outranked (refused before the gate when the job
+    # runs; worker/round_entries.py).
+    outranked: int = 0
 
     @functools.cached_property
     def audience(self) -> np.ndarray:
@@ -285,8 +290,25 @@ def job_audiences(jobs: Sequence[SendJob]) -> dict[int, JobRecipients]:
         found = _READ.get(key)
         if found is None:
             found = _READ[key] = _recipients_read(job)
-        out[job.pk] = found
+        out[job.pk] = _round_left(job, found)
     return out
+
+
+def _round_left(job: SendJob, recipients: JobRecipients) -> JobRecipients:
+    """A job's recipients without those its decided round outranked."""
+    decided = round_decided(job)
+    if decided is None or not decided.outranked.size:
+        return recipients
+    kept = decided.outranked_at(recipients.users) < 0
+    return replace(recipients.only(kept), outranked=int((~kept).sum()))
+
+
+def _round_counted(plan: JobPlan, recipients: JobRecipients) -> JobPlan:
+    """A plan counting the recipients its job's round outranked, as the job's run will."""
+    if recipients.outranked:
+        plan.recipients += recipients.outranked
+        plan.reasons[Reason.OUTRANKED] += recipients.outranked
+    return plan
 
 
 def _recipients_read(job: SendJob) -> JobRecipients:
@@ -962,7 +984,7 @@ def plan_remade(
             return None
         found = new if job.pk in edited else _spliced(kept.decided[job.pk], picked, new)
         decided[job.pk] = found
-        plan = _counted(job, found, plans)
+        plan = _round_counted(_counted(job, found, plans), recipients)
         plan.audience = recipients.audience
         plans.append(plan)
     _KEPT = kept

@@ -50,12 +50,12 @@ from typing import Any
 import msgspec
 import numpy as np
 from django.db import transaction
-from django.db.models import F, Q, TextField
+from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
 
 from gatekeeper.lib.leases import RowLease, lease_free
-from limits.engine.limiter import Decision, Limiter, get_limiter
+from limits.engine.limiter import Limiter, get_limiter
 from limits.engine.model import ModelLogs, ascending_distinct
 from limits.engine.reservations import Holds, holds_cache
 from limits.engine.table import PolicyTable
@@ -73,10 +73,10 @@ from worker.plan import (
     plan_logs,
     start_order,
 )
+from worker.round_entries import Decided, micros, units
 
 logger = logging.getLogger(__name__)
 
-MICROS = 1_000_000  # values are compared to a millionth of their unit
 JOBS_MAX = 60  # jobs a round decides (a set is a bit mask of them)
 LEASE = timedelta(minutes=10)  # a deciding run holds its round this long (renewed as it runs)
 _ALLOWED = CODES[Reason.ALLOWED]
@@ -112,6 +112,12 @@ class JobChoice:
     by: np.ndarray
     by_value: np.ndarray
     first_come: np.ndarray
+
+    def decided(self, entrant: "Entrant") -> Decided:
+        """As the job's RoundEntry keeps it."""
+        users = entrant.recipients.users
+        lost = self.outranked
+        return Decided.of(users[self.chosen], users[lost], self.by[lost], self.by_value[lost])
 
     @property
     def outranked_by(self) -> Counter[int]:
@@ -384,7 +390,7 @@ def entrants_read(round_: Round, jobs: Sequence[SendJob]) -> list[Entrant]:
 def _values_read(job: SendJob, size: int) -> np.ndarray:
     """Each staged recipient's value in millionths, in the order the plan reads them (by chunk):
     its row's `value`, else the job's."""
-    default = _micros(job.value or 0.0)
+    default = micros(job.value or 0.0)
     chunks = SendChunk.objects.filter(job=job, status=SendChunk.Status.STAGED).order_by("pk")
     texts = chunks.annotate(text=Cast("recipients", TextField())).values_list("text", flat=True)
     out: list[int] = []
@@ -393,15 +399,11 @@ def _values_read(job: SendJob, size: int) -> np.ndarray:
             rows = _VALUED.decode(text)
         except msgspec.DecodeError:  # NaN, from older rows
             rows = msgspec.convert(CompactJSONDecoder().decode(text), list[_Valued])
-        out.extend(default if r.value is None else _micros(r.value) for r in rows)
+        out.extend(default if r.value is None else micros(r.value) for r in rows)
     values = np.asarray(out, dtype=np.int64)
     if values.size != size:
         raise RuntimeError(f"job {job.pk}: {values.size} values read for {size} recipients")
     return values
-
-
-def _micros(value: float) -> int:
-    return round(value * MICROS)
 
 
 # --- deciding a round that closed ------------------------------------------------------------
@@ -456,16 +458,21 @@ def round_decide(
             RoundEntry(
                 round=locked,
                 job=e.job,
-                chosen=_users_bytes(e.recipients.users[c.chosen]),
-                outranked=_outranked_bytes(c, e),
+                chosen=packed[0],
+                outranked=packed[1],
             )
             for e, c in zip(entrants, choice.jobs, strict=True)
+            for packed in [c.decided(e).packed()]
         )
         # A job whose file was still being read when the round closed is not in it: it waits
         # for its start as any scheduled job.
         SendJob.objects.filter(round=locked).exclude(pk__in=[e.job.pk for e in entrants]).filter(
             cancelled_at__isnull=True, status=SendJob.Status.PREPARING
         ).update(round=None)
+        # Its jobs changed for the plan (worker/plan.py), which leaves the outranked out.
+        SendJob.objects.filter(pk__in=[e.job.pk for e in entrants]).update(
+            updated_at=timezone.now()
+        )
         locked.status = Round.Status.DECIDED
         locked.decided_at = timezone.now()
         locked.lease_until = None
@@ -503,7 +510,7 @@ def round_projected(
     if values:
         for e in entrants:
             if e.job.pk in values:
-                e.values = np.full(e.values.size, _micros(values[e.job.pk]), dtype=np.int64)
+                e.values = np.full(e.values.size, micros(values[e.job.pk]), dtype=np.int64)
     audiences = {e.job.pk: e.recipients for e in entrants}
     logs = plan_logs(jobs, audiences, live) if jobs else ModelLogs()
     table = policy_read()
@@ -537,10 +544,10 @@ def round_report(round_: Round, entrants: Sequence[Entrant], choice: Choice) -> 
                 "outranked_by": [
                     {"job": job, "count": n} for job, n in sorted(c.outranked_by.items())
                 ],
-                "value_won": _units(int(e.values[c.chosen].sum())),
+                "value_won": units(int(e.values[c.chosen].sum())),
                 "first_come": {
                     "won": int(c.first_come.sum()),
-                    "value": _units(int(e.values[c.first_come].sum())),
+                    "value": units(int(e.values[c.first_come].sum())),
                 },
             }
         )
@@ -548,121 +555,11 @@ def round_report(round_: Round, entrants: Sequence[Entrant], choice: Choice) -> 
         "send_at": round_.send_at.isoformat(),
         "users": choice.users,
         "contested": choice.contested,
-        "value_won": _units(won),
-        "first_come_value": _units(first),
-        "gain": _units(won - first),
+        "value_won": units(won),
+        "first_come_value": units(first),
+        "gain": units(won - first),
         "jobs": rows,
     }
-
-
-def _units(micros: int) -> float:
-    return micros / MICROS
-
-
-def _users_bytes(users: np.ndarray) -> bytes:
-    return np.sort(users.astype("<u8")).tobytes()
-
-
-def _outranked_bytes(c: JobChoice, e: Entrant) -> bytes:
-    users = e.recipients.users[c.outranked].astype("<u8")
-    order = np.argsort(users)
-    return (
-        users[order].tobytes()
-        + c.by[c.outranked][order].astype("<i8").tobytes()
-        + c.by_value[c.outranked][order].astype("<i8").tobytes()
-    )
-
-
-# --- a decided round's job, run --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Decided:
-    """What a decided round chose for a job, as its chunks' runs ask: the users chosen, and
-    those outranked with the job that won each one's slot and its value (millionths)."""
-
-    chosen: np.ndarray
-    outranked: np.ndarray
-    by: np.ndarray
-    by_value: np.ndarray
-
-    def outranked_at(self, users: np.ndarray) -> np.ndarray:
-        """Per user, its place among the outranked (-1: not outranked)."""
-        at = np.searchsorted(self.outranked, users)
-        at[at >= self.outranked.size] = 0
-        hit = self.outranked.size > 0
-        found = (self.outranked[at] == users) if hit else np.zeros(users.size, dtype=bool)
-        return np.where(found, at, -1)
-
-    def is_chosen(self, users: np.ndarray) -> np.ndarray:
-        at = np.searchsorted(self.chosen, users)
-        at[at >= self.chosen.size] = 0
-        if not self.chosen.size:
-            return np.zeros(users.size, dtype=bool)
-        return self.chosen[at] == users
-
-
-# (job, its making) -> what its round chose: a round decides once.
-_DECIDED: dict[tuple[int, datetime], Decided] = {}
-
-
-def round_decided(job: SendJob) -> Decided | None:
-    """What its decided round chose for the job (None: no round decided it). Kept once read."""
-    key = (job.pk, job.created_at)
-    found = _DECIDED.get(key)
-    if found is not None:
-        return found
-    entry = RoundEntry.objects.filter(job=job).values_list("chosen", "outranked").first()
-    if entry is None:
-        return None
-    chosen, outranked = (bytes(b) for b in entry)
-    if len(_DECIDED) >= 64:
-        _DECIDED.pop(next(iter(_DECIDED)))
-    found = _DECIDED[key] = _entry_of(chosen, outranked)
-    return found
-
-
-def round_split(
-    job: SendJob, recipients: Sequence[Any]
-) -> tuple[list[Decision | None], np.ndarray] | None:
-    """A decided round's job's recipients (typed: user_id, message_id) as its run gates them:
-    per recipient, its `outranked` decision (None: it goes to the gate), and which were chosen
-    (a refusal of theirs by the gate is a difference). None when no round decided the job."""
-    if job.round_id is None:
-        return None
-    decided = round_decided(job)
-    if decided is None:
-        return None
-    asked = np.fromiter((r.user_id for r in recipients), dtype=_U64, count=len(recipients))
-    at = decided.outranked_at(asked)
-    out: list[Decision | None] = []
-    for r, k in zip(recipients, at.tolist(), strict=True):
-        if k < 0:
-            out.append(None)
-            continue
-        out.append(
-            Decision(
-                user_id=r.user_id,
-                message_id=r.message_id,
-                allowed=False,
-                reason=Reason.OUTRANKED,
-                counts={},
-                limits={},
-                retry_after=None,
-                outranked_by={
-                    "job": int(decided.by[k]),
-                    "value": _units(int(decided.by_value[k])),
-                },
-            )
-        )
-    return out, decided.is_chosen(asked)
-
-
-def round_differences(round_id: int, count: int) -> None:
-    """Chosen sends the gate refused when their job ran: counted on the round."""
-    if count:
-        Round.objects.filter(pk=round_id).update(differences=F("differences") + count)
-        logger.warning("Round %s: the gate refused %d chosen sends", round_id, count)
 
 
 def round_project(round_id: int, *, values: dict[int, float] | None = None) -> dict[str, Any]:
@@ -679,60 +576,3 @@ def round_project(round_id: int, *, values: dict[int, float] | None = None) -> d
     }
     Round.objects.filter(pk=round_id).update(projection=projection)
     return projection
-
-
-# --- a person's part (worker/personal.py) ----------------------------------------------------
-
-
-def _entry_of(chosen: bytes, outranked: bytes) -> Decided:
-    n = len(outranked) // 24
-    return Decided(
-        chosen=np.frombuffer(chosen, dtype="<u8").astype(_U64),
-        outranked=np.frombuffer(outranked, dtype="<u8", count=n).astype(_U64),
-        by=np.frombuffer(outranked, dtype="<i8", count=n, offset=8 * n).astype(np.int64),
-        by_value=np.frombuffer(outranked, dtype="<i8", count=n, offset=16 * n).astype(np.int64),
-    )
-
-
-def round_entries_of(user_id: int) -> list[dict[str, Any]]:
-    """What decided rounds chose for a user: per job of theirs in one, chosen or outranked (and
-    by which job, worth how much to them)."""
-    out = []
-    asked = np.array([user_id], dtype=_U64)
-    rows = RoundEntry.objects.order_by("round_id", "job_id")
-    for round_id, job_id, chosen, outranked in rows.values_list(
-        "round_id", "job_id", "chosen", "outranked"
-    ).iterator(chunk_size=20):
-        entry = _entry_of(bytes(chosen), bytes(outranked))
-        at = int(entry.outranked_at(asked)[0])
-        if at >= 0:
-            by = {"job": int(entry.by[at]), "value": _units(int(entry.by_value[at]))}
-            out.append({"round": round_id, "job": job_id, "chosen": False, "outranked_by": by})
-        elif entry.is_chosen(asked)[0]:
-            out.append({"round": round_id, "job": job_id, "chosen": True, "outranked_by": None})
-    return out
-
-
-def round_entries_erase(user_ids: list[int]) -> int:
-    """The users taken out of every decided round's entries; returns how many places."""
-    gone = np.asarray(sorted(set(user_ids)), dtype=_U64)
-    removed = 0
-    for pk in RoundEntry.objects.order_by("pk").values_list("pk", flat=True):
-        with transaction.atomic():
-            row = RoundEntry.objects.select_for_update().get(pk=pk)
-            entry = _entry_of(bytes(row.chosen), bytes(row.outranked))
-            keep_chosen = ~np.isin(entry.chosen, gone)
-            keep = ~np.isin(entry.outranked, gone)
-            taken = int((~keep_chosen).sum() + (~keep).sum())
-            if not taken:
-                continue
-            row.chosen = entry.chosen[keep_chosen].astype("<u8").tobytes()
-            row.outranked = (
-                entry.outranked[keep].astype("<u8").tobytes()
-                + entry.by[keep].astype("<i8").tobytes()
-                + entry.by_value[keep].astype("<i8").tobytes()
-            )
-            row.save(update_fields=["chosen", "outranked"])
-            removed += taken
-    _DECIDED.clear()
-    return removed

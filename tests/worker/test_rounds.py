@@ -4,6 +4,7 @@ order they reach it."""
 
 import itertools
 import random
+from collections import Counter
 from datetime import timedelta
 
 import numpy as np
@@ -26,15 +27,20 @@ from worker import rounds
 from worker.chunks import send_chunk_run
 from worker.gate import gate_check
 from worker.models import Round, RoundEntry, SendChunk, SendJob
-from worker.plan import JobRecipients, _job_decided, _model_gate, job_audiences, plan_logs
+from worker.plan import (
+    JobRecipients,
+    _job_decided,
+    _model_gate,
+    job_audiences,
+    plan_compute,
+    plan_logs,
+)
+from worker.round_entries import MICROS, round_entries_erase, round_entries_of
 from worker.rounds import (
-    MICROS,
     Entrant,
     rank_order,
     round_choice,
     round_decide,
-    round_entries_erase,
-    round_entries_of,
     round_project,
     rounds_close_due,
 )
@@ -265,6 +271,13 @@ def test_a_closed_round_gives_each_user_the_send_worth_most_and_the_gate_agrees(
     assert round_.report["gain"] == 8.0
     # Deciding again changes nothing.
     assert rounds_close_due(now=round_.closes_at + timedelta(minutes=20)) == []
+    # The plan counts the outranked as the jobs' runs will, and predicts the rest.
+    planned = {p.job_id: p for p in plan_compute()}
+    assert (planned[low.pk].recipients, planned[low.pk].reasons) == (
+        3,
+        Counter({"outranked": 2, "allowed": 1}),
+    )
+    assert planned[high.pk].reasons == Counter({"allowed": 3})
 
     assert jobs_start_due(now=round_.send_at)
     for job in (low, high):
