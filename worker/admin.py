@@ -7,6 +7,7 @@ from typing import Any, cast
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Q, QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -18,6 +19,7 @@ from django.http import (
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 
 from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.instants import INSTANT_FORMAT, InstantField
@@ -28,7 +30,7 @@ from limits.engine.table import DEFAULT_PRIORITY, PRIORITIES
 from limits.models.policy import Topic
 from limits.policy.quota import Unavailable
 from worker.delivery.rendering import template_names
-from worker.models import JOB_CAMPAIGN_MAX, SendJob
+from worker.models import JOB_CAMPAIGN_MAX, Round, SendJob
 from worker.recipients import FILE_FORMAT
 from worker.selectors import send_job_waiting
 from worker.services import (
@@ -86,12 +88,25 @@ class JobFieldsForm(forms.Form):
         label="Waiting sends expire at",
         help_text=f"{INSTANT_FORMAT}; empty: 24 hours after the start.",
     )
+    round = forms.ModelChoiceField(
+        queryset=Round.objects.none(),
+        required=False,
+        empty_label="no round",
+        help_text="An open round the job competes in until it closes: it starts at the round's "
+        "send time (leave the start empty), on its channel, not reserved.",
+    )
+    value = forms.FloatField(
+        required=False,
+        help_text="In a round, what one of its sends is worth (at least 0); empty: each "
+        "recipient's own (the file's value column).",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         cast(forms.ChoiceField, self.fields["template"]).choices = [
             (t, t) for t in template_names()
         ]
+        cast(forms.ModelChoiceField, self.fields["round"]).queryset = rounds_joinable()
         cast(forms.ChoiceField, self.fields["topic"]).choices = [
             ("", "no topic"),
             *Topic.objects.values_list("slug", "name"),
@@ -99,6 +114,14 @@ class JobFieldsForm(forms.Form):
 
     def clean_tags(self) -> list[str]:
         return [tag.strip() for tag in self.cleaned_data["tags"].split(",") if tag.strip()]
+
+
+def rounds_joinable(job: SendJob | None = None) -> QuerySet[Round]:
+    """The rounds a job may join (open, not closed), and the one `job` is in."""
+    joinable = Q(status=Round.Status.OPEN, closes_at__gt=timezone.now())
+    if job is not None:
+        joinable |= Q(pk__in=SendJob.objects.filter(pk=job.pk).values("round_id"))
+    return Round.objects.filter(joinable).order_by("closes_at", "pk")
 
 
 class SendFileForm(JobFieldsForm):
@@ -128,6 +151,8 @@ class SendFileForm(JobFieldsForm):
         "start_at",
         "reserve",
         "expires_at",
+        "round",
+        "value",
     ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -137,7 +162,8 @@ class SendFileForm(JobFieldsForm):
 
 class JobEditForm(JobFieldsForm):
     """A scheduled job's fields, edited on its page (start_at is required: to start it now,
-    its Start now button)."""
+    its Start now button; a job joining a round takes the round's send time whatever it says).
+    The round it is in is offered with the open ones."""
 
     def __init__(self, *args: Any, job: SendJob, **kwargs: Any) -> None:
         initial = {name: getattr(job, name) for name in EDITABLE}
@@ -145,6 +171,7 @@ class JobEditForm(JobFieldsForm):
         for name in ("start_at", "expires_at"):
             initial[name] = initial[name].isoformat() if initial[name] else ""
         super().__init__(*args, initial=initial, **kwargs)
+        cast(forms.ModelChoiceField, self.fields["round"]).queryset = rounds_joinable(job)
         self.fields["start_at"].required = True
         self.fields["start_at"].help_text = f"{INSTANT_FORMAT}."
         self.fields["expires_at"].required = True
@@ -155,7 +182,10 @@ class JobEditForm(JobFieldsForm):
         """What differs from the job, as send_job_edit takes it (a moved start moves the expiry
         with it unless the expiry was changed too)."""
         data = self.cleaned_data
-        return {name: data[name] for name in EDITABLE if data[name] != self.initial_value(name)}
+        changes = {name: data[name] for name in EDITABLE if data[name] != self.initial_value(name)}
+        if "round" in changes and changes["round"] is not None and "start_at" in changes:
+            del changes["start_at"]  # joining: the round's send time is its start
+        return changes
 
     def initial_value(self, name: str) -> Any:
         value = getattr(self.job, name)
@@ -173,6 +203,7 @@ class SendJobAdmin(admin.ModelAdmin):
         "priority",
         "status",
         "start_at",
+        "round",
         "progress",
         "total",
         *SendJob.OUTCOMES,
