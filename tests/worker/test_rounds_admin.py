@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -242,3 +243,68 @@ def test_a_scheduled_job_joins_a_round_and_leaves_it_on_its_edit_form(push, mark
         "scheduled",
         made.send_at,
     )
+
+
+def test_send_campaign_joins_a_round_with_a_value(push, tmp_path):
+    made = round_create(name="Friday", channel="push", closes_at=ahead(hours=2))
+    csv = tmp_path / "list.csv"
+    csv.write_text("user_id,address\n1,token-1\n2,token-2\n")
+    out = io.StringIO()
+    call_command(
+        "send_campaign",
+        "--channel=push",
+        "--template=welcome",
+        f"--recipients={csv}",
+        f"--round={made.pk}",
+        "--value=2.5",
+        stdout=out,
+    )
+    job = SendJob.objects.get()
+    assert (job.status, job.round_id, job.value, job.start_at, job.total) == (
+        "scheduled",
+        made.pk,
+        2.5,
+        made.send_at,
+        2,
+    )
+    assert f"joined round #{made.pk} (Friday)" in out.getvalue()
+    assert {chunk.status for chunk in SendChunk.objects.filter(job=job)} == {"staged"}
+
+    valued = tmp_path / "valued.csv"
+    valued.write_text("user_id,address,value\n1,token-1,3\n2,token-2,0.5\n")
+    call_command(
+        "send_campaign",
+        "--channel=push",
+        "--template=welcome",
+        "--campaign=own",
+        f"--recipients={valued}",
+        f"--round={made.pk}",
+        stdout=io.StringIO(),
+    )
+    own = SendJob.objects.get(campaign="own")
+    rows = SendChunk.objects.get(job=own).recipients
+    assert (own.value, [row["value"] for row in rows]) == (None, [3.0, 0.5])
+
+    gone = round_create(name="Gone", channel="push", closes_at=ahead(hours=1))
+    Round.objects.filter(pk=gone.pk).update(status=Round.Status.CANCELLED)
+    for options, words in (
+        ([f"--round={made.pk}", "--value=abc"], "--value: Must be a number"),
+        ([f"--round={made.pk}", "--value=-1"], "--value: Must be a number of at least 0"),
+        ([f"--round={made.pk}"], "--value: .*`value` column"),  # no value anywhere
+        (["--value=1"], "--value: A value counts only in a round"),
+        (["--round=x"], "--round"),
+        (["--round=999999", "--value=1"], "--round: No round 999999"),
+        ([f"--round={gone.pk}", "--value=1"], "--round: Round .* is cancelled"),
+        ([f"--round={made.pk}", "--value=1", "--reserve"], "--reserve"),
+        ([f"--round={made.pk}", "--value=1", "--wait"], "--wait sends in this process now"),
+    ):
+        with pytest.raises(CommandError, match=words):
+            call_command(
+                "send_campaign",
+                "--channel=push",
+                "--template=welcome",
+                "--campaign=bad",
+                f"--recipients={csv}",
+                *options,
+            )
+    assert SendJob.objects.count() == 2  # nothing else was stored
