@@ -131,7 +131,7 @@ def send_job_create(  # type: ignore[explicit-any]  # rows and fields as the JSO
     else:
         status = SendJob.Status.QUEUED if rows else SendJob.Status.DONE
     with transaction.atomic():
-        _round_still_open(fields["round"])
+        _round_still_open(fields)
         job = SendJob.objects.create(
             **fields,
             total=len(rows) + len(invalid) + repeats,
@@ -217,7 +217,7 @@ def send_job_from_file(  # type: ignore[explicit-any]  # an upload or a file; fi
         fileobj.seek(0)
         source = (name or "recipients.csv")[:1024]
     with transaction.atomic():
-        _round_still_open(fields["round"])
+        _round_still_open(fields)
         job_row = SendJob(
             **fields, status=SendJob.Status.PREPARING, source=source, source_bytes=size
         )
@@ -429,7 +429,7 @@ def send_job_start(*, job: SendJob, user: Actor = None, queue: bool = True) -> S
     """Start a scheduled job now, before its `start_at` (a Conflict when it is not scheduled, or
     is in a round: it starts at the round's send_at, once the round has chosen its sends)."""
     with transaction.atomic():
-        locked = SendJob.objects.select_for_update().select_related("round").get(pk=job.pk)
+        locked = SendJob.objects.select_for_update().get(pk=job.pk)
         if locked.round is not None:
             if locked.round.status == Round.Status.OPEN:
                 why = "leave the round first (PATCH its round to null) to start it now"
@@ -698,13 +698,22 @@ def _round_terms(
     return joined.send_at
 
 
-def _round_still_open(joined: Round | None) -> None:
-    """Inside the transaction that stores a job joining `joined`: the round read again under its
-    lock, still open and not closed (a ValidationError naming `round` otherwise). The round's
-    decision takes the same lock, so it never misses a job that joined before it closed."""
+def _round_still_open(fields: Mapping[str, Any]) -> None:  # type: ignore[explicit-any]  # the fields _job_fields made
+    """Inside the transaction that stores a new job joining a round (`fields`, as _job_fields
+    made them): the round read again under its lock, still open and not closed, its send_at
+    still the job's start (a ValidationError naming `round` otherwise). Editing the round and
+    its decision take the same lock, so the decision never misses a job that joined before it
+    closed, and a moved send_at never misses a job."""
+    joined = fields["round"]
     if joined is None:
         return
-    problem = round_open_problem(_round_locked(joined.pk), now=timezone.now())
+    locked = _round_locked(joined.pk)
+    problem = round_open_problem(locked, now=timezone.now())
+    if problem is None and locked.send_at != fields["start_at"]:
+        problem = (
+            f"Round {locked.pk}'s send_at moved to {locked.send_at.isoformat()} meanwhile: "
+            "hand the job over again."
+        )
     if problem is not None:
         raise ValidationError({"round": problem})
 
