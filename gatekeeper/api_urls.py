@@ -49,6 +49,9 @@ from worker.api import (
     GateCheckView,
     GateReleaseView,
     PlanView,
+    RoundCancelView,
+    RoundDetailView,
+    RoundListView,
     SendJobCancelView,
     SendJobDetailView,
     SendJobListView,
@@ -139,6 +142,9 @@ v1 = [
     path("sends/<int:job_id>/pause/", SendJobPauseView.as_view(), name="send-pause"),
     path("sends/<int:job_id>/resume/", SendJobResumeView.as_view(), name="send-resume"),
     path("sends/<int:job_id>/cancel/", SendJobCancelView.as_view(), name="send-cancel"),
+    path("rounds/", RoundListView.as_view(), name="rounds"),
+    path("rounds/<int:round_id>/", RoundDetailView.as_view(), name="round"),
+    path("rounds/<int:round_id>/cancel/", RoundCancelView.as_view(), name="round-cancel"),
 ]
 
 

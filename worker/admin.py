@@ -1,12 +1,16 @@
 """Admin for send jobs: a campaign file handed over (`worker.add_sendjob`), a job's live
 progress and counts; pause, resume, cancel, and its waiting sends cancelled
-(`worker.cancel_sendjob`, each audited in the job's history)."""
+(`worker.cancel_sendjob`, each audited in the job's history); a job's round and value. And
+rounds: made, edited while open and cancelled (wait or cancel their jobs) with the sends'
+rights, each round's jobs with their values, its report once decided."""
 
+import json
 from typing import Any, cast
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Count, Q, QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -18,18 +22,21 @@ from django.http import (
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
 from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.instants import INSTANT_FORMAT, InstantField
 from gatekeeper.lib.permissions import CANCEL_SENDS, SEND_CAMPAIGNS, VIEW_SEND_JOBS
 from gatekeeper.lib.words import count
-from limits.channels import channels
+from limits.channels import channels, scope_label, scopes
 from limits.engine.table import DEFAULT_PRIORITY, PRIORITIES
 from limits.models.policy import Topic
 from limits.policy.quota import Unavailable
 from worker.delivery.rendering import template_names
-from worker.models import JOB_CAMPAIGN_MAX, SendJob
+from worker.models import JOB_CAMPAIGN_MAX, Round, SendJob
 from worker.recipients import FILE_FORMAT
+from worker.round_services import NAME_MAX, ROUND_EDITABLE, round_cancel, round_create, round_edit
 from worker.selectors import send_job_waiting
 from worker.services import (
     EDITABLE,
@@ -86,12 +93,25 @@ class JobFieldsForm(forms.Form):
         label="Waiting sends expire at",
         help_text=f"{INSTANT_FORMAT}; empty: 24 hours after the start.",
     )
+    round = forms.ModelChoiceField(
+        queryset=Round.objects.none(),
+        required=False,
+        empty_label="no round",
+        help_text="An open round the job competes in until it closes: it starts at the round's "
+        "send time (leave the start empty), on its channel, not reserved.",
+    )
+    value = forms.FloatField(
+        required=False,
+        help_text="In a round, what one of its sends is worth (at least 0); empty: each "
+        "recipient's own (the file's value column).",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         cast(forms.ChoiceField, self.fields["template"]).choices = [
             (t, t) for t in template_names()
         ]
+        cast(forms.ModelChoiceField, self.fields["round"]).queryset = rounds_joinable()
         cast(forms.ChoiceField, self.fields["topic"]).choices = [
             ("", "no topic"),
             *Topic.objects.values_list("slug", "name"),
@@ -99,6 +119,14 @@ class JobFieldsForm(forms.Form):
 
     def clean_tags(self) -> list[str]:
         return [tag.strip() for tag in self.cleaned_data["tags"].split(",") if tag.strip()]
+
+
+def rounds_joinable(job: SendJob | None = None) -> QuerySet[Round]:
+    """The rounds a job may join (open, not closed), and the one `job` is in."""
+    joinable = Q(status=Round.Status.OPEN, closes_at__gt=timezone.now())
+    if job is not None:
+        joinable |= Q(pk__in=SendJob.objects.filter(pk=job.pk).values("round_id"))
+    return Round.objects.filter(joinable).order_by("closes_at", "pk")
 
 
 class SendFileForm(JobFieldsForm):
@@ -128,6 +156,8 @@ class SendFileForm(JobFieldsForm):
         "start_at",
         "reserve",
         "expires_at",
+        "round",
+        "value",
     ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -137,7 +167,8 @@ class SendFileForm(JobFieldsForm):
 
 class JobEditForm(JobFieldsForm):
     """A scheduled job's fields, edited on its page (start_at is required: to start it now,
-    its Start now button)."""
+    its Start now button; a job joining a round takes the round's send time whatever it says).
+    The round it is in is offered with the open ones."""
 
     def __init__(self, *args: Any, job: SendJob, **kwargs: Any) -> None:
         initial = {name: getattr(job, name) for name in EDITABLE}
@@ -145,6 +176,7 @@ class JobEditForm(JobFieldsForm):
         for name in ("start_at", "expires_at"):
             initial[name] = initial[name].isoformat() if initial[name] else ""
         super().__init__(*args, initial=initial, **kwargs)
+        cast(forms.ModelChoiceField, self.fields["round"]).queryset = rounds_joinable(job)
         self.fields["start_at"].required = True
         self.fields["start_at"].help_text = f"{INSTANT_FORMAT}."
         self.fields["expires_at"].required = True
@@ -155,7 +187,10 @@ class JobEditForm(JobFieldsForm):
         """What differs from the job, as send_job_edit takes it (a moved start moves the expiry
         with it unless the expiry was changed too)."""
         data = self.cleaned_data
-        return {name: data[name] for name in EDITABLE if data[name] != self.initial_value(name)}
+        changes = {name: data[name] for name in EDITABLE if data[name] != self.initial_value(name)}
+        if "round" in changes and changes["round"] is not None and "start_at" in changes:
+            del changes["start_at"]  # joining: the round's send time is its start
+        return changes
 
     def initial_value(self, name: str) -> Any:
         value = getattr(self.job, name)
@@ -173,6 +208,7 @@ class SendJobAdmin(admin.ModelAdmin):
         "priority",
         "status",
         "start_at",
+        "round",
         "progress",
         "total",
         *SendJob.OUTCOMES,
@@ -402,3 +438,279 @@ def job_progress(job: SendJob) -> dict[str, Any]:
         "scheduled": job.waits_to_start,
         "counts": {name: getattr(job, name) for name in (*SendJob.OUTCOMES, "pending")},
     }
+
+
+# --- rounds -------------------------------------------------------------------------------------
+
+
+class RoundForm(forms.Form):
+    """A round's fields as people type them; checked by the services (worker/round_services.py),
+    whose errors are shown on their fields."""
+
+    name = forms.CharField(max_length=NAME_MAX)
+    channel = forms.ChoiceField(
+        choices=(), help_text="The channel its jobs send on, or all: jobs on any channel."
+    )
+    closes_at = InstantField(
+        label="Closes at",
+        help_text=f"{INSTANT_FORMAT}. Jobs join, leave or change their value until then; then "
+        "each user gets the sends of the highest total value that fit every rule.",
+    )
+    send_at = InstantField(
+        required=False,
+        label="Send at",
+        help_text=f"{INSTANT_FORMAT}; at or after the close (empty: the close). Its jobs start "
+        "then; moving it moves them.",
+    )
+
+    def __init__(self, *args: Any, round_: Round | None = None, **kwargs: Any) -> None:
+        if round_ is not None:
+            kwargs["initial"] = {
+                "name": round_.name,
+                "closes_at": round_.closes_at.isoformat(),
+                "send_at": round_.send_at.isoformat(),
+            }
+        super().__init__(*args, **kwargs)
+        if round_ is not None:
+            del self.fields["channel"]  # its jobs were checked against it
+            self.fields["send_at"].required = True
+            self.fields["send_at"].help_text = (
+                f"{INSTANT_FORMAT}; at or after the close. Moving it moves every job in the "
+                "round with it."
+            )
+        else:
+            cast(forms.ChoiceField, self.fields["channel"]).choices = [
+                (scope, scope_label(scope)) for scope in scopes()
+            ]
+        self.round = round_
+
+    def changes(self) -> dict[str, Any]:
+        """What differs from the round, as round_edit takes it."""
+        assert self.round is not None
+        return {
+            name: self.cleaned_data[name]
+            for name in ROUND_EDITABLE
+            if self.cleaned_data[name] != getattr(self.round, name)
+        }
+
+    def problems_shown(self, exc: ValidationError) -> None:
+        for field, problems in exc.message_dict.items():
+            self.add_error(field if field in self.fields else None, problems)
+
+
+class RoundCancelForm(forms.Form):
+    jobs = forms.ChoiceField(
+        choices=[
+            ("wait", "Let its jobs wait: they leave the round and start at their start time"),
+            ("cancel", "Cancel its jobs: nothing of them goes out"),
+        ],
+        widget=forms.RadioSelect,
+        label="Its jobs",
+    )
+
+
+@admin.register(Round)
+class RoundAdmin(admin.ModelAdmin):
+    """Rounds: their list, a round's page (its jobs with their values, the report once
+    decided), made, edited while open and cancelled through worker/round_services.py, with the
+    sends' rights (reading: `worker.view_sendjob`; writing: `worker.add_sendjob`)."""
+
+    change_form_template = "admin/gatekeeper/round_change_form.html"
+    list_display = [
+        "id",
+        "name",
+        "channel",
+        "status",
+        "closes_at",
+        "send_at",
+        "job_count",
+        "decided_at",
+    ]
+    list_filter = ["status", "channel"]
+    fields = (
+        "name",
+        "channel",
+        "status",
+        "closes_at",
+        "send_at",
+        "jobs_shown",
+        "decided_at",
+        "differences",
+        "report_shown",
+        "cancelled_at",
+        "created_by",
+        "created_at",
+    )
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Round]:
+        return super().get_queryset(request).annotate(jobs_in=Count("jobs"))
+
+    @admin.display(description="jobs", ordering="jobs_in")
+    def job_count(self, round_: Round) -> int:
+        return int(getattr(round_, "jobs_in", 0))
+
+    @admin.display(description="jobs")
+    def jobs_shown(self, round_: Round) -> str:
+        jobs = round_.jobs.order_by("created_at", "pk")
+        if not jobs:
+            return "None has joined."
+        rows = format_html_join(
+            "",
+            '<tr><td><a href="{}">#{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>'
+            "<td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    reverse("admin:worker_sendjob_change", args=[job.pk]),
+                    job.pk,
+                    job.campaign,
+                    job.channel,
+                    job.status,
+                    job.priority,
+                    "each recipient's own" if job.value is None else f"{job.value:g}",
+                    f"{job.total:,}",
+                    f"{job.created_at:%Y-%m-%d %H:%M:%S}",
+                )
+                for job in jobs
+            ),
+        )
+        return format_html(
+            '<table class="gk-table" id="round-jobs"><thead><tr><th>Job</th><th>Campaign</th>'
+            "<th>Channel</th><th>Status</th><th>Priority</th><th>Value</th><th>Recipients</th>"
+            "<th>Made (UTC)</th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
+
+    @admin.display(description="report")
+    def report_shown(self, round_: Round) -> str:
+        if round_.status != Round.Status.DECIDED or round_.report is None:
+            return "Once decided."
+        return format_html(
+            '<pre id="round-report">{}</pre>', json.dumps(round_.report, indent=2, sort_keys=True)
+        )
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perms(VIEW_SEND_JOBS))
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.has_perms(VIEW_SEND_JOBS))
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perms(SEND_CAMPAIGNS))
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # edited and cancelled on its own pages, through the services
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # cancelled, never deleted: its jobs name it
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view
+        return [
+            path("<int:round_id>/edit/", view(self.edit_view), name="worker_round_edit"),
+            path("<int:round_id>/cancel/", view(self.cancel_view), name="worker_round_cancel"),
+            *super().get_urls(),
+        ]
+
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Make a round: checked by round_create, its problems shown on their fields."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        form = RoundForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                made = round_create(user=request.user, **form.cleaned_data)
+            except ValidationError as exc:
+                form.problems_shown(exc)
+            else:
+                self.log_addition(request, made, "Made the round")
+                messages.success(
+                    request,
+                    f"Round #{made.pk} is open: jobs join it until "
+                    f"{made.closes_at:%Y-%m-%d %H:%M:%S} UTC.",
+                )
+                return HttpResponseRedirect(reverse("admin:worker_round_change", args=[made.pk]))
+        return self._form_page(request, form, "Add round", None)
+
+    def edit_view(self, request: HttpRequest, round_id: int) -> HttpResponse:
+        """Change an open round's name and times (round_edit; a moved send time moves its
+        jobs)."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        round_ = get_object_or_404(Round, pk=round_id)
+        back = HttpResponseRedirect(reverse("admin:worker_round_change", args=[round_.pk]))
+        form = RoundForm(request.POST or None, round_=round_)
+        if request.method == "POST" and form.is_valid():
+            changes = form.changes()
+            try:
+                round_ = round_edit(round_=round_, changes=changes, user=request.user)
+            except ValidationError as exc:
+                form.problems_shown(exc)
+            except Conflict as exc:
+                messages.error(request, str(exc))
+                return back
+            else:
+                what = ", ".join(str(form[name].label).lower() for name in changes) or "nothing"
+                self.log_change(request, round_, f"Changed {what}")
+                messages.success(request, f"Round #{round_.pk}: changed {what}.")
+                return back
+        return self._form_page(request, form, f"Edit round #{round_.pk}", round_)
+
+    def cancel_view(self, request: HttpRequest, round_id: int) -> HttpResponse:
+        """Asks what becomes of the round's jobs (wait, or cancel), then cancels it."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        round_ = get_object_or_404(Round, pk=round_id)
+        back = HttpResponseRedirect(reverse("admin:worker_round_change", args=[round_.pk]))
+        form = RoundCancelForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            jobs = form.cleaned_data["jobs"]
+            try:
+                round_ = round_cancel(round_=round_, jobs=jobs, user=request.user)
+            except Conflict as exc:
+                messages.error(request, str(exc))
+            else:
+                what = "its jobs wait" if jobs == "wait" else "its jobs cancelled"
+                self.log_change(request, round_, f"Cancelled the round: {what}")
+                messages.success(request, f"Cancelled round #{round_.pk}: {what}.")
+            return back
+        return self._form_page(request, form, f"Cancel round #{round_.pk}", round_, cancel=True)
+
+    def _form_page(
+        self,
+        request: HttpRequest,
+        form: forms.Form,
+        title: str,
+        round_: Round | None,
+        *,
+        cancel: bool = False,
+    ) -> HttpResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "form": form,
+            "round": round_,
+            "cancel": cancel,
+            "jobs": round_.jobs.count() if round_ is not None else 0,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/gatekeeper/round_form.html", context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = dict(extra_context or {})
+        if object_id.isascii() and object_id.isdigit():
+            round_ = Round.objects.filter(pk=int(object_id)).first()
+            if round_ is not None:
+                context["can_write"] = (
+                    round_.status == Round.Status.OPEN and self.has_add_permission(request)
+                )
+                context["closed"] = round_.closes_at <= timezone.now()
+        return super().change_view(request, object_id, form_url, context)

@@ -1,5 +1,6 @@
-"""REST views of the gate (check, release) and of send jobs (hand over, read, edit or
-reschedule before they start, start early, pause, resume, cancel, their waiting sends)."""
+"""REST views of the gate (check, release), of send jobs (hand over, read, edit or
+reschedule before they start, join or leave a round, start early, pause, resume, cancel, their
+waiting sends) and of rounds (make, read, edit while open, cancel)."""
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -47,19 +48,25 @@ from worker.bodies import (
     GateCheckBody,
     GateReleaseBody,
     GateRequest,
+    RoundBody,
+    RoundCancelBody,
+    RoundChangeBody,
     SendJobBody,
     SendJobChangeBody,
     form_fields,
 )
 from worker.gate import gate_check, gate_release
-from worker.models import Backtest, SendJob
+from worker.models import Backtest, Round, SendJob
 from worker.plan import plan_later_counted
+from worker.round_services import round_cancel, round_create, round_edit
 from worker.serializers import (
     BacktestSerializer,
     GateResultsSerializer,
     JobPlanSerializer,
     PlanSerializer,
     ReleaseResultsSerializer,
+    RoundListSerializer,
+    RoundSerializer,
     SendJobCreatedSerializer,
     SendJobSerializer,
 )
@@ -262,6 +269,8 @@ class SendJobListView(JsonAPIView):
             "expires_at": body.expires_at,
             "start_at": body.start_at,
             "reserve": body.reserve,
+            "round": body.round,
+            "value": body.value,
             "user": request.user,
         }
         try:
@@ -302,7 +311,12 @@ class SendJobDetailView(JsonAPIView):
             f"ahead), its {', '.join(EDITABLE)} can change, each checked as at creation (a 400 "
             "names the field). A new start_at "
             "moves expires_at by as much unless it is given too. Its recipients, channel and "
-            "campaign cannot (cancel it and hand over another). A 409 once it has started."
+            "campaign cannot (cancel it and hand over another). `round` joins an open round (the "
+            "start moves to its send_at) or, null, leaves it (the job stays scheduled at its "
+            "start); `value` changes its value there: while the round is open and before it "
+            "closes (409 otherwise, as for any change of a job whose round has closed). A job "
+            "in a round starts at its send_at: another start_at is a 400. A 409 once it has "
+            "started."
         ),
         responses={200: SendJobSerializer, **errors(400, 404, 409)},
     )
@@ -359,7 +373,8 @@ _CONTROLS = {
         send_job_start,
         "Start a scheduled send job now",
         "Its chunks are handed out at once instead of at its start_at. A 409 for a job that is "
-        "not scheduled (started, cancelled, or its file still being read).",
+        "not scheduled (started, cancelled, or its file still being read), or is in a round "
+        "(it starts at the round's send_at: leave the round first).",
     ),
     "cancel": (
         send_job_cancel,
@@ -603,3 +618,144 @@ class BacktestDetailView(CsvReportView):
             response["Content-Disposition"] = f'attachment; filename="{name}"'
             return response
         return Response(BacktestSerializer(shown).data)
+
+
+# --- rounds -------------------------------------------------------------------------------------
+
+
+ROUND_ID = OpenApiParameter(
+    "round_id",
+    {"type": "integer", "minimum": 1, "maximum": DATABASE_MAX},
+    OpenApiParameter.PATH,
+    description="The round's id.",
+)
+
+
+def _round(round_id: int) -> Round:
+    found = Round.objects.filter(pk=round_id).first() if round_id <= DATABASE_MAX else None
+    if found is None:
+        raise NotFound(f"No round {round_id}.")
+    return found
+
+
+def round_shown(round_: Round, request: Request, *, jobs: bool = False) -> dict[str, Any]:
+    """A round as the API answers it; with `jobs`, its jobs and its report (the decision's,
+    passed through as worker/rounds.py wrote it; null until decided)."""
+    joined = list(
+        round_.jobs.order_by("created_at", "pk").values(
+            "id", "campaign", "channel", "status", "priority", "value", "total", "created_at"
+        )
+    )
+    shown: dict[str, Any] = {
+        "id": round_.pk,
+        "url": request.build_absolute_uri(f"/api/v1/rounds/{round_.pk}/"),
+        "name": round_.name,
+        "channel": round_.channel,
+        "closes_at": round_.closes_at,
+        "send_at": round_.send_at,
+        "status": round_.status,
+        "job_count": len(joined),
+        "created_at": round_.created_at,
+        "decided_at": round_.decided_at,
+        "cancelled_at": round_.cancelled_at,
+    }
+    if jobs:
+        shown["jobs"] = joined
+        shown["report"] = round_.report if round_.status == Round.Status.DECIDED else None
+    return shown
+
+
+class RoundListView(JsonAPIView):
+    rights = {"GET": VIEW_SEND_JOBS, "POST": GATE}
+    bodies = {"POST": RoundBody}
+    operation_ids = {"GET": "round_list", "POST": "round_create"}
+
+    @extend_schema(
+        summary="Every round, newest close first",
+        responses={200: RoundListSerializer},
+    )
+    def get(self, request: Request) -> Response:
+        rounds = Round.objects.prefetch_related("jobs").order_by("-closes_at", "-id")
+        return Response(
+            RoundListSerializer({"results": [round_shown(r, request) for r in rounds]}).data
+        )
+
+    @extend_schema(
+        summary="Make a round: send jobs join it until it closes, and are decided by value",
+        description=(
+            "Jobs join it (POST or PATCH /api/v1/sends/ with `round` and `value`) until "
+            "closes_at; then each user gets, among the round's sends for them, the set of "
+            "highest total value that fits every rule at send_at, and the others are refused "
+            "as `outranked`. closes_at: in the future, at most 90 days ahead; send_at: at or "
+            "after it (default: closes_at). A 400 names a bad field (an unknown channel: "
+            "`channel`)."
+        ),
+        responses={201: RoundSerializer, **errors(400)},
+    )
+    def post(self, request: Request) -> Response:
+        body = decode(request.data, RoundBody)
+        made = round_create(
+            name=body.name,
+            channel=body.channel,
+            closes_at=body.closes_at,
+            send_at=body.send_at,
+            user=request.user,
+        )
+        shown = round_shown(made, request)
+        return Response(RoundSerializer(shown).data, status=201, headers={"Location": shown["url"]})
+
+
+class RoundDetailView(JsonAPIView):
+    rights = {"GET": VIEW_SEND_JOBS, "PATCH": GATE}
+    bodies = {"PATCH": RoundChangeBody}
+    operation_ids = {"GET": "round_get", "PATCH": "round_edit"}
+
+    @extend_schema(
+        summary="A round, its jobs and, once decided, its report",
+        parameters=[ROUND_ID],
+        responses={200: RoundSerializer, **errors(404)},
+    )
+    def get(self, request: Request, round_id: int) -> Response:
+        return Response(RoundSerializer(round_shown(_round(round_id), request, jobs=True)).data)
+
+    @extend_schema(
+        summary="Change an open round's name, closes_at or send_at; the round, as it is now",
+        description=(
+            "Checked whole as at creation (a 400 names the field, nothing changes). A send_at "
+            "that followed closes_at follows it again unless given. A moved send_at moves every "
+            "joined job's start_at to it (and its expires_at by as much). A 409 once the round "
+            "is not open or has closed."
+        ),
+        parameters=[ROUND_ID],
+        responses={200: RoundSerializer, **errors(400, 404, 409)},
+    )
+    def patch(self, request: Request, round_id: int) -> Response:
+        body = decode(request.data, RoundChangeBody)
+        changes = {
+            name: getattr(body, name)
+            for name in body.__struct_fields__
+            if getattr(body, name) is not msgspec.UNSET
+        }
+        edited = round_edit(round_=_round(round_id), changes=changes, user=request.user)
+        return Response(RoundSerializer(round_shown(edited, request, jobs=True)).data)
+
+
+class RoundCancelView(JsonAPIView):
+    rights = {"POST": GATE}
+    bodies = {"POST": RoundCancelBody}
+    operation_ids = {"POST": "round_cancel"}
+
+    @extend_schema(
+        summary="Cancel an open round; the round, as it is now",
+        description=(
+            "`jobs`: `wait`, its jobs leave the round and stay scheduled, starting at their "
+            "start_at as plain scheduled jobs; `cancel`, its jobs are cancelled (nothing of "
+            "them goes out). A 409 for a round that is not open."
+        ),
+        parameters=[ROUND_ID],
+        responses={200: RoundSerializer, **errors(400, 404, 409)},
+    )
+    def post(self, request: Request, round_id: int) -> Response:
+        body = decode(request.data, RoundCancelBody)
+        cancelled = round_cancel(round_=_round(round_id), jobs=body.jobs, user=request.user)
+        return Response(RoundSerializer(round_shown(cancelled, request, jobs=True)).data)

@@ -1,4 +1,5 @@
-"""Request bodies of the gate and of send jobs, as msgspec structs (gatekeeper.lib.bodies).
+"""Request bodies of the gate, of send jobs and of rounds, as msgspec structs
+(gatekeeper.lib.bodies).
 
 The structs hold the shape (types, lengths, enumerations); what depends on settings or on the
 loaded snapshot (known channels, the widest user id, a template that exists) is checked after
@@ -11,9 +12,9 @@ from typing import Annotated, Any, Literal
 from msgspec import UNSET, Meta, UnsetType, field
 
 from gatekeeper.lib.bodies import Body, schema_fill
-from gatekeeper.lib.ids import JsonUserId
+from gatekeeper.lib.ids import DATABASE_MAX, JsonUserId
 from limits.engine.table import DEFAULT_PRIORITY
-from limits.policy.bodies import Channel, DraftBody, Priority, SendTopic, Tags
+from limits.policy.bodies import Channel, DraftBody, Priority, Scope, SendTopic, Tags
 from limits.policy.rules import CAMPAIGN_MAX
 from limits.reasons import Category
 from segments.bodies import TimeZone
@@ -63,6 +64,36 @@ class GateReleaseBody(Body, kw_only=True):
     requests: Annotated[list[GateRequest], Meta(min_length=1, max_length=GATE_LIMIT)]
 
 
+# What a send is worth in a round: a number >= 0 (worker.recipients.value_problem says it).
+VALUE_WORDS = (
+    "What one send of the job is worth in its round: a number of at least 0; when the round "
+    "closes, each user gets the sends of the highest total value that fit every rule."
+)
+JobValue = Annotated[float, Meta(ge=0, description=VALUE_WORDS)]
+RoundId = Annotated[
+    int,
+    Meta(
+        ge=1,
+        le=DATABASE_MAX,
+        description="An open round (GET /api/v1/rounds/) the job competes in until it closes: "
+        "the job waits as `scheduled` and starts at the round's send_at (start_at left out, or "
+        "that instant); its channel the round's (any for a round on `all`), a marketing job, "
+        "not reserved. Needs a value: the job's `value`, or every recipient's own.",
+    ),
+]
+# Checked with the row's other fields, as a time zone is: a value that is not a number >= 0 is
+# this row's error, refusing the job or skipping the row as on_invalid says (so the schema
+# says a number, and the struct takes a string too, to name it).
+RecipientValue = Annotated[
+    float | str,
+    Meta(
+        description="In a round: what this recipient's send is worth (a number >= 0), instead "
+        "of the job's value. Anything else is an invalid row.",
+        extra_json_schema=schema_fill("value", lambda: {"type": "number", "minimum": 0}),
+    ),
+]
+
+
 class RecipientBody(Body, kw_only=True):
     user_id: JsonUserId
     address: Annotated[
@@ -88,6 +119,7 @@ class RecipientBody(Body, kw_only=True):
         ]
         | None
     ) = None
+    value: RecipientValue | None = None
 
 
 JobTemplate = Annotated[
@@ -156,6 +188,8 @@ class SendJobBody(Body, kw_only=True):
     start_at: StartAt | None = None
     reserve: Reserve = False
     expires_at: ExpiresAt | None = None
+    round: RoundId | None = None
+    value: JobValue | None = None
     on_invalid: Annotated[
         Literal["reject", "skip"],
         Meta(
@@ -192,7 +226,9 @@ class SendJobBody(Body, kw_only=True):
 
 class SendJobChangeBody(Body, kw_only=True):
     """A job that has not started, edited: only the fields given change. A new start_at moves
-    its expiry by as much, unless expires_at is given too."""
+    its expiry by as much, unless expires_at is given too. `round`: join an open round (the start
+    moves to its send_at), or null to leave it (the job stays scheduled at its start); `value`:
+    the job's value in its round (null: each recipient's own)."""
 
     start_at: StartAt | UnsetType = UNSET
     reserve: Reserve | UnsetType = UNSET
@@ -202,20 +238,23 @@ class SendJobChangeBody(Body, kw_only=True):
     tags: Tags | UnsetType = UNSET
     priority: Priority | UnsetType = UNSET
     on_capped: OnCapped | UnsetType = UNSET
+    round: RoundId | UnsetType | None = UNSET
+    value: JobValue | UnsetType | None = UNSET
 
 
 # A multipart/form-data upload: the job's fields as form fields (tags comma separated or
 # repeated), the file as the part `recipients_file`.
 FILE_PART = "recipients_file"
 FORM_LISTS = ("tags",)
-FORM_INTEGERS = ("priority",)
+FORM_INTEGERS = ("priority", "round")
+FORM_NUMBERS = ("value",)
 FORM_BOOLEANS = ("reserve",)
 
 
 def form_fields(form: Any, files: Any) -> dict[str, Any]:
     """A multipart form's fields (a QueryDict, without its `files`) as the JSON object
-    SendJobBody reads: lists split on commas, integers as numbers when they are digits (else
-    left for the 400 to name)."""
+    SendJobBody reads: lists split on commas, integers as numbers when they are digits, numbers
+    when they read as finite decimals (else left for the 400 to name)."""
     fields: dict[str, Any] = {}
     for name in form:
         if name in files:
@@ -225,11 +264,76 @@ def form_fields(form: Any, files: Any) -> dict[str, Any]:
             fields[name] = [v.strip() for value in values for v in value.split(",") if v.strip()]
         elif name in FORM_INTEGERS and len(values) == 1 and values[0].strip().isdigit():
             fields[name] = int(values[0])
+        elif name in FORM_NUMBERS and len(values) == 1 and _decimal(values[0]) is not None:
+            fields[name] = _decimal(values[0])
         elif name in FORM_BOOLEANS and len(values) == 1 and values[0] in ("true", "false"):
             fields[name] = values[0] == "true"
         else:
             fields[name] = values[0] if len(values) == 1 else values
     return fields
+
+
+def _decimal(text: str) -> float | None:
+    """A form's number (`2.5`, `3`), or None when it is not a finite decimal."""
+    cell = text.strip()
+    digits = cell.removeprefix("-").replace(".", "", 1)  # below 0: the 400 says so
+    if not digits.isascii() or not digits.isdigit():
+        return None
+    return float(cell)
+
+
+RoundName = Annotated[
+    str, Meta(min_length=1, max_length=200, description="What it is, for people.")
+]
+ClosesAt = Annotated[
+    datetime,
+    Meta(
+        description="ISO 8601 with its UTC offset, in the future, at most "
+        f"{START_MAX.days} days ahead: jobs join, leave or change their value until then; "
+        "then the round is decided."
+    ),
+]
+SendAt = Annotated[
+    datetime,
+    Meta(
+        description="ISO 8601 with its UTC offset, at or after closes_at (default: closes_at): "
+        "when the round's jobs start. Moving it moves every joined job's start_at."
+    ),
+]
+
+
+class RoundBody(Body, kw_only=True):
+    """POST /api/v1/rounds/: a round that jobs join until it closes."""
+
+    name: RoundName
+    channel: Annotated[
+        Scope,
+        Meta(description='The channel its jobs send on, or "all": jobs on any channel.'),
+    ]
+    closes_at: ClosesAt
+    send_at: SendAt | None = None
+
+
+class RoundChangeBody(Body, kw_only=True):
+    """PATCH /api/v1/rounds/<id>/: an open round's name and times (its channel cannot change:
+    its jobs were checked against it)."""
+
+    name: RoundName | UnsetType = UNSET
+    closes_at: ClosesAt | UnsetType = UNSET
+    send_at: SendAt | UnsetType = UNSET
+
+
+class RoundCancelBody(Body, kw_only=True):
+    """POST /api/v1/rounds/<id>/cancel/."""
+
+    jobs: Annotated[
+        Literal["wait", "cancel"],
+        Meta(
+            description="wait: its jobs leave the round and stay scheduled, starting at their "
+            "start_at as plain scheduled jobs; cancel: its jobs are cancelled (nothing of them "
+            "goes out)."
+        ),
+    ]
 
 
 class BacktestBody(Body, kw_only=True):

@@ -236,7 +236,7 @@ def send_job_prepare_run(
     SendChunk.objects.filter(job_id=job_id, part=0, status=SendChunk.Status.STAGED).delete()
     handed = _send_chunks(job_id).filter(part=0).count()
     staging = _Staging(job, skip=handed)
-    rules = RecipientRules(channel=job.channel, campaign=job.campaign)
+    rules = RecipientRules.of_job(job)
     reject = job.on_invalid == SendJob.OnInvalid.REJECT
     kept: list[int] = []
     parts: list[SendJobPart] = []
@@ -501,7 +501,7 @@ def send_job_part_run(*, job_id: int, index: int, keep: Callable[[], bool] | Non
     staged = SendChunk.objects.filter(job_id=job_id, part=index, status=SendChunk.Status.STAGED)
     staged.delete()
     staging = _Staging(job, skip=0, part=index, every=STAGE_EVERY)
-    rules = RecipientRules(channel=job.channel, campaign=job.campaign)
+    rules = RecipientRules.of_job(job)
     reject = job.on_invalid == SendJob.OnInvalid.REJECT
     stopped: list[bool] = []
 

@@ -3,7 +3,8 @@ file's), and campaign files read as a stream.
 
 A campaign file is CSV, plain or gzip (recognised by its bytes): `user_id,address[,time_zone]
 [,context]`, or the columns a header line names, in any order (user_id and address required).
-`context` is a JSON object (the template's variables), CSV-quoted. Every send of a file has the
+`context` is a JSON object (the template's variables), CSV-quoted. `value` (by a header only):
+what the recipient's send is worth in a round (a number >= 0), replacing the job's own. Every send of a file has the
 message id `<campaign>:<user_id>`: a user listed twice gets one send and the repeat counts as a
 duplicate, which a bitmap of the user ids seen finds in bounded memory (about 1.2 bits per user
 of a dense list), so a file of any length is read in constant memory apart from that bitmap.
@@ -18,7 +19,8 @@ import csv
 import io
 import json
 import math
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +36,19 @@ from worker.models import MESSAGE_ID_MAX
 
 READ_BYTES = 1 << 20  # read and decoded a MiB at a time
 CONTEXT_DEPTH = 16  # levels of arrays and objects a recipient's template context may nest
-COLUMNS = ("user_id", "address", "time_zone", "context")
+COLUMNS = ("user_id", "address", "time_zone", "context", "value")
+# The columns a file without a header has, in this order (a value is named by a header).
+POSITIONAL = COLUMNS[:4]
 REQUIRED = ("user_id", "address")
 FILE_FORMAT = (
     "user_id,address[,time_zone][,context as a JSON object], or a header line naming the "
-    "columns (user_id and address required) in any order"
+    "columns (user_id and address required; time_zone, context, value) in any order"
 )
+VALUE_WORDS = "a number of at least 0, such as 2.5"
+# A file's value cell: a decimal number (a sign to be told it is below 0), or NaN and infinity
+# in the words Python reads (to be told they are not finite); anything else is not a number.
+_VALUE_CELL = re.compile(r"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+_NOT_FINITE = frozenset({"nan", "-nan", "inf", "-inf", "infinity", "-infinity"})
 # csv's own limit on a cell is 128 KiB; a context may be as large as a JSON body allows one.
 csv.field_size_limit(1 << 20)
 
@@ -54,22 +63,67 @@ class RowError(Exception):
 
 class FileError(ValidationError):
     """A campaign file that cannot be read as one (not UTF-8, a broken gzip, a bad header): the
-    whole file is refused, whatever `on_invalid` says. `line` is where, when known."""
+    whole file is refused, whatever `on_invalid` says. `line` is where, when known; `field`, the
+    job's field at fault when it is not the file itself (a round job without a value column)."""
 
-    def __init__(self, message: str, *, line: int | None = None) -> None:
+    def __init__(self, message: str, *, line: int | None = None, field: str = "") -> None:
         where = f"line {line:,}: " if line is not None else ""
         super().__init__(f"{where}{message}", code="recipients_file")
-        self.line = line
+        self.line, self.field = line, field
+
+
+def value_problem(value: object) -> str | None:
+    """The one rule for what a send is worth in a round (a job's `value`, a recipient's own): a
+    finite number of at least 0. None when it is one, else what is wrong, in words."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"Must be {VALUE_WORDS}; {str(value)[:40]!r} is not a number."
+    if not math.isfinite(value):
+        return f"Must be {VALUE_WORDS}; {value} is not a finite number."
+    if value < 0:
+        return f"Must be {VALUE_WORDS}; {value} is below 0."
+    return None
+
+
+def value_from_cell(cell: str) -> float | None:
+    """A file's value cell as a number (None: empty), or a RowError naming `value`."""
+    text = cell.strip()
+    if not text:
+        return None
+    if not (_VALUE_CELL.fullmatch(text) or text.lower() in _NOT_FINITE):
+        raise RowError("value", f"Must be {VALUE_WORDS}; {text[:40]!r} is not a number.")
+    return float(text)
 
 
 class RecipientRules:
     """The checks of one job's recipients (its channel's addresses, the id width), built once
-    per job: `recipient` applies them to one row's values."""
+    per job: `recipient` applies them to one row's values. `value_required`: the job is in a
+    round and has no value of its own, so every recipient must carry one (a row without is
+    invalid; a file must name a `value` column)."""
 
-    def __init__(self, *, channel: str, campaign: str) -> None:
+    def __init__(self, *, channel: str, campaign: str, value_required: bool = False) -> None:
         self.campaign = campaign
         self.address_problem: Callable[[str], str | None] = address_rule(channel)
         self.maximum = max_user_id()
+        self.value_required = value_required
+
+    @classmethod
+    def of_job(cls, job: Any) -> "RecipientRules":
+        """The rules of a stored job's recipients (a SendJob: its file read in the background)."""
+        return cls(
+            channel=job.channel,
+            campaign=job.campaign,
+            value_required=job.round_id is not None and job.value is None,
+        )
+
+    def columns_checked(self, columns: Iterable[str]) -> None:
+        """A file's columns (its header's, or the positional ones) against the job: a round job
+        without a value of its own needs a `value` column (a FileError naming `value`)."""
+        if self.value_required and "value" not in columns:
+            raise FileError(
+                "The job is in a round and has no value of its own: give it a `value`, or "
+                "each recipient one in a `value` column (named by a header line).",
+                field="value",
+            )
 
     def recipient(
         self,
@@ -79,9 +133,11 @@ class RecipientRules:
         message_id: Any = None,
         context: Any = None,
         time_zone: Any = None,
+        value: Any = None,
     ) -> dict[str, Any]:
         """The recipient as a chunk stores it; raises RowError naming the field. `user_id` as
-        JSON gives it (an integer or its digits), `context` a dict (or None: no variables)."""
+        JSON gives it (an integer or its digits), `context` a dict (or None: no variables),
+        `value` a number (None: the job's)."""
         try:
             user = user_id_from_json(user_id, maximum=self.maximum)
         except ValueError as exc:
@@ -122,6 +178,17 @@ class RecipientRules:
             except UnknownTimeZone as exc:
                 raise RowError("time_zone", str(exc)) from None
             recipient["time_zone"] = time_zone
+        if value is not None:
+            # Kept only when given, as the zone: the job's value is every other row's.
+            problem = value_problem(value)
+            if problem:
+                raise RowError("value", problem)
+            recipient["value"] = float(value)
+        elif self.value_required:
+            raise RowError(
+                "value",
+                "The job is in a round and has no value of its own: this recipient needs one.",
+            )
         return recipient
 
 
@@ -176,10 +243,11 @@ def recipient_lines(
         # Bytes that are not UTF-8 are kept as lone surrogates, to be named with their line.
         text = io.TextIOWrapper(binary, encoding="utf-8", errors="surrogateescape", newline="")
         rows = csv.reader(text, strict=True)
-        at: dict[str, int] = {name: i for i, name in enumerate(COLUMNS)}
+        at: dict[str, int] = {name: i for i, name in enumerate(POSITIONAL)}
         positional = True
         if header is not None:
             at, positional = header, False
+        checked = False
         for row in rows:
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue  # a blank line
@@ -190,6 +258,9 @@ def recipient_lines(
             if number == 1 and _is_header(row):
                 at, positional = _header(row), False
                 continue
+            if not checked:
+                rules.columns_checked(at)
+                checked = True
             yield _line(number, row, at, positional, rules)
     except csv.Error as exc:
         after = _after(rows)
@@ -234,7 +305,7 @@ def _after(rows: Any) -> int | None:
 def _line(
     number: int, row: list[str], at: dict[str, int], positional: bool, rules: RecipientRules
 ) -> Line:
-    if positional and not 2 <= len(row) <= len(COLUMNS):
+    if positional and not 2 <= len(row) <= len(POSITIONAL):
         error = RowError("line", f"expected {FILE_FORMAT}; got {_fields(len(row))}.")
         return Line(number, None, error)
     if not positional and len(row) != len(at):
@@ -254,11 +325,14 @@ def _line(
                     raise RowError("context", "Must be a JSON object (the template's variables).")
         zone_at = at.get("time_zone")
         zone_name = row[zone_at].strip() if zone_at is not None and len(row) > zone_at else ""
+        value_at = at.get("value")
+        value = value_from_cell(row[value_at]) if value_at is not None else None
         recipient = rules.recipient(
             row[at["user_id"]].strip(),
             row[at["address"]].strip(),
             context=context,
             time_zone=zone_name or None,
+            value=value,
         )
     except RowError as exc:
         return Line(number, None, exc)

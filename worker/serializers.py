@@ -10,7 +10,7 @@ from limits.policy.bodies import Window
 from limits.policy.serializers import BodyShapedField, ExperimentArmSerializer
 from limits.reasons import CATEGORIES, REASONS
 from worker.delivery.dead_addresses import dead_addresses_shown
-from worker.models import SendJob
+from worker.models import Round, SendJob
 from worker.selectors import send_job_waiting
 
 
@@ -216,6 +216,15 @@ class SendJobSerializer(serializers.Serializer):
     reserve = serializers.BooleanField(
         help_text="Until it starts, its predicted sends hold their slots (reason `reserved`)."
     )
+    round = serializers.IntegerField(
+        source="round_id",
+        allow_null=True,
+        help_text="The round it competes in (GET /api/v1/rounds/<id>/); null: none.",
+    )
+    value = serializers.FloatField(
+        allow_null=True,
+        help_text="In a round, what one of its sends is worth; null: each recipient's own.",
+    )
     expires_at = serializers.DateTimeField(
         help_text="Deferred sends still waiting then are dropped (counted as `expired`)."
     )
@@ -385,3 +394,52 @@ class BacktestSerializer(serializers.Serializer):
             allow_null=True, help_text="What the ledger does not hold of what the replay needs."
         )
         return {"id": fields.pop("id"), "url": fields.pop("url"), **period, **fields}
+
+
+class RoundJobSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    campaign = serializers.CharField()
+    channel = serializers.CharField()
+    status = serializers.ChoiceField(choices=SendJob.Status.choices)
+    priority = serializers.IntegerField(help_text="Ties of value go to the higher priority.")
+    value = serializers.FloatField(
+        allow_null=True,
+        help_text="What one of its sends is worth; null: each recipient's own (its file's "
+        "`value` column, its rows' `value`).",
+    )
+    total = serializers.IntegerField(help_text="Its recipients.")
+    created_at = serializers.DateTimeField(help_text="Ties of value and priority: made first.")
+
+
+class RoundSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    url = serializers.CharField()
+    name = serializers.CharField()
+    channel = serializers.CharField(help_text='A channel, or "all": jobs on any channel.')
+    closes_at = serializers.DateTimeField(
+        help_text="Jobs join, leave or change their value until then."
+    )
+    send_at = serializers.DateTimeField(help_text="When its jobs start (at or after closes_at).")
+    status = serializers.ChoiceField(
+        choices=Round.Status.choices,
+        help_text="open: jobs join, leave or change their value until closes_at; deciding; "
+        "decided: its jobs start at send_at; cancelled.",
+    )
+    job_count = serializers.IntegerField(help_text="The jobs in it.")
+    created_at = serializers.DateTimeField()
+    decided_at = serializers.DateTimeField(allow_null=True, help_text="null: not decided.")
+    cancelled_at = serializers.DateTimeField(allow_null=True, help_text="null: not cancelled.")
+    # One round's answer only (GET, PATCH, cancel), not the list's: one shape, so that its
+    # status's choices are one enum of the schema.
+    jobs = RoundJobSerializer(
+        many=True, required=False, help_text="Its jobs, in the order they joined (one round's)."
+    )
+    report = serializers.DictField(
+        allow_null=True,
+        required=False,
+        help_text="Once decided: what the decision chose, per job (null until then; one round's).",
+    )
+
+
+class RoundListSerializer(serializers.Serializer):
+    results = RoundSerializer(many=True, help_text="Newest close first.")

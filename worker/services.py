@@ -1,6 +1,7 @@
 """Writes of the worker app: send jobs handed over (validated, stored in chunks, queued on
-commit for `worker.tasks.send_chunk`, whose work is `worker.chunks`), a job's waiting sends
-cancelled, and quota resets.
+commit for `worker.tasks.send_chunk`, whose work is `worker.chunks`), a job joining a round
+(`round`, `value`), a job's waiting sends cancelled, and quota resets. The rounds themselves
+are written in worker/round_services.py, with the rules of this module.
 """
 
 import logging
@@ -25,7 +26,7 @@ from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.files import storage_name
 from gatekeeper.lib.instants import instant_or_now
 from gatekeeper.lib.redis_client import REDIS_DOWN
-from limits.channels import validate_channel
+from limits.channels import ALL, validate_channel
 from limits.engine.limiter import get_limiter
 from limits.engine.reservations import holds_without
 from limits.engine.table import DEFAULT_PRIORITY, PRIORITIES
@@ -49,6 +50,7 @@ from worker.models import (
     START_MAX,
     Backtest,
     BacktestPart,
+    Round,
     SendChunk,
     SendJob,
 )
@@ -61,7 +63,14 @@ from worker.preparing import (
     file_removed_on_commit,
     handed_size,
 )
-from worker.recipients import FileError, RecipientRules, RowError, line_words, recipient_lines
+from worker.recipients import (
+    FileError,
+    RecipientRules,
+    RowError,
+    line_words,
+    recipient_lines,
+    value_problem,
+)
 from worker.scheduling import job_started, staged_cancel
 
 logger = logging.getLogger(__name__)
@@ -83,15 +92,28 @@ def send_job_create(  # type: ignore[explicit-any]  # rows and fields as the JSO
     its predicted sends hold their slots until it starts (worker/plan.py,
     limits.engine.reservations). `expires_at` (aware, after the start, at most EXPIRY_MAX after it;
     default EXPIRY_DEFAULT after the start): sends the gate deferred that still wait then are
-    dropped as expired. Raises ValidationError naming the field, or the recipient row
-    (`recipients[3].address`). A bad row (not a user id, an address the channel cannot send to, a
-    message id used twice, a context that cannot be stored, an unknown time zone) refuses the whole
-    job with `on_invalid="reject"`; with "skip" it is counted as `invalid`, its reason kept on the
-    job, and the rest goes out.
+    dropped as expired. `round` (a Round or its id, open and not closed) and `value` (a
+    number >= 0): the job competes in the round (_job_fields says on which terms), waiting as a
+    scheduled job that starts at the round's send_at; a recipient's own `value` replaces the
+    job's for them, and without a job value every recipient needs one. Raises ValidationError
+    naming the field, or the recipient row (`recipients[3].address`). A bad row (not a user id,
+    an address the channel cannot send to, a message id used twice, a context that cannot be
+    stored, an unknown time zone, a value that is not a number >= 0) refuses the whole job with
+    `on_invalid="reject"`; with "skip" it is counted as `invalid`, its reason kept on the job,
+    and the rest goes out.
     """
     fields = _job_fields(**given)
+    value_required = fields["round"] is not None and fields["value"] is None
+    if value_required:
+        recipients = list(recipients)
+        for i, row in enumerate(recipients):
+            if not isinstance(row, Mapping) or row.get("value") is None:
+                raise ValidationError({"value": _value_missing(f"recipients[{i}] has none")})
     rows, invalid, repeats = _rows(
-        recipients, campaign=fields["campaign"], channel=fields["channel"]
+        recipients,
+        campaign=fields["campaign"],
+        channel=fields["channel"],
+        value_required=value_required,
     )
     if not rows and not invalid:
         raise ValidationError({"recipients": "There are no recipients."})
@@ -109,6 +131,7 @@ def send_job_create(  # type: ignore[explicit-any]  # rows and fields as the JSO
     else:
         status = SendJob.Status.QUEUED if rows else SendJob.Status.DONE
     with transaction.atomic():
+        _round_still_open(fields)
         job = SendJob.objects.create(
             **fields,
             total=len(rows) + len(invalid) + repeats,
@@ -194,6 +217,7 @@ def send_job_from_file(  # type: ignore[explicit-any]  # an upload or a file; fi
         fileobj.seek(0)
         source = (name or "recipients.csv")[:1024]
     with transaction.atomic():
+        _round_still_open(fields)
         job_row = SendJob(
             **fields, status=SendJob.Status.PREPARING, source=source, source_bytes=size
         )
@@ -216,8 +240,13 @@ def _size(fileobj: Any) -> int:  # type: ignore[explicit-any]  # an upload or a 
 
 def _head_checked(stream: Any, fields: dict[str, Any], field: str) -> None:  # type: ignore[explicit-any]  # a stream of any kind; the fields _job_fields made
     """The first HEAD_LINES lines of a campaign file, as its reading will check them: a
-    ValidationError naming `field` and the lines (bad rows only with on_invalid: reject)."""
-    rules = RecipientRules(channel=fields["channel"], campaign=fields["campaign"])
+    ValidationError naming `field` and the lines (bad rows only with on_invalid: reject), or
+    naming `value` for a round job without a value whose file has no value column."""
+    rules = RecipientRules(
+        channel=fields["channel"],
+        campaign=fields["campaign"],
+        value_required=fields["round"] is not None and fields["value"] is None,
+    )
     bad: list[str] = []
     try:
         for i, line in enumerate(recipient_lines(stream, rules)):
@@ -226,7 +255,7 @@ def _head_checked(stream: Any, fields: dict[str, Any], field: str) -> None:  # t
             if i + 1 >= HEAD_LINES or len(bad) >= REJECTED_ROWS_SHOWN:
                 break
     except FileError as exc:
-        raise ValidationError({field: exc.messages}) from None
+        raise ValidationError({exc.field or field: exc.messages}) from None
     if bad:
         raise ValidationError({field: bad})
 
@@ -307,7 +336,8 @@ def send_job_cancel(*, job: SendJob, user: Actor = None) -> SendJob:
 
 
 # The fields of a job that can change until it starts: its recipients, channel and campaign
-# (which the message ids are made of) cannot; cancel it and hand over another instead.
+# (which the message ids are made of) cannot; cancel it and hand over another instead. Its
+# round and value change only while the round is open (a job joins, leaves, changes its value).
 EDITABLE = (
     "start_at",
     "reserve",
@@ -317,6 +347,8 @@ EDITABLE = (
     "priority",
     "topic",
     "on_capped",
+    "round",
+    "value",
 )
 
 
@@ -324,7 +356,14 @@ def send_job_edit(*, job: SendJob, changes: Mapping[str, Any], user: Actor = Non
     """Change a job that has not started (scheduled, or its file still being read with a start
     ahead): any of EDITABLE, checked as at creation (a ValidationError naming the field); a new
     `start_at` reschedules it. A Conflict once it has started (or was cancelled), or for a field
-    that cannot change. Returns the job as it is now."""
+    that cannot change. Returns the job as it is now.
+
+    `round` (a round's id, or None to leave it) and `value`: a job joins an open round (its
+    start moves to the round's send_at, its expiry by as much unless given), leaves it (it stays
+    scheduled at its start, its value dropped) or changes its value, while the round it is in
+    and the one it joins are open and not closed (a Conflict naming `round` otherwise; nothing
+    of a job can change once its round closed). A job in a round starts at the round's send_at:
+    another start_at is a ValidationError naming it."""
     fixed = sorted(set(changes) - set(EDITABLE))
     if fixed:
         raise ValidationError(
@@ -337,16 +376,38 @@ def send_job_edit(*, job: SendJob, changes: Mapping[str, Any], user: Actor = Non
         locked = SendJob.objects.select_for_update().get(pk=job.pk)
         if not locked.waits_to_start or locked.cancelled_at is not None:
             raise Conflict(_started_words(locked, "edited"), field="status")
+        now = timezone.now()
+        if locked.round_id is not None:
+            problem = round_open_problem(_round_locked(locked.round_id), now=now)
+            if problem is not None:
+                raise Conflict(
+                    f"{problem} Send job {locked.pk} can no longer change.", field="round"
+                )
         current = {name: getattr(locked, name) for name in EDITABLE}
         if "start_at" in changes and changes["start_at"] is None:
             raise ValidationError({"start_at": "Give the new start (to start it now, use start/)."})
         merged = {**current, **changes}
+        joining = _round_id(changes.get("round")) not in (None, locked.round_id)
+        if joining:
+            joined = _round_of(changes["round"], lock=True)
+            problem = round_open_problem(joined, now=now)
+            if problem is not None:
+                raise Conflict(problem, field="round")
+            merged["round"] = joined
+            if "start_at" not in changes:
+                merged["start_at"] = None  # it follows the round's send_at
+                if "expires_at" not in changes and locked.start_at:
+                    merged["expires_at"] = locked.expires_at + (joined.send_at - locked.start_at)
+        elif "round" in changes and changes["round"] is None and "value" not in changes:
+            merged["value"] = None  # leaving: its value counted only in the round
         if "start_at" in changes and "expires_at" not in changes and locked.start_at:
             # The expiry keeps its distance from the start (as it was given or by default).
-            start = _start_checked(changes["start_at"], now=timezone.now())
+            start = _start_checked(changes["start_at"], now=now)
             assert start is not None
             merged["expires_at"] = locked.expires_at + (start - locked.start_at)
         fields = _job_fields(channel=locked.channel, campaign=locked.campaign, **merged)
+        if fields["round"] is not None and fields["value"] is None:
+            _rows_valued(locked)
         changed = [name for name in EDITABLE if fields[name] != current[name]]
         for name in changed:
             setattr(locked, name, fields[name])
@@ -365,8 +426,20 @@ def send_job_edit(*, job: SendJob, changes: Mapping[str, Any], user: Actor = Non
 
 
 def send_job_start(*, job: SendJob, user: Actor = None, queue: bool = True) -> SendJob:
-    """Start a scheduled job now, before its `start_at` (a Conflict when it is not scheduled)."""
+    """Start a scheduled job now, before its `start_at` (a Conflict when it is not scheduled, or
+    is in a round: it starts at the round's send_at, once the round has chosen its sends)."""
     with transaction.atomic():
+        locked = SendJob.objects.select_for_update().get(pk=job.pk)
+        if locked.round is not None:
+            if locked.round.status == Round.Status.OPEN:
+                why = "leave the round first (PATCH its round to null) to start it now"
+            else:
+                why = "the round chose its sends for that time"
+            raise Conflict(
+                f"Send job {locked.pk} is in round {locked.round.pk} ({locked.round.name}) and "
+                f"starts at its send time; {why}.",
+                field="round",
+            )
         ids = job_started(job.pk)
         if job.reserve:
             _holds_dropped_on_commit(job.pk)
@@ -427,11 +500,36 @@ def _job_fields(  # type: ignore[explicit-any]  # the model fields, of their sev
     reserve: bool = False,
     user: Actor = None,
     topic: str = "",
+    round: Round | int | None = None,
+    value: float | None = None,
 ) -> dict[str, Any]:
     """A new job's fields (or a scheduled job's, edited), each checked: a ValidationError naming
-    the first bad one."""
+    the first bad one.
+
+    A job joins a round on its terms: the round open and not closed (`round`), on the round's
+    channel or any for a round on `all` (`channel`), a marketing job (`category`: only
+    marketing competes for the rules' room), not reserved (`reserve`: the round decides who gets
+    the room), starting at the round's send_at (`start_at`: absent, or that instant). `value`
+    (a number >= 0, value_problem) only with a round."""
     validate_channel(channel, field="channel")
     validate_category(category, field="category")
+    joined = None if round is None else _round_of(round)
+    if joined is not None:
+        problem = round_open_problem(joined, now=timezone.now())
+        if problem is not None:
+            raise ValidationError({"round": problem})
+    if value is not None:
+        problem = value_problem(value)
+        if problem is not None:
+            raise ValidationError({"value": problem})
+        if joined is None:
+            raise ValidationError(
+                {"value": "A value counts only in a round: give the job's `round` too."}
+            )
+    if joined is not None:
+        start_at = _round_terms(
+            joined, channel=channel, category=category, reserve=reserve, start_at=start_at
+        )
     if topic:
         problem = topic_problem(topics_read(), topic, channel)
         if problem is not None:
@@ -489,29 +587,156 @@ def _job_fields(  # type: ignore[explicit-any]  # the model fields, of their sev
         "expires_at": expiry,
         "start_at": start,
         "reserve": reserve,
+        "round": joined,
+        "value": None if value is None else float(value),
         "created_by": account_acting(user),
     }
 
 
 def _start_checked(start_at: object, *, now: datetime) -> datetime | None:
-    """The job's start: None (as soon as it is handed over), or an aware instant in the future
-    and at most START_MAX ahead. A ValidationError naming `start_at` otherwise."""
+    """The job's start: None (as soon as it is handed over), or an instant ahead
+    (instant_ahead_checked). A ValidationError naming `start_at` otherwise."""
     if start_at is None:
         return None
-    if not isinstance(start_at, datetime) or timezone.is_naive(start_at):
-        raise ValidationError({"start_at": f"The UTC offset is missing. {DATETIME_WORDS}"})
-    if start_at <= now:
+    return instant_ahead_checked(
+        start_at, now=now, field="start_at", passed="leave it out to start at once"
+    )
+
+
+def instant_ahead_checked(
+    value: object, *, now: datetime, field: str, passed: str = ""
+) -> datetime:
+    """The one rule for an instant something waits for (a job's start, a round's close and send
+    time): aware, in the future and at most START_MAX ahead. A ValidationError naming `field`
+    otherwise (`passed`: what to do instead when it has passed, in words)."""
+    if not isinstance(value, datetime) or timezone.is_naive(value):
+        raise ValidationError({field: f"The UTC offset is missing. {DATETIME_WORDS}"})
+    if value <= now:
+        instead = f" ({passed})" if passed else ""
+        raise ValidationError(
+            {field: f"Must be in the future; {value.isoformat()} has passed{instead}."}
+        )
+    if value > now + START_MAX:
+        raise ValidationError(
+            {field: f"At most {START_MAX.days} days ahead; {value.isoformat()} is later."}
+        )
+    return value
+
+
+# --- a job in a round ---------------------------------------------------------------------------
+
+
+def round_open_problem(round_: Round, *, now: datetime) -> str | None:
+    """The one rule for a round that jobs may still join, leave or change their value in (and
+    that may still be edited): open, and its closes_at ahead. None then, else why not in words."""
+    if round_.status != Round.Status.OPEN:
+        return (
+            f"Round {round_.pk} ({round_.name}) is {round_.status}: jobs join, leave or change "
+            "their value only while it is open."
+        )
+    if round_.closes_at <= now:
+        return (
+            f"Round {round_.pk} ({round_.name}) closed at {round_.closes_at.isoformat()}: jobs "
+            "join, leave or change their value only until it closes."
+        )
+    return None
+
+
+def _round_id(ref: object) -> int | None:
+    return ref.pk if isinstance(ref, Round) else ref  # type: ignore[return-value]
+
+
+def _round_of(ref: object, *, lock: bool = False) -> Round:
+    """The round a job names (a Round, or its id): a ValidationError naming `round` when there is
+    none. `lock`: read under its row lock (the caller is in a transaction)."""
+    if isinstance(ref, Round) and not lock:
+        return ref
+    pk = _round_id(ref)
+    if type(pk) is not int:
+        raise ValidationError({"round": "A round's id (GET /api/v1/rounds/)."})
+    rounds = Round.objects.select_for_update() if lock else Round.objects.all()
+    found = rounds.filter(pk=pk).first()
+    if found is None:
+        raise ValidationError({"round": f"No round {pk}."})
+    return found
+
+
+def _round_locked(round_id: int) -> Round:
+    return Round.objects.select_for_update().get(pk=round_id)
+
+
+def _round_terms(
+    joined: Round, *, channel: str, category: str, reserve: object, start_at: object
+) -> datetime:
+    """A job's fields against the round it joins (see _job_fields): its start, the round's
+    send_at; a ValidationError naming the field that does not fit."""
+    if joined.channel not in (ALL, channel):
         raise ValidationError(
             {
-                "start_at": f"Must be in the future; {start_at.isoformat()} has passed (leave it "
-                "out to start at once)."
+                "channel": f"Round {joined.pk} ({joined.name}) decides {joined.channel} sends; "
+                f"this job sends {channel}."
             }
         )
-    if start_at > now + START_MAX:
+    if category != Category.MARKETING:
         raise ValidationError(
-            {"start_at": f"At most {START_MAX.days} days ahead; {start_at.isoformat()} is later."}
+            {"category": f"Only marketing sends compete in a round; this job is {category}."}
         )
-    return start_at
+    if reserve is True:
+        raise ValidationError(
+            {
+                "reserve": "A job in a round holds no slots ahead: the round decides who gets "
+                "the room."
+            }
+        )
+    if start_at is not None and start_at != joined.send_at:
+        raise ValidationError(
+            {
+                "start_at": f"A job in round {joined.pk} starts at its send_at "
+                f"({joined.send_at.isoformat()}): leave start_at out, or leave the round."
+            }
+        )
+    return joined.send_at
+
+
+def _round_still_open(fields: Mapping[str, Any]) -> None:  # type: ignore[explicit-any]  # the fields _job_fields made
+    """Inside the transaction that stores a new job joining a round (`fields`, as _job_fields
+    made them): the round read again under its lock, still open and not closed, its send_at
+    still the job's start (a ValidationError naming `round` otherwise). Editing the round and
+    its decision take the same lock, so the decision never misses a job that joined before it
+    closed, and a moved send_at never misses a job."""
+    joined = fields["round"]
+    if joined is None:
+        return
+    locked = _round_locked(joined.pk)
+    problem = round_open_problem(locked, now=timezone.now())
+    if problem is None and locked.send_at != fields["start_at"]:
+        problem = (
+            f"Round {locked.pk}'s send_at moved to {locked.send_at.isoformat()} meanwhile: "
+            "hand the job over again."
+        )
+    if problem is not None:
+        raise ValidationError({"round": problem})
+
+
+def _value_missing(which: str) -> str:
+    return (
+        "A job in a round needs a value: give the job's `value`, or each recipient its own "
+        f"({which})."
+    )
+
+
+def _rows_valued(job: SendJob) -> None:
+    """A job staying or joining a round without a value of its own: every recipient stored
+    carries one (a ValidationError naming `value` otherwise; a file still being read cannot
+    say yet)."""
+    if job.status == SendJob.Status.PREPARING:
+        raise ValidationError(
+            {"value": _value_missing("its file is still being read: give the job a value")}
+        )
+    for recipients in SendChunk.objects.filter(job=job).values_list("recipients", flat=True):
+        for row in recipients:
+            if row.get("value") is None:
+                raise ValidationError({"value": _value_missing(f"user {row['user_id']} has none")})
 
 
 def _expiry_checked(expires_at: object, *, start: datetime | None, now: datetime) -> datetime:
@@ -552,14 +777,18 @@ def _tags_checked(tags: Iterable[str]) -> tuple[str, ...]:
 
 
 def _rows(  # type: ignore[explicit-any]  # rows as the JSON body gives them
-    recipients: Iterable[Mapping[str, Any]], *, campaign: str, channel: str
+    recipients: Iterable[Mapping[str, Any]],
+    *,
+    campaign: str,
+    channel: str,
+    value_required: bool = False,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
     """(valid rows as stored, invalid rows as {row, field, message}, repeats), in order.
 
     A row repeating an earlier row's message id for the same user is a repeat: the user gets
     one send, and the repeat counts as a duplicate. The same message id for another user is
     invalid: one of the two sends would be lost."""
-    rules = RecipientRules(channel=channel, campaign=campaign)
+    rules = RecipientRules(channel=channel, campaign=campaign, value_required=value_required)
     first_use: dict[str, tuple[int, int]] = {}  # message id -> (row, user id)
     rows: list[dict[str, Any]] = []  # type: ignore[explicit-any]  # rows as stored (JSON)
     invalid: list[dict[str, Any]] = []  # type: ignore[explicit-any]  # rows as answered (JSON)
@@ -574,6 +803,7 @@ def _rows(  # type: ignore[explicit-any]  # rows as the JSON body gives them
                 message_id=row.get("message_id"),
                 context=row.get("context"),
                 time_zone=row.get("time_zone"),
+                value=row.get("value"),
             )
             message_id, user_id = recipient["message_id"], recipient["user_id"]
             if message_id in first_use:

@@ -76,6 +76,11 @@ NOT_EXPRESSIBLE = {
     # with `from` before `to`, and its draft's changes are checked as saving them would be
     # (rules and quiet hours whole, rows that exist, segments and channels that exist).
     "POST /api/v1/backtests/",
+    # A round's closes_at is in the future and at most 90 days ahead, its send_at not before it,
+    # its name not blank; it is edited and cancelled only while open (a 409 after).
+    "POST /api/v1/rounds/",
+    "PATCH /api/v1/rounds/{round_id}/",
+    "POST /api/v1/rounds/{round_id}/cancel/",
 }
 QUOTA = "GET /api/v1/users/{user_id}/quota/"
 HISTORY = "GET /api/v1/users/{user_id}/history/"

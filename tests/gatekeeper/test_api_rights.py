@@ -113,6 +113,11 @@ ENDPOINTS = [
     ("POST", "/api/v1/sends/", {}, {"limits.use_gate"}),
     ("GET", "/api/v1/sends/1/", None, {"worker.view_sendjob"}),
     ("DELETE", "/api/v1/sends/999999/waiting/", None, {"worker.cancel_sendjob"}),
+    ("GET", "/api/v1/rounds/", None, {"worker.view_sendjob"}),
+    ("POST", "/api/v1/rounds/", {}, {"limits.use_gate"}),
+    ("GET", "/api/v1/rounds/999999/", None, {"worker.view_sendjob"}),
+    ("PATCH", "/api/v1/rounds/999999/", {"name": "x"}, {"limits.use_gate"}),
+    ("POST", "/api/v1/rounds/999999/cancel/", {"jobs": "wait"}, {"limits.use_gate"}),
 ]
 
 

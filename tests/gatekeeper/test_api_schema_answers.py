@@ -235,6 +235,43 @@ def test_send_jobs(api, snapshot, answers):
     answers(g, "GET", "/api/v1/sends/999999/", 404)
 
 
+def test_rounds(api, snapshot, answers):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    g = api("gate")
+    closes = (timezone.now() + timedelta(hours=2)).isoformat()
+    made = answers(
+        g,
+        "POST",
+        "/api/v1/rounds/",
+        201,
+        json={"name": "Friday", "channel": "all", "closes_at": closes},
+    )
+    path = f"/api/v1/rounds/{made['id']}/"
+    body = {
+        "channel": "email",
+        "campaign": "friday",
+        "template": "welcome",
+        "round": made["id"],
+        "recipients": [
+            {"user_id": 1, "address": "a@example.com", "value": 2},
+            {"user_id": 7, "address": "b@example.com", "value": 0.5},
+        ],
+    }
+    job = answers(g, "POST", "/api/v1/sends/", 202, json=body)
+    answers(g, "PATCH", f"/api/v1/sends/{job['id']}/", 200, json={"value": 3})
+    answers(g, "POST", f"/api/v1/sends/{job['id']}/start/", 409)
+    answers(g, "GET", "/api/v1/rounds/", 200)
+    answers(g, "GET", path, 200)
+    answers(g, "PATCH", path, 200, json={"name": "Friday deals"})
+    answers(g, "PATCH", path, 400, json={"send_at": "2000-01-01T00:00:00Z"})
+    answers(g, "POST", path + "cancel/", 200, json={"jobs": "wait"})
+    answers(g, "POST", path + "cancel/", 409, json={"jobs": "wait"})
+    answers(g, "GET", "/api/v1/rounds/999999/", 404)
+
+
 @pytest.mark.postgres
 def test_suppressions_and_reports(api, snapshot, answers):
     g, m, v = api("gate"), api("marketer"), api("viewer")

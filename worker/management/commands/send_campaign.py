@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
 from gatekeeper.lib.bodies import datetime_from_text
+from gatekeeper.lib.ids import DATABASE_MAX
 from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from gatekeeper.lib.words import count
 from limits.engine.table import DEFAULT_PRIORITY, PRIORITIES
@@ -18,7 +19,7 @@ from worker import tasks, timings
 from worker.chunks import ChunkBusy, send_chunk_run
 from worker.models import SendJob
 from worker.preparing import send_job_prepare_run
-from worker.recipients import FILE_FORMAT
+from worker.recipients import FILE_FORMAT, RowError, value_from_cell
 from worker.selectors import send_job_waiting
 from worker.services import send_job_from_file
 
@@ -32,6 +33,8 @@ JOB_OPTIONS = (
     "start_at",
     "reserve",
     "topic",
+    "round",
+    "value",
 )
 
 
@@ -83,6 +86,16 @@ class Command(BaseCommand):
             "earlier send of a lower priority that would take one is refused)",
         )
         parser.add_argument(
+            "--round",
+            help="a round's id: the job competes in it (on its channel, not reserved) and "
+            "starts at its send time once it is decided",
+        )
+        parser.add_argument(
+            "--value",
+            help="with --round: what one send is worth, a number of at least 0 (default: each "
+            "recipient's own, the file's value column)",
+        )
+        parser.add_argument(
             "--expires-at",
             help="ISO 8601 with its UTC offset (2026-06-11T09:00:00+02:00): deferred sends "
             "still waiting then are dropped as expired (default: 24 hours after the start)",
@@ -111,11 +124,13 @@ class Command(BaseCommand):
         tags = [tag.strip() for tag in options["tags"].split(",") if tag.strip()]
         expires_at = self._instant(options, "expires_at")
         start_at = self._instant(options, "start_at")
-        if start_at is not None and options["wait"]:
-            raise CommandError(
-                "Nothing was sent. --wait sends in this process now; a job with --start-at is "
-                "started by beat at its time (leave out one of the two)."
-            )
+        round_id, value = self._round(options)
+        for later, option in ((start_at, "--start-at"), (round_id, "--round")):
+            if later is not None and options["wait"]:
+                raise CommandError(
+                    f"Nothing was sent. --wait sends in this process now; a job with {option} is "
+                    "started by beat at its time (leave out one of the two)."
+                )
         path = options["recipients"]
         try:
             handle = Path(path).open("rb")  # noqa: SIM115 (closed by the reading below)
@@ -139,6 +154,8 @@ class Command(BaseCommand):
                 expires_at=expires_at,
                 start_at=start_at,
                 reserve=options["reserve"],
+                round=round_id,
+                value=value,
             )
         except ValidationError as exc:
             handle.close()
@@ -169,6 +186,17 @@ class Command(BaseCommand):
         job.refresh_from_db()
         if job.status == SendJob.Status.FAILED:
             raise CommandError(f"{path}: {job.error}")
+        if job.status == SendJob.Status.SCHEDULED and job.round is not None:
+            self.stdout.write(
+                f"Send job #{job.pk} joined round #{job.round.pk} ({job.round.name}): "
+                f"{count(job.total, 'recipient')}; the round closes at "
+                f"{job.round.closes_at:%Y-%m-%d %H:%M:%S} UTC and its chosen sends start at "
+                f"{job.round.send_at:%Y-%m-%d %H:%M:%S} UTC (until it closes the job can leave "
+                "it or change its value in the admin or over REST)."
+            )
+            if options["follow"]:
+                self._follow(job)
+            return
         if job.status == SendJob.Status.SCHEDULED:
             assert job.start_at is not None
             self.stdout.write(
@@ -231,6 +259,26 @@ class Command(BaseCommand):
         except ValueError as exc:
             option = "--" + name.replace("_", "-")
             raise CommandError(f"Nothing was sent. {option}: {exc}") from None
+
+    @staticmethod
+    def _round(options: dict[str, Any]) -> tuple[int | None, float | None]:
+        """--round (a whole number) and --value (a number, as a file's value cell is read); the
+        service says whether the round may be joined and the value is one."""
+        round_id = None
+        if options["round"]:
+            try:
+                round_id = whole_number(
+                    options["round"], maximum=DATABASE_MAX, minimum=1, what="--round"
+                )
+            except NotAWholeNumber as exc:
+                raise CommandError(f"Nothing was sent. {exc}") from None
+        value = None
+        if options["value"]:
+            try:
+                value = value_from_cell(options["value"])
+            except RowError as exc:
+                raise CommandError(f"Nothing was sent. --value: {exc.message}") from None
+        return round_id, value
 
     @staticmethod
     def _where(path: str, field: str) -> str:
