@@ -166,8 +166,8 @@ CELERY_DB_REUSE_MAX = 1000
 # tasks, the ledger's drain (which expires after 10 s) would never run and the ledger's stream
 # would grow until trimmed. Each of these is short; the long work some of them start (chunks,
 # webhook runs) goes to `sends`, and so do the periodic tasks that may run long themselves
-# (the plan, erasures, the ledger's hourly upkeep, the dead addresses' report, which waits on a
-# receiver), which would hold the upkeep worker up.
+# (the plan, a round's decision, erasures, the ledger's hourly upkeep, the dead addresses'
+# report, which waits on a receiver), which would hold the upkeep worker up.
 UPKEEP_QUEUE = "upkeep"
 UPKEEP_TASKS = (
     "limits.tasks.ledger_drain",

@@ -126,6 +126,7 @@ LONG = {
     "limits.tasks.users_erase_due",
     "worker.tasks.dead_addresses_report_due",
     "worker.tasks.plan_refresh_due",
+    "worker.tasks.rounds_decide_due",
 }
 
 
