@@ -52,6 +52,7 @@ from worker.api import (
     RoundCancelView,
     RoundDetailView,
     RoundListView,
+    RoundReportView,
     SendJobCancelView,
     SendJobDetailView,
     SendJobListView,
@@ -145,6 +146,7 @@ v1 = [
     path("rounds/", RoundListView.as_view(), name="rounds"),
     path("rounds/<int:round_id>/", RoundDetailView.as_view(), name="round"),
     path("rounds/<int:round_id>/cancel/", RoundCancelView.as_view(), name="round-cancel"),
+    path("rounds/<int:round_id>/report/", RoundReportView.as_view(), name="round-report"),
 ]
 
 

@@ -51,6 +51,7 @@ from worker.bodies import (
     RoundBody,
     RoundCancelBody,
     RoundChangeBody,
+    RoundProjectionBody,
     SendJobBody,
     SendJobChangeBody,
     form_fields,
@@ -58,7 +59,12 @@ from worker.bodies import (
 from worker.gate import gate_check, gate_release
 from worker.models import Backtest, Round, SendJob
 from worker.plan import plan_later_counted
-from worker.round_services import round_cancel, round_create, round_edit
+from worker.round_services import (
+    round_cancel,
+    round_create,
+    round_edit,
+    round_projection_ask,
+)
 from worker.serializers import (
     BacktestSerializer,
     GateResultsSerializer,
@@ -66,6 +72,7 @@ from worker.serializers import (
     PlanSerializer,
     ReleaseResultsSerializer,
     RoundListSerializer,
+    RoundReportSerializer,
     RoundSerializer,
     SendJobCreatedSerializer,
     SendJobSerializer,
@@ -738,6 +745,51 @@ class RoundDetailView(JsonAPIView):
         }
         edited = round_edit(round_=_round(round_id), changes=changes, user=request.user)
         return Response(RoundSerializer(round_shown(edited, request, jobs=True)).data)
+
+
+class RoundReportView(JsonAPIView):
+    rights = {"GET": VIEW_SEND_JOBS, "POST": GATE}
+    bodies = {"POST": RoundProjectionBody}
+    operation_ids = {"GET": "round_report", "POST": "round_project"}
+
+    @extend_schema(
+        summary="A round's report once decided; before, its projection as last asked",
+        description=(
+            "Per job: candidates, those that fit alone, won, outranked and by which jobs, the "
+            "value won, and what first come, first served would have won on the same "
+            "candidates; the round's totals and the gain of deciding by value."
+        ),
+        parameters=[ROUND_ID],
+        responses={200: RoundReportSerializer, **errors(404)},
+    )
+    def get(self, request: Request, round_id: int) -> Response:
+        return Response(RoundReportSerializer(_report_shown(_round(round_id))).data)
+
+    @extend_schema(
+        summary="Project an open round: what it would choose now (202; GET this URL for it)",
+        description=(
+            "Computed in the background with the logs as they are, `values` tried instead of "
+            "those jobs' own; nothing is decided or changed. A 400 names `values` for a job not "
+            "in the round or a value below 0; a 409 once the round is not open."
+        ),
+        parameters=[ROUND_ID],
+        responses={202: RoundReportSerializer, **errors(400, 404, 409)},
+    )
+    def post(self, request: Request, round_id: int) -> Response:
+        body = decode(request.data, RoundProjectionBody)
+        asked = round_projection_ask(round_=_round(round_id), values=body.values)
+        return Response(RoundReportSerializer(_report_shown(asked)).data, status=202)
+
+
+def _report_shown(round_: Round) -> dict[str, Any]:
+    decided = round_.status == Round.Status.DECIDED
+    return {
+        "round": round_.pk,
+        "status": round_.status,
+        "differences": round_.differences,
+        "report": round_.report if decided else None,
+        "projection": round_.projection if round_.status == Round.Status.OPEN else None,
+    }
 
 
 class RoundCancelView(JsonAPIView):

@@ -336,6 +336,18 @@ class RoundCancelBody(Body, kw_only=True):
     ]
 
 
+class RoundProjectionBody(Body, kw_only=True):
+    """POST /api/v1/rounds/<id>/report/: what the open round would choose now."""
+
+    values: Annotated[
+        dict[int, float],
+        Meta(
+            description="Job id -> a value (a number >= 0) tried instead of the job's own: what "
+            "changing it would do. Empty: the round as it is."
+        ),
+    ] = {}
+
+
 class BacktestBody(Body, kw_only=True):
     """POST /api/v1/backtests/: a draft of the policy and the ledger's days to replay it on."""
 

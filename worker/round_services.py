@@ -20,7 +20,9 @@ from django.utils import timezone
 from gatekeeper.lib.accounts import Actor, account_acting
 from gatekeeper.lib.conflicts import Conflict
 from limits.channels import validate_scope
+from worker import tasks
 from worker.models import Round, SendJob
+from worker.recipients import value_problem
 from worker.services import instant_ahead_checked, round_open_problem, send_job_cancel
 
 logger = logging.getLogger(__name__)
@@ -177,3 +179,34 @@ def _jobs_moved(round_: Round, *, by: timedelta, now: datetime) -> int:
 
 def _who(user: Actor) -> str:
     return getattr(user, "username", None) or "a command"
+
+
+def round_projection_ask(*, round_: Round, values: Mapping[int, object] | None = None) -> Round:
+    """Ask what an open round would choose if it closed now, with `values` (job id -> a value)
+    tried instead of those jobs' own: computed in the background (worker.tasks.round_project_run,
+    queued once this commits) and kept on the round as its projection. A Conflict naming
+    `status` once it is not open; a ValidationError naming `values` for a job not in it or a
+    value that is not one (recipients.value_problem)."""
+    tried: dict[int, float] = {}
+    for job, value in (values or {}).items():
+        problem = value_problem(value)
+        if problem is not None:
+            raise ValidationError({"values": f"Job {job}: {problem}"})
+        tried[int(job)] = float(value)  # type: ignore[arg-type]  # a number, as checked
+    with transaction.atomic():
+        locked = Round.objects.select_for_update().get(pk=round_.pk)
+        if locked.status != Round.Status.OPEN:
+            raise Conflict(
+                f"Round {locked.pk} ({locked.name}) is {locked.status}: a projection is of an "
+                "open round (a decided one has its report).",
+                field="status",
+            )
+        joined = set(SendJob.objects.filter(round=locked).values_list("pk", flat=True))
+        strangers = sorted(set(tried) - joined)
+        if strangers:
+            raise ValidationError(
+                {"values": f"Not a job of round {locked.pk}: {', '.join(map(str, strangers))}."}
+            )
+        asked = {str(job): value for job, value in tried.items()}
+        transaction.on_commit(lambda: tasks.round_project_run.delay(locked.pk, asked), robust=True)
+    return locked

@@ -437,7 +437,76 @@ class RoundSerializer(serializers.Serializer):
     report = serializers.DictField(
         allow_null=True,
         required=False,
-        help_text="Once decided: what the decision chose, per job (null until then; one round's).",
+        help_text="Once decided: what the decision chose, per job (null until then; one "
+        "round's). Its shape: GET /api/v1/rounds/<id>/report/.",
+    )
+
+
+class RoundOutrankedBySerializer(serializers.Serializer):
+    job = serializers.IntegerField(help_text="The job whose sends won the slot.")
+    count = serializers.IntegerField(help_text="This job's sends it outranked.")
+
+
+class RoundFirstComeSerializer(serializers.Serializer):
+    won = serializers.IntegerField(help_text="Sends first come, first served admits.")
+    value = serializers.FloatField(help_text="What they are worth.")
+
+
+class RoundReportJobSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    campaign = serializers.CharField()
+    channel = serializers.CharField()
+    priority = serializers.IntegerField()
+    value = serializers.FloatField(allow_null=True, help_text="The job's value (null: per row).")
+    candidates = serializers.IntegerField(help_text="Its recipients, each user once.")
+    fit_alone = serializers.IntegerField(
+        help_text="Of them, those the gate would admit were nothing else sent; the rest get the "
+        "gate's own reason when the job runs."
+    )
+    won = serializers.IntegerField(help_text="Sends chosen: they go through the gate.")
+    outranked = serializers.IntegerField(help_text="Sends refused as outranked.")
+    outranked_by = RoundOutrankedBySerializer(many=True)
+    value_won = serializers.FloatField(help_text="What the sends chosen are worth.")
+    first_come = RoundFirstComeSerializer(
+        help_text="What first come, first served would have won on the same candidates, the "
+        "jobs one after the other in the order they start."
+    )
+
+
+class RoundReportBodySerializer(serializers.Serializer):
+    send_at = serializers.DateTimeField()
+    users = serializers.IntegerField(help_text="Users with a send that fits alone.")
+    contested = serializers.IntegerField(help_text="Of them, those with two or more.")
+    value_won = serializers.FloatField()
+    first_come_value = serializers.FloatField()
+    gain = serializers.FloatField(help_text="value_won - first_come_value: deciding by value.")
+    jobs = RoundReportJobSerializer(many=True)
+    decided_at = serializers.DateTimeField(required=False, help_text="A decision's only.")
+    seconds = serializers.FloatField(required=False, help_text="How long the decision took.")
+    steps = serializers.ListField(
+        child=serializers.ListField(), required=False, help_text="[step, seconds], in order."
+    )
+
+
+class RoundProjectionSerializer(serializers.Serializer):
+    at = serializers.DateTimeField(help_text="When it was computed.")
+    values = serializers.DictField(
+        child=serializers.FloatField(), help_text="Job id -> the value tried instead of its own."
+    )
+    report = RoundReportBodySerializer()
+
+
+class RoundReportSerializer(serializers.Serializer):
+    round = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=Round.Status.choices)
+    differences = serializers.IntegerField(
+        help_text="Chosen sends the gate refused when their job ran (0 when nothing else was "
+        "sent in between)."
+    )
+    report = RoundReportBodySerializer(allow_null=True, help_text="Once decided.")
+    projection = RoundProjectionSerializer(
+        allow_null=True,
+        help_text="Before it closes: what it would choose, as last asked (POST to this URL).",
     )
 
 

@@ -81,6 +81,9 @@ NOT_EXPRESSIBLE = {
     "POST /api/v1/rounds/",
     "PATCH /api/v1/rounds/{round_id}/",
     "POST /api/v1/rounds/{round_id}/cancel/",
+    # A projection's values are keyed by the round's own jobs' ids, each at least 0 (a schema of
+    # OpenAPI 3.0 cannot say what an object's keys are); an open round's only (a 409 after).
+    "POST /api/v1/rounds/{round_id}/report/",
 }
 QUOTA = "GET /api/v1/users/{user_id}/quota/"
 HISTORY = "GET /api/v1/users/{user_id}/history/"

@@ -415,3 +415,51 @@ def test_a_campaign_file_with_a_value_column_joins_a_round(api, snapshot):
         "value",
     )
     assert [row["value"] for row in SendChunk.objects.get(job=stored).recipients] == [4.0]
+
+
+def test_a_rounds_report_projected_before_it_closes_and_decided_after(api, snapshot):
+    from worker import tasks
+    from worker.models import Round
+    from worker.rounds import rounds_close_due
+
+    s, viewer = api("gate"), api("viewer")
+    made = made_round(s, channel="all")
+    path = f"/api/v1/rounds/{made['id']}/report/"
+    jobs = [
+        call(s, "POST", "/api/v1/sends/", json={**JOB, "campaign": f"c{value}",
+             "recipients": ROWS, "round": made["id"], "value": value}).json()["id"]
+        for value in (1, 4)
+    ]  # fmt: skip
+    empty = call(viewer, "GET", path).json()
+    assert empty == {"round": made["id"], "status": "open", "differences": 0, "report": None,
+                     "projection": None}  # fmt: skip
+
+    # Bad asks: a job not in the round, a value below 0; nothing is asked.
+    for values, words in (({"999999": 1}, "Not a job of round"), ({str(jobs[0]): -1}, "below 0")):
+        bad = call(s, "POST", path, json={"values": values})
+        assert bad.status_code == 400 and words in bad.json()["values"][0], bad.text
+    assert call(viewer, "POST", path, json={}).status_code == 403
+
+    asked = call(s, "POST", path, json={"values": {str(jobs[0]): 10}})
+    assert asked.status_code == 202, asked.text
+    tasks.round_project_run(made["id"], {str(jobs[0]): 10.0})  # what the worker runs
+    projected = call(viewer, "GET", path).json()["projection"]
+    assert projected["values"] == {str(jobs[0]): 10.0}
+    won = {row["job"]: row["won"] for row in projected["report"]["jobs"]}
+    # User 1 (vip: 2 emails a day) gets both; user 7 (everyone else: 1 a day) the one worth
+    # 10 as tried, which first come, first served gives them too (the job made first).
+    assert won == {jobs[0]: 2, jobs[1]: 1}
+    assert projected["report"]["gain"] == 0.0
+
+    closed(made["id"])
+    assert rounds_close_due() == [made["id"]]
+    decided = call(viewer, "GET", path).json()
+    assert (decided["status"], decided["projection"]) == ("decided", None)
+    # As they are: user 7's one slot goes to the job worth 4, not to the one made first.
+    rows = {row["job"]: row for row in decided["report"]["jobs"]}
+    assert (rows[jobs[0]]["won"], rows[jobs[1]]["won"]) == (1, 2)
+    assert rows[jobs[0]]["outranked_by"] == [{"job": jobs[1], "count": 1}]
+    assert (decided["report"]["value_won"], decided["report"]["gain"]) == (9.0, 3.0)
+    assert Round.objects.get(pk=made["id"]).status == "decided"
+    late = call(s, "POST", path, json={})
+    assert late.status_code == 409 and "open round" in late.text
