@@ -4,7 +4,6 @@ progress and counts; pause, resume, cancel, and its waiting sends cancelled
 rounds: made, edited while open and cancelled (wait or cancel their jobs) with the sends'
 rights, each round's jobs with their values, its report once decided."""
 
-import json
 from typing import Any, cast
 
 from django import forms
@@ -36,7 +35,14 @@ from limits.policy.quota import Unavailable
 from worker.delivery.rendering import template_names
 from worker.models import JOB_CAMPAIGN_MAX, Round, SendJob
 from worker.recipients import FILE_FORMAT
-from worker.round_services import NAME_MAX, ROUND_EDITABLE, round_cancel, round_create, round_edit
+from worker.round_services import (
+    NAME_MAX,
+    ROUND_EDITABLE,
+    round_cancel,
+    round_create,
+    round_edit,
+    round_projection_ask,
+)
 from worker.selectors import send_job_waiting
 from worker.services import (
     EDITABLE,
@@ -498,6 +504,70 @@ class RoundForm(forms.Form):
             self.add_error(field if field in self.fields else None, problems)
 
 
+class RoundProjectForm(forms.Form):
+    """What the round would choose now; with a job and a value, what changing that job's value
+    would do."""
+
+    job = forms.ModelChoiceField(
+        queryset=SendJob.objects.none(),
+        required=False,
+        empty_label="its jobs' values as they are",
+        label="Try for job",
+    )
+    value = forms.FloatField(required=False, min_value=0, label="worth")
+
+    def __init__(self, *args: Any, round_: Round, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cast(forms.ModelChoiceField, self.fields["job"]).queryset = round_.jobs.order_by("pk")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("job") is not None and data.get("value") is None:
+            self.add_error("value", "Give the value to try for the job.")
+        return data
+
+
+def report_table(report: dict[str, Any], element_id: str) -> str:
+    """A round's report (or projection's) as a table: per job, candidates, those that fit
+    alone, won, outranked and by which jobs, the value won, and first come, first served on
+    the same candidates; the totals under it."""
+    rows = format_html_join(
+        "",
+        "<tr><td>#{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+        "<td>{}</td><td>{}</td><td>{}</td></tr>",
+        (
+            (
+                row["job"],
+                row["campaign"],
+                row["priority"],
+                f"{row['candidates']:,}",
+                f"{row['fit_alone']:,}",
+                f"{row['won']:,}",
+                f"{row['outranked']:,}",
+                ", ".join(f"#{by['job']}: {by['count']:,}" for by in row["outranked_by"]) or "-",
+                f"{row['value_won']:,.2f}",
+                f"{row['first_come']['won']:,} worth {row['first_come']['value']:,.2f}",
+            )
+            for row in report["jobs"]
+        ),
+    )
+    return format_html(
+        '<table class="gk-table" id="{}"><caption>Worth {} by value against {} first come, '
+        "first served: {} more ({} users with a send that fits, {} with two or more)</caption>"
+        "<thead><tr><th>Job</th><th>Campaign</th><th>Priority</th><th>Candidates</th>"
+        "<th>Fit alone</th><th>Won</th><th>Outranked</th><th>Outranked by</th>"
+        "<th>Value won</th><th>First come, first served</th></tr></thead>"
+        "<tbody>{}</tbody></table>",
+        element_id,
+        f"{report['value_won']:,.2f}",
+        f"{report['first_come_value']:,.2f}",
+        f"{report['gain']:,.2f}",
+        f"{report['users']:,}",
+        f"{report['contested']:,}",
+        rows,
+    )
+
+
 class RoundCancelForm(forms.Form):
     jobs = forms.ChoiceField(
         choices=[
@@ -537,6 +607,7 @@ class RoundAdmin(admin.ModelAdmin):
         "decided_at",
         "differences",
         "report_shown",
+        "projection_shown",
         "cancelled_at",
         "created_by",
         "created_at",
@@ -585,8 +656,28 @@ class RoundAdmin(admin.ModelAdmin):
     def report_shown(self, round_: Round) -> str:
         if round_.status != Round.Status.DECIDED or round_.report is None:
             return "Once decided."
+        return report_table(round_.report, "round-report")
+
+    @admin.display(description="projection")
+    def projection_shown(self, round_: Round) -> str:
+        """What the open round would choose now, as last asked (with the values tried)."""
+        if round_.status != Round.Status.OPEN:
+            return "Of an open round."
+        projection = round_.projection
+        if not projection:
+            return "None asked yet: Project it (below the round's state)."
+        tried = projection.get("values") or {}
+        words = (
+            "its jobs' values as they are"
+            if not tried
+            else "with "
+            + ", ".join(f"job #{job} worth {value:g}" for job, value in sorted(tried.items()))
+        )
         return format_html(
-            '<pre id="round-report">{}</pre>', json.dumps(round_.report, indent=2, sort_keys=True)
+            '<p id="round-projection-at">Projected at {} UTC, {}.</p>{}',
+            projection["at"][:19].replace("T", " "),
+            words,
+            report_table(projection["report"], "round-projection"),
         )
 
     def has_module_permission(self, request: HttpRequest) -> bool:
@@ -609,6 +700,7 @@ class RoundAdmin(admin.ModelAdmin):
         return [
             path("<int:round_id>/edit/", view(self.edit_view), name="worker_round_edit"),
             path("<int:round_id>/cancel/", view(self.cancel_view), name="worker_round_cancel"),
+            path("<int:round_id>/project/", view(self.project_view), name="worker_round_project"),
             *super().get_urls(),
         ]
 
@@ -678,6 +770,35 @@ class RoundAdmin(admin.ModelAdmin):
             return back
         return self._form_page(request, form, f"Cancel round #{round_.pk}", round_, cancel=True)
 
+    def project_view(self, request: HttpRequest, round_id: int) -> HttpResponse:
+        """Project an open round now, optionally with one job's value tried instead of its own
+        (round_projection_ask; computed in the background)."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        round_ = get_object_or_404(Round, pk=round_id)
+        back = HttpResponseRedirect(reverse("admin:worker_round_change", args=[round_.pk]))
+        if request.method != "POST":
+            return back
+        form = RoundProjectForm(request.POST, round_=round_)
+        if not form.is_valid():
+            for problems in form.errors.values():
+                messages.error(request, " ".join(str(p) for p in problems))
+            return back
+        job, value = form.cleaned_data["job"], form.cleaned_data["value"]
+        values = {job.pk: value} if job is not None and value is not None else {}
+        try:
+            round_projection_ask(round_=round_, values=values)
+        except (Conflict, ValidationError) as exc:
+            messages.error(request, " ".join(getattr(exc, "messages", [str(exc)])))
+        else:
+            messages.success(
+                request,
+                "Projecting the round"
+                + (f" with job #{job.pk} worth {value:g}" if values else "")
+                + ": the projection below changes within a minute (reload the page).",
+            )
+        return back
+
     def _form_page(
         self,
         request: HttpRequest,
@@ -713,4 +834,5 @@ class RoundAdmin(admin.ModelAdmin):
                     round_.status == Round.Status.OPEN and self.has_add_permission(request)
                 )
                 context["closed"] = round_.closes_at <= timezone.now()
+                context["project_form"] = RoundProjectForm(round_=round_)
         return super().change_view(request, object_id, form_url, context)

@@ -16,6 +16,7 @@ from gatekeeper.lib.groups import VIEWER
 from tests.support.admin import PASSWORD
 from worker.models import Round, SendChunk, SendJob
 from worker.round_services import round_create
+from worker.rounds import round_project, rounds_close_due
 from worker.services import send_job_create
 
 pytestmark = pytest.mark.django_db
@@ -109,12 +110,24 @@ def test_a_rounds_page_lists_its_jobs_with_values_and_the_report_once_decided(
     job_page = marketer_client.get(reverse("admin:worker_sendjob_change", args=[valued.pk]))
     assert "Friday" in job_page.content.decode() and "2.5" in job_page.content.decode()
 
-    report = {"jobs": [{"job": valued.pk, "candidates": 3, "won": 2}]}
-    Round.objects.filter(pk=made.pk).update(
-        status=Round.Status.DECIDED, decided_at=timezone.now(), report=report
-    )
+    # Projected: as it is, then with one job's value tried (computed in the background).
+    assert "None asked yet" in text and 'id="round-project"' in text
+    project = reverse("admin:worker_round_project", args=[made.pk])
+    bad = marketer_client.post(project, {"job": valued.pk, "value": ""}, follow=True)
+    assert "Give the value to try for the job." in bad.content.decode()
+    asked = marketer_client.post(project, {"job": valued.pk, "value": "10"}, follow=True)
+    assert f"Projecting the round with job #{valued.pk} worth 10" in asked.content.decode()
+    round_project(made.pk, values={valued.pk: 10.0})  # what the worker runs
     text = marketer_client.get(page).content.decode()
-    assert 'id="round-report"' in text and "&quot;candidates&quot;: 3" in text
+    assert f"job #{valued.pk} worth 10" in text and 'id="round-projection"' in text
+    # Users 1 and 2 (vip: 5 pushes a day) get both; user 9 (no cap) too.
+    assert "Worth 33.00 by value against 33.00 first come, first served" in text
+
+    closes = made.closes_at
+    assert rounds_close_due(now=closes) == [made.pk]
+    text = marketer_client.get(page).content.decode()
+    assert 'id="round-report"' in text and "Worth 10.50 by value" in text
+    assert "Of an open round." in text
     assert 'id="round-cancel"' not in text  # only an open round is edited or cancelled
 
 
