@@ -39,7 +39,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from limits.engine import log
-from limits.engine.model import Entries, ModelLogs, hash_int
+from limits.engine.model import Entries, ModelLogs, hash_int, sorted_distinct
 from limits.engine.table import PolicyTable
 from limits.ledger.drain import TABLE
 from limits.ledger.table import row_time
@@ -117,7 +117,7 @@ class PartResult:
     def day_counted(self) -> None:
         """Count each group's users affected on the day just replayed (a user once a group)."""
         for key, found in self.affected.items():
-            self.groups[key]["users_affected"] += int(np.unique(np.concatenate(found)).size)
+            self.groups[key]["users_affected"] += int(sorted_distinct(np.concatenate(found)).size)
         self.affected.clear()
 
     def as_json(self) -> dict[str, Any]:
@@ -151,7 +151,7 @@ class _Kinds:
 
     def place(self, ids: np.ndarray) -> np.ndarray:
         """Each kind id's place in the columns (every kind read first)."""
-        distinct = np.unique(ids)
+        distinct = sorted_distinct(ids)
         missing = distinct[~np.isin(distinct, self.ids)] if self.ids.size else distinct
         if missing.size:
             self._read([int(k) for k in missing])

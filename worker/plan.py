@@ -43,6 +43,7 @@ from limits.engine.model import (
     ModelLimiter,
     ModelLogs,
     ascending_distinct,
+    sorted_distinct,
     users_buckets,
 )
 from limits.engine.reservations import (
@@ -214,7 +215,9 @@ def plan_logs(
 ) -> ModelLogs:
     """The logs of every user the jobs reach, read from Redis in bulk (Unavailable when it
     does not answer)."""
-    buckets = np.unique(np.concatenate([audiences[job.pk].buckets for job in jobs] or [_NONE]))
+    buckets = sorted_distinct(
+        np.concatenate([audiences[job.pk].buckets for job in jobs] or [_NONE])
+    )
     try:
         return ModelLogs.read(limiter, buckets=buckets)
     except REDIS_DOWN as exc:
@@ -237,6 +240,7 @@ class _Addressed(msgspec.Struct):
     user_id: int
     message_id: str
     time_zone: str | None = None
+    value: float | None = None
 
 
 _ADDRESSED = msgspec.json.Decoder(list[_Addressed])
@@ -254,6 +258,8 @@ class JobRecipients:
     # Left out: the recipients a decided round outranked (refused before the gate when the job
     # runs; worker/round_entries.py).
     outranked: int = 0
+    # Each one's own value in a round (float64, NaN: the job's), None when none carries one.
+    values: np.ndarray | None = None
 
     @functools.cached_property
     def audience(self) -> np.ndarray:
@@ -270,7 +276,10 @@ class JobRecipients:
         zones = None
         if self.zones is not None:
             zones = [self.zones[k] for k in np.flatnonzero(picked).tolist()]
-        return JobRecipients(users=self.users[picked], messages=self.messages[picked], zones=zones)
+        values = None if self.values is None else self.values[picked]
+        return JobRecipients(
+            users=self.users[picked], messages=self.messages[picked], zones=zones, values=values
+        )
 
 
 # (job, created_at, total) -> its recipients: read once. An edit never changes a job's
@@ -331,10 +340,19 @@ def _recipients_read(job: SendJob) -> JobRecipients:
     zones: list[str | None] = []
     if any(part.codes is not None for part in read):
         zones = [zone for part in read for zone in part.zones()]
+    values = None
+    if any(part.values is not None for part in read):
+        values = np.concatenate(
+            [
+                np.full(part.users.size, np.nan) if part.values is None else part.values
+                for part in read
+            ]
+        ).astype(np.float64, copy=False)
     return JobRecipients(
         users=np.concatenate([part.users for part in read]).astype(np.uint64, copy=False),
         messages=np.concatenate([part.messages for part in read]).astype(np.uint64, copy=False),
         zones=zones if any(zones) else None,
+        values=values,
     )
 
 
@@ -345,7 +363,10 @@ def _json_read(text: str) -> Packed:
     except msgspec.DecodeError:  # NaN, from older rows
         part = msgspec.convert(CompactJSONDecoder().decode(text), list[_Addressed])
     return packed_of(
-        [r.user_id for r in part], [r.message_id for r in part], [r.time_zone for r in part]
+        [r.user_id for r in part],
+        [r.message_id for r in part],
+        [r.time_zone for r in part],
+        [r.value for r in part],
     )
 
 
@@ -1044,7 +1065,7 @@ def plan_overlaps(plans: Sequence[JobPlan]) -> list[dict[str, Any]]:
     10M), so that a pair's users in common are the bits set in both, counted in C."""
     if len(plans) < 2:
         return []
-    everyone = np.unique(np.concatenate([p.audience for p in plans]))
+    everyone = sorted_distinct(np.concatenate([p.audience for p in plans]))
     words = (everyone.size + 63) // 64
     bits = []
     for plan in plans:

@@ -15,6 +15,12 @@ The layout, version 1 (every number little-endian; `n` recipients, in the chunk'
     8 + 16n       2n     only when k > 0: each one's zone, 0 for none, i for the i-th name
     8 + 18n       rest   only when k > 0: the k names, a JSON array of strings
 
+Version 2, for a chunk some of whose recipients carry their own `value` (a round's, worker/
+rounds.py): the same, with 2 as the version and each recipient's value (float64, NaN for a row
+without one) between the messages and the zones (8n bytes at 8 + 16n, the zones 8n later). A
+chunk without values is written as version 1, so what an older release reads is unchanged;
+an older release finds version 2 unreadable and decodes the JSON.
+
 recipients_packed makes it, packed_read reads it (chunks_packed, every chunk of a query);
 nothing else knows it. What cannot be read
 (another version, a length that does not add up, a count that is not the chunk's size) is None:
@@ -39,6 +45,7 @@ from limits.engine.log import STORED_MESSAGE, message_hash
 from worker.models import SendChunk
 
 VERSION = 1
+VALUED = 2  # the version of a chunk whose recipients carry values
 _HEADER = struct.Struct("<BxHI")  # version, 0, zone names, recipients
 _ZONES_MAX = 0xFFFF
 # A message's 8-byte hash read as a big-endian integer, shifted right by this, is its first
@@ -57,6 +64,8 @@ class Packed:
     messages: np.ndarray
     codes: np.ndarray | None
     names: list[str]
+    # Each recipient's own value (float64, NaN: none), None when none carries one.
+    values: np.ndarray | None = None
 
     def zones(self) -> list[str | None]:
         """Each recipient's zone (None: it names none)."""
@@ -68,10 +77,14 @@ class Packed:
 
 
 def packed_of(
-    users: Sequence[int], message_ids: Sequence[str], named: Sequence[str | None]
+    users: Sequence[int],
+    message_ids: Sequence[str],
+    named: Sequence[str | None],
+    values: Sequence[float | None] | None = None,
 ) -> Packed:
-    """Recipients (each one's user, message id and the zone it names, or None) as the plan
-    reads them: each message id hashed as the logs keep it, the zones coded."""
+    """Recipients (each one's user, message id, the zone it names or None, and its own value
+    or None) as the plan reads them: each message id hashed as the logs keep it, the zones
+    coded."""
     n = len(users)
     hashes = np.frombuffer(b"".join(map(message_hash, message_ids)), dtype=">u8")
     names = [zone for zone in dict.fromkeys(named) if zone is not None]
@@ -79,11 +92,15 @@ def packed_of(
     if names:
         code = {None: 0} | {zone: i for i, zone in enumerate(names, 1)}
         codes = np.fromiter(map(code.__getitem__, named), dtype="<u2", count=n)
+    valued = None
+    if values is not None and any(v is not None for v in values):
+        valued = np.array([np.nan if v is None else v for v in values], dtype="<f8")
     return Packed(
         users=np.fromiter(users, dtype="<u8", count=n),
         messages=(hashes >> _SHIFT).astype("<u8"),
         codes=codes,
         names=names,
+        values=valued,
     )
 
 
@@ -94,12 +111,16 @@ def recipients_packed(recipients: Sequence[Mapping[str, object]]) -> bytes:
         list(map(_USERS, recipients)),
         list(map(_IDS, recipients)),
         [r.get("time_zone") for r in recipients],  # type: ignore[misc]
+        [r.get("value") for r in recipients],  # type: ignore[misc]
     )
     if len(packed.names) > _ZONES_MAX:
         raise ValueError(f"{len(packed.names)} time zones in one chunk: at most {_ZONES_MAX}")
     n = int(packed.users.size)
-    parts = [_HEADER.pack(VERSION, len(packed.names), n), packed.users.tobytes()]
+    version = VERSION if packed.values is None else VALUED
+    parts = [_HEADER.pack(version, len(packed.names), n), packed.users.tobytes()]
     parts.append(packed.messages.tobytes())
+    if packed.values is not None:
+        parts.append(packed.values.tobytes())
     if packed.codes is not None:
         parts += [packed.codes.tobytes(), msgspec.json.encode(packed.names)]
     return b"".join(parts)
@@ -128,15 +149,18 @@ def packed_read(blob: bytes | memoryview, size: int) -> Packed | None:
     if len(view) < _HEADER.size:
         return None
     version, k, n = _HEADER.unpack_from(view)
-    if version != VERSION or n != size:
+    if version not in (VERSION, VALUED) or n != size:
         return None
-    zones_at = _HEADER.size + 16 * n
+    zones_at = _HEADER.size + (16 if version == VERSION else 24) * n
     if (len(view) != zones_at) if k == 0 else (len(view) < zones_at + 2 * n + 2):
         return None
     users = np.frombuffer(view, dtype="<u8", count=n, offset=_HEADER.size)
     messages = np.frombuffer(view, dtype="<u8", count=n, offset=_HEADER.size + 8 * n)
+    values = None
+    if version == VALUED:
+        values = np.frombuffer(view, dtype="<f8", count=n, offset=_HEADER.size + 16 * n)
     if k == 0:
-        return Packed(users, messages, None, [])
+        return Packed(users, messages, None, [], values)
     try:
         names = _NAMES.decode(view[zones_at + 2 * n :])
     except msgspec.DecodeError:
@@ -144,7 +168,7 @@ def packed_read(blob: bytes | memoryview, size: int) -> Packed | None:
     codes = np.frombuffer(view, dtype="<u2", count=n, offset=zones_at)
     if len(names) != k or (n and int(codes.max()) > k):
         return None
-    return Packed(users, messages, codes, names)
+    return Packed(users, messages, codes, names, values)
 
 
 FETCH_ROWS = 100  # chunks fetched at a time (of 1,000 recipients: 1.6 MB)

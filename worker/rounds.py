@@ -39,6 +39,7 @@ recorded when the job runs (worker/chunks.py): in the ledger with `outranked_by`
 job's counts as refused.
 """
 
+import functools
 import logging
 import time
 from collections import Counter
@@ -47,11 +48,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import msgspec
 import numpy as np
 from django.db import transaction
-from django.db.models import Q, TextField
-from django.db.models.functions import Cast
+from django.db.models import Q
 from django.utils import timezone
 
 from gatekeeper.lib.leases import RowLease, lease_free
@@ -64,7 +63,7 @@ from limits.policy.selectors import policy_read
 from limits.reasons import Reason
 from worker.gate import SegmentResolver
 from worker.modelled import CODES, JobDecisions
-from worker.models import CompactJSONDecoder, Round, RoundEntry, SendChunk, SendJob
+from worker.models import Round, RoundEntry, SendJob
 from worker.plan import (
     JobRecipients,
     _job_decided,
@@ -73,7 +72,7 @@ from worker.plan import (
     plan_logs,
     start_order,
 )
-from worker.round_entries import Decided, micros, units
+from worker.round_entries import MICROS, Decided, micros, units
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +96,18 @@ class Entrant:
     job: SendJob
     recipients: JobRecipients
     values: np.ndarray  # int64, aligned with recipients.users
+
+    @functools.cached_property
+    def _by_user(self) -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(self.recipients.users, kind="stable")
+        return order, self.recipients.users[order]
+
+    def only(self, users: np.ndarray) -> JobRecipients:
+        """Its recipients among `users` (each one of its recipients), in its own order."""
+        order, ascending = self._by_user
+        picked = np.zeros(self.recipients.users.size, dtype=bool)
+        picked[order[np.searchsorted(ascending, users)]] = True
+        return self.recipients.only(picked)
 
 
 @dataclass
@@ -312,9 +323,7 @@ def _fits(
     fork = logs.fork(within=users)
     ok = np.ones(users.size, dtype=bool)
     for j in order:
-        recipients = entrants[j].recipients
-        picked = np.isin(recipients.users, users, assume_unique=True)
-        part = recipients.only(picked)
+        part = entrants[j].only(users)
         admitted = decided(entrants[j], part, fork)
         missing = np.ones(users.size, dtype=bool)
         missing[np.searchsorted(users, part.users[admitted])] = False
@@ -353,14 +362,6 @@ def _bits(masks: np.ndarray, k: int) -> np.ndarray:
 # --- reading a round's jobs ------------------------------------------------------------------
 
 
-class _Valued(msgspec.Struct):
-    user_id: int
-    value: float | None = None
-
-
-_VALUED = msgspec.json.Decoder(list[_Valued])
-
-
 def round_jobs(round_: Round) -> list[SendJob]:
     """The round's jobs the choice decides (scheduled, not cancelled), ranked."""
     jobs = SendJob.objects.filter(
@@ -377,33 +378,17 @@ def entrants_read(round_: Round, jobs: Sequence[SendJob]) -> list[Entrant]:
     for job in jobs:
         job.start_at = round_.send_at
         recipients = audiences[job.pk]
-        values = _values_read(job, recipients.users.size)
-        _, first = np.unique(recipients.users, return_index=True)
-        if first.size != recipients.users.size:
+        if recipients.audience.size != recipients.users.size:  # a user listed twice
+            _, first = np.unique(recipients.users, return_index=True)
             picked = np.zeros(recipients.users.size, dtype=bool)
             picked[first] = True
-            recipients, values = recipients.only(picked), values[picked]
+            recipients = recipients.only(picked)
+        values = np.full(recipients.users.size, micros(job.value or 0.0), dtype=np.int64)
+        if recipients.values is not None:  # its rows' own, where they carry one
+            own = ~np.isnan(recipients.values)
+            values[own] = np.round(recipients.values[own] * MICROS).astype(np.int64)
         out.append(Entrant(job=job, recipients=recipients, values=values))
     return out
-
-
-def _values_read(job: SendJob, size: int) -> np.ndarray:
-    """Each staged recipient's value in millionths, in the order the plan reads them (by chunk):
-    its row's `value`, else the job's."""
-    default = micros(job.value or 0.0)
-    chunks = SendChunk.objects.filter(job=job, status=SendChunk.Status.STAGED).order_by("pk")
-    texts = chunks.annotate(text=Cast("recipients", TextField())).values_list("text", flat=True)
-    out: list[int] = []
-    for text in texts.iterator(chunk_size=20):
-        try:
-            rows = _VALUED.decode(text)
-        except msgspec.DecodeError:  # NaN, from older rows
-            rows = msgspec.convert(CompactJSONDecoder().decode(text), list[_Valued])
-        out.extend(default if r.value is None else micros(r.value) for r in rows)
-    values = np.asarray(out, dtype=np.int64)
-    if values.size != size:
-        raise RuntimeError(f"job {job.pk}: {values.size} values read for {size} recipients")
-    return values
 
 
 # --- deciding a round that closed ------------------------------------------------------------

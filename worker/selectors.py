@@ -16,6 +16,7 @@ from django.db.models.functions import Coalesce, TruncHour
 
 from gatekeeper.lib.instants import instant_checked, instant_ms, instant_or_now
 from limits.channels import channels
+from limits.engine.model import sorted_distinct
 from limits.engine.table import DAY_SECONDS, WEEK_SECONDS, PolicyTable, RuleView, counting_rule
 from limits.engine.topics import REQUIRED, TopicView, topic_problem
 from limits.people.preferences import PreferencesUnavailable, preference_cache
@@ -62,7 +63,7 @@ def what_if(
     if now is not None:
         instant_checked(now)
     index = live_index()
-    unique = np.unique(np.asarray(ids, dtype=np.uint64))
+    unique = sorted_distinct(np.asarray(ids, dtype=np.uint64))
     total = max(int(unique.size), audience_size or 0)
     if unique.size > WHAT_IF_LIMIT:
         unique = np.sort(np.random.default_rng().choice(unique, WHAT_IF_LIMIT, replace=False))

@@ -155,6 +155,12 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndar
     return starts[owner] + (np.arange(total) - first[owner]), owner
 
 
+def sorted_distinct(values: np.ndarray) -> np.ndarray:
+    """np.unique(values): sorted, then each value once. Not np.unique itself: numpy 2's hashes
+    a large array of integers (2.4 s for 2.7M uint64 on this machine, against 0.05 s sorted)."""
+    return distinct(np.sort(values))
+
+
 def distinct(values: np.ndarray) -> np.ndarray:
     """The values of a sorted array, once each."""
     if values.size < 2:
@@ -175,7 +181,7 @@ def present(values: np.ndarray) -> np.ndarray:
     """The distinct values of non-negative integers, sorted (counted when they are small)."""
     if values.size and int(values.max()) < SMALL:
         return np.flatnonzero(np.bincount(values))
-    return np.unique(values)
+    return sorted_distinct(values)
 
 
 def grouped(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -196,7 +202,7 @@ def ascending_distinct(values: np.ndarray) -> np.ndarray:
     """np.unique, without a sort when the values already ascend."""
     if values.size < 2 or bool((values[1:] > values[:-1]).all()):
         return values
-    return np.unique(values)
+    return sorted_distinct(values)
 
 
 def users_buckets(users: np.ndarray, *, ordered: bool = False) -> np.ndarray:

@@ -21,7 +21,7 @@ from tests.support.api import call
 from worker.chunks import chunk_withdraw
 from worker.models import SendChunk, SendJob
 from worker.plan import _recipients_read
-from worker.planned import VERSION, packed_read, recipients_packed
+from worker.planned import VALUED, VERSION, packed_read, recipients_packed
 from worker.preparing import send_job_prepare_run
 from worker.scheduling import job_started
 from worker.services import send_job_create, send_job_from_file
@@ -83,7 +83,10 @@ recipient: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
         "address": st.just("a@example.com"),
         "message_id": st.text(st.characters(exclude_categories=["Cs"]), min_size=1),
     },
-    optional={"time_zone": st.sampled_from(ZONES)},
+    optional={
+        "time_zone": st.sampled_from(ZONES),
+        "value": st.floats(0, 1e12, allow_nan=False, allow_infinity=False),
+    },
 )
 
 
@@ -96,9 +99,17 @@ def test_the_arrays_are_the_recipients_users_messages_and_zones(rows):
     assert read.messages.tolist() == [message_int(message_hash(r["message_id"])) for r in rows]
     assert read.zones() == [r.get("time_zone") for r in rows]
     assert (read.codes is None) == (not any("time_zone" in r for r in rows))
+    # A round's values: version 2, NaN for a row without its own; version 1 without any.
+    assert blob[0] == (VALUED if any("value" in r for r in rows) else VERSION)
+    if read.values is None:
+        assert not any("value" in r for r in rows)
+    else:
+        assert [None if np.isnan(v) else v for v in read.values.tolist()] == [
+            r.get("value") for r in rows
+        ]
     # Anything else is not read: another count, version or length.
     assert packed_read(blob, len(rows) + 1) is None
-    assert packed_read(bytes([VERSION + 1]) + blob[1:], len(rows)) is None
+    assert packed_read(bytes([VALUED + 1]) + blob[1:], len(rows)) is None
     assert packed_read(blob[:-1], len(rows)) is None
     assert packed_read(blob + b"\0", len(rows)) is None
 
