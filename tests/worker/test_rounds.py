@@ -313,9 +313,13 @@ def test_a_chosen_send_the_gate_refuses_is_counted_as_a_difference(one_a_day):
     assert high.reasons == {"daily_cap": 1}
 
 
+@pytest.mark.parametrize("dies_in", ["reading", "choosing", "writing the entries", "saving"])
 def test_a_run_that_dies_mid_decision_leaves_nothing_and_the_round_is_decided_once(
-    one_a_day, monkeypatch
+    one_a_day, monkeypatch, dies_in
 ):
+    """A run killed while it reads the jobs and logs, while it chooses, while it writes the
+    jobs' entries, or as it saves the round: nothing of its choice is kept but its lease, and
+    the next run, once the lease has run out, decides the round once."""
     round_ = one_a_day
     joined(round_, 1, 2, value=1.0)
     joined(round_, 2, 3, value=2.0, campaign="other")
@@ -324,12 +328,20 @@ def test_a_run_that_dies_mid_decision_leaves_nothing_and_the_round_is_decided_on
     def dies(*args, **kwargs):
         raise SystemExit("killed")
 
-    monkeypatch.setattr(rounds, "round_projected", dies)
+    where = {
+        "reading": (rounds, "entrants_read"),
+        "choosing": (rounds, "round_choice"),
+        "writing the entries": (RoundEntry.objects, "bulk_create"),
+        "saving": (Round, "save"),
+    }[dies_in]
+    monkeypatch.setattr(*where, dies)
     with pytest.raises(SystemExit):
         round_decide(round_.pk, now=closes)
     monkeypatch.undo()
     round_.refresh_from_db()
-    assert round_.status == Round.Status.DECIDING and not RoundEntry.objects.exists()
+    assert round_.status == Round.Status.DECIDING and round_.report is None
+    assert not RoundEntry.objects.exists()
+    assert SendJob.objects.filter(round=round_, status=SendJob.Status.SCHEDULED).count() == 2
     # Another run waits for the dead one's lease to run out, then decides it once.
     assert rounds_close_due(now=closes + timedelta(minutes=1)) == []
     later = closes + rounds.LEASE + timedelta(seconds=1)
