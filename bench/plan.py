@@ -99,14 +99,18 @@ def policy_made() -> None:
         RULES.create(fields=fields, via="command")
 
 
-def staged_chunk(job: SendJob, n: int, users: list[int]) -> SendChunk:
-    """A chunk of job `n` as staging stores it: its recipients' JSON, and their arrays for the
-    plan (worker/planned.py)."""
+def staged_chunk(
+    job: SendJob, n: int, users: list[int], values: list[float] | None = None
+) -> SendChunk:
+    """A chunk of job `n` as staging stores it: its recipients' JSON (with `values`: each one's
+    own, as a campaign file's `value` column gives it), and their arrays for the plan
+    (worker/planned.py)."""
+    worth = [f',"value":{v}' for v in values] if values is not None else [""] * len(users)
     recipients = json.loads(
         "["
         + ",".join(
-            f'{{"user_id":{u},"address":"u{u}@example.com","message_id":"job-{n}:{u}"}}'
-            for u in users
+            f'{{"user_id":{u},"address":"u{u}@example.com","message_id":"job-{n}:{u}"{w}}}'
+            for u, w in zip(users, worth, strict=True)
         )
         + "]"
     )

@@ -16,7 +16,6 @@ while a round decides (printed, no target).
 """
 
 import argparse
-import json
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -24,32 +23,12 @@ import numpy as np
 import redis
 
 from bench.gate import gate_rate_beside, gate_rate_measured, in_memory_index
-from bench.plan import CHUNK, logs_written, policy_made
+from bench.plan import CHUNK, logs_written, policy_made, staged_chunk
 from bench.postgres import REDIS_URL, on_bench_database
 from limits.engine.limiter import Limiter
 from segments.index import get_holder
 from worker.models import Round, RoundEntry, SendChunk, SendJob
-from worker.planned import recipients_packed
 from worker.rounds import round_decide
-
-
-def staged_chunk(job: SendJob, n: int, users: list[int], values: list[float]) -> SendChunk:
-    """A chunk as staging stores a campaign file's rows with a `value` column."""
-    recipients = json.loads(
-        "["
-        + ",".join(
-            f'{{"user_id":{u},"address":"u{u}@example.com","message_id":"job-{n}:{u}","value":{v}}}'
-            for u, v in zip(users, values, strict=True)
-        )
-        + "]"
-    )
-    return SendChunk(
-        job=job,
-        status=SendChunk.Status.STAGED,
-        size=len(recipients),
-        recipients=recipients,
-        plan=recipients_packed(recipients),
-    )
 
 
 def round_made(args: argparse.Namespace, users: np.ndarray, send_at: datetime) -> Round:

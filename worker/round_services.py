@@ -110,13 +110,7 @@ def round_cancel(*, round_: Round, jobs: str, user: Actor = None) -> Round:
         raise ValidationError({"jobs": "Choose wait (the jobs stay scheduled) or cancel."})
     now = timezone.now()
     with transaction.atomic():
-        locked = Round.objects.select_for_update().get(pk=round_.pk)
-        if locked.status != Round.Status.OPEN:
-            raise Conflict(
-                f"Round {locked.pk} ({locked.name}) is {locked.status}: only an open round can "
-                "be cancelled.",
-                field="status",
-            )
+        locked = _locked_open(round_, "only an open round can be cancelled.")
         locked.status = Round.Status.CANCELLED
         locked.cancelled_at = now
         locked.save(update_fields=["status", "cancelled_at", "updated_at"])
@@ -194,13 +188,9 @@ def round_projection_ask(*, round_: Round, values: Mapping[int, object] | None =
             raise ValidationError({"values": f"Job {job}: {problem}"})
         tried[int(job)] = float(value)  # type: ignore[arg-type]  # a number, as checked
     with transaction.atomic():
-        locked = Round.objects.select_for_update().get(pk=round_.pk)
-        if locked.status != Round.Status.OPEN:
-            raise Conflict(
-                f"Round {locked.pk} ({locked.name}) is {locked.status}: a projection is of an "
-                "open round (a decided one has its report).",
-                field="status",
-            )
+        locked = _locked_open(
+            round_, "a projection is of an open round (a decided one has its report)."
+        )
         joined = set(SendJob.objects.filter(round=locked).values_list("pk", flat=True))
         strangers = sorted(set(tried) - joined)
         if strangers:
@@ -209,4 +199,15 @@ def round_projection_ask(*, round_: Round, values: Mapping[int, object] | None =
             )
         asked = {str(job): value for job, value in tried.items()}
         transaction.on_commit(lambda: tasks.round_project_run.delay(locked.pk, asked), robust=True)
+    return locked
+
+
+def _locked_open(round_: Round, why: str) -> Round:
+    """The round, its row locked for the transaction the caller is in; a Conflict naming
+    `status`, saying `why`, once it is not open (deciding, decided, cancelled)."""
+    locked = Round.objects.select_for_update().get(pk=round_.pk)
+    if locked.status != Round.Status.OPEN:
+        raise Conflict(
+            f"Round {locked.pk} ({locked.name}) is {locked.status}: {why}", field="status"
+        )
     return locked
