@@ -203,7 +203,7 @@ def round_choice(
     lap("sets")
     # 4. Who outranked whom: the chosen job worth most to the user (ties: the better ranked).
     chosen_value = np.where(_bits(best, k), values, -1)
-    winner = np.argmax(chosen_value, axis=1)
+    winner = np.argmax(chosen_value, axis=1) if k else np.zeros(n, dtype=np.int64)
     jobs: list[JobChoice] = []
     first_come = _first_come(entrants, decided, logs)
     lap("first come")

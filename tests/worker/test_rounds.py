@@ -435,3 +435,11 @@ def test_what_a_round_chose_for_a_person_is_in_their_export_and_gone_when_erased
         {"round": round_.pk, "job": low.pk, "chosen": True, "outranked_by": None}
     ]
     assert round_entries_erase([2]) == 0  # again: nothing more
+
+
+def test_a_round_no_job_joined_is_decided_with_an_empty_report(one_a_day):
+    round_ = one_a_day
+    assert rounds_close_due(now=round_.closes_at) == [round_.pk]
+    round_.refresh_from_db()
+    assert round_.status == Round.Status.DECIDED
+    assert (round_.report["jobs"], round_.report["users"], round_.report["gain"]) == ([], 0, 0.0)
