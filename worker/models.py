@@ -22,6 +22,8 @@ EXPIRY_DEFAULT = timedelta(hours=24)
 EXPIRY_MAX = timedelta(days=90)
 # A scheduled job starts at most this far ahead (its expiry at most EXPIRY_MAX after its start).
 START_MAX = timedelta(days=90)
+# The jobs a round decides at most (its choice takes a set of them as a bit mask).
+ROUND_JOBS_MAX = 60
 
 
 def expiry_default() -> Any:

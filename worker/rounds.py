@@ -63,7 +63,7 @@ from limits.policy.selectors import policy_read
 from limits.reasons import Reason
 from worker.gate import SegmentResolver
 from worker.modelled import CODES, JobDecisions
-from worker.models import Round, RoundEntry, SendJob
+from worker.models import ROUND_JOBS_MAX, Round, RoundEntry, SendJob
 from worker.plan import (
     JobRecipients,
     _job_decided,
@@ -76,7 +76,6 @@ from worker.round_entries import MICROS, Decided, micros, units
 
 logger = logging.getLogger(__name__)
 
-JOBS_MAX = 60  # jobs a round decides (a set is a bit mask of them)
 LEASE = timedelta(minutes=10)  # a deciding run holds its round this long (renewed as it runs)
 _ALLOWED = CODES[Reason.ALLOWED]
 _U64 = np.uint64
@@ -156,8 +155,8 @@ def round_choice(
     """The round's choice over `entrants` (ranked: rank_order) from `logs` (never changed: each
     question is asked of a fork), under `table`, with the reservations' `holds`. Every job's
     `start_at` is the round's send time."""
-    if len(entrants) > JOBS_MAX:
-        raise ValueError(f"A round decides at most {JOBS_MAX} jobs; it has {len(entrants)}.")
+    if len(entrants) > ROUND_JOBS_MAX:
+        raise ValueError(f"A round decides at most {ROUND_JOBS_MAX} jobs; it has {len(entrants)}.")
     took: dict[str, float] = {}
     clock = time.monotonic()
 

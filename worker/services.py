@@ -47,6 +47,7 @@ from worker.models import (
     EXPIRY_DEFAULT,
     EXPIRY_MAX,
     JOB_CAMPAIGN_MAX,
+    ROUND_JOBS_MAX,
     START_MAX,
     Backtest,
     BacktestPart,
@@ -393,6 +394,9 @@ def send_job_edit(*, job: SendJob, changes: Mapping[str, Any], user: Actor = Non
             problem = round_open_problem(joined, now=now)
             if problem is not None:
                 raise Conflict(problem, field="round")
+            problem = round_full_problem(joined)
+            if problem is not None:
+                raise ValidationError({"round": problem})
             merged["round"] = joined
             if "start_at" not in changes:
                 merged["start_at"] = None  # it follows the round's send_at
@@ -642,6 +646,18 @@ def round_open_problem(round_: Round, *, now: datetime) -> str | None:
     return None
 
 
+def round_full_problem(round_: Round) -> str | None:
+    """A round that holds ROUND_JOBS_MAX jobs takes no more (its choice is over sets of them):
+    None while it has room, else why, in words. Asked under the round's lock."""
+    joined = SendJob.objects.filter(round=round_, cancelled_at__isnull=True).count()
+    if joined < ROUND_JOBS_MAX:
+        return None
+    return (
+        f"Round {round_.pk} ({round_.name}) holds {joined} jobs, the most a round decides "
+        f"({ROUND_JOBS_MAX}): make another round, or take a job out of this one."
+    )
+
+
 def _round_id(ref: object) -> int | None:
     return ref.pk if isinstance(ref, Round) else ref  # type: ignore[return-value]
 
@@ -708,7 +724,7 @@ def _round_still_open(fields: Mapping[str, Any]) -> None:  # type: ignore[explic
     if joined is None:
         return
     locked = _round_locked(joined.pk)
-    problem = round_open_problem(locked, now=timezone.now())
+    problem = round_open_problem(locked, now=timezone.now()) or round_full_problem(locked)
     if problem is None and locked.send_at != fields["start_at"]:
         problem = (
             f"Round {locked.pk}'s send_at moved to {locked.send_at.isoformat()} meanwhile: "

@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 from hypothesis import HealthCheck, example, given, settings
@@ -23,7 +24,7 @@ from segments.models import Segment
 from tests.conftest import examples
 from tests.support.sends import make_rule, recipients
 from tests.worker.test_plan import CHANGES, USERS, ZONES, earlier_sends
-from worker import rounds
+from worker import rounds, services
 from worker.chunks import send_chunk_run
 from worker.gate import gate_check
 from worker.models import Round, RoundEntry, SendChunk, SendJob
@@ -45,7 +46,7 @@ from worker.rounds import (
     rounds_close_due,
 )
 from worker.scheduling import jobs_start_due
-from worker.services import send_job_create
+from worker.services import send_job_create, send_job_edit
 
 pytestmark = pytest.mark.django_db
 
@@ -443,3 +444,19 @@ def test_a_round_no_job_joined_is_decided_with_an_empty_report(one_a_day):
     round_.refresh_from_db()
     assert round_.status == Round.Status.DECIDED
     assert (round_.report["jobs"], round_.report["users"], round_.report["gain"]) == ([], 0, 0.0)
+
+
+def test_a_round_takes_no_more_jobs_than_it_can_decide(one_a_day, monkeypatch):
+    round_ = one_a_day
+    monkeypatch.setattr(services, "ROUND_JOBS_MAX", 2)
+    first = joined(round_, 1, value=1.0)
+    joined(round_, 2, value=1.0)
+    with pytest.raises(ValidationError) as refused:
+        send_job_create(
+            channel="email", campaign="third", template="welcome", recipients=recipients(3),
+            start_at=round_.send_at, round=round_.pk, value=1.0, queue=False,
+        )  # fmt: skip
+    assert "holds 2 jobs, the most a round decides (2)" in str(refused.value.message_dict["round"])
+    # One out, another in.
+    send_job_edit(job=first, changes={"round": None})
+    assert SendJob.objects.filter(round=round_).count() == 1
