@@ -453,6 +453,7 @@ SPECTACULAR_SETTINGS = {
         "BuildStatusEnum": "segments.models.Build.Status",
         "UserListStatusEnum": "segments.models.UserList.Status",
         "SendJobStatusEnum": "worker.models.SendJob.Status",
+        "RoundStatusEnum": "worker.models.Round.Status",
         "ExperimentStatusEnum": "limits.studies.experiments.STATUSES",
         "OnCappedEnum": "worker.models.SendJob.OnCapped",
         # The same choices as a request body states them (msgspec lists a Literal's values sorted).

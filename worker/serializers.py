@@ -216,13 +216,17 @@ class SendJobSerializer(serializers.Serializer):
     reserve = serializers.BooleanField(
         help_text="Until it starts, its predicted sends hold their slots (reason `reserved`)."
     )
+    # Not required: a web of the release before rounds, beside this one during a rolling
+    # upgrade, answers without them.
     round = serializers.IntegerField(
         source="round_id",
         allow_null=True,
+        required=False,
         help_text="The round it competes in (GET /api/v1/rounds/<id>/); null: none.",
     )
     value = serializers.FloatField(
         allow_null=True,
+        required=False,
         help_text="In a round, what one of its sends is worth; null: each recipient's own.",
     )
     expires_at = serializers.DateTimeField(

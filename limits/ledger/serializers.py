@@ -68,8 +68,10 @@ class HistoryDecisionSerializer(serializers.Serializer):
         allow_null=True,
         help_text="The running experiment the user was in, and their arm; null: none.",
     )
+    # Not required: a web of the release before rounds answers without it.
     outranked_by = HistoryOutrankedSerializer(
         allow_null=True,
+        required=False,
         help_text="On reason outranked: the send job a round chose for the user instead, and "
         "what its send was worth to them; null otherwise.",
     )
