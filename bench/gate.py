@@ -99,6 +99,22 @@ def gate_rate_beside(url: str, work: Callable[[], Any], *, alone_seconds: float 
     )
 
 
+def beside_gate(url: str) -> Gate:
+    """The gate the measures beside a work use: the classic caps, every user of USERS in a
+    segment, keys of its own prefix in the Redis at `url`, its decisions counted as a worker's."""
+    return deciding(
+        Gate(
+            limiter=Limiter(_redis(url), prefix="bench-beside:"),
+            policy=PolicyCache.holding(PolicyTable(rules=CLASSIC, classic={}, zones={})),
+            index=in_memory_index(),
+            suppressions=SuppressionCache.holding(),
+            preferences=PreferenceCache.holding({}),
+            record_stats=True,
+            record_ledger=False,
+        )
+    )
+
+
 def gate_rate_measured(
     url: str, *, seconds: float, beside: Callable[[], Any] | None = None
 ) -> float:
@@ -112,18 +128,7 @@ def gate_rate_measured(
     pipe, child_end = context.Pipe()
 
     def measure(limit: float) -> None:
-        client = _redis(url)
-        gate = deciding(
-            Gate(
-                limiter=Limiter(client, prefix="bench-beside:"),
-                policy=PolicyCache.holding(PolicyTable(rules=CLASSIC, classic={}, zones={})),
-                index=in_memory_index(),
-                suppressions=SuppressionCache.holding(),
-                preferences=PreferenceCache.holding({}),
-                record_stats=True,
-                record_ledger=False,
-            )
-        )
+        gate = beside_gate(url)
         child_end.send("ready")
         rng = random.Random(11)
         done, n, started = 0, 0, time.perf_counter()

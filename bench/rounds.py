@@ -16,6 +16,8 @@ while a round decides (printed, no target).
 """
 
 import argparse
+import itertools
+import random
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -23,7 +25,7 @@ import numpy as np
 import redis
 from django.db import connection
 
-from bench.gate import gate_rate_beside, gate_rate_measured, in_memory_index
+from bench.gate import USERS, alternated, beside_gate, gate_rate_beside, in_memory_index, rate
 from bench.plan import CHUNK, logs_written, policy_made, staged_chunk
 from bench.postgres import REDIS_URL, on_bench_database
 from limits.engine.limiter import Limiter
@@ -114,44 +116,45 @@ def main(argv: list[str]) -> None:
 
 def gate_rates(round_: Round, args: argparse.Namespace) -> None:
     """The gate's decisions/s with the round open and its jobs waiting, against no round and no
-    job at all: after the database has settled from the set-up (VACUUM ANALYZE, CHECKPOINT:
-    otherwise its background work falls on the first measures) and a first measure not counted,
-    8 measures of 5 s each in the order with, without, without, with (twice), so that a drift of
-    the machine falls on both alike."""
+    job at all: once the database has settled from the set-up (VACUUM ANALYZE, CHECKPOINT),
+    short runs of each alternated in this process (bench.gate.alternated: 16 of 1 s each, the
+    state switched between them), the median of neighbouring runs' ratios printed, so that
+    whatever else the machine does slows both alike."""
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE")
         cursor.execute("CHECKPOINT")
     jobs = list(SendJob.objects.filter(round=round_).values_list("pk", flat=True))
+    gate = beside_gate(REDIS_URL)
+    pick, made = random.Random(11), itertools.count()
 
-    def without_round() -> float:
-        # No round and no job: the jobs parked as cancelled and the round cancelled, then put
-        # back as they were.
-        SendJob.objects.filter(pk__in=jobs).update(round=None, status=SendJob.Status.CANCELLED)
-        Round.objects.filter(pk=round_.pk).update(status=Round.Status.CANCELLED)
-        try:
-            return gate_rate_measured(REDIS_URL, seconds=5.0)
-        finally:
+    def batch() -> int:
+        n = next(made)
+        requests = [(u, f"r{n}-{u}") for u in pick.sample(range(USERS), 1000)]
+        return len(gate.check(channel="email", requests=requests))
+
+    opened = [False]
+
+    def switched() -> None:
+        """No round and no job (the jobs parked as cancelled, the round cancelled), or the
+        round open with its jobs waiting, in turn."""
+        if opened[0]:
+            SendJob.objects.filter(pk__in=jobs).update(round=None, status=SendJob.Status.CANCELLED)
+            Round.objects.filter(pk=round_.pk).update(status=Round.Status.CANCELLED)
+        else:
             SendJob.objects.filter(pk__in=jobs).update(
                 round=round_, status=SendJob.Status.SCHEDULED
             )
             Round.objects.filter(pk=round_.pk).update(status=Round.Status.OPEN)
+        opened[0] = not opened[0]
 
-    # A first measure, not counted: the gate's first calls fill its users' logs (the later ones
-    # find them there, as each measure asks for the same users and messages).
-    gate_rate_measured(REDIS_URL, seconds=5.0)
-    with_rounds: list[float] = []
-    without: list[float] = []
-    for first in (True, False, True, False):
-        if first:
-            with_rounds.append(gate_rate_measured(REDIS_URL, seconds=5.0))
-        without.append(without_round())
-        if not first:
-            with_rounds.append(gate_rate_measured(REDIS_URL, seconds=5.0))
-    a, b = sum(with_rounds), sum(without)
+    rate(batch, 3.0)  # not counted: the first calls fill the users' logs
+    opened[0] = True
+    switched()  # none, for the first run
+    without, with_round, ratio = alternated(batch, batch, 32.0, rounds=16, between=switched)
+    if not opened[0]:
+        switched()  # left open, as it was
     print(
-        f"gate with a round open ({args.jobs} jobs waiting) against none: "
-        f"{a / len(with_rounds):,.0f} against {b / len(without):,.0f} decisions/s "
-        f"({a / b:.3f}x; each of {len(with_rounds)} measures: "
-        + ", ".join(f"{x / y:.3f}" for x, y in zip(with_rounds, without, strict=True))
-        + "); target: at least 0.98x"
+        f"gate with a round open ({args.jobs} jobs waiting) against none: {with_round:,.0f} "
+        f"against {without:,.0f} decisions/s (median of 16 neighbouring runs' ratios: "
+        f"{ratio:.3f}x); target: at least 0.98x"
     )
