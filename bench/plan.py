@@ -123,6 +123,23 @@ def staged_chunk(
     )
 
 
+def audience_staged(
+    job: SendJob, n: int, audience: np.ndarray, values: np.ndarray | None = None
+) -> None:
+    """Job `n`'s recipients (`audience`, with `values`: each one's own) staged in chunks of
+    CHUNK, written 100 chunks at a time."""
+    for first in range(0, audience.size, 100 * CHUNK):
+        SendChunk.objects.bulk_create(
+            staged_chunk(
+                job,
+                n,
+                audience[i : i + CHUNK].tolist(),
+                None if values is None else values[i : i + CHUNK].tolist(),
+            )
+            for i in range(first, min(first + 100 * CHUNK, audience.size), CHUNK)
+        )
+
+
 def jobs_made(args: argparse.Namespace, users: np.ndarray, start: datetime) -> list[SendJob]:
     rng = np.random.default_rng(7)
     SendJob.objects.all().delete()
@@ -134,13 +151,7 @@ def jobs_made(args: argparse.Namespace, users: np.ndarray, start: datetime) -> l
             status=SendJob.Status.SCHEDULED, start_at=start + timedelta(hours=n),
             total=args.recipients,
         )  # fmt: skip
-        audience = np.sort(rng.choice(users, args.recipients, replace=False))
-        for first in range(0, audience.size, 100 * CHUNK):
-            part = audience[first : first + 100 * CHUNK]
-            SendChunk.objects.bulk_create(
-                staged_chunk(job, n, part[i : i + CHUNK].tolist())
-                for i in range(0, part.size, CHUNK)
-            )
+        audience_staged(job, n, np.sort(rng.choice(users, args.recipients, replace=False)))
         jobs.append(job)
     return jobs
 

@@ -26,11 +26,11 @@ import redis
 from django.db import connection
 
 from bench.gate import USERS, alternated, beside_gate, gate_rate_beside, in_memory_index, rate
-from bench.plan import CHUNK, logs_written, policy_made, staged_chunk
+from bench.plan import audience_staged, logs_written, policy_made
 from bench.postgres import REDIS_URL, on_bench_database
 from limits.engine.limiter import Limiter
 from segments.index import get_holder
-from worker.models import Round, RoundEntry, SendChunk, SendJob
+from worker.models import Round, RoundEntry, SendJob
 from worker.rounds import round_decide
 
 
@@ -50,13 +50,7 @@ def round_made(args: argparse.Namespace, users: np.ndarray, send_at: datetime) -
         )  # fmt: skip
         audience = np.sort(rng.choice(users, args.recipients, replace=False))
         values = np.round(rng.lognormal(0.0, 1.0, audience.size) * (n + 1), 2)
-        for first in range(0, audience.size, 100 * CHUNK):
-            part = audience[first : first + 100 * CHUNK]
-            worth = values[first : first + 100 * CHUNK]
-            SendChunk.objects.bulk_create(
-                staged_chunk(job, n, part[i : i + CHUNK].tolist(), worth[i : i + CHUNK].tolist())
-                for i in range(0, part.size, CHUNK)
-            )
+        audience_staged(job, n, audience, values)
     return round_
 
 

@@ -62,7 +62,7 @@ from limits.policy.quota import Unavailable
 from limits.policy.selectors import policy_read
 from limits.reasons import Reason
 from worker.gate import SegmentResolver
-from worker.modelled import CODES, JobDecisions
+from worker.modelled import CODES
 from worker.models import ROUND_JOBS_MAX, Round, RoundEntry, SendJob
 from worker.plan import (
     JobRecipients,
@@ -171,10 +171,18 @@ def round_choice(
         found = _job_decided(entrant.job, recipients, gate, on, table=table)
         if found is None:  # transactional: never gated by value
             return np.zeros(recipients.users.size, dtype=bool)
-        return _admitted(found)
+        return found.reason == _ALLOWED
 
+    # First come, first served beside it: the jobs one after the other as they start. The first
+    # to start meets the logs as they are, so its decisions are also its decisions alone.
+    first_come = _first_come(entrants, decided, logs)
+    lap("first come")
+    starts_first = min(range(len(entrants)), key=lambda j: start_order(entrants[j].job), default=-1)
     # 1. Each job alone.
-    alone = [decided(e, e.recipients, logs.fork()) for e in entrants]
+    alone = [
+        first_come[j] if j == starts_first else decided(e, e.recipients, logs.fork())
+        for j, e in enumerate(entrants)
+    ]
     lap("alone")
     # The users with a candidate that fits alone, and which jobs' (a bit per job, by rank).
     everyone = ascending_distinct(
@@ -191,7 +199,7 @@ def round_choice(
         masks[at] |= 1 << j
         values[at, j] = e.values[ok]
         places.append(at)
-    counts = _popcount(masks)
+    counts = np.bitwise_count(masks)
     contested = np.flatnonzero(counts >= 2)
     best = masks.copy()  # one candidate or none: it is the choice
     tried = 0
@@ -204,8 +212,6 @@ def round_choice(
     chosen_value = np.where(_bits(best, k), values, -1)
     winner = np.argmax(chosen_value, axis=1) if k else np.zeros(n, dtype=np.int64)
     jobs: list[JobChoice] = []
-    first_come = _first_come(entrants, decided, logs)
-    lap("first come")
     for j, (e, ok, at) in enumerate(zip(entrants, alone, places, strict=True)):
         size = e.recipients.users.size
         chosen = np.zeros(size, dtype=bool)
@@ -340,19 +346,6 @@ def _first_come(entrants: Sequence[Entrant], decided: Any, logs: ModelLogs) -> l
     return [out[j] for j in range(len(entrants))]
 
 
-def _admitted(found: JobDecisions) -> np.ndarray:
-    return found.reason == _ALLOWED
-
-
-def _popcount(masks: np.ndarray) -> np.ndarray:
-    counts = np.zeros(masks.size, dtype=np.int64)
-    rest = masks.copy()
-    while rest.any():
-        counts += rest & 1
-        rest >>= 1
-    return counts
-
-
 def _bits(masks: np.ndarray, k: int) -> np.ndarray:
     """Each mask's bits as a boolean row of `k`."""
     return (masks[:, None] >> np.arange(k, dtype=np.int64)) & 1 == 1
@@ -437,7 +430,6 @@ def round_decide(
         locked = Round.objects.select_for_update().get(pk=round_id)
         if locked.status != Round.Status.DECIDING or locked.lease_until != lease.until:
             return False  # the lease ran out and another run took it
-        RoundEntry.objects.filter(round=locked).delete()
         RoundEntry.objects.bulk_create(
             RoundEntry(
                 round=locked,
