@@ -390,6 +390,15 @@ class SendChunk(models.Model):
         "run again after a backoff, and given up after the last.",
     )
     not_before = models.DateTimeField(null=True, blank=True, help_text="Deferred until then.")
+    held = models.CharField(
+        max_length=300,
+        blank=True,
+        default="",
+        db_default="",  # the previous release's INSERTs leave it out while both run
+        help_text="What its waiting sends wait for, when not the gate: `warmup:<domain>:<group>` "
+        "(the next day of a warm-up plan), `brake:<group>` (a paused mailbox provider) "
+        "(worker/delivery/deliverability.py).",
+    )
     error = models.TextField(blank=True, help_text="Why the chunk was given up.")
     queued_at = models.DateTimeField(
         null=True, blank=True, help_text="Last handed to the broker (empty: not yet)."
@@ -568,3 +577,100 @@ class BacktestPart(models.Model):
 
     def __str__(self) -> str:
         return f"part {self.index} of backtest {self.backtest_id}"
+
+
+class MailboxProvider(models.Model):
+    """A group of recipients' mailbox domains (gmail, microsoft, yahoo, apple, other): the
+    email sent to it is held to its rates per dispatcher, stopped by its brake, and counted by
+    a sending domain's warm-up plan (worker/delivery/mailboxes.py, deliverability.py). `other`
+    takes every domain no group names and cannot be deleted."""
+
+    slug = models.SlugField(max_length=32, unique=True)
+    name = models.CharField(max_length=100)
+    domains = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Recipient domains, lowercase: `gmail.com`, or `hotmail.*` for every last "
+        "label (hotmail.com, hotmail.co.uk).",
+    )
+    mx_hosts = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="MX host suffixes (`google.com`): a domain no group names is matched by its "
+        "mail servers, when GATEKEEPER_MAILBOX_MX_LOOKUP is on.",
+    )
+    rates = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='[{"dispatcher": "smtp" or "*", "per_second", "per_minute", "per_hour"}]: '
+        "messages to this group that all workers together send through that dispatcher.",
+    )
+    paused_at = models.DateTimeField(
+        null=True, blank=True, help_text="Its brake stopped its sends then (empty: sending)."
+    )
+    paused_why = models.JSONField(
+        null=True, blank=True, help_text="The figures the brake read when it stopped it."
+    )
+    resumed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="A person resumed it then: the brake counts only mail sent since.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    changed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.name or self.slug
+
+
+class WarmupPlan(models.Model):
+    """A new sending domain warmed up: for each day since `starts_on` (in `time_zone`), how many
+    messages each mailbox provider may get from it; sends beyond the day's volume wait for the
+    next day. A group's ramp ends once a day's sends reach its last day's volume
+    (worker/delivery/warmup.py)."""
+
+    domain = models.CharField(max_length=253, unique=True, help_text="The sending domain.")
+    time_zone = models.CharField(max_length=64, default="UTC", help_text="Where its days start.")
+    starts_on = models.DateField(help_text="Its first day.")
+    volumes = models.JSONField(
+        help_text='{"gmail": [50, 100, ...], ...}: each group\'s volume for each day; a group '
+        "not named is not held."
+    )
+    ended = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='{"gmail": "2027-01-20"}: groups whose ramp ended, and the day it did.',
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    changed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["domain"]
+
+    def __str__(self) -> str:
+        return f"warm-up of {self.domain}"
+
+
+class SendingDomain(models.Model):
+    """A domain the email goes out from, checked in DNS: SPF, DKIM for the selectors its email
+    provider names, DMARC, and whether they align with it (worker/delivery/dns_checks.py)."""
+
+    domain = models.CharField(max_length=253, unique=True)
+    dkim_selectors = models.JSONField(
+        default=list, blank=True, help_text="The DKIM selectors the email provider signs with."
+    )
+    return_path = models.CharField(
+        max_length=253,
+        blank=True,
+        help_text="The bounce (envelope sender) domain the provider uses, when not the domain.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["domain"]
+
+    def __str__(self) -> str:
+        return self.domain

@@ -265,6 +265,9 @@ class SettingChange(models.Model):
         CONTROL_GROUP = "control_group", "control group"
         EXPERIMENT = "experiment", "experiment"
         WEBHOOK = "webhook", "webhook endpoint"
+        MAILBOX_PROVIDER = "mailbox_provider", "mailbox provider"
+        WARMUP = "warmup", "warm-up plan"
+        SENDING_DOMAIN = "sending_domain", "sending domain"
 
     class Action(models.TextChoices):
         CREATED = "created"
