@@ -413,6 +413,9 @@ GATEKEEPER_DEAD_ADDRESS_WEBHOOK = env.str("GATEKEEPER_DEAD_ADDRESS_WEBHOOK", def
 # Sends a second per provider, kept by every worker together (worker/delivery/throttle.py):
 # "smtp=14,webhook=500"; a provider not named is not throttled.
 GATEKEEPER_PROVIDER_RATES = env.str("GATEKEEPER_PROVIDER_RATES", default="")
+# A recipient domain no mailbox provider names is matched by its MX hosts, asked of DNS once a
+# day a domain (worker/delivery/mailboxes.py); off: it is in `other`.
+GATEKEEPER_MAILBOX_MX_LOOKUP = env.bool("GATEKEEPER_MAILBOX_MX_LOOKUP", default=False)
 # Recipients gated per gate call and per Celery task.
 GATEKEEPER_SEND_CHUNK_SIZE = env.int("GATEKEEPER_SEND_CHUNK_SIZE", default=5000)
 # A campaign file uploaded to POST /api/v1/sends/ or the admin, as sent (gzip counts compressed):

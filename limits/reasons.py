@@ -37,11 +37,16 @@ class Reason(StrEnum):
     # A send job's own, for a waiting send that never reached the gate again.
     EXPIRED = "expired"  # still waiting when its job expired
     CANCELLED = "cancelled"  # still waiting when its job's waiting sends were cancelled
+    # A send job's own, for an email held before the gate (worker/delivery/deliverability.py).
+    WARMING_UP = "warming_up"  # beyond its sending domain's warm-up volume today: tomorrow
+    BRAKED = "braked"  # its mailbox provider is paused by the brake: until it is resumed
 
 
 # The groups of reasons: each is named here once, and the code asks for it by its name.
 # A send job's own, never the gate's.
-JOB_OWN: tuple[Reason, ...] = (Reason.EXPIRED, Reason.CANCELLED)
+JOB_OWN: tuple[Reason, ...] = (Reason.EXPIRED, Reason.CANCELLED, Reason.WARMING_UP, Reason.BRAKED)
+# Held before the gate, and gated when their hold ends.
+HELD_BEFORE_GATE: tuple[Reason, ...] = (Reason.WARMING_UP, Reason.BRAKED)
 # What the gate answers (the schema's enumeration of a decision's reason), in this order.
 REASONS: tuple[Reason, ...] = tuple(r for r in Reason if r not in JOB_OWN)
 # A send job's reasons: the gate's and its own.
@@ -96,6 +101,8 @@ COLOURS: dict[Reason, str] = {
     Reason.UNAVAILABLE: "#777777",
     Reason.EXPIRED: "#a0a0a0",
     Reason.CANCELLED: "#c0c0c0",
+    Reason.WARMING_UP: "#e6c86e",
+    Reason.BRAKED: "#7a2e2e",
 }
 
 

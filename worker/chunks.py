@@ -35,7 +35,7 @@ from limits.engine.limiter import Decision
 from limits.engine.log import holder_of
 from limits.models.people import Suppression
 from limits.people.suppression import suppress
-from limits.reasons import DEFERRABLE, JobOutcome, Outcome, Reason
+from limits.reasons import DEFERRABLE, HELD_BEFORE_GATE, JobOutcome, Outcome, Reason
 from worker.claims import (
     NOT_SENT,
     SENDING_STATE,
@@ -51,6 +51,7 @@ from worker.delivery.answers import answers_add
 from worker.delivery.base import (
     AMBIGUOUS,
     PERMANENT,
+    POSTPONED,
     THROTTLED,
     Dispatcher,
     DispatchError,
@@ -60,10 +61,11 @@ from worker.delivery.base import (
     recipients_typed,
 )
 from worker.delivery.dead_addresses import dead_addresses_record
+from worker.delivery.deliverability import Delivery, delivery_give_back, delivery_read
 from worker.delivery.registry import dispatcher_for
 from worker.delivery.rendering import Renderer
 from worker.delivery.sms_numbers import sms_numbers_record
-from worker.delivery.throttle import RETHROTTLED_MAX, Throttle, paced, throttle_for
+from worker.delivery.throttle import RETHROTTLED_MAX, Rate, Throttle, paced, throttle_for
 from worker.gate import (
     gate_decided_before,
     gate_holders,
@@ -81,6 +83,9 @@ logger = logging.getLogger(__name__)
 R = TypeVar("R")  # a recipient, whatever its type
 
 MAX_ATTEMPTS = 5  # transient failures and Redis outages: then the recipient fails visibly
+# A mailbox provider's rate that has no room for this long: its sends go in a later chunk
+# instead of holding the run (and the other groups' sends behind it).
+GROUP_WAIT_MAX = 2.0  # seconds
 REDIS_DOWN_DELAY = 30  # seconds before a chunk that met an unavailable Redis is tried again
 # What a waiting send ends as, when it never went.
 EXPIRED, CANCELLED = JobOutcome.EXPIRED, JobOutcome.CANCELLED
@@ -211,6 +216,7 @@ class _Run:
         dispatcher: Dispatcher,
         record: ChunkRecord,
         lease: RowLease,
+        delivery: Delivery | None = None,
     ) -> None:
         self.chunk, self.job = chunk, chunk.job
         self.dispatcher = dispatcher
@@ -230,6 +236,33 @@ class _Run:
         self.dead: list[tuple[int, str, str]] = []  # (user, address, why): the provider's word
         self.opted_out: list[int] = []  # users the provider said opted out of the channel
         self.reached: list[tuple[int, str]] = []  # (user, address): went out, or may have
+        # Mailbox providers: each recipient's group (by message id), and their throttles.
+        self.delivery = delivery
+        self.group: dict[str, str] = {}
+        if delivery is not None:
+            self.group = {r.message_id: g for r, g in zip(recipients, delivery.groups, strict=True)}
+        self.group_throttles: dict[str, Throttle | None] = {}
+        self.postponed: list[Recipient] = []  # their group's rate had no room soon
+        self.postponed_for = 0.0  # seconds: the longest wait they were told
+
+    def batches(self, sending: list[Recipient], size: int) -> list[list[Recipient]]:
+        """Dispatcher batches of `size`, each of one mailbox provider (its own rate)."""
+        by_group: dict[str, list[Recipient]] = {}
+        for recipient in sending:
+            by_group.setdefault(self.group.get(recipient.message_id, ""), []).append(recipient)
+        return [part[i : i + size] for part in by_group.values() for i in range(0, len(part), size)]
+
+    def _group_throttle(self, messages: list[Message]) -> Throttle | None:
+        """The throttle of the mailbox provider of a batch's sends (one group a batch)."""
+        if self.delivery is None or not messages:
+            return None
+        group = self.group.get(messages[0].message_id, "")
+        if group not in self.group_throttles:
+            rate: Rate | None = self.delivery.boxes.rate_for(self.dispatcher.provider, group)
+            self.group_throttles[group] = (
+                None if rate is None else Throttle(f"{self.dispatcher.provider}:{group}", rate)
+            )
+        return self.group_throttles[group]
 
     def to_send(self, admitted: list[tuple[Recipient, Decision]], states: bytes) -> list[Recipient]:
         """The admitted recipients to send now; the others are counted by what is known of
@@ -325,6 +358,10 @@ class _Run:
             if error is None:
                 sent.append(recipient)
                 self._went_out(recipient)
+            elif error.kind == POSTPONED:
+                unsent.append(recipient)
+                self.postponed.append(recipient)
+                self.postponed_for = max(self.postponed_for, error.retry_after or 1.0)
             elif error.kind == AMBIGUOUS and (not self.resend_unknown or self.last_attempt):
                 logger.warning("Send %s may or may not have gone out: %s", message_id, error)
                 self._ambiguous(recipient)  # marked sending: never sent again
@@ -349,7 +386,21 @@ class _Run:
             answers_add(self.dispatcher.provider, answers)  # for the operator (/metrics)
             return answers
 
-        errors = paced(self.throttle, messages, send, waiting=self.keeper.wait)
+        def provider_paced(part: Sequence[Message]) -> list[DispatchError | None]:
+            return paced(self.throttle, part, send, waiting=self.keeper.wait)
+
+        def postponed(left: Sequence[Message], wait: float) -> list[DispatchError | None]:
+            why = f"its mailbox provider's rate has room in {wait:.1f} s"
+            return [DispatchError(why, kind=POSTPONED, retry_after=wait) for _ in left]
+
+        errors = paced(
+            self._group_throttle(messages),
+            messages,
+            provider_paced,
+            waiting=self.keeper.wait,
+            later=postponed,
+            waits_max=GROUP_WAIT_MAX,
+        )
         for _round in range(RETHROTTLED_MAX):
             refused = [i for i, e in enumerate(errors) if e is not None and e.kind == THROTTLED]
             if not refused:
@@ -466,26 +517,44 @@ def _run_gated(
         clock if clock is not None else timezone.now() - timedelta(seconds=1),
         job.created_at - timedelta(seconds=1),
     )
-    # A decided round's job: its outranked sends are refused before the gate.
+    # A decided round's job: its outranked sends are refused before the gate; email to a
+    # braked mailbox provider, or beyond the day's warm-up volume, waits before it.
     split = round_split(job, recipients)
+    before = split[0] if split is not None else None
+    delivery = delivery_read(
+        channel=job.channel,
+        retries=chunk.kind == SendChunk.Kind.RETRY,
+        recipients=recipients,
+        before=before,
+        now=clock or timezone.now(),
+    )
+    if delivery is not None:
+        before = delivery.before
     with timed("gate"):
-        if split is None:
+        if before is None:
             decisions = job_gate_check(job, recipients, now=clock)
         else:
-            decisions = _round_gated(job, recipients, split, clock)
+            decisions = _gated_around(job, recipients, before, clock)
+        if split is not None:
+            refused = sum(
+                1 for d, c in zip(decisions, split[1].tolist(), strict=True) if c and not d.allowed
+            )
+            assert job.round_id is not None  # a job no round decided is not split
+            round_differences(job.round_id, refused)
+        if delivery is not None:
+            delivery_give_back(delivery, decisions)
     # What `retry_after` counts from: the gate's clock (taken after it answered, so that a
     # release read from it is never early).
     gated_at = clock or timezone.now()
     record = ChunkRecord(chunk, uuid.uuid4().hex[:16])
-    run = _Run(chunk, recipients, dispatcher, record, lease)
+    run = _Run(chunk, recipients, dispatcher, record, lease, delivery)
     admitted = [(r, d) for r, d in zip(recipients, decisions, strict=True) if d.allowed]
     states = b""
     if admitted:
         with timed("claims"):
             states = record.take()  # how far an earlier run got; from now on, this run's
     sending = run.to_send(admitted, states)
-    size = max(1, dispatcher.batch_size)
-    run.send_all([sending[i : i + size] for i in range(0, len(sending), size)], renderer)
+    run.send_all(run.batches(sending, max(1, dispatcher.batch_size)), renderer)
     if run.dead:
         dead_addresses_record(job, run.dead)
     # The ledger first: what went out is known there even if the writes below fail.
@@ -512,17 +581,21 @@ def _run_gated(
         # A reply (STOP) names only the number: which users it was texted for.
         sms_numbers_record(sends=run.reached, at=clock or timezone.now())
     outcomes = run.outcomes
-    deferred: list[tuple[Recipient, datetime]] = []  # (recipient, its release)
+    deferred: list[tuple[Recipient, datetime, str]] = []  # (recipient, its release, held)
     unavailable: list[Recipient] = []
-    for recipient, decision in zip(recipients, decisions, strict=True):
+    for i, (recipient, decision) in enumerate(zip(recipients, decisions, strict=True)):
         if decision.allowed:
             continue
-        if (
+        if decision.reason in HELD_BEFORE_GATE:
+            assert delivery is not None  # only it holds sends before the gate
+            held, release = delivery.holds[i]
+            deferred.append((recipient, release, held))
+        elif (
             decision.reason in DEFERRABLE
             and job.on_capped == SendJob.OnCapped.DEFER
             and decision.retry_after is not None
         ):
-            deferred.append((recipient, gated_at + timedelta(seconds=decision.retry_after)))
+            deferred.append((recipient, gated_at + timedelta(seconds=decision.retry_after), ""))
         elif decision.reason == Reason.UNAVAILABLE and not run.last_attempt:
             # Redis or the snapshot is missing: try again soon instead of dropping the send.
             unavailable.append(recipient)
@@ -538,27 +611,28 @@ def _run_gated(
         retries.append((run.retry, 5 * 2**chunk.attempts, chunk.attempts + 1))
     if unavailable:  # Redis or the snapshot missing: soon, and an attempt spent
         retries.append((unavailable, float(REDIS_DOWN_DELAY), chunk.attempts + 1))
+    if run.postponed:  # their mailbox provider's rate: after its wait, no attempt spent
+        retries.append((run.postponed, run.postponed_for, chunk.attempts))
     with timed("settle"):
         _settle(chunk, decisions, outcomes, retries, deferred, clock or timezone.now())
     return dict(outcomes)
 
 
-def _round_gated(
+def _gated_around(
     job: SendJob,
     recipients: list[Recipient],
-    split: tuple[list[Decision | None], Any],
+    before: list[Decision | None],
     clock: datetime | None,
 ) -> list[Decision]:
-    """A decided round's chunk: the outranked refused (and kept in the ledger), the rest gated;
-    a chosen send the gate refuses is a difference, counted on the round."""
-    before, chosen = split
+    """A chunk some of whose sends were decided before the gate (`before`: a decision, or None
+    for the gate to decide): a round's outranked (kept in the ledger as the gate's own), and
+    email held for its mailbox provider (gated when its hold ends)."""
     gated = [r for r, d in zip(recipients, before, strict=True) if d is None]
     answers = iter(job_gate_check(job, gated, now=clock) if gated else [])
     decisions = [d if d is not None else next(answers) for d in before]
-    gate_decided_before(job, [d for d in before if d is not None], now=clock)
-    refused = sum(1 for d, c in zip(decisions, chosen.tolist(), strict=True) if c and not d.allowed)
-    assert job.round_id is not None  # a job no round decided is not split
-    round_differences(job.round_id, refused)
+    outranked = [d for d in before if d is not None and d.reason == Reason.OUTRANKED]
+    if outranked:
+        gate_decided_before(job, outranked, now=clock)
     return decisions
 
 
@@ -606,12 +680,13 @@ def _settle(
     decisions: list[Any],
     outcomes: Counter[str],
     retries: list[tuple[list[Recipient], float, int]],
-    deferred: list[tuple[Recipient, datetime]],
+    deferred: list[tuple[Recipient, datetime, str]],
     now: datetime,
 ) -> None:
     """Record the chunk's results on the job and store its follow-up chunks, in one
     transaction: retries (recipients, delay from `now`, attempts) and the deferred sends
-    (recipient, release), grouped by release minute. Follow-ups wait in the database, not in
+    (recipient, release, what holds them: "" for the gate), grouped by hold and release
+    minute. Follow-ups wait in the database, not in
     the broker: `send_chunks_due` queues each when its `not_before` comes.
 
     Read under the job's lock, so that a cancel or an expiry never misses a deferral made at the
@@ -630,16 +705,18 @@ def _settle(
             for d in decisions
         )
         segments = Counter(job.segments)
-        segments.update(d.segment or "unknown" for d in decisions)
+        segments.update(
+            d.segment or "unknown" for d in decisions if d.reason not in HELD_BEFORE_GATE
+        )
         waiting = []
         ended = _waiting_end(job, now)
-        for recipient, release in deferred:
+        for recipient, release, held in deferred:
             if ended is not None:
                 outcomes[ended] += 1
             elif release > job.expires_at:
                 outcomes[EXPIRED] += 1
             else:
-                waiting.append((recipient, release))
+                waiting.append((recipient, release, held))
         reasons.update({o: outcomes[o] for o in (EXPIRED, CANCELLED) if outcomes[o]})
         job.reasons, job.segments = dict(reasons), dict(segments)
         follow_ups = [
@@ -653,6 +730,9 @@ def _settle(
             )
             for recipients, delay, attempts in retries
         ]
+        holds: dict[str, list[tuple[Recipient, datetime]]] = {}
+        for recipient, release, held in waiting:
+            holds.setdefault(held, []).append((recipient, release))
         follow_ups.extend(
             # Waiting for a slot or the morning is not a failure: no attempt spent.
             SendChunk(
@@ -662,8 +742,10 @@ def _settle(
                 size=len(recipients),
                 attempts=chunk.attempts,
                 not_before=not_before,
+                held=held,
             )
-            for not_before, recipients in release_groups(waiting)
+            for held, group in holds.items()
+            for not_before, recipients in release_groups(group)
         )
         large_rows_created(SendChunk, follow_ups)
         chunk.status = SendChunk.Status.DONE

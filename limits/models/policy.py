@@ -276,6 +276,8 @@ class SettingChange(models.Model):
         STOPPED = "stopped"
         CONCLUDED = "concluded"
         SECRET_ROTATED = "secret_rotated", "given a new secret"
+        PAUSED = "paused"
+        RESUMED = "resumed"
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     object_id = models.BigIntegerField(null=True, blank=True, help_text="Empty: a singleton.")

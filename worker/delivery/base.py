@@ -53,6 +53,9 @@ import msgspec
 logger = logging.getLogger(__name__)
 
 TRANSIENT, PERMANENT, AMBIGUOUS, THROTTLED = "transient", "permanent", "ambiguous", "throttled"
+# Never handed to the provider: its mailbox provider's rate had no room for it soon
+# (worker/delivery/mailboxes.py); sent by a later chunk after `retry_after` s, no attempt spent.
+POSTPONED = "postponed"
 
 
 class DispatchError(Exception):

@@ -142,11 +142,15 @@ def paced(
     send: Callable[[Sequence[T]], list[R]],
     *,
     waiting: Callable[[float], None] | None = None,
+    later: Callable[[Sequence[T], float], list[R]] | None = None,
+    waits_max: float = float("inf"),
 ) -> list[R]:
     """`send` over `items` in the order given, no faster than the throttle grants tokens, in
     parts of at least half a burst (2% of a second of the rate) or what is left, so that a
     provider's batch calls stay batches. `waiting(seconds)` waits (the worker renews its
-    chunk's lease in it); the throttle's `sleep` by default. Without a throttle, one call."""
+    chunk's lease in it); the throttle's `sleep` by default. Without a throttle, one call.
+    With `later`, a wait longer than `waits_max` seconds is not waited: `later(the items left,
+    the wait)` answers for them."""
     if throttle is None or not items:
         return send(items)
     wait_for = waiting or throttle.sleep
@@ -158,6 +162,8 @@ def paced(
         # the worker woke and asked.
         least = min(left, max(1, throttle.rate.burst // 2))
         granted, wait = _taken(throttle, left, least, wait_for)
+        if not granted and later is not None and wait > waits_max:
+            return results + later(items[start:], wait)
         if granted:
             results.extend(send(items[start : start + granted]))
             start += granted

@@ -1,0 +1,152 @@
+"""A chunk of email as its run sees its mailbox providers: each recipient's group (the rates its
+sends are paced at, worker/delivery/mailboxes.py), and the sends held before the gate:
+
+- **braked**: its group is paused by the brake (worker/delivery/brakes.py). The send waits in a
+  deferred chunk (`held` = `brake:<group>`) for BRAKE_RECHECK, and is gated again then; a
+  resume hands those chunks out at once.
+- **warming_up**: beyond the day's volume of the sending domain's warm-up plan for its group
+  (worker/delivery/warmup.py). It waits (`held` = `warmup:<domain>:<group>`) for the next
+  day's start in the plan's zone. A chunk of retries does not count again: its sends took their
+  volume when the gate first admitted them.
+
+A held send is not gated, so no cap is charged for it; its job counts it under its reason and
+it goes through the gate when its hold ends. The job's expiry still ends it, as any waiting
+send.
+
+The sending domain is the domain of DEFAULT_FROM_EMAIL, the address every dispatcher sends
+from.
+"""
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
+from email.utils import parseaddr
+from typing import Any
+
+from django.conf import settings
+
+from limits.channels import EMAIL
+from limits.engine.limiter import Decision
+from limits.reasons import Reason
+from worker.delivery.mailboxes import Mailboxes, domain_of, mailboxes
+from worker.delivery.warmup import Plan, warmup_ended, warmup_plans, warmup_take
+
+# How long a braked send waits before it is looked at again (a resume releases it at once).
+BRAKE_RECHECK = timedelta(hours=1)
+BRAKE, WARMUP = "brake", "warmup"
+
+
+def sending_domain() -> str:
+    """The domain the email goes out from (DEFAULT_FROM_EMAIL's)."""
+    return domain_of(parseaddr(settings.DEFAULT_FROM_EMAIL)[1])
+
+
+def brake_hold(group: str) -> str:
+    """A waiting chunk's `held` for a braked group's sends."""
+    return f"{BRAKE}:{group}"
+
+
+def warmup_hold(domain: str, group: str) -> str:
+    return f"{WARMUP}:{domain}:{group}"
+
+
+@dataclass
+class Delivery:
+    """A chunk's mailbox providers, as its run reads them."""
+
+    boxes: Mailboxes
+    groups: list[str]  # each recipient's group
+    # Per recipient: a decision made before the gate (outranked, braked, warming_up), or None.
+    before: list[Decision | None]
+    holds: dict[int, tuple[str, datetime]] = field(default_factory=dict)  # i -> (held, release)
+    plan: Plan | None = None
+    day: date | None = None
+    took: dict[int, str] = field(default_factory=dict)  # i -> group: warm-up volume taken
+
+
+def _held(recipient: Any, reason: Reason) -> Decision:
+    return Decision(
+        user_id=recipient.user_id,
+        message_id=recipient.message_id,
+        allowed=False,
+        reason=reason,
+        counts={},
+        limits={},
+        retry_after=None,
+    )
+
+
+def delivery_read(
+    *,
+    channel: str,
+    retries: bool,
+    recipients: Sequence[Any],
+    before: list[Decision | None] | None,
+    now: datetime,
+) -> Delivery | None:
+    """The chunk's groups and holds; None when nothing holds or paces its sends (not email, or
+    no group has a rate, a brake on, or a warm-up plan for the sending domain). `retries`: a
+    chunk of sends the gate admitted before (they took their warm-up volume then). `before`:
+    decisions made already (a round's outranked), kept."""
+    if channel != EMAIL:
+        return None
+    boxes = mailboxes()
+    plan = warmup_plans().get(sending_domain())
+    if plan is not None and plan.over:
+        plan = None
+    if not boxes.rates and not boxes.paused and plan is None:
+        return None
+    delivery = Delivery(
+        boxes=boxes,
+        groups=boxes.groups_of(r.address for r in recipients),
+        before=list(before) if before is not None else [None] * len(recipients),
+    )
+    if boxes.paused:
+        release = now + BRAKE_RECHECK
+        for i, group in enumerate(delivery.groups):
+            if delivery.before[i] is None and group in boxes.paused:
+                delivery.before[i] = _held(recipients[i], Reason.BRAKED)
+                delivery.holds[i] = (brake_hold(group), release)
+    if plan is not None and not retries:
+        _warmed(delivery, plan, recipients, now)
+    return delivery
+
+
+def _warmed(delivery: Delivery, plan: Plan, recipients: Sequence[Any], now: datetime) -> None:
+    index, today, following = plan.day(now)
+    held = [
+        (i, group)
+        for i, group in enumerate(delivery.groups)
+        if delivery.before[i] is None and plan.volume(group, index) is not None
+    ]
+    if not held:
+        return
+    wanted = Counter(group for _, group in held)
+    volumes = {group: plan.volume(group, index) or 0 for group in wanted}
+    granted = warmup_take(plan, today, {g: (n, volumes[g]) for g, n in wanted.items()})
+    delivery.plan, delivery.day = plan, today
+    ended = [
+        group
+        for group, (_, used) in granted.items()
+        if index >= len(plan.volumes[group]) - 1 and used >= volumes[group]
+    ]
+    if ended:
+        warmup_ended(plan, ended, today)
+    left = {group: got for group, (got, _) in granted.items()}
+    for i, group in held:
+        if left[group] > 0:
+            left[group] -= 1
+            delivery.took[i] = group
+        else:
+            delivery.before[i] = _held(recipients[i], Reason.WARMING_UP)
+            delivery.holds[i] = (warmup_hold(plan.domain, group), following)
+
+
+def delivery_give_back(delivery: Delivery, decisions: Sequence[Decision]) -> None:
+    """Warm-up volume taken for sends the gate then refused, given back."""
+    if delivery.plan is None or delivery.day is None or not delivery.took:
+        return
+    back = Counter(group for i, group in delivery.took.items() if not decisions[i].allowed)
+    if back:
+        warmup_take(delivery.plan, delivery.day, {g: (-n, 0) for g, n in back.items()})
