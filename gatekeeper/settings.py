@@ -177,6 +177,7 @@ UPKEEP_TASKS = (
     "segments.tasks.user_lists_stalled",
     "worker.tasks.send_chunks_due",
     "worker.tasks.send_jobs_start_due",
+    "worker.tasks.mailbox_brakes",
 )
 CELERY_TASK_ROUTES = {
     "segments.tasks.*": {"queue": "builds"},
@@ -206,6 +207,8 @@ CELERY_BEAT_SCHEDULE = {
     # Rounds decided when they close (the choice runs on `sends`: a 10M-user round takes
     # minutes); a round's jobs start once it is decided.
     "rounds-decide-due": {"task": "worker.tasks.rounds_decide_due", "schedule": 5.0},
+    # Mailbox providers whose complaints or bounces reach their brake paused (within 20 s).
+    "mailbox-brakes": {"task": "worker.tasks.mailbox_brakes", "schedule": 15.0},
     # The plan of the scheduled jobs, made again when a job, a rule or the snapshot changes.
     "plan-refresh-due": {"task": "worker.tasks.plan_refresh_due", "schedule": 30.0},
     # A large user list whose validation task was lost is queued again.
@@ -416,6 +419,12 @@ GATEKEEPER_PROVIDER_RATES = env.str("GATEKEEPER_PROVIDER_RATES", default="")
 # A recipient domain no mailbox provider names is matched by its MX hosts, asked of DNS once a
 # day a domain (worker/delivery/mailboxes.py); off: it is in `other`.
 GATEKEEPER_MAILBOX_MX_LOOKUP = env.bool("GATEKEEPER_MAILBOX_MX_LOOKUP", default=False)
+# The brakes (worker/delivery/brakes.py): a mailbox provider is paused when, with at least
+# MIN_DELIVERED delivered over 24 hours, its spam complaints reach COMPLAINT_RATE of them or its
+# hard bounces BOUNCE_RATE of its sent.
+GATEKEEPER_BRAKE_COMPLAINT_RATE = env.float("GATEKEEPER_BRAKE_COMPLAINT_RATE", default=0.003)
+GATEKEEPER_BRAKE_BOUNCE_RATE = env.float("GATEKEEPER_BRAKE_BOUNCE_RATE", default=0.05)
+GATEKEEPER_BRAKE_MIN_DELIVERED = env.int("GATEKEEPER_BRAKE_MIN_DELIVERED", default=1000)
 # Recipients gated per gate call and per Celery task.
 GATEKEEPER_SEND_CHUNK_SIZE = env.int("GATEKEEPER_SEND_CHUNK_SIZE", default=5000)
 # A campaign file uploaded to POST /api/v1/sends/ or the admin, as sent (gzip counts compressed):

@@ -60,6 +60,7 @@ from worker.delivery.base import (
     opted_out_source,
     recipients_typed,
 )
+from worker.delivery.brakes import SENT, brake_count
 from worker.delivery.dead_addresses import dead_addresses_record
 from worker.delivery.deliverability import Delivery, delivery_give_back, delivery_read
 from worker.delivery.registry import dispatcher_for
@@ -242,6 +243,7 @@ class _Run:
         if delivery is not None:
             self.group = {r.message_id: g for r, g in zip(recipients, delivery.groups, strict=True)}
         self.group_throttles: dict[str, Throttle | None] = {}
+        self.sent_to: Counter[str] = Counter()  # sends that went out, by group (the brakes')
         self.postponed: list[Recipient] = []  # their group's rate had no room soon
         self.postponed_for = 0.0  # seconds: the longest wait they were told
 
@@ -424,6 +426,8 @@ class _Run:
         return errors
 
     def _went_out(self, recipient: Recipient) -> None:
+        if self.delivery is not None:
+            self.sent_to[self.group[recipient.message_id]] += 1
         self.outcomes[JobOutcome.SENT] += 1
         self.dispatched.append((recipient.user_id, recipient.message_id, Outcome.SENT))
         self.reached.append((recipient.user_id, recipient.address))
@@ -555,6 +559,8 @@ def _run_gated(
             states = record.take()  # how far an earlier run got; from now on, this run's
     sending = run.to_send(admitted, states)
     run.send_all(run.batches(sending, max(1, dispatcher.batch_size)), renderer)
+    if run.sent_to:
+        brake_count(SENT, run.sent_to, at=clock)
     if run.dead:
         dead_addresses_record(job, run.dead)
     # The ledger first: what went out is known there even if the writes below fail.

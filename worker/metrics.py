@@ -41,6 +41,9 @@ from limits.ledger.drain import drain_backlog
 from segments.index import index_status
 from worker import latency, stats, timings
 from worker.delivery import answers
+from worker.delivery.brakes import BOUNCED, COMPLAINED, SENT, brake_figures
+from worker.delivery.deliverability import mail_waiting
+from worker.models import MailboxProvider
 from worker.processes import processes_list
 from worker.selectors import CHUNK_STATES, chunks_backlog, jobs_by_status, jobs_idle
 
@@ -76,6 +79,7 @@ class GatekeeperCollector(Collector):
         yield from self.ledger(redis_up)
         yield from self.sends(database_up)
         yield from self.providers(redis_up)
+        yield from self.mailbox_providers(redis_up, database_up)
         yield from self.worker_seconds(redis_up)
 
     def decisions(self, redis_up: bool) -> Iterator[Metric]:
@@ -283,6 +287,52 @@ class GatekeeperCollector(Collector):
                 for answer in answers.ANSWERS:
                     answered.add_metric([provider, answer], found.get((provider, answer), 0))
         yield answered
+
+    def mailbox_providers(self, redis_up: bool, database_up: bool) -> Iterator[Metric]:
+        paused = GaugeMetricFamily(
+            "gatekeeper_mailbox_provider_paused",
+            "1 while a mailbox provider's brake holds its email (a person resumes it).",
+            labels=["group"],
+        )
+        waiting = GaugeMetricFamily(
+            "gatekeeper_mailbox_provider_waiting",
+            "Email waiting for a mailbox provider: `brake` (paused) or `warmup` (beyond the "
+            "day's warm-up volume).",
+            labels=["group", "hold"],
+        )
+        figures = GaugeMetricFamily(
+            "gatekeeper_mailbox_provider_24h",
+            "A mailbox provider's email over the last 24 hours (since it was resumed): sent, "
+            "complained, bounced (hard).",
+            labels=["group", "figure"],
+        )
+        groups: list[str] = []
+        if database_up:
+            try:
+                states = list(MailboxProvider.objects.values_list("slug", "paused_at"))
+                held = mail_waiting()
+            except DatabaseError:
+                states, held = [], {}
+            for slug, paused_at in states:
+                groups.append(slug)
+                paused.add_metric([slug], 1.0 if paused_at is not None else 0.0)
+            for (group, hold), count in sorted(held.items()):
+                waiting.add_metric([group, hold], count)
+        if redis_up:
+            for group in groups:
+                try:
+                    found = brake_figures(group)
+                except (*REDIS_DOWN, ValueError):
+                    continue
+                for figure, value in (
+                    (SENT, found.sent),
+                    (COMPLAINED, found.complaints),
+                    (BOUNCED, found.bounces),
+                ):
+                    figures.add_metric([group, figure], value)
+        yield paused
+        yield waiting
+        yield figures
 
     def worker_seconds(self, redis_up: bool) -> Iterator[Metric]:
         seconds = CounterMetricFamily(

@@ -19,6 +19,7 @@ from worker.chunks import (
     waiting_close,
 )
 from worker.delivery import dead_addresses
+from worker.delivery.brakes import brakes_check
 from worker.plan import plan_refresh
 from worker.preparing import jobs_preparing_stalled, send_job_part_run, send_job_prepare_run
 from worker.rounds import round_project, rounds_close_due
@@ -170,6 +171,13 @@ def rounds_decide_due(now: str | None = None) -> int:
     per round under its lease; a round that cannot be decided now (Redis or the snapshot away)
     is tried again once its lease runs out. Returns how many it decided."""
     return len(rounds_close_due(now=_instant(now)))
+
+
+@shared_task
+def mailbox_brakes() -> list[str]:
+    """Beat, every 15 s: pause the mailbox providers whose complaints or hard bounces reach
+    their brake (worker/delivery/brakes.py). Returns the groups it paused."""
+    return brakes_check()
 
 
 @shared_task

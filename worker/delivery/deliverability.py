@@ -57,8 +57,9 @@ class Delivery:
 
     boxes: Mailboxes
     groups: list[str]  # each recipient's group
-    # Per recipient: a decision made before the gate (outranked, braked, warming_up), or None.
-    before: list[Decision | None]
+    # Per recipient: a decision made before the gate (outranked, braked, warming_up), or None;
+    # None for all when none was.
+    before: list[Decision | None] | None
     holds: dict[int, tuple[str, datetime]] = field(default_factory=dict)  # i -> (held, release)
     plan: Plan | None = None
     day: date | None = None
@@ -85,32 +86,34 @@ def delivery_read(
     before: list[Decision | None] | None,
     now: datetime,
 ) -> Delivery | None:
-    """The chunk's groups and holds; None when nothing holds or paces its sends (not email, or
-    no group has a rate, a brake on, or a warm-up plan for the sending domain). `retries`: a
-    chunk of sends the gate admitted before (they took their warm-up volume then). `before`:
-    decisions made already (a round's outranked), kept."""
+    """The chunk's groups and holds; None when it is not email. `retries`: a chunk of sends
+    the gate admitted before (they took their warm-up volume then). `before`: decisions made
+    already (a round's outranked), kept."""
     if channel != EMAIL:
         return None
     boxes = mailboxes()
-    plan = warmup_plans().get(sending_domain())
-    if plan is not None and plan.over:
-        plan = None
-    if not boxes.rates and not boxes.paused and plan is None:
-        return None
     delivery = Delivery(
-        boxes=boxes,
-        groups=boxes.groups_of(r.address for r in recipients),
-        before=list(before) if before is not None else [None] * len(recipients),
+        boxes=boxes, groups=boxes.groups_of(r.address for r in recipients), before=before
     )
     if boxes.paused:
         release = now + BRAKE_RECHECK
         for i, group in enumerate(delivery.groups):
-            if delivery.before[i] is None and group in boxes.paused:
-                delivery.before[i] = _held(recipients[i], Reason.BRAKED)
-                delivery.holds[i] = (brake_hold(group), release)
-    if plan is not None and not retries:
+            if group in boxes.paused:
+                decided = _decided(delivery, len(recipients))
+                if decided[i] is None:
+                    decided[i] = _held(recipients[i], Reason.BRAKED)
+                    delivery.holds[i] = (brake_hold(group), release)
+    plan = warmup_plans().get(sending_domain())
+    if plan is not None and not plan.over and not retries:
         _warmed(delivery, plan, recipients, now)
     return delivery
+
+
+def _decided(delivery: Delivery, size: int) -> list[Decision | None]:
+    """The decisions made before the gate, as a list (None for each send, when none was)."""
+    if delivery.before is None:
+        delivery.before = [None] * size
+    return delivery.before
 
 
 def _warmed(delivery: Delivery, plan: Plan, recipients: Sequence[Any], now: datetime) -> None:
@@ -118,7 +121,8 @@ def _warmed(delivery: Delivery, plan: Plan, recipients: Sequence[Any], now: date
     held = [
         (i, group)
         for i, group in enumerate(delivery.groups)
-        if delivery.before[i] is None and plan.volume(group, index) is not None
+        if plan.volume(group, index) is not None
+        and (delivery.before is None or delivery.before[i] is None)
     ]
     if not held:
         return
@@ -139,7 +143,7 @@ def _warmed(delivery: Delivery, plan: Plan, recipients: Sequence[Any], now: date
             left[group] -= 1
             delivery.took[i] = group
         else:
-            delivery.before[i] = _held(recipients[i], Reason.WARMING_UP)
+            _decided(delivery, len(recipients))[i] = _held(recipients[i], Reason.WARMING_UP)
             delivery.holds[i] = (warmup_hold(plan.domain, group), following)
 
 
@@ -150,3 +154,24 @@ def delivery_give_back(delivery: Delivery, decisions: Sequence[Decision]) -> Non
     back = Counter(group for i, group in delivery.took.items() if not decisions[i].allowed)
     if back:
         warmup_take(delivery.plan, delivery.day, {g: (-n, 0) for g, n in back.items()})
+
+
+def mail_waiting() -> dict[tuple[str, str], int]:
+    """Email waiting for its mailbox provider, by (group, hold: `brake` or `warmup`)."""
+    from django.db.models import Sum
+
+    from worker.models import SendChunk
+
+    rows = (
+        SendChunk.objects.filter(
+            kind=SendChunk.Kind.DEFERRED, status=SendChunk.Status.QUEUED, held__gt=""
+        )
+        .values("held")
+        .annotate(n=Sum("size"))
+    )
+    found: dict[tuple[str, str], int] = {}
+    for row in rows:
+        hold, _, rest = row["held"].partition(":")
+        group = rest.rpartition(":")[2]
+        found[(group, hold)] = found.get((group, hold), 0) + (row["n"] or 0)
+    return found

@@ -21,6 +21,7 @@ from django.utils import timezone
 from gatekeeper.lib.problems import Problem, Problems
 from limits.models.policy import SettingChange
 from limits.policy.authored import SettingKind, deleted
+from worker.delivery.brakes import brake_forget
 from worker.delivery.deliverability import WARMUP, brake_hold
 from worker.delivery.mailboxes import (
     GROUPS_MAX,
@@ -227,6 +228,7 @@ def mailbox_resume(
         via=via,
     )
     assert saved is not None
+    brake_forget(saved.slug)  # the brake counts from now on
     _handed_out(saved.slug, now=now)
     return saved
 

@@ -3,7 +3,8 @@
 Anymail serves each ESP's tracking webhook at /anymail/<esp>/tracking/ (gatekeeper/urls.py),
 checks it and turns the ESP's payload into normalized events (anymail.signals.tracking);
 `tracking_received` (connected in worker/apps.py) puts the user on the email suppression list
-for good reasons only:
+for good reasons only (and counts complaints and hard bounces for the brakes of the recipient's
+mailbox provider, worker/delivery/brakes.py):
 - `complained` (a spam complaint): reason `complained`;
 - `unsubscribed` (the ESP's own unsubscribe link or list): reason `unsubscribed`;
 - `bounced` when the bounce is permanent: reason `bounced`. Anymail reports several ESPs' soft
@@ -40,6 +41,8 @@ from gatekeeper.lib.integers import NotAWholeNumber, whole_number
 from limits.channels import EMAIL
 from limits.models.people import Suppression
 from limits.people.suppression import suppress
+from worker.delivery.brakes import BOUNCED, COMPLAINED, brake_count
+from worker.delivery.mailboxes import mailboxes
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +123,13 @@ def suppression_reason(event: AnymailTrackingEvent, esp_name: str) -> str | None
     return Suppression.Reason.BOUNCED if hard(event) else None
 
 
+# What the brakes count (worker/delivery/brakes.py) of the suppressing events.
+_BRAKE_FIGURES: dict[str, str] = {
+    Suppression.Reason.COMPLAINED: COMPLAINED,
+    Suppression.Reason.BOUNCED: BOUNCED,
+}
+
+
 def user_of(event: AnymailTrackingEvent) -> int | None:
     """The user id our metadata gave the message, or None."""
     value = (event.metadata or {}).get("user_id")
@@ -143,6 +153,10 @@ def tracking_received(
     reason = suppression_reason(event, esp_name)
     if reason is None:
         return
+    figure = _BRAKE_FIGURES.get(reason)
+    if figure is not None and event.recipient:
+        # The brakes count it by the recipient's mailbox provider, whoever the user is.
+        brake_count(figure, {mailboxes().group_of(event.recipient): 1})
     user_id = user_of(event)
     if user_id is None:
         logger.warning(
