@@ -19,7 +19,7 @@ from worker.chunks import (
     waiting_close,
 )
 from worker.delivery import dead_addresses
-from worker.delivery.brakes import brakes_check
+from worker.delivery.mailbox_settings import brakes_check
 from worker.plan import plan_refresh
 from worker.preparing import jobs_preparing_stalled, send_job_part_run, send_job_prepare_run
 from worker.rounds import round_project, rounds_close_due

@@ -13,7 +13,8 @@ last 24 hours (since a person resumed it, when later):
 A group is paused (`mailbox_pause`, a change in the one history) when, with at least
 GATEKEEPER_BRAKE_MIN_DELIVERED delivered (1,000), its complaints reach
 GATEKEEPER_BRAKE_COMPLAINT_RATE of them (0.003), or its bounces reach
-GATEKEEPER_BRAKE_BOUNCE_RATE of its sent (0.05). Beat's `mailbox_brakes` checks every 15 s,
+GATEKEEPER_BRAKE_BOUNCE_RATE of its sent (0.05). Beat's `mailbox_brakes` checks every 15 s
+(worker.delivery.mailbox_settings.brakes_check),
 and every worker reads the groups at most 5 s old: a group is paused, and its email waits,
 within 20 s of the event that tripped it. Its sends then wait (worker/delivery/deliverability.py)
 until a person resumes it; the count starts again then.
@@ -24,7 +25,7 @@ The counts are one Redis hash per group (`<prefix>brake:{<group>}`): a field per
 
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -127,28 +128,3 @@ def brake_tripped(figures: Figures) -> str | None:
             f"{figures.bounce_rate:.2%}, at or above {bounce_limit:.2%}."
         )
     return None
-
-
-def brakes_check(*, now: datetime | None = None) -> list[str]:
-    """Pause every group a brake trips (beat's `mailbox_brakes`). Returns the groups paused."""
-    from worker.delivery.mailbox_settings import mailbox_pause
-    from worker.models import MailboxProvider
-
-    now = now or timezone.now()
-    paused = []
-    for row in MailboxProvider.objects.filter(paused_at__isnull=True):
-        figures = brake_figures(row.slug, now=now)
-        words = brake_tripped(figures)
-        if words is None:
-            continue
-        why = {
-            **asdict(figures),
-            "delivered": figures.delivered,
-            "complaint_rate": round(figures.complaint_rate, 6),
-            "bounce_rate": round(figures.bounce_rate, 6),
-            "words": words,
-        }
-        if mailbox_pause(row, why, now=now) is not None:
-            logger.warning("Mailbox provider %s paused by its brake: %s", row.slug, words)
-            paused.append(row.slug)
-    return paused

@@ -10,7 +10,9 @@ group's.
 """
 
 import contextlib
+import logging
 from collections.abc import Mapping
+from dataclasses import asdict
 from datetime import date, datetime
 from typing import Any
 
@@ -21,7 +23,7 @@ from django.utils import timezone
 from gatekeeper.lib.problems import Problem, Problems
 from limits.models.policy import SettingChange
 from limits.policy.authored import SettingKind, deleted
-from worker.delivery.brakes import brake_forget
+from worker.delivery.brakes import brake_figures, brake_forget, brake_tripped
 from worker.delivery.deliverability import WARMUP, brake_hold
 from worker.delivery.mailboxes import (
     GROUPS_MAX,
@@ -34,6 +36,7 @@ from worker.delivery.mailboxes import (
 from worker.delivery.warmup import DEFAULT_RAMP, warmup_forget, warmup_problems
 from worker.models import MailboxProvider, SendChunk, WarmupPlan
 
+logger = logging.getLogger(__name__)
 Action = SettingChange.Action
 Kind = SettingChange.Kind
 MAILBOX_FIELDS = ("slug", "name", "domains", "mx_hosts", "rates")
@@ -376,3 +379,28 @@ def _warmup_handed_out(domain: str) -> None:
         status=SendChunk.Status.QUEUED,
         held__startswith=f"{WARMUP}:{domain}:",
     ).update(not_before=timezone.now(), queued_at=None)
+
+
+# --- the brakes' check -----------------------------------------------------------------------
+
+
+def brakes_check(*, now: datetime | None = None) -> list[str]:
+    """Pause every group a brake trips (beat's `mailbox_brakes`). Returns the groups paused."""
+    now = now or timezone.now()
+    paused = []
+    for row in MailboxProvider.objects.filter(paused_at__isnull=True):
+        figures = brake_figures(row.slug, now=now)
+        words = brake_tripped(figures)
+        if words is None:
+            continue
+        why = {
+            **asdict(figures),
+            "delivered": figures.delivered,
+            "complaint_rate": round(figures.complaint_rate, 6),
+            "bounce_rate": round(figures.bounce_rate, 6),
+            "words": words,
+        }
+        if mailbox_pause(row, why, now=now) is not None:
+            logger.warning("Mailbox provider %s paused by its brake: %s", row.slug, words)
+            paused.append(row.slug)
+    return paused
