@@ -66,7 +66,14 @@ from worker.delivery.deliverability import Delivery, delivery_give_back, deliver
 from worker.delivery.registry import dispatcher_for
 from worker.delivery.rendering import Renderer
 from worker.delivery.sms_numbers import sms_numbers_record
-from worker.delivery.throttle import RETHROTTLED_MAX, Rate, Throttle, paced, throttle_for
+from worker.delivery.throttle import (
+    RETHROTTLED_MAX,
+    Rate,
+    Throttle,
+    paced,
+    throttle_for,
+    throttle_named,
+)
 from worker.gate import (
     gate_decided_before,
     gate_holders,
@@ -83,7 +90,10 @@ from worker.timings import timed
 logger = logging.getLogger(__name__)
 R = TypeVar("R")  # a recipient, whatever its type
 
-MAX_ATTEMPTS = 5  # transient failures and Redis outages: then the recipient fails visibly
+# Transient failures and Redis outages: then the recipient fails visibly. With the backoff
+# (5 s doubling, RETRY_WAIT_MAX at most) a provider may refuse a send for about 10 minutes.
+MAX_ATTEMPTS = 8
+RETRY_WAIT_MAX = 600.0  # seconds
 # A mailbox provider's rate that has no room for this long: its sends go in a later chunk
 # instead of holding the run (and the other groups' sends behind it).
 GROUP_WAIT_MAX = 2.0  # seconds
@@ -197,9 +207,11 @@ class _Keeper:
                 raise LeaseLost(f"chunk {self.chunk_id}: the lease ran out and was taken over")
             self.renewed = time.monotonic()
 
-    def wait(self, seconds: float) -> None:
-        """Wait `seconds` (the throttle's sleep), renewing the lease as often as due."""
-        sleep = self.throttle.sleep if self.throttle is not None else time.sleep
+    def wait(self, seconds: float, throttle: Throttle | None = None) -> None:
+        """Wait `seconds` (the throttle's sleep: `throttle`'s, else the provider's), renewing
+        the lease as often as due."""
+        throttle = throttle or self.throttle
+        sleep = throttle.sleep if throttle is not None else time.sleep
         while seconds > 0:
             self.renew_if_due()
             step = min(seconds, self.every)
@@ -262,7 +274,9 @@ class _Run:
         if group not in self.group_throttles:
             rate: Rate | None = self.delivery.boxes.rate_for(self.dispatcher.provider, group)
             self.group_throttles[group] = (
-                None if rate is None else Throttle(f"{self.dispatcher.provider}:{group}", rate)
+                None
+                if rate is None
+                else throttle_named(f"{self.dispatcher.provider}:{group}", rate)
             )
         return self.group_throttles[group]
 
@@ -395,11 +409,12 @@ class _Run:
             why = f"its mailbox provider's rate has room in {wait:.1f} s"
             return [DispatchError(why, kind=POSTPONED, retry_after=wait) for _ in left]
 
+        group_throttle = self._group_throttle(messages)
         errors = paced(
-            self._group_throttle(messages),
+            group_throttle,
             messages,
             provider_paced,
-            waiting=self.keeper.wait,
+            waiting=lambda seconds: self.keeper.wait(seconds, group_throttle),
             later=postponed,
             waits_max=GROUP_WAIT_MAX,
         )
@@ -614,7 +629,7 @@ def _run_gated(
             outcomes[JobOutcome.CAPPED] += 1
     retries: list[tuple[list[Recipient], float, int]] = []
     if run.retry:  # transient failures: backoff, and an attempt spent
-        retries.append((run.retry, 5 * 2**chunk.attempts, chunk.attempts + 1))
+        retries.append((run.retry, min(RETRY_WAIT_MAX, 5 * 2**chunk.attempts), chunk.attempts + 1))
     if unavailable:  # Redis or the snapshot missing: soon, and an attempt spent
         retries.append((unavailable, float(REDIS_DOWN_DELAY), chunk.attempts + 1))
     if run.postponed:  # their mailbox provider's rate: after its wait, no attempt spent

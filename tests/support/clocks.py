@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from worker import chunks
-from worker.delivery.throttle import Throttle, parse_rates
+from worker.delivery.throttle import Rate, Throttle, parse_rates
 
 
 class Clock:
@@ -26,8 +26,8 @@ class Clock:
 
 
 def throttles_on(clock: Clock, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chunk runs throttle providers by GATEKEEPER_PROVIDER_RATES (as the test sets it) on
-    `clock`: a pause passes on it, not in real time."""
+    """Chunk runs throttle providers by GATEKEEPER_PROVIDER_RATES (as the test sets it), and
+    mailbox providers by their rates, on `clock`: a pause passes on it, not in real time."""
 
     def throttle_for(provider: Any) -> Throttle | None:
         rates = parse_rates(settings.GATEKEEPER_PROVIDER_RATES)
@@ -35,7 +35,11 @@ def throttles_on(clock: Clock, settings: Any, monkeypatch: pytest.MonkeyPatch) -
             return None
         return Throttle(provider, rates[provider], clock=clock, sleep=clock.sleep)
 
+    def throttle_named(name: str, rate: Rate) -> Throttle:
+        return Throttle(name, rate, clock=clock, sleep=clock.sleep)
+
     monkeypatch.setattr(chunks, "throttle_for", throttle_for)
+    monkeypatch.setattr(chunks, "throttle_named", throttle_named)
 
 
 def instant(seconds: float) -> datetime:

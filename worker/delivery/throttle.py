@@ -130,6 +130,12 @@ class Throttle:
         return int(granted), int(wait) / 1000
 
 
+def throttle_named(name: str, rate: Rate) -> Throttle:
+    """A bucket by name: a dispatcher's for one mailbox provider (`<provider>:<group>`,
+    worker/delivery/mailboxes.py), shared by every process as a provider's is."""
+    return Throttle(name, rate)
+
+
 def throttle_for(provider: str | None) -> Throttle | None:
     """The provider's throttle, or None when GATEKEEPER_PROVIDER_RATES gives it no rate."""
     rate = parse_rates(settings.GATEKEEPER_PROVIDER_RATES).get(provider or "")
