@@ -413,6 +413,11 @@ GATEKEEPER_DEAD_ADDRESS_WEBHOOK = env.str("GATEKEEPER_DEAD_ADDRESS_WEBHOOK", def
 # Sends a second per provider, kept by every worker together (worker/delivery/throttle.py):
 # "smtp=14,webhook=500"; a provider not named is not throttled.
 GATEKEEPER_PROVIDER_RATES = env.str("GATEKEEPER_PROVIDER_RATES", default="")
+# The name servers a sending domain's check asks (worker/delivery/dns.py): `10.0.0.2`,
+# `10.0.0.2:5353`, `[2001:db8::53]:5353`, comma separated; empty: the system's resolver.
+GATEKEEPER_DNS_NAMESERVERS = env.str("GATEKEEPER_DNS_NAMESERVERS", default="")
+# Seconds one DNS question may take, retries included: an admin page that checks waits that long.
+GATEKEEPER_DNS_TIMEOUT_SECONDS = env.float("GATEKEEPER_DNS_TIMEOUT_SECONDS", default=2.0)
 # Recipients gated per gate call and per Celery task.
 GATEKEEPER_SEND_CHUNK_SIZE = env.int("GATEKEEPER_SEND_CHUNK_SIZE", default=5000)
 # A campaign file uploaded to POST /api/v1/sends/ or the admin, as sent (gzip counts compressed):
