@@ -18,8 +18,9 @@ sending domain's fields (`sending_domain_problems`).
   `aspf=s`) shares its organizational domain.
 
 A check DNS could not answer is `unknown` ("could not check: ..."), never a problem. Once a
-question timed out, the others are not asked (each would wait as long): a page that checks
-waits about GATEKEEPER_DNS_TIMEOUT_SECONDS at most.
+question timed out, the others are not asked (each would wait as long): a name server that
+does not answer costs a page that checks one GATEKEEPER_DNS_TIMEOUT_SECONDS, not one per
+question.
 """
 
 import re
@@ -444,8 +445,8 @@ def dmarc_checked(domain: str, ask: Callable[[str], list[str]]) -> tuple[Check, 
     if applied not in ("none", "quarantine", "reject"):
         return Check(
             name, Status.PROBLEM, where, found,
-            f"{read} The record has no valid policy (p= is none, quarantine or reject), so "
-            "receivers may ignore it.",
+            f"{read} The record has no valid policy (p= must be none, quarantine or reject), "
+            "so receivers may ignore it.",
             "Add p=none to start with, then p=quarantine once the reports show your mail passes.",
         ), policy  # fmt: skip
     if applied == "none":

@@ -95,6 +95,21 @@ def test_a_neutral_or_missing_ending_is_a_warning(dns_server, record, said):
     assert report.spf.status == Status.WARNING and said in report.spf.words
 
 
+def test_an_spf_record_past_the_lookup_limit_is_a_problem(dns_server):
+    includes = " ".join(f"include:s{n}.example.net" for n in range(11))
+    dns_server.zone.txt(DOMAIN, f"v=spf1 {includes} -all")
+    report = checked()
+    assert report.spf.status == Status.PROBLEM and "makes 11 DNS lookups" in report.spf.words
+
+
+def test_a_dmarc_record_without_a_valid_policy_is_a_problem(dns_server):
+    well_set(dns_server.zone)
+    dns_server.zone.records.pop((f"_dmarc.{DOMAIN}", "TXT"))
+    dns_server.zone.txt(f"_dmarc.{DOMAIN}", "v=DMARC1; p=block; rua=mailto:d@example.com")
+    report = checked()
+    assert report.dmarc.status == Status.PROBLEM and "no valid policy" in report.dmarc.words
+
+
 def test_a_missing_dkim_key_is_a_problem_for_that_selector_alone(dns_server):
     well_set(dns_server.zone)
     dns_server.zone.records.pop((f"s2._domainkey.{DOMAIN}", "TXT"))
@@ -350,12 +365,25 @@ def test_the_admin_lists_adds_and_checks_a_sending_domain(db, admin_client, dns_
     assert 'value="s1, s2"' in change_page.content.decode()
     assert "kind__exact=sending_domain&amp;object_id=" in change_page.content.decode()
 
+    changed = admin_client.post(
+        reverse("admin:worker_sendingdomain_change", args=[row.pk]),
+        {"domain": DOMAIN, "dkim_selectors": "s1 s2 s3", "return_path": "bounces.example.com"},
+    )
+    assert changed.status_code == 302
+    row.refresh_from_db()
+    assert row.dkim_selectors == ["s1", "s2", "s3"] and row.return_path == "bounces.example.com"
+    assert SettingChange.objects.filter(action="changed", via="admin").get().words == (
+        "DKIM selectors: s1, s2 → s1, s2, s3; return path: none → bounces.example.com"
+    )
+    dns_server.zone.txt("bounces.example.com", SPF)
+    dns_server.zone.txt(f"s3._domainkey.{DOMAIN}", f"v=DKIM1; p={KEY}")
+
     checks = admin_client.get(dns_url)
     text = checks.content.decode()
     assert checks.status_code == 200
     assert '<th scope="col">What to fix</th>' in text and "Problem" in text
     assert "Gmail and Yahoo require one" in text and "v=spf1 include:_spf.esp-mail.net" in text
-    assert "4 OK, 1 problem" in text
+    assert "5 OK, 1 problem" in text
 
 
 def test_the_check_page_says_could_not_check_when_dns_does_not_answer(db, admin_client, silent_dns):
