@@ -425,6 +425,11 @@ GATEKEEPER_MAILBOX_MX_LOOKUP = env.bool("GATEKEEPER_MAILBOX_MX_LOOKUP", default=
 GATEKEEPER_BRAKE_COMPLAINT_RATE = env.float("GATEKEEPER_BRAKE_COMPLAINT_RATE", default=0.003)
 GATEKEEPER_BRAKE_BOUNCE_RATE = env.float("GATEKEEPER_BRAKE_BOUNCE_RATE", default=0.05)
 GATEKEEPER_BRAKE_MIN_DELIVERED = env.int("GATEKEEPER_BRAKE_MIN_DELIVERED", default=1000)
+# The name servers a sending domain's check asks (worker/delivery/dns.py): `10.0.0.2`,
+# `10.0.0.2:5353`, `[2001:db8::53]:5353`, comma separated; empty: the system's resolver.
+GATEKEEPER_DNS_NAMESERVERS = env.str("GATEKEEPER_DNS_NAMESERVERS", default="")
+# Seconds one DNS question may take, retries included: an admin page that checks waits that long.
+GATEKEEPER_DNS_TIMEOUT_SECONDS = env.float("GATEKEEPER_DNS_TIMEOUT_SECONDS", default=2.0)
 # Recipients gated per gate call and per Celery task.
 GATEKEEPER_SEND_CHUNK_SIZE = env.int("GATEKEEPER_SEND_CHUNK_SIZE", default=5000)
 # A campaign file uploaded to POST /api/v1/sends/ or the admin, as sent (gzip counts compressed):

@@ -22,6 +22,7 @@ pytest_plugins = [
     "tests.support.api",
     "tests.support.backtests",
     "tests.support.browser",
+    "tests.support.dns",
     "tests.support.published",
     "tests.support.push",
     "tests.support.redis",

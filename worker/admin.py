@@ -836,3 +836,7 @@ class RoundAdmin(admin.ModelAdmin):
                 context["closed"] = round_.closes_at <= timezone.now()
                 context["project_form"] = RoundProjectForm(round_=round_)
         return super().change_view(request, object_id, form_url, context)
+
+
+# Sending domains and their DNS checks, in a module of their own.
+from worker import admin_domains  # noqa: E402,F401

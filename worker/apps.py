@@ -13,6 +13,7 @@ class WorkerConfig(AppConfig):
         from limits.stream.events import journal_register
         from worker import celery_hooks, stopping  # noqa: F401
         from worker.delivery import (
+            dns,  # noqa: F401  (registers the DNS settings' check)
             registry,  # noqa: F401  (registers the dispatchers' check)
             throttle,  # noqa: F401  (registers the provider rates' check)
         )
