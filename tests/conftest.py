@@ -116,6 +116,7 @@ def _test_settings(settings, tmp_path):
     from limits.people.suppression import erasure_key_forget, suppression_cache
     from limits.policy.selectors import policy_cache
     from worker.delivery.mailboxes import mailboxes_forget
+    from worker.delivery.mx import mx_forget
     from worker.delivery.warmup import warmup_forget
 
     # Rules, the suppression list and people's preferences are kept per process: never carry
@@ -128,6 +129,7 @@ def _test_settings(settings, tmp_path):
     kinds_forget()  # the ledger's kinds this process remembers, by id
     mailboxes_forget()  # the mailbox providers and warm-up plans, as this process read them
     warmup_forget()
+    mx_forget()  # recipient domains' mail servers
     settings.REDIS_URL = TEST_REDIS_URL
     settings.GATEKEEPER_STORE_URL = str(tmp_path / "store")
     settings.GATEKEEPER_SNAPSHOT_CACHE_DIR = tmp_path / "snapshot-cache"

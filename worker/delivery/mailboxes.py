@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.delivery.mx import mx_group, mx_of
 from worker.delivery.throttle import BURST_SECONDS, PROVIDER, RATE_MAX, Rate
 
 OTHER = "other"  # the group of every domain no other group names; it cannot be deleted
@@ -69,8 +70,25 @@ class Mailboxes:
 
     def group_of_domain(self, domain: str) -> str:
         found = self.known.get(domain)
-        if found is not None:
-            return found
+        if found is None:
+            found = self._named(domain)
+            if found is None:
+                found = mx_group(mx_of([domain])[domain], self.mx, OTHER) if self.mx else OTHER
+            self._keep(domain, found)
+        return found
+
+    def groups_of(self, addresses: Iterable[str]) -> list[str]:
+        domains = [domain_of(a) for a in addresses]
+        if self.mx:
+            # Every domain no group names, asked of the MX cache (and DNS) in one go.
+            unnamed = [d for d in set(domains) if d not in self.known and self._named(d) is None]
+            if unnamed:
+                for domain, hosts in mx_of(unnamed).items():
+                    self._keep(domain, mx_group(hosts, self.mx, OTHER))
+        return [self.group_of_domain(d) for d in domains]
+
+    def _named(self, domain: str) -> str | None:
+        """The group whose `domains` name it, or None."""
         found = self.exact.get(domain)
         if found is None and self.starts:
             labels = domain.split(".")
@@ -78,17 +96,11 @@ class Mailboxes:
                 found = self.starts.get(".".join(labels[:k]))
                 if found is not None:
                     break
-        if found is None:
-            found = self._by_mx(domain) if self.mx else OTHER
-        if len(self.known) < 100_000:
-            self.known[domain] = found
         return found
 
-    def _by_mx(self, domain: str) -> str:
-        return OTHER
-
-    def groups_of(self, addresses: Iterable[str]) -> list[str]:
-        return [self.group_of(a) for a in addresses]
+    def _keep(self, domain: str, group: str) -> None:
+        if len(self.known) < 100_000:
+            self.known[domain] = group
 
     def rate_for(self, dispatcher: str, group: str) -> Rate | None:
         """The group's rate through the dispatcher: its own, else every dispatcher's."""

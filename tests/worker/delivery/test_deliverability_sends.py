@@ -52,7 +52,7 @@ def five_groups(published, settings, monkeypatch) -> Clock:
 
 
 def job_across_groups(per_group: int = PER_GROUP) -> SendJob:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for g, slug in enumerate(RATES):
         for i in range(per_group):
             user = g * per_group + i + 1

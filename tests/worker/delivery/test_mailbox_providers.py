@@ -21,6 +21,7 @@ from worker.delivery.mailboxes import (
     rate_of,
     rates_problems,
 )
+from worker.delivery.mx import mx_forget, mx_key
 from worker.delivery.warmup import warmup_plans, warmup_problems, warmup_taken
 from worker.models import MailboxProvider, SendChunk, SendJob, WarmupPlan
 from worker.services import send_job_create
@@ -255,3 +256,44 @@ def test_a_plans_domain_and_zone_are_checked():
         groups=["gmail"],
     )  # fmt: skip
     assert set(problems) == {"domain", "time_zone", "starts_on"}
+
+
+def test_a_domain_no_group_names_is_grouped_by_its_mail_servers(
+    db, settings, dns_server, redis_client
+):
+    settings.GATEKEEPER_MAILBOX_MX_LOOKUP = True
+    zone = dns_server.zone
+    zone.mx("rides.example", 10, "aspmx.l.google.com")
+    zone.mx("rides.example", 20, "alt1.aspmx.l.google.com")
+    zone.mx("shop.example", 0, "shop-example.mail.protection.outlook.com")
+    zone.mx("own.example", 10, "mx.own.example")
+    boxes = mailboxes(fresh=True)
+    addresses = [
+        "a@rides.example",
+        "b@shop.example",
+        "c@own.example",
+        "d@none.example",
+        "e@gmail.com",
+    ]
+    assert boxes.groups_of(addresses) == ["gmail", "microsoft", OTHER, OTHER, "gmail"]
+    asked = sum(zone.asked.values())
+    assert asked == 4  # gmail.com is named: never asked
+    # Kept for every process in Redis: another process (here: after this one forgot) asks none.
+    mx_forget()
+    assert mailboxes(fresh=True).groups_of(addresses) == [
+        "gmail",
+        "microsoft",
+        OTHER,
+        OTHER,
+        "gmail",
+    ]
+    assert sum(zone.asked.values()) == asked
+    assert redis_client.ttl(mx_key("rides.example")) > 86_000
+
+
+def test_a_name_server_that_does_not_answer_leaves_the_domain_in_other_for_a_while(
+    db, settings, silent_dns, redis_client
+):
+    settings.GATEKEEPER_MAILBOX_MX_LOOKUP = True
+    assert mailboxes(fresh=True).groups_of(["a@rides.example"]) == [OTHER]
+    assert 0 < redis_client.ttl(mx_key("rides.example")) <= 300  # asked again in 5 minutes
