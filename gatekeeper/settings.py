@@ -416,6 +416,9 @@ GATEKEEPER_DEAD_ADDRESS_WEBHOOK = env.str("GATEKEEPER_DEAD_ADDRESS_WEBHOOK", def
 # Sends a second per provider, kept by every worker together (worker/delivery/throttle.py):
 # "smtp=14,webhook=500"; a provider not named is not throttled.
 GATEKEEPER_PROVIDER_RATES = env.str("GATEKEEPER_PROVIDER_RATES", default="")
+# Off: email is not grouped by mailbox provider (no rates per group, warm-up or brakes), for a
+# mail server in front that does it (worker/delivery/deliverability.py).
+GATEKEEPER_DELIVERABILITY = env.bool("GATEKEEPER_DELIVERABILITY", default=True)
 # A recipient domain no mailbox provider names is matched by its MX hosts, asked of DNS once a
 # day a domain (worker/delivery/mailboxes.py); off: it is in `other`.
 GATEKEEPER_MAILBOX_MX_LOOKUP = env.bool("GATEKEEPER_MAILBOX_MX_LOOKUP", default=False)

@@ -86,10 +86,11 @@ def delivery_read(
     before: list[Decision | None] | None,
     now: datetime,
 ) -> Delivery | None:
-    """The chunk's groups and holds; None when it is not email. `retries`: a chunk of sends
+    """The chunk's groups and holds; None when it is not email (or GATEKEEPER_DELIVERABILITY is
+    off). `retries`: a chunk of sends
     the gate admitted before (they took their warm-up volume then). `before`: decisions made
     already (a round's outranked), kept."""
-    if channel != EMAIL:
+    if channel != EMAIL or not settings.GATEKEEPER_DELIVERABILITY:
         return None
     boxes = mailboxes()
     delivery = Delivery(

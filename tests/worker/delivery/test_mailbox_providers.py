@@ -297,3 +297,13 @@ def test_a_name_server_that_does_not_answer_leaves_the_domain_in_other_for_a_whi
     settings.GATEKEEPER_MAILBOX_MX_LOOKUP = True
     assert mailboxes(fresh=True).groups_of(["a@rides.example"]) == [OTHER]
     assert 0 < redis_client.ttl(mx_key("rides.example")) <= 300  # asked again in 5 minutes
+
+
+def test_switched_off_nothing_is_grouped_held_or_counted(uncapped, smtp, settings, redis_client):
+    settings.GATEKEEPER_DELIVERABILITY = False
+    group_set("gmail", paused_at=NOON, rates=[{"dispatcher": "*", "per_minute": 1}])
+    job = job_to(["a@gmail.com", "b@gmail.com"])
+    run_all(job, now=NOON)
+    job.refresh_from_db()
+    assert (job.sent, job.status) == (2, "done")
+    assert redis_client.keys("*brake*") == []
