@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.delivery.dns_checks import LABEL, hostname_problem
 from worker.delivery.mx import mx_group, mx_of
 from worker.delivery.throttle import BURST_SECONDS, PROVIDER, RATE_MAX, Rate
 
@@ -36,9 +37,6 @@ GROUPS_TTL = 5.0  # seconds a process keeps the groups it read
 GROUPS_MAX = 50
 DOMAINS_MAX = 500  # domains (or MX host suffixes) a group names
 SLUG = re.compile(r"[a-z][a-z0-9_-]{0,31}")
-# A domain as a group names it: labels of letters, digits and '-', the last one `*` or not.
-DOMAIN_PATTERN = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+(?:[a-z0-9-]{1,63}|\*)")
-MX_SUFFIX = re.compile(r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9-]{1,63}")
 PERIODS = (("per_second", 1), ("per_minute", 60), ("per_hour", 3600))
 
 
@@ -209,19 +207,25 @@ def rates_normalised(rates: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]
     ]
 
 
+def _pattern_problem(pattern: str, *, mx: bool) -> str | None:
+    """What keeps a group's domain (`hotmail.*` too) or MX host suffix from being one."""
+    if not mx and pattern.endswith(".*"):
+        first = pattern[:-2].split(".")
+        if pattern[:-2] and all(LABEL.fullmatch(label) for label in first):
+            return None
+        return f"{pattern!r}: the labels before '.*' are lowercase letters, digits and '-'."
+    found = hostname_problem(pattern)
+    return None if found is None else f"{pattern!r}: {found}"
+
+
 def domains_problems(domains: Any, *, mx: bool = False) -> list[str]:
     """What is wrong with a group's domains (or, `mx`, its MX host suffixes)."""
     what = "MX host suffix" if mx else "domain"
-    pattern = MX_SUFFIX if mx else DOMAIN_PATTERN
     if not isinstance(domains, list) or not all(isinstance(d, str) for d in domains):
         return [f"A list of {what}s."]
     if len(domains) > DOMAINS_MAX:
         return [f"{len(domains)} {what}s: at most {DOMAINS_MAX}."]
-    problems = [
-        f"{d!r} is not a {what} (lowercase labels{'' if mx else ', the last one may be *'})."
-        for d in domains
-        if len(d) > 253 or not pattern.fullmatch(d)
-    ]
+    problems = [p for d in domains if (p := _pattern_problem(d, mx=mx)) is not None]
     twice = sorted({d for d in domains if domains.count(d) > 1})
     if twice:
         problems.append(f"Named twice: {', '.join(twice)}.")

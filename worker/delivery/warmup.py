@@ -20,7 +20,6 @@ domain; a group the plan does not name is not held.
 The one rule for a plan's fields is `warmup_problems`; DEFAULT_RAMP is the ramp offered.
 """
 
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from django.db import transaction
 
 from gatekeeper.lib.redis_client import get_redis
 from gatekeeper.lib.zones import UnknownTimeZone, zone
+from worker.delivery.dns_checks import hostname_problem
 
 # The ramp offered for each group of a new plan: messages a day, doubling at first, then by
 # half, to 700,000 on day 20.
@@ -44,7 +44,6 @@ DAYS_MAX = 366
 VOLUME_MAX = 100_000_000
 KEPT_SECONDS = 3 * 86_400
 PLANS_TTL = 5.0  # seconds a process keeps the plans it read
-HOSTNAME = re.compile(r"(?=.{1,253}$)(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}")
 _SCRIPT = (Path(__file__).parent / "lua" / "warmup.lua").read_text()
 
 
@@ -158,11 +157,9 @@ def warmup_problems(fields: Mapping[str, Any], *, groups: Sequence[str]) -> dict
     the mailbox providers' slugs."""
     problems: dict[str, list[str]] = {}
     domain = fields.get("domain")
-    if not isinstance(domain, str) or not HOSTNAME.fullmatch(domain):
-        problems["domain"] = [
-            "A sending domain: lowercase labels of letters, digits and '-', such as "
-            "mail.example.com."
-        ]
+    wrong = hostname_problem(domain) if isinstance(domain, str) else "A domain: a text."
+    if wrong:
+        problems["domain"] = [wrong]
     name = fields.get("time_zone")
     try:
         zone(name if isinstance(name, str) else "")

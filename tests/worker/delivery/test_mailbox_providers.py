@@ -128,7 +128,7 @@ def test_a_group_names_its_fields_problems():
         others=others,
     )
     assert set(problems) == {"slug", "name", "domains"}
-    assert "not a domain" in problems["domains"][0]
+    assert "has a space in it" in problems["domains"][0]
     problems = mailbox_problems(
         {"slug": "corp", "name": "Corp", "domains": ["gmail.com"]}, others=others
     )
