@@ -5,10 +5,14 @@ each app keeps in its `admin_pages` module (URLs and index links):
 - limits: looking up a user (with the audited quota reset), a segment's cap grid;
 - segments: snapshots (build and publish, make live) and a build's progress.
 
+Every page's context has the banner of the mailbox providers the brake paused
+(worker/mailbox_banner.py), shown by the index, the dashboard and the providers' list.
+
 Every page checks a Django permission (gatekeeper/lib/groups.py), so a staff user without a
 group sees none of them.
 """
 
+from functools import partial
 from typing import Any
 
 from django.contrib import admin
@@ -18,6 +22,7 @@ from django.urls import reverse
 from limits import admin_pages as limits_pages
 from segments import admin_pages as segments_pages
 from worker import admin_pages as worker_pages
+from worker.mailbox_banner import mailbox_banner
 
 APPS = (worker_pages, segments_pages, limits_pages)  # in the order of the index's links
 
@@ -38,6 +43,10 @@ class GatekeeperAdminSite(admin.AdminSite):
             for link in app.LINKS
             if request.user.has_perm(link.perm)
         ]
+
+    def each_context(self, request: HttpRequest) -> dict[str, Any]:
+        # Read by the pages that show the banner only (a template calls it): no query on others.
+        return {**super().each_context(request), "mailbox_banner": partial(mailbox_banner, request)}
 
     def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         context = {**(extra_context or {}), "console": self.console_links(request)}

@@ -62,6 +62,13 @@ from worker.api import (
     SendJobStartView,
     SendJobWaitingView,
 )
+from worker.api_mailboxes import (
+    MailboxProviderDetailView,
+    MailboxProviderListView,
+    MailboxProviderResumeView,
+    WarmupDetailView,
+    WarmupListView,
+)
 from worker.health import healthz, readyz
 
 v1 = [
@@ -147,6 +154,19 @@ v1 = [
     path("rounds/<int:round_id>/", RoundDetailView.as_view(), name="round"),
     path("rounds/<int:round_id>/cancel/", RoundCancelView.as_view(), name="round-cancel"),
     path("rounds/<int:round_id>/report/", RoundReportView.as_view(), name="round-report"),
+    path("mailbox-providers/", MailboxProviderListView.as_view(), name="mailbox-providers"),
+    path(
+        "mailbox-providers/<slug:slug>/",
+        MailboxProviderDetailView.as_view(),
+        name="mailbox-provider",
+    ),
+    path(
+        "mailbox-providers/<slug:slug>/resume/",
+        MailboxProviderResumeView.as_view(),
+        name="mailbox-provider-resume",
+    ),
+    path("warmups/", WarmupListView.as_view(), name="warmups"),
+    path("warmups/<int:warmup_id>/", WarmupDetailView.as_view(), name="warmup"),
 ]
 
 

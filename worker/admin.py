@@ -32,6 +32,7 @@ from limits.channels import channels, scope_label, scopes
 from limits.engine.table import DEFAULT_PRIORITY, PRIORITIES
 from limits.models.policy import Topic
 from limits.policy.quota import Unavailable
+from worker.delivery.mailbox_reads import job_holds
 from worker.delivery.rendering import template_names
 from worker.models import JOB_CAMPAIGN_MAX, Round, SendJob
 from worker.recipients import FILE_FORMAT
@@ -379,6 +380,7 @@ class SendJobAdmin(admin.ModelAdmin):
         context = dict(extra_context or {})
         if object_id.isascii() and object_id.isdigit():
             context["waiting"] = send_job_waiting(int(object_id))
+            context["holds"] = job_holds(int(object_id))
             context["can_cancel_waiting"] = request.user.has_perms(CANCEL_SENDS)
             job = SendJob.objects.filter(pk=int(object_id)).first()
             if job is not None:
@@ -838,5 +840,9 @@ class RoundAdmin(admin.ModelAdmin):
         return super().change_view(request, object_id, form_url, context)
 
 
+<<<<<<< HEAD
 # Sending domains and their DNS checks, in a module of their own.
 from worker import admin_domains  # noqa: E402,F401
+=======
+from worker import admin_mailboxes  # noqa: E402, F401  (mailbox providers, warm-up plans)
+>>>>>>> wip-faces

@@ -470,6 +470,11 @@ def _openapi(node: Any) -> Any:
         node["oneOf"] = node.pop("anyOf")
     if node.get("required") == []:
         del node["required"]  # OpenAPI 3.0 wants none rather than an empty list
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        value = node.get(exclusive)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            # JSON Schema's number (msgspec's `gt`, `lt`) as OpenAPI 3.0's bound and flag.
+            node[bound], node[exclusive] = value, True
     fill = node.pop("x-fill", None)
     if fill is not None:
         kept = {key: node[key] for key in ("description", "default") if key in node}

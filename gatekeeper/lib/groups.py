@@ -2,7 +2,8 @@
 
 - Marketer: edit segments, user lists, caps, cap rules, quiet hours and topics; build, publish and
   roll back snapshots; add users to the suppression list and take them off; reset a user's quota;
-  send a campaign file; pause, resume and cancel send jobs and their waiting sends; read everything
+  send a campaign file; pause, resume and cancel send jobs and their waiting sends; edit the
+  mailbox providers (resuming one its brake paused) and the warm-up plans; read everything
   else the admin shows.
 - Viewer: read-only.
 
@@ -37,6 +38,8 @@ _READ = [
     "limits.view_suppressionchange",
     "worker.view_sendjob",
     "worker.view_backtest",
+    "worker.view_mailboxprovider",
+    "worker.view_warmupplan",
 ]
 GROUP_PERMISSIONS: dict[str, list[str]] = {
     VIEWER: _READ,
@@ -71,6 +74,12 @@ GROUP_PERMISSIONS: dict[str, list[str]] = {
         "limits.delete_suppression",
         "worker.add_sendjob",
         "worker.cancel_sendjob",
+        "worker.add_mailboxprovider",
+        "worker.change_mailboxprovider",
+        "worker.delete_mailboxprovider",
+        "worker.add_warmupplan",
+        "worker.change_warmupplan",
+        "worker.delete_warmupplan",
     ],
 }
 

@@ -96,6 +96,16 @@ VIEW_WEBHOOKS = ("limits.view_webhookendpoint",)
 ADD_WEBHOOKS = ("limits.add_webhookendpoint",)
 CHANGE_WEBHOOKS = ("limits.change_webhookendpoint",)
 DELETE_WEBHOOKS = ("limits.delete_webhookendpoint",)
+# Deliverability: the mailbox providers (their domains and rates; resuming one its brake
+# paused is a change of it) and the sending domains' warm-up plans.
+VIEW_MAILBOX_PROVIDERS = ("worker.view_mailboxprovider",)
+ADD_MAILBOX_PROVIDERS = ("worker.add_mailboxprovider",)
+CHANGE_MAILBOX_PROVIDERS = ("worker.change_mailboxprovider",)
+DELETE_MAILBOX_PROVIDERS = ("worker.delete_mailboxprovider",)
+VIEW_WARMUPS = ("worker.view_warmupplan",)
+ADD_WARMUPS = ("worker.add_warmupplan",)
+CHANGE_WARMUPS = ("worker.change_warmupplan",)
+DELETE_WARMUPS = ("worker.delete_warmupplan",)
 # Calling the gate and handing over send jobs (campaign systems).
 GATE = ("limits.use_gate",)
 # Posting outcome events (conversions) for the experiments report: the company's systems.

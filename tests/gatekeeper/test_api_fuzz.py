@@ -84,6 +84,19 @@ NOT_EXPRESSIBLE = {
     # A projection's values are keyed by the round's own jobs' ids, each at least 0 (a schema of
     # OpenAPI 3.0 cannot say what an object's keys are); an open round's only (a 409 after).
     "POST /api/v1/rounds/{round_id}/report/",
+    # A mailbox provider's fields are checked whole: a domain in one group only, `other` naming
+    # none, each dispatcher's rate once with at least one period, at most 50 groups, a slug not
+    # taken; a group a warm-up plan names is not deleted (nor `other`). A resume needs a paused
+    # group (a 409 otherwise).
+    "POST /api/v1/mailbox-providers/",
+    "PATCH /api/v1/mailbox-providers/{slug}/",
+    "DELETE /api/v1/mailbox-providers/{slug}/",
+    "POST /api/v1/mailbox-providers/{slug}/resume/",
+    # A warm-up plan's groups exist (an object's keys are beyond OpenAPI 3.0), each day's volume
+    # is in its bounds (the schema states them, the rule says which group and day), one plan a
+    # domain.
+    "POST /api/v1/warmups/",
+    "PATCH /api/v1/warmups/{warmup_id}/",
 }
 QUOTA = "GET /api/v1/users/{user_id}/quota/"
 HISTORY = "GET /api/v1/users/{user_id}/history/"

@@ -118,6 +118,22 @@ ENDPOINTS = [
     ("GET", "/api/v1/rounds/999999/", None, {"worker.view_sendjob"}),
     ("PATCH", "/api/v1/rounds/999999/", {"name": "x"}, {"limits.use_gate"}),
     ("POST", "/api/v1/rounds/999999/cancel/", {"jobs": "wait"}, {"limits.use_gate"}),
+    ("GET", "/api/v1/mailbox-providers/", None, {"worker.view_mailboxprovider"}),
+    ("POST", "/api/v1/mailbox-providers/", {}, {"worker.add_mailboxprovider"}),
+    ("GET", "/api/v1/mailbox-providers/nope/", None, {"worker.view_mailboxprovider"}),
+    (
+        "PATCH",
+        "/api/v1/mailbox-providers/nope/",
+        {"name": "N"},
+        {"worker.change_mailboxprovider"},
+    ),
+    ("DELETE", "/api/v1/mailbox-providers/nope/", None, {"worker.delete_mailboxprovider"}),
+    ("POST", "/api/v1/mailbox-providers/nope/resume/", None, {"worker.change_mailboxprovider"}),
+    ("GET", "/api/v1/warmups/", None, {"worker.view_warmupplan"}),
+    ("POST", "/api/v1/warmups/", {}, {"worker.add_warmupplan"}),
+    ("GET", "/api/v1/warmups/999999/", None, {"worker.view_warmupplan"}),
+    ("PATCH", "/api/v1/warmups/999999/", {"time_zone": "UTC"}, {"worker.change_warmupplan"}),
+    ("DELETE", "/api/v1/warmups/999999/", None, {"worker.delete_warmupplan"}),
 ]
 
 
@@ -196,3 +212,11 @@ def test_the_groups_and_the_campaign_system_account_have_the_rights_their_work_n
     assert call(marketer, "PATCH", path, json={"spread_minutes": 30}).status_code == 200
     assert call(marketer, "DELETE", path).status_code == 204
     assert call(marketer, "POST", "/api/v1/gate/check/", json=GATE_BODY).status_code == 403
+    # Deliverability: a viewer reads the mailbox providers and warm-up plans, a marketer keeps
+    # them (and resumes a braked group), the campaign system's account does neither.
+    assert call(viewer, "GET", "/api/v1/mailbox-providers/").status_code == 200
+    assert call(viewer, "GET", "/api/v1/warmups/").status_code == 200
+    plan = {"domain": "mail.example.com", "volumes": {}}
+    assert call(viewer, "POST", "/api/v1/warmups/", json=plan).status_code == 403
+    assert call(marketer, "POST", "/api/v1/warmups/", json=plan).status_code == 400
+    assert call(gate, "GET", "/api/v1/mailbox-providers/").status_code == 403

@@ -20,7 +20,10 @@ from limits.ledger.drain import ledger_drain_all
 from segments.models import Build
 from segments.store import snapshot_key, store_from_settings
 from tests.support.api import call, check_body
+from tests.support.mailboxes import default_groups, waiting_chunk
 from tests.support.stores import delete_object
+from worker.delivery.mailbox_settings import mailbox_pause
+from worker.models import MailboxProvider
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -340,3 +343,35 @@ def test_preferences(api, snapshot, answers):
     answers(gate, "PATCH", path, 200, json={"channels": {"sms": False}, "paused_until": None})
     answers(gate, "PATCH", path, 400, json={"topics": {"nope": {"email": False}}})
     answers(api("viewer"), "GET", path, 200)
+
+
+def test_mailbox_providers_and_warmups(api, answers):
+    default_groups()
+    m, viewer = api("marketer"), api("viewer")
+    group = {
+        "slug": "proton",
+        "name": "Proton",
+        "domains": ["proton.me"],
+        "rates": [{"dispatcher": "smtp", "per_second": 2.5}, {"per_hour": 1000}],
+    }
+    answers(m, "POST", "/api/v1/mailbox-providers/", 201, json=group)
+    answers(m, "POST", "/api/v1/mailbox-providers/", 400, json={**group, "slug": "gmail"})
+    mailbox_pause(MailboxProvider.objects.get(slug="yahoo"), {"complaints": 4, "words": "w"})
+    waiting_chunk("brake:yahoo", 2)
+    answers(viewer, "GET", "/api/v1/mailbox-providers/", 200)
+    answers(viewer, "GET", "/api/v1/mailbox-providers/yahoo/", 200)
+    answers(m, "PATCH", "/api/v1/mailbox-providers/proton/", 200, json={"rates": []})
+    answers(m, "POST", "/api/v1/mailbox-providers/yahoo/resume/", 200)
+    answers(m, "POST", "/api/v1/mailbox-providers/yahoo/resume/", 409)
+    answers(m, "DELETE", "/api/v1/mailbox-providers/other/", 400)
+    answers(m, "DELETE", "/api/v1/mailbox-providers/proton/", 204)
+    answers(m, "GET", "/api/v1/mailbox-providers/proton/", 404)
+    plan = answers(m, "POST", "/api/v1/warmups/", 201, json={"domain": "mail.example.com"})
+    answers(m, "POST", "/api/v1/warmups/", 400, json={"domain": "mail.example.com"})
+    waiting_chunk("warmup:mail.example.com:gmail", 3)
+    answers(viewer, "GET", "/api/v1/warmups/", 200)
+    path = f"/api/v1/warmups/{plan['id']}/"
+    answers(viewer, "GET", path, 200)
+    answers(m, "PATCH", path, 200, json={"starts_on": "2099-01-01", "time_zone": "Asia/Tokyo"})
+    answers(m, "DELETE", path, 204)
+    answers(m, "GET", path, 404)

@@ -20,6 +20,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from gatekeeper.lib.conflicts import Conflict
 from gatekeeper.lib.problems import Problem, Problems
 from limits.models.policy import SettingChange
 from limits.policy.authored import SettingKind, deleted
@@ -58,7 +59,8 @@ def mailbox_shown(row: MailboxProvider) -> dict[str, Any]:
     }
 
 
-def _rate_words(entry: Mapping[str, Any]) -> str:
+def rate_words(entry: Mapping[str, Any]) -> str:
+    """A rates entry in words: "10 a second and 500 a minute through smtp"."""
     periods = [f"{entry[name]:g} a {name[4:]}" for name, _ in PERIODS if entry.get(name)]
     through = "every dispatcher" if entry["dispatcher"] == "*" else entry["dispatcher"]
     return f"{' and '.join(periods)} through {through}"
@@ -79,7 +81,7 @@ def mailbox_words(action: str, before: Any, after: Any) -> str:
         if before.get(key) != after.get(key):
             lines.append(f"{key}: {before.get(key)} → {after.get(key)}")
     if before.get("rates") != after.get("rates"):
-        rates = "; ".join(map(_rate_words, after["rates"])) or "none"
+        rates = "; ".join(map(rate_words, after["rates"])) or "none"
         lines.append(f"rates: {rates}")
     return "; ".join(lines) or "Nothing visible changed."
 
@@ -167,16 +169,23 @@ def mailbox_change(
     return saved
 
 
-def mailbox_delete(row: MailboxProvider, *, by: Any = None, via: str = "api") -> None:
-    """Delete a group: its domains fall in `other`, its waiting email is handed out. `other`
-    stays, and a group a warm-up plan names stays until the plan stops naming it."""
+def mailbox_undeletable(row: MailboxProvider) -> str | None:
+    """Why the group cannot be deleted, in words; None when it can."""
     if row.slug == OTHER:
-        raise Problem("'other' takes every domain no group names: it cannot be deleted.")
+        return "'other' takes every domain no group names: it cannot be deleted."
     plans = [p.domain for p in WarmupPlan.objects.all() if row.slug in p.volumes]
     if plans:
-        raise Problem(
-            f"The warm-up plan of {', '.join(plans)} names {row.slug!r}: change the plan first."
-        )
+        return f"The warm-up plan of {', '.join(plans)} names {row.slug!r}: change the plan first."
+    return None
+
+
+def mailbox_delete(row: MailboxProvider, *, by: Any = None, via: str = "api") -> None:
+    """Delete a group: its domains fall in `other`, its waiting email is handed out. `other`
+    stays, and a group a warm-up plan names stays until the plan stops naming it (a Problem
+    naming `slug`)."""
+    problem = mailbox_undeletable(row)
+    if problem is not None:
+        raise Problem(problem, field="slug")
     _after_commit()
     MAILBOXES.write(Action.DELETED, locate=lambda: row, change=deleted, user=by, via=via)
     _handed_out(row.slug)
@@ -211,13 +220,15 @@ def mailbox_resume(
     row: MailboxProvider, *, by: Any = None, via: str = "api", now: datetime | None = None
 ) -> MailboxProvider:
     """A person resumes a paused group: its waiting email is handed out at once, and the brake
-    counts only mail sent from now on. Problem when it is not paused."""
+    counts only mail sent from now on. A Conflict naming `paused` when it is not paused."""
     now = now or timezone.now()
 
     def resumed(locked: MailboxProvider | None) -> MailboxProvider:
         assert locked is not None
         if locked.paused_at is None:
-            raise Problem(f"{locked.slug!r} is not paused.", field="paused")
+            raise Conflict(
+                f"{locked.slug!r} is not paused: there is nothing to resume.", field="paused"
+            )
         locked.paused_at, locked.resumed_at = None, now
         locked.save(update_fields=["paused_at", "resumed_at", "changed_at"])
         return locked

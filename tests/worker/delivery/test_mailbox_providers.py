@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gatekeeper.lib.problems import Problem
+from gatekeeper.lib.conflicts import Conflict
 from limits.models.policy import SettingChange
 from tests.support.sends import run_all
 from worker.chunks import send_chunk_run
@@ -224,7 +224,7 @@ def test_a_braked_groups_email_waits_and_is_handed_out_when_it_is_resumed(uncapp
     history = SettingChange.objects.filter(kind="mailbox_provider").order_by("at")
     assert [(c.action, c.via) for c in history] == [("paused", "brake"), ("resumed", "admin")]
     assert history[0].words == "Paused by the brake: complaints 0.4%"
-    with pytest.raises(Problem, match="not paused"):
+    with pytest.raises(Conflict, match="not paused"):
         mailbox_resume(yahoo)
 
 
