@@ -840,9 +840,5 @@ class RoundAdmin(admin.ModelAdmin):
         return super().change_view(request, object_id, form_url, context)
 
 
-<<<<<<< HEAD
-# Sending domains and their DNS checks, in a module of their own.
-from worker import admin_domains  # noqa: E402,F401
-=======
-from worker import admin_mailboxes  # noqa: E402, F401  (mailbox providers, warm-up plans)
->>>>>>> wip-faces
+# Sending domains and their DNS checks, mailbox providers and warm-up plans: modules of their own.
+from worker import admin_domains, admin_mailboxes  # noqa: E402,F401

@@ -11,14 +11,12 @@ from msgspec import UNSET, Meta, UnsetType
 from gatekeeper.lib.bodies import Body, words_for_pattern
 from segments.bodies import TimeZone
 from worker.delivery.mailboxes import (
-    DOMAIN_PATTERN,
     DOMAINS_MAX,
     GROUPS_MAX,
-    MX_SUFFIX,
     SLUG,
 )
 from worker.delivery.throttle import PROVIDER, RATE_MAX
-from worker.delivery.warmup import DAYS_MAX, HOSTNAME, VOLUME_MAX
+from worker.delivery.warmup import DAYS_MAX, VOLUME_MAX
 
 GroupSlug = Annotated[
     str,
@@ -36,12 +34,10 @@ Domains = Annotated[
         Annotated[
             str,
             Meta(
+                min_length=1,
                 max_length=253,
-                pattern=words_for_pattern(
-                    f"^{DOMAIN_PATTERN.pattern}$",
-                    "A domain: lowercase labels of letters, digits and '-', the last one may "
-                    "be * (hotmail.*).",
-                ),
+                description="A domain: lowercase labels of letters, digits and '-', the last "
+                "one may be * (hotmail.*); checked by worker.delivery.dns_checks.hostname_problem.",
             ),
         ]
     ],
@@ -56,11 +52,9 @@ MxHosts = Annotated[
         Annotated[
             str,
             Meta(
+                min_length=1,
                 max_length=253,
-                pattern=words_for_pattern(
-                    f"^{MX_SUFFIX.pattern}$",
-                    "An MX host suffix: lowercase labels of letters, digits and '-'.",
-                ),
+                description="An MX host suffix: lowercase labels of letters, digits and '-'.",
             ),
         ]
     ],
@@ -129,13 +123,10 @@ class MailboxProviderChangeBody(Body, kw_only=True):
 WarmupDomain = Annotated[
     str,
     Meta(
+        min_length=1,
         max_length=253,
-        pattern=words_for_pattern(
-            f"^{HOSTNAME.pattern}$",
-            "A sending domain: lowercase labels of letters, digits and '-', such as "
-            "mail.example.com.",
-        ),
-        description="The sending domain (DEFAULT_FROM_EMAIL's is the one email goes out from).",
+        description="The sending domain (DEFAULT_FROM_EMAIL's is the one email goes out from): "
+        "lowercase labels of letters, digits and '-', such as mail.example.com.",
     ),
 ]
 WarmupTimeZone = Annotated[

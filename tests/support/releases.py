@@ -218,6 +218,37 @@ def not_expanding(path: str) -> list[str]:
             many = (
                 isinstance(fielded.func, ast.Attribute) and fielded.func.attr == "ManyToManyField"
             )
-            if not (null or has_default or auto or many):
+            if not (null or has_default or auto or many) and not _no_sql(path, node):
                 found.append(text)
     return found
+
+
+def _no_sql(path: str, node: ast.Call) -> bool:
+    """An AlterField of this project's that changes only what Django reads and the database
+    never sees (choices, help text: the field's `non_db_attrs`), against the field as the
+    migrations before it left it."""
+    from django.db.migrations.loader import MigrationLoader
+    from django.db.migrations.operations import AlterField
+
+    parts = Path(path).parts
+    if len(parts) < 3 or (_keyword(node, "model_name") is None):
+        return False
+    key = (parts[-3], Path(path).stem)
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    if key not in loader.graph.nodes:
+        return False
+    model = ast.literal_eval(_keyword(node, "model_name"))  # type: ignore[arg-type]
+    name = ast.literal_eval(_keyword(node, "name"))  # type: ignore[arg-type]
+    before = loader.project_state([parent.key for parent in loader.graph.node_map[key].parents])
+    old = before.models[key[0], model.lower()].fields[name]
+    new = next(
+        op.field
+        for op in loader.graph.nodes[key].operations
+        if isinstance(op, AlterField) and (op.model_name, op.name) == (model, name)
+    )
+
+    def seen(field: Any) -> tuple[Any, ...]:
+        _, kind, args, kwargs = field.deconstruct()
+        return kind, args, {k: v for k, v in kwargs.items() if k not in field.non_db_attrs}
+
+    return seen(old) == seen(new)
