@@ -150,7 +150,7 @@ def test_a_viewer_reads_the_groups_and_plans_and_changes_nothing(api, groups):
             "has a rate already",
         ),
         ("POST", GROUPS, {**PROTON, "domains": ["gmail.com"]}, "domains", "in the group 'gmail'"),
-        ("POST", GROUPS, {**PROTON, "domains": ["Proton.me"]}, "domains[0]", "A domain"),
+        ("POST", GROUPS, {**PROTON, "domains": ["Proton.me"]}, "domains", "Write it in lowercase"),
         ("POST", GROUPS, {**PROTON, "domains": ["proton.me", "proton.me"]}, "domains", "twice"),
         ("POST", GROUPS, {**PROTON, "slug": "gmail"}, "slug", "already"),
         ("POST", GROUPS, {**PROTON, "slug": "Proton"}, "slug", "Lowercase"),
@@ -179,7 +179,7 @@ def test_a_viewer_reads_the_groups_and_plans_and_changes_nothing(api, groups):
             "volumes",
             "gmail, day 2: 0; each day sends at least 1",
         ),
-        ("POST", PLANS, {"domain": "Mail Example"}, "domain", "A sending domain"),
+        ("POST", PLANS, {"domain": "mail example.com"}, "domain", "has a space in it"),
         (
             "POST",
             PLANS,

@@ -215,7 +215,9 @@ def _pattern_problem(pattern: str, *, mx: bool) -> str | None:
             return None
         return f"{pattern!r}: the labels before '.*' are lowercase letters, digits and '-'."
     found = hostname_problem(pattern)
-    return None if found is None else f"{pattern!r}: {found}"
+    if found is None or pattern in found:
+        return found
+    return f"{pattern!r}: {found}"
 
 
 def domains_problems(domains: Any, *, mx: bool = False) -> list[str]:
