@@ -119,16 +119,22 @@ def _decided(delivery: Delivery, size: int) -> list[Decision | None]:
 
 def _warmed(delivery: Delivery, plan: Plan, recipients: Sequence[Any], now: datetime) -> None:
     index, today, following = plan.day(now)
+    volumes = {
+        group: volume
+        for group in set(delivery.groups)
+        if (volume := plan.volume(group, index)) is not None
+    }
+    if not volumes:
+        return
+    before = delivery.before
     held = [
         (i, group)
         for i, group in enumerate(delivery.groups)
-        if plan.volume(group, index) is not None
-        and (delivery.before is None or delivery.before[i] is None)
+        if group in volumes and (before is None or before[i] is None)
     ]
     if not held:
         return
     wanted = Counter(group for _, group in held)
-    volumes = {group: plan.volume(group, index) or 0 for group in wanted}
     granted = warmup_take(plan, today, {g: (n, volumes[g]) for g, n in wanted.items()})
     delivery.plan, delivery.day = plan, today
     ended = [
