@@ -25,7 +25,6 @@ from limits.policy.admin.base import history_table, history_url
 from worker.delivery.mailbox_reads import (
     braked_waiting_count,
     braked_waiting_counts,
-    plan_of,
     ramp_words,
     warmup_today,
     why_figures,
@@ -45,7 +44,7 @@ from worker.delivery.mailbox_settings import (
     warmup_delete,
 )
 from worker.delivery.mailboxes import GROUPS_MAX, OTHER, mailbox_problems, rates_normalised
-from worker.delivery.warmup import warmup_problems
+from worker.delivery.warmup import plan_of, warmup_problems
 from worker.models import MailboxProvider, WarmupPlan
 
 RATES_HELP = (

@@ -34,7 +34,6 @@ from worker.bodies_mailboxes import (
 from worker.delivery.mailbox_reads import (
     braked_waiting_count,
     braked_waiting_counts,
-    plan_of,
     warmup_today,
 )
 from worker.delivery.mailbox_settings import (
@@ -48,6 +47,7 @@ from worker.delivery.mailbox_settings import (
     warmup_delete,
     warmup_shown,
 )
+from worker.delivery.warmup import plan_of
 from worker.models import MailboxProvider, WarmupPlan
 from worker.serializers_mailboxes import MailboxProviderSerializer, WarmupSerializer
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 from gatekeeper.lib.redis_client import REDIS_DOWN
 from worker.delivery.deliverability import BRAKE, WARMUP, brake_hold
 from worker.delivery.mailbox_settings import braked_waiting
-from worker.delivery.warmup import Plan, warmup_taken
+from worker.delivery.warmup import plan_of, warmup_taken
 from worker.models import MailboxProvider, SendChunk, WarmupPlan
 
 
@@ -45,11 +45,6 @@ def braked_waiting_counts(slugs: Iterable[str]) -> dict[str, int]:
     for held, n in found:
         counts[holds[held]] = int(n or 0)
     return counts
-
-
-def plan_of(row: WarmupPlan) -> Plan:
-    """A plan row as a chunk run reads it."""
-    return Plan(row.pk, row.domain, row.time_zone, row.starts_on, row.volumes, dict(row.ended))
 
 
 def warmup_waiting(domain: str) -> dict[str, int]:

@@ -89,14 +89,14 @@ def warmup_plans(*, fresh: bool = False) -> dict[str, Plan]:
     if fresh or _read is None or now - _read[0] > PLANS_TTL:
         from worker.models import WarmupPlan
 
-        plans = {
-            row.domain: Plan(
-                row.pk, row.domain, row.time_zone, row.starts_on, row.volumes, dict(row.ended)
-            )
-            for row in WarmupPlan.objects.all()
-        }
+        plans = {row.domain: plan_of(row) for row in WarmupPlan.objects.all()}
         _read = (now, plans)
     return _read[1]
+
+
+def plan_of(row: Any) -> Plan:
+    """A WarmupPlan row as a chunk run reads it."""
+    return Plan(row.pk, row.domain, row.time_zone, row.starts_on, row.volumes, dict(row.ended))
 
 
 def warmup_forget() -> None:
