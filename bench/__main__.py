@@ -30,6 +30,7 @@ SUITES = [
     "stream",
     "chaos",
     "providers",
+    "deliverability",
 ]
 
 
