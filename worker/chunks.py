@@ -11,6 +11,7 @@ with the same key where the provider deduplicates). The limiter answers `duplica
 job, for a message id it already recorded, so the quota is not charged twice either.
 """
 
+import itertools
 import logging
 import time
 import uuid
@@ -260,11 +261,19 @@ class _Run:
         self.postponed_for = 0.0  # seconds: the longest wait they were told
 
     def batches(self, sending: list[Recipient], size: int) -> list[list[Recipient]]:
-        """Dispatcher batches of `size`, each of one mailbox provider (its own rate)."""
+        """Dispatcher batches of `size`, each of one mailbox provider (its own rate), the groups
+        taking turns: a group's bucket fills while the others' batches go, and the first group
+        is another one chunk by chunk, so that runs side by side wait on different buckets."""
         by_group: dict[str, list[Recipient]] = {}
         for recipient in sending:
             by_group.setdefault(self.group.get(recipient.message_id, ""), []).append(recipient)
-        return [part[i : i + size] for part in by_group.values() for i in range(0, len(part), size)]
+        parts = [
+            [part[i : i + size] for i in range(0, len(part), size)] for part in by_group.values()
+        ]
+        if len(parts) > 1:
+            first = self.chunk.pk % len(parts)
+            parts = parts[first:] + parts[:first]
+        return [batch for turn in itertools.zip_longest(*parts) for batch in turn if batch]
 
     def _group_throttle(self, messages: list[Message]) -> Throttle | None:
         """The throttle of the mailbox provider of a batch's sends (one group a batch)."""
