@@ -250,11 +250,8 @@ class _Run:
         self.dead: list[tuple[int, str, str]] = []  # (user, address, why): the provider's word
         self.opted_out: list[int] = []  # users the provider said opted out of the channel
         self.reached: list[tuple[int, str]] = []  # (user, address): went out, or may have
-        # Mailbox providers: each recipient's group (by message id), and their throttles.
+        # Mailbox providers: each recipient's group (by place), and their throttles.
         self.delivery = delivery
-        self.group: dict[str, str] = {}
-        if delivery is not None:
-            self.group = {r.message_id: g for r, g in zip(recipients, delivery.groups, strict=True)}
         self.group_throttles: dict[str, Throttle | None] = {}
         self.sent_to: Counter[str] = Counter()  # sends that went out, by group (the brakes')
         self.postponed: list[Recipient] = []  # their group's rate had no room soon
@@ -264,9 +261,12 @@ class _Run:
         """Dispatcher batches of `size`, each of one mailbox provider (its own rate), the groups
         taking turns: a group's bucket fills while the others' batches go, and the first group
         is another one chunk by chunk, so that runs side by side wait on different buckets."""
+        if self.delivery is None:
+            return [sending[i : i + size] for i in range(0, len(sending), size)]
+        groups, position = self.delivery.groups, self.position
         by_group: dict[str, list[Recipient]] = {}
         for recipient in sending:
-            by_group.setdefault(self.group.get(recipient.message_id, ""), []).append(recipient)
+            by_group.setdefault(groups[position[recipient.message_id]], []).append(recipient)
         parts = [
             [part[i : i + size] for i in range(0, len(part), size)] for part in by_group.values()
         ]
@@ -279,7 +279,7 @@ class _Run:
         """The throttle of the mailbox provider of a batch's sends (one group a batch)."""
         if self.delivery is None or not messages:
             return None
-        group = self.group.get(messages[0].message_id, "")
+        group = self.delivery.groups[self.position[messages[0].message_id]]
         if group not in self.group_throttles:
             rate: Rate | None = self.delivery.boxes.rate_for(self.dispatcher.provider, group)
             self.group_throttles[group] = (
@@ -400,6 +400,8 @@ class _Run:
                     self._fail(recipient)
                 else:
                     self.retry.append(recipient)
+        if sent and self.delivery is not None:  # a batch is of one group
+            self.sent_to[self.delivery.groups[self.position[sent[0].message_id]]] += len(sent)
         return sent, unsent
 
     def _dispatch(self, messages: list[Message]) -> list[DispatchError | None]:
@@ -450,8 +452,6 @@ class _Run:
         return errors
 
     def _went_out(self, recipient: Recipient) -> None:
-        if self.delivery is not None:
-            self.sent_to[self.group[recipient.message_id]] += 1
         self.outcomes[JobOutcome.SENT] += 1
         self.dispatched.append((recipient.user_id, recipient.message_id, Outcome.SENT))
         self.reached.append((recipient.user_id, recipient.address))

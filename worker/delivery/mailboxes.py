@@ -42,7 +42,11 @@ PERIODS = (("per_second", 1), ("per_minute", 60), ("per_hour", 3600))
 
 def domain_of(address: str) -> str:
     """An email address's domain, lowercase, without a trailing dot."""
-    return address.rpartition("@")[2].strip().rstrip(".").lower()
+    return _plain(address.rpartition("@")[2])
+
+
+def _plain(domain: str) -> str:
+    return domain.strip().rstrip(".").lower()
 
 
 def rate_of(entry: Mapping[str, Any]) -> Rate:
@@ -76,14 +80,25 @@ class Mailboxes:
         return found
 
     def groups_of(self, addresses: Iterable[str]) -> list[str]:
-        domains = [domain_of(a) for a in addresses]
+        """Each address's group. The domain is looked up as written first (most are written
+        as the last time), made lowercase and plain only when not known yet."""
+        raws = [a[a.rfind("@") + 1 :] for a in addresses]
+        known = self.known
         if self.mx:
             # Every domain no group names, asked of the MX cache (and DNS) in one go.
-            unnamed = [d for d in set(domains) if d not in self.known and self._named(d) is None]
+            plain = {_plain(raw) for raw in set(raws) if raw not in known}
+            unnamed = [d for d in plain if d not in known and self._named(d) is None]
             if unnamed:
                 for domain, hosts in mx_of(unnamed).items():
                     self._keep(domain, mx_group(hosts, self.mx, OTHER))
-        return [self.group_of_domain(d) for d in domains]
+        out = []
+        for raw in raws:
+            found = known.get(raw)
+            if found is None:
+                found = self.group_of_domain(_plain(raw))
+                self._keep(raw, found)
+            out.append(found)
+        return out
 
     def _named(self, domain: str) -> str | None:
         """The group whose `domains` name it, or None."""
