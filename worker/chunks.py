@@ -11,6 +11,7 @@ with the same key where the provider deduplicates). The limiter answers `duplica
 job, for a message id it already recorded, so the quota is not charged twice either.
 """
 
+import contextlib
 import itertools
 import logging
 import time
@@ -72,6 +73,7 @@ from worker.delivery.throttle import (
     Rate,
     Throttle,
     paced,
+    taken_together,
     throttle_for,
     throttle_named,
 )
@@ -279,15 +281,35 @@ class _Run:
         """The throttle of the mailbox provider of a batch's sends (one group a batch)."""
         if self.delivery is None or not messages:
             return None
-        group = self.delivery.groups[self.position[messages[0].message_id]]
+        return self._throttle_of(self.delivery.groups[self.position[messages[0].message_id]])
+
+    def _throttle_of(self, group: str) -> Throttle | None:
         if group not in self.group_throttles:
-            rate: Rate | None = self.delivery.boxes.rate_for(self.dispatcher.provider, group)
+            assert self.delivery is not None
+            provider = self.dispatcher.provider
+            rate: Rate | None = self.delivery.boxes.rate_for(provider, group)
             self.group_throttles[group] = (
-                None
-                if rate is None
-                else throttle_named(f"{self.dispatcher.provider}:{group}", rate)
+                None if rate is None else throttle_named(provider, group, rate)
             )
         return self.group_throttles[group]
+
+    def take_ahead(self, batches: list[list[Recipient]]) -> None:
+        """What each mailbox provider's bucket has now for the run's sends, taken in one call
+        before the first batch: a run whose groups have room asks Redis once, not per batch."""
+        if self.delivery is None:
+            return
+        groups, position = self.delivery.groups, self.position
+        wanted: Counter[str] = Counter()
+        for batch in batches:
+            if batch:
+                wanted[groups[position[batch[0].message_id]]] += len(batch)
+        taking = [
+            (throttle, n)
+            for group, n in wanted.items()
+            if (throttle := self._throttle_of(group)) is not None
+        ]
+        with contextlib.suppress(*REDIS_DOWN):  # each batch asks again (and waits for it)
+            taken_together(taking)
 
     def to_send(self, admitted: list[tuple[Recipient, Decision]], states: bytes) -> list[Recipient]:
         """The admitted recipients to send now; the others are counted by what is known of
@@ -582,7 +604,9 @@ def _run_gated(
         with timed("claims"):
             states = record.take()  # how far an earlier run got; from now on, this run's
     sending = run.to_send(admitted, states)
-    run.send_all(run.batches(sending, max(1, dispatcher.batch_size)), renderer)
+    batches = run.batches(sending, max(1, dispatcher.batch_size))
+    run.take_ahead(batches)
+    run.send_all(batches, renderer)
     if run.sent_to:
         brake_count(SENT, run.sent_to, at=clock)
     if run.dead:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from worker import chunks
-from worker.delivery.throttle import Rate, Throttle, parse_rates
+from worker.delivery.throttle import Rate, Throttle, group_bucket_key, parse_rates
 
 
 class Clock:
@@ -35,8 +35,14 @@ def throttles_on(clock: Clock, settings: Any, monkeypatch: pytest.MonkeyPatch) -
             return None
         return Throttle(provider, rates[provider], clock=clock, sleep=clock.sleep)
 
-    def throttle_named(name: str, rate: Rate) -> Throttle:
-        return Throttle(name, rate, clock=clock, sleep=clock.sleep)
+    def throttle_named(provider: str, group: str, rate: Rate) -> Throttle:
+        return Throttle(
+            f"{provider}:{group}",
+            rate,
+            clock=clock,
+            sleep=clock.sleep,
+            key=group_bucket_key(provider, group),
+        )
 
     monkeypatch.setattr(chunks, "throttle_for", throttle_for)
     monkeypatch.setattr(chunks, "throttle_named", throttle_named)

@@ -11,7 +11,8 @@ a company's own domain whose mail Google or Microsoft hosts is theirs to accept 
 A group's rates: for a dispatcher (its `provider`: smtp, amazon_ses, ...) or for every one
 (`*`, when the dispatcher has none of its own), messages a second, a minute and an hour. The
 tightest of them, spread evenly, is the group's rate: one token bucket per dispatcher and
-group in Redis, shared by every worker (worker/delivery/throttle.py), with a burst of 4% of a
+group in Redis (`<prefix>rate:{<dispatcher>}:<group>`), shared by every worker
+(worker/delivery/throttle.py), with a burst of 4% of a
 second's worth, so that the rate holds within 4% over any second and within a send over any
 minute or hour. A group without a rate is not held.
 

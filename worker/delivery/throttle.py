@@ -94,7 +94,8 @@ def bucket_key(provider: str) -> str:
 
 
 class Throttle:
-    """One provider's bucket, shared by every process through Redis."""
+    """One provider's bucket (or a dispatcher's for one mailbox provider: `key`), shared by
+    every process through Redis."""
 
     def __init__(
         self,
@@ -104,36 +105,66 @@ class Throttle:
         client: Any = None,
         clock: Callable[[], int] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        key: str | None = None,
     ) -> None:
         """`clock()` (tests): the time in ms, instead of Redis's; `sleep(seconds)` then is
         what moves it on."""
         self.provider, self.rate = provider, rate
+        self.key = key or bucket_key(provider)
         self.client = client or get_redis()
         self.script = self.client.register_script(TAKE)
         self.clock, self.sleep = clock, sleep
+        self.ahead = 0  # tokens taken already (taken_together), handed out before asking
 
     def take(self, want: int, least: int = 1) -> tuple[int, float]:
         """(tokens granted, at most `want`: none, or at least `least` (capped at the burst);
         seconds until `least` more are there when short)."""
+        if self.ahead:
+            granted = min(want, self.ahead)
+            self.ahead -= granted
+            return granted, 0.0
         return self._call(want, least, 0)
 
     def hold(self, seconds: float) -> None:
         """No tokens for anyone for `seconds` (the provider said "too many")."""
         self._call(0, 0, max(1, round(seconds * 1000)))
 
+    def _args(self, want: int, least: int) -> list[Any]:
+        return [repr(self.rate.per_second), self.rate.burst, want, least]
+
     def _call(self, want: int, least: int, hold_ms: int) -> tuple[int, float]:
         now_ms = -1 if self.clock is None else self.clock()
-        granted, wait = self.script(
-            keys=[bucket_key(self.provider)],
-            args=[repr(self.rate.per_second), self.rate.burst, want, least, now_ms, hold_ms],
+        ((granted, wait),) = self.script(
+            keys=[self.key], args=[now_ms, hold_ms, *self._args(want, least)]
         )
         return int(granted), int(wait) / 1000
 
 
-def throttle_named(name: str, rate: Rate) -> Throttle:
-    """A bucket by name: a dispatcher's for one mailbox provider (`<provider>:<group>`,
-    worker/delivery/mailboxes.py), shared by every process as a provider's is."""
-    return Throttle(name, rate)
+def taken_together(wanted: Sequence[tuple[Throttle, int]]) -> None:
+    """What each bucket has now, up to what is wanted of it, taken in one call (their keys in
+    one slot, one client and clock) and kept as the throttle's `ahead`; nothing waited for."""
+    if not wanted:
+        return
+    first = wanted[0][0]
+    now_ms = -1 if first.clock is None else first.clock()
+    args: list[Any] = [now_ms, 0]
+    for throttle, want in wanted:
+        args.extend(throttle._args(want, 0))
+    answer = first.script(keys=[t.key for t, _ in wanted], args=args)
+    for (throttle, _), (granted, _wait) in zip(wanted, answer, strict=True):
+        throttle.ahead += int(granted)
+
+
+def group_bucket_key(provider: str, group: str) -> str:
+    """A dispatcher's bucket for one mailbox provider: tagged with the dispatcher's name, so
+    that its groups' buckets share a slot and are taken from in one call."""
+    return f"{settings.GATEKEEPER_KEY_PREFIX}rate:{{{provider}}}:{group}"
+
+
+def throttle_named(provider: str, group: str, rate: Rate) -> Throttle:
+    """A dispatcher's bucket for one mailbox provider (worker/delivery/mailboxes.py), shared by
+    every process as a provider's is."""
+    return Throttle(f"{provider}:{group}", rate, key=group_bucket_key(provider, group))
 
 
 def throttle_for(provider: str | None) -> Throttle | None:

@@ -7,7 +7,15 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from tests.support.clocks import Clock
-from worker.delivery.throttle import Rate, Throttle, paced, parse_rates, provider_rates_check
+from worker.delivery.throttle import (
+    Rate,
+    Throttle,
+    group_bucket_key,
+    paced,
+    parse_rates,
+    provider_rates_check,
+    taken_together,
+)
 
 
 def throttle(clock: Clock, per_second: float = 500, provider: str = "fcm") -> Throttle:
@@ -57,6 +65,28 @@ def test_two_workers_share_one_rate(settings_redis: Any) -> None:
         clock.ms += 4
         granted += first.take(3)[0] + second.take(3)[0]
     assert granted == 5000  # 500 a second, to the send
+
+
+def test_a_dispatchers_mailbox_providers_are_taken_from_in_one_call(settings_redis: Any) -> None:
+    clock = Clock()
+
+    def group(name: str, per_second: float) -> Throttle:
+        return Throttle(
+            f"smtp:{name}",
+            Rate(per_second, max(1, int(per_second * 0.04))),
+            clock=clock,
+            sleep=clock.sleep,
+            key=group_bucket_key("smtp", name),
+        )
+
+    gmail, yahoo, other = group("gmail", 1000), group("yahoo", 100), group("other", 1000)
+    # One call (the keys share a slot on a cluster): each bucket's burst at most, what is wanted.
+    taken_together([(gmail, 70), (yahoo, 3), (other, 10)])
+    assert (gmail.ahead, yahoo.ahead, other.ahead) == (40, 3, 10)
+    # Handed out before Redis is asked again; then the bucket, which those took from.
+    assert gmail.take(30) == (30, 0.0) and gmail.take(30) == (10, 0.0)
+    assert gmail.take(30) == (0, 0.001)
+    assert group("yahoo", 100).take(5) == (1, 0.01)  # another worker: what the call left
 
 
 def test_a_provider_that_said_too_many_holds_every_worker(settings_redis: Any) -> None:
