@@ -63,7 +63,7 @@ class Delivery:
     holds: dict[int, tuple[str, datetime]] = field(default_factory=dict)  # i -> (held, release)
     plan: Plan | None = None
     day: date | None = None
-    took: dict[int, str] = field(default_factory=dict)  # i -> group: warm-up volume taken
+    took: dict[str, int] = field(default_factory=dict)  # group -> warm-up volume taken
 
 
 def _held(recipient: Any, reason: Reason) -> Decision:
@@ -119,24 +119,24 @@ def _decided(delivery: Delivery, size: int) -> list[Decision | None]:
 
 def _warmed(delivery: Delivery, plan: Plan, recipients: Sequence[Any], now: datetime) -> None:
     index, today, following = plan.day(now)
+    groups = delivery.groups
     volumes = {
-        group: volume
-        for group in set(delivery.groups)
-        if (volume := plan.volume(group, index)) is not None
+        group: volume for group in set(groups) if (volume := plan.volume(group, index)) is not None
     }
     if not volumes:
         return
     before = delivery.before
-    held = [
-        (i, group)
-        for i, group in enumerate(delivery.groups)
-        if group in volumes and (before is None or before[i] is None)
-    ]
-    if not held:
+    if before is None:
+        wanted = Counter(g for g in groups if g in volumes)
+    else:
+        wanted = Counter(
+            g for g, d in zip(groups, before, strict=True) if d is None and g in volumes
+        )
+    if not wanted:
         return
-    wanted = Counter(group for _, group in held)
     granted = warmup_take(plan, today, {g: (n, volumes[g]) for g, n in wanted.items()})
     delivery.plan, delivery.day = plan, today
+    delivery.took = {group: got for group, (got, _) in granted.items() if got}
     ended = [
         group
         for group, (_, used) in granted.items()
@@ -144,21 +144,31 @@ def _warmed(delivery: Delivery, plan: Plan, recipients: Sequence[Any], now: date
     ]
     if ended:
         warmup_ended(plan, ended, today)
-    left = {group: got for group, (got, _) in granted.items()}
-    for i, group in held:
+    short = {group for group, (got, _) in granted.items() if got < wanted[group]}
+    if not short:
+        return  # every send had its volume: nothing held (the usual chunk)
+    left = {group: granted[group][0] for group in short}
+    for i, group in enumerate(groups):
+        if group not in short or (before is not None and before[i] is not None):
+            continue
         if left[group] > 0:
             left[group] -= 1
-            delivery.took[i] = group
         else:
             _decided(delivery, len(recipients))[i] = _held(recipients[i], Reason.WARMING_UP)
             delivery.holds[i] = (warmup_hold(plan.domain, group), following)
 
 
 def delivery_give_back(delivery: Delivery, decisions: Sequence[Decision]) -> None:
-    """Warm-up volume taken for sends the gate then refused, given back."""
+    """Warm-up volume taken for sends the gate then refused, given back: a send of a group
+    that took volume, decided by the gate (not held, nor decided before it), refused."""
     if delivery.plan is None or delivery.day is None or not delivery.took:
         return
-    back = Counter(group for i, group in delivery.took.items() if not decisions[i].allowed)
+    took, before = delivery.took, delivery.before
+    back = Counter(
+        group
+        for i, (group, decision) in enumerate(zip(delivery.groups, decisions, strict=True))
+        if group in took and not decision.allowed and (before is None or before[i] is None)
+    )
     if back:
         warmup_take(delivery.plan, delivery.day, {g: (-n, 0) for g, n in back.items()})
 
