@@ -259,16 +259,20 @@ class _Run:
         self.postponed: list[Recipient] = []  # their group's rate had no room soon
         self.postponed_for = 0.0  # seconds: the longest wait they were told
 
+    def _group_of(self, message_id: str) -> str:
+        """The mailbox provider of a send of this chunk (the run has its groups)."""
+        assert self.delivery is not None
+        return self.delivery.groups[self.position[message_id]]
+
     def batches(self, sending: list[Recipient], size: int) -> list[list[Recipient]]:
         """Dispatcher batches of `size`, each of one mailbox provider (its own rate), the groups
         taking turns: a group's bucket fills while the others' batches go, and the first group
         is another one chunk by chunk, so that runs side by side wait on different buckets."""
         if self.delivery is None:
             return [sending[i : i + size] for i in range(0, len(sending), size)]
-        groups, position = self.delivery.groups, self.position
         by_group: dict[str, list[Recipient]] = {}
         for recipient in sending:
-            by_group.setdefault(groups[position[recipient.message_id]], []).append(recipient)
+            by_group.setdefault(self._group_of(recipient.message_id), []).append(recipient)
         parts = [
             [part[i : i + size] for i in range(0, len(part), size)] for part in by_group.values()
         ]
@@ -281,7 +285,7 @@ class _Run:
         """The throttle of the mailbox provider of a batch's sends (one group a batch)."""
         if self.delivery is None or not messages:
             return None
-        return self._throttle_of(self.delivery.groups[self.position[messages[0].message_id]])
+        return self._throttle_of(self._group_of(messages[0].message_id))
 
     def _throttle_of(self, group: str) -> Throttle | None:
         if group not in self.group_throttles:
@@ -298,11 +302,10 @@ class _Run:
         before the first batch: a run whose groups have room asks Redis once, not per batch."""
         if self.delivery is None:
             return
-        groups, position = self.delivery.groups, self.position
         wanted: Counter[str] = Counter()
         for batch in batches:
             if batch:
-                wanted[groups[position[batch[0].message_id]]] += len(batch)
+                wanted[self._group_of(batch[0].message_id)] += len(batch)
         taking = [
             (throttle, n)
             for group, n in wanted.items()
@@ -423,7 +426,7 @@ class _Run:
                 else:
                     self.retry.append(recipient)
         if sent and self.delivery is not None:  # a batch is of one group
-            self.sent_to[self.delivery.groups[self.position[sent[0].message_id]]] += len(sent)
+            self.sent_to[self._group_of(sent[0].message_id)] += len(sent)
         return sent, unsent
 
     def _dispatch(self, messages: list[Message]) -> list[DispatchError | None]:

@@ -423,6 +423,11 @@ class SendChunk(models.Model):
         return f"chunk {self.pk} of job {self.job_id}"
 
 
+def chunks_waiting() -> "models.QuerySet[SendChunk]":
+    """Waiting sends: the queued deferred chunks (the gate's deferrals and the holds)."""
+    return SendChunk.objects.filter(kind=SendChunk.Kind.DEFERRED, status=SendChunk.Status.QUEUED)
+
+
 class SendJobPart(models.Model):
     """A byte range of a job's campaign file, read by whichever send worker is free: its
     recipients staged in chunks (`SendChunk.part`), its counts and the user ids it listed kept

@@ -27,7 +27,7 @@ from segments.index import SegmentIndex, get_index
 from segments.parsing import UserListError, iter_ids
 from worker.chunks import chunks_free, chunks_runnable_at
 from worker.gate import Gate
-from worker.models import SendChunk, SendJob
+from worker.models import SendChunk, SendJob, chunks_waiting
 from worker.stats import stats_for_days
 
 # Audience members evaluated per what-if: 4 dry runs of 100,000 take a few seconds (two
@@ -294,7 +294,7 @@ def dashboard_stats(*, days: int = 14, today: Any = None) -> dict[str, Any]:
 
 
 def _waiting() -> Any:
-    return SendChunk.objects.filter(kind=SendChunk.Kind.DEFERRED, status=SendChunk.Status.QUEUED)
+    return chunks_waiting()
 
 
 def send_job_waiting(job_id: int) -> dict[str, Any]:

@@ -51,6 +51,14 @@ def warmup_hold(domain: str, group: str) -> str:
     return f"{WARMUP}:{domain}:{group}"
 
 
+def hold_read(held: str) -> tuple[str, str, str]:
+    """A chunk's `held` read back: (BRAKE or WARMUP, the sending domain ("" for a brake), the
+    group)."""
+    kind, _, rest = held.partition(":")
+    domain, _, group = rest.rpartition(":")
+    return kind, domain, group
+
+
 @dataclass
 class Delivery:
     """A chunk's mailbox providers, as its run reads them."""
@@ -177,18 +185,11 @@ def mail_waiting() -> dict[tuple[str, str], int]:
     """Email waiting for its mailbox provider, by (group, hold: `brake` or `warmup`)."""
     from django.db.models import Sum
 
-    from worker.models import SendChunk
+    from worker.models import chunks_waiting
 
-    rows = (
-        SendChunk.objects.filter(
-            kind=SendChunk.Kind.DEFERRED, status=SendChunk.Status.QUEUED, held__gt=""
-        )
-        .values("held")
-        .annotate(n=Sum("size"))
-    )
+    rows = chunks_waiting().filter(held__gt="").values_list("held").annotate(n=Sum("size"))
     found: dict[tuple[str, str], int] = {}
-    for row in rows:
-        hold, _, rest = row["held"].partition(":")
-        group = rest.rpartition(":")[2]
-        found[(group, hold)] = found.get((group, hold), 0) + (row["n"] or 0)
+    for held, n in rows.order_by():
+        kind, _, group = hold_read(held)
+        found[(group, kind)] = found.get((group, kind), 0) + (n or 0)
     return found

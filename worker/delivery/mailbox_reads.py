@@ -16,14 +16,14 @@ from django.db.models import Min, Sum
 from django.utils import timezone
 
 from gatekeeper.lib.redis_client import REDIS_DOWN
-from worker.delivery.deliverability import BRAKE, WARMUP, brake_hold
+from worker.delivery.deliverability import BRAKE, WARMUP, brake_hold, hold_read
 from worker.delivery.mailbox_settings import braked_waiting
 from worker.delivery.warmup import plan_of, warmup_taken
-from worker.models import MailboxProvider, SendChunk, WarmupPlan
+from worker.models import MailboxProvider, WarmupPlan, chunks_waiting
 
 
 def _waiting() -> Any:
-    return SendChunk.objects.filter(kind=SendChunk.Kind.DEFERRED, status=SendChunk.Status.QUEUED)
+    return chunks_waiting()
 
 
 def braked_waiting_count(slug: str) -> int:
@@ -57,7 +57,7 @@ def warmup_waiting(domain: str) -> dict[str, int]:
         .annotate(n=Sum("size"))
         .order_by()
     )
-    return {held[len(prefix) :]: int(n or 0) for held, n in found}
+    return {hold_read(held)[2]: int(n or 0) for held, n in found}
 
 
 def warmup_today(row: WarmupPlan, *, now: datetime | None = None) -> dict[str, Any]:
@@ -134,13 +134,12 @@ def job_holds(job_id: int, *, now: datetime | None = None) -> list[Hold]:
     )
     holds = []
     for held, n, release in found:
-        kind, _, rest = held.partition(":")
+        kind, domain, group = hold_read(held)
         if kind == BRAKE:
             holds.append(
-                Hold(held, kind, rest, "", int(n or 0), release, paused_at=paused.get(rest))
+                Hold(held, kind, group, "", int(n or 0), release, paused_at=paused.get(group))
             )
         elif kind == WARMUP:
-            domain, _, group = rest.rpartition(":")
             row = plans.get(domain)
             day: int | None = None
             today: date | None = None

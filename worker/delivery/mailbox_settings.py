@@ -35,7 +35,7 @@ from worker.delivery.mailboxes import (
     rates_normalised,
 )
 from worker.delivery.warmup import DEFAULT_RAMP, warmup_forget, warmup_problems
-from worker.models import MailboxProvider, SendChunk, WarmupPlan
+from worker.models import MailboxProvider, SendChunk, WarmupPlan, chunks_waiting
 
 logger = logging.getLogger(__name__)
 Action = SettingChange.Action
@@ -249,9 +249,7 @@ def mailbox_resume(
 
 def braked_waiting(slug: str) -> "QuerySet[SendChunk]":
     """A group's email waiting for its brake."""
-    return SendChunk.objects.filter(
-        kind=SendChunk.Kind.DEFERRED, status=SendChunk.Status.QUEUED, held=brake_hold(slug)
-    )
+    return chunks_waiting().filter(held=brake_hold(slug))
 
 
 def _handed_out(slug: str, *, now: datetime | None = None) -> None:
@@ -385,11 +383,9 @@ def warmup_delete(row: WarmupPlan, *, by: Any = None, via: str = "api") -> None:
 
 def _warmup_handed_out(domain: str) -> None:
     """A changed or deleted plan's waiting email due now: looked at again under what it says."""
-    SendChunk.objects.filter(
-        kind=SendChunk.Kind.DEFERRED,
-        status=SendChunk.Status.QUEUED,
-        held__startswith=f"{WARMUP}:{domain}:",
-    ).update(not_before=timezone.now(), queued_at=None)
+    chunks_waiting().filter(held__startswith=f"{WARMUP}:{domain}:").update(
+        not_before=timezone.now(), queued_at=None
+    )
 
 
 # --- the brakes' check -----------------------------------------------------------------------
